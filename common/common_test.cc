@@ -1,0 +1,102 @@
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/crc32c.h"
+#include "common/dtype.h"
+#include "common/names.h"
+#include "common/sha256.h"
+#include "common/stats.h"
+#include "common/status.h"
+#include "gtest/gtest.h"
+
+namespace gradsnap {
+namespace {
+
+TEST(Crc32c, KnownVectors) {
+  // RFC 3720 B.4 test vectors.
+  std::vector<uint8_t> zeros(32, 0), ones(32, 0xFF), inc(32);
+  for (int i = 0; i < 32; ++i) inc[i] = static_cast<uint8_t>(i);
+  EXPECT_EQ(Crc32c(zeros.data(), 32), 0x8A9136AAu);
+  EXPECT_EQ(Crc32c(ones.data(), 32), 0x62A8AB43u);
+  EXPECT_EQ(Crc32c(inc.data(), 32), 0x46DD794Eu);
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+}
+
+TEST(Crc32c, ExtendEqualsWhole) {
+  std::string s(1000, 'x');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 131 + 7);
+  for (size_t cut : {0, 1, 7, 8, 9, 500, 999, 1000}) {
+    uint32_t a = Crc32cExtend(Crc32c(s.data(), cut), s.data() + cut, s.size() - cut);
+    EXPECT_EQ(a, Crc32c(s.data(), s.size())) << cut;
+  }
+}
+
+TEST(Sha256, KnownVector) {
+  EXPECT_EQ(Sha256Hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  Sha256 h;
+  h.Update("a", 1);
+  h.Update("bc", 2);
+  EXPECT_EQ(DigestToHex(h.Finish()), Sha256Hex("abc", 3));
+}
+
+TEST(Names, ValidAndInvalid) {
+  EXPECT_TRUE(ValidateName("job-1.v2_x", "job name").ok());
+  EXPECT_TRUE(ValidateName(std::string(128, 'a'), "job name").ok());
+  for (std::string bad : {std::string(""), std::string(129, 'a'), std::string("a/b"),
+                          std::string(".."), std::string("."), std::string("a b"),
+                          std::string("x\0y", 3), std::string("\xff")}) {
+    absl::Status s = ValidateName(bad, "job name");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(Status, PosixErrorCodes) {
+  EXPECT_EQ(PosixError("x", ENOSPC).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(PosixError("x", ENOENT).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(PosixError("x", EIO).code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(PosixError("open /a", ENOENT).message().find("open /a"), std::string::npos);
+}
+
+absl::StatusOr<int> Half(int x) {
+  if (x % 2) return absl::InvalidArgumentError("odd");
+  return x / 2;
+}
+
+absl::Status UseMacros(int x, int* out) {
+  ASSIGN_OR_RETURN(int h, Half(x));
+  RETURN_IF_ERROR(h > 100 ? absl::OutOfRangeError("big") : absl::OkStatus());
+  *out = h;
+  return absl::OkStatus();
+}
+
+TEST(Status, Macros) {
+  int out = 0;
+  EXPECT_TRUE(UseMacros(4, &out).ok());
+  EXPECT_EQ(out, 2);
+  EXPECT_EQ(UseMacros(3, &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(UseMacros(400, &out).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(DType, Sizes) {
+  EXPECT_EQ(DTypeSize(DType::kF32), 4u);
+  EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
+  EXPECT_FALSE(DTypeFromInt(0).has_value());
+  EXPECT_FALSE(DTypeFromInt(99).has_value());
+  EXPECT_EQ(*DTypeFromName("bf16"), DType::kBF16);
+}
+
+TEST(Stats, PrometheusText) {
+  Registry r;
+  r.GetCounter("t_bytes_total{dir=\"in\"}", "bytes")->Add(5);
+  r.GetHistogram("t_lat_seconds", "latency")->Observe(0.001);
+  std::string text = r.RenderPrometheus();
+  EXPECT_NE(text.find("t_bytes_total{dir=\"in\"} 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE t_lat_seconds histogram"), std::string::npos);
+  EXPECT_NE(text.find("t_lat_seconds_count 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gradsnap

@@ -1,0 +1,145 @@
+// gradsnap storage engine: the public interface (DESIGN.md sections 3 and 5).
+//
+// OVERVIEW
+//   An embeddable, crash-safe checkpoint store. Shard data is cut into chunks (byte-shuffle +
+//   zstd + checksums, docs/format.md), appended to segment files through io_uring with O_DIRECT
+//   (pwrite fallback), and described in RocksDB. The service (service/) and the client's
+//   embedded mode (client/) both sit on this interface; nothing here knows protobuf or gRPC.
+//
+// DATA MODEL
+//   job -> checkpoint(step) -> shard(rank) -> tensor -> chunk. A shard's payload is the
+//   concatenation of its tensors' raw bytes in the order of ShardSpec::tensors; writers append
+//   that byte stream and may resume it after a crash from `committed_size()`.
+//
+// COMMIT RULE
+//   A shard is committed when all its bytes are durable (data fdatasync'ed, then a synced
+//   RocksDB batch). A checkpoint is COMMITTED, listed and restorable, only once all
+//   `world_size` shards are committed; the last shard's commit flips the checkpoint's state
+//   in the same synced batch. A crash at any instant leaves the whole checkpoint or none of it.
+//
+// ERRORS
+//   INVALID_ARGUMENT bad names/sizes/dtypes; NOT_FOUND unknown job/step/rank; ALREADY_EXISTS a
+//   committed checkpoint or shard with a different spec; FAILED_PRECONDITION wrong state (e.g.
+//   reading a PENDING checkpoint, deleting a FULL that a kept DELTA needs); DATA_LOSS any checksum
+//   or format failure, naming job, step, rank and tensor; RESOURCE_EXHAUSTED out of disk.
+//
+// THREAD SAFETY
+//   Engine is thread-safe. Different shards may be written concurrently from different threads.
+//   A ShardWriter or ShardReader is used by one thread at a time.
+#ifndef GRADSNAP_STORAGE_ENGINE_H_
+#define GRADSNAP_STORAGE_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/types.h"
+
+namespace gradsnap {
+namespace storage {
+
+struct EngineOptions {
+  // Directory holding segments/ and meta/ (RocksDB). Created if missing. Required.
+  std::string data_dir;
+  // Largest raw chunk. Default: 4 MiB.
+  size_t chunk_bytes = 4 << 20;
+  // zstd level for chunk compression; 0 disables compression. Default: 1.
+  int zstd_level = 1;
+  // Byte-shuffle float tensors before compressing. Default: true.
+  bool shuffle = true;
+  // Store a chunk compressed only if stored <= raw * this. Default: 0.97.
+  double min_compress_gain = 0.97;
+  // Use io_uring; false forces the pwrite fallback (tests). Default: true.
+  bool use_io_uring = true;
+  // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
+  bool use_direct_io = true;
+  // io_uring queue depth per writer. Default: 32.
+  int queue_depth = 32;
+  // Roll to a new segment file past this size. Default: 1 GiB.
+  uint64_t segment_bytes = 1ull << 30;
+  // Threads encoding (shuffle + zstd + crc) chunks of one writer in parallel. Default: 2.
+  int encode_threads = 2;
+  // Filesystem seam for fault injection; nullptr means the real POSIX one. Default: nullptr.
+  class FileSystem* fs = nullptr;
+};
+
+// Appends one shard's byte stream. Obtained from Engine::OpenShardWriter.
+class ShardWriter {
+ public:
+  virtual ~ShardWriter() = default;
+  // Total payload bytes of the shard (sum of tensor byte_length).
+  virtual uint64_t total_size() const = 0;
+  // Bytes appended so far (the offset of the next Append).
+  virtual uint64_t written_size() const = 0;
+  // Bytes known durable: a resumed writer starts appending here.
+  virtual uint64_t committed_size() const = 0;
+  // Appends the next n bytes of the payload. Appending past total_size() is INVALID_ARGUMENT.
+  virtual absl::Status Append(const void* data, size_t n) = 0;
+  // Makes everything appended so far durable (committed_size() == written_size() after).
+  virtual absl::Status Flush() = 0;
+  // Requires written_size() == total_size(): flushes, checks SHA-256s, commits the shard, and
+  // the checkpoint if this was its last shard. Idempotent once it has succeeded.
+  virtual absl::Status Finish() = 0;
+};
+
+// Reads one committed shard, tensor by tensor or as its payload byte stream.
+class ShardReader {
+ public:
+  virtual ~ShardReader() = default;
+  virtual const ShardInfo& info() const = 0;
+  // Reads the whole tensor `index` into out[0, byte_length), verifying every chunk and the
+  // tensor's SHA-256.
+  virtual absl::Status ReadTensor(size_t index, void* out, size_t out_len) = 0;
+  // Streams the payload from `offset`: fills up to n bytes, returns the count (0 at the end).
+  // Chunks are verified as they are read; the SHA-256 of a tensor is checked when the stream
+  // passes its end (when the stream started at or before the tensor's start).
+  virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
+};
+
+class Engine {
+ public:
+  // Opens (creating if needed) and recovers: PENDING leftovers from a crash are kept resumable
+  // or rolled back per docs/format.md, bytes past the last durable offset are ignored/truncated.
+  static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options);
+  virtual ~Engine() = default;
+
+  // Starts a checkpoint (state PENDING). Idempotent for an identical spec; ALREADY_EXISTS if a
+  // checkpoint with this (job, step) exists with a different spec or is committed.
+  virtual absl::Status BeginCheckpoint(const CheckpointSpec& spec) = 0;
+  // Opens a writer for one shard of a begun checkpoint. If the same shard was partly written
+  // before (same spec), the writer resumes at its committed_size().
+  virtual absl::StatusOr<std::unique_ptr<ShardWriter>> OpenShardWriter(const ShardSpec& spec) = 0;
+  // Convenience: writes a whole shard from memory. data[i] holds tensors[i]'s bytes.
+  virtual absl::Status WriteShard(const ShardSpec& spec,
+                                  const std::vector<const void*>& data) = 0;
+  // Durable bytes of a partly written shard (0 if never started), as in ByteStream's
+  // QueryWriteStatus.
+  virtual absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
+                                                      int32_t rank) = 0;
+  // Abandons a PENDING checkpoint and frees its space.
+  virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
+
+  virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
+  // Checkpoints of a job by step; committed ones only unless include_pending.
+  virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
+      const std::string& job, bool include_pending = false) = 0;
+  virtual absl::StatusOr<Manifest> GetManifest(const std::string& job, int64_t step) = 0;
+  virtual absl::StatusOr<std::unique_ptr<ShardReader>> OpenShardReader(const std::string& job,
+                                                                       int64_t step,
+                                                                       int32_t rank) = 0;
+  // Re-reads every chunk of every shard and checks checksums and SHA-256s.
+  virtual absl::Status Verify(const std::string& job, int64_t step) = 0;
+  // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it.
+  virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
+  // Retention: deletes FULLs outside the policy (with their DELTAs) and reclaims segment space.
+  virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
+};
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_ENGINE_H_
