@@ -1,0 +1,22 @@
+// Internal: the two Client back ends behind Client::Connect. Not part of the public interface.
+#ifndef GRADSNAP_CLIENT_BACKENDS_H_
+#define GRADSNAP_CLIENT_BACKENDS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
+
+namespace gradsnap {
+namespace client {
+
+// The storage engine in options.local_dir, in this process (client/embedded_client.cc).
+absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& options);
+
+// gRPC to gradsnap-server nodes in options.endpoints (client/remote_client.cc).
+absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options);
+
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_BACKENDS_H_
