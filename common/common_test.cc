@@ -100,3 +100,25 @@ TEST(Stats, PrometheusText) {
 
 }  // namespace
 }  // namespace gradsnap
+
+#include "common/token.h"
+
+namespace gradsnap {
+namespace {
+
+TEST(Token, MintAndCheck) {
+  std::string secret = "0123456789abcdef-secret";
+  auto a = MintJobToken(secret, "jobA");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->substr(0, 4), "gs1.");
+  EXPECT_EQ(a->size(), 4u + 64u);
+  EXPECT_TRUE(CheckJobToken(secret, "jobA", *a));
+  EXPECT_FALSE(CheckJobToken(secret, "jobB", *a));
+  EXPECT_FALSE(CheckJobToken("another-secret-0123", "jobA", *a));
+  EXPECT_FALSE(CheckJobToken(secret, "jobA", ""));
+  EXPECT_FALSE(MintJobToken(secret, "../x").ok());
+  EXPECT_FALSE(MintJobToken("", "jobA").ok());
+}
+
+}  // namespace
+}  // namespace gradsnap
