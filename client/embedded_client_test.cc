@@ -135,6 +135,7 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
   EXPECT_EQ(total, raw);
 
   // Still there after reopening the directory.
+  client_.reset();
   client_ = Open();
   ExpectRestores(*client_, ckpt);
   auto jobs = client_->ListJobs();
@@ -198,7 +199,9 @@ TEST_F(EmbeddedClientTest, ErrorCodes) {
 
 TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
   constexpr size_t kBudget = 3u << 20;
+  client_.reset();
   client_ = Open(kBudget);
+  ASSERT_NE(client_, nullptr);
   constexpr int kRanks = 12;
   CheckpointSpec cs{"conc", 1, CheckpointKind::kFull, -1, kRanks, ""};
   ASSERT_TRUE(client_->BeginCheckpoint(cs).ok());
