@@ -84,8 +84,13 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
   ASSERT_TRUE(client_->BeginCheckpoint(ckpt.spec).ok());
   for (int32_t r = 0; r < 3; ++r) ckpt.shards.push_back(MakeShard(7, r, 1u << 20));
   // Not listed until every rank is saved.
+  auto shard_spec = [&](int32_t r) {
+    ShardSpec s = Spec("job-a", 100, r);
+    s.metadata = ckpt.shards[r].metadata;
+    return s;
+  };
   for (int32_t r = 0; r < 2; ++r) {
-    ASSERT_TRUE(client_->SaveShard(Spec("job-a", 100, r), ckpt.shards[r].Refs()).ok());
+    ASSERT_TRUE(client_->SaveShard(shard_spec(r), ckpt.shards[r].Refs()).ok());
     auto listed = client_->List("job-a");
     ASSERT_TRUE(listed.ok()) << listed.status();
     EXPECT_TRUE(listed->empty()) << "listed after rank " << r;
@@ -94,7 +99,7 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
   ASSERT_TRUE(pending.ok());
   ASSERT_EQ(pending->size(), 1u);
   EXPECT_EQ((*pending)[0].state, CheckpointState::kPending);
-  ASSERT_TRUE(client_->SaveShard(Spec("job-a", 100, 2), ckpt.shards[2].Refs()).ok());
+  ASSERT_TRUE(client_->SaveShard(shard_spec(2), ckpt.shards[2].Refs()).ok());
 
   auto listed = client_->List("job-a");
   ASSERT_TRUE(listed.ok());
