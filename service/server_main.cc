@@ -6,11 +6,14 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/token.h"
@@ -30,6 +33,22 @@ ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Defaul
 
 namespace {
 
+// The documented flags use dashes (--data-dir); Abseil's names use underscores. Rewrites the
+// name part of every "--flag[=value]" argument before "--".
+std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    size_t end = std::min(a.find('='), a.size());
+    for (size_t k = 2; k < end; ++k) {
+      if (a[k] == '-') a[k] = '_';
+    }
+  }
+  return args;
+}
+
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "gradsnap-server: %s\n", msg.c_str());
   return 1;
@@ -41,8 +60,16 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT]");
-  absl::ParseCommandLine(argc, argv);
+      "[--metrics-listen HOST:PORT]\nFlags may be spelled with dashes or underscores.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return file.find("server_main") != absl::string_view::npos;
+  };
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<std::string> args = UnderscoreFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) arg_ptrs.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   // Block the stop signals in every thread (gRPC's included); main waits for them below.
   sigset_t stop;
   sigemptyset(&stop);
