@@ -292,6 +292,48 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   client::testing::RemoveDir(scratch);
 }
 
+// With --auth-secret-file on the server: the CLI needs the job's token (--token or
+// --token-file), and another job's token is refused.
+TEST(CliServerAuthTest, TokensFromFlagsAndFiles) {
+  std::string scratch = client::testing::MakeTempDir("cli-auth");
+  std::string secret = scratch + "/secret";
+  std::ofstream(secret) << "an-auth-secret-of-32-bytes-long!\n";
+  auto target = MakeTarget("server", scratch, {"--auth-secret-file", secret});
+  if (absl::IsUnimplemented(target.status())) GTEST_SKIP() << "no gradsnap-server in this build";
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto cli = [&](std::vector<std::string> args) {
+    std::vector<std::string> all = (*target)->Flags();
+    all.insert(all.end(), args.begin(), args.end());
+    return RunProgram(GRADSNAP_CLI_PATH, all, scratch);
+  };
+  RunResult tok = cli({"token", "demo", "--secret-file", secret});
+  ASSERT_EQ(tok.rc, 0) << tok.err;
+  std::string token = tok.out.substr(0, tok.out.find('\n'));
+  std::ofstream(scratch + "/demo.token") << token << "\n";
+  RunResult other = cli({"token", "other", "--secret-file", secret});
+  ASSERT_EQ(other.rc, 0) << other.err;
+  {
+    std::unique_ptr<client::Client> c = (*target)->OpenClient(token);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(SaveTestCheckpoint(*c, "demo", 7, 1, 5, 64 << 10).ok());
+  }
+  RunResult r = cli({"ls", "demo"});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: UNAUTHENTICATED")) << r.err;
+  r = cli({"--token", other.out.substr(0, other.out.find('\n')), "show", "demo", "7"});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: PERMISSION_DENIED")) << r.err;
+  r = cli({"--token-file", scratch + "/demo.token", "verify", "demo", "7"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = cli({"show", "demo", "7", "--token", token});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = cli({"restore", "demo", "--out", scratch + "/out", "--token", token});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::exists(scratch + "/out/rank0.safetensors"));
+  target->reset();
+  client::testing::RemoveDir(scratch);
+}
+
 INSTANTIATE_TEST_SUITE_P(Targets, CliTest, ::testing::ValuesIn(CliTargetNames()),
                          [](const auto& info) { return info.param; });
 
