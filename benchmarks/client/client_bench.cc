@@ -1,7 +1,7 @@
 // client_bench: save and restore of one large shard through the embedded client, measured in
 // the same run against the storage engine used directly, plus a safetensors export.
 //
-//   build/bin/client_bench [--bytes N] [--dir DIR] [--compressible]
+//   build/bin/client_bench [--bytes N] [--dir DIR] [--compressible] [--keep]
 //
 // Last line: engine_save_gbps= client_save_gbps= save_ratio= engine_restore_gbps=
 // client_restore_gbps= restore_ratio= export_gbps= (GB = 1e9 bytes).
@@ -26,6 +26,9 @@
 ABSL_FLAG(uint64_t, bytes, 1ull << 30, "Shard size in bytes. Default: 1 GiB.");
 ABSL_FLAG(std::string, dir, "/tmp", "Scratch directory (removed afterwards). Default: /tmp.");
 ABSL_FLAG(bool, compressible, false, "Half-zero data instead of random. Default: false.");
+ABSL_FLAG(bool, keep, false,
+          "Keep the scratch directory (DIR/client_bench-PID; its client/ subdirectory is a "
+          "--ckpt-dir for the gradsnap CLI). Default: false.");
 
 namespace gradsnap {
 namespace {
@@ -92,7 +95,11 @@ int Run() {
     }
     secs[4] = w.ElapsedSeconds();
   }
-  std::filesystem::remove_all(root);
+  if (absl::GetFlag(FLAGS_keep)) {
+    std::printf("kept %s\n", root.c_str());
+  } else {
+    std::filesystem::remove_all(root);
+  }
   auto gbps = [&](double s) { return bytes / s / 1e9; };
   std::printf("shard %.2f GiB %s\n", bytes / double(1ull << 30), comp ? "compressible" : "random");
   std::printf("save:    engine %.3f s (%.2f GB/s), client %.3f s (%.2f GB/s)\n", secs[0],
