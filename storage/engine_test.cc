@@ -26,6 +26,7 @@ class EngineTest : public ::testing::TestWithParam<Param> {
     o.zstd_level = GetParam().zstd_level;
     o.encode_threads = GetParam().encode_threads;
     o.chunk_bytes = 64 << 10;  // many chunks per tensor
+    o.adapt_compression = false;
     return o;
   }
   std::unique_ptr<Engine> OpenEngine() {
