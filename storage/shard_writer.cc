@@ -140,6 +140,7 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
   max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * opt_.encode_threads + 8));
   next_chunk_index_ = rec_.chunk_count;
+  finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
   CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
       opt_.encode_threads, [co] { return std::make_unique<ChunkEncoder>(co); });
@@ -225,6 +226,7 @@ void ShardWriterImpl::AdvanceTensor() {
 }
 
 absl::Status ShardWriterImpl::Append(const void* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
   if (finished_) return absl::FailedPreconditionError("shard writer already finished");
   if (n > total_ - written_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -358,8 +360,10 @@ void ShardWriterImpl::Hash(Job* job) {
     }
     lane->sha.Update(next->raw->data() + kChunkHeaderSize, next->n);
     {
+      // Finalize before Release: once the last job is released, Persist() may read digests_.
       absl::MutexLock lock(&mu_);
       ++lane->next;
+      FinalizeLaneLocked(tensor);
     }
     Release(next, absl::OkStatus());
   }
@@ -448,7 +452,16 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
     sealed_.clear();
   }
-  if (finish) next.committed = true;
+  if (finish) {
+    for (size_t i = 0; i < next.tensor_sha256.size(); ++i) {
+      if (next.tensor_sha256[i].empty()) {
+        return absl::InternalError(absl::StrCat("no digest for ",
+                                                Where(rec_.spec.job, rec_.spec.step,
+                                                      rec_.spec.rank, rec_.spec.tensors[i].name)));
+      }
+    }
+    next.committed = true;
+  }
   s = engine_->CommitShardProgress(next, chunks, finish);
   if (!s.ok()) return s;
   rec_ = std::move(next);
