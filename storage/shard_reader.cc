@@ -50,12 +50,15 @@ absl::Status ReadRecord(File* file, const ChunkRecord& c, AlignedBuffer* buf) {
 
 struct ReaderContext {
   ChunkDecoder decoder;
-  AlignedBuffer buf;
 };
 
+// One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
   size_t chunk = 0;
-  std::vector<uint8_t> data;
+  AlignedBuffer record;           // the record as read (O_DIRECT)
+  std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
+  const uint8_t* data = nullptr;  // the chunk's raw bytes: into record or decoded
+  size_t size = 0;
   absl::Status status;
   bool done = false;
 };
@@ -142,11 +145,11 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   window_.push_back(slot);
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
-    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &ctx->buf);
+    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &slot->record);
     if (s.ok()) {
-      slot->data.resize(c.header.raw_len);
-      s = ctx->decoder.Decode(ctx->buf.data(), c.header.record_len(), &c.header,
-                              slot->data.data(), slot->data.size());
+      s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
+                                  &slot->decoded, &slot->data);
+      slot->size = c.header.raw_len;
     }
     absl::MutexLock lock(&mu_);
     slot->status = s;
@@ -208,8 +211,8 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
     if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
-    std::memcpy(dst + (pos - tensor_start_[index]), slot->data.data(), h.raw_len);
-    sha.Update(slot->data.data(), h.raw_len);
+    std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
+    sha.Update(slot->data, h.raw_len);
     pos += h.raw_len;
     Recycle(std::move(slot));
   }
@@ -252,7 +255,7 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   size_t copied = 0;
   while (copied < n && offset < total) {
     if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
-        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->data.size()) {
+        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
       // Find the chunk holding `offset` (chunks are in stream order).
       size_t lo = 0, hi = chunks_.size();
       while (hi - lo > 1) {
@@ -265,12 +268,12 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
       }
       Recycle(std::move(cur_));
       RETURN_IF_ERROR(Take(lo, &cur_));
-      RETURN_IF_ERROR(HashChunk(lo, cur_->data.data()));
+      RETURN_IF_ERROR(HashChunk(lo, cur_->data));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
-    size_t take = std::min(n - copied, cur_->data.size() - in_chunk);
-    std::memcpy(dst + copied, cur_->data.data() + in_chunk, take);
+    size_t take = std::min(n - copied, cur_->size - in_chunk);
+    std::memcpy(dst + copied, cur_->data + in_chunk, take);
     copied += take;
     offset += take;
   }
