@@ -20,6 +20,7 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 
 namespace gradsnap {
@@ -101,6 +102,7 @@ class ShardReaderImpl : public ShardReader {
 
  private:
   absl::Status Loss(uint32_t tensor, const absl::Status& s) const {
+    StorageStats::Get().data_loss->Add();
     std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
@@ -222,6 +224,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   if (DigestToHex(sha.Finish()) != t.sha256) {
     return Loss(index, absl::DataLossError("tensor SHA-256 mismatch"));
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(out_len));
   return absl::OkStatus();
 }
 
@@ -277,6 +280,7 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
     copied += take;
     offset += take;
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
 }
 
