@@ -288,6 +288,7 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   EXPECT_FALSE(fs::exists(scratch + "/out/rank0.safetensors") &&
                fs::exists(scratch + "/out/rank1.safetensors"));
   EXPECT_FALSE(fs::exists(scratch + "/out/rank0.safetensors.tmp"));
+  EXPECT_FALSE(fs::exists(scratch + "/out/manifest.json"));
   r = cli({"verify", "bad", "1"});
   EXPECT_EQ(r.rc, 0) << r.err;
   client::testing::RemoveDir(scratch);
