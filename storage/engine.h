@@ -65,7 +65,9 @@ struct EngineOptions {
   bool use_io_uring = true;
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
   bool use_direct_io = true;
-  // io_uring queue depth per writer. Default: 32.
+  // io_uring queue depth per segment writer. A shard writer keeps at most
+  // min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
+  // at most that many times 2 * chunk_bytes (64-128 MiB with the defaults). Default: 32.
   int queue_depth = 32;
   // Roll to a new segment file past this size. Default: 1 GiB.
   uint64_t segment_bytes = 1ull << 30;
