@@ -46,6 +46,7 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
                                      grpc::ServerReader<v1::WriteRequest>* reader,
                                      v1::WriteResponse* resp) {
   if (!serving_) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers get no memory
   InflightReservation reservation;
   if (!reservation.Acquire(limiter_, options_.per_stream_bytes,
                            absl::Milliseconds(options_.busy_wait_ms))) {
