@@ -46,7 +46,7 @@ struct ChunkHeader {
 struct CodecOptions {
   int zstd_level = 1;          // 0: never compress
   bool shuffle = true;
-  double min_compress_gain = 0.97;
+  double min_compress_gain = 0.90;
 };
 
 // Upper bound of the record size of a chunk of raw_len bytes.
@@ -98,6 +98,10 @@ class ChunkDecoder {
   // `out` may then hold garbage.
   absl::Status Decode(const uint8_t* rec, size_t rec_len, const ChunkHeader* expected,
                       uint8_t* out, size_t out_cap);
+  // Zero-copy variant: checks the record like Decode(); a raw record's bytes are left in
+  // place (*data = rec + kChunkHeaderSize), a compressed one is decoded into *scratch.
+  absl::Status DecodeView(const uint8_t* rec, size_t rec_len, const ChunkHeader* expected,
+                          std::vector<uint8_t>* scratch, const uint8_t** data);
 
  private:
   void* dctx_;  // ZSTD_DCtx*

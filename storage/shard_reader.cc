@@ -2,7 +2,7 @@
 //
 // OVERVIEW
 //   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
-//   and decoded on a small pool of reader threads, up to kWindow chunks ahead of the consumer,
+//   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
 //   so several reads are in flight while the caller copies and hashes in order. Every chunk is
 //   checked against its metadata and both CRCs; every tensor's SHA-256 is checked before the
 //   last bytes of the tensor are handed out.
@@ -13,6 +13,7 @@
 //
 // THREAD SAFETY
 //   One caller thread at a time; pool threads only touch their own slot.
+#include <algorithm>
 #include <deque>
 #include <map>
 
@@ -20,14 +21,16 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 
 namespace gradsnap {
 namespace storage {
 namespace {
 
-constexpr size_t kWindow = 16;       // chunks read ahead
-constexpr int kReaderThreads = 8;    // concurrent positional reads (O_DIRECT)
+constexpr size_t kReadAheadBytes = 128 << 20;  // per reader: bounds its memory
+constexpr size_t kMaxWindow = 64;                // chunks read ahead, at most
+constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
 
 absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std::string& job,
                                                   int64_t step, int32_t rank, uint32_t seq) {
@@ -50,12 +53,15 @@ absl::Status ReadRecord(File* file, const ChunkRecord& c, AlignedBuffer* buf) {
 
 struct ReaderContext {
   ChunkDecoder decoder;
-  AlignedBuffer buf;
 };
 
+// One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
   size_t chunk = 0;
-  std::vector<uint8_t> data;
+  AlignedBuffer record;           // the record as read (O_DIRECT)
+  std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
+  const uint8_t* data = nullptr;  // the chunk's raw bytes: into record or decoded
+  size_t size = 0;
   absl::Status status;
   bool done = false;
 };
@@ -77,8 +83,11 @@ class ShardReaderImpl : public ShardReader {
     for (size_t t = info_.tensors.size(); t-- > 0;) {
       first_chunk_[t] = std::min(first_chunk_[t], first_chunk_[t + 1]);
     }
+    window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
+                                       kMaxWindow);
     pool_ = std::make_unique<TaskPool<ReaderContext>>(
-        kReaderThreads, [] { return std::make_unique<ReaderContext>(); });
+        std::min<int>(kMaxReaderThreads, static_cast<int>(window_limit_)),
+        [] { return std::make_unique<ReaderContext>(); });
   }
   ~ShardReaderImpl() override { Cancel(); }
 
@@ -98,6 +107,7 @@ class ShardReaderImpl : public ShardReader {
 
  private:
   absl::Status Loss(uint32_t tensor, const absl::Status& s) const {
+    StorageStats::Get().data_loss->Add();
     std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
@@ -117,6 +127,7 @@ class ShardReaderImpl : public ShardReader {
   std::vector<size_t> first_chunk_;        // per tensor, plus chunks_.size()
   std::map<uint32_t, std::unique_ptr<File>> files_;
 
+  size_t window_limit_ = 4;
   std::deque<std::shared_ptr<Slot>> window_;  // scheduled, in order
   absl::Mutex mu_;
   // Streaming state.
@@ -142,11 +153,11 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   window_.push_back(slot);
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
-    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &ctx->buf);
+    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &slot->record);
     if (s.ok()) {
-      slot->data.resize(c.header.raw_len);
-      s = ctx->decoder.Decode(ctx->buf.data(), c.header.record_len(), &c.header,
-                              slot->data.data(), slot->data.size());
+      s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
+                                  &slot->decoded, &slot->data);
+      slot->size = c.header.raw_len;
     }
     absl::MutexLock lock(&mu_);
     slot->status = s;
@@ -154,7 +165,7 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   });
 }
 
-// Returns the decoded chunk `chunk`, keeping up to kWindow later chunks in flight.
+// Returns the decoded chunk `chunk`, keeping up to window_limit_ later chunks in flight.
 void ShardReaderImpl::Recycle(std::shared_ptr<Slot> slot) {
   if (slot != nullptr) spare_.push_back(std::move(slot));
 }
@@ -164,7 +175,7 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
     Cancel();  // a jump: drop the read-ahead
   }
   size_t next = window_.empty() ? chunk : window_.back()->chunk + 1;
-  while (window_.size() < kWindow && next < chunks_.size()) Schedule(next++);
+  while (window_.size() < window_limit_ && next < chunks_.size()) Schedule(next++);
   std::shared_ptr<Slot> s = window_.front();
   window_.pop_front();
   {
@@ -208,8 +219,8 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
     if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
-    std::memcpy(dst + (pos - tensor_start_[index]), slot->data.data(), h.raw_len);
-    sha.Update(slot->data.data(), h.raw_len);
+    std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
+    sha.Update(slot->data, h.raw_len);
     pos += h.raw_len;
     Recycle(std::move(slot));
   }
@@ -219,6 +230,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   if (DigestToHex(sha.Finish()) != t.sha256) {
     return Loss(index, absl::DataLossError("tensor SHA-256 mismatch"));
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(out_len));
   return absl::OkStatus();
 }
 
@@ -252,7 +264,7 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   size_t copied = 0;
   while (copied < n && offset < total) {
     if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
-        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->data.size()) {
+        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
       // Find the chunk holding `offset` (chunks are in stream order).
       size_t lo = 0, hi = chunks_.size();
       while (hi - lo > 1) {
@@ -265,15 +277,16 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
       }
       Recycle(std::move(cur_));
       RETURN_IF_ERROR(Take(lo, &cur_));
-      RETURN_IF_ERROR(HashChunk(lo, cur_->data.data()));
+      RETURN_IF_ERROR(HashChunk(lo, cur_->data));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
-    size_t take = std::min(n - copied, cur_->data.size() - in_chunk);
-    std::memcpy(dst + copied, cur_->data.data() + in_chunk, take);
+    size_t take = std::min(n - copied, cur_->size - in_chunk);
+    std::memcpy(dst + copied, cur_->data + in_chunk, take);
     copied += take;
     offset += take;
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
 }
 
