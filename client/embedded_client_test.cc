@@ -167,6 +167,25 @@ TEST_F(EmbeddedClientTest, DeleteAndGc) {
   EXPECT_TRUE(client_->Verify("gcjob", 40).ok());
 }
 
+// RestoreTensor keeps readers of recent shards; a deleted and re-written step must not be
+// served from a stale one.
+TEST_F(EmbeddedClientTest, RestoreAfterDeleteAndRewriteSeesNewData) {
+  auto first = SaveTestCheckpoint(*client_, "re", 50, 1, 100, 64 << 10);
+  ASSERT_TRUE(first.ok());
+  const testing::TestTensor& t0 = first->shards[0].tensors[0];
+  std::string buf(t0.data.size(), 0);
+  ASSERT_TRUE(client_->RestoreTensor("re", 50, 0, t0.spec.name, buf.data(), buf.size()).ok());
+  EXPECT_TRUE(buf == t0.data);
+  ASSERT_TRUE(client_->Delete("re", 50).ok());
+  auto second = SaveTestCheckpoint(*client_, "re", 50, 1, 200, 64 << 10);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const testing::TestTensor& t1 = second->shards[0].tensors[0];
+  ASSERT_FALSE(t1.data == t0.data);
+  ASSERT_TRUE(client_->RestoreTensor("re", 50, 0, t1.spec.name, buf.data(), buf.size()).ok());
+  EXPECT_TRUE(buf == t1.data);
+  ExpectRestores(*client_, *second);
+}
+
 TEST_F(EmbeddedClientTest, ErrorCodes) {
   EXPECT_EQ(client_->List("bad/name").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->Show("nojob", 1).status().code(), absl::StatusCode::kNotFound);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -31,6 +32,7 @@ const std::vector<FlagSpec>& GlobalFlags() {
       {"tls-cert", "F", "client certificate for mutual TLS. Default: none"},
       {"tls-key", "F", "client private key for mutual TLS. Default: none"},
       {"replicas", "N", "copies of each shard across servers. Default: 1"},
+      {"attempts", "N", "tries of a server call that fails with UNAVAILABLE. Default: 5"},
       {"json", "", "print machine-readable JSON on stdout. Default: off"},
   };
   return kFlags;
@@ -90,7 +92,16 @@ absl::StatusOr<client::Client*> Context::Connect() {
                                               " (set --ckpt-dir DIR or --server H:P)"));
     }
   }
-  ASSIGN_OR_RETURN(client, client::Client::Connect(options));
+  absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);
+  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK")) {
+    // RocksDB's lock: a trainer or gradsnap-server has the directory open.
+    return absl::UnavailableError(absl::StrCat(
+        "checkpoint directory ", options.local_dir,
+        " is in use by another process (a running trainer or gradsnap-server; use --server): ",
+        c.status().message()));
+  }
+  if (!c.ok()) return c.status();
+  client = *std::move(c);
   return client.get();
 }
 
