@@ -42,6 +42,11 @@ absl::Status SaveFullShard(ShardStore& store, const std::string& job, int64_t st
 absl::StatusOr<int64_t> ResolveResumeStep(ShardStore& store, const std::string& job,
                                           const std::string& resume);
 
+// The replicated state of committed checkpoint `step` (from the checkpoint's metadata), to check
+// a resume is compatible before reading any tensor. Collective.
+absl::StatusOr<ReplicatedState> ReadCheckpointState(ShardStore& store, const std::string& job,
+                                                    int64_t step);
+
 // Restores this rank's FULL shard of `step` into HOST buffers master/m/v (view.count() each)
 // and returns its replicated state. FAILED_PRECONDITION when the checkpoint's world size, slice
 // or flat size differ from `view`. Collective.

@@ -61,6 +61,13 @@ class ShardStore {
   virtual client::Client* client() = 0;
 };
 
+// Restores tensors of shard (job, step, rank) straight from a client: checks each tensor exists
+// with the expected byte length (FAILED_PRECONDITION otherwise), then reads it verified.
+// Returns the shard's metadata.
+absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job,
+                                                int64_t step, int32_t rank,
+                                                const std::vector<TensorOut>& tensors);
+
 // Each rank talks to `client` directly.
 std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client);
 // Rank 0 owns `client` (nullptr on other ranks); shards travel over `comm`, which the store
