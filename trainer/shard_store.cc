@@ -25,7 +25,7 @@ absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::st
   }
   for (const TensorOut& t : tensors) {
     auto it = std::find_if(shard->tensors.begin(), shard->tensors.end(),
-                           [&](const client::TensorInfo& i) { return i.spec.name == t.name; });
+                           [&](const storage::TensorInfo& i) { return i.spec.name == t.name; });
     if (it == shard->tensors.end()) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint ", job, "@", step, " rank ",
                                                         rank, " has no tensor ", t.name));

@@ -27,20 +27,29 @@ namespace trainer {
 namespace {
 
 // Opens the store for checkpoints and resume (shard_store.h explains the two kinds).
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const client::ClientOptions& co) {
+#if defined(GRADSNAP_TRAINER_HAVE_CLIENT)
+  return client::Client::Connect(co);
+#else
+  (void)co;
+  return absl::UnimplementedError("checkpointing: this build has no client library");
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
   co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
   co.token = o.token;
   if (!o.storage.empty() || o.world_size == 1) {
-    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(co));
+    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(co));
     return NewDirectShardStore(std::move(c));
   }
   GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
   ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, NewGlooComm(g));
   std::unique_ptr<client::Client> c;
   if (o.rank == 0) {
-    ASSIGN_OR_RETURN(c, client::Client::Connect(co));
+    ASSIGN_OR_RETURN(c, Connect(co));
   }
   return NewFunnelShardStore(std::move(c), std::move(comm));
 }
@@ -233,7 +242,7 @@ absl::Status RankRunner::Step(int64_t s) {
   ++steps_run_;
   if (o_.rank == 0) {
     std::printf("step %lld loss %.6f step_ms %.1f stall_ms %.1f%s\n", static_cast<long long>(s),
-                loss_sum / tokens, step_ms, stall, info.skipped ? " skipped" : "");
+                sums[0] / tokens, step_ms, stall, info.skipped ? " skipped" : "");
     std::fflush(stdout);
   }
   return absl::OkStatus();
