@@ -5,8 +5,8 @@
 //   Attempt k runs `nproc` children: argv[0] = /proc/self/exe, the user's flags, then
 //   --rank G --world_size W --attempt k --rdzv_dir RDZV/attempt-k (G = node_rank * nproc + i),
 //   and from attempt 1 on --resume latest (when checkpointing is on). When a child exits
-//   non-zero or by a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace period), and starts attempt
-//   k+1, up to max_restarts times. A child that exits with kExitNoRestart (bad input, a
+//   non-zero or by a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace
+//   period) and starts attempt k+1, up to max_restarts times. A child that exits with kExitNoRestart (bad input, a
 //   mismatched checkpoint) ends the job at once: restarting cannot help.
 //
 // THREAD SAFETY

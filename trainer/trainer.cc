@@ -166,6 +166,9 @@ absl::Status RankRunner::Resume() {
   if (store_ == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(int64_t step, ResolveResumeStep(*store_, o_.ckpt.job, o_.resume));
   if (step < 0) return absl::OkStatus();
+  // Refuse a checkpoint of another shape before reading any tensor.
+  ASSIGN_OR_RETURN(ReplicatedState saved, ReadCheckpointState(*store_, o_.ckpt.job, step));
+  RETURN_IF_ERROR(CheckCompatible(saved, state_));
   const TrainStateView view = backend_->View();
   std::vector<float> master(view.count()), m(view.count()), v(view.count());
   ASSIGN_OR_RETURN(ReplicatedState restored,
@@ -255,9 +258,10 @@ absl::Status RankRunner::Summary() {
   const std::string sha = Sha256Hex(params.data(), params.size() * sizeof(float));
   const double tokens = static_cast<double>(steps_run_) * o_.global_batch * seq_len_;
   std::printf(
-      "summary model=%s nproc=%d steps=%lld tokens=%.0f tokens_per_s=%.1f mean_step_ms=%.1f "
-      "stall_ms_total=%.1f resumed_from=%lld params=%zu params_sha256=%s\n",
-      o_.model.c_str(), o_.world_size, static_cast<long long>(steps_run_), tokens,
+      "summary model=%s nproc=%d step=%lld steps_run=%lld tokens=%.0f tokens_per_s=%.1f "
+      "mean_step_ms=%.1f stall_ms_total=%.1f resumed_from=%lld params=%zu params_sha256=%s\n",
+      o_.model.c_str(), o_.world_size, static_cast<long long>(state_.step),
+      static_cast<long long>(steps_run_), tokens,
       total_ms_ > 0 ? tokens / (total_ms_ / 1000.0) : 0.0,
       steps_run_ > 0 ? total_ms_ / steps_run_ : 0.0, total_stall_ms_,
       static_cast<long long>(resumed_from_), params.size(), sha.c_str());

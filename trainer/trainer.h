@@ -3,8 +3,10 @@
 //
 // Output (rank 0, stdout; docs/trainer.md):
 //   step S loss L step_ms T stall_ms X
-//   summary steps=N tokens=K tokens_per_s=R mean_step_ms=M stall_ms_total=X resumed_from=F
-//   params_sha256=<hex of the final full fp32 parameters, ParamLayout order, little-endian>
+//   summary model=M nproc=P step=S steps_run=N tokens=K tokens_per_s=R mean_step_ms=M
+//     stall_ms_total=X resumed_from=F params=N params_sha256=<hex>
+//   (steps_run, tokens and the rates count this attempt; params_sha256 is the SHA-256 of the
+//   final full fp32 parameters in ParamLayout order, little-endian).
 //
 // Thread safety: RunRank runs on the calling thread.
 #ifndef GRADSNAP_TRAINER_TRAINER_H_
