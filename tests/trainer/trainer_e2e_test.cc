@@ -108,6 +108,14 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
   }
 }
 
+// On a machine without a GPU (or a build without CUDA), --device cuda is one clear error.
+TEST(TrainerE2eTest, CudaWithoutGpuIsAClearError) {
+  const RunResult r = Train("--steps 2 --device cuda");
+  if (r.exit_code == 0) GTEST_SKIP() << "a GPU is present";
+  EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1 "), std::string::npos);
+}
+
 TEST(TrainerE2eTest, CheckpointOfAnotherModelIsRefusedAndKept) {
   const std::string d = FreshDir("othermodel");
   const std::string store = " --ckpt-mode sync --ckpt-every 2 --ckpt-dir " + d + "/ck";
