@@ -1,5 +1,6 @@
 #include "tests/trainer/run_util.h"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +46,51 @@ std::string SummaryField(const std::string& output, const std::string& key) {
   const size_t begin = at + key.size() + 2;
   const size_t end = output.find_first_of(" \n", begin);
   return output.substr(begin, end - begin);
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  int status;
+  waitpid(pid_, &status, 0);
+  if (out_ != nullptr) fclose(out_);
+}
+
+bool ServerProcess::Start(const std::string& binary, const std::string& data_dir,
+                          std::string* error) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    *error = "pipe failed";
+    return false;
+  }
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execl(binary.c_str(), binary.c_str(), "--data-dir", data_dir.c_str(), "--listen",
+          "127.0.0.1:0", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  FILE* out = fdopen(fds[0], "r");
+  char line[512];
+  const std::string prefix = "gradsnap-server listening on ";
+  // Bounded: the server prints its line once ready, or exits (EOF).
+  while (out != nullptr && fgets(line, sizeof(line), out) != nullptr) {
+    std::string l(line);
+    if (l.rfind(prefix, 0) == 0) {
+      address_ = l.substr(prefix.size());
+      while (!address_.empty() && (address_.back() == '\n' || address_.back() == '\r')) {
+        address_.pop_back();
+      }
+      out_ = out;  // kept open: later stdout writes of the server must not hit SIGPIPE
+      return true;
+    }
+  }
+  if (out != nullptr) fclose(out);
+  *error = "gradsnap-server exited before listening";
+  return false;
 }
 
 std::string FreshDir(const std::string& name) {

@@ -3,6 +3,7 @@
 #define GRADSNAP_TESTS_TRAINER_RUN_UTIL_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -21,6 +22,24 @@ RunResult RunCommand(const std::string& command);
 std::map<int64_t, std::string> ParseLosses(const std::string& output);
 // The value of `key=` in the summary line, or "" if absent.
 std::string SummaryField(const std::string& output, const std::string& key);
+
+// A gradsnap-server child process on 127.0.0.1 with a free port; SIGTERMed on destruction.
+class ServerProcess {
+ public:
+  ServerProcess() = default;
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+  ~ServerProcess();
+  // Starts `binary --data-dir data_dir --listen 127.0.0.1:0` and waits for its
+  // "gradsnap-server listening on HOST:PORT" line. Returns false (with `error`) on failure.
+  bool Start(const std::string& binary, const std::string& data_dir, std::string* error);
+  const std::string& address() const { return address_; }
+
+ private:
+  int pid_ = -1;
+  FILE* out_ = nullptr;  // the server's stdout
+  std::string address_;
+};
 
 // A fresh, empty directory under the test temp dir.
 std::string FreshDir(const std::string& name);

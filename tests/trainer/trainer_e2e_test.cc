@@ -85,6 +85,18 @@ TEST(TrainerE2eTest, ResumeIsExactEmbeddedTwoRanks) {
   ExpectExactResume(2, "--ckpt-dir " + d + "/a", "--ckpt-dir " + d + "/b");
 }
 
+#if defined(GRADSNAP_SERVER_BIN)
+// The same drill with checkpoints on a real gradsnap-server process (remote back end).
+TEST(TrainerE2eTest, ResumeIsExactWithServer) {
+  const std::string d = FreshDir("server");
+  ServerProcess server;
+  std::string error;
+  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
+  ExpectExactResume(2, "--job full --storage " + server.address(),
+                    "--job drill --storage " + server.address());
+}
+#endif
+
 TEST(TrainerE2eTest, BadInputIsAClearError) {
   const std::string d = FreshDir("bad");
   struct Case {
