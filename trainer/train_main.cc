@@ -26,7 +26,7 @@ ABSL_FLAG(std::string, model, "tiny", "Model: tiny, small, gpt2-124m, gpt2-350m,
 ABSL_FLAG(int64_t, steps, 20, "Training steps (also the cosine LR horizon). Default: 20");
 ABSL_FLAG(int, batch, 8, "Global batch in sequences per step, divisible by the world size. Default: 8");
 ABSL_FLAG(int, seq, 0, "Tokens per sequence; 0 = the model's context length. Default: 0");
-ABSL_FLAG(double, lr, 1e-3, "Peak learning rate. Default: 1e-3");
+ABSL_FLAG(double, lr, 6e-4, "Peak learning rate. Default: 6e-4");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "Final LR as a fraction of the peak. Default: 0.1");
 ABSL_FLAG(int64_t, warmup, -1, "Warmup steps; -1 = steps/10. Default: -1");
 ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 1.0");

@@ -164,6 +164,16 @@ absl::Status RankRunner::Setup() {
 
 absl::Status RankRunner::Resume() {
   if (store_ == nullptr) return absl::OkStatus();
+  if (o_.resume == "none") {  // a fresh run must not collide with a job's existing checkpoints
+    ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> existing,
+                     store_->ListCommitted(o_.ckpt.job));
+    if (!existing.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", o_.ckpt.job, " already has checkpoints (newest step ", existing.back().step,
+          "); pass --resume latest to continue it or --job NAME for a new job"));
+    }
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(int64_t step, ResolveResumeStep(*store_, o_.ckpt.job, o_.resume));
   if (step < 0) return absl::OkStatus();
   // Refuse a checkpoint of another shape before reading any tensor.

@@ -156,6 +156,11 @@ TEST(TrainerE2eTest, CheckpointOfAnotherModelIsRefusedAndKept) {
       << other.output;
   EXPECT_EQ(other.output.find("step 5 "), std::string::npos);
   EXPECT_EQ(manifest_of(4), before);
+  // A fresh run of the same job is refused too, before any step.
+  const RunResult fresh = Train("--steps 6" + store);
+  EXPECT_NE(fresh.exit_code, 0) << fresh.output;
+  EXPECT_NE(fresh.output.find("already has checkpoints"), std::string::npos) << fresh.output;
+  EXPECT_EQ(manifest_of(4), before);
   // The right model still resumes from it.
   const RunResult same = Train("--steps 6 --resume latest" + store);
   ASSERT_EQ(same.exit_code, 0) << same.output;
