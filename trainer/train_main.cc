@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   lo.node_rank = absl::GetFlag(FLAGS_node_rank);
   lo.rdzv = absl::GetFlag(FLAGS_rdzv);
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  lo.resume_on_restart = o.ckpt.mode != "none";
+  lo.resume_on_restart = o.ckpt.mode != "none" || o.ckpt.grad_log;
   if (int rc = Validate(o, lo.nproc, lo.nnodes, lo.node_rank); rc != 0) return rc;
   for (int i = 1; i < static_cast<int>(args.size()); ++i) lo.rank_args.push_back(args[i]);
   return gradsnap::trainer::Launch(lo);
