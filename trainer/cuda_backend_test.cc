@@ -76,7 +76,9 @@ TEST(CudaBackendTest, MatchesCpuReferenceOnTinyModel) {
   ASSERT_TRUE((*gpu)->FullMasterParams(&pg).ok());
   ASSERT_EQ(pc.size(), pg.size());
   double max_diff = 0;
-  for (size_t i = 0; i < pc.size(); ++i) max_diff = std::max<double>(max_diff, std::fabs(pc[i] - pg[i]));
+  for (size_t i = 0; i < pc.size(); ++i) {
+    max_diff = std::max<double>(max_diff, std::fabs(pc[i] - pg[i]));
+  }
   EXPECT_LT(max_diff, 5e-3);
 }
 

@@ -16,7 +16,8 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* inp, const bf16*
   const size_t idx = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (idx >= static_cast<size_t>(B) * T * C) return;
   const int c = idx % C, bt = idx / C, t = bt % T;
-  out[idx] = Ld(wte, static_cast<size_t>(inp[bt]) * C + c) + Ld(wpe, static_cast<size_t>(t) * C + c);
+  out[idx] = Ld(wte, static_cast<size_t>(inp[bt]) * C + c) +
+             Ld(wpe, static_cast<size_t>(t) * C + c);
 }
 
 // One thread per (v, c): scans every position for token v (deterministic, no atomics).

@@ -6,8 +6,9 @@
 //   --rank G --world_size W --attempt k --rdzv_dir RDZV/attempt-k (G = node_rank * nproc + i),
 //   and from attempt 1 on --resume latest (when checkpointing is on). When a child exits
 //   non-zero or by a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace
-//   period) and starts attempt k+1, up to max_restarts times. A child that exits with kExitNoRestart (bad input, a
-//   mismatched checkpoint) ends the job at once: restarting cannot help.
+//   period) and starts attempt k+1, up to max_restarts times. A child that exits with
+//   kExitNoRestart (bad input, a mismatched checkpoint) ends the job at once: restarting cannot
+//   help.
 //
 // THREAD SAFETY
 //   Launch runs on the main thread and installs SIGINT/SIGTERM handlers (forwarded to children).

@@ -12,8 +12,8 @@
 namespace gradsnap {
 namespace trainer {
 
-absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job, int64_t step,
-                                                int32_t rank,
+absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job,
+                                                int64_t step, int32_t rank,
                                                 const std::vector<TensorOut>& tensors) {
   ASSIGN_OR_RETURN(client::Manifest manifest, c.Show(job, step));
   const client::ShardInfo* shard = nullptr;

@@ -83,7 +83,9 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
   if (ckpt.model_config != run.model_config) {
     return mismatch("model", ckpt.model_config, run.model_config);
   }
-  if (ckpt.world_size != run.world_size) return mismatch("world size", ckpt.world_size, run.world_size);
+  if (ckpt.world_size != run.world_size) {
+    return mismatch("world size", ckpt.world_size, run.world_size);
+  }
   if (ckpt.global_batch != run.global_batch) {
     return mismatch("global batch", ckpt.global_batch, run.global_batch);
   }
@@ -131,9 +133,9 @@ absl::Status RankRunner::Setup() {
                                                    " model's ", config_.max_seq_len));
   }
   if (o_.global_batch < 1 || o_.global_batch % o_.world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--batch ", o_.global_batch,
-                                                   " must be a positive multiple of the world size ",
-                                                   o_.world_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch ", o_.global_batch, " must be a positive multiple of the world size ",
+        o_.world_size));
   }
   ASSIGN_OR_RETURN(corpus_, LoadCorpus(o_.data, seq_len_));
   if (o_.world_size == 1) {
