@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
@@ -162,6 +163,11 @@ int main(int argc, char** argv) {
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] [--ckpt_mode none|sync] "
       "[--ckpt_every N] [--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N]\nSee docs/trainer.md.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return file.find("train_main") != absl::string_view::npos;
+  };
+  absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> arg_storage;
   std::vector<char*> args = NormalizeFlags(argc, argv, &arg_storage);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());

@@ -120,6 +120,14 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
   }
 }
 
+TEST(TrainerE2eTest, HelpListsTheFlags) {
+  const RunResult r = RunCommand(kTrain + " --help");
+  EXPECT_EQ(r.exit_code, 0);
+  for (const char* flag : {"--ckpt_mode", "--nproc", "--fail_at_step", "--resume", "--storage"}) {
+    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+  }
+}
+
 // On a machine without a GPU (or a build without CUDA), --device cuda is one clear error.
 TEST(TrainerE2eTest, CudaWithoutGpuIsAClearError) {
   const RunResult r = Train("--steps 2 --device cuda");
