@@ -121,8 +121,8 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
 }
 
 TEST(TrainerE2eTest, HelpListsTheFlags) {
-  const RunResult r = RunCommand(kTrain + " --help");
-  EXPECT_EQ(r.exit_code, 0);
+  const RunResult r = RunCommand(kTrain + " --help");  // absl's --help exits 1, like the server
+  EXPECT_EQ(r.output.find("step 1 "), std::string::npos);
   for (const char* flag : {"--ckpt_mode", "--nproc", "--fail_at_step", "--resume", "--storage"}) {
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
   }
