@@ -55,7 +55,7 @@ absl::Status RemoteClient::BeginCheckpoint(const CheckpointSpec& spec) {
   return ForAllNodes([&](Node& node) {
     v1::BeginCheckpointResponse resp;
     return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::BeginCheckpointResponse* r) {
-      return node.stub->BeginCheckpoint(ctx, req, r);
+      return node.stub()->BeginCheckpoint(ctx, req, r);
     });
   });
 }
@@ -67,7 +67,7 @@ absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step)
   return ForAllNodes([&](Node& node) {
     v1::AbortCheckpointResponse resp;
     return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AbortCheckpointResponse* r) {
-      return node.stub->AbortCheckpoint(ctx, req, r);
+      return node.stub()->AbortCheckpoint(ctx, req, r);
     });
   });
 }
@@ -171,7 +171,10 @@ absl::Status RemoteClient::UploadShard(Node& node, const ShardSpec& spec,
   absl::Status s;
   uint64_t progress = 0;
   for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
-    if (failures > 0) Backoff(failures);
+    if (failures > 0) {
+      if (s.code() == absl::StatusCode::kUnavailable) node.OnUnavailable();
+      Backoff(failures);
+    }
     uint64_t committed = 0;
     s = UploadAttempt(node, spec, tensors, starts, total, &committed);
     if (s.ok() || !IsRetryable(s)) return s;
@@ -197,7 +200,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   {
     grpc::ClientContext ctx;
     PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
-    RETURN_IF_ERROR(Annotate(proto::FromGrpc(node.stub->QueryWriteStatus(&ctx, query, &status)),
+    RETURN_IF_ERROR(Annotate(proto::FromGrpc(node.stub()->QueryWriteStatus(&ctx, query, &status)),
                              node.endpoint));
   }
   if (status.complete()) return absl::OkStatus();  // committed earlier: idempotent
@@ -210,7 +213,8 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_, 0);
   v1::WriteResponse resp;
-  std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = node.stub->Write(&ctx, &resp);
+  auto stub = node.stub();  // keeps the channel alive while the stream runs
+  std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = stub->Write(&ctx, &resp);
   v1::WriteRequest msg;
   proto::ToProto(spec, msg.mutable_shard());
   do {

@@ -42,7 +42,7 @@ absl::StatusOr<std::vector<std::string>> RemoteClient::ListJobs() {
   RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
     v1::ListJobsResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::ListJobsResponse* r) {
-      return node.stub->ListJobs(ctx, v1::ListJobsRequest(), r);
+      return node.stub()->ListJobs(ctx, v1::ListJobsRequest(), r);
     }));
     absl::MutexLock lock(&mu);
     for (const auto& j : resp.jobs()) jobs.insert(j);
@@ -62,7 +62,7 @@ absl::StatusOr<std::vector<CheckpointInfo>> RemoteClient::List(const std::string
     v1::ListCheckpointsResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp,
                           [&](grpc::ClientContext* ctx, v1::ListCheckpointsResponse* r) {
-                            return node.stub->ListCheckpoints(ctx, req, r);
+                            return node.stub()->ListCheckpoints(ctx, req, r);
                           }));
     absl::MutexLock lock(&mu);
     for (const auto& c : resp.checkpoints()) {
@@ -91,7 +91,7 @@ absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step
   RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
     v1::GetManifestResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
-      return node.stub->GetManifest(ctx, req, r);
+      return node.stub()->GetManifest(ctx, req, r);
     }));
     ASSIGN_OR_RETURN(Manifest m, proto::FromProto(resp.manifest()));
     absl::MutexLock lock(&mu);
@@ -133,7 +133,8 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
   if (end != kToEnd) req.set_read_limit(end - *offset);
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_, 0);
-  std::unique_ptr<grpc::ClientReader<v1::ReadResponse>> stream = node.stub->Read(&ctx, req);
+  auto stub = node.stub();  // keeps the channel alive while the stream runs
+  std::unique_ptr<grpc::ClientReader<v1::ReadResponse>> stream = stub->Read(&ctx, req);
   v1::ReadResponse msg;
   absl::Status status;
   bool first = true;
@@ -185,6 +186,7 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
     for (size_t i : order) {
       absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, &total, progress);
       if (s.ok()) return s;
+      if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
       // Another replica may have it: move on for missing, unavailable or busy nodes.
       if (!IsRetryable(s) && s.code() != absl::StatusCode::kNotFound) return s;
       if (s.code() != absl::StatusCode::kNotFound || last.code() == absl::StatusCode::kNotFound) {
@@ -245,7 +247,7 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
   absl::Status s = ForAllNodes([&](Node& node) -> absl::Status {
     v1::VerifyResponse resp;
     absl::Status v = Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::VerifyResponse* r) {
-      return node.stub->Verify(ctx, req, r);
+      return node.stub()->Verify(ctx, req, r);
     });
     // A node that never saw this checkpoint is fine when another one has it.
     if (v.code() == absl::StatusCode::kNotFound && nodes_.size() > 1) return absl::OkStatus();
@@ -268,7 +270,7 @@ absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
   return ForAllNodesTolerant([&](Node& node) {
     v1::DeleteResponse resp;
     return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::DeleteResponse* r) {
-      return node.stub->Delete(ctx, req, r);
+      return node.stub()->Delete(ctx, req, r);
     });
   });
 }
@@ -284,7 +286,7 @@ absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy
   RETURN_IF_ERROR(ForAllNodesTolerant([&](Node& node) -> absl::Status {
     v1::GcResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GcResponse* r) {
-      return node.stub->Gc(ctx, req, r);
+      return node.stub()->Gc(ctx, req, r);
     }));
     absl::MutexLock lock(&mu);
     deleted.insert(resp.deleted_steps().begin(), resp.deleted_steps().end());
@@ -299,7 +301,7 @@ absl::Status RemoteClient::Health() {
   return ForAllNodes([&](Node& node) -> absl::Status {
     v1::HealthResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::HealthResponse* r) {
-      return node.stub->Health(ctx, v1::HealthRequest(), r);
+      return node.stub()->Health(ctx, v1::HealthRequest(), r);
     }));
     if (!resp.serving()) return absl::UnavailableError(absl::StrCat(node.endpoint, ": stopping"));
     return absl::OkStatus();

@@ -53,6 +53,10 @@ struct EngineOptions {
   bool shuffle = true;
   // Store a chunk compressed only if stored <= raw * this. Default: 0.97.
   double min_compress_gain = 0.97;
+  // Adaptive bypass: try to compress a chunk only while at least half of the writer's
+  // in-flight chunks wait for the disk, i.e. when compressing cannot slow the write down.
+  // false: try every chunk (tests, archival). Default: true.
+  bool adapt_compression = true;
   // Use io_uring; false forces the pwrite fallback (tests). Default: true.
   bool use_io_uring = true;
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.

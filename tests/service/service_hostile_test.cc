@@ -247,6 +247,18 @@ TEST(ServiceHostile, GarbageAndMalformedCallsWhileAGoodClientWorks) {
   });
 
   auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  // A begun (never completable: world_size 2) checkpoint, so malformed uploads reach the
+  // stream checks rather than stopping at NOT_FOUND.
+  {
+    v1::BeginCheckpointRequest r;
+    r.mutable_spec()->set_job("hostile");
+    r.mutable_spec()->set_step(1);
+    r.mutable_spec()->set_kind(v1::CHECKPOINT_KIND_FULL);
+    r.mutable_spec()->set_base_step(-1);
+    r.mutable_spec()->set_world_size(2);
+    RawResult begun = RawCall(channel, "/gradsnap.v1.Storage/BeginCheckpoint", {Ser(r)});
+    ASSERT_TRUE(begun.status.ok()) << begun.status.error_message();
+  }
   std::mt19937_64 rng(1234);
   for (int round = 0; round < 2; ++round) {
     // Garbage bytes where every method expects a message.

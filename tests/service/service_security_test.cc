@@ -136,8 +136,10 @@ TEST(ServiceSecurity, PathTraversalNamesAreRejected) {
   o.endpoints = {server.address()};
   auto c = Connect(o);
   const auto kBad = absl::StatusCode::kInvalidArgument;
-  for (std::string job : {"..", ".", "../etc", "a/b", "/abs", "x\\y", "", std::string(129, 'j'),
-                          std::string("nul\0byte", 8), "sp ace"}) {
+  const std::vector<std::string> kJobs = {"..", ".", "../etc", "a/b", "/abs", "x\\y", "",
+                                          std::string(129, 'j'), std::string("nul\0byte", 8),
+                                          "sp ace"};
+  for (const std::string& job : kJobs) {
     EXPECT_EQ(c->BeginCheckpoint(FullSpec(job, 1, 1)).code(), kBad) << job;
     EXPECT_EQ(c->List(job).status().code(), kBad) << job;
     EXPECT_EQ(c->Show(job, 1).status().code(), kBad) << job;
