@@ -67,6 +67,10 @@ TEST(ChunkCodecTest, RoundTripsRandomSizesAndTypes) {
     out.resize(n);
     ASSERT_EQ(out, raw) << "iter " << iter;
     ASSERT_TRUE(dec.Decode(rec.data(), h.record_len(), nullptr, out.data(), n).ok());
+    std::vector<uint8_t> scratch;
+    const uint8_t* view = nullptr;
+    ASSERT_TRUE(dec.DecodeView(rec.data(), h.record_len(), &h, &scratch, &view).ok());
+    ASSERT_EQ(0, n == 0 ? 0 : std::memcmp(view, raw.data(), n));
   }
 }
 
@@ -104,6 +108,10 @@ TEST(ChunkCodecTest, EveryMutationIsDetected) {
         bad[i] ^= flip;
         absl::Status s = dec.Decode(bad.data(), bad.size(), nullptr, out.data(), out.size());
         ASSERT_EQ(s.code(), absl::StatusCode::kDataLoss) << "byte " << i << " level " << level;
+        std::vector<uint8_t> scratch;
+        const uint8_t* view = nullptr;
+        ASSERT_EQ(dec.DecodeView(bad.data(), bad.size(), nullptr, &scratch, &view).code(),
+                  absl::StatusCode::kDataLoss);
       }
     }
     // Truncation at every length.

@@ -15,6 +15,9 @@
 #ifndef GRADSNAP_CRASH_ITERATIONS
 #define GRADSNAP_CRASH_ITERATIONS 50
 #endif
+#ifndef GRADSNAP_CRASH_SUITE
+#define GRADSNAP_CRASH_SUITE CrashTest
+#endif
 
 namespace gradsnap {
 namespace storage {
@@ -31,7 +34,7 @@ pid_t Spawn(const std::string& dir, int64_t first, bool uring) {
   return pid;
 }
 
-TEST(CrashTest, SigkillAtRandomMoments) {
+TEST(GRADSNAP_CRASH_SUITE, SigkillAtRandomMoments) {
   TempDir dir;
   std::mt19937_64 rng(::testing::UnitTest::GetInstance()->random_seed() + 12345);
   int64_t next_step = 0;

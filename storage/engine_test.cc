@@ -5,6 +5,7 @@
 
 #include "common/sha256.h"
 #include "gtest/gtest.h"
+#include "storage/storage_stats.h"
 #include "storage/test_util.h"
 
 namespace gradsnap {
@@ -40,6 +41,7 @@ class EngineTest : public ::testing::TestWithParam<Param> {
 TEST_P(EngineTest, WriteListReadVerify) {
   auto e = OpenEngine();
   ASSERT_NE(e, nullptr);
+  int64_t chunks_before = StorageStats::Get().chunks_written->Value();
   CheckpointSpec c{"job1", 10, CheckpointKind::kFull, -1, 2, "ckpt-meta"};
   ASSERT_TRUE(e->BeginCheckpoint(c).ok());
   ASSERT_TRUE(e->BeginCheckpoint(c).ok());  // idempotent
@@ -69,6 +71,10 @@ TEST_P(EngineTest, WriteListReadVerify) {
   ExpectRestores(e.get(), s0);
   ExpectRestores(e.get(), s1);
   EXPECT_EQ(e->BeginCheckpoint(c).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_GE(StorageStats::Get().chunks_written->Value() - chunks_before,
+            m->shards[0].tensors[0].chunks + m->shards[1].tensors[0].chunks);
+  // A second engine on the same directory is refused while this one is open.
+  EXPECT_EQ(Engine::Open(Options()).status().code(), absl::StatusCode::kFailedPrecondition);
 
   e.reset();
   e = OpenEngine();

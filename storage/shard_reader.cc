@@ -20,6 +20,7 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 
 namespace gradsnap {
@@ -50,12 +51,15 @@ absl::Status ReadRecord(File* file, const ChunkRecord& c, AlignedBuffer* buf) {
 
 struct ReaderContext {
   ChunkDecoder decoder;
-  AlignedBuffer buf;
 };
 
+// One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
   size_t chunk = 0;
-  std::vector<uint8_t> data;
+  AlignedBuffer record;           // the record as read (O_DIRECT)
+  std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
+  const uint8_t* data = nullptr;  // the chunk's raw bytes: into record or decoded
+  size_t size = 0;
   absl::Status status;
   bool done = false;
 };
@@ -98,6 +102,7 @@ class ShardReaderImpl : public ShardReader {
 
  private:
   absl::Status Loss(uint32_t tensor, const absl::Status& s) const {
+    StorageStats::Get().data_loss->Add();
     std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
@@ -142,11 +147,11 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   window_.push_back(slot);
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
-    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &ctx->buf);
+    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &slot->record);
     if (s.ok()) {
-      slot->data.resize(c.header.raw_len);
-      s = ctx->decoder.Decode(ctx->buf.data(), c.header.record_len(), &c.header,
-                              slot->data.data(), slot->data.size());
+      s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
+                                  &slot->decoded, &slot->data);
+      slot->size = c.header.raw_len;
     }
     absl::MutexLock lock(&mu_);
     slot->status = s;
@@ -208,8 +213,8 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
     if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
-    std::memcpy(dst + (pos - tensor_start_[index]), slot->data.data(), h.raw_len);
-    sha.Update(slot->data.data(), h.raw_len);
+    std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
+    sha.Update(slot->data, h.raw_len);
     pos += h.raw_len;
     Recycle(std::move(slot));
   }
@@ -219,6 +224,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   if (DigestToHex(sha.Finish()) != t.sha256) {
     return Loss(index, absl::DataLossError("tensor SHA-256 mismatch"));
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(out_len));
   return absl::OkStatus();
 }
 
@@ -252,7 +258,7 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   size_t copied = 0;
   while (copied < n && offset < total) {
     if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
-        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->data.size()) {
+        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
       // Find the chunk holding `offset` (chunks are in stream order).
       size_t lo = 0, hi = chunks_.size();
       while (hi - lo > 1) {
@@ -265,15 +271,16 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
       }
       Recycle(std::move(cur_));
       RETURN_IF_ERROR(Take(lo, &cur_));
-      RETURN_IF_ERROR(HashChunk(lo, cur_->data.data()));
+      RETURN_IF_ERROR(HashChunk(lo, cur_->data));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
-    size_t take = std::min(n - copied, cur_->data.size() - in_chunk);
-    std::memcpy(dst + copied, cur_->data.data() + in_chunk, take);
+    size_t take = std::min(n - copied, cur_->size - in_chunk);
+    std::memcpy(dst + copied, cur_->data + in_chunk, take);
     copied += take;
     offset += take;
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
 }
 

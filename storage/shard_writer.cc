@@ -30,6 +30,7 @@
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/segment_writer.h"
+#include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 
 namespace gradsnap {
@@ -414,6 +415,7 @@ absl::Status ShardWriterImpl::SyncSegments() {
 
 absl::Status ShardWriterImpl::Persist(bool finish) {
   if (finished_) return absl::OkStatus();
+  ScopedLatency latency(StorageStats::Get().commit_seconds);
   Dispatch();
   AdvanceTensor();
   WaitIdle();
@@ -464,6 +466,13 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
   }
   s = engine_->CommitShardProgress(next, chunks, finish);
   if (!s.ok()) return s;
+  StorageStats& stats = StorageStats::Get();
+  stats.raw_bytes_written->Add(static_cast<int64_t>(written_ - committed_));
+  stats.stored_bytes_written->Add(static_cast<int64_t>(next.stored_bytes - rec_.stored_bytes));
+  stats.chunks_written->Add(static_cast<int64_t>(chunks.size()));
+  for (const ChunkRecord& c : chunks) {
+    if (c.header.codec == ChunkCodec::kZstd) stats.chunks_compressed->Add();
+  }
   rec_ = std::move(next);
   committed_ = written_;
   absl::MutexLock lock(&mu_);

@@ -11,6 +11,7 @@
 // the engine with ShardReader::ReadTensor (CRCs and SHA-256 verified).
 // Last line: name=value pairs (write_ratio, read_ratio, compress ratios, GB/s).
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <liburing.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "storage/aligned_buffer.h"
@@ -133,7 +135,10 @@ bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
                   0644);
   if (fd < 0) return false;
   io_uring ring;
-  if (io_uring_queue_init(qd, &ring, 0) < 0) return false;
+  if (io_uring_queue_init(qd, &ring, 0) < 0) {
+    ::close(fd);
+    return false;
+  }
   struct Piece { uint8_t* p; size_t n; uint64_t off; };
   std::vector<Piece> pieces;
   uint64_t off = 0;
@@ -169,13 +174,25 @@ bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
   return ok;
 }
 
+double CpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// Runs f(0..n-1) on n threads; returns wall seconds and prints the CPU seconds it took.
 template <typename F>
-double Parallel(int n, F f) {
+double Parallel(int n, F f, const char* what = nullptr) {
+  double cpu0 = CpuSeconds();
   Stopwatch sw;
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i) ts.emplace_back(f, i);
   for (auto& t : ts) t.join();
-  return sw.ElapsedSeconds();
+  double wall = sw.ElapsedSeconds();
+  if (what != nullptr) {
+    std::printf("  %-22s wall %6.2f s  cpu %6.2f s\n", what, wall, CpuSeconds() - cpu0);
+  }
+  return wall;
 }
 
 void DropCache(const std::string& dir) {
@@ -189,9 +206,19 @@ void DropCache(const std::string& dir) {
   }
 }
 
+// The first error of any phase; Run() stops after the phase and main() exits non-zero.
+absl::Mutex g_error_mu;
+std::string g_error ABSL_GUARDED_BY(g_error_mu);
+
 void Fail(const std::string& what) {
-  std::fprintf(stderr, "storage_bench: %s\n", what.c_str());
-  std::exit(1);
+  absl::MutexLock lock(&g_error_mu);
+  if (g_error.empty()) g_error = what;
+}
+
+bool Failed() {
+  absl::MutexLock lock(&g_error_mu);
+  if (!g_error.empty()) std::fprintf(stderr, "storage_bench: %s\n", g_error.c_str());
+  return !g_error.empty();
 }
 
 int Run() {
@@ -200,11 +227,13 @@ int Run() {
   const double gib = absl::GetFlag(FLAGS_total_gib);
   if (ranks < 1 || ranks > 64 || gib <= 0 || gib > 64 || absl::GetFlag(FLAGS_tensor_mib) < 1) {
     Fail("--ranks must be 1..64, --total_gib in (0, 64], --tensor_mib >= 1");
+    return Failed();
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir, ec);
   if (ec) Fail("cannot create " + dir + ": " + ec.message());
+  if (Failed()) return 1;
   uint64_t per_rank = static_cast<uint64_t>(gib * (1ull << 30) / ranks);
   size_t tensor_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_tensor_mib)) << 20;
   std::vector<RankState> st(ranks);
@@ -221,7 +250,8 @@ int Run() {
 
   double raw_w = Parallel(ranks, [&](int r) {
     if (!RawIo(absl::StrFormat("%s/raw%d", dir, r), &st[r], true, qd)) Fail("raw write failed");
-  });
+  }, "raw write");
+  if (Failed()) return 1;
 
   EngineOptions o;
   o.data_dir = dir + "/engine";
@@ -229,12 +259,12 @@ int Run() {
   o.queue_depth = qd;
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_mib)) << 20;
   o.use_io_uring = absl::GetFlag(FLAGS_use_io_uring);
-  auto engine = Engine::Open(o);
-  if (!engine.ok()) Fail(engine.status().ToString());
   auto write_ckpt = [&](Engine* e, int64_t step, int level) {
-    (void)level;
     absl::Status s = e->BeginCheckpoint({"bench", step, CheckpointKind::kFull, -1, ranks, ""});
-    if (!s.ok()) Fail(s.ToString());
+    if (!s.ok()) {
+      Fail(s.ToString());
+      return 1.0;
+    }
     return Parallel(ranks, [&](int r) {
       ShardSpec spec = st[r].spec;
       spec.step = step;
@@ -242,23 +272,27 @@ int Run() {
       for (auto& t : st[r].tensors) data.push_back(t.data());
       absl::Status ws = e->WriteShard(spec, data);
       if (!ws.ok()) Fail(ws.ToString());
-    });
+    }, level == 0 ? "engine write (zstd off)" : "engine write (zstd on)");
   };
   // Compression off and on, each through its own engine instance on the same directory.
-  engine->reset();
   o.zstd_level = 0;
   auto off_engine = Engine::Open(o);
   if (!off_engine.ok()) Fail(off_engine.status().ToString());
+  if (Failed()) return 1;
   double eng_w_off = write_ckpt(off_engine->get(), 1, 0);
   off_engine->reset();
+  if (Failed()) return 1;
   o.zstd_level = absl::GetFlag(FLAGS_zstd_level);
   auto on_engine = Engine::Open(o);
   if (!on_engine.ok()) Fail(on_engine.status().ToString());
+  if (Failed()) return 1;
   double eng_w_on = write_ckpt(on_engine->get(), 2, o.zstd_level);
+  if (Failed()) return 1;
   Engine* e = on_engine->get();
 
   auto m = e->GetManifest("bench", 2);
   if (!m.ok()) Fail(m.status().ToString());
+  if (Failed()) return 1;
   uint64_t fp32_stored = 0, bf16_stored = 0;
   for (const ShardInfo& s : m->shards) {
     for (const TensorInfo& t : s.tensors) {
@@ -269,21 +303,29 @@ int Run() {
   DropCache(dir);
   double raw_r = Parallel(ranks, [&](int r) {
     if (!RawIo(absl::StrFormat("%s/raw%d", dir, r), &st[r], false, qd)) Fail("raw read failed");
-  });
+  }, "raw read");
+  if (Failed()) return 1;
   auto read_ckpt = [&](int64_t step) {
     DropCache(dir);
     return Parallel(ranks, [&](int r) {
       auto rd = e->OpenShardReader("bench", step, r);
-      if (!rd.ok()) Fail(rd.status().ToString());
+      if (!rd.ok()) {
+        Fail(rd.status().ToString());
+        return;
+      }
       for (size_t i = 0; i < st[r].tensors.size(); ++i) {
         absl::Status s = (*rd)->ReadTensor(i, st[r].tensors[i].data(),
                                            st[r].spec.tensors[i].byte_length);
-        if (!s.ok()) Fail(s.ToString());
+        if (!s.ok()) {
+          Fail(s.ToString());
+          return;
+        }
       }
-    });
+    }, step == 1 ? "engine read (zstd off)" : "engine read (zstd on)");
   };
   double eng_r_off = read_ckpt(1);
   double eng_r_on = read_ckpt(2);
+  if (Failed()) return 1;
   on_engine->reset();
   std::filesystem::remove_all(dir, ec);
 
