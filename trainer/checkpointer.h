@@ -1,0 +1,98 @@
+// The checkpointing seam of the training loop (part 2 of 2; trainer/train_state.h is part 1).
+//
+// OVERVIEW
+//   The trainer (trainer/trainer.cc) runs, for every step s = 1, 2, ... on every rank:
+//
+//     BeforeStep(s)
+//     forward + backward on batch s; reduce-scatter of the gradients (ZeRO-1)
+//     AfterBackward(s, grads)       grads: this rank's reduced slice, as the optimizer reads it
+//     global-norm clip, LR schedule -> AdamWStepParams (computed once, on the host)
+//     AdamW update of the slice (skipped when the gradient norm is not finite)
+//     AfterUpdate(s, info)          the exact scalars the update consumed
+//     all-gather of the parameters
+//     EndStep(s, state)             state: the replicated state after step s
+//
+//   After the last step, Finish(). The trainer measures the wall time spent inside the hooks and
+//   reports it as the step's `stall_ms`: whatever a checkpointer does synchronously is stall.
+//   Between AfterBackward and AfterUpdate the slice's master/m/v are being updated; between
+//   EndStep(s) and AfterBackward(s+1) they hold the state after update s and are not written.
+//   On the CUDA path, "between hooks" is in stream order: work enqueued on view.stream before a
+//   hook returns is ordered with the training kernels.
+//
+// MODES (MakeCheckpointer in trainer/checkpointer_factory.cc)
+//   none: no-op. sync: stop-the-world, copy + persist a FULL shard through the client in
+//   EndStep(s) when s % every == 0. async and gockpt: gpu_snapshot/ (issue 5).
+//
+// FULL SHARD FORMAT (docs/trainer.md): tensors "params", "adam_m", "adam_v" (f32, shape
+//   {hi - lo}, flat_name = the same, flat_offset = lo, flat_total = flat_total) and
+//   "replicated_state" (u8, ReplicatedState::Serialize()); ShardSpec::metadata and
+//   CheckpointSpec::metadata also carry the serialized replicated state.
+//
+// ERRORS
+//   A non-OK status from any hook stops the rank with that error (the launcher restarts the job).
+//
+// THREAD SAFETY
+//   Hooks are called from the training thread only, in the order above. Implementations may run
+//   their own threads.
+#ifndef GRADSNAP_TRAINER_CHECKPOINTER_H_
+#define GRADSNAP_TRAINER_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+#include "gpu_snapshot/adamw.h"
+#include "trainer/train_state.h"
+
+namespace gradsnap {
+namespace trainer {
+
+class ShardStore;
+
+// This rank's reduced gradient slice [lo, hi) before the clip coefficient is applied, exactly
+// as AdamW reads it (AdamWElement multiplies by params.grad_scale itself).
+struct GradSliceView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;  // kF32 (CPU back end) or kBF16 (CUDA mixed precision)
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+  bool on_device = false;
+  uint64_t count() const { return hi - lo; }
+};
+
+// What update `step` consumed.
+struct UpdateInfo {
+  AdamWStepParams params;  // lr, grad_scale (clip coefficient), betas, eps, wd, bias corrections
+  bool skipped = false;    // true: no update ran and opt_t did not advance
+  int64_t opt_t = 0;       // optimizer step count after this update
+  float grad_norm = 0;     // global norm of the unclipped gradient (may be inf/nan if skipped)
+  LoaderPosition loader;   // the loader position after this step's batch
+};
+
+// Constant for the run, given to the factory.
+struct CheckpointerOptions {
+  std::string mode = "none";  // none | sync | async | gockpt. Default: none
+  int64_t every = 0;          // FULL checkpoint when step % every == 0; 0 = never. Default: 0
+  bool grad_log = false;      // also stream per-step DELTA records (issue 5). Default: false
+  std::string job = "job";    // job name in the store. Default: "job"
+};
+
+class Checkpointer {
+ public:
+  virtual ~Checkpointer() = default;
+  // Once, before the first step of this attempt, after initialization or restore. `state` is the
+  // replicated state the run starts from (step 0 or the restored step).
+  virtual absl::Status Start(const ReplicatedState& state) = 0;
+  virtual absl::Status BeforeStep(int64_t step) = 0;
+  virtual absl::Status AfterBackward(int64_t step, const GradSliceView& grads) = 0;
+  virtual absl::Status AfterUpdate(int64_t step, const UpdateInfo& info) = 0;
+  virtual absl::Status EndStep(int64_t step, const ReplicatedState& state) = 0;
+  // After the last step: drain in-flight checkpoints (their time counts in the summary).
+  virtual absl::Status Finish() = 0;
+};
+
+}  // namespace trainer
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_TRAINER_CHECKPOINTER_H_

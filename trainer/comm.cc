@@ -1,0 +1,214 @@
+// LocalComm (one process) and GlooComm (Gloo TCP, full mesh of pairs). See comm.h.
+#include "trainer/comm.h"
+
+#include <cstring>
+#include <exception>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/file_store.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "trainer/model_config.h"
+
+namespace gradsnap {
+namespace trainer {
+namespace {
+
+class LocalComm : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  absl::Status ReduceScatter(float*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllGather(float*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllReduceSum(double*, size_t) override { return absl::OkStatus(); }
+  absl::Status Send(int, uint32_t, const void*, size_t) override {
+    return absl::FailedPreconditionError("Send in a one-rank group");
+  }
+  absl::Status Recv(int, uint32_t, void*, size_t) override {
+    return absl::FailedPreconditionError("Recv in a one-rank group");
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+};
+
+// The one place where Gloo's exceptions become a Status.
+absl::Status GlooError(const char* op, const std::exception& e) {
+  return absl::UnavailableError(absl::StrCat("gloo ", op, ": ", e.what()));
+}
+
+using Buffer = std::unique_ptr<gloo::transport::UnboundBuffer>;
+
+class GlooComm : public Comm {
+ public:
+  GlooComm(std::shared_ptr<gloo::rendezvous::Context> ctx, std::chrono::milliseconds timeout)
+      : ctx_(std::move(ctx)), timeout_(timeout) {}
+  int rank() const override { return ctx_->rank; }
+  int world_size() const override { return ctx_->size; }
+
+  absl::Status ReduceScatter(float* buf, size_t total) override {
+    try {
+      return DoReduceScatter(buf, total);
+    } catch (const std::exception& e) {
+      return GlooError("reduce-scatter", e);
+    }
+  }
+  absl::Status AllGather(float* buf, size_t total) override {
+    try {
+      return DoAllGather(buf, total);
+    } catch (const std::exception& e) {
+      return GlooError("all-gather", e);
+    }
+  }
+  absl::Status AllReduceSum(double* vals, size_t n) override {
+    try {
+      return DoAllReduce(vals, n);
+    } catch (const std::exception& e) {
+      return GlooError("all-reduce", e);
+    }
+  }
+  absl::Status Send(int dst, uint32_t tag, const void* data, size_t n) override {
+    try {
+      Buffer b = ctx_->createUnboundBuffer(const_cast<void*>(data), n);
+      b->send(dst, kP2pSlotBase + tag);
+      return Wait(b, /*send=*/true);
+    } catch (const std::exception& e) {
+      return GlooError("send", e);
+    }
+  }
+  absl::Status Recv(int src, uint32_t tag, void* data, size_t n) override {
+    try {
+      Buffer b = ctx_->createUnboundBuffer(data, n);
+      b->recv(src, kP2pSlotBase + tag);
+      return Wait(b, /*send=*/false);
+    } catch (const std::exception& e) {
+      return GlooError("recv", e);
+    }
+  }
+  absl::Status Barrier() override {
+    double one = 1.0;
+    return AllReduceSum(&one, 1);
+  }
+
+ private:
+  static constexpr uint64_t kP2pSlotBase = 1ull << 40;
+
+  absl::Status Wait(Buffer& b, bool send) {
+    const bool ok = send ? b->waitSend(timeout_) : b->waitRecv(timeout_);
+    if (!ok) return absl::UnavailableError("gloo operation aborted");
+    return absl::OkStatus();
+  }
+
+  absl::Status DoReduceScatter(float* buf, size_t total) {
+    const int P = world_size(), me = rank();
+    const uint64_t slot = next_slot_++;
+    const Slice mine = RankSlice(total, me, P);
+    std::vector<float> recv(mine.size() * P);
+    std::vector<Buffer> sends, recvs;
+    for (int j = 0; j < P; ++j) {
+      if (j == me) continue;
+      const Slice s = RankSlice(total, j, P);
+      sends.push_back(ctx_->createUnboundBuffer(buf + s.lo, s.size() * sizeof(float)));
+      if (s.size() > 0) sends.back()->send(j, slot);
+      recvs.push_back(
+          ctx_->createUnboundBuffer(recv.data() + j * mine.size(), mine.size() * sizeof(float)));
+      if (mine.size() > 0) recvs.back()->recv(j, slot);
+    }
+    if (mine.size() > 0) {
+      for (Buffer& b : recvs) RETURN_IF_ERROR(Wait(b, false));
+    }
+    std::memcpy(recv.data() + me * mine.size(), buf + mine.lo, mine.size() * sizeof(float));
+    // Sum in rank order, independent of arrival order.
+    float* out = buf + mine.lo;
+    for (size_t i = 0; i < mine.size(); ++i) out[i] = recv[i];
+    for (int j = 1; j < P; ++j) {
+      const float* c = recv.data() + j * mine.size();
+      for (size_t i = 0; i < mine.size(); ++i) out[i] += c[i];
+    }
+    for (int k = 0, j = 0; j < P; ++j) {
+      if (j == me) continue;
+      if (RankSlice(total, j, P).size() > 0) RETURN_IF_ERROR(Wait(sends[k], true));
+      ++k;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAllGather(float* buf, size_t total) {
+    const int P = world_size(), me = rank();
+    const uint64_t slot = next_slot_++;
+    const Slice mine = RankSlice(total, me, P);
+    std::vector<Buffer> sends, recvs;
+    for (int j = 0; j < P; ++j) {
+      if (j == me) continue;
+      const Slice s = RankSlice(total, j, P);
+      sends.push_back(ctx_->createUnboundBuffer(buf + mine.lo, mine.size() * sizeof(float)));
+      if (mine.size() > 0) sends.back()->send(j, slot);
+      recvs.push_back(ctx_->createUnboundBuffer(buf + s.lo, s.size() * sizeof(float)));
+      if (s.size() > 0) recvs.back()->recv(j, slot);
+    }
+    for (int k = 0, j = 0; j < P; ++j) {
+      if (j == me) continue;
+      if (RankSlice(total, j, P).size() > 0) RETURN_IF_ERROR(Wait(recvs[k], false));
+      if (mine.size() > 0) RETURN_IF_ERROR(Wait(sends[k], true));
+      ++k;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAllReduce(double* vals, size_t n) {
+    const int P = world_size(), me = rank();
+    const uint64_t slot = next_slot_++;
+    std::vector<double> all(n * P);
+    std::memcpy(all.data() + me * n, vals, n * sizeof(double));
+    std::vector<Buffer> sends, recvs;
+    for (int j = 0; j < P; ++j) {
+      if (j == me) continue;
+      sends.push_back(ctx_->createUnboundBuffer(vals, n * sizeof(double)));
+      sends.back()->send(j, slot);
+      recvs.push_back(ctx_->createUnboundBuffer(all.data() + j * n, n * sizeof(double)));
+      recvs.back()->recv(j, slot);
+    }
+    for (Buffer& b : recvs) RETURN_IF_ERROR(Wait(b, false));
+    for (Buffer& b : sends) RETURN_IF_ERROR(Wait(b, true));
+    for (size_t i = 0; i < n; ++i) {
+      double acc = all[i];
+      for (int j = 1; j < P; ++j) acc += all[j * n + i];
+      vals[i] = acc;
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::chrono::milliseconds timeout_;
+  uint64_t next_slot_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> NewLocalComm() { return std::make_unique<LocalComm>(); }
+
+absl::StatusOr<std::unique_ptr<Comm>> NewGlooComm(const GlooOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad rank ", options.rank, " of world size ", options.world_size));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore file_store(options.rdzv_dir);
+    gloo::rendezvous::PrefixStore store(options.prefix, file_store);
+    auto ctx =
+        std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+    ctx->setTimeout(options.timeout);
+    ctx->connectFullMesh(store, dev);
+    return std::unique_ptr<Comm>(new GlooComm(std::move(ctx), options.timeout));
+  } catch (const std::exception& e) {
+    return GlooError("rendezvous", e);
+  }
+}
+
+}  // namespace trainer
+}  // namespace gradsnap

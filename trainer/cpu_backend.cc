@@ -1,0 +1,144 @@
+// The CPU back end: fp32 everywhere; the rank's master weights are its slice of the full
+// parameter buffer. See backend.h.
+#include <cmath>
+#include <cstring>
+
+#include "common/status.h"
+#include "trainer/backend.h"
+#include "trainer/cpu_gpt.h"
+#include "trainer/data.h"
+
+namespace gradsnap {
+namespace trainer {
+namespace {
+
+class CpuBackend : public Backend {
+ public:
+  CpuBackend(const ModelConfig& config, int local_batch, int seq_len, Comm* comm)
+      : model_(config, local_batch, seq_len), comm_(comm) {
+    const size_t total = model_.layout().total();
+    slice_ = RankSlice(total, comm->rank(), comm->world_size());
+    params_.assign(total, 0.0f);
+    grads_.assign(total, 0.0f);
+    m_.assign(slice_.size(), 0.0f);
+    v_.assign(slice_.size(), 0.0f);
+  }
+
+  TrainStateView View() override {
+    TrainStateView v;
+    v.rank = comm_->rank();
+    v.world_size = comm_->world_size();
+    v.flat_total = params_.size();
+    v.lo = slice_.lo;
+    v.hi = slice_.hi;
+    v.master = params_.data() + slice_.lo;
+    v.m = m_.data();
+    v.v = v_.data();
+    return v;
+  }
+
+  absl::Status SetParams(const float* host) override {
+    std::memcpy(params_.data(), host, params_.size() * sizeof(float));
+    std::fill(m_.begin(), m_.end(), 0.0f);
+    std::fill(v_.begin(), v_.end(), 0.0f);
+    return absl::OkStatus();
+  }
+
+  absl::Status SliceToHost(float* master, float* m, float* v) override {
+    const size_t bytes = slice_.size() * sizeof(float);
+    std::memcpy(master, params_.data() + slice_.lo, bytes);
+    std::memcpy(m, m_.data(), bytes);
+    std::memcpy(v, v_.data(), bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status SliceFromHost(const float* master, const float* m, const float* v) override {
+    const size_t bytes = slice_.size() * sizeof(float);
+    std::memcpy(params_.data() + slice_.lo, master, bytes);
+    std::memcpy(m_.data(), m, bytes);
+    std::memcpy(v_.data(), v, bytes);
+    return comm_->AllGather(params_.data(), params_.size());
+  }
+
+  absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                                         float dloss) override {
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    return model_.ForwardBackward(params_.data(), grads_.data(), inputs, targets, dloss);
+  }
+
+  absl::StatusOr<double> ReduceGrads() override {
+    RETURN_IF_ERROR(comm_->ReduceScatter(grads_.data(), grads_.size()));
+    double sq = 0.0;
+    const float* g = grads_.data() + slice_.lo;
+    for (size_t i = 0; i < slice_.size(); ++i) sq += static_cast<double>(g[i]) * g[i];
+    return sq;
+  }
+
+  GradSliceView Grads() override {
+    GradSliceView g;
+    g.data = grads_.data() + slice_.lo;
+    g.dtype = DType::kF32;
+    g.lo = slice_.lo;
+    g.hi = slice_.hi;
+    return g;
+  }
+
+  absl::Status Update(const AdamWStepParams& p) override {
+    AdamWUpdateHost(params_.data() + slice_.lo, m_.data(), v_.data(), grads_.data() + slice_.lo,
+                    slice_.size(), p);
+    return absl::OkStatus();
+  }
+
+  absl::Status GatherParams() override {
+    return comm_->AllGather(params_.data(), params_.size());
+  }
+
+  absl::Status FullMasterParams(std::vector<float>* out) override {
+    *out = params_;
+    return absl::OkStatus();
+  }
+
+ private:
+  CpuGpt model_;
+  Comm* comm_;
+  Slice slice_;
+  std::vector<float> params_, grads_, m_, v_;
+};
+
+// Box-Muller over SplitMix64, in double: the same numbers on every host.
+double Normal(uint64_t seed, uint64_t i) {
+  const double u1 = (static_cast<double>(SplitMix64(seed ^ (2 * i)) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(SplitMix64(seed ^ (2 * i + 1)) >> 11) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batch, int seq_len,
+                                       Comm* comm) {
+  return std::make_unique<CpuBackend>(config, local_batch, seq_len, comm);
+}
+
+void InitParams(const ModelConfig& config, uint64_t seed, float* params) {
+  const ParamLayout layout(config);
+  const double resid_std = 0.02 / std::sqrt(2.0 * config.num_layers);
+  const uint64_t s = SplitMix64(seed ^ 0x5eedull);
+  for (const ParamTensor& t : layout.tensors()) {
+    float* p = params + t.offset;
+    const bool layernorm_w = t.name == "ln1w" || t.name == "ln2w" || t.name == "lnfw";
+    const bool bias = t.shape.size() <= 2 && t.name != "wte" && t.name != "wpe" && !layernorm_w;
+    const bool resid = t.name == "attprojw" || t.name == "fcprojw";
+    for (size_t i = 0; i < t.numel; ++i) {
+      if (layernorm_w) {
+        p[i] = 1.0f;
+      } else if (bias) {
+        p[i] = 0.0f;
+      } else {
+        p[i] = static_cast<float>(Normal(s, t.offset + i) * (resid ? resid_std : 0.02));
+      }
+    }
+  }
+}
+
+}  // namespace trainer
+}  // namespace gradsnap

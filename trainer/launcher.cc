@@ -1,0 +1,183 @@
+#include "trainer/launcher.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsnap {
+namespace trainer {
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+void InstallHandlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR so the loop sees the signal
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid != 0) return pid;  // parent, or -1
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "gradsnap-train: exec failed: %s\n", strerror(errno));
+  _exit(127);
+}
+
+std::string Describe(int status) {
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return absl::StrCat("exited with status ", WEXITSTATUS(status));
+}
+
+// Stops every still-running child: SIGTERM, then SIGKILL after `grace`; reaps them all.
+void StopAll(std::vector<pid_t>& pids, int sig) {
+  for (pid_t p : pids) {
+    if (p > 0) kill(p, sig);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (pid_t& p : pids) {
+    while (p > 0) {
+      int status;
+      const pid_t r = waitpid(p, &status, WNOHANG);
+      if (r == p || (r < 0 && errno != EINTR)) {
+        p = 0;
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        kill(p, SIGKILL);
+        waitpid(p, &status, 0);
+        p = 0;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
+  }
+}
+
+// How one attempt ended.
+struct AttemptResult {
+  bool ok = false;
+  bool no_restart = false;
+  bool interrupted = false;
+  std::string reason;
+};
+
+AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string& rdzv_dir) {
+  const int world = o.nproc * o.nnodes;
+  std::vector<pid_t> pids(o.nproc, 0);
+  for (int i = 0; i < o.nproc; ++i) {
+    std::vector<std::string> args = {"gradsnap-train"};
+    args.insert(args.end(), o.rank_args.begin(), o.rank_args.end());
+    args.push_back(absl::StrCat("--rank=", o.node_rank * o.nproc + i));
+    args.push_back(absl::StrCat("--world_size=", world));
+    args.push_back(absl::StrCat("--attempt=", attempt));
+    args.push_back(absl::StrCat("--rdzv_dir=", rdzv_dir));
+    if (attempt > 0) args.push_back("--resume=latest");
+    pids[i] = Spawn(args);  // NOLINT: fork per rank
+    if (pids[i] < 0) {
+      StopAll(pids, SIGTERM);
+      return AttemptResult{false, true, false, absl::StrCat("fork failed: ", strerror(errno))};
+    }
+  }
+  int running = o.nproc;
+  AttemptResult result;
+  result.ok = true;
+  while (running > 0) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR && g_stop_signal != 0) {
+        StopAll(pids, g_stop_signal);
+        return AttemptResult{false, true, true, "interrupted"};
+      }
+      if (errno == EINTR) continue;
+      break;  // ECHILD: nothing left
+    }
+    int rank = -1;
+    for (int i = 0; i < o.nproc; ++i) {
+      if (pids[i] == pid) rank = i, pids[i] = 0;
+    }
+    if (rank < 0) continue;
+    --running;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    result.ok = false;
+    result.no_restart = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart;
+    result.reason =
+        absl::StrCat("rank ", o.node_rank * o.nproc + rank, " ", Describe(status));
+    StopAll(pids, SIGTERM);
+    break;
+  }
+  return result;
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& o) {
+  InstallHandlers();
+  std::string rdzv = o.rdzv;
+  bool own_rdzv = false;
+  if (rdzv.empty()) {
+    char tmpl[] = "/tmp/gradsnap-rdzv-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::fprintf(stderr, "gradsnap-train: mkdtemp: %s\n", strerror(errno));
+      return 1;
+    }
+    rdzv = tmpl;
+    own_rdzv = true;
+  }
+  int exit_code = 1;
+  for (int attempt = 0; attempt <= o.max_restarts; ++attempt) {
+    const std::string dir = absl::StrCat(rdzv, "/attempt-", attempt);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const AttemptResult r = RunAttempt(o, attempt, dir);
+    if (r.ok) {
+      exit_code = 0;
+      break;
+    }
+    if (r.interrupted) {
+      exit_code = 128 + g_stop_signal;
+      break;
+    }
+    std::fprintf(stderr, "gradsnap-train: %s in attempt %d\n", r.reason.c_str(), attempt);
+    if (r.no_restart) {
+      exit_code = kExitNoRestart;
+      break;
+    }
+    if (attempt < o.max_restarts) {
+      std::printf("restart %d of %d: %s; resuming all ranks from the latest checkpoint\n",
+                  attempt + 1, o.max_restarts, r.reason.c_str());
+      std::fflush(stdout);
+    } else {
+      std::fprintf(stderr, "gradsnap-train: giving up after %d restart(s)\n", o.max_restarts);
+    }
+  }
+  if (own_rdzv) {
+    std::error_code ec;
+    std::filesystem::remove_all(rdzv, ec);
+  }
+  return exit_code;
+}
+
+}  // namespace trainer
+}  // namespace gradsnap

@@ -1,0 +1,44 @@
+// The gradsnap-train launcher (like torchrun): starts the ranks of this node as child processes
+// of the same binary, watches them, and restarts the whole job when one dies.
+//
+// OVERVIEW
+//   Attempt k runs `nproc` children: argv[0] = /proc/self/exe, the user's flags, then
+//   --rank G --world_size W --attempt k --rdzv_dir RDZV/attempt-k (G = node_rank * nproc + i),
+//   and from attempt 1 on --resume latest. When a child exits non-zero or by a signal, the
+//   launcher stops the others (SIGTERM, then SIGKILL after a grace period), and starts attempt
+//   k+1, up to max_restarts times. A child that exits with kExitNoRestart (bad input, a
+//   mismatched checkpoint) ends the job at once: restarting cannot help.
+//
+// THREAD SAFETY
+//   Launch runs on the main thread and installs SIGINT/SIGTERM handlers (forwarded to children).
+#ifndef GRADSNAP_TRAINER_LAUNCHER_H_
+#define GRADSNAP_TRAINER_LAUNCHER_H_
+
+#include <string>
+#include <vector>
+
+namespace gradsnap {
+namespace trainer {
+
+// Exit status of a rank for errors a restart cannot fix.
+inline constexpr int kExitNoRestart = 2;
+
+struct LaunchOptions {
+  int nproc = 1;          // ranks on this node. Default: 1
+  int nnodes = 1;         // nodes in the job. Default: 1
+  int node_rank = 0;      // this node's index. Default: 0
+  // Rendezvous directory shared by all nodes (Gloo FileStore). Default: empty = a fresh
+  // temporary directory (single node only).
+  std::string rdzv;
+  int max_restarts = 0;   // Default: 0
+  // The flags passed through to every rank.
+  std::vector<std::string> rank_args;
+};
+
+// Returns the process exit status: 0 when all ranks finished, else non-zero.
+int Launch(const LaunchOptions& options);
+
+}  // namespace trainer
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_TRAINER_LAUNCHER_H_

@@ -1,0 +1,170 @@
+// DirectShardStore and FunnelShardStore; see shard_store.h.
+#include "trainer/shard_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "trainer/comm.h"
+#include "trainer/wire.h"
+
+namespace gradsnap {
+namespace trainer {
+
+absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job, int64_t step,
+                                                int32_t rank,
+                                                const std::vector<TensorOut>& tensors) {
+  ASSIGN_OR_RETURN(client::Manifest manifest, c.Show(job, step));
+  const client::ShardInfo* shard = nullptr;
+  for (const client::ShardInfo& s : manifest.shards) {
+    if (s.rank == rank) shard = &s;
+  }
+  if (shard == nullptr || !shard->committed) {
+    return absl::NotFoundError(absl::StrCat("checkpoint ", job, "@", step, " has no shard ", rank));
+  }
+  for (const TensorOut& t : tensors) {
+    auto it = std::find_if(shard->tensors.begin(), shard->tensors.end(),
+                           [&](const client::TensorInfo& i) { return i.spec.name == t.name; });
+    if (it == shard->tensors.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", job, "@", step, " rank ",
+                                                        rank, " has no tensor ", t.name));
+    }
+    if (it->spec.byte_length != t.byte_length) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", job, "@", step, " rank ", rank, " tensor ", t.name, " has ",
+          it->spec.byte_length, " bytes, this run expects ", t.byte_length,
+          " (different model or world size?)"));
+    }
+    RETURN_IF_ERROR(c.RestoreTensor(job, step, rank, t.name, t.data, t.byte_length));
+  }
+  return shard->metadata;
+}
+
+namespace {
+
+absl::StatusOr<std::vector<client::CheckpointInfo>> ListFromClient(client::Client& c,
+                                                                   const std::string& job) {
+  absl::StatusOr<std::vector<client::CheckpointInfo>> all = c.List(job);
+  if (absl::IsNotFound(all.status())) return std::vector<client::CheckpointInfo>{};
+  if (!all.ok()) return all.status();
+  std::vector<client::CheckpointInfo> out;
+  for (client::CheckpointInfo& i : *all) {
+    if (i.state == client::CheckpointState::kCommitted) out.push_back(std::move(i));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+class DirectShardStore : public ShardStore {
+ public:
+  explicit DirectShardStore(std::unique_ptr<client::Client> c) : client_(std::move(c)) {}
+  absl::Status BeginCheckpoint(const client::CheckpointSpec& spec) override {
+    return client_->BeginCheckpoint(spec);
+  }
+  absl::Status SaveShard(const client::ShardSpec& spec,
+                         std::vector<client::TensorRef> tensors) override {
+    return client_->SaveShard(spec, std::move(tensors));
+  }
+  absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
+      const std::string& job) override {
+    return ListFromClient(*client_, job);
+  }
+  absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step, int32_t rank,
+                                             const std::vector<TensorOut>& tensors) override {
+    return RestoreShardTensors(*client_, job, step, rank, tensors);
+  }
+  client::Client* client() override { return client_.get(); }
+
+ private:
+  std::unique_ptr<client::Client> client_;
+};
+
+// Message tags of the funnel protocol (each a header + payload pair, see wire.h).
+enum Tag : uint32_t { kSave = 1, kSaveAck, kList, kRestoreReq, kRestoreResp };
+
+class FunnelShardStore : public ShardStore {
+ public:
+  FunnelShardStore(std::unique_ptr<client::Client> c, std::unique_ptr<Comm> comm)
+      : client_(std::move(c)), comm_(std::move(comm)) {}
+
+  absl::Status BeginCheckpoint(const client::CheckpointSpec& spec) override {
+    if (comm_->rank() != 0) return absl::OkStatus();  // rank 0 begins it for everyone
+    return client_->BeginCheckpoint(spec);
+  }
+
+  absl::Status SaveShard(const client::ShardSpec& spec,
+                         std::vector<client::TensorRef> tensors) override {
+    if (comm_->rank() != 0) {
+      RETURN_IF_ERROR(SendMessage(*comm_, 0, kSave, EncodeShard(spec, tensors)));
+      ASSIGN_OR_RETURN(std::string ack, RecvMessage(*comm_, 0, kSaveAck));
+      return DecodeStatus(ack);
+    }
+    absl::Status result = client_->SaveShard(spec, std::move(tensors));
+    for (int r = 1; r < comm_->world_size(); ++r) {
+      ASSIGN_OR_RETURN(std::string msg, RecvMessage(*comm_, r, kSave));
+      absl::Status s = SaveEncoded(msg);
+      RETURN_IF_ERROR(SendMessage(*comm_, r, kSaveAck, EncodeStatus(s)));
+      if (result.ok()) result = s;
+    }
+    return result;
+  }
+
+  absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
+      const std::string& job) override {
+    if (comm_->rank() != 0) {
+      ASSIGN_OR_RETURN(std::string msg, RecvMessage(*comm_, 0, kList));
+      return DecodeInfos(msg);
+    }
+    absl::StatusOr<std::vector<client::CheckpointInfo>> list = ListFromClient(*client_, job);
+    const std::string msg = EncodeInfos(list);
+    for (int r = 1; r < comm_->world_size(); ++r) {
+      RETURN_IF_ERROR(SendMessage(*comm_, r, kList, msg));
+    }
+    return list;
+  }
+
+  absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step, int32_t rank,
+                                             const std::vector<TensorOut>& tensors) override {
+    if (comm_->rank() != 0) {
+      RETURN_IF_ERROR(
+          SendMessage(*comm_, 0, kRestoreReq, EncodeRestoreRequest(job, step, rank, tensors)));
+      ASSIGN_OR_RETURN(std::string resp, RecvMessage(*comm_, 0, kRestoreResp));
+      return DecodeRestoreResponse(resp, tensors);
+    }
+    absl::StatusOr<std::string> own = RestoreShardTensors(*client_, job, step, rank, tensors);
+    for (int r = 1; r < comm_->world_size(); ++r) {
+      ASSIGN_OR_RETURN(std::string req, RecvMessage(*comm_, r, kRestoreReq));
+      RETURN_IF_ERROR(SendMessage(*comm_, r, kRestoreResp, ServeRestore(*client_, req)));
+    }
+    return own;
+  }
+
+  client::Client* client() override { return client_.get(); }
+
+ private:
+  absl::Status SaveEncoded(const std::string& msg) {
+    client::ShardSpec spec;
+    std::vector<client::TensorRef> refs;
+    RETURN_IF_ERROR(DecodeShard(msg, &spec, &refs));
+    return client_->SaveShard(spec, std::move(refs));
+  }
+
+  std::unique_ptr<client::Client> client_;
+  std::unique_ptr<Comm> comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client) {
+  return std::make_unique<DirectShardStore>(std::move(client));
+}
+
+std::unique_ptr<ShardStore> NewFunnelShardStore(std::unique_ptr<client::Client> client,
+                                                std::unique_ptr<Comm> comm) {
+  return std::make_unique<FunnelShardStore>(std::move(client), std::move(comm));
+}
+
+}  // namespace trainer
+}  // namespace gradsnap

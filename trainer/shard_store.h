@@ -1,0 +1,81 @@
+// Persistence of rank shards through the client library (client/client.h), as the checkpointers
+// and the resume path see it.
+//
+// OVERVIEW
+//   Remote mode (--storage): every rank has its own Client to the servers (DirectShardStore).
+//   Embedded mode (--ckpt-dir): the engine's RocksDB can be opened by one process only, so with
+//   several ranks rank 0 alone opens the Client and the others funnel their shards to it (and
+//   receive restored bytes from it) over a dedicated communicator (FunnelShardStore). With one
+//   rank, embedded mode is a DirectShardStore too.
+//
+// COLLECTIVE CALLS
+//   SaveShard, ListCommitted and RestoreTensors are collective in the funneled store: every rank
+//   calls them for the same checkpoints in the same order (rank 0 serves the others inside its
+//   own call). Code written against ShardStore must keep to that rule in every mode.
+//
+// THREAD SAFETY
+//   One thread at a time per rank (a checkpointer's background thread may own it).
+#ifndef GRADSNAP_TRAINER_SHARD_STORE_H_
+#define GRADSNAP_TRAINER_SHARD_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+
+namespace gradsnap {
+namespace trainer {
+
+class Comm;
+
+// One tensor of a shard to restore into caller memory.
+struct TensorOut {
+  std::string name;
+  void* data = nullptr;
+  size_t byte_length = 0;
+};
+
+class ShardStore {
+ public:
+  virtual ~ShardStore() = default;
+  // Every rank calls it with the identical spec before saving its shard.
+  virtual absl::Status BeginCheckpoint(const client::CheckpointSpec& spec) = 0;
+  // Saves this rank's shard; returns when it is durable (and the checkpoint committed if it was
+  // the last shard). Collective.
+  virtual absl::Status SaveShard(const client::ShardSpec& spec,
+                                 std::vector<client::TensorRef> tensors) = 0;
+  // Committed checkpoints of `job`, oldest first. Collective; the same answer on every rank.
+  virtual absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
+      const std::string& job) = 0;
+  // Restores tensors of shard (job, step, rank) into caller memory, verified, and returns the
+  // shard's metadata. Collective (each rank asks for its own rank's shard).
+  virtual absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step,
+                                                     int32_t rank,
+                                                     const std::vector<TensorOut>& tensors) = 0;
+  // The underlying client on this rank, or nullptr where this rank funnels through rank 0.
+  virtual client::Client* client() = 0;
+};
+
+// Restores tensors of shard (job, step, rank) straight from a client: checks each tensor exists
+// with the expected byte length (FAILED_PRECONDITION otherwise), then reads it verified.
+// Returns the shard's metadata.
+absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job,
+                                                int64_t step, int32_t rank,
+                                                const std::vector<TensorOut>& tensors);
+
+// Each rank talks to `client` directly.
+std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client);
+// Rank 0 owns `client` (nullptr on other ranks); shards travel over `comm`, which the store
+// uses exclusively.
+std::unique_ptr<ShardStore> NewFunnelShardStore(std::unique_ptr<client::Client> client,
+                                                std::unique_ptr<Comm> comm);
+
+}  // namespace trainer
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_TRAINER_SHARD_STORE_H_

@@ -1,0 +1,190 @@
+// gradsnap-train: the bundled GPT trainer (DESIGN.md section 6, docs/trainer.md).
+//
+// Without --rank it is the launcher: it validates the flags, then starts --nproc ranks of itself
+// and restarts them on failure (launcher.h). With the hidden --rank flag it is one rank.
+// Flags may be spelled with dashes or underscores (--ckpt-mode or --ckpt_mode).
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "trainer/checkpointer_factory.h"
+#include "trainer/data.h"
+#include "trainer/full_shard.h"
+#include "trainer/launcher.h"
+#include "trainer/model_config.h"
+#include "trainer/trainer.h"
+
+ABSL_FLAG(std::string, data, "", "Training text file. Default: the Debian license texts in /usr/share/common-licenses");
+ABSL_FLAG(std::string, model, "tiny", "Model: tiny, small, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m. Default: tiny");
+ABSL_FLAG(int64_t, steps, 20, "Training steps (also the cosine LR horizon). Default: 20");
+ABSL_FLAG(int, batch, 8, "Global batch in sequences per step, divisible by the world size. Default: 8");
+ABSL_FLAG(int, seq, 0, "Tokens per sequence; 0 = the model's context length. Default: 0");
+ABSL_FLAG(double, lr, 1e-3, "Peak learning rate. Default: 1e-3");
+ABSL_FLAG(double, min_lr_ratio, 0.1, "Final LR as a fraction of the peak. Default: 0.1");
+ABSL_FLAG(int64_t, warmup, -1, "Warmup steps; -1 = steps/10. Default: -1");
+ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 1.0");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay. Default: 0.1");
+ABSL_FLAG(uint64_t, seed, 1337, "Seed of parameter init and data order. Default: 1337");
+ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per rank. Default: 1");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda. Default: cpu");
+ABSL_FLAG(int, nproc, 1, "Ranks on this node. Default: 1");
+ABSL_FLAG(int, nnodes, 1, "Nodes in the job. Default: 1");
+ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes). Default: 0");
+ABSL_FLAG(std::string, rdzv, "", "Rendezvous directory shared by all nodes (required when nnodes > 1). Default: a fresh temp dir");
+ABSL_FLAG(std::string, hostname, "127.0.0.1", "Address this node's ranks listen on for peers. Default: 127.0.0.1");
+ABSL_FLAG(int, max_restarts, 0, "Job restarts after a rank failure. Default: 0");
+ABSL_FLAG(std::string, ckpt_mode, "none", "none, sync, async or gockpt. Default: none");
+ABSL_FLAG(int64_t, ckpt_every, 0, "FULL checkpoint every N steps; 0 = never. Default: 0");
+ABSL_FLAG(bool, grad_log, false, "Stream per-step gradient DELTA records (gockpt builds). Default: false");
+ABSL_FLAG(std::string, storage, "", "gradsnap-server endpoints host:port[,host:port...]. Default: empty = embedded engine in --ckpt_dir");
+ABSL_FLAG(std::string, ckpt_dir, "checkpoints", "Embedded engine directory. Default: checkpoints");
+ABSL_FLAG(std::string, job, "job", "Job name in the store. Default: job");
+ABSL_FLAG(std::string, token, "", "Bearer token for --storage. Default: empty");
+ABSL_FLAG(std::string, resume, "none", "none, latest or a step number. Default: none");
+ABSL_FLAG(int64_t, fail_at_step, -1, "Failure drill: --fail_rank SIGKILLs itself at this step (first attempt only). Default: -1 (off)");
+ABSL_FLAG(int, fail_rank, 0, "Failure drill rank. Default: 0");
+ABSL_FLAG(std::string, trace, "", "Accepted for compatibility; per-step timings are on stdout. Default: empty");
+// Set by the launcher for its children.
+ABSL_FLAG(int, rank, -1, "(internal) global rank of this process");
+ABSL_FLAG(int, world_size, 1, "(internal) ranks in the job");
+ABSL_FLAG(int, attempt, 0, "(internal) restart attempt");
+ABSL_FLAG(std::string, rdzv_dir, "", "(internal) rendezvous directory of this attempt");
+
+namespace {
+
+using gradsnap::trainer::kExitNoRestart;
+
+// Accepts --foo-bar as --foo_bar: DESIGN.md spells flags with dashes, absl with underscores.
+std::vector<char*> NormalizeFlags(int argc, char** argv, std::vector<std::string>* storage) {
+  storage->reserve(argc);
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a.rfind("--", 0) == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t j = 2; j < end; ++j) {
+        if (a[j] == '-') a[j] = '_';
+      }
+    }
+    storage->push_back(a);
+  }
+  std::vector<char*> out;
+  for (std::string& s : *storage) out.push_back(s.data());
+  return out;
+}
+
+gradsnap::trainer::TrainOptions OptionsFromFlags() {
+  gradsnap::trainer::TrainOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.data = absl::GetFlag(FLAGS_data);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.global_batch = absl::GetFlag(FLAGS_batch);
+  o.seq_len = absl::GetFlag(FLAGS_seq);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  o.min_lr_ratio = static_cast<float>(absl::GetFlag(FLAGS_min_lr_ratio));
+  o.warmup_steps = absl::GetFlag(FLAGS_warmup);
+  o.grad_clip = static_cast<float>(absl::GetFlag(FLAGS_grad_clip));
+  o.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  o.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world_size = absl::GetFlag(FLAGS_world_size);
+  o.rdzv_dir = absl::GetFlag(FLAGS_rdzv_dir);
+  o.hostname = absl::GetFlag(FLAGS_hostname);
+  o.attempt = absl::GetFlag(FLAGS_attempt);
+  o.ckpt.mode = absl::GetFlag(FLAGS_ckpt_mode);
+  o.ckpt.every = absl::GetFlag(FLAGS_ckpt_every);
+  o.ckpt.grad_log = absl::GetFlag(FLAGS_grad_log);
+  o.ckpt.job = absl::GetFlag(FLAGS_job);
+  const std::string storage = absl::GetFlag(FLAGS_storage);
+  if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
+  o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
+  o.token = absl::GetFlag(FLAGS_token);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
+  o.fail_rank = absl::GetFlag(FLAGS_fail_rank);
+  return o;
+}
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "gradsnap-train: %s\n", msg.c_str());
+  return kExitNoRestart;
+}
+
+// Launcher-side checks, so bad input fails once with one clear line instead of in every rank.
+int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, int node_rank) {
+  namespace t = gradsnap::trainer;
+  if (nproc < 1) return Fail("--nproc must be at least 1");
+  if (nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
+    return Fail("--node_rank must be in [0, --nnodes)");
+  }
+  if (nnodes > 1 && absl::GetFlag(FLAGS_rdzv).empty()) {
+    return Fail("--rdzv DIR (shared by all nodes) is required when --nnodes > 1");
+  }
+  if (o.steps < 1) return Fail("--steps must be at least 1");
+  auto config = t::ModelConfigByName(o.model);
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  if (o.device != "cpu" && o.device != "cuda") return Fail("--device must be cpu or cuda");
+  const int world = nproc * nnodes;
+  if (o.global_batch < 1 || o.global_batch % world != 0) {
+    return Fail("--batch must be a positive multiple of the world size (nproc * nnodes)");
+  }
+  const int seq = o.seq_len > 0 ? o.seq_len : config->max_seq_len;
+  if (seq > config->max_seq_len) return Fail("--seq exceeds the model's context length");
+  auto corpus = t::LoadCorpus(o.data, seq);
+  if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
+  const auto modes = t::CheckpointModeNames();
+  if (std::find(modes.begin(), modes.end(), o.ckpt.mode) == modes.end()) {
+    return Fail("unknown --ckpt_mode '" + o.ckpt.mode + "' (known: " + absl::StrJoin(modes, ", ") +
+                ")");
+  }
+  if (o.ckpt.mode != "none" && o.ckpt.every <= 0) {
+    return Fail("--ckpt_mode " + o.ckpt.mode + " needs --ckpt_every N > 0");
+  }
+  if (o.resume != "none" && o.resume != "latest" &&
+      o.resume.find_first_not_of("0123456789") != std::string::npos) {
+    return Fail("--resume must be none, latest or a step number");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradsnap-train --data FILE --model NAME --steps N [--nproc P] [--ckpt_mode none|sync] "
+      "[--ckpt_every N] [--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
+      "[--fail_at_step S --fail_rank R] [--max_restarts N]\nSee docs/trainer.md.");
+  std::vector<std::string> arg_storage;
+  std::vector<char*> args = NormalizeFlags(argc, argv, &arg_storage);
+  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
+  const gradsnap::trainer::TrainOptions o = OptionsFromFlags();
+
+  if (o.rank >= 0) {  // one rank
+    const absl::Status s = gradsnap::trainer::RunRank(o);
+    if (s.ok()) return 0;
+    std::fprintf(stderr, "gradsnap-train: rank %d: %s\n", o.rank, s.ToString().c_str());
+    const bool permanent = absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||
+                           absl::IsFailedPrecondition(s) || absl::IsUnimplemented(s) ||
+                           absl::IsAlreadyExists(s);
+    return permanent ? kExitNoRestart : 1;
+  }
+
+  gradsnap::trainer::LaunchOptions lo;
+  lo.nproc = absl::GetFlag(FLAGS_nproc);
+  lo.nnodes = absl::GetFlag(FLAGS_nnodes);
+  lo.node_rank = absl::GetFlag(FLAGS_node_rank);
+  lo.rdzv = absl::GetFlag(FLAGS_rdzv);
+  lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (int rc = Validate(o, lo.nproc, lo.nnodes, lo.node_rank); rc != 0) return rc;
+  for (int i = 1; i < static_cast<int>(args.size()); ++i) lo.rank_args.push_back(args[i]);
+  return gradsnap::trainer::Launch(lo);
+}

@@ -1,0 +1,61 @@
+// One rank of a gradsnap-train job: initialization or resume, the training loop with its
+// checkpointing hooks (checkpointer.h), and the per-step and summary output.
+//
+// Output (rank 0, stdout; docs/trainer.md):
+//   step S loss L step_ms T stall_ms X
+//   summary steps=N tokens=K tokens_per_s=R mean_step_ms=M stall_ms_total=X resumed_from=F
+//   params_sha256=<hex of the final full fp32 parameters, ParamLayout order, little-endian>
+//
+// Thread safety: RunRank runs on the calling thread.
+#ifndef GRADSNAP_TRAINER_TRAINER_H_
+#define GRADSNAP_TRAINER_TRAINER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "trainer/checkpointer.h"
+
+namespace gradsnap {
+namespace trainer {
+
+struct TrainOptions {
+  std::string model = "tiny";  // Default: tiny
+  std::string data;            // Default: empty = the default corpus (data.h)
+  std::string device = "cpu";  // cpu | cuda. Default: cpu
+  int64_t steps = 20;          // Default: 20
+  int global_batch = 8;        // sequences per step, all ranks. Default: 8
+  int seq_len = 0;             // tokens per sequence; 0 = the model's max_seq_len. Default: 0
+  uint64_t seed = 1337;        // Default: 1337
+  float lr = 1e-3f;            // peak learning rate. Default: 1e-3
+  float min_lr_ratio = 0.1f;   // final LR = lr * ratio. Default: 0.1
+  int64_t warmup_steps = -1;   // -1 = steps / 10. Default: -1
+  float grad_clip = 1.0f;      // global-norm clip; 0 = off. Default: 1.0
+  float weight_decay = 0.1f;   // Default: 0.1
+  int blas_threads = 1;        // OpenBLAS threads per rank. Default: 1
+  // Parallelism (filled by the launcher).
+  int rank = 0;
+  int world_size = 1;
+  std::string rdzv_dir;        // Gloo FileStore directory of this attempt
+  std::string hostname = "127.0.0.1";
+  int attempt = 0;             // 0 = first attempt
+  // Checkpointing.
+  CheckpointerOptions ckpt;
+  std::vector<std::string> storage;  // --storage endpoints; empty = embedded
+  std::string ckpt_dir = "checkpoints";
+  std::string token;
+  std::string resume = "none";  // none | latest | STEP
+  // Failure drill: rank fail_rank SIGKILLs itself at the start of step fail_at_step, attempt 0.
+  int64_t fail_at_step = -1;
+  int fail_rank = 0;
+};
+
+// Runs this rank to completion. Errors: INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION for
+// bad input or a mismatched checkpoint (not worth a restart), anything else for failures.
+absl::Status RunRank(const TrainOptions& options);
+
+}  // namespace trainer
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_TRAINER_TRAINER_H_
