@@ -1,0 +1,209 @@
+#include "storage/chunk_codec.h"
+
+#include <zstd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+void Put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }  // x86-64: little-endian
+void Put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void Put64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+uint16_t Get16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+uint32_t Get32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+uint64_t Get64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+
+void WriteHeader(const ChunkHeader& h, uint8_t* p) {
+  Put32(p + 0, kChunkMagic);
+  Put16(p + 4, kChunkVersion);
+  p[6] = static_cast<uint8_t>(h.codec);
+  p[7] = static_cast<uint8_t>(h.filter);
+  p[8] = h.element_size;
+  p[9] = p[10] = p[11] = 0;
+  Put32(p + 12, h.raw_len);
+  Put32(p + 16, h.stored_len);
+  Put64(p + 20, h.stream_offset);
+  Put32(p + 28, h.crc_raw);
+  Put32(p + 32, h.crc_stored);
+  Put32(p + 36, Crc32c(p, 36));
+}
+
+// One plane at a time: the inner loop has a constant stride the compiler vectorizes.
+template <size_t W>
+void ShuffleFixed(const uint8_t* in, uint8_t* out, size_t elems) {
+  for (size_t p = 0; p < W; ++p) {
+    uint8_t* dst = out + p * elems;
+    const uint8_t* src = in + p;
+    for (size_t i = 0; i < elems; ++i) dst[i] = src[i * W];
+  }
+}
+
+template <size_t W>
+void UnshuffleFixed(const uint8_t* in, uint8_t* out, size_t elems) {
+  for (size_t p = 0; p < W; ++p) {
+    const uint8_t* src = in + p * elems;
+    uint8_t* dst = out + p;
+    for (size_t i = 0; i < elems; ++i) dst[i * W] = src[i];
+  }
+}
+
+}  // namespace
+
+size_t MaxRecordSize(size_t raw_len) {
+  return kChunkHeaderSize + ZSTD_compressBound(raw_len);
+}
+
+void ByteShuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width) {
+  size_t elems = width > 1 ? n / width : 0;
+  switch (width) {
+    case 2: ShuffleFixed<2>(in, out, elems); break;
+    case 4: ShuffleFixed<4>(in, out, elems); break;
+    case 8: ShuffleFixed<8>(in, out, elems); break;
+    default: elems = 0; break;
+  }
+  std::memcpy(out + elems * width, in + elems * width, n - elems * width);
+}
+
+void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width) {
+  size_t elems = width > 1 ? n / width : 0;
+  switch (width) {
+    case 2: UnshuffleFixed<2>(in, out, elems); break;
+    case 4: UnshuffleFixed<4>(in, out, elems); break;
+    case 8: UnshuffleFixed<8>(in, out, elems); break;
+    default: elems = 0; break;
+  }
+  std::memcpy(out + elems * width, in + elems * width, n - elems * width);
+}
+
+ChunkEncoder::ChunkEncoder(const CodecOptions& options)
+    : options_(options), cctx_(ZSTD_createCCtx()) {
+  ZSTD_CCtx_setParameter(static_cast<ZSTD_CCtx*>(cctx_), ZSTD_c_compressionLevel,
+                         options_.zstd_level);
+}
+
+ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_)); }
+
+ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, DType dtype,
+                                        uint64_t stream_offset, bool try_compress, uint8_t* alt,
+                                        bool* in_alt) {
+  const uint8_t* raw = rec + kChunkHeaderSize;
+  ChunkHeader h;
+  h.raw_len = static_cast<uint32_t>(n);
+  h.stream_offset = stream_offset;
+  h.crc_raw = Crc32c(raw, n);
+  *in_alt = false;
+  if (try_compress && options_.zstd_level > 0 && n >= 64) {
+    const uint8_t* src = raw;
+    size_t width = DTypeSize(dtype);
+    ChunkHeader c = h;
+    if (options_.shuffle && DTypeIsFloat(dtype) && width > 1) {
+      if (scratch_.size() < n) scratch_.resize(n);
+      ByteShuffle(raw, scratch_.data(), n, width);
+      src = scratch_.data();
+      c.filter = ChunkFilter::kShuffle;
+      c.element_size = static_cast<uint8_t>(width);
+    }
+    size_t limit = static_cast<size_t>(static_cast<double>(n) * options_.min_compress_gain);
+    uint8_t* payload = alt + kChunkHeaderSize;
+    size_t z = ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), payload, ZSTD_compressBound(n),
+                              src, n);
+    if (!ZSTD_isError(z) && z <= limit) {
+      c.codec = ChunkCodec::kZstd;
+      c.stored_len = static_cast<uint32_t>(z);
+      c.crc_stored = Crc32c(payload, z);
+      WriteHeader(c, alt);
+      *in_alt = true;
+      return c;
+    }
+  }
+  h.codec = ChunkCodec::kRaw;
+  h.stored_len = h.raw_len;
+  h.crc_stored = h.crc_raw;
+  WriteHeader(h, rec);
+  return h;
+}
+
+ChunkHeader ChunkEncoder::Encode(const uint8_t* raw, size_t n, DType dtype,
+                                 uint64_t stream_offset, bool try_compress, uint8_t* out) {
+  if (alt_.size() < MaxRecordSize(n)) alt_.resize(MaxRecordSize(n));
+  std::memcpy(out + kChunkHeaderSize, raw, n);
+  bool in_alt = false;
+  ChunkHeader h = EncodeInPlace(out, n, dtype, stream_offset, try_compress, alt_.data(), &in_alt);
+  if (in_alt) std::memcpy(out, alt_.data(), h.record_len());
+  return h;
+}
+
+absl::Status ParseChunkHeader(const uint8_t* p, size_t avail, ChunkHeader* h) {
+  if (avail < kChunkHeaderSize) return absl::DataLossError("chunk record truncated (header)");
+  if (Get32(p) != kChunkMagic) return absl::DataLossError("chunk record: bad magic");
+  if (Get32(p + 36) != Crc32c(p, 36)) return absl::DataLossError("chunk record: header CRC");
+  if (Get16(p + 4) != kChunkVersion) {
+    return absl::DataLossError(absl::StrCat("chunk record: unknown version ", Get16(p + 4)));
+  }
+  if (p[6] > 1 || p[7] > 1 || p[9] != 0 || p[10] != 0 || p[11] != 0) {
+    return absl::DataLossError("chunk record: bad codec/filter");
+  }
+  h->codec = static_cast<ChunkCodec>(p[6]);
+  h->filter = static_cast<ChunkFilter>(p[7]);
+  h->element_size = p[8];
+  h->raw_len = Get32(p + 12);
+  h->stored_len = Get32(p + 16);
+  h->stream_offset = Get64(p + 20);
+  h->crc_raw = Get32(p + 28);
+  h->crc_stored = Get32(p + 32);
+  bool bad_width = h->filter == ChunkFilter::kShuffle
+                       ? (h->element_size != 2 && h->element_size != 4 && h->element_size != 8)
+                       : h->element_size != 1;
+  if (bad_width || h->raw_len > kMaxChunkRawBytes ||
+      (h->codec == ChunkCodec::kRaw && h->stored_len != h->raw_len) ||
+      h->stored_len > ZSTD_compressBound(h->raw_len)) {
+    return absl::DataLossError("chunk record: inconsistent header");
+  }
+  return absl::OkStatus();
+}
+
+ChunkDecoder::ChunkDecoder() : dctx_(ZSTD_createDCtx()) {}
+ChunkDecoder::~ChunkDecoder() { ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_)); }
+
+absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
+                                  const ChunkHeader* expected, uint8_t* out, size_t out_cap) {
+  ChunkHeader h;
+  if (absl::Status s = ParseChunkHeader(rec, rec_len, &h); !s.ok()) return s;
+  if (expected != nullptr &&
+      (h.codec != expected->codec || h.filter != expected->filter ||
+       h.element_size != expected->element_size || h.raw_len != expected->raw_len ||
+       h.stored_len != expected->stored_len || h.stream_offset != expected->stream_offset ||
+       h.crc_raw != expected->crc_raw || h.crc_stored != expected->crc_stored)) {
+    return absl::DataLossError("chunk record does not match its metadata");
+  }
+  if (rec_len < h.record_len()) return absl::DataLossError("chunk record truncated");
+  if (out_cap < h.raw_len) return absl::DataLossError("chunk larger than expected");
+  const uint8_t* payload = rec + kChunkHeaderSize;
+  if (Crc32c(payload, h.stored_len) != h.crc_stored) {
+    return absl::DataLossError("chunk stored-bytes CRC mismatch");
+  }
+  if (h.codec == ChunkCodec::kRaw) {
+    std::memcpy(out, payload, h.raw_len);  // crc_raw == crc_stored was checked above
+    return h.crc_raw == h.crc_stored ? absl::OkStatus()
+                                     : absl::DataLossError("chunk raw CRC mismatch");
+  }
+  uint8_t* dst = out;
+  if (h.filter == ChunkFilter::kShuffle) {
+    if (scratch_.size() < h.raw_len) scratch_.resize(h.raw_len);
+    dst = scratch_.data();
+  }
+  size_t d = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), dst, h.raw_len, payload,
+                                 h.stored_len);
+  if (ZSTD_isError(d) || d != h.raw_len) return absl::DataLossError("chunk zstd frame corrupt");
+  if (h.filter == ChunkFilter::kShuffle) ByteUnshuffle(dst, out, h.raw_len, h.element_size);
+  if (Crc32c(out, h.raw_len) != h.crc_raw) return absl::DataLossError("chunk raw CRC mismatch");
+  return absl::OkStatus();
+}
+
+}  // namespace storage
+}  // namespace gradsnap

@@ -1,0 +1,110 @@
+// Chunk encoding: the unit of storage (docs/format.md, "Chunk record").
+//
+// A chunk is up to EngineOptions::chunk_bytes of one tensor's raw bytes. Encoding optionally
+// byte-shuffles float data (byte plane k of every element stored together, so the exponent
+// bytes compress), compresses with zstd when that pays, and frames the result as a record:
+// a 40-byte little-endian header (magic, version, codec, filter, lengths, the chunk's offset in
+// the shard stream, CRC-32C of the raw and of the stored bytes, CRC-32C of the header) followed
+// by the stored bytes. Decoding checks everything and never trusts a length it has not checked.
+//
+// THREAD SAFETY: ChunkEncoder and ChunkDecoder hold a zstd context and scratch memory; use one
+// per thread. The free functions are thread-safe.
+#ifndef GRADSNAP_STORAGE_CHUNK_CODEC_H_
+#define GRADSNAP_STORAGE_CHUNK_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace gradsnap {
+namespace storage {
+
+constexpr uint32_t kChunkMagic = 0x4B435347;  // "GSCK" little-endian
+constexpr uint16_t kChunkVersion = 1;
+constexpr size_t kChunkHeaderSize = 40;
+constexpr uint32_t kMaxChunkRawBytes = 64u << 20;
+
+enum class ChunkCodec : uint8_t { kRaw = 0, kZstd = 1 };
+enum class ChunkFilter : uint8_t { kNone = 0, kShuffle = 1 };
+
+// What the metadata records about a chunk; also the decoded record header.
+struct ChunkHeader {
+  ChunkCodec codec = ChunkCodec::kRaw;
+  ChunkFilter filter = ChunkFilter::kNone;
+  uint8_t element_size = 1;   // shuffle width
+  uint32_t raw_len = 0;
+  uint32_t stored_len = 0;
+  uint64_t stream_offset = 0;  // offset of the chunk's first byte in the shard payload
+  uint32_t crc_raw = 0;
+  uint32_t crc_stored = 0;
+  size_t record_len() const { return kChunkHeaderSize + stored_len; }
+};
+
+struct CodecOptions {
+  int zstd_level = 1;          // 0: never compress
+  bool shuffle = true;
+  double min_compress_gain = 0.97;
+};
+
+// Upper bound of the record size of a chunk of raw_len bytes.
+size_t MaxRecordSize(size_t raw_len);
+
+// Byte shuffle / unshuffle with element size `width` (n need not be a multiple; the tail is
+// copied as is).
+void ByteShuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width);
+void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width);
+
+class ChunkEncoder {
+ public:
+  explicit ChunkEncoder(const CodecOptions& options);
+  ~ChunkEncoder();
+  ChunkEncoder(const ChunkEncoder&) = delete;
+  ChunkEncoder& operator=(const ChunkEncoder&) = delete;
+
+  // Encodes raw[0, n) into out (capacity >= MaxRecordSize(n)) and returns the header; the
+  // record is out[0, header.record_len()). `try_compress` false stores the chunk raw (the
+  // writer's adaptive bypass). n <= kMaxChunkRawBytes.
+  ChunkHeader Encode(const uint8_t* raw, size_t n, DType dtype, uint64_t stream_offset,
+                     bool try_compress, uint8_t* out);
+  // The writer's zero-copy variant: the raw bytes already sit at rec + kChunkHeaderSize. If
+  // compression pays, the record is built in `alt` (capacity >= MaxRecordSize(n)) and
+  // *in_alt is set; otherwise the header is written in front of the raw bytes in `rec`.
+  ChunkHeader EncodeInPlace(uint8_t* rec, size_t n, DType dtype, uint64_t stream_offset,
+                            bool try_compress, uint8_t* alt, bool* in_alt);
+
+ private:
+  CodecOptions options_;
+  void* cctx_;  // ZSTD_CCtx*
+  std::vector<uint8_t> scratch_;
+  std::vector<uint8_t> alt_;
+};
+
+// Parses and checks a record header (magic, version, header CRC, enum values, lengths).
+// DATA_LOSS on any mismatch.
+absl::Status ParseChunkHeader(const uint8_t* rec, size_t avail, ChunkHeader* out);
+
+class ChunkDecoder {
+ public:
+  ChunkDecoder();
+  ~ChunkDecoder();
+  ChunkDecoder(const ChunkDecoder&) = delete;
+  ChunkDecoder& operator=(const ChunkDecoder&) = delete;
+
+  // Decodes the record rec[0, rec_len) into out[0, header.raw_len). If `expected` is given, the
+  // record header must equal it field by field. Verifies both CRCs. DATA_LOSS on any failure;
+  // `out` may then hold garbage.
+  absl::Status Decode(const uint8_t* rec, size_t rec_len, const ChunkHeader* expected,
+                      uint8_t* out, size_t out_cap);
+
+ private:
+  void* dctx_;  // ZSTD_DCtx*
+  std::vector<uint8_t> scratch_;
+};
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_CHUNK_CODEC_H_

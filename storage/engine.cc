@@ -1,0 +1,573 @@
+// EngineImpl: checkpoint lifecycle, metadata commits, recovery, listing, delete and GC.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "storage/engine_impl.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+constexpr size_t kMaxMetadataBytes = 1 << 20;
+constexpr size_t kMaxTensors = 100000;
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+CheckpointInfo ToInfo(const CheckpointRecord& r) {
+  CheckpointInfo i;
+  i.job = r.spec.job;
+  i.step = r.spec.step;
+  i.kind = r.spec.kind;
+  i.base_step = r.spec.base_step;
+  i.world_size = r.spec.world_size;
+  i.state = r.state;
+  i.raw_bytes = r.raw_bytes;
+  i.stored_bytes = r.stored_bytes;
+  i.created_unix_ms = r.created_unix_ms;
+  i.committed_unix_ms = r.committed_unix_ms;
+  i.metadata = r.spec.metadata;
+  return i;
+}
+
+bool SameCheckpointSpec(const CheckpointSpec& a, const CheckpointSpec& b) {
+  return a.job == b.job && a.step == b.step && a.kind == b.kind && a.base_step == b.base_step &&
+         a.world_size == b.world_size && a.metadata == b.metadata;
+}
+
+}  // namespace
+
+std::string Where(const std::string& job, int64_t step, int32_t rank, const std::string& tensor) {
+  std::string s = absl::StrCat("job ", job, " step ", step, " rank ", rank);
+  if (!tensor.empty()) absl::StrAppend(&s, " tensor ", tensor);
+  return s;
+}
+
+absl::Status ValidateCheckpointSpec(const CheckpointSpec& s) {
+  RETURN_IF_ERROR(ValidateName(s.job, "job name"));
+  if (s.step < 0) return absl::InvalidArgumentError(absl::StrCat("negative step ", s.step));
+  if (s.world_size < 1 || s.world_size > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size ", s.world_size,
+                                                   " outside 1..65536"));
+  }
+  if (s.kind != CheckpointKind::kFull && s.kind != CheckpointKind::kDelta) {
+    return absl::InvalidArgumentError("unknown checkpoint kind");
+  }
+  if (s.kind == CheckpointKind::kFull && s.base_step != -1) {
+    return absl::InvalidArgumentError("a FULL checkpoint has base_step -1");
+  }
+  if (s.kind == CheckpointKind::kDelta && (s.base_step < 0 || s.base_step >= s.step)) {
+    return absl::InvalidArgumentError(absl::StrCat("DELTA base_step ", s.base_step,
+                                                   " must be in [0, step)"));
+  }
+  if (s.metadata.size() > kMaxMetadataBytes) {
+    return absl::InvalidArgumentError("checkpoint metadata larger than 1 MiB");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateShardSpec(const ShardSpec& s, const CheckpointRecord& ckpt) {
+  if (s.rank < 0 || s.rank >= ckpt.spec.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", s.rank, " outside world_size ",
+                                                   ckpt.spec.world_size));
+  }
+  if (s.metadata.size() > kMaxMetadataBytes) {
+    return absl::InvalidArgumentError("shard metadata larger than 1 MiB");
+  }
+  if (s.tensors.size() > kMaxTensors) {
+    return absl::InvalidArgumentError("more than 100000 tensors in a shard");
+  }
+  std::set<std::string> names;
+  for (const TensorSpec& t : s.tensors) {
+    RETURN_IF_ERROR(ValidateName(t.name, "tensor name"));
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name ", t.name));
+    }
+    size_t es = DTypeSize(t.dtype);
+    if (es == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": unknown dtype ",
+                                                     static_cast<int>(t.dtype)));
+    }
+    if (t.shape.size() > 64) return absl::InvalidArgumentError("more than 64 dimensions");
+    unsigned __int128 numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name,
+                                                                ": negative dimension"));
+      numel *= static_cast<uint64_t>(d);
+      if (numel > (uint64_t{1} << 50)) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name, ": too large"));
+      }
+    }
+    if (numel * es != t.byte_length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", t.name, ": byte_length ", t.byte_length, " != product(shape) * ", es));
+    }
+    if (!t.flat_name.empty()) {
+      RETURN_IF_ERROR(ValidateName(t.flat_name, "flat buffer name"));
+      if (t.flat_offset + static_cast<uint64_t>(numel) > t.flat_total) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name,
+                                                       ": slice outside its flat buffer"));
+      }
+    }
+    if (!t.sha256.empty()) {
+      bool hex = t.sha256.size() == 64 &&
+                 std::all_of(t.sha256.begin(), t.sha256.end(), [](char c) {
+                   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                 });
+      if (!hex) return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name,
+                                                               ": sha256 is not lower-case hex"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool SameShardSpec(const ShardSpec& a, const ShardSpec& b) {
+  if (a.job != b.job || a.step != b.step || a.rank != b.rank || a.metadata != b.metadata ||
+      a.tensors.size() != b.tensors.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const TensorSpec& x = a.tensors[i];
+    const TensorSpec& y = b.tensors[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape ||
+        x.byte_length != y.byte_length || x.flat_name != y.flat_name ||
+        x.flat_offset != y.flat_offset || x.flat_total != y.flat_total || x.sha256 != y.sha256) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
+  if (options.chunk_bytes < 4096 || options.chunk_bytes > kMaxChunkRawBytes) {
+    return absl::InvalidArgumentError("chunk_bytes outside [4 KiB, 64 MiB]");
+  }
+  if (options.zstd_level < 0 || options.zstd_level > 22) {
+    return absl::InvalidArgumentError("zstd_level outside 0..22");
+  }
+  if (options.queue_depth < 1 || options.queue_depth > 4096 || options.encode_threads < 0 ||
+      options.encode_threads > 256 || options.segment_bytes < (1u << 20)) {
+    return absl::InvalidArgumentError("queue_depth, encode_threads or segment_bytes out of range");
+  }
+  FileSystem* fs = options.fs != nullptr ? options.fs : FileSystem::Default();
+  RETURN_IF_ERROR(fs->CreateDirs(options.data_dir + "/segments"));
+  ASSIGN_OR_RETURN(std::unique_ptr<MetaStore> meta, MetaStore::Open(options.data_dir + "/meta"));
+  auto engine = std::make_unique<EngineImpl>(options, fs, std::move(meta));
+  RETURN_IF_ERROR(engine->Recover());
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
+                       std::unique_ptr<MetaStore> meta)
+    : options_(options),
+      fs_(fs),
+      meta_(std::move(meta)),
+      record_pool_(MaxRecordSize(options.chunk_bytes), 64) {}
+
+std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {
+  return absl::StrFormat("%s/segments/%s/%020d", options_.data_dir, job, step);
+}
+
+std::string EngineImpl::SegmentPath(const std::string& job, int64_t step, int32_t rank,
+                                    uint32_t seq) const {
+  return absl::StrFormat("%s/r%010d-%06u.seg", CheckpointDir(job, step), rank, seq);
+}
+
+absl::StatusOr<CheckpointRecord> EngineImpl::LoadCheckpoint(const std::string& job,
+                                                            int64_t step) {
+  auto v = meta_->Get(CheckpointKey(job, step));
+  if (absl::IsNotFound(v.status())) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint job ", job, " step ", step));
+  }
+  if (!v.ok()) return v.status();
+  CheckpointRecord r;
+  RETURN_IF_ERROR(DecodeCheckpoint(*v, &r));
+  return r;
+}
+
+absl::StatusOr<std::vector<ChunkRecord>> EngineImpl::LoadChunks(const std::string& job,
+                                                                int64_t step, int32_t rank,
+                                                                uint32_t count) {
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(ChunkPrefix(job, step, rank)));
+  std::vector<ChunkRecord> out;
+  for (const auto& [k, v] : kvs) {
+    ChunkRecord c;
+    RETURN_IF_ERROR(Annotate(DecodeChunk(v, &c), Where(job, step, rank)));
+    out.push_back(c);
+  }
+  if (out.size() < count) {
+    return absl::DataLossError(absl::StrCat(Where(job, step, rank), ": ", count - out.size(),
+                                            " chunk records missing"));
+  }
+  out.resize(count);  // keys past chunk_count are never written, but be strict
+  return out;
+}
+
+absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
+  RETURN_IF_ERROR(ValidateCheckpointSpec(spec));
+  absl::MutexLock lock(&mu_);
+  auto existing = LoadCheckpoint(spec.job, spec.step);
+  if (existing.ok()) {
+    if (existing->state == CheckpointState::kCommitted) {
+      return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
+                                                   spec.step, " is already committed"));
+    }
+    if (!SameCheckpointSpec(existing->spec, spec)) {
+      return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
+                                                   spec.step, " exists with another spec"));
+    }
+    return absl::OkStatus();
+  }
+  if (!absl::IsNotFound(existing.status())) return existing.status();
+  if (spec.kind == CheckpointKind::kDelta) {
+    auto base = LoadCheckpoint(spec.job, spec.base_step);
+    if (!base.ok() || base->spec.kind != CheckpointKind::kFull) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DELTA step ", spec.step, " of job ", spec.job, " needs a FULL checkpoint at step ",
+          spec.base_step));
+    }
+  }
+  CheckpointRecord r;
+  r.spec = spec;
+  r.created_unix_ms = NowMs();
+  MetaStore::Batch b;
+  b.puts.emplace_back(CheckpointKey(spec.job, spec.step), EncodeCheckpoint(r));
+  RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+  return meta_->Commit(b);
+}
+
+absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenShardWriter(const ShardSpec& spec) {
+  RETURN_IF_ERROR(ValidateName(spec.job, "job name"));
+  absl::MutexLock lock(&mu_);
+  return OpenWriterLocked(spec);
+}
+
+absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const ShardSpec& spec) {
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(spec.job, spec.step));
+  RETURN_IF_ERROR(ValidateShardSpec(spec, ckpt));
+  std::string key = ShardKey(spec.job, spec.step, spec.rank);
+  if (active_writers_.count(key) != 0) {
+    return absl::UnavailableError(absl::StrCat(Where(spec.job, spec.step, spec.rank),
+                                               " is being written by another writer"));
+  }
+  ShardRecord rec;
+  auto v = meta_->Get(key);
+  bool fresh = absl::IsNotFound(v.status());
+  if (!fresh) {
+    if (!v.ok()) return v.status();
+    RETURN_IF_ERROR(DecodeShard(*v, &rec));
+    if (!SameShardSpec(rec.spec, spec)) {
+      if (rec.committed || rec.committed_size > 0) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            Where(spec.job, spec.step, spec.rank), " exists with another spec"));
+      }
+      fresh = true;
+    }
+  }
+  if (!fresh && rec.committed) {
+    // Already committed with this spec: a writer with nothing left to do.
+  } else if (ckpt.state == CheckpointState::kCommitted) {
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
+                                                 spec.step, " is already committed"));
+  }
+  if (fresh) {
+    rec = ShardRecord();
+    rec.spec = spec;
+    rec.tensor_sha256.resize(spec.tensors.size());
+    MetaStore::Batch b;
+    b.puts.emplace_back(key, EncodeShard(rec));
+    b.delete_prefixes.push_back(ChunkPrefix(spec.job, spec.step, spec.rank));
+    RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+    RETURN_IF_ERROR(meta_->Commit(b));
+  }
+  active_writers_.insert(key);
+  auto w = NewShardWriter(this, std::move(rec));
+  if (!w.ok()) active_writers_.erase(key);
+  return w;
+}
+
+void EngineImpl::ReleaseWriter(const std::string& shard_key) {
+  absl::MutexLock lock(&mu_);
+  active_writers_.erase(shard_key);
+}
+
+absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
+                                             const std::vector<ChunkRecord>& new_chunks,
+                                             bool finish) {
+  const ShardSpec& s = shard.spec;
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(s.job, s.step));
+  MetaStore::Batch b;
+  uint32_t idx = shard.chunk_count - static_cast<uint32_t>(new_chunks.size());
+  for (const ChunkRecord& c : new_chunks) {
+    b.puts.emplace_back(ChunkKey(s.job, s.step, s.rank, idx++), EncodeChunk(c));
+  }
+  b.puts.emplace_back(ShardKey(s.job, s.step, s.rank), EncodeShard(shard));
+  if (finish) {
+    if (ckpt.state == CheckpointState::kCommitted) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", s.job, " step ",
+                                                        s.step, " is already committed"));
+    }
+    ckpt.committed_shards += 1;
+    ckpt.raw_bytes += shard.committed_size;
+    ckpt.stored_bytes += shard.stored_bytes;
+    if (ckpt.committed_shards == ckpt.spec.world_size) {
+      ckpt.state = CheckpointState::kCommitted;
+      ckpt.committed_unix_ms = NowMs();
+    }
+    b.puts.emplace_back(CheckpointKey(s.job, s.step), EncodeCheckpoint(ckpt));
+  }
+  RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+  return meta_->Commit(b);
+}
+
+absl::Status EngineImpl::WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) {
+  if (data.size() != spec.tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteShard: ", data.size(),
+                                                   " buffers for ", spec.tensors.size(),
+                                                   " tensors"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> w, OpenShardWriter(spec));
+  uint64_t pos = 0;
+  uint64_t skip = w->committed_size();  // a resumed writer continues where it stopped
+  for (size_t i = 0; i < data.size(); ++i) {
+    uint64_t len = spec.tensors[i].byte_length;
+    if (pos + len > skip) {
+      uint64_t from = skip > pos ? skip - pos : 0;
+      if (data[i] == nullptr && len > 0) return absl::InvalidArgumentError("null tensor data");
+      RETURN_IF_ERROR(w->Append(static_cast<const uint8_t*>(data[i]) + from, len - from));
+    }
+    pos += len;
+  }
+  return w->Finish();
+}
+
+absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, int64_t step,
+                                                        int32_t rank) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  (void)ckpt;
+  auto v = meta_->Get(ShardKey(job, step, rank));
+  if (absl::IsNotFound(v.status())) return 0;
+  if (!v.ok()) return v.status();
+  ShardRecord r;
+  RETURN_IF_ERROR(DecodeShard(*v, &r));
+  return r.committed_size;
+}
+
+absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  if (ckpt.state == CheckpointState::kCommitted) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
+                                                      " is committed; use Delete"));
+  }
+  uint64_t reclaimed = 0;
+  return DeleteLocked(job, step, &reclaimed);
+}
+
+absl::StatusOr<std::vector<std::string>> EngineImpl::ListJobs() {
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan("c/"));
+  std::vector<std::string> jobs;
+  for (const auto& [k, v] : kvs) {
+    std::string job = k.substr(2, k.rfind('/') - 2);
+    if (jobs.empty() || jobs.back() != job) jobs.push_back(job);
+  }
+  return jobs;
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> EngineImpl::ListCheckpoints(const std::string& job,
+                                                                        bool include_pending) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+  std::vector<CheckpointInfo> out;
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord r;
+    RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+    if (r.state == CheckpointState::kCommitted || include_pending) out.push_back(ToInfo(r));
+  }
+  return out;
+}
+
+absl::StatusOr<Manifest> EngineImpl::GetManifest(const std::string& job, int64_t step) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  Manifest m;
+  m.info = ToInfo(ckpt);
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(ShardPrefix(job, step)));
+  for (const auto& [k, v] : kvs) {
+    ShardRecord r;
+    RETURN_IF_ERROR(DecodeShard(v, &r));
+    ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
+                     LoadChunks(job, step, r.spec.rank, r.chunk_count));
+    ShardInfo si;
+    si.rank = r.spec.rank;
+    si.committed = r.committed;
+    si.stored_bytes = r.stored_bytes;
+    si.metadata = r.spec.metadata;
+    for (size_t i = 0; i < r.spec.tensors.size(); ++i) {
+      TensorInfo ti;
+      ti.spec = r.spec.tensors[i];
+      if (i < r.tensor_sha256.size()) ti.spec.sha256 = r.tensor_sha256[i];
+      si.raw_bytes += ti.spec.byte_length;
+      si.tensors.push_back(std::move(ti));
+    }
+    for (const ChunkRecord& c : chunks) {
+      if (c.tensor < si.tensors.size()) {
+        si.tensors[c.tensor].stored_bytes += c.header.record_len();
+        si.tensors[c.tensor].chunks += 1;
+      }
+    }
+    m.shards.push_back(std::move(si));
+  }
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<ShardReader>> EngineImpl::OpenShardReader(const std::string& job,
+                                                                         int64_t step,
+                                                                         int32_t rank) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  if (ckpt.state != CheckpointState::kCommitted) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
+                                                      " is not committed"));
+  }
+  auto v = meta_->Get(ShardKey(job, step, rank));
+  if (absl::IsNotFound(v.status())) {
+    return absl::NotFoundError(absl::StrCat("no shard ", Where(job, step, rank)));
+  }
+  if (!v.ok()) return v.status();
+  ShardRecord r;
+  RETURN_IF_ERROR(DecodeShard(*v, &r));
+  return NewShardReader(this, ckpt, std::move(r));
+}
+
+absl::Status EngineImpl::Verify(const std::string& job, int64_t step) {
+  ASSIGN_OR_RETURN(Manifest m, GetManifest(job, step));
+  if (m.info.state != CheckpointState::kCommitted) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
+                                                      " is not committed"));
+  }
+  if (static_cast<int32_t>(m.shards.size()) != m.info.world_size) {
+    return absl::DataLossError(absl::StrCat("checkpoint job ", job, " step ", step, " has ",
+                                            m.shards.size(), " of ", m.info.world_size,
+                                            " shards"));
+  }
+  std::vector<uint8_t> buf(options_.chunk_bytes);
+  for (const ShardInfo& s : m.shards) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> r, OpenShardReader(job, step, s.rank));
+    uint64_t pos = 0;
+    for (;;) {
+      ASSIGN_OR_RETURN(size_t n, r->Read(pos, buf.data(), buf.size()));
+      if (n == 0) break;
+      pos += n;
+    }
+    if (pos != s.raw_bytes) {
+      return absl::DataLossError(absl::StrCat(Where(job, step, s.rank), ": read ", pos,
+                                              " of ", s.raw_bytes, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed) {
+  for (const std::string& key : active_writers_) {
+    if (key.rfind(ShardPrefix(job, step), 0) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
+                                                        " has an open writer"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto shards, meta_->Scan(ShardPrefix(job, step)));
+  for (const auto& [k, v] : shards) {
+    ShardRecord r;
+    if (DecodeShard(v, &r).ok()) {
+      for (const SegmentRef& s : r.segments) *reclaimed += s.durable_end;
+    }
+  }
+  MetaStore::Batch b;
+  b.deletes.push_back(CheckpointKey(job, step));
+  b.delete_prefixes.push_back(ShardPrefix(job, step));
+  b.delete_prefixes.push_back(ChunkStepPrefix(job, step));
+  RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+  RETURN_IF_ERROR(meta_->Commit(b));
+  // Metadata is gone: the files are now orphans, which recovery would also remove.
+  return fs_->RemoveAll(CheckpointDir(job, step));
+}
+
+absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  if (ckpt.spec.kind == CheckpointKind::kFull) {
+    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+    for (const auto& [k, v] : kvs) {
+      CheckpointRecord r;
+      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+      if (r.spec.kind == CheckpointKind::kDelta && r.spec.base_step == step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint job ", job, " step ", step, " is the base of DELTA step ", r.spec.step));
+      }
+    }
+  }
+  uint64_t reclaimed = 0;
+  return DeleteLocked(job, step, &reclaimed);
+}
+
+absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& policy) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  if (policy.keep_last < 0 || policy.keep_every < 0) {
+    return absl::InvalidArgumentError("keep_last and keep_every must be >= 0");
+  }
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+  std::vector<CheckpointRecord> all;
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord r;
+    RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+    all.push_back(std::move(r));
+  }
+  std::vector<int64_t> fulls;  // committed, ascending
+  for (const CheckpointRecord& r : all) {
+    if (r.spec.kind == CheckpointKind::kFull && r.state == CheckpointState::kCommitted) {
+      fulls.push_back(r.spec.step);
+    }
+  }
+  std::set<int64_t> doomed_fulls;
+  if (policy.keep_last > 0) {
+    for (size_t i = 0; i + policy.keep_last < fulls.size(); ++i) {
+      if (policy.keep_every > 0 && fulls[i] % policy.keep_every == 0) continue;
+      doomed_fulls.insert(fulls[i]);
+    }
+  }
+  GcResult result;
+  // DELTAs of a doomed FULL go first, then the FULL itself.
+  for (const CheckpointRecord& r : all) {
+    if (r.spec.kind == CheckpointKind::kDelta && doomed_fulls.count(r.spec.base_step) != 0) {
+      RETURN_IF_ERROR(DeleteLocked(job, r.spec.step, &result.bytes_reclaimed));
+      result.deleted_steps.push_back(r.spec.step);
+    }
+  }
+  for (int64_t step : doomed_fulls) {
+    RETURN_IF_ERROR(DeleteLocked(job, step, &result.bytes_reclaimed));
+    result.deleted_steps.push_back(step);
+  }
+  std::sort(result.deleted_steps.begin(), result.deleted_steps.end());
+  return result;
+}
+
+}  // namespace storage
+}  // namespace gradsnap

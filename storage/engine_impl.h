@@ -1,0 +1,108 @@
+// Internal: the Engine implementation shared by engine.cc, shard_writer.cc, shard_reader.cc.
+//
+// Layout under data_dir: meta/ (RocksDB) and segments/<job>/<step:20>/r<rank>-<seq>.seg, one
+// directory per checkpoint, so deleting a checkpoint unlinks its files (docs/format.md).
+//
+// THREAD SAFETY: EngineImpl is thread-safe; mu_ serializes every metadata read-modify-write.
+#ifndef GRADSNAP_STORAGE_ENGINE_IMPL_H_
+#define GRADSNAP_STORAGE_ENGINE_IMPL_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/aligned_buffer.h"
+#include "storage/chunk_codec.h"
+#include "storage/engine.h"
+#include "storage/file_system.h"
+#include "storage/metadata.h"
+
+namespace gradsnap {
+namespace storage {
+
+// "job J step S rank R tensor T" for error messages.
+std::string Where(const std::string& job, int64_t step, int32_t rank,
+                  const std::string& tensor = "");
+
+class EngineImpl : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, FileSystem* fs, std::unique_ptr<MetaStore> meta);
+  absl::Status Recover();
+
+  absl::Status BeginCheckpoint(const CheckpointSpec& spec) override;
+  absl::StatusOr<std::unique_ptr<ShardWriter>> OpenShardWriter(const ShardSpec& spec) override;
+  absl::Status WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) override;
+  absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
+                                              int32_t rank) override;
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step) override;
+  absl::StatusOr<std::vector<std::string>> ListJobs() override;
+  absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job,
+                                                              bool include_pending) override;
+  absl::StatusOr<Manifest> GetManifest(const std::string& job, int64_t step) override;
+  absl::StatusOr<std::unique_ptr<ShardReader>> OpenShardReader(const std::string& job,
+                                                               int64_t step,
+                                                               int32_t rank) override;
+  absl::Status Verify(const std::string& job, int64_t step) override;
+  absl::Status Delete(const std::string& job, int64_t step) override;
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override;
+
+  // For writers and readers.
+  const EngineOptions& options() const { return options_; }
+  FileSystem* fs() const { return fs_; }
+  MetaStore* meta() const { return meta_.get(); }
+  BufferPool* record_pool() { return &record_pool_; }
+  std::string CheckpointDir(const std::string& job, int64_t step) const;
+  std::string SegmentPath(const std::string& job, int64_t step, int32_t rank,
+                          uint32_t seq) const;
+  // Persists a writer's progress in one synced batch: new chunk keys and the shard record; if
+  // `finish`, also marks the shard committed and, when it is the last one, the checkpoint.
+  absl::Status CommitShardProgress(const ShardRecord& shard,
+                                   const std::vector<ChunkRecord>& new_chunks, bool finish);
+  void ReleaseWriter(const std::string& shard_key);
+
+  absl::StatusOr<CheckpointRecord> LoadCheckpoint(const std::string& job, int64_t step);
+  absl::StatusOr<std::vector<ChunkRecord>> LoadChunks(const std::string& job, int64_t step,
+                                                      int32_t rank, uint32_t count);
+
+ private:
+  absl::StatusOr<std::unique_ptr<ShardWriter>> OpenWriterLocked(const ShardSpec& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RecoverCheckpoint(const CheckpointRecord& c);
+  absl::Status RemoveOrphanDirs();
+
+  // Constant after construction.
+  const EngineOptions options_;
+  FileSystem* const fs_;
+  const std::unique_ptr<MetaStore> meta_;
+  BufferPool record_pool_;
+
+  absl::Mutex mu_;
+  std::set<std::string> active_writers_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status ValidateCheckpointSpec(const CheckpointSpec& spec);
+absl::Status ValidateShardSpec(const ShardSpec& spec, const CheckpointRecord& ckpt);
+bool SameShardSpec(const ShardSpec& a, const ShardSpec& b);
+
+// Reads and decodes one chunk into out[0, raw_len), checking it against its metadata.
+// DATA_LOSS names job, step, rank and tensor.
+absl::Status ReadChunk(EngineImpl* engine, const std::string& job, int64_t step, int32_t rank,
+                       const std::string& tensor, const ChunkRecord& chunk,
+                       ChunkDecoder* decoder, uint8_t* out);
+
+// Writer/reader factories (shard_writer.cc, shard_reader.cc).
+absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(EngineImpl* engine,
+                                                            ShardRecord record);
+absl::StatusOr<std::unique_ptr<ShardReader>> NewShardReader(EngineImpl* engine,
+                                                            const CheckpointRecord& ckpt,
+                                                            ShardRecord record);
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_ENGINE_IMPL_H_

@@ -1,0 +1,187 @@
+#include "storage/fault_injection_fs.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+class FaultFile : public File {
+ public:
+  FaultFile(FaultInjectionFileSystem* fs, std::string path, std::unique_ptr<File> base)
+      : fs_(fs), path_(std::move(path)), base_(std::move(base)) {}
+  int fd() const override { return -1; }
+  bool direct() const override { return base_->direct(); }
+  absl::Status Write(uint64_t offset, const void* data, size_t n) override {
+    RETURN_IF_ERROR(fs_->OnWrite(path_, offset + n));
+    return base_->Write(offset, data, n);
+  }
+  absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override {
+    return base_->Read(offset, out, n);
+  }
+  absl::Status Sync() override {
+    ASSIGN_OR_RETURN(uint64_t size, base_->Size());
+    RETURN_IF_ERROR(fs_->OnSync(path_, size));
+    return base_->Sync();
+  }
+  absl::Status Truncate(uint64_t size) override {
+    RETURN_IF_ERROR(fs_->OnWrite(path_, 0));
+    return base_->Truncate(size);
+  }
+  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
+
+ private:
+  FaultInjectionFileSystem* const fs_;
+  const std::string path_;
+  const std::unique_ptr<File> base_;
+};
+
+}  // namespace
+
+FaultInjectionFileSystem::FaultInjectionFileSystem() : base_(FileSystem::Default()) {}
+
+void FaultInjectionFileSystem::SetFaults(const Faults& f) {
+  absl::MutexLock lock(&mu_);
+  faults_ = f;
+}
+
+void FaultInjectionFileSystem::Reset() {
+  absl::MutexLock lock(&mu_);
+  faults_ = Faults();
+  writes_ = syncs_ = commits_ = 0;
+  crashed_ = false;
+  synced_size_.clear();
+}
+
+bool FaultInjectionFileSystem::crashed() {
+  absl::MutexLock lock(&mu_);
+  return crashed_;
+}
+int64_t FaultInjectionFileSystem::writes() {
+  absl::MutexLock lock(&mu_);
+  return writes_;
+}
+int64_t FaultInjectionFileSystem::syncs() {
+  absl::MutexLock lock(&mu_);
+  return syncs_;
+}
+int64_t FaultInjectionFileSystem::commits() {
+  absl::MutexLock lock(&mu_);
+  return commits_;
+}
+
+void FaultInjectionFileSystem::SimulateCrash() {
+  absl::MutexLock lock(&mu_);
+  CrashLocked();
+}
+
+void FaultInjectionFileSystem::CrashLocked() {
+  if (crashed_) return;
+  crashed_ = true;
+  for (const auto& [path, size] : synced_size_) {
+    if (::truncate(path.c_str(), static_cast<off_t>(size)) != 0 && errno != ENOENT) continue;
+  }
+}
+
+absl::Status FaultInjectionFileSystem::Dead() const {
+  return absl::UnavailableError("fault injection: simulated crash");
+}
+
+absl::Status FaultInjectionFileSystem::OnWrite(const std::string& path, uint64_t end) {
+  (void)end;
+  absl::MutexLock lock(&mu_);
+  if (crashed_) return Dead();
+  synced_size_.try_emplace(path, 0);
+  if (++writes_ == faults_.fail_write_at) {
+    absl::Status s = PosixError(absl::StrCat("injected write fault ", path),
+                                faults_.enospc ? ENOSPC : EIO);
+    if (faults_.crash_on_fault) CrashLocked();
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFileSystem::OnSync(const std::string& path, uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  if (crashed_) return Dead();
+  if (++syncs_ == faults_.fail_sync_at) {
+    if (faults_.crash_on_fault) CrashLocked();
+    return PosixError(absl::StrCat("injected sync fault ", path), EIO);
+  }
+  synced_size_[path] = size;
+  return absl::OkStatus();
+}
+
+absl::Status FaultInjectionFileSystem::BeforeMetadataCommit() {
+  absl::MutexLock lock(&mu_);
+  if (crashed_) return Dead();
+  if (++commits_ == faults_.fail_commit_at) {
+    if (faults_.crash_on_fault) CrashLocked();
+    return absl::UnavailableError("injected crash before metadata commit");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<File>> FaultInjectionFileSystem::Open(const std::string& path,
+                                                                     const OpenOptions& o) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+    if (o.truncate) synced_size_[path] = 0;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<File> f, base_->Open(path, o));
+  return std::unique_ptr<File>(new FaultFile(this, path, std::move(f)));
+}
+
+absl::Status FaultInjectionFileSystem::CreateDirs(const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+  }
+  return base_->CreateDirs(path);
+}
+
+absl::Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+  }
+  return base_->SyncDir(path);
+}
+
+absl::Status FaultInjectionFileSystem::RemoveFile(const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+    synced_size_.erase(path);
+  }
+  return base_->RemoveFile(path);
+}
+
+absl::Status FaultInjectionFileSystem::RemoveAll(const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+    for (auto it = synced_size_.begin(); it != synced_size_.end();) {
+      it = it->first.rfind(path, 0) == 0 ? synced_size_.erase(it) : std::next(it);
+    }
+  }
+  return base_->RemoveAll(path);
+}
+
+absl::StatusOr<std::vector<std::string>> FaultInjectionFileSystem::ListDir(
+    const std::string& path) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+  }
+  return base_->ListDir(path);
+}
+
+}  // namespace storage
+}  // namespace gradsnap

@@ -1,0 +1,79 @@
+// A FileSystem for tests that wraps the POSIX one and injects faults (after RocksDB's
+// FaultInjectionTestFS and LevelDB's fault_injection_test).
+//
+// - Fails the Nth write, the Nth sync or the Nth metadata commit (1-based, counted from
+//   construction or Reset()), with EIO or ENOSPC for writes.
+// - Tracks, per file, how many bytes were made durable by the last Sync(). SimulateCrash()
+//   truncates every written file back to that size, i.e. drops unsynced data, and then fails
+//   every later operation until Reset(), as a dead process would.
+// - Files have no descriptor (fd() == -1), so the engine writes them through Write (pwrite).
+//
+// THREAD SAFETY: thread-safe.
+#ifndef GRADSNAP_STORAGE_FAULT_INJECTION_FS_H_
+#define GRADSNAP_STORAGE_FAULT_INJECTION_FS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/file_system.h"
+
+namespace gradsnap {
+namespace storage {
+
+class FaultInjectionFileSystem : public FileSystem {
+ public:
+  struct Faults {
+    int64_t fail_write_at = 0;    // 0 = never
+    int64_t fail_sync_at = 0;
+    int64_t fail_commit_at = 0;   // BeforeMetadataCommit
+    bool enospc = false;          // write failures are ENOSPC instead of EIO
+    bool crash_on_fault = true;   // a fault also SimulateCrash()es
+  };
+
+  FaultInjectionFileSystem();
+  void SetFaults(const Faults& f);
+  // Counters reset, faults cleared, the "dead" state ends.
+  void Reset();
+  // Drops unsynced data of every file written so far and fails all later operations.
+  void SimulateCrash();
+  bool crashed();
+  int64_t writes();
+  int64_t syncs();
+  int64_t commits();
+
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                             const OpenOptions& options) override;
+  absl::Status CreateDirs(const std::string& path) override;
+  absl::Status SyncDir(const std::string& path) override;
+  absl::Status RemoveFile(const std::string& path) override;
+  absl::Status RemoveAll(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
+  absl::Status BeforeMetadataCommit() override;
+
+  // Used by its files.
+  absl::Status OnWrite(const std::string& path, uint64_t end);
+  absl::Status OnSync(const std::string& path, uint64_t size);
+
+ private:
+  absl::Status Dead() const;
+  void CrashLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  FileSystem* const base_;
+  absl::Mutex mu_;
+  Faults faults_ ABSL_GUARDED_BY(mu_);
+  int64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
+  bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, uint64_t> synced_size_ ABSL_GUARDED_BY(mu_);  // files written to
+};
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_FAULT_INJECTION_FS_H_

@@ -1,0 +1,78 @@
+// The file-system seam of the storage engine (after RocksDB's FileSystem / LevelDB's Env).
+//
+// Everything the engine does to segment files goes through a FileSystem, so tests can swap in
+// FaultInjectionFileSystem (fault_injection_fs.h), which fails chosen operations and drops
+// unsynced data on a simulated crash. The io_uring writer needs a real descriptor: a File whose
+// fd() is -1 is written through File::Write (the pwrite path) instead.
+// RocksDB keeps its own Env; the engine calls BeforeMetadataCommit() right before each synced
+// metadata batch so a fault-injecting file system can also "crash" at that step.
+//
+// THREAD SAFETY: FileSystem implementations are thread-safe. A File may be used from several
+// threads for positional reads/writes of disjoint ranges.
+#ifndef GRADSNAP_STORAGE_FILE_SYSTEM_H_
+#define GRADSNAP_STORAGE_FILE_SYSTEM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace gradsnap {
+namespace storage {
+
+class File {
+ public:
+  virtual ~File() = default;
+  // A descriptor io_uring may use directly, or -1 (then use Write/Read).
+  virtual int fd() const = 0;
+  // True when opened with O_DIRECT: offsets, lengths and buffers must be 4 KiB aligned.
+  virtual bool direct() const = 0;
+  // Writes all of data[0, n) at `offset` (retrying short writes).
+  virtual absl::Status Write(uint64_t offset, const void* data, size_t n) = 0;
+  // Reads up to n bytes at `offset`; fewer only at end of file.
+  virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
+  // fdatasync: everything written so far survives a crash.
+  virtual absl::Status Sync() = 0;
+  virtual absl::Status Truncate(uint64_t size) = 0;
+  virtual absl::StatusOr<uint64_t> Size() = 0;
+  // Tells the file system that writes through fd() (io_uring) reached `end`; the POSIX file
+  // system ignores it, a fault-injecting one uses it to know what a crash may drop.
+  virtual void NoteExternalWrite(uint64_t end) { (void)end; }
+};
+
+struct OpenOptions {
+  bool write = false;     // open read-write (else read-only)
+  bool create = false;    // O_CREAT
+  bool truncate = false;  // O_TRUNC
+  bool direct = false;    // try O_DIRECT; falls back to buffered where unsupported
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // The process-wide POSIX file system.
+  static FileSystem* Default();
+
+  virtual absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                                     const OpenOptions& options) = 0;
+  // mkdir -p, then fsync of every directory whose entries changed.
+  virtual absl::Status CreateDirs(const std::string& path) = 0;
+  // fsync of a directory, making entries created or removed in it durable.
+  virtual absl::Status SyncDir(const std::string& path) = 0;
+  virtual absl::Status RemoveFile(const std::string& path) = 0;
+  // rm -r (missing is OK).
+  virtual absl::Status RemoveAll(const std::string& path) = 0;
+  // Entry names in a directory (no "." / ".."); NOT_FOUND if it does not exist.
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) = 0;
+  // Fault-injection seam: called before every synced metadata batch. Default: OK.
+  virtual absl::Status BeforeMetadataCommit() { return absl::OkStatus(); }
+};
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_FILE_SYSTEM_H_

@@ -1,0 +1,109 @@
+// Metadata records and their RocksDB keys (docs/format.md, "Metadata").
+//
+// RocksDB is the source of truth: a checkpoint, shard or chunk exists when its key does. Keys
+// are ASCII with '/' separators (names cannot contain '/'); numbers are zero-padded decimal so
+// keys sort by number. Values are a version byte followed by little-endian fields.
+//
+//   c/<job>/<step:20>                      CheckpointRecord
+//   s/<job>/<step:20>/<rank:10>            ShardRecord
+//   k/<job>/<step:20>/<rank:10>/<idx:10>   ChunkRecord (chunk idx of the shard's stream)
+//
+// THREAD SAFETY: MetaStore is thread-safe (RocksDB is); read-modify-write sequences are
+// serialized by the engine.
+#ifndef GRADSNAP_STORAGE_METADATA_H_
+#define GRADSNAP_STORAGE_METADATA_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/chunk_codec.h"
+#include "storage/types.h"
+
+namespace rocksdb {
+class DB;
+class WriteBatch;
+}  // namespace rocksdb
+
+namespace gradsnap {
+namespace storage {
+
+struct CheckpointRecord {
+  CheckpointSpec spec;
+  CheckpointState state = CheckpointState::kPending;
+  int64_t created_unix_ms = 0;
+  int64_t committed_unix_ms = 0;
+  int32_t committed_shards = 0;
+  uint64_t raw_bytes = 0;     // over committed shards
+  uint64_t stored_bytes = 0;
+};
+
+struct SegmentRef {
+  uint32_t seq = 0;        // file r<rank>-<seq>.seg in the checkpoint's directory
+  uint64_t durable_end = 0;  // bytes of the file covered by synced metadata
+};
+
+struct ShardRecord {
+  ShardSpec spec;
+  bool committed = false;
+  uint64_t committed_size = 0;   // durable payload bytes (a prefix of the stream)
+  uint32_t chunk_count = 0;      // chunk keys 0..chunk_count-1 exist
+  uint64_t stored_bytes = 0;     // sum of record lengths
+  std::vector<SegmentRef> segments;
+  std::vector<std::string> tensor_sha256;  // hex, filled for tensors wholly durable
+};
+
+struct ChunkRecord {
+  ChunkHeader header;
+  uint32_t tensor = 0;    // index into ShardSpec::tensors
+  uint32_t segment = 0;   // SegmentRef::seq
+  uint64_t offset = 0;    // record offset in the segment file
+};
+
+std::string CheckpointKey(const std::string& job, int64_t step);
+std::string CheckpointPrefix(const std::string& job);  // all checkpoints of a job
+std::string ShardKey(const std::string& job, int64_t step, int32_t rank);
+std::string ShardPrefix(const std::string& job, int64_t step);
+std::string ChunkKey(const std::string& job, int64_t step, int32_t rank, uint32_t idx);
+std::string ChunkPrefix(const std::string& job, int64_t step, int32_t rank);
+std::string ChunkStepPrefix(const std::string& job, int64_t step);
+
+std::string EncodeCheckpoint(const CheckpointRecord& r);
+std::string EncodeShard(const ShardRecord& r);
+std::string EncodeChunk(const ChunkRecord& r);
+// DATA_LOSS when the value is malformed.
+absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r);
+absl::Status DecodeShard(const std::string& v, ShardRecord* r);
+absl::Status DecodeChunk(const std::string& v, ChunkRecord* r);
+
+// A thin wrapper around RocksDB that converts its errors to absl::Status.
+class MetaStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir);
+  ~MetaStore();
+
+  // NOT_FOUND when absent.
+  absl::StatusOr<std::string> Get(const std::string& key);
+  // (key, value) pairs with this prefix, in key order.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix);
+  // One synced, atomic batch. `puts` then `deletes` (keys) then `delete_prefixes` ranges.
+  struct Batch {
+    std::vector<std::pair<std::string, std::string>> puts;
+    std::vector<std::string> deletes;
+    std::vector<std::string> delete_prefixes;
+  };
+  absl::Status Commit(const Batch& batch);
+
+ private:
+  explicit MetaStore(rocksdb::DB* db) : db_(db) {}
+  rocksdb::DB* db_;
+};
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_METADATA_H_

@@ -1,0 +1,86 @@
+// EngineImpl::Recover: make the segment files agree with RocksDB, the source of truth.
+//
+// For every checkpoint directory: files of a shard that the shard record does not reference
+// are unlinked, referenced files are truncated to their durable_end (dropping bytes written
+// after the last synced metadata batch), and directories without a checkpoint record are
+// removed. PENDING checkpoints stay resumable; they are never listed as committed.
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "storage/engine_impl.h"
+
+namespace gradsnap {
+namespace storage {
+
+absl::Status EngineImpl::RecoverCheckpoint(const CheckpointRecord& c) {
+  const std::string dir = CheckpointDir(c.spec.job, c.spec.step);
+  ASSIGN_OR_RETURN(auto shards, meta_->Scan(ShardPrefix(c.spec.job, c.spec.step)));
+  std::map<std::string, uint64_t> keep;  // path -> durable end
+  for (const auto& [k, v] : shards) {
+    ShardRecord r;
+    RETURN_IF_ERROR(DecodeShard(v, &r));
+    for (const SegmentRef& s : r.segments) {
+      keep[SegmentPath(c.spec.job, c.spec.step, r.spec.rank, s.seq)] = s.durable_end;
+    }
+  }
+  auto names = fs_->ListDir(dir);
+  if (absl::IsNotFound(names.status())) return absl::OkStatus();
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    std::string path = absl::StrCat(dir, "/", name);
+    auto it = keep.find(path);
+    if (it == keep.end()) {
+      GS_LOG(INFO) << "storage recovery: removing unreferenced " << path;
+      RETURN_IF_ERROR(fs_->RemoveFile(path));
+      continue;
+    }
+    OpenOptions oo;
+    oo.write = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<File> f, fs_->Open(path, oo));
+    ASSIGN_OR_RETURN(uint64_t size, f->Size());
+    if (size > it->second) {
+      GS_LOG(INFO) << "storage recovery: truncating " << path << " from " << size << " to "
+                   << it->second;
+      RETURN_IF_ERROR(f->Truncate(it->second));
+      RETURN_IF_ERROR(f->Sync());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::RemoveOrphanDirs() {
+  const std::string root = options_.data_dir + "/segments";
+  ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs_->ListDir(root));
+  for (const std::string& job : jobs) {
+    std::string jdir = absl::StrCat(root, "/", job);
+    auto steps = fs_->ListDir(jdir);
+    if (!steps.ok()) continue;
+    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+    std::set<std::string> known;
+    for (const auto& [k, v] : kvs) known.insert(k.substr(k.rfind('/') + 1));
+    for (const std::string& step : *steps) {
+      if (known.count(step) == 0) {
+        GS_LOG(INFO) << "storage recovery: removing orphan " << jdir << "/" << step;
+        RETURN_IF_ERROR(fs_->RemoveAll(absl::StrCat(jdir, "/", step)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::Recover() {
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan("c/"));
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord c;
+    RETURN_IF_ERROR(Annotate(DecodeCheckpoint(v, &c), k));
+    RETURN_IF_ERROR(RecoverCheckpoint(c));
+  }
+  return RemoveOrphanDirs();
+}
+
+}  // namespace storage
+}  // namespace gradsnap

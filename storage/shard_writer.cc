@@ -1,0 +1,486 @@
+// ShardWriterImpl: cuts a shard's byte stream into chunks, encodes them on a small thread pool,
+// hashes each tensor, and appends the records to segment files.
+//
+// OVERVIEW
+//   Append() copies the caller's bytes straight into a record buffer (after the header space)
+//   and dispatches a full chunk as a job. A job is encoded on a pool thread (ChunkEncoder,
+//   in place unless compression pays), queued on the SegmentWriter (io_uring), and hashed into
+//   its tensor's SHA-256 lane. Jobs of one tensor are hashed in order: a job that arrives out
+//   of order is parked in its lane and hashed by whichever thread holds the lane, so no thread
+//   waits and different tensors hash in parallel. Chunk offsets in the segment follow
+//   completion order; the metadata records where each chunk landed.
+//   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
+//   then one synced RocksDB batch with the new chunk keys and the shard record.
+//
+// ERROR HANDLING
+//   The first failure (I/O, hash mismatch) is sticky and returned by Append/Flush/Finish.
+//   Nothing that failed ever reaches the metadata, so a reopened writer resumes at the last
+//   successful Flush.
+//
+// THREAD SAFETY
+//   One caller thread at a time; internal pool threads synchronize through mu_ and io_mu_.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/sha256.h"
+#include "common/status.h"
+#include "storage/engine_impl.h"
+#include "storage/segment_writer.h"
+#include "storage/task_pool.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+struct Job {
+  std::unique_ptr<AlignedBuffer> raw;  // record buffer with raw bytes after the header
+  std::unique_ptr<AlignedBuffer> alt;  // compressed record, when compression pays
+  size_t n = 0;
+  uint32_t tensor = 0;
+  uint32_t index_in_tensor = 0;
+  uint32_t chunk_index = 0;            // in the shard's stream
+  uint64_t stream_offset = 0;
+  bool try_compress = true;
+  ChunkRecord record;
+  std::atomic<int> refs{2};            // I/O and hash
+  absl::Status status;                 // guarded by the writer's mu_ once shared
+};
+
+struct HashLane {
+  Sha256 sha;
+  uint32_t next = 0;                   // index_in_tensor of the next job to hash
+  uint32_t total = UINT32_MAX;         // chunks in the tensor, once the stream passed its end
+  std::map<uint32_t, Job*> parked;
+  bool busy = false;
+  bool done = false;
+  std::atomic<int> no_gain{0};         // consecutive chunks that did not compress
+};
+
+class ShardWriterImpl : public ShardWriter {
+ public:
+  ShardWriterImpl(EngineImpl* engine, ShardRecord rec);
+  ~ShardWriterImpl() override;
+  absl::Status Init();
+
+  uint64_t total_size() const override { return total_; }
+  uint64_t written_size() const override { return written_; }
+  uint64_t committed_size() const override { return committed_; }
+  absl::Status Append(const void* data, size_t n) override;
+  absl::Status Flush() override { return Persist(/*finish=*/false); }
+  absl::Status Finish() override;
+
+ private:
+  absl::Status ResumeHash(uint32_t tensor);
+  void StartChunk();
+  void Dispatch();
+  void AdvanceTensor();
+  void Encode(Job* job, ChunkEncoder* enc);
+  void SubmitIo(Job* job);
+  void Hash(Job* job);
+  void Release(Job* job, const absl::Status& s);
+  void FinalizeLaneLocked(uint32_t tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Persist(bool finish);
+  absl::Status SyncSegments();
+  void WaitIdle();
+
+  // Constant after construction.
+  EngineImpl* const engine_;
+  const EngineOptions& opt_;
+  const std::string key_;
+  std::vector<uint64_t> tensor_end_;  // stream offset where tensor i ends
+  uint64_t total_ = 0;
+
+  // Caller-thread state.
+  ShardRecord rec_;                   // as last persisted
+  uint64_t written_ = 0;
+  uint64_t committed_ = 0;
+  uint32_t tensor_ = 0;               // tensor the stream is in
+  uint32_t tensor_chunks_ = 0;        // chunks dispatched for tensor_
+  uint32_t next_chunk_index_ = 0;
+  std::unique_ptr<AlignedBuffer> cur_;
+  size_t cur_len_ = 0;
+  uint64_t cur_start_ = 0;
+  bool finished_ = false;
+  std::vector<std::unique_ptr<HashLane>> lanes_;  // per tensor, created on demand
+
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs not yet released
+  int encoding_ ABSL_GUARDED_BY(mu_) = 0;   // jobs not yet handed to a SegmentWriter
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::vector<ChunkRecord> completed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> digests_ ABSL_GUARDED_BY(mu_);  // per tensor, "" until known
+
+  absl::Mutex io_mu_;
+  std::unique_ptr<SegmentWriter> seg_ ABSL_GUARDED_BY(io_mu_);
+  uint32_t seg_seq_ ABSL_GUARDED_BY(io_mu_) = 0;
+  std::vector<std::pair<uint32_t, std::unique_ptr<SegmentWriter>>> sealed_ ABSL_GUARDED_BY(io_mu_);
+  bool new_files_ ABSL_GUARDED_BY(io_mu_) = false;
+
+  std::unique_ptr<TaskPool<ChunkEncoder>> pool_;  // last: destroyed (joined) first
+};
+
+ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
+    : engine_(engine),
+      opt_(engine->options()),
+      key_(ShardKey(rec.spec.job, rec.spec.step, rec.spec.rank)),
+      rec_(std::move(rec)) {
+  for (const TensorSpec& t : rec_.spec.tensors) {
+    total_ += t.byte_length;
+    tensor_end_.push_back(total_);
+  }
+  rec_.tensor_sha256.resize(rec_.spec.tensors.size());
+  lanes_.resize(rec_.spec.tensors.size());
+  written_ = committed_ = rec_.committed_size;
+  next_chunk_index_ = rec_.chunk_count;
+  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
+  pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
+      opt_.encode_threads, [co] { return std::make_unique<ChunkEncoder>(co); });
+}
+
+ShardWriterImpl::~ShardWriterImpl() {
+  WaitIdle();
+  pool_.reset();
+  engine_->ReleaseWriter(key_);
+}
+
+// Waits until every dispatched job has been encoded, written and hashed. Completions are
+// reaped by whoever calls into a SegmentWriter, so once no job is still encoding, this
+// thread drives the rings until they are empty.
+void ShardWriterImpl::WaitIdle() {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &encoding_));
+  }
+  {
+    absl::MutexLock lock(&io_mu_);
+    for (auto& [seq, w] : sealed_) w->Wait().IgnoreError();  // errors reach error_ via jobs
+    if (seg_ != nullptr) seg_->Wait().IgnoreError();
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &pending_));
+}
+
+absl::Status ShardWriterImpl::Init() {
+  {
+    absl::MutexLock lock(&mu_);
+    digests_ = rec_.tensor_sha256;
+  }
+  uint32_t max_seq = 0;
+  for (const SegmentRef& s : rec_.segments) max_seq = std::max(max_seq, s.seq + 1);
+  {
+    absl::MutexLock lock(&io_mu_);
+    seg_seq_ = max_seq;
+  }
+  // Position the stream at committed_size and rebuild the partial tensor's hash from disk.
+  // Tensors the durable prefix covers already have their digests.
+  tensor_ = 0;
+  while (tensor_ < tensor_end_.size() &&
+         (tensor_end_[tensor_] < written_ ||
+          (tensor_end_[tensor_] == written_ && !rec_.tensor_sha256[tensor_].empty()))) {
+    ++tensor_;
+  }
+  if (tensor_ < tensor_end_.size()) {
+    uint64_t start = tensor_end_[tensor_] - rec_.spec.tensors[tensor_].byte_length;
+    if (written_ > start) RETURN_IF_ERROR(ResumeHash(tensor_));
+  }
+  AdvanceTensor();  // finalizes empty tensors at the current position
+  return engine_->fs()->CreateDirs(
+      engine_->CheckpointDir(rec_.spec.job, rec_.spec.step));
+}
+
+absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
+  const ShardSpec& s = rec_.spec;
+  ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
+                   engine_->LoadChunks(s.job, s.step, s.rank, rec_.chunk_count));
+  lanes_[tensor] = std::make_unique<HashLane>();
+  HashLane* lane = lanes_[tensor].get();
+  std::vector<uint8_t> buf;
+  ChunkDecoder dec;
+  for (const ChunkRecord& c : chunks) {
+    if (c.tensor != tensor) continue;
+    buf.resize(c.header.raw_len);
+    RETURN_IF_ERROR(ReadChunk(engine_, s.job, s.step, s.rank, s.tensors[tensor].name, c,
+                              &dec, buf.data()));
+    lane->sha.Update(buf.data(), buf.size());
+    ++lane->next;
+  }
+  tensor_chunks_ = lane->next;
+  return absl::OkStatus();
+}
+
+void ShardWriterImpl::StartChunk() {
+  cur_ = engine_->record_pool()->Get();
+  cur_len_ = 0;
+  cur_start_ = written_;
+}
+
+// Moves tensor_ past every tensor the stream has fully passed, recording each one's chunk
+// total in its lane so the lane can finalize its digest.
+void ShardWriterImpl::AdvanceTensor() {
+  while (tensor_ < tensor_end_.size() && written_ == tensor_end_[tensor_]) {
+    if (lanes_[tensor_] == nullptr) lanes_[tensor_] = std::make_unique<HashLane>();
+    absl::MutexLock lock(&mu_);
+    lanes_[tensor_]->total = tensor_chunks_;
+    if (!lanes_[tensor_]->busy) FinalizeLaneLocked(tensor_);
+    ++tensor_;
+    tensor_chunks_ = 0;
+  }
+}
+
+absl::Status ShardWriterImpl::Append(const void* data, size_t n) {
+  if (finished_) return absl::FailedPreconditionError("shard writer already finished");
+  if (n > total_ - written_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "append of ", n, " bytes past the shard's end (", written_, " of ", total_, ") for ",
+        Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank)));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+  }
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    if (cur_ == nullptr) StartChunk();
+    size_t room = std::min<uint64_t>(opt_.chunk_bytes - cur_len_, tensor_end_[tensor_] - written_);
+    size_t take = std::min(room, n);
+    std::memcpy(cur_->data() + kChunkHeaderSize + cur_len_, p, take);
+    cur_len_ += take;
+    written_ += take;
+    p += take;
+    n -= take;
+    if (cur_len_ == opt_.chunk_bytes || written_ == tensor_end_[tensor_]) Dispatch();
+    AdvanceTensor();
+  }
+  return absl::OkStatus();
+}
+
+void ShardWriterImpl::Dispatch() {
+  if (cur_ == nullptr || cur_len_ == 0) return;
+  auto* job = new Job;
+  job->raw = std::move(cur_);
+  job->n = cur_len_;
+  job->tensor = tensor_;
+  job->index_in_tensor = tensor_chunks_++;
+  job->chunk_index = next_chunk_index_++;
+  job->stream_offset = cur_start_;
+  cur_len_ = 0;
+  if (lanes_[tensor_] == nullptr) lanes_[tensor_] = std::make_unique<HashLane>();
+  HashLane* lane = lanes_[tensor_].get();
+  // Adaptive bypass: after two chunks of a tensor that did not compress, only every 8th
+  // chunk tries again.
+  job->try_compress = opt_.zstd_level > 0 &&
+                      (lane->no_gain.load() < 2 || job->index_in_tensor % 8 == 0);
+  {
+    absl::MutexLock lock(&mu_);
+    ++pending_;
+    ++encoding_;
+  }
+  pool_->Run([this, job](ChunkEncoder* enc) { Encode(job, enc); });
+}
+
+void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
+  const TensorSpec& t = rec_.spec.tensors[job->tensor];
+  bool in_alt = false;
+  uint8_t* alt = nullptr;
+  if (job->try_compress) {
+    job->alt = engine_->record_pool()->Get();
+    alt = job->alt->data();
+  }
+  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, t.dtype, job->stream_offset,
+                                     job->try_compress, alt, &in_alt);
+  if (job->try_compress) {
+    HashLane* lane = lanes_[job->tensor].get();
+    if (in_alt) lane->no_gain.store(0); else lane->no_gain.fetch_add(1);
+  }
+  if (!in_alt && job->alt != nullptr) engine_->record_pool()->Put(std::move(job->alt));
+  job->record.header = h;
+  job->record.tensor = job->tensor;
+  SubmitIo(job);
+  {
+    absl::MutexLock lock(&mu_);
+    --encoding_;
+  }
+  Hash(job);
+}
+
+void ShardWriterImpl::SubmitIo(Job* job) {
+  uint8_t* rec = job->alt != nullptr ? job->alt->data() : job->raw->data();
+  size_t len = job->record.header.record_len();
+  size_t padded = AlignUp(len);
+  std::memset(rec + len, 0, padded - len);
+  absl::MutexLock lock(&io_mu_);
+  absl::Status s;
+  if (seg_ == nullptr || (seg_->end() > 0 && seg_->end() + padded > opt_.segment_bytes)) {
+    if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
+    SegmentWriterOptions so{opt_.use_io_uring, opt_.use_direct_io, opt_.queue_depth};
+    const ShardSpec& sp = rec_.spec;
+    auto w = SegmentWriter::Create(engine_->fs(),
+                                   engine_->SegmentPath(sp.job, sp.step, sp.rank, seg_seq_), so);
+    if (!w.ok()) {
+      Release(job, w.status());
+      return;
+    }
+    seg_ = std::move(*w);
+    ++seg_seq_;
+    new_files_ = true;
+  }
+  job->record.segment = seg_seq_ - 1;
+  bool more = pool_->queued() > 0;
+  seg_->Append(rec, padded,
+               [this, job](const absl::Status& st, uint64_t offset) {
+                 job->record.offset = offset;
+                 Release(job, st);
+               },
+               more).IgnoreError();  // the callback carries the status
+}
+
+void ShardWriterImpl::Hash(Job* job) {
+  HashLane* lane = lanes_[job->tensor].get();
+  {
+    absl::MutexLock lock(&mu_);
+    lane->parked[job->index_in_tensor] = job;
+    if (lane->busy) return;  // the lane's holder will hash it
+    lane->busy = true;
+  }
+  for (;;) {
+    Job* next = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = lane->parked.find(lane->next);
+      if (it == lane->parked.end()) {
+        lane->busy = false;
+        FinalizeLaneLocked(job->tensor);
+        return;
+      }
+      next = it->second;
+      lane->parked.erase(it);
+    }
+    lane->sha.Update(next->raw->data() + kChunkHeaderSize, next->n);
+    {
+      absl::MutexLock lock(&mu_);
+      ++lane->next;
+    }
+    Release(next, absl::OkStatus());
+  }
+}
+
+void ShardWriterImpl::FinalizeLaneLocked(uint32_t tensor) {
+  HashLane* lane = lanes_[tensor].get();
+  if (lane == nullptr || lane->done || lane->next != lane->total) return;
+  lane->done = true;
+  std::string hex = DigestToHex(lane->sha.Finish());
+  const TensorSpec& t = rec_.spec.tensors[tensor];
+  if (!t.sha256.empty() && t.sha256 != hex && error_.ok()) {
+    error_ = absl::DataLossError(absl::StrCat(
+        "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", hex, " for ",
+        Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank, t.name)));
+  }
+  digests_[tensor] = std::move(hex);
+}
+
+void ShardWriterImpl::Release(Job* job, const absl::Status& s) {
+  bool last = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && error_.ok()) error_ = s;
+    if (!s.ok()) job->status = s;
+    last = job->refs.fetch_sub(1) == 1;
+    if (last && job->status.ok()) completed_.push_back(job->record);
+  }
+  if (!last) return;
+  engine_->record_pool()->Put(std::move(job->raw));
+  engine_->record_pool()->Put(std::move(job->alt));
+  delete job;
+  absl::MutexLock lock(&mu_);
+  --pending_;
+}
+
+absl::Status ShardWriterImpl::SyncSegments() {
+  absl::MutexLock lock(&io_mu_);
+  for (auto& [seq, w] : sealed_) RETURN_IF_ERROR(w->Sync());
+  if (seg_ != nullptr) RETURN_IF_ERROR(seg_->Sync());
+  if (new_files_) {
+    RETURN_IF_ERROR(engine_->fs()->SyncDir(
+        engine_->CheckpointDir(rec_.spec.job, rec_.spec.step)));
+    new_files_ = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardWriterImpl::Persist(bool finish) {
+  if (finished_) return absl::OkStatus();
+  Dispatch();
+  AdvanceTensor();
+  WaitIdle();
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(error_);
+  }
+  absl::Status s = SyncSegments();
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = s;
+    return s;
+  }
+  ShardRecord next = rec_;
+  std::vector<ChunkRecord> chunks;
+  {
+    absl::MutexLock lock(&mu_);
+    chunks = completed_;
+    next.tensor_sha256 = digests_;
+  }
+  std::sort(chunks.begin(), chunks.end(), [](const ChunkRecord& a, const ChunkRecord& b) {
+    return a.header.stream_offset < b.header.stream_offset;
+  });
+  next.committed_size = written_;
+  next.chunk_count += static_cast<uint32_t>(chunks.size());
+  for (const ChunkRecord& c : chunks) next.stored_bytes += c.header.record_len();
+  {
+    absl::MutexLock lock(&io_mu_);
+    auto note = [&next](uint32_t seq, uint64_t end) {
+      for (SegmentRef& r : next.segments) {
+        if (r.seq == seq) { r.durable_end = end; return; }
+      }
+      next.segments.push_back(SegmentRef{seq, end});
+    };
+    for (auto& [seq, w] : sealed_) note(seq, w->end());
+    if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
+    sealed_.clear();
+  }
+  if (finish) next.committed = true;
+  s = engine_->CommitShardProgress(next, chunks, finish);
+  if (!s.ok()) return s;
+  rec_ = std::move(next);
+  committed_ = written_;
+  absl::MutexLock lock(&mu_);
+  completed_.erase(completed_.begin(), completed_.begin() + chunks.size());
+  return absl::OkStatus();
+}
+
+absl::Status ShardWriterImpl::Finish() {
+  if (finished_) return absl::OkStatus();
+  if (written_ != total_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Finish with ", written_, " of ", total_, " bytes written for ",
+        Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank)));
+  }
+  RETURN_IF_ERROR(Persist(/*finish=*/true));
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(EngineImpl* engine,
+                                                            ShardRecord record) {
+  auto w = std::make_unique<ShardWriterImpl>(engine, std::move(record));
+  RETURN_IF_ERROR(w->Init());
+  return std::unique_ptr<ShardWriter>(std::move(w));
+}
+
+}  // namespace storage
+}  // namespace gradsnap
