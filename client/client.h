@@ -41,6 +41,7 @@ using storage::GcResult;
 using storage::Manifest;
 using storage::ShardInfo;
 using storage::ShardSpec;
+using storage::TensorInfo;
 using storage::TensorSpec;
 
 struct ClientOptions {

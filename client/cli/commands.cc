@@ -1,0 +1,175 @@
+// The command table, the connection, and helpers shared by the commands.
+#include "client/cli/commands.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/json.h"
+#include "common/names.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace cli {
+
+using client::JsonQuote;
+
+const std::vector<FlagSpec>& GlobalFlags() {
+  static const std::vector<FlagSpec> kFlags = {
+      {"server", "H:P[,H:P...]", "gradsnap-server endpoints. Default: none (embedded engine)"},
+      {"ckpt-dir", "DIR", "embedded engine directory, used without --server. Default: ./checkpoints"},
+      {"token", "T", "bearer token of the job (gradsnap token). Default: none"},
+      {"token-file", "F", "read the token from file F. Default: none"},
+      {"tls-ca", "F", "PEM CA certificate; enables TLS. Default: plaintext"},
+      {"tls-cert", "F", "client certificate for mutual TLS. Default: none"},
+      {"tls-key", "F", "client private key for mutual TLS. Default: none"},
+      {"replicas", "N", "copies of each shard across servers. Default: 1"},
+      {"json", "", "print machine-readable JSON on stdout. Default: off"},
+  };
+  return kFlags;
+}
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command> kCommands = {
+      {"ls", "ls [JOB]", "list jobs with their checkpoint counts, or the checkpoints of JOB",
+       "", {{"all", "", "also list PENDING (uncommitted) checkpoints. Default: off"}}, 0, 1,
+       RunLs},
+      {"show", "show JOB STEP", "show a checkpoint: shards and tensors with sizes and SHA-256",
+       "STEP may be 'latest'.", {}, 2, 2, RunShow},
+      {"verify", "verify JOB [STEP|latest|--all]",
+       "re-read and check every chunk checksum and tensor SHA-256",
+       "Without STEP verifies the latest checkpoint. Exit status 3 when corruption is found.",
+       {{"all", "", "verify every committed checkpoint of JOB. Default: off"}}, 1, 2, RunVerify},
+      {"restore", "restore JOB [STEP|latest] --out DIR [--rank R]",
+       "write each rank's shard to DIR/rank<R>.safetensors and DIR/manifest.json",
+       "STEP defaults to latest. The files are written whole or not at all.",
+       {{"out", "DIR", "output directory, created if missing. Required"},
+        {"rank", "R", "restore only rank R. Default: every rank"}},
+       1, 2, RunRestore},
+      {"export", "export JOB STEP --format safetensors --out FILE [--rank R]",
+       "export a checkpoint as safetensors, one file per rank",
+       "world size 1: FILE itself; otherwise FILE with .rank<R> before the extension.",
+       {{"format", "FMT", "output format; only 'safetensors'. Default: safetensors"},
+        {"out", "FILE", "output file. Required"},
+        {"rank", "R", "export only rank R. Default: every rank"}},
+       2, 2, RunExport},
+      {"rm", "rm JOB STEP", "delete a checkpoint", "", {}, 2, 2, RunRm},
+      {"gc", "gc JOB --keep-last N [--keep-every K]",
+       "delete FULL checkpoints outside the retention policy (with their DELTAs)", "",
+       {{"keep-last", "N", "keep the newest N FULL checkpoints. Required"},
+        {"keep-every", "K", "also keep every FULL whose step is a multiple of K. Default: 0 (off)"}},
+       1, 1, RunGc},
+      {"token", "token JOB --secret-file F", "mint the bearer token of JOB (no server needed)",
+       "", {{"secret-file", "F", "the server's --auth-secret-file. Required"}}, 1, 1, RunToken},
+      {"health", "health", "check that every server answers (or the embedded engine opens)", "",
+       {}, 0, 0, RunHealth},
+  };
+  return kCommands;
+}
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : Commands()) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<client::Client*> Context::Connect() {
+  if (client != nullptr) return client.get();
+  if (options.endpoints.empty()) {
+    struct stat st;
+    if (::stat(options.local_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint directory ", options.local_dir,
+                                              " (set --ckpt-dir DIR or --server H:P)"));
+    }
+  }
+  ASSIGN_OR_RETURN(client, client::Client::Connect(options));
+  return client.get();
+}
+
+absl::Status CheckJob(const std::string& job) { return ValidateName(job, "job name"); }
+
+absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const std::string& arg,
+                                    bool allow_latest) {
+  if (arg != "latest" || !allow_latest) {
+    return ParseInt(arg, 0, INT64_MAX, "step");
+  }
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
+  int64_t best = -1;
+  for (const client::CheckpointInfo& info : list) {
+    if (info.state == client::CheckpointState::kCommitted) best = std::max(best, info.step);
+  }
+  if (best < 0) {
+    return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint"));
+  }
+  return best;
+}
+
+std::string KindName(client::CheckpointKind k) {
+  return k == client::CheckpointKind::kDelta ? "delta" : "full";
+}
+
+std::string StateName(client::CheckpointState s) {
+  return s == client::CheckpointState::kCommitted ? "committed" : "pending";
+}
+
+std::string CheckpointJson(const client::CheckpointInfo& c) {
+  return absl::StrCat(
+      "{\"job\":", JsonQuote(c.job), ",\"step\":", c.step, ",\"kind\":\"", KindName(c.kind),
+      "\",\"base_step\":", c.base_step, ",\"world_size\":", c.world_size, ",\"state\":\"",
+      StateName(c.state), "\",\"raw_bytes\":", c.raw_bytes, ",\"stored_bytes\":", c.stored_bytes,
+      ",\"created_unix_ms\":", c.created_unix_ms, ",\"committed_unix_ms\":", c.committed_unix_ms,
+      ",\"metadata_bytes\":", c.metadata.size(), "}");
+}
+
+namespace {
+
+std::string TensorJson(const storage::TensorInfo& t) {
+  const client::TensorSpec& s = t.spec;
+  std::string out = absl::StrCat(
+      "{\"name\":", JsonQuote(s.name), ",\"dtype\":\"", DTypeName(s.dtype), "\",\"shape\":[",
+      absl::StrJoin(s.shape, ","), "],\"byte_length\":", s.byte_length,
+      ",\"stored_bytes\":", t.stored_bytes, ",\"chunks\":", t.chunks,
+      ",\"sha256\":", JsonQuote(s.sha256));
+  if (!s.flat_name.empty()) {
+    absl::StrAppend(&out, ",\"flat_name\":", JsonQuote(s.flat_name),
+                    ",\"flat_offset\":", s.flat_offset, ",\"flat_total\":", s.flat_total);
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+std::string ManifestJson(const client::Manifest& m) {
+  std::string out = CheckpointJson(m.info);
+  out.pop_back();  // reopen the object to append the shards
+  out += ",\"shards\":[";
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    const client::ShardInfo& s = m.shards[i];
+    if (i > 0) out += ",";
+    absl::StrAppend(&out, "{\"rank\":", s.rank, ",\"committed\":", s.committed ? "true" : "false",
+                    ",\"raw_bytes\":", s.raw_bytes, ",\"stored_bytes\":", s.stored_bytes,
+                    ",\"metadata_bytes\":", s.metadata.size(), ",\"tensors\":[");
+    for (size_t j = 0; j < s.tensors.size(); ++j) {
+      if (j > 0) out += ",";
+      out += TensorJson(s.tensors[j]);
+    }
+    out += "]}";
+  }
+  return out + "]}";
+}
+
+void Print(const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), stdout);
+}
+
+}  // namespace cli
+}  // namespace gradsnap

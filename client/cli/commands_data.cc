@@ -1,0 +1,177 @@
+// Commands that stream checkpoint data: verify, restore, export.
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/commands.h"
+#include "client/cli/format.h"
+#include "client/json.h"
+#include "client/safetensors.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace cli {
+namespace {
+
+using client::JsonQuote;
+
+// Ranks selected by --rank (all ranks of the checkpoint by default).
+absl::StatusOr<std::vector<int32_t>> SelectRanks(const Context& ctx, const client::Manifest& m) {
+  if (m.info.state != client::CheckpointState::kCommitted) {
+    return absl::FailedPreconditionError(absl::StrCat("job ", m.info.job, " step ", m.info.step,
+                                                      " is not committed"));
+  }
+  std::vector<int32_t> ranks;
+  if (ctx.args.Has("rank")) {
+    ASSIGN_OR_RETURN(int64_t r, ParseInt(ctx.args.Get("rank"), 0, m.info.world_size - 1, "rank"));
+    ranks.push_back(static_cast<int32_t>(r));
+  } else {
+    for (int32_t r = 0; r < m.info.world_size; ++r) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+uint64_t RankBytes(const client::Manifest& m, int32_t rank) {
+  for (const client::ShardInfo& s : m.shards) {
+    if (s.rank == rank) return s.raw_bytes;
+  }
+  return 0;
+}
+
+// Exports the selected ranks to file_of(rank); prints the files written.
+template <typename FileOf>
+absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest& m,
+                        const std::vector<int32_t>& ranks, const std::string& verb,
+                        FileOf file_of) {
+  uint64_t total = 0;
+  for (int32_t r : ranks) total += RankBytes(m, r);
+  ProgressBar bar(absl::StrCat(verb, " step ", m.info.step), ctx.progress);
+  uint64_t base = 0;
+  std::vector<std::string> json, lines;
+  for (int32_t r : ranks) {
+    std::string path = file_of(r);
+    auto progress = [&](uint64_t done, uint64_t) { bar.Update(base + done, total); };
+    RETURN_IF_ERROR(client::ExportShardSafetensors(*c, m, r, path,
+                                                   ctx.progress ? progress : client::ProgressFn()));
+    uint64_t n = RankBytes(m, r);
+    base += n;
+    json.push_back(absl::StrCat("{\"rank\":", r, ",\"path\":", JsonQuote(path),
+                                ",\"bytes\":", n, "}"));
+    lines.push_back(absl::StrCat("rank ", r, " -> ", path, " (", HumanBytes(n), ")\n"));
+  }
+  bar.Finish();
+  if (ctx.json) {
+    Print(absl::StrCat("{\"job\":", JsonQuote(m.info.job), ",\"step\":", m.info.step,
+                       ",\"files\":[", absl::StrJoin(json, ","), "]}\n"));
+  } else {
+    Print(absl::StrJoin(lines, ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.close();
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("rename ", tmp, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunVerify(Context& ctx) {
+  const std::vector<std::string>& pos = ctx.args.positional;
+  const std::string& job = pos[0];
+  RETURN_IF_ERROR(CheckJob(job));
+  bool all = ctx.args.Has("all");
+  if (all && pos.size() > 1) return absl::InvalidArgumentError("give STEP or --all, not both");
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  std::vector<client::CheckpointInfo> targets;
+  if (all) {
+    ASSIGN_OR_RETURN(targets, c->List(job, false));
+    if (targets.empty()) return absl::NotFoundError(absl::StrCat("job ", job, " has no checkpoints"));
+  } else {
+    ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos.size() > 1 ? pos[1] : "latest", true));
+    ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
+    targets.push_back(m.info);
+  }
+  absl::Status first_error;
+  int failed = 0;
+  std::vector<std::string> json;
+  for (const client::CheckpointInfo& i : targets) {
+    ProgressBar bar(absl::StrCat("verify step ", i.step), ctx.progress);
+    auto progress = [&](uint64_t done, uint64_t total) { bar.Update(done, total); };
+    absl::Status st = c->Verify(job, i.step, ctx.progress ? progress : client::ProgressFn());
+    bar.Finish();
+    std::string err = st.ok() ? "" : absl::StrCat(absl::StatusCodeToString(st.code()), ": ",
+                                                  st.message());
+    if (!st.ok() && failed++ == 0) first_error = st;
+    json.push_back(absl::StrCat("{\"step\":", i.step, ",\"ok\":", st.ok() ? "true" : "false",
+                                ",\"raw_bytes\":", i.raw_bytes,
+                                st.ok() ? "" : absl::StrCat(",\"error\":", JsonQuote(err)), "}"));
+    if (!ctx.json) {
+      Print(absl::StrCat("step ", i.step, "  ", st.ok() ? "ok" : "FAILED", "  ",
+                         HumanBytes(i.raw_bytes), st.ok() ? "" : "  " + err, "\n"));
+    }
+  }
+  if (ctx.json) {
+    Print(absl::StrCat("{\"job\":", JsonQuote(job), ",\"ok\":", failed == 0 ? "true" : "false",
+                       ",\"results\":[", absl::StrJoin(json, ","), "]}\n"));
+  }
+  if (failed == 0) return absl::OkStatus();
+  if (targets.size() == 1) return first_error;
+  return absl::Status(first_error.code(),
+                      absl::StrCat(failed, " of ", targets.size(),
+                                   " checkpoints failed verification; first: ",
+                                   first_error.message()));
+}
+
+absl::Status RunRestore(Context& ctx) {
+  const std::vector<std::string>& pos = ctx.args.positional;
+  const std::string& job = pos[0];
+  RETURN_IF_ERROR(CheckJob(job));
+  if (!ctx.args.Has("out")) return absl::InvalidArgumentError("restore needs --out DIR");
+  const std::string dir = ctx.args.Get("out");
+  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos.size() > 1 ? pos[1] : "latest", true));
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  RETURN_IF_ERROR(WriteTextFile(dir + "/manifest.json", ManifestJson(m) + "\n"));
+  return WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
+    return absl::StrCat(dir, "/rank", r, ".safetensors");
+  });
+}
+
+absl::Status RunExport(Context& ctx) {
+  const std::vector<std::string>& pos = ctx.args.positional;
+  const std::string& job = pos[0];
+  RETURN_IF_ERROR(CheckJob(job));
+  std::string format = ctx.args.Get("format", "safetensors");
+  if (format != "safetensors") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --format '", format, "' (supported: safetensors)"));
+  }
+  if (!ctx.args.Has("out")) return absl::InvalidArgumentError("export needs --out FILE");
+  const std::string file = ctx.args.Get("out");
+  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos[1], true));
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));
+  return WriteRanks(ctx, c, m, ranks, "export", [&](int32_t r) {
+    return client::RankFileName(file, r, m.info.world_size);
+  });
+}
+
+}  // namespace cli
+}  // namespace gradsnap

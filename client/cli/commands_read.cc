@@ -1,0 +1,154 @@
+// Read-only commands: ls, show, health.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/cli/commands.h"
+#include "client/cli/format.h"
+#include "client/json.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace cli {
+namespace {
+
+using client::JsonQuote;
+
+std::string WhenText(int64_t now_ms, int64_t ms) {
+  if (ms <= 0) return "-";
+  return absl::StrCat(absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(ms),
+                                       absl::UTCTimeZone()),
+                      " (", HumanAge(now_ms, ms), ")");
+}
+
+absl::Status ListJobs(Context& ctx, client::Client* c) {
+  ASSIGN_OR_RETURN(std::vector<std::string> jobs, c->ListJobs());
+  std::sort(jobs.begin(), jobs.end());
+  const int64_t now = UnixMillis();
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB", "CHECKPOINTS", "LATEST", "STORED", "RAW", "RATIO", "AGE"}};
+  std::vector<std::string> json;
+  for (const std::string& job : jobs) {
+    ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
+    uint64_t raw = 0, stored = 0;
+    const client::CheckpointInfo* latest = nullptr;
+    for (const client::CheckpointInfo& i : list) {
+      raw += i.raw_bytes;
+      stored += i.stored_bytes;
+      if (latest == nullptr || i.step > latest->step) latest = &i;
+    }
+    rows.push_back({job, absl::StrCat(list.size()), latest ? absl::StrCat(latest->step) : "-",
+                    HumanBytes(stored), HumanBytes(raw), Ratio(raw, stored),
+                    latest ? HumanAge(now, latest->committed_unix_ms) : "-"});
+    json.push_back(absl::StrCat("{\"job\":", JsonQuote(job), ",\"checkpoints\":", list.size(),
+                                ",\"latest_step\":", latest ? absl::StrCat(latest->step) : "null",
+                                ",\"raw_bytes\":", raw, ",\"stored_bytes\":", stored, "}"));
+  }
+  if (ctx.json) {
+    Print(absl::StrCat("{\"jobs\":[", absl::StrJoin(json, ","), "]}\n"));
+  } else if (jobs.empty()) {
+    Print("no jobs\n");
+  } else {
+    Print(RenderTable(rows, {"CHECKPOINTS", "LATEST", "STORED", "RAW", "RATIO"}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ListCheckpoints(Context& ctx, client::Client* c, const std::string& job) {
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, ctx.args.Has("all")));
+  std::sort(list.begin(), list.end(),
+            [](const auto& a, const auto& b) { return a.step < b.step; });
+  if (ctx.json) {
+    std::vector<std::string> items;
+    for (const auto& i : list) items.push_back(CheckpointJson(i));
+    Print(absl::StrCat("{\"job\":", JsonQuote(job), ",\"checkpoints\":[",
+                       absl::StrJoin(items, ","), "]}\n"));
+    return absl::OkStatus();
+  }
+  if (list.empty()) {
+    Print(absl::StrCat("job ", job, ": no checkpoints\n"));
+    return absl::OkStatus();
+  }
+  const int64_t now = UnixMillis();
+  std::vector<std::vector<std::string>> rows = {
+      {"STEP", "KIND", "BASE", "RANKS", "STATE", "STORED", "RAW", "RATIO", "AGE"}};
+  for (const auto& i : list) {
+    rows.push_back({absl::StrCat(i.step), KindName(i.kind),
+                    i.base_step >= 0 ? absl::StrCat(i.base_step) : "-",
+                    absl::StrCat(i.world_size), StateName(i.state), HumanBytes(i.stored_bytes),
+                    HumanBytes(i.raw_bytes), Ratio(i.raw_bytes, i.stored_bytes),
+                    HumanAge(now, i.committed_unix_ms > 0 ? i.committed_unix_ms
+                                                          : i.created_unix_ms)});
+  }
+  Print(RenderTable(rows, {"STEP", "BASE", "RANKS", "STORED", "RAW", "RATIO"}));
+  return absl::OkStatus();
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+}  // namespace
+
+absl::Status RunLs(Context& ctx) {
+  if (!ctx.args.positional.empty()) RETURN_IF_ERROR(CheckJob(ctx.args.positional[0]));
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  if (ctx.args.positional.empty()) return ListJobs(ctx, c);
+  return ListCheckpoints(ctx, c, ctx.args.positional[0]);
+}
+
+absl::Status RunShow(Context& ctx) {
+  const std::string& job = ctx.args.positional[0];
+  RETURN_IF_ERROR(CheckJob(job));
+  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, ctx.args.positional[1], true));
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
+  if (ctx.json) {
+    Print(ManifestJson(m) + "\n");
+    return absl::OkStatus();
+  }
+  const client::CheckpointInfo& i = m.info;
+  const int64_t now = UnixMillis();
+  std::string head = absl::StrCat(
+      "job         ", i.job, "\nstep        ", i.step, " (", KindName(i.kind),
+      i.base_step >= 0 ? absl::StrCat(" on ", i.base_step) : "", ")\nstate       ",
+      StateName(i.state), "\nworld size  ", i.world_size, "\nstored      ",
+      HumanBytes(i.stored_bytes), " of ", HumanBytes(i.raw_bytes), " raw (",
+      Ratio(i.raw_bytes, i.stored_bytes), ")\ncreated     ", WhenText(now, i.created_unix_ms),
+      "\ncommitted   ", WhenText(now, i.committed_unix_ms), "\nmetadata    ",
+      HumanBytes(i.metadata.size()), "\n\n");
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "TENSOR", "DTYPE", "SHAPE", "SIZE", "STORED", "RATIO", "CHUNKS", "SHA256"}};
+  for (const client::ShardInfo& s : m.shards) {
+    for (const storage::TensorInfo& t : s.tensors) {
+      rows.push_back({absl::StrCat(s.rank), t.spec.name, DTypeName(t.spec.dtype),
+                      ShapeText(t.spec.shape), HumanBytes(t.spec.byte_length),
+                      HumanBytes(t.stored_bytes), Ratio(t.spec.byte_length, t.stored_bytes),
+                      absl::StrCat(t.chunks), t.spec.sha256.substr(0, 16)});
+    }
+    if (!s.committed) {
+      rows.push_back({absl::StrCat(s.rank), "(shard not committed)", "", "", "", "", "", "", ""});
+    }
+  }
+  Print(head + RenderTable(rows, {"RANK", "SIZE", "STORED", "RATIO", "CHUNKS"}));
+  return absl::OkStatus();
+}
+
+absl::Status RunHealth(Context& ctx) {
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  RETURN_IF_ERROR(c->Health());
+  bool remote = !ctx.options.endpoints.empty();
+  std::string where = remote ? absl::StrJoin(ctx.options.endpoints, ",") : ctx.options.local_dir;
+  if (ctx.json) {
+    Print(absl::StrCat("{\"ok\":true,\"backend\":\"", remote ? "remote" : "embedded",
+                       "\",\"target\":", JsonQuote(where), "}\n"));
+  } else {
+    Print(absl::StrCat("ok: ", remote ? "servers " : "embedded engine in ", where, "\n"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cli
+}  // namespace gradsnap

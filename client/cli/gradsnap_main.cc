@@ -1,0 +1,155 @@
+// gradsnap: the command-line tool for gradsnap checkpoints (docs/cli.md).
+//
+//   gradsnap [--server H:P[,H:P...] | --ckpt-dir DIR] [--token T | --token-file F]
+//            [--tls-ca F] [--json] COMMAND [ARGS]
+//
+// Errors are one line on stderr ("gradsnap: <reason>") with the exit codes of commands.h.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/cli/commands.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace cli {
+namespace {
+
+const std::vector<FlagSpec>* CommandFlags(const std::string& command) {
+  const Command* c = FindCommand(command);
+  return c == nullptr ? nullptr : &c->flags;
+}
+
+std::string FlagLines(const std::vector<FlagSpec>& flags) {
+  std::string out;
+  for (const FlagSpec& f : flags) {
+    std::string left = absl::StrCat("  --", f.name, f.value.empty() ? "" : " " + f.value);
+    if (left.size() < 28) left.resize(28, ' ');
+    else left += "  ";
+    absl::StrAppend(&out, left, f.help, "\n");
+  }
+  return out;
+}
+
+std::string MainHelp() {
+  std::string out =
+      "usage: gradsnap [GLOBAL FLAGS] COMMAND [ARGS] [COMMAND FLAGS]\n\n"
+      "Inspect, verify, restore and export gradsnap checkpoints, on gradsnap-server nodes\n"
+      "(--server) or in an embedded engine directory (--ckpt-dir, default ./checkpoints).\n\n"
+      "commands:\n";
+  for (const Command& c : Commands()) {
+    absl::StrAppend(&out, "  ", c.usage, "\n      ", c.summary, "\n");
+  }
+  absl::StrAppend(&out, "\nglobal flags (before or after the command):\n",
+                  FlagLines(GlobalFlags()),
+                  "  --help                    this help; 'gradsnap COMMAND --help' for one "
+                  "command\n\nexit status: 0 ok, 1 error, 2 usage or invalid argument, 3 data "
+                  "loss (corruption), 4 not found\n");
+  return out;
+}
+
+std::string CommandHelp(const Command& c) {
+  std::string out = absl::StrCat("usage: gradsnap [GLOBAL FLAGS] ", c.usage, "\n\n", c.summary,
+                                 ".\n");
+  if (!c.details.empty()) absl::StrAppend(&out, c.details, "\n");
+  if (!c.flags.empty()) absl::StrAppend(&out, "\nflags:\n", FlagLines(c.flags));
+  absl::StrAppend(&out, "\nglobal flags:\n", FlagLines(GlobalFlags()));
+  return out;
+}
+
+int ExitCodeOf(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return kExitOk;
+    case absl::StatusCode::kInvalidArgument: return kExitUsage;
+    case absl::StatusCode::kDataLoss: return kExitDataLoss;
+    case absl::StatusCode::kNotFound: return kExitNotFound;
+    default: return kExitError;
+  }
+}
+
+absl::Status BuildOptions(Context& ctx) {
+  const ParsedArgs& a = ctx.args;
+  client::ClientOptions& o = ctx.options;
+  if (a.Has("server")) {
+    for (absl::string_view ep : absl::StrSplit(a.Get("server"), ',', absl::SkipWhitespace())) {
+      o.endpoints.emplace_back(absl::StripAsciiWhitespace(ep));
+    }
+    if (o.endpoints.empty()) return absl::InvalidArgumentError("--server needs H:P[,H:P...]");
+    if (a.Has("ckpt-dir")) {
+      return absl::InvalidArgumentError("give --server or --ckpt-dir, not both");
+    }
+  }
+  o.local_dir = a.Get("ckpt-dir", "./checkpoints");
+  if (a.Has("token") && a.Has("token-file")) {
+    return absl::InvalidArgumentError("give --token or --token-file, not both");
+  }
+  o.token = a.Get("token");
+  if (a.Has("token-file")) {
+    std::ifstream f(a.Get("token-file"), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (!f) return absl::NotFoundError(absl::StrCat("cannot read --token-file ", a.Get("token-file")));
+    o.token = std::string(absl::StripAsciiWhitespace(ss.str()));
+  }
+  o.tls_ca_file = a.Get("tls-ca");
+  o.tls_cert_file = a.Get("tls-cert");
+  o.tls_key_file = a.Get("tls-key");
+  ASSIGN_OR_RETURN(int64_t replicas, ParseInt(a.Get("replicas", "1"), 1, 16, "--replicas"));
+  o.replicas = static_cast<int>(replicas);
+  ctx.json = a.Has("json");
+  ctx.progress = !ctx.json && ::isatty(STDERR_FILENO);
+  return absl::OkStatus();
+}
+
+int UsageError(const std::string& msg, const std::string& command) {
+  std::string hint = command.empty() ? "gradsnap --help" : "gradsnap " + command + " --help";
+  std::fprintf(stderr, "gradsnap: %s (see '%s')\n", msg.c_str(), hint.c_str());
+  return kExitUsage;
+}
+
+int Main(int argc, char** argv) {
+  if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kWarning);
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(argc, argv, GlobalFlags(), CommandFlags);
+  if (!parsed.ok()) return UsageError(std::string(parsed.status().message()), "");
+  Context ctx;
+  ctx.args = *std::move(parsed);
+  const Command* cmd = ctx.args.command.empty() ? nullptr : FindCommand(ctx.args.command);
+  if (ctx.args.command.empty()) {
+    if (ctx.args.help) {
+      std::fputs(MainHelp().c_str(), stdout);
+      return kExitOk;
+    }
+    return UsageError("no command given", "");
+  }
+  if (cmd == nullptr) return UsageError("unknown command '" + ctx.args.command + "'", "");
+  if (ctx.args.help) {
+    std::fputs(CommandHelp(*cmd).c_str(), stdout);
+    return kExitOk;
+  }
+  int n = static_cast<int>(ctx.args.positional.size());
+  if (n < cmd->min_args || n > cmd->max_args) {
+    return UsageError(absl::StrCat("wrong number of arguments; usage: gradsnap ", cmd->usage),
+                      cmd->name);
+  }
+  absl::Status st = BuildOptions(ctx);
+  if (st.ok()) st = cmd->run(ctx);
+  std::fflush(stdout);
+  if (st.ok()) return kExitOk;
+  std::fprintf(stderr, "gradsnap: %s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
+               std::string(st.message()).c_str());
+  return ExitCodeOf(st);
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace gradsnap
+
+int main(int argc, char** argv) { return gradsnap::cli::Main(argc, argv); }

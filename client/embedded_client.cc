@@ -1,0 +1,229 @@
+// The Client interface over an in-process storage engine (the trainer's --ckpt-dir mode).
+//
+// OVERVIEW
+//   Every call maps onto storage::Engine. Saves run on a small pool of worker threads; each
+//   streams the caller's tensor memory straight into a ShardWriter (no copy in the client), so
+//   the bytes in flight are the shards being written, bounded by ClientOptions.max_inflight_bytes
+//   through a ByteBudget. The engine commits the checkpoint when the last shard finishes.
+//
+// THREAD SAFETY
+//   Thread-safe. The destructor waits for every queued save, then closes the engine.
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/backends.h"
+#include "client/save_util.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "storage/engine.h"
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+constexpr int kSaveThreads = 4;
+// Appends are cut to this size so the engine never has to take one huge buffer at once.
+constexpr size_t kAppendBytes = 8u << 20;
+// Read buffer of RestoreShard and of verification with progress.
+constexpr size_t kReadBytes = 4u << 20;
+
+class EmbeddedClient : public Client {
+ public:
+  EmbeddedClient(std::unique_ptr<storage::Engine> engine, uint64_t max_inflight_bytes)
+      : engine_(std::move(engine)), budget_(max_inflight_bytes) {
+    for (int i = 0; i < kSaveThreads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  }
+
+  ~EmbeddedClient() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    for (std::thread& t : workers_) t.join();
+  }
+
+  absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
+    return engine_->BeginCheckpoint(spec);
+  }
+
+  std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
+                                           std::vector<TensorRef> tensors) override;
+
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step) override {
+    return engine_->AbortCheckpoint(job, step);
+  }
+  absl::StatusOr<std::vector<std::string>> ListJobs() override { return engine_->ListJobs(); }
+  absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
+                                                   bool include_pending) override {
+    return engine_->ListCheckpoints(job, include_pending);
+  }
+  absl::StatusOr<Manifest> Show(const std::string& job, int64_t step) override {
+    return engine_->GetManifest(job, step);
+  }
+  absl::Status RestoreTensor(const std::string& job, int64_t step, int32_t rank,
+                             const std::string& tensor, void* out, size_t out_len) override;
+  absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
+                            const std::function<absl::Status(const void*, size_t)>& sink,
+                            const ProgressFn& progress) override;
+  absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
+  absl::Status Delete(const std::string& job, int64_t step) override {
+    return engine_->Delete(job, step);
+  }
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override {
+    return engine_->Gc(job, policy);
+  }
+  absl::Status Health() override { return absl::OkStatus(); }
+
+ private:
+  struct SaveTask {
+    ShardSpec spec;
+    std::vector<TensorRef> tensors;
+    std::promise<absl::Status> done;
+  };
+
+  void WorkerLoop();
+  absl::Status WriteShard(const SaveTask& task);
+
+  // Constant after construction.
+  std::unique_ptr<storage::Engine> engine_;
+  ByteBudget budget_;
+  std::vector<std::thread> workers_;
+
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<SaveTask>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+std::future<absl::Status> EmbeddedClient::SaveShardAsync(const ShardSpec& spec,
+                                                         std::vector<TensorRef> tensors) {
+  auto task = std::make_unique<SaveTask>();
+  std::future<absl::Status> result = task->done.get_future();
+  absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
+  if (!resolved.ok()) {
+    task->done.set_value(resolved.status());
+    return result;
+  }
+  task->spec = *std::move(resolved);
+  task->tensors = std::move(tensors);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+  return result;
+}
+
+void EmbeddedClient::WorkerLoop() {
+  for (;;) {
+    std::unique_ptr<SaveTask> task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    uint64_t bytes = ShardBytes(task->spec);
+    budget_.Acquire(bytes);
+    absl::Status st = WriteShard(*task);
+    budget_.Release(bytes);
+    task->done.set_value(st);
+  }
+}
+
+absl::Status EmbeddedClient::WriteShard(const SaveTask& task) {
+  const ShardSpec& spec = task.spec;
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardWriter> writer, engine_->OpenShardWriter(spec));
+  // A resumed writer already holds committed_size() bytes: skip them.
+  uint64_t skip = writer->written_size();
+  for (const TensorRef& t : task.tensors) {
+    const char* p = static_cast<const char*>(t.data);
+    uint64_t len = t.spec.byte_length;
+    uint64_t from = std::min(skip, len);
+    skip -= from;
+    for (uint64_t off = from; off < len;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(kAppendBytes, len - off));
+      RETURN_IF_ERROR(writer->Append(p + off, n));
+      off += n;
+    }
+  }
+  return writer->Finish();
+}
+
+absl::Status EmbeddedClient::RestoreTensor(const std::string& job, int64_t step, int32_t rank,
+                                           const std::string& tensor, void* out,
+                                           size_t out_len) {
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                   engine_->OpenShardReader(job, step, rank));
+  const std::vector<storage::TensorInfo>& ts = reader->info().tensors;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (ts[i].spec.name == tensor) return reader->ReadTensor(i, out, out_len);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no tensor ", tensor, " in job ", job, " step ", step, " rank ", rank));
+}
+
+absl::Status EmbeddedClient::RestoreShard(
+    const std::string& job, int64_t step, int32_t rank,
+    const std::function<absl::Status(const void*, size_t)>& sink, const ProgressFn& progress) {
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                   engine_->OpenShardReader(job, step, rank));
+  const uint64_t total = reader->info().raw_bytes;
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(kReadBytes, std::max<uint64_t>(total, 1))));
+  uint64_t offset = 0;
+  while (offset < total) {
+    ASSIGN_OR_RETURN(size_t n, reader->Read(offset, buf.data(), buf.size()));
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                                              ": payload ends at ", offset, " of ", total));
+    }
+    RETURN_IF_ERROR(sink(buf.data(), n));
+    offset += n;
+    if (progress) progress(offset, total);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedClient::Verify(const std::string& job, int64_t step,
+                                    const ProgressFn& progress) {
+  if (!progress) return engine_->Verify(job, step);
+  // With a progress callback: stream every shard, which checks every chunk checksum and every
+  // tensor SHA-256 just as Engine::Verify does, and report bytes as they pass.
+  ASSIGN_OR_RETURN(Manifest m, engine_->GetManifest(job, step));
+  if (m.info.state != CheckpointState::kCommitted) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, " step ", step, " is not committed"));
+  }
+  uint64_t total = 0;
+  for (const storage::ShardInfo& s : m.shards) total += s.raw_bytes;
+  uint64_t base = 0;
+  for (const storage::ShardInfo& s : m.shards) {
+    auto discard = [](const void*, size_t) { return absl::OkStatus(); };
+    auto shard_progress = [&](uint64_t done, uint64_t) { progress(base + done, total); };
+    RETURN_IF_ERROR(RestoreShard(job, step, s.rank, discard, shard_progress));
+    base += s.raw_bytes;
+  }
+  if (static_cast<int32_t>(m.shards.size()) != m.info.world_size) {
+    return absl::DataLossError(absl::StrCat("job ", job, " step ", step, ": ", m.shards.size(),
+                                            " shards for world size ", m.info.world_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& options) {
+  storage::EngineOptions eo;
+  eo.data_dir = options.local_dir;
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::Engine> engine, storage::Engine::Open(eo));
+  return std::unique_ptr<Client>(
+      new EmbeddedClient(std::move(engine), options.max_inflight_bytes));
+}
+
+}  // namespace client
+}  // namespace gradsnap

@@ -1,0 +1,294 @@
+// Client over the embedded engine: save/list/show/restore/verify/delete/gc round trips with
+// random tensors of several dtypes and ranks, concurrency with bounded memory, error codes,
+// and the safetensors header.
+#include <future>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/safetensors.h"
+#include "client/save_util.h"
+#include "client/test_util.h"
+#include "common/sha256.h"
+#include "common/stats.h"
+#include "gtest/gtest.h"
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+using testing::MakeShard;
+using testing::SaveTestCheckpoint;
+using testing::TestCheckpoint;
+using testing::TestShard;
+
+class EmbeddedClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("client");
+    client_ = Open();
+  }
+  void TearDown() override {
+    client_.reset();
+    testing::RemoveDir(dir_);
+  }
+  std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20) {
+    ClientOptions o;
+    o.local_dir = dir_;
+    o.max_inflight_bytes = max_inflight;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  ShardSpec Spec(const std::string& job, int64_t step, int32_t rank) {
+    ShardSpec s;
+    s.job = job;
+    s.step = step;
+    s.rank = rank;
+    return s;
+  }
+
+  std::string dir_;
+  std::unique_ptr<Client> client_;
+};
+
+void ExpectRestores(Client& c, const TestCheckpoint& ckpt) {
+  for (const TestShard& s : ckpt.shards) {
+    std::string got;
+    uint64_t last_done = 0, last_total = 0;
+    auto sink = [&](const void* p, size_t n) {
+      got.append(static_cast<const char*>(p), n);
+      return absl::OkStatus();
+    };
+    auto progress = [&](uint64_t d, uint64_t t) { last_done = d, last_total = t; };
+    ASSERT_TRUE(c.RestoreShard(ckpt.spec.job, ckpt.spec.step, s.rank, sink, progress).ok());
+    EXPECT_TRUE(got == s.Payload()) << "rank " << s.rank << " payload differs";
+    EXPECT_EQ(last_done, got.size());
+    EXPECT_EQ(last_total, got.size());
+    for (const auto& t : s.tensors) {
+      std::string buf(t.data.size(), '\xee');
+      ASSERT_TRUE(c.RestoreTensor(ckpt.spec.job, ckpt.spec.step, s.rank, t.spec.name, buf.data(),
+                                  buf.size()).ok()) << t.spec.name;
+      EXPECT_TRUE(buf == t.data) << t.spec.name;
+    }
+  }
+}
+
+TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
+  TestCheckpoint ckpt;
+  ckpt.spec.job = "job-a";
+  ckpt.spec.step = 100;
+  ckpt.spec.world_size = 3;
+  ckpt.spec.metadata = "opaque";
+  ASSERT_TRUE(client_->BeginCheckpoint(ckpt.spec).ok());
+  for (int32_t r = 0; r < 3; ++r) ckpt.shards.push_back(MakeShard(7, r, 1u << 20));
+  // Not listed until every rank is saved.
+  for (int32_t r = 0; r < 2; ++r) {
+    ASSERT_TRUE(client_->SaveShard(Spec("job-a", 100, r), ckpt.shards[r].Refs()).ok());
+    auto listed = client_->List("job-a");
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_TRUE(listed->empty()) << "listed after rank " << r;
+  }
+  auto pending = client_->List("job-a", /*include_pending=*/true);
+  ASSERT_TRUE(pending.ok());
+  ASSERT_EQ(pending->size(), 1u);
+  EXPECT_EQ((*pending)[0].state, CheckpointState::kPending);
+  ASSERT_TRUE(client_->SaveShard(Spec("job-a", 100, 2), ckpt.shards[2].Refs()).ok());
+
+  auto listed = client_->List("job-a");
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  const CheckpointInfo& info = (*listed)[0];
+  EXPECT_EQ(info.state, CheckpointState::kCommitted);
+  EXPECT_EQ(info.world_size, 3);
+  EXPECT_EQ(info.metadata, "opaque");
+  uint64_t raw = 0;
+  for (const auto& s : ckpt.shards) raw += s.Payload().size();
+  EXPECT_EQ(info.raw_bytes, raw);
+
+  auto m = client_->Show("job-a", 100);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards.size(), 3u);
+  for (const ShardInfo& s : m->shards) {
+    const TestShard& want = ckpt.shards[s.rank];
+    EXPECT_TRUE(s.committed);
+    EXPECT_EQ(s.metadata, want.metadata);
+    ASSERT_EQ(s.tensors.size(), want.tensors.size());
+    for (size_t i = 0; i < s.tensors.size(); ++i) {
+      const TensorSpec& got = s.tensors[i].spec;
+      const TensorSpec& exp = want.tensors[i].spec;
+      EXPECT_EQ(got.name, exp.name);
+      EXPECT_EQ(got.dtype, exp.dtype);
+      EXPECT_EQ(got.shape, exp.shape);
+      EXPECT_EQ(got.byte_length, exp.byte_length);
+      EXPECT_EQ(got.flat_name, exp.flat_name);
+      EXPECT_EQ(got.flat_offset, exp.flat_offset);
+      EXPECT_EQ(got.sha256, Sha256Hex(want.tensors[i].data.data(), want.tensors[i].data.size()));
+    }
+  }
+  ExpectRestores(*client_, ckpt);
+  EXPECT_TRUE(client_->Verify("job-a", 100).ok());
+  uint64_t done = 0, total = 0;
+  EXPECT_TRUE(client_->Verify("job-a", 100, [&](uint64_t d, uint64_t t) { done = d, total = t; }).ok());
+  EXPECT_EQ(done, raw);
+  EXPECT_EQ(total, raw);
+
+  // Still there after reopening the directory.
+  client_ = Open();
+  ExpectRestores(*client_, ckpt);
+  auto jobs = client_->ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(*jobs, std::vector<std::string>{"job-a"});
+  EXPECT_TRUE(client_->Health().ok());
+}
+
+TEST_F(EmbeddedClientTest, DeleteAndGc) {
+  for (int64_t step : {0, 10, 20, 30, 40}) {
+    ASSERT_TRUE(SaveTestCheckpoint(*client_, "gcjob", step, 2, 1, 64 << 10).ok()) << step;
+  }
+  auto r = client_->Gc("gcjob", GcPolicy{2, 20});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, std::vector<int64_t>{10});
+  ASSERT_TRUE(client_->Delete("gcjob", 30).ok());
+  auto listed = client_->List("gcjob");
+  ASSERT_TRUE(listed.ok());
+  std::vector<int64_t> steps;
+  for (const auto& i : *listed) steps.push_back(i.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 20, 40}));
+  EXPECT_EQ(client_->Show("gcjob", 30).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Show("gcjob", 10).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(client_->Verify("gcjob", 40).ok());
+}
+
+TEST_F(EmbeddedClientTest, ErrorCodes) {
+  EXPECT_EQ(client_->List("bad/name").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Show("nojob", 1).status().code(), absl::StatusCode::kNotFound);
+  auto ckpt = SaveTestCheckpoint(*client_, "j", 5, 1, 3, 0);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::string buf(64, 0);
+  EXPECT_EQ(client_->RestoreTensor("j", 5, 0, "no-such-tensor", buf.data(), buf.size()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Verify("j", 6).code(), absl::StatusCode::kNotFound);
+
+  CheckpointSpec cs{"j", 6, CheckpointKind::kFull, -1, 2, ""};
+  ASSERT_TRUE(client_->BeginCheckpoint(cs).ok());
+  TestShard s = MakeShard(1, 0, 0);
+  // A spec whose tensor list disagrees with the refs.
+  ShardSpec bad = Spec("j", 6, 0);
+  bad.tensors.push_back(s.tensors[0].spec);
+  EXPECT_EQ(client_->SaveShard(bad, s.Refs()).code(), absl::StatusCode::kInvalidArgument);
+  // byte_length that does not match shape x dtype.
+  std::vector<TensorRef> refs = s.Refs();
+  refs[0].spec.byte_length += 4;
+  EXPECT_EQ(client_->SaveShard(Spec("j", 6, 0), refs).code(), absl::StatusCode::kInvalidArgument);
+  // A pending checkpoint cannot be restored.
+  ASSERT_TRUE(client_->SaveShard(Spec("j", 6, 0), s.Refs()).ok());
+  auto discard = [](const void*, size_t) { return absl::OkStatus(); };
+  absl::Status st = client_->RestoreShard("j", 6, 0, discard);
+  EXPECT_FALSE(st.ok());
+  ASSERT_TRUE(client_->AbortCheckpoint("j", 6).ok());
+  auto all = client_->List("j", true);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 1u);
+
+  ClientOptions none;
+  EXPECT_EQ(Client::Connect(none).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
+  constexpr size_t kBudget = 3u << 20;
+  client_ = Open(kBudget);
+  constexpr int kRanks = 12;
+  CheckpointSpec cs{"conc", 1, CheckpointKind::kFull, -1, kRanks, ""};
+  ASSERT_TRUE(client_->BeginCheckpoint(cs).ok());
+  std::vector<TestShard> shards;
+  for (int r = 0; r < kRanks; ++r) shards.push_back(MakeShard(11, r, 1u << 20));
+  // One extra shard larger than the whole budget, in another checkpoint: it must run alone.
+  CheckpointSpec big{"conc", 2, CheckpointKind::kFull, -1, 1, ""};
+  ASSERT_TRUE(client_->BeginCheckpoint(big).ok());
+  TestShard huge = MakeShard(12, 0, 5u << 20);
+
+  std::vector<std::future<absl::Status>> futures;
+  for (const TestShard& s : shards) futures.push_back(client_->SaveShardAsync(Spec("conc", 1, s.rank), s.Refs()));
+  futures.push_back(client_->SaveShardAsync(Spec("conc", 2, 0), huge.Refs()));
+  for (auto& f : futures) EXPECT_TRUE(f.get().ok());
+
+  uint64_t shard_bytes = shards[0].Payload().size();
+  int64_t peak = Registry::Global()
+                     ->GetCounter("gradsnap_client_inflight_peak_bytes", "", true)
+                     ->Value();
+  EXPECT_GT(peak, 0);
+  EXPECT_LE(static_cast<uint64_t>(peak), std::max<uint64_t>(kBudget, huge.Payload().size()));
+  EXPECT_GE(static_cast<uint64_t>(peak), shard_bytes);
+  auto listed = client_->List("conc");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 2u);
+  TestCheckpoint ckpt{cs, shards};
+  ExpectRestores(*client_, ckpt);
+}
+
+TEST_F(EmbeddedClientTest, DestructorDrainsQueuedSaves) {
+  CheckpointSpec cs{"drain", 3, CheckpointKind::kFull, -1, 4, ""};
+  ASSERT_TRUE(client_->BeginCheckpoint(cs).ok());
+  std::vector<TestShard> shards;
+  for (int r = 0; r < 4; ++r) shards.push_back(MakeShard(5, r, 256 << 10));
+  std::vector<std::future<absl::Status>> futures;
+  for (const TestShard& s : shards) futures.push_back(client_->SaveShardAsync(Spec("drain", 3, s.rank), s.Refs()));
+  client_.reset();
+  for (auto& f : futures) EXPECT_TRUE(f.get().ok());
+  client_ = Open();
+  auto listed = client_->List("drain");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 1u);
+}
+
+TEST(SafetensorsTest, RankFileNames) {
+  EXPECT_EQ(RankFileName("out/model.safetensors", 0, 1), "out/model.safetensors");
+  EXPECT_EQ(RankFileName("out/model.safetensors", 3, 4), "out/model.rank3.safetensors");
+  EXPECT_EQ(RankFileName("out.d/model", 1, 2), "out.d/model.rank1");
+  EXPECT_EQ(RankFileName(".hidden", 1, 2), ".hidden.rank1");
+}
+
+TEST(SafetensorsTest, HeaderIsAlignedAndPrefixed) {
+  CheckpointInfo c;
+  c.job = "j";
+  c.step = 4;
+  ShardInfo s;
+  TensorInfo t;
+  t.spec = TensorSpec{"w", DType::kBF16, {2, 3}, 12, "", 0, 0, "ab"};
+  s.tensors.push_back(t);
+  s.raw_bytes = 12;
+  auto h = SafetensorsHeader(c, s);
+  ASSERT_TRUE(h.ok());
+  ASSERT_GE(h->size(), 8u);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>((*h)[i])) << (8 * i);
+  EXPECT_EQ(n + 8, h->size());
+  EXPECT_EQ(h->size() % 8, 0u);
+  EXPECT_NE(h->find("\"w\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]}"),
+            std::string::npos) << *h;
+  s.raw_bytes = 13;  // inconsistent manifest
+  EXPECT_EQ(SafetensorsHeader(c, s).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(ResolveShardSpecTest, FillsAndChecks) {
+  TestShard s = MakeShard(2, 0, 0);
+  ShardSpec spec;
+  spec.job = "j";
+  auto r = ResolveShardSpec(spec, s.Refs());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->tensors.size(), s.tensors.size());
+  auto again = ResolveShardSpec(*r, s.Refs());
+  EXPECT_TRUE(again.ok());
+  std::vector<TensorRef> refs = s.Refs();
+  refs[1].data = nullptr;
+  EXPECT_EQ(ResolveShardSpec(spec, refs).status().code(), absl::StatusCode::kInvalidArgument);
+  refs = s.Refs();
+  refs[0].spec.name = "../etc";
+  EXPECT_EQ(ResolveShardSpec(spec, refs).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace gradsnap

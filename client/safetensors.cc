@@ -1,0 +1,142 @@
+#include "client/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/json.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "delta" : "full"; }
+
+// Writes all of data[0, n) to fd.
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return PosixError(absl::StrCat("write ", path), errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard, int fd,
+                         const std::string& tmp, const ProgressFn& progress) {
+  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, shard));
+  RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), tmp));
+  uint64_t written = 0;
+  auto sink = [&](const void* data, size_t n) -> absl::Status {
+    written += n;
+    if (written > shard.raw_bytes) {
+      return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": more payload than the ",
+                                              shard.raw_bytes, " bytes in the manifest"));
+    }
+    return WriteAll(fd, data, n, tmp);
+  };
+  RETURN_IF_ERROR(client.RestoreShard(m.info.job, m.info.step, shard.rank, sink, progress));
+  if (written != shard.raw_bytes) {
+    return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": payload has ", written,
+                                            " bytes, manifest says ", shard.raw_bytes));
+  }
+  if (::fdatasync(fd) != 0) return PosixError(absl::StrCat("fdatasync ", tmp), errno);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const ShardInfo& shard) {
+  std::vector<std::string> entries;
+  std::vector<std::string> meta = {
+      absl::StrCat("\"format\":\"gradsnap-shard-v1\""),
+      absl::StrCat("\"job\":", JsonQuote(ckpt.job)),
+      absl::StrCat("\"step\":\"", ckpt.step, "\""),
+      absl::StrCat("\"kind\":\"", KindName(ckpt.kind), "\""),
+      absl::StrCat("\"base_step\":\"", ckpt.base_step, "\""),
+      absl::StrCat("\"world_size\":\"", ckpt.world_size, "\""),
+      absl::StrCat("\"rank\":\"", shard.rank, "\""),
+      absl::StrCat("\"checkpoint_metadata_b64\":", JsonQuote(absl::Base64Escape(ckpt.metadata))),
+      absl::StrCat("\"shard_metadata_b64\":", JsonQuote(absl::Base64Escape(shard.metadata)))};
+  uint64_t offset = 0;
+  for (const storage::TensorInfo& t : shard.tensors) {
+    const TensorSpec& s = t.spec;
+    const char* dtype = DTypeSafetensorsName(s.dtype);
+    if (DTypeSize(s.dtype) == 0) {
+      return absl::DataLossError(absl::StrCat("tensor ", s.name, " has an unknown dtype"));
+    }
+    if (s.name == "__metadata__") {
+      return absl::InvalidArgumentError("a tensor named __metadata__ cannot be exported");
+    }
+    entries.push_back(absl::StrCat(JsonQuote(s.name), ":{\"dtype\":\"", dtype, "\",\"shape\":[",
+                                   absl::StrJoin(s.shape, ","), "],\"data_offsets\":[", offset,
+                                   ",", offset + s.byte_length, "]}"));
+    offset += s.byte_length;
+    meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
+    if (!s.flat_name.empty()) {
+      meta.push_back(absl::StrCat(JsonQuote("slice." + s.name), ":",
+                                  JsonQuote(absl::StrCat(s.flat_name, ":", s.flat_offset, ":",
+                                                         s.flat_total))));
+    }
+  }
+  if (offset != shard.raw_bytes) {
+    return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": tensors sum to ", offset,
+                                            " bytes, manifest says ", shard.raw_bytes));
+  }
+  std::string json = absl::StrCat("{\"__metadata__\":{", absl::StrJoin(meta, ","), "}");
+  for (const std::string& e : entries) absl::StrAppend(&json, ",", e);
+  json.push_back('}');
+  // Pad with spaces so the payload starts 8-byte aligned, as the reference implementation does.
+  while ((json.size() % 8) != 0) json.push_back(' ');
+  std::string out(8, '\0');
+  uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += json;
+  return out;
+}
+
+std::string RankFileName(const std::string& file, int32_t rank, int32_t world_size) {
+  if (world_size <= 1) return file;
+  size_t slash = file.rfind('/');
+  size_t dot = file.rfind('.');
+  bool has_ext = dot != std::string::npos && dot > 0 &&
+                 (slash == std::string::npos || dot > slash + 1);
+  if (!has_ext) return absl::StrCat(file, ".rank", rank);
+  return absl::StrCat(file.substr(0, dot), ".rank", rank, file.substr(dot));
+}
+
+absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t rank,
+                                    const std::string& path, const ProgressFn& progress) {
+  const ShardInfo* shard = nullptr;
+  for (const ShardInfo& s : m.shards) {
+    if (s.rank == rank) shard = &s;
+  }
+  if (shard == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", m.info.job, " step ", m.info.step, " has no rank ", rank));
+  }
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return PosixError(absl::StrCat("open ", tmp), errno);
+  absl::Status st = StreamShard(client, m, *shard, fd, tmp, progress);
+  if (::close(fd) != 0 && st.ok()) st = PosixError(absl::StrCat("close ", tmp), errno);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = PosixError(absl::StrCat("rename ", tmp, " to ", path), errno);
+  }
+  if (!st.ok()) ::unlink(tmp.c_str());
+  return st;
+}
+
+}  // namespace client
+}  // namespace gradsnap

@@ -1,0 +1,43 @@
+// Export of checkpoint shards as safetensors files (docs/cli.md, "safetensors layout"), so other
+// tools can load a gradsnap checkpoint; `gradsnap restore` and `gradsnap export` both write it.
+//
+// FORMAT
+//   8-byte little-endian header length N, N bytes of JSON (padded with spaces to a multiple of 8),
+//   then the shard's payload: its tensors' raw bytes in manifest order, back to back. The header
+//   maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end)} relative to the
+//   start of the payload, plus "__metadata__" with string values describing the checkpoint
+//   (job, step, rank, world size, kind, per-tensor SHA-256, slices, base64 metadata blobs).
+//
+// THREAD SAFETY
+//   Stateless functions; concurrent exports to different files are fine.
+#ifndef GRADSNAP_CLIENT_SAFETENSORS_H_
+#define GRADSNAP_CLIENT_SAFETENSORS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+
+namespace gradsnap {
+namespace client {
+
+// The header bytes (length prefix included) of `shard` of checkpoint `ckpt`.
+absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const ShardInfo& shard);
+
+// The file name of `rank` for an export to `file`: `file` itself when world_size is 1, else
+// `file` with ".rank<R>" inserted before the extension ("model.safetensors" ->
+// "model.rank3.safetensors"; no extension: "model" -> "model.rank3").
+std::string RankFileName(const std::string& file, int32_t rank, int32_t world_size);
+
+// Streams shard `rank` of the committed checkpoint `m` to `path` as a safetensors file. Writes
+// path + ".tmp", fsyncs and renames, so `path` is either complete or absent. Memory use is the
+// client's read buffer, not the shard. `progress` gets this shard's payload bytes.
+absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t rank,
+                                    const std::string& path, const ProgressFn& progress = nullptr);
+
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_SAFETENSORS_H_

@@ -1,0 +1,110 @@
+#include "client/save_util.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/names.h"
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+bool SameSpec(const TensorSpec& a, const TensorSpec& b) {
+  return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
+         a.byte_length == b.byte_length && a.flat_name == b.flat_name &&
+         a.flat_offset == b.flat_offset && a.flat_total == b.flat_total && a.sha256 == b.sha256;
+}
+
+absl::Status CheckTensor(const TensorRef& t) {
+  const TensorSpec& s = t.spec;
+  if (absl::Status st = ValidateName(s.name, "tensor name"); !st.ok()) return st;
+  size_t elem = DTypeSize(s.dtype);
+  if (elem == 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", s.name, ": unknown dtype"));
+  uint64_t numel = 1;
+  for (int64_t d : s.shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("tensor ", s.name, ": negative dim"));
+    if (d != 0 && numel > UINT64_MAX / static_cast<uint64_t>(d)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", s.name, ": shape overflows"));
+    }
+    numel *= static_cast<uint64_t>(d);
+  }
+  if (numel > UINT64_MAX / elem || numel * elem != s.byte_length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor ", s.name, ": byte_length ", s.byte_length, " does not match shape and dtype"));
+  }
+  if (s.byte_length > 0 && t.data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", s.name, ": null data"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ShardSpec> ResolveShardSpec(const ShardSpec& spec,
+                                           const std::vector<TensorRef>& tensors) {
+  for (const TensorRef& t : tensors) {
+    if (absl::Status st = CheckTensor(t); !st.ok()) return st;
+  }
+  ShardSpec out = spec;
+  if (out.tensors.empty()) {
+    out.tensors.reserve(tensors.size());
+    for (const TensorRef& t : tensors) out.tensors.push_back(t.spec);
+    return out;
+  }
+  if (out.tensors.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard spec lists ", out.tensors.size(),
+                                                   " tensors but ", tensors.size(), " were given"));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!SameSpec(out.tensors[i], tensors[i].spec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, " (", tensors[i].spec.name, ") differs from the shard spec"));
+    }
+  }
+  return out;
+}
+
+uint64_t ShardBytes(const ShardSpec& spec) {
+  uint64_t n = 0;
+  for (const TensorSpec& t : spec.tensors) n += t.byte_length;
+  return n;
+}
+
+ByteBudget::ByteBudget(uint64_t limit)
+    : limit_(std::max<uint64_t>(limit, 1)),
+      gauge_(Registry::Global()->GetCounter("gradsnap_client_inflight_bytes",
+                                            "Bytes of asynchronous saves in flight", true)),
+      peak_gauge_(Registry::Global()->GetCounter("gradsnap_client_inflight_peak_bytes",
+                                                 "Highest bytes of saves in flight", true)) {}
+
+void ByteBudget::Acquire(uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  auto fits = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ == 0 || in_flight_ + n <= limit_;
+  };
+  mu_.Await(absl::Condition(&fits));
+  in_flight_ += n;
+  peak_ = std::max(peak_, in_flight_);
+  gauge_->Set(static_cast<int64_t>(in_flight_));
+  if (static_cast<int64_t>(peak_) > peak_gauge_->Value()) peak_gauge_->Set(peak_);
+}
+
+void ByteBudget::Release(uint64_t n) {
+  absl::MutexLock lock(&mu_);
+  in_flight_ -= std::min(n, in_flight_);
+  gauge_->Set(static_cast<int64_t>(in_flight_));
+}
+
+uint64_t ByteBudget::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+uint64_t ByteBudget::peak() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+}  // namespace client
+}  // namespace gradsnap

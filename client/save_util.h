@@ -1,0 +1,54 @@
+// Internal helpers shared by the client back ends (embedded_client.cc, remote_client.cc):
+// resolving the tensor list of a save, and a byte budget bounding asynchronous saves.
+#ifndef GRADSNAP_CLIENT_SAVE_UTIL_H_
+#define GRADSNAP_CLIENT_SAVE_UTIL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "common/stats.h"
+
+namespace gradsnap {
+namespace client {
+
+// The ShardSpec actually saved by SaveShardAsync(spec, tensors): spec.tensors may be left empty
+// (it is then filled from the refs' specs in order) or must equal the refs' specs in order.
+// Checks names, dtype sizes (product(shape) * DTypeSize == byte_length) and non-null data.
+// INVALID_ARGUMENT on any mismatch.
+absl::StatusOr<ShardSpec> ResolveShardSpec(const ShardSpec& spec,
+                                           const std::vector<TensorRef>& tensors);
+
+// Sum of byte_length over a shard's tensors.
+uint64_t ShardBytes(const ShardSpec& spec);
+
+// A counting budget of bytes in flight. Acquire(n) blocks while the bytes in flight plus n would
+// exceed the limit, except that a request is always admitted when nothing is in flight (so one
+// shard larger than the limit still proceeds, alone). Publishes the gauges
+// gradsnap_client_inflight_bytes and gradsnap_client_inflight_peak_bytes.
+// Thread-safe.
+class ByteBudget {
+ public:
+  explicit ByteBudget(uint64_t limit);
+  void Acquire(uint64_t n);
+  void Release(uint64_t n);
+  uint64_t in_flight() const;
+  // Highest value of in_flight() seen by this budget.
+  uint64_t peak() const;
+
+ private:
+  const uint64_t limit_;
+  mutable absl::Mutex mu_;
+  uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  Counter* gauge_;
+  Counter* peak_gauge_;
+};
+
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_SAVE_UTIL_H_
