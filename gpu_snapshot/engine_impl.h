@@ -96,7 +96,9 @@ class EngineImpl : public SnapshotEngine {
 
   // Training thread.
   absl::Status Stall(const std::function<absl::Status()>& wait);
-  absl::Status StartFull(const UpdateInfo& info);
+  // Registers a FULL of step `target` before the update's record reaches the worker.
+  void RegisterFull(int64_t target);
+  absl::Status StartFull(const UpdateInfo& info, int k);
   CopyTicket SubmitStateRange(size_t begin, size_t end, const char* label,
                               std::optional<EngineEvent> on_landed);
   absl::Status CloseWindowEarly();
@@ -119,6 +121,7 @@ class EngineImpl : public SnapshotEngine {
   const EngineOptions opt_;
   SnapshotSink* const sink_;
   const size_t grad_elem_bytes_;
+  size_t chunk_bytes_ = 0;  // copy chunk: opt_.chunk_bytes, smaller for small states
   HostMemoryAccount account_;
   std::unique_ptr<PinnedBuffer> staging_;  // params | m | v, numel floats each
   std::unique_ptr<StagingPool> pool_;

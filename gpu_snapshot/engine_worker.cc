@@ -105,8 +105,10 @@ void EngineImpl::EmitDelta(int64_t step, int log_buf) {
     base = initial_base_ < step ? initial_base_ : -1;
     auto it = full_targets_.lower_bound(step);  // first target >= step
     if (it != full_targets_.begin()) base = std::max(base, *std::prev(it));
-    if (base < 0) {
-      ++counters_.deltas_skipped_no_base;
+    if (base < 0 || full_targets_.count(step) != 0) {
+      // No FULL to extend yet; or a FULL of this very step is on its way, which is the step's
+      // recovery point (and a checkpoint is one per step).
+      if (base < 0) ++counters_.deltas_skipped_no_base;
       log_free_[log_buf] = true;
       return;
     }

@@ -57,17 +57,21 @@ EngineImpl::EngineImpl(Device* device, const DeviceState& state, const EngineOpt
       grad_elem_bytes_(DTypeSize(options.grad_dtype)) {}
 
 absl::Status EngineImpl::Init() {
-  ASSIGN_OR_RETURN(queue_, CopyQueue::Create(device_, opt_.chunk_bytes, opt_.copy_depth,
+  // Small states get smaller chunks, so the gradient pool (a few chunks) stays within its
+  // share of the state's size.
+  const size_t pool_budget = std::min<size_t>(
+      opt_.grad_pool_max_bytes, static_cast<size_t>(opt_.grad_pool_fraction * state_bytes()));
+  chunk_bytes_ = std::min<size_t>(opt_.chunk_bytes, std::max<size_t>(4096, pool_budget / 4));
+  chunk_bytes_ = chunk_bytes_ / 64 * 64;
+  ASSIGN_OR_RETURN(queue_, CopyQueue::Create(device_, chunk_bytes_, opt_.copy_depth,
                                              opt_.trace));
   replay_ = std::make_unique<ReplayPool>(opt_.replay_threads);
   if (opt_.mode != SnapshotMode::kNone) {
     ASSIGN_OR_RETURN(staging_, PinnedBuffer::Create(device_, state_bytes(), &account_));
   }
   if (opt_.mode == SnapshotMode::kGoCkpt && !opt_.grad_log) {
-    size_t budget = std::min<size_t>(opt_.grad_pool_max_bytes,
-                                     static_cast<size_t>(opt_.grad_pool_fraction * state_bytes()));
-    size_t count = std::max<size_t>(2, budget / opt_.chunk_bytes);
-    ASSIGN_OR_RETURN(pool_, StagingPool::Create(device_, opt_.chunk_bytes, count, &account_));
+    size_t count = std::max<size_t>(2, pool_budget / chunk_bytes_);
+    ASSIGN_OR_RETURN(pool_, StagingPool::Create(device_, chunk_bytes_, count, &account_));
   }
   if (opt_.grad_log) {
     for (int i = 0; i < opt_.grad_log_buffers; ++i) {
@@ -255,15 +259,8 @@ CopyTicket EngineImpl::SubmitStateRange(size_t begin, size_t end, const char* la
   return t;
 }
 
-absl::Status EngineImpl::StartFull(const UpdateInfo& info) {
+absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
   const int64_t u = info.step;
-  int k = opt_.mode == SnapshotMode::kGoCkpt ? NextWindow() : 1;
-  {
-    absl::MutexLock lock(&mu_);
-    full_in_flight_ = true;
-    full_targets_.insert(u + k - 1);
-    ++counters_.fulls_started;
-  }
   stats_.started = true;
   stats_.window = k;
   if (opt_.trace) {
@@ -311,6 +308,21 @@ absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due
   }
   last_update_ns_ = now;
   last_step_ = u;
+  // Decide on a new FULL first: its step must be known before this update's record is.
+  int start_k = 0;
+  if (checkpoint_due || deferred_pending_) {
+    bool busy = win_.has_value() || in_flight();
+    if (!busy) {
+      deferred_pending_ = false;
+      start_k = opt_.mode == SnapshotMode::kGoCkpt ? NextWindow() : 1;
+      RegisterFull(u + start_k - 1);
+    } else if (checkpoint_due) {
+      stats_.deferred = true;
+      deferred_pending_ = true;
+      absl::MutexLock lock(&mu_);
+      ++counters_.deferred;
+    }
+  }
   EngineEvent record = SimpleEvent(EngineEvent::kRecord, u);
   record.info = std::make_shared<const UpdateInfo>(info);
   Push(std::move(record));
@@ -328,27 +340,29 @@ absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due
     block_ticket_ = SubmitStateRange(win_->bounds[j], win_->bounds[j + 1], "block", close);
     win_->submitted = j + 1;
   }
-  if (checkpoint_due || deferred_pending_) {
-    bool busy = win_.has_value() || in_flight();
-    if (!busy) {
-      deferred_pending_ = false;
-      return StartFull(info);
-    }
-    if (checkpoint_due) {
-      stats_.deferred = true;
-      deferred_pending_ = true;
-      absl::MutexLock lock(&mu_);
-      ++counters_.deferred;
-    }
-  }
+  if (start_k > 0) return StartFull(info, start_k);
   return absl::OkStatus();
+}
+
+void EngineImpl::RegisterFull(int64_t target) {
+  absl::MutexLock lock(&mu_);
+  full_in_flight_ = true;
+  full_targets_.insert(target);
+  ++counters_.fulls_started;
 }
 
 absl::Status EngineImpl::CloseWindowEarly() {
   // Everything not yet copied is copied now, blocking, as of the last update.
   CopyTicket t = block_ticket_;
   RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
-  if (win_->submitted < win_->k) {
+  if (win_->submitted < win_->k && opt_.grad_log) {
+    // Every update of the window is in the gradient log already, and the log may hold a
+    // DELTA of the last step: abandon the window instead of writing a FULL of that step.
+    absl::MutexLock lock(&mu_);
+    full_targets_.erase(win_->s + win_->k - 1);
+    full_in_flight_ = false;
+    ++counters_.abandoned;
+  } else if (win_->submitted < win_->k) {
     EngineEvent close = CloseEvent(last_step_, win_->k, win_->s);
     {
       absl::MutexLock lock(&mu_);

@@ -25,7 +25,9 @@
 //   AfterBackward(u, grad)   gradients of u are final; the update has not run yet
 //   AfterUpdate(info, due)   update u applied (or skipped); due: a FULL is wanted after it
 //   TakeStepStats()          stall attributable to checkpointing in this step
-//   Finish()                 at the end: closes an open window early, drains persists
+//   Finish()                 at the end: closes an open window early at the last update
+//                            (abandons it when the gradient log holds its steps), drains
+//                            persists
 //
 // THREAD SAFETY
 //   The hooks are called from one thread. The sink is called from the engine's worker thread
@@ -65,8 +67,9 @@ struct EngineOptions {
   bool overlap_grads = false;
   // Log every update's gradient as a DELTA record. Default: false
   bool grad_log = false;
-  // Gradient-log host buffers (each one gradient slice). Default: 2
-  int grad_log_buffers = 2;
+  // Gradient-log host buffers (each one gradient slice); 2 lets a DELTA persist while the
+  // next gradient is copied. Default: 1
+  int grad_log_buffers = 1;
   // Dtype of the gradient the optimizer reads: kF32 or kBF16. Default: kF32
   DType grad_dtype = DType::kF32;
   // Copy chunk size. Default: 4 MiB
@@ -142,6 +145,7 @@ struct StepStats {
 struct EngineCounters {
   int64_t fulls_started = 0, fulls_persisted = 0, deferred = 0;
   int64_t deltas_persisted = 0, deltas_skipped_no_base = 0;
+  int64_t abandoned = 0;  // windows open at Finish with the gradient log on (docs/gockpt.md)
   double stall_ms_total = 0, replay_ms_total = 0;
   uint64_t copied_bytes = 0;
   absl::Status first_error;
@@ -164,7 +168,8 @@ class SnapshotEngine {
   virtual absl::Status AfterBackward(int64_t step, const void* grad) = 0;
   virtual absl::Status AfterUpdate(const UpdateInfo& info, bool checkpoint_due) = 0;
   virtual StepStats TakeStepStats() = 0;
-  // Closes an open window at the last update, waits for every persist. Idempotent.
+  // Closes an open window at the last update (abandons it with the gradient log), waits for
+  // every persist. Idempotent.
   virtual absl::Status Finish() = 0;
 
   virtual bool in_flight() const = 0;
