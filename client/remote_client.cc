@@ -1,0 +1,258 @@
+// The remote back end: construction, checkpoint begin/abort and saves (remote_client.h).
+#include "client/remote_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/backends.h"
+#include "client/remote_placement.h"
+#include "client/save_util.h"
+#include "proto/convert.h"
+
+namespace gradsnap {
+namespace client {
+namespace remote {
+
+namespace v1 = ::gradsnap::v1;
+
+RemoteClient::RemoteClient(ClientOptions options, std::vector<std::unique_ptr<Node>> nodes)
+    : options_(std::move(options)), nodes_(std::move(nodes)) {
+  for (const auto& n : nodes_) endpoints_.push_back(n->endpoint);
+  replicas_ = std::min<size_t>(std::max(1, options_.replicas), nodes_.size());
+  uint64_t per_save = kPerStreamBytes * replicas_;
+  size_t workers = std::clamp<uint64_t>(options_.max_inflight_bytes / per_save, 1, 8);
+  for (size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+RemoteClient::~RemoteClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (auto& t : workers_) t.join();
+}
+
+absl::Status RemoteClient::ForAllNodes(const std::function<absl::Status(Node&)>& fn) {
+  if (nodes_.size() == 1) return fn(*nodes_[0]);
+  std::vector<std::future<absl::Status>> results;
+  for (auto& n : nodes_) {
+    Node* node = n.get();
+    results.push_back(std::async(std::launch::async, [&fn, node] { return fn(*node); }));
+  }
+  absl::Status first;
+  for (auto& r : results) {
+    absl::Status s = r.get();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+absl::Status RemoteClient::BeginCheckpoint(const CheckpointSpec& spec) {
+  v1::BeginCheckpointRequest req;
+  proto::ToProto(spec, req.mutable_spec());
+  return ForAllNodes([&](Node& node) {
+    v1::BeginCheckpointResponse resp;
+    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::BeginCheckpointResponse* r) {
+      return node.stub()->BeginCheckpoint(ctx, req, r);
+    });
+  });
+}
+
+absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step) {
+  v1::AbortCheckpointRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  return ForAllNodes([&](Node& node) {
+    v1::AbortCheckpointResponse resp;
+    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AbortCheckpointResponse* r) {
+      return node.stub()->AbortCheckpoint(ctx, req, r);
+    });
+  });
+}
+
+std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
+                                                       std::vector<TensorRef> tensors) {
+  auto task = std::make_unique<SaveTask>();
+  std::future<absl::Status> result = task->done.get_future();
+  absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
+  if (!resolved.ok()) {
+    task->done.set_value(resolved.status());
+    return result;
+  }
+  task->spec = *std::move(resolved);
+  task->tensors = std::move(tensors);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+  return result;
+}
+
+void RemoteClient::WorkerLoop() {
+  for (;;) {
+    std::unique_ptr<SaveTask> task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task->done.set_value(SaveShardNow(task->spec, task->tensors));
+  }
+}
+
+absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
+                                        const std::vector<TensorRef>& tensors) {
+  std::vector<size_t> order = RankEndpoints(endpoints_, spec.job, spec.rank);
+  std::vector<size_t> holders(order.begin(), order.begin() + replicas_);
+  std::vector<std::future<absl::Status>> uploads;
+  for (size_t i : holders) {
+    Node* node = nodes_[i].get();
+    uploads.push_back(std::async(std::launch::async, [this, node, &spec, &tensors] {
+      return UploadShard(*node, spec, tensors);
+    }));
+  }
+  absl::Status first;
+  for (auto& u : uploads) {
+    absl::Status s = u.get();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  RETURN_IF_ERROR(first);
+  if (holders.size() == nodes_.size()) return absl::OkStatus();
+  // The real copies are durable: now the other nodes may count this rank as done.
+  ShardSpec placeholder;
+  placeholder.job = spec.job;
+  placeholder.step = spec.step;
+  placeholder.rank = spec.rank;
+  placeholder.metadata = kPlaceholder;
+  for (size_t k = replicas_; k < order.size(); ++k) {
+    RETURN_IF_ERROR(UploadShard(*nodes_[order[k]], placeholder, {}));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Copies payload bytes [offset, offset + n) of the concatenated tensors into out.
+void Gather(const std::vector<TensorRef>& tensors, const std::vector<uint64_t>& starts,
+            uint64_t offset, char* out, size_t n) {
+  size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
+                                 starts.begin()) - 1;
+  while (n > 0 && i < tensors.size()) {
+    uint64_t in_tensor = offset - starts[i];
+    uint64_t avail = tensors[i].spec.byte_length - in_tensor;
+    size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n));
+    if (take > 0) {
+      std::memcpy(out, static_cast<const char*>(tensors[i].data) + in_tensor, take);
+    }
+    out += take;
+    offset += take;
+    n -= take;
+    ++i;
+  }
+}
+
+}  // namespace
+
+absl::Status RemoteClient::UploadShard(Node& node, const ShardSpec& spec,
+                                       const std::vector<TensorRef>& tensors) {
+  std::vector<uint64_t> starts;
+  uint64_t total = 0;
+  for (const auto& t : tensors) {
+    starts.push_back(total);
+    total += t.spec.byte_length;
+  }
+  // Attempts count consecutive failures without progress: a long upload that keeps advancing
+  // through several server restarts is not given up on.
+  absl::Status s;
+  uint64_t progress = 0;
+  for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
+    if (failures > 0) {
+      if (s.code() == absl::StatusCode::kUnavailable) node.OnUnavailable();
+      Backoff(failures);
+    }
+    uint64_t committed = 0;
+    s = UploadAttempt(node, spec, tensors, starts, total, &committed);
+    if (s.ok() || !IsRetryable(s)) return s;
+    if (committed > progress) {
+      progress = committed;
+      failures = 1;
+    } else {
+      ++failures;
+    }
+  }
+  return s;
+}
+
+absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
+                                         const std::vector<TensorRef>& tensors,
+                                         const std::vector<uint64_t>& starts, uint64_t total,
+                                         uint64_t* committed) {
+  v1::QueryWriteStatusRequest query;
+  query.set_job(spec.job);
+  query.set_step(spec.step);
+  query.set_rank(spec.rank);
+  v1::QueryWriteStatusResponse status;
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
+    RETURN_IF_ERROR(Annotate(proto::FromGrpc(node.stub()->QueryWriteStatus(&ctx, query, &status)),
+                             node.endpoint));
+  }
+  if (status.complete()) return absl::OkStatus();  // committed earlier: idempotent
+  uint64_t offset = status.committed_size();
+  *committed = offset;
+  if (offset > total) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        node.endpoint, ": server holds ", offset, " bytes of a ", total, "-byte shard"));
+  }
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, options_, 0);
+  v1::WriteResponse resp;
+  auto stub = node.stub();  // keeps the channel alive while the stream runs
+  std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = stub->Write(&ctx, &resp);
+  v1::WriteRequest msg;
+  proto::ToProto(spec, msg.mutable_shard());
+  do {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
+    msg.set_write_offset(offset);
+    std::string* data = msg.mutable_data();
+    data->resize(n);
+    Gather(tensors, starts, offset, data->data(), n);
+    msg.set_finish_write(offset + n == total);
+    if (!stream->Write(msg)) break;  // broken stream: Finish() says why
+    offset += n;
+    msg.clear_shard();
+  } while (offset < total);
+  stream->WritesDone();
+  RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));
+  if (!resp.shard_committed()) {
+    return absl::UnavailableError(absl::StrCat(node.endpoint, ": upload ended uncommitted"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace remote
+
+absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options) {
+  if (options.endpoints.empty()) return absl::InvalidArgumentError("no endpoints");
+  ASSIGN_OR_RETURN(auto creds, remote::MakeChannelCredentials(options));
+  std::vector<std::unique_ptr<remote::Node>> nodes;
+  for (const std::string& e : options.endpoints) {
+    if (e.empty() || e.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("endpoint \"", e, "\" is not HOST:PORT"));
+    }
+    for (const auto& n : nodes) {
+      if (n->endpoint == e) return absl::InvalidArgumentError(absl::StrCat("endpoint ", e, " twice"));
+    }
+    nodes.push_back(remote::MakeNode(e, creds));
+  }
+  return std::unique_ptr<Client>(new remote::RemoteClient(options, std::move(nodes)));
+}
+
+}  // namespace client
+}  // namespace gradsnap

@@ -1,0 +1,135 @@
+// Internal: the remote Client back end (NewRemoteClient), over gRPC to gradsnap-server nodes
+// (docs/protocol.md). Implemented in remote_client.cc (connection, saves) and remote_read.cc
+// (restore, listing, admin calls).
+//
+// OVERVIEW
+//   Every (job, rank) shard lives on `replicas` nodes chosen by rendezvous hashing
+//   (remote_placement.h). Uploads stream 1 MiB messages and resume from the node's committed
+//   offset (QueryWriteStatus) after a broken stream; downloads try the replicas in preference
+//   order and continue from the last byte received on the next live one. Checkpoint-wide calls
+//   (begin, abort, delete, gc, verify) go to every node. The storage engine commits a checkpoint
+//   on a node when all world_size ranks are committed there, so a node that does not hold a
+//   rank receives an empty placeholder shard for it (after the real copies are durable); the
+//   client hides placeholders when it merges manifests.
+//
+// ERROR HANDLING
+//   Retryable codes (remote_rpc.h) are retried with backoff up to max_attempts per step.
+//   DATA_LOSS and validation errors are returned as is.
+//
+// THREAD SAFETY
+//   Thread-safe. Asynchronous saves run on a few worker threads; each holds at most one
+//   message per replica stream, so memory stays bounded by max_inflight_bytes.
+#ifndef GRADSNAP_CLIENT_REMOTE_CLIENT_H_
+#define GRADSNAP_CLIENT_REMOTE_CLIENT_H_
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "client/remote_rpc.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace client {
+namespace remote {
+
+// Metadata of the empty shard a node gets for a rank it does not hold.
+inline constexpr char kPlaceholder[] = "gradsnap.remote.placeholder.v1";
+// Client memory charged per upload stream: one message, its serialized copy, slack.
+inline constexpr uint64_t kPerStreamBytes = 4u << 20;
+
+inline bool IsPlaceholder(const ShardInfo& s) { return s.metadata == kPlaceholder; }
+
+class RemoteClient final : public Client {
+ public:
+  RemoteClient(ClientOptions options, std::vector<std::unique_ptr<Node>> nodes);
+  ~RemoteClient() override;
+
+  absl::Status BeginCheckpoint(const CheckpointSpec& spec) override;
+  std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
+                                           std::vector<TensorRef> tensors) override;
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step) override;
+  absl::StatusOr<std::vector<std::string>> ListJobs() override;
+  absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
+                                                   bool include_pending) override;
+  absl::StatusOr<Manifest> Show(const std::string& job, int64_t step) override;
+  absl::Status RestoreTensor(const std::string& job, int64_t step, int32_t rank,
+                             const std::string& tensor, void* out, size_t out_len) override;
+  absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
+                            const std::function<absl::Status(const void*, size_t)>& sink,
+                            const ProgressFn& progress) override;
+  absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
+  absl::Status Delete(const std::string& job, int64_t step) override;
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override;
+  absl::Status Health() override;
+
+ private:
+  struct SaveTask {
+    ShardSpec spec;
+    std::vector<TensorRef> tensors;
+    std::promise<absl::Status> done;
+  };
+
+  // One unary call with retries: call(ctx, resp) issues it.
+  template <typename Resp, typename Call>
+  absl::Status Unary(Node& node, Resp* resp, Call&& call) {
+    return remote::WithRetry(options_.max_attempts, &node, [&]() -> absl::Status {
+      grpc::ClientContext ctx;
+      remote::PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
+      resp->Clear();
+      return Annotate(proto::FromGrpc(call(&ctx, resp)), node.endpoint);
+    });
+  }
+  // Runs fn(node) on every node in parallel; the first error in node order, else OK.
+  absl::Status ForAllNodes(const std::function<absl::Status(Node&)>& fn);
+  // Like ForAllNodes, but NOT_FOUND from some nodes is fine when one node succeeded.
+  absl::Status ForAllNodesTolerant(const std::function<absl::Status(Node&)>& fn);
+  // Runs fn on every node; OK when any succeeds (reads that merge what live nodes know).
+  absl::Status ForAnyNode(const std::function<absl::Status(Node&)>& fn);
+
+  void WorkerLoop();
+  absl::Status SaveShardNow(const ShardSpec& spec, const std::vector<TensorRef>& tensors);
+  // Uploads (or resumes) one shard on one node until it is committed there.
+  absl::Status UploadShard(Node& node, const ShardSpec& spec,
+                           const std::vector<TensorRef>& tensors);
+  absl::Status UploadAttempt(Node& node, const ShardSpec& spec,
+                             const std::vector<TensorRef>& tensors,
+                             const std::vector<uint64_t>& starts, uint64_t total,
+                             uint64_t* committed);
+  static constexpr uint64_t kToEnd = ~uint64_t{0};
+  // Streams [*offset, end) of a shard from one node through sink, advancing *offset; end may
+  // be kToEnd. *total receives the shard's payload size.
+  absl::Status ReadFrom(Node& node, const std::string& job, int64_t step, int32_t rank,
+                        uint64_t* offset, uint64_t end,
+                        const std::function<absl::Status(const void*, size_t)>& sink,
+                        uint64_t* total, const ProgressFn& progress);
+  // ReadFrom over the shard's replicas in preference order, resuming where the last left off.
+  absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,
+                         uint64_t end,
+                         const std::function<absl::Status(const void*, size_t)>& sink,
+                         const ProgressFn& progress);
+
+  const ClientOptions options_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::string> endpoints_;
+  size_t replicas_;
+
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<SaveTask>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace remote
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_REMOTE_CLIENT_H_

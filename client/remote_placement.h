@@ -1,0 +1,58 @@
+// Placement of shards over storage nodes for the remote client back end (DESIGN.md section 6):
+// rendezvous (highest-random-weight) hashing. Each (job, rank) ranks every endpoint by a hash
+// of (endpoint, job, rank); the first R are the shard's replicas and the rest are fallbacks, so
+// adding or removing a node moves only the shards it wins or loses.
+//
+// Header-only, pure functions: thread-safe.
+#ifndef GRADSNAP_CLIENT_REMOTE_PLACEMENT_H_
+#define GRADSNAP_CLIENT_REMOTE_PLACEMENT_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace gradsnap {
+namespace client {
+
+// 64-bit FNV-1a followed by a splitmix64 finalizer: stable across runs and platforms.
+inline uint64_t PlacementHash(const std::string& endpoint, const std::string& job, int32_t rank) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h ^= b[i];
+      h *= 1099511628211ull;
+    }
+  };
+  mix(endpoint.data(), endpoint.size());
+  mix("\0", 1);
+  mix(job.data(), job.size());
+  mix("\0", 1);
+  mix(&rank, sizeof(rank));
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+// Indices of `endpoints` in preference order for (job, rank); the first `replicas` hold it.
+inline std::vector<size_t> RankEndpoints(const std::vector<std::string>& endpoints,
+                                         const std::string& job, int32_t rank) {
+  std::vector<size_t> order(endpoints.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<uint64_t> score(endpoints.size());
+  for (size_t i = 0; i < endpoints.size(); ++i) score[i] = PlacementHash(endpoints[i], job, rank);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return score[a] != score[b] ? score[a] > score[b] : a < b;
+  });
+  return order;
+}
+
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_REMOTE_PLACEMENT_H_

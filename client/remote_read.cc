@@ -1,0 +1,331 @@
+// The remote back end: restore, listing and administrative calls (remote_client.h).
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/remote_client.h"
+#include "client/remote_placement.h"
+#include "proto/convert.h"
+
+namespace gradsnap {
+namespace client {
+namespace remote {
+
+namespace v1 = ::gradsnap::v1;
+
+absl::Status RemoteClient::ForAnyNode(const std::function<absl::Status(Node&)>& fn) {
+  std::vector<absl::Status> results(nodes_.size());
+  if (nodes_.size() == 1) {
+    results[0] = fn(*nodes_[0]);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = fn(*nodes_[i]); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  absl::Status first;
+  for (const auto& s : results) {
+    if (s.ok()) return absl::OkStatus();
+    // Prefer an answer from a live node over "unavailable".
+    if (first.ok() || first.code() == absl::StatusCode::kUnavailable) first = s;
+  }
+  return first;
+}
+
+absl::StatusOr<std::vector<std::string>> RemoteClient::ListJobs() {
+  absl::Mutex mu;
+  std::set<std::string> jobs;
+  RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
+    v1::ListJobsResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::ListJobsResponse* r) {
+      return node.stub()->ListJobs(ctx, v1::ListJobsRequest(), r);
+    }));
+    absl::MutexLock lock(&mu);
+    for (const auto& j : resp.jobs()) jobs.insert(j);
+    return absl::OkStatus();
+  }));
+  return std::vector<std::string>(jobs.begin(), jobs.end());
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> RemoteClient::List(const std::string& job,
+                                                               bool include_pending) {
+  v1::ListCheckpointsRequest req;
+  req.set_job(job);
+  req.set_include_pending(include_pending);
+  absl::Mutex mu;
+  std::map<int64_t, CheckpointInfo> merged;
+  RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
+    v1::ListCheckpointsResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp,
+                          [&](grpc::ClientContext* ctx, v1::ListCheckpointsResponse* r) {
+                            return node.stub()->ListCheckpoints(ctx, req, r);
+                          }));
+    absl::MutexLock lock(&mu);
+    for (const auto& c : resp.checkpoints()) {
+      ASSIGN_OR_RETURN(CheckpointInfo info, proto::FromProto(c));
+      auto [it, inserted] = merged.emplace(info.step, info);
+      if (inserted) continue;
+      // With placement a node counts only the ranks it holds: keep the largest view, and
+      // COMMITTED wins over PENDING.
+      if (info.state == CheckpointState::kCommitted) it->second.state = info.state;
+      it->second.raw_bytes = std::max(it->second.raw_bytes, info.raw_bytes);
+      it->second.stored_bytes = std::max(it->second.stored_bytes, info.stored_bytes);
+    }
+    return absl::OkStatus();
+  }));
+  std::vector<CheckpointInfo> out;
+  for (auto& [step, info] : merged) out.push_back(std::move(info));
+  return out;
+}
+
+absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step) {
+  v1::GetManifestRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  absl::Mutex mu;
+  std::vector<Manifest> found;
+  RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
+    v1::GetManifestResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
+      return node.stub()->GetManifest(ctx, req, r);
+    }));
+    ASSIGN_OR_RETURN(Manifest m, proto::FromProto(resp.manifest()));
+    absl::MutexLock lock(&mu);
+    found.push_back(std::move(m));
+    return absl::OkStatus();
+  }));
+  Manifest out = found[0];
+  std::map<int32_t, ShardInfo> shards;
+  for (const Manifest& m : found) {
+    if (m.info.state == CheckpointState::kCommitted) out.info.state = m.info.state;
+    for (const ShardInfo& s : m.shards) {
+      if (IsPlaceholder(s)) continue;
+      auto [it, inserted] = shards.emplace(s.rank, s);
+      if (!inserted && !it->second.committed && s.committed) it->second = s;
+    }
+  }
+  out.shards.clear();
+  out.info.raw_bytes = 0;
+  out.info.stored_bytes = 0;
+  for (auto& [rank, s] : shards) {
+    if (s.committed) {
+      out.info.raw_bytes += s.raw_bytes;
+      out.info.stored_bytes += s.stored_bytes;
+    }
+    out.shards.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
+                                    int32_t rank, uint64_t* offset, uint64_t end,
+                                    const std::function<absl::Status(const void*, size_t)>& sink,
+                                    uint64_t* total, const ProgressFn& progress) {
+  v1::ReadRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  req.set_rank(rank);
+  req.set_read_offset(*offset);
+  if (end != kToEnd) req.set_read_limit(end - *offset);
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, options_, 0);
+  auto stub = node.stub();  // keeps the channel alive while the stream runs
+  std::unique_ptr<grpc::ClientReader<v1::ReadResponse>> stream = stub->Read(&ctx, req);
+  v1::ReadResponse msg;
+  absl::Status status;
+  bool first = true;
+  while (status.ok() && stream->Read(&msg)) {
+    if (first) {
+      first = false;
+      ASSIGN_OR_RETURN(ShardInfo info, proto::FromProto(msg.shard()));
+      if (IsPlaceholder(info)) {
+        status = absl::NotFoundError(absl::StrCat(node.endpoint, ": shard is held elsewhere"));
+        break;
+      }
+      uint64_t size = 0;
+      for (const auto& t : info.tensors) size += t.spec.byte_length;
+      *total = size;
+    }
+    if (msg.offset() != *offset) {
+      status = absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent offset ",
+                                                msg.offset(), ", expected ", *offset));
+      break;
+    }
+    status = sink(msg.data().data(), msg.data().size());
+    *offset += msg.data().size();
+    if (progress) progress(*offset, end == kToEnd ? *total : end);
+  }
+  if (!status.ok()) {
+    ctx.TryCancel();
+    stream->Finish().IgnoreError();
+    return status;
+  }
+  RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));
+  uint64_t want = end == kToEnd ? *total : end;
+  if (*offset != want) {
+    return absl::UnavailableError(absl::StrCat(node.endpoint, ": Read ended at ", *offset,
+                                               " of ", want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32_t rank,
+                                     uint64_t offset, uint64_t end,
+                                     const std::function<absl::Status(const void*, size_t)>& sink,
+                                     const ProgressFn& progress) {
+  std::vector<size_t> order = RankEndpoints(endpoints_, job, rank);
+  absl::Status last = absl::NotFoundError("no node holds the shard");
+  uint64_t total = 0;
+  for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
+    if (failures > 0) Backoff(failures);
+    uint64_t before = offset;
+    for (size_t i : order) {
+      absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, &total, progress);
+      if (s.ok()) return s;
+      if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
+      // Another replica may have it: move on for missing, unavailable or busy nodes.
+      if (!IsRetryable(s) && s.code() != absl::StatusCode::kNotFound) return s;
+      if (s.code() != absl::StatusCode::kNotFound || last.code() == absl::StatusCode::kNotFound) {
+        last = s;
+      }
+    }
+    if (last.code() == absl::StatusCode::kNotFound) return last;
+    failures = offset > before ? 1 : failures + 1;
+  }
+  return last;
+}
+
+absl::Status RemoteClient::RestoreShard(const std::string& job, int64_t step, int32_t rank,
+                                        const std::function<absl::Status(const void*, size_t)>& sink,
+                                        const ProgressFn& progress) {
+  return ReadRange(job, step, rank, 0, kToEnd, sink, progress);
+}
+
+absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, int32_t rank,
+                                         const std::string& tensor, void* out, size_t out_len) {
+  ASSIGN_OR_RETURN(Manifest m, Show(job, step));
+  for (const ShardInfo& s : m.shards) {
+    if (s.rank != rank) continue;
+    uint64_t offset = 0;
+    for (const storage::TensorInfo& t : s.tensors) {
+      if (t.spec.name != tensor) {
+        offset += t.spec.byte_length;
+        continue;
+      }
+      if (out_len != t.spec.byte_length) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " has ",
+                                                       t.spec.byte_length, " bytes, buffer ",
+                                                       out_len));
+      }
+      char* dst = static_cast<char*>(out);
+      size_t filled = 0;
+      auto sink = [&](const void* p, size_t n) -> absl::Status {
+        if (n > out_len - filled) return absl::DataLossError("server sent too many bytes");
+        std::memcpy(dst + filled, p, n);
+        filled += n;
+        return absl::OkStatus();
+      };
+      return ReadRange(job, step, rank, offset, offset + t.spec.byte_length, sink, nullptr);
+    }
+    return absl::NotFoundError(absl::StrCat("no tensor ", tensor, " in rank ", rank));
+  }
+  return absl::NotFoundError(absl::StrCat("no rank ", rank, " in ", job, " step ", step));
+}
+
+absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
+                                  const ProgressFn& progress) {
+  v1::VerifyRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  std::atomic<uint64_t> done{0};
+  size_t nodes_done = 0;
+  absl::Mutex mu;
+  absl::Status s = ForAllNodes([&](Node& node) -> absl::Status {
+    v1::VerifyResponse resp;
+    absl::Status v = Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::VerifyResponse* r) {
+      return node.stub()->Verify(ctx, req, r);
+    });
+    // A node that never saw this checkpoint is fine when another one has it.
+    if (v.code() == absl::StatusCode::kNotFound && nodes_.size() > 1) return absl::OkStatus();
+    RETURN_IF_ERROR(v);
+    done += resp.bytes_verified();
+    absl::MutexLock lock(&mu);
+    ++nodes_done;
+    if (progress) progress(nodes_done, nodes_.size());
+    return absl::OkStatus();
+  });
+  RETURN_IF_ERROR(s);
+  if (nodes_done == 0) return absl::NotFoundError(absl::StrCat(job, " step ", step, " not found"));
+  return absl::OkStatus();
+}
+
+absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
+  v1::DeleteRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  return ForAllNodesTolerant([&](Node& node) {
+    v1::DeleteResponse resp;
+    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::DeleteResponse* r) {
+      return node.stub()->Delete(ctx, req, r);
+    });
+  });
+}
+
+absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy) {
+  v1::GcRequest req;
+  req.set_job(job);
+  req.set_keep_last(policy.keep_last);
+  req.set_keep_every(policy.keep_every);
+  absl::Mutex mu;
+  std::set<int64_t> deleted;
+  GcResult out;
+  RETURN_IF_ERROR(ForAllNodesTolerant([&](Node& node) -> absl::Status {
+    v1::GcResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GcResponse* r) {
+      return node.stub()->Gc(ctx, req, r);
+    }));
+    absl::MutexLock lock(&mu);
+    deleted.insert(resp.deleted_steps().begin(), resp.deleted_steps().end());
+    out.bytes_reclaimed += resp.bytes_reclaimed();
+    return absl::OkStatus();
+  }));
+  out.deleted_steps.assign(deleted.begin(), deleted.end());
+  return out;
+}
+
+absl::Status RemoteClient::Health() {
+  return ForAllNodes([&](Node& node) -> absl::Status {
+    v1::HealthResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::HealthResponse* r) {
+      return node.stub()->Health(ctx, v1::HealthRequest(), r);
+    }));
+    if (!resp.serving()) return absl::UnavailableError(absl::StrCat(node.endpoint, ": stopping"));
+    return absl::OkStatus();
+  });
+}
+
+// Like ForAllNodes, but a node answering NOT_FOUND counts as done when another node succeeds.
+absl::Status RemoteClient::ForAllNodesTolerant(const std::function<absl::Status(Node&)>& fn) {
+  absl::Mutex mu;
+  int ok = 0;
+  absl::Status s = ForAllNodes([&](Node& node) -> absl::Status {
+    absl::Status r = fn(node);
+    if (r.code() == absl::StatusCode::kNotFound && nodes_.size() > 1) return absl::OkStatus();
+    if (r.ok()) {
+      absl::MutexLock lock(&mu);
+      ++ok;
+    }
+    return r;
+  });
+  RETURN_IF_ERROR(s);
+  if (ok == 0) return absl::NotFoundError("not found on any node");
+  return absl::OkStatus();
+}
+
+}  // namespace remote
+}  // namespace client
+}  // namespace gradsnap

@@ -1,0 +1,182 @@
+// gRPC plumbing of the remote client back end: one channel and stub per storage node, call
+// contexts carrying the bearer token and deadline, and retry with exponential backoff.
+//
+// Retried: UNAVAILABLE (node down or restarting), ABORTED (another stream holds the shard) and
+// RESOURCE_EXHAUSTED whose message starts with "server busy" (backpressure). Everything else is
+// returned at once; DATA_LOSS in particular is never retried.
+//
+// Header-only. Node is safe to share between threads: its stub is swapped under a mutex when
+// the node is reconnected, and gRPC stubs themselves are thread-safe.
+#ifndef GRADSNAP_CLIENT_REMOTE_RPC_H_
+#define GRADSNAP_CLIENT_REMOTE_RPC_H_
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+#include "proto/convert.h"
+#include "proto/gradsnap.grpc.pb.h"
+
+namespace gradsnap {
+namespace client {
+namespace remote {
+
+
+inline absl::StatusOr<std::string> ReadFileBytes(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ClientOptions& o) {
+  if (o.tls_ca_file.empty()) {
+    if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs tls_ca_file (TLS)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  grpc::SslCredentialsOptions ssl;
+  auto ca = ReadFileBytes(o.tls_ca_file, "TLS CA");
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *std::move(ca);
+  if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
+    auto cert = ReadFileBytes(o.tls_cert_file, "TLS client certificate");
+    if (!cert.ok()) return cert.status();
+    auto key = ReadFileBytes(o.tls_key_file, "TLS client key");
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+inline std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& endpoint, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(proto::kMaxMessageBytes));
+  args.SetMaxSendMessageSize(static_cast<int>(proto::kMaxMessageBytes));
+  // Reconnect quickly after a node restarts (gRPC's default first backoff is 1 s, up to 120 s).
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays at its default: it is also the connect timeout, and
+  // a small one fails handshakes on a loaded machine.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // One connection per node and client object, not shared with other clients in the process.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(endpoint, creds, args);
+}
+
+// One storage node: its endpoint and a stub on a channel that can be rebuilt.
+class Node {
+ public:
+  Node(std::string endpoint, std::shared_ptr<grpc::ChannelCredentials> creds)
+      : endpoint(std::move(endpoint)), creds_(std::move(creds)) {
+    Reset();
+  }
+  // The current stub; callers hold the shared_ptr for the duration of a call.
+  std::shared_ptr<gradsnap::v1::Storage::Stub> stub() {
+    absl::MutexLock lock(&mu_);
+    return stub_;
+  }
+  // Called before retrying after UNAVAILABLE: asks the channel to connect now and, when that
+  // keeps failing, replaces the channel (a channel in transient failure may otherwise wait
+  // out its own reconnect backoff after the node is already back).
+  void OnUnavailable() {
+    absl::MutexLock lock(&mu_);
+    if (++unavailable_ % 3 == 0) {
+      ResetLocked();
+    } else {
+      channel_->GetState(/*try_to_connect=*/true);
+    }
+  }
+
+  const std::string endpoint;
+
+ private:
+  void Reset() {
+    absl::MutexLock lock(&mu_);
+    ResetLocked();
+  }
+  void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    channel_ = MakeChannel(endpoint, creds_);
+    stub_ = gradsnap::v1::Storage::NewStub(channel_);
+  }
+
+  const std::shared_ptr<grpc::ChannelCredentials> creds_;
+  absl::Mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<gradsnap::v1::Storage::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  int unavailable_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+inline std::unique_ptr<Node> MakeNode(const std::string& endpoint,
+                                      const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  return std::make_unique<Node>(endpoint, creds);
+}
+
+// Fills a context: token metadata and, when deadline_ms > 0, a deadline.
+inline void PrepareContext(grpc::ClientContext* ctx, const ClientOptions& o, int deadline_ms) {
+  if (!o.token.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", o.token));
+  if (deadline_ms > 0) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+  }
+}
+
+inline bool IsRetryable(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+      return true;
+    case absl::StatusCode::kResourceExhausted:
+      return absl::StartsWith(s.message(), "server busy");
+    default:
+      return false;
+  }
+}
+
+// Sleeps before retry number `attempt` (1-based): 50 ms doubling to 2 s, with +-25% jitter.
+inline void Backoff(int attempt) {
+  double ms = std::min(2000.0, 50.0 * static_cast<double>(1 << std::min(attempt - 1, 10)));
+  thread_local std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> jitter(0.75, 1.25);
+  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(ms * 1000 * jitter(rng))));
+}
+
+// Runs fn() up to max_attempts times while it fails with a retryable code; node (may be null)
+// hears about UNAVAILABLE before each retry.
+template <typename Fn>
+absl::Status WithRetry(int max_attempts, Node* node, Fn&& fn) {
+  absl::Status s;
+  for (int attempt = 1; attempt <= std::max(1, max_attempts); ++attempt) {
+    if (attempt > 1) {
+      if (node != nullptr && s.code() == absl::StatusCode::kUnavailable) node->OnUnavailable();
+      Backoff(attempt - 1);
+    }
+    s = fn();
+    if (s.ok() || !IsRetryable(s)) return s;
+  }
+  return s;
+}
+
+}  // namespace remote
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_REMOTE_RPC_H_

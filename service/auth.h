@@ -1,0 +1,45 @@
+// Per-job bearer-token authorization (DESIGN.md section 6, common/token.h).
+//
+// With no secret the server runs open and every call is allowed. With a secret, a call naming a
+// job must carry metadata `authorization: Bearer gs1.<hex>` holding that job's token:
+// missing or malformed -> UNAUTHENTICATED, a valid-looking token of another job ->
+// PERMISSION_DENIED. Tokens never leave this class (not logged, not echoed in errors).
+//
+// Thread-safe (immutable after construction).
+#ifndef GRADSNAP_SERVICE_AUTH_H_
+#define GRADSNAP_SERVICE_AUTH_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/server_context.h"
+
+namespace gradsnap {
+namespace service {
+
+class Authorizer {
+ public:
+  // Empty secret: open server.
+  explicit Authorizer(std::string secret) : secret_(std::move(secret)) {}
+
+  bool enabled() const { return !secret_.empty(); }
+  // OK when the call may act on `job`.
+  absl::Status CheckJob(const grpc::ServerContext& ctx, const std::string& job) const;
+  // The subset of `jobs` the call may see (all of them when open); UNAUTHENTICATED without a
+  // token when auth is on.
+  absl::StatusOr<std::vector<std::string>> FilterJobs(const grpc::ServerContext& ctx,
+                                                      std::vector<std::string> jobs) const;
+
+ private:
+  // The token from the metadata, or UNAUTHENTICATED.
+  absl::StatusOr<std::string> BearerToken(const grpc::ServerContext& ctx) const;
+
+  const std::string secret_;
+};
+
+}  // namespace service
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_SERVICE_AUTH_H_

@@ -1,0 +1,108 @@
+#include "service/server.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "proto/convert.h"
+
+namespace gradsnap {
+namespace service {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& o) {
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) {
+    if (!o.tls_client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.private_key, ReadPem(o.tls_key_file, "TLS key"));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(o.tls_cert_file, "TLS certificate"));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!o.tls_client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_client_ca_file, "client CA"));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  std::unique_ptr<Server> s(new Server);
+  if (options.engine.data_dir.empty()) return absl::InvalidArgumentError("--data-dir is required");
+  std::string host;
+  int want_port = 0;
+  RETURN_IF_ERROR(SplitHostPort(options.listen, &host, &want_port));
+  ASSIGN_OR_RETURN(auto creds, MakeCredentials(options));
+  ASSIGN_OR_RETURN(s->engine_, storage::Engine::Open(options.engine));
+  s->auth_ = std::make_unique<Authorizer>(options.auth_secret);
+  if (!s->auth_->enabled()) {
+    GS_LOG(WARNING) << "no --auth-secret-file: the server runs OPEN, every client may read and "
+                       "write every job";
+  }
+  ServiceMetrics* metrics = ServiceMetrics::Get();
+  s->limiter_ = std::make_unique<InflightLimiter>(options.max_inflight_bytes,
+                                                  metrics->inflight_bytes);
+  s->cache_ = std::make_unique<ShardCache>(options.cache_bytes);
+  StorageServiceOptions so = options.service;
+  if (so.per_stream_bytes > options.max_inflight_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-inflight-bytes must be at least ",
+                                                   so.per_stream_bytes, " (one upload stream)"));
+  }
+  s->service_ = std::make_unique<StorageService>(s->engine_.get(), s->auth_.get(),
+                                                 s->limiter_.get(), s->cache_.get(), so);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, creds, &s->port_);
+  builder.RegisterService(s->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(proto::kMaxMessageBytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(proto::kMaxMessageBytes));
+  s->grpc_ = builder.BuildAndStart();
+  if (s->grpc_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  s->address_ = absl::StrCat(host, ":", s->port_);
+  if (!options.metrics_listen.empty()) {
+    s->metrics_ = std::make_unique<MetricsHttpServer>();
+    RETURN_IF_ERROR(s->metrics_->Start(options.metrics_listen));
+  }
+  return s;
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  if (stopped_) return;
+  stopped_ = true;
+  service_->BeginShutdown();
+  grpc_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  grpc_->Wait();
+  if (metrics_) metrics_->Stop();
+  engine_.reset();
+}
+
+Server::~Server() {
+  if (grpc_ != nullptr) Shutdown(absl::ZeroDuration());
+}
+
+}  // namespace service
+}  // namespace gradsnap

@@ -1,0 +1,112 @@
+// gradsnap-server: the storage node (DESIGN.md section 6, docs/protocol.md).
+//
+// Prints exactly one line "gradsnap-server listening on HOST:PORT" on stdout when ready.
+// SIGTERM or SIGINT: stop accepting, let running calls finish (up to --shutdown-grace-ms),
+// close the engine, exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/token.h"
+#include "service/server.h"
+
+ABSL_FLAG(std::string, data_dir, "", "Directory of the storage engine (created if missing). Required.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT to serve gRPC on; port 0 picks a free one.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain; with --tls-key enables TLS. Default: plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA that client certificates must chain to (mutual TLS). Default: off.");
+ABSL_FLAG(std::string, auth_secret_file, "", "File with the token secret (>= 16 bytes). Default: none, the server runs open.");
+ABSL_FLAG(uint64_t, cache_bytes, 0, "RAM tier: bytes of recent checkpoints kept in memory. Default: 0 (off).");
+ABSL_FLAG(uint64_t, max_inflight_bytes, 256u << 20, "Cap on upload bytes held in memory. Default: 268435456.");
+ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics over HTTP. Default: off.");
+ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
+ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
+
+namespace {
+
+// The documented flags use dashes (--data-dir); Abseil's names use underscores. Rewrites the
+// name part of every "--flag[=value]" argument before "--".
+std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
+    size_t end = std::min(a.find('='), a.size());
+    for (size_t k = 2; k < end; ++k) {
+      if (a[k] == '-') a[k] = '_';
+    }
+  }
+  return args;
+}
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "gradsnap-server: %s\n", msg.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
+      "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
+      "[--metrics-listen HOST:PORT]\nFlags may be spelled with dashes or underscores.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return file.find("server_main") != absl::string_view::npos;
+  };
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<std::string> args = UnderscoreFlagNames(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) arg_ptrs.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  // Block the stop signals in every thread (gRPC's included); main waits for them below.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  gradsnap::service::ServerOptions o;
+  o.engine.data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (o.engine.data_dir.empty()) return Fail("--data-dir is required (see --help)");
+  o.engine.zstd_level = absl::GetFlag(FLAGS_zstd_level);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.cache_bytes = absl::GetFlag(FLAGS_cache_bytes);
+  o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!absl::GetFlag(FLAGS_auth_secret_file).empty()) {
+    auto secret = gradsnap::ReadSecretFile(absl::GetFlag(FLAGS_auth_secret_file));
+    if (!secret.ok()) return Fail(std::string(secret.status().message()));
+    o.auth_secret = *std::move(secret);
+  }
+  auto server = gradsnap::service::Server::Start(o);
+  if (!server.ok()) return Fail(server.status().ToString());
+  if ((*server)->metrics_port() != 0) {
+    GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
+  }
+  std::printf("gradsnap-server listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  GS_LOG(INFO) << "signal " << sig << ": shutting down";
+  (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  server->reset();
+  GS_LOG(INFO) << "stopped";
+  return 0;
+}

@@ -1,0 +1,123 @@
+#include "service/shard_cache.h"
+
+#include <utility>
+#include <vector>
+
+namespace gradsnap {
+namespace service {
+
+ShardCache::ShardCache(uint64_t budget) : budget_(budget) {
+  Registry* r = Registry::Global();
+  hits_ = r->GetCounter("gradsnap_cache_hits_total", "Shard reads served from the RAM tier");
+  misses_ = r->GetCounter("gradsnap_cache_misses_total", "Shard reads that went to disk");
+  bytes_gauge_ = r->GetCounter("gradsnap_cache_bytes", "Bytes held by the RAM tier", true);
+}
+
+void ShardCache::UpdateGauge() { bytes_gauge_->Set(static_cast<int64_t>(used_)); }
+
+void ShardCache::TouchJob(const std::string& job) {
+  auto it = lru_pos_.find(job);
+  if (it != lru_pos_.end()) lru_.erase(it->second);
+  lru_.push_front(job);
+  lru_pos_[job] = lru_.begin();
+}
+
+void ShardCache::EraseIf(const std::string& job, bool (*pred)(int64_t, int64_t), int64_t ref) {
+  auto it = entries_.lower_bound(Key(job, INT64_MIN, INT32_MIN));
+  while (it != entries_.end() && std::get<0>(it->first) == job) {
+    if (pred(std::get<1>(it->first), ref)) {
+      used_ -= it->second->payload.size();
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto first = entries_.lower_bound(Key(job, INT64_MIN, INT32_MIN));
+  bool job_empty = first == entries_.end() || std::get<0>(first->first) != job;
+  auto pos = lru_pos_.find(job);
+  if (job_empty && pos != lru_pos_.end()) {
+    lru_.erase(pos->second);
+    lru_pos_.erase(pos);
+  }
+  UpdateGauge();
+}
+
+bool ShardCache::MakeRoom(uint64_t need, const std::string& protect_job, int64_t protect_step) {
+  if (need > budget_) return false;
+  if (used_ + need <= budget_) return true;
+  // Older steps of the job being written go first: they are about to be superseded.
+  EraseIf(protect_job, [](int64_t step, int64_t ref) { return step < ref; }, protect_step);
+  // Then whole jobs, least recently used first.
+  std::vector<std::string> victims(lru_.rbegin(), lru_.rend());
+  for (const std::string& job : victims) {
+    if (used_ + need <= budget_) break;
+    if (job == protect_job) continue;
+    EraseIf(job, [](int64_t, int64_t) { return true; }, 0);
+  }
+  return used_ + need <= budget_;
+}
+
+bool ShardCache::Reserve(const std::string& job, int64_t step, uint64_t size) {
+  if (budget_ == 0) return false;
+  absl::MutexLock lock(&mu_);
+  if (!MakeRoom(size, job, step)) return false;
+  used_ += size;
+  UpdateGauge();
+  return true;
+}
+
+void ShardCache::Unreserve(uint64_t size) {
+  absl::MutexLock lock(&mu_);
+  used_ -= size;
+  UpdateGauge();
+}
+
+void ShardCache::Publish(const std::string& job, int64_t step, int32_t rank,
+                         CachedShard shard) {
+  auto p = std::make_shared<const CachedShard>(std::move(shard));
+  absl::MutexLock lock(&mu_);
+  Payload& slot = entries_[Key(job, step, rank)];
+  if (slot != nullptr) used_ -= slot->payload.size();  // a re-upload replaces the old copy
+  slot = std::move(p);
+  TouchJob(job);
+  UpdateGauge();
+}
+
+void ShardCache::Committed(const std::string& job, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = committed_step_.emplace(job, step);
+  if (!inserted && it->second < step) it->second = step;
+  EraseIf(job, [](int64_t s, int64_t ref) { return s < ref; }, step);
+}
+
+void ShardCache::Drop(const std::string& job, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto c = committed_step_.find(job);
+  if (c != committed_step_.end() && c->second == step) committed_step_.erase(c);
+  EraseIf(job, [](int64_t s, int64_t ref) { return s == ref; }, step);
+}
+
+Payload ShardCache::Lookup(const std::string& job, int64_t step, int32_t rank) {
+  if (budget_ == 0) {
+    misses_->Add();
+    return nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  auto c = committed_step_.find(job);
+  auto it = entries_.find(Key(job, step, rank));
+  if (it == entries_.end() || c == committed_step_.end() || c->second != step) {
+    misses_->Add();
+    return nullptr;
+  }
+  hits_->Add();
+  TouchJob(job);
+  return it->second;
+}
+
+uint64_t ShardCache::used() const {
+  absl::MutexLock lock(&mu_);
+  return used_;
+}
+
+}  // namespace service
+}  // namespace gradsnap

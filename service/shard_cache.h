@@ -1,0 +1,86 @@
+// The RAM tier (--cache-bytes): recent shard payloads kept in memory so a restore after a rank
+// failure is served without touching the disk (DESIGN.md section 5).
+//
+// Entries are whole shard payloads keyed by (job, step, rank). Uploads stage the bytes as they
+// stream through the server (Stage/Append/Publish) so the cache is filled at commit time, not on
+// first read. When a checkpoint of a job commits, entries of older steps of that job are dropped:
+// the newest committed checkpoint of each job stays, bounded by the byte budget, evicting least
+// recently used jobs first. Staged (not yet published) bytes count against the budget too, so
+// the cache never holds more than `budget` bytes.
+//
+// Thread-safe. A returned payload is immutable and stays valid while the caller holds it, even
+// if the entry is evicted meanwhile (it then no longer counts against the budget).
+#ifndef GRADSNAP_SERVICE_SHARD_CACHE_H_
+#define GRADSNAP_SERVICE_SHARD_CACHE_H_
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/stats.h"
+#include "storage/types.h"
+
+namespace gradsnap {
+namespace service {
+
+// One cached shard: its manifest entry and its whole payload.
+struct CachedShard {
+  storage::ShardInfo info;
+  std::string payload;
+};
+using Payload = std::shared_ptr<const CachedShard>;
+
+class ShardCache {
+ public:
+  explicit ShardCache(uint64_t budget);
+
+  // Reserves `size` bytes for staging a shard of (job, step), evicting LRU entries of other
+  // jobs or older steps. False when it cannot fit (the upload then simply is not cached).
+  bool Reserve(const std::string& job, int64_t step, uint64_t size);
+  // Returns a reservation that was not published (failed upload).
+  void Unreserve(uint64_t size);
+  // Publishes a staged shard (its reservation becomes the entry).
+  void Publish(const std::string& job, int64_t step, int32_t rank, CachedShard shard);
+  // The checkpoint (job, step) committed: its entries become readable, entries of the job's
+  // older steps are dropped.
+  void Committed(const std::string& job, int64_t step);
+  // Drops every entry of (job, step) (delete, abort).
+  void Drop(const std::string& job, int64_t step);
+  // The shard if cached and its checkpoint committed, else null. Counts hits and misses.
+  Payload Lookup(const std::string& job, int64_t step, int32_t rank);
+
+  uint64_t budget() const { return budget_; }
+  uint64_t used() const;
+
+ private:
+  using Key = std::tuple<std::string, int64_t, int32_t>;
+  // Evicts until `need` more bytes fit, never touching (protect_job, >= protect_step).
+  bool MakeRoom(uint64_t need, const std::string& protect_job, int64_t protect_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchJob(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseIf(const std::string& job, bool (*pred)(int64_t step, int64_t ref), int64_t ref)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t budget_;
+  Counter* hits_;
+  Counter* misses_;
+  Counter* bytes_gauge_;
+
+  mutable absl::Mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;  // entries + reservations
+  std::map<Key, Payload> entries_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // jobs, most recent first
+  std::map<std::string, std::list<std::string>::iterator> lru_pos_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> committed_step_ ABSL_GUARDED_BY(mu_);  // newest per job
+};
+
+}  // namespace service
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_SERVICE_SHARD_CACHE_H_

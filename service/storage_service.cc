@@ -1,0 +1,189 @@
+// Unary calls of StorageService; the streams are in storage_service_stream.cc.
+#include "service/storage_service.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/status.h"
+#include "proto/convert.h"
+
+namespace gradsnap {
+namespace service {
+
+StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
+                               InflightLimiter* limiter, ShardCache* cache,
+                               const StorageServiceOptions& options)
+    : engine_(engine),
+      auth_(auth),
+      limiter_(limiter),
+      cache_(cache),
+      options_(options),
+      metrics_(ServiceMetrics::Get()) {}
+
+grpc::Status StorageService::Done(const absl::Status& s) {
+  if (!s.ok()) metrics_->Error(static_cast<int>(s.code()));
+  return proto::ToGrpc(s);
+}
+
+grpc::Status StorageService::Health(grpc::ServerContext*, const v1::HealthRequest*,
+                                    v1::HealthResponse* resp) {
+  resp->set_version("gradsnap-server 0.1.0");
+  resp->set_auth_required(auth_->enabled());
+  resp->set_serving(serving_.load());
+  return grpc::Status::OK;
+}
+
+grpc::Status StorageService::BeginCheckpoint(grpc::ServerContext* ctx,
+                                             const v1::BeginCheckpointRequest* req,
+                                             v1::BeginCheckpointResponse*) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    if (!serving_) return absl::UnavailableError("server is shutting down");
+    ASSIGN_OR_RETURN(storage::CheckpointSpec spec, proto::FromProto(req->spec()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
+    return engine_->BeginCheckpoint(spec);
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
+                                             const v1::AbortCheckpointRequest* req,
+                                             v1::AbortCheckpointResponse*) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    RETURN_IF_ERROR(engine_->AbortCheckpoint(req->job(), req->step()));
+    cache_->Drop(req->job(), req->step());
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::QueryWriteStatus(grpc::ServerContext* ctx,
+                                              const v1::QueryWriteStatusRequest* req,
+                                              v1::QueryWriteStatusResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
+    RETURN_IF_ERROR(proto::ValidateRank(req->rank()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
+    for (const auto& shard : m.shards) {
+      if (shard.rank == req->rank() && shard.committed) {
+        resp->set_committed_size(shard.raw_bytes);
+        resp->set_complete(true);
+        return absl::OkStatus();
+      }
+    }
+    ASSIGN_OR_RETURN(uint64_t size,
+                     engine_->ShardCommittedSize(req->job(), req->step(), req->rank()));
+    resp->set_committed_size(size);
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*,
+                                      v1::ListJobsResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<std::string> jobs, engine_->ListJobs());
+    ASSIGN_OR_RETURN(jobs, auth_->FilterJobs(*ctx, std::move(jobs)));
+    for (auto& j : jobs) resp->add_jobs(std::move(j));
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::ListCheckpoints(grpc::ServerContext* ctx,
+                                             const v1::ListCheckpointsRequest* req,
+                                             v1::ListCheckpointsResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list,
+                     engine_->ListCheckpoints(req->job(), req->include_pending()));
+    for (const auto& c : list) proto::ToProto(c, resp->add_checkpoints());
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::GetManifest(grpc::ServerContext* ctx,
+                                         const v1::GetManifestRequest* req,
+                                         v1::GetManifestResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
+    proto::ToProto(m, resp->mutable_manifest());
+    if (resp->ByteSizeLong() > proto::kMaxMessageBytes) {
+      return absl::ResourceExhaustedError("manifest larger than the 4 MiB message limit");
+    }
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
+                                    v1::VerifyResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
+    RETURN_IF_ERROR(engine_->Verify(req->job(), req->step()));
+    resp->set_bytes_verified(m.info.raw_bytes);
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
+                                    v1::DeleteResponse*) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    cache_->Drop(req->job(), req->step());
+    return engine_->Delete(req->job(), req->step());
+  };
+  return Done(run());
+}
+
+grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* req,
+                                v1::GcResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    if (req->keep_last() < 0 || req->keep_last() > proto::kMaxGcKeep || req->keep_every() < 0 ||
+        req->keep_every() > proto::kMaxGcKeep) {
+      return absl::InvalidArgumentError("keep_last and keep_every must be in [0, 1000000]");
+    }
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    storage::GcPolicy policy;
+    policy.keep_last = req->keep_last();
+    policy.keep_every = req->keep_every();
+    ASSIGN_OR_RETURN(storage::GcResult r, engine_->Gc(req->job(), policy));
+    for (int64_t step : r.deleted_steps) {
+      cache_->Drop(req->job(), step);
+      resp->add_deleted_steps(step);
+    }
+    resp->set_bytes_reclaimed(r.bytes_reclaimed);
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
+}  // namespace service
+}  // namespace gradsnap

@@ -1,0 +1,118 @@
+// The gRPC service gradsnap.v1.Storage over a storage::Engine (DESIGN.md section 6,
+// docs/protocol.md).
+//
+// OVERVIEW
+//   Synchronous gRPC API: every call runs on a gRPC thread. Each handler validates the request
+//   (proto/convert.h), authorizes it (auth.h), calls the engine, and converts the result at the
+//   edge: absl::Status codes are gRPC codes. Uploads (Write) reserve memory from the in-flight
+//   limiter before reading each message, append to an engine ShardWriter, make the bytes
+//   durable every kFlushBytes (so a resumed upload loses little) and, with a RAM tier, stage the
+//   payload so the cache is filled when the checkpoint commits. Downloads (Read) are served from
+//   the RAM tier when it holds the shard, else from the engine.
+//
+// ERROR HANDLING
+//   A bad request fails only its own call; nothing here aborts the process. At most one stream
+//   writes a given shard at a time (a second one gets ABORTED). A stream that breaks flushes
+//   what it received, so committed_size (QueryWriteStatus) tells the client where to resume.
+//
+// THREAD SAFETY
+//   All methods may be called concurrently; shared state is the engine (thread-safe), the cache
+//   and limiter (thread-safe) and the active-writer set below (mutex).
+#ifndef GRADSNAP_SERVICE_STORAGE_SERVICE_H_
+#define GRADSNAP_SERVICE_STORAGE_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/gradsnap.grpc.pb.h"
+#include "service/auth.h"
+#include "service/inflight_limiter.h"
+#include "service/metrics.h"
+#include "service/shard_cache.h"
+#include "storage/engine.h"
+
+namespace gradsnap {
+namespace service {
+
+struct StorageServiceOptions {
+  // Memory charged to the in-flight budget by each upload stream: one message, the transport's
+  // window and the engine writer's buffers. Default: 16 MiB.
+  uint64_t per_stream_bytes = 16u << 20;
+  // How long an upload waits for budget before RESOURCE_EXHAUSTED "server busy". Default: 5 s.
+  int busy_wait_ms = 5000;
+  // Received bytes between Flush() calls of a writer (bounds what a crash makes the client
+  // resend). Default: 64 MiB.
+  uint64_t flush_bytes = 64u << 20;
+};
+
+class StorageService final : public gradsnap::v1::Storage::Service {
+ public:
+  // Borrows everything; all must outlive the service. cache may have budget 0.
+  StorageService(storage::Engine* engine, const Authorizer* auth, InflightLimiter* limiter,
+                 ShardCache* cache, const StorageServiceOptions& options);
+
+  // Health reports serving=false and new uploads get UNAVAILABLE from now on.
+  void BeginShutdown() { serving_ = false; }
+
+  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
+                      v1::HealthResponse* resp) override;
+  grpc::Status BeginCheckpoint(grpc::ServerContext* ctx, const v1::BeginCheckpointRequest* req,
+                               v1::BeginCheckpointResponse* resp) override;
+  grpc::Status AbortCheckpoint(grpc::ServerContext* ctx, const v1::AbortCheckpointRequest* req,
+                               v1::AbortCheckpointResponse* resp) override;
+  grpc::Status Write(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRequest>* reader,
+                     v1::WriteResponse* resp) override;
+  grpc::Status QueryWriteStatus(grpc::ServerContext* ctx,
+                                const v1::QueryWriteStatusRequest* req,
+                                v1::QueryWriteStatusResponse* resp) override;
+  grpc::Status Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
+                    grpc::ServerWriter<v1::ReadResponse>* writer) override;
+  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
+                        v1::ListJobsResponse* resp) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
+                               v1::ListCheckpointsResponse* resp) override;
+  grpc::Status GetManifest(grpc::ServerContext* ctx, const v1::GetManifestRequest* req,
+                           v1::GetManifestResponse* resp) override;
+  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
+                      v1::VerifyResponse* resp) override;
+  grpc::Status Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
+                      v1::DeleteResponse* resp) override;
+  grpc::Status Gc(grpc::ServerContext* ctx, const v1::GcRequest* req,
+                  v1::GcResponse* resp) override;
+
+ private:
+  using ShardKey = std::tuple<std::string, int64_t, int32_t>;
+  class ActiveShard;  // RAII claim on a shard being written
+
+  absl::Status DoWrite(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRequest>* reader,
+                       v1::WriteResponse* resp);
+  absl::Status DoRead(grpc::ServerContext* ctx, const v1::ReadRequest& req,
+                      grpc::ServerWriter<v1::ReadResponse>* writer);
+  // After a shard's Finish: publishes the staged payload and notes a checkpoint commit.
+  void AfterShardCommit(const storage::ShardSpec& spec, std::string* stage, bool staged,
+                        v1::WriteResponse* resp);
+  // Counts and converts a handler's result.
+  grpc::Status Done(const absl::Status& s);
+
+  storage::Engine* const engine_;
+  const Authorizer* const auth_;
+  InflightLimiter* const limiter_;
+  ShardCache* const cache_;
+  const StorageServiceOptions options_;
+  ServiceMetrics* const metrics_;
+  std::atomic<bool> serving_{true};
+
+  absl::Mutex mu_;
+  std::set<ShardKey> active_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace service
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_SERVICE_STORAGE_SERVICE_H_

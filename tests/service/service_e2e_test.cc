@@ -1,0 +1,196 @@
+// End to end against real gradsnap-server processes on 127.0.0.1: save several shards of
+// several ranks through the remote client, list, show, verify, restore byte-identical, the RAM
+// tier and the metrics endpoint; two nodes with replicas and placement.
+#include <future>
+#include <string>
+#include <vector>
+
+#include "client/backends.h"
+#include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/service/service_test_util.h"
+
+namespace gradsnap {
+namespace testing {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+
+std::unique_ptr<Client> Connect(const std::vector<std::string>& endpoints, int replicas = 1) {
+  ClientOptions o;
+  o.endpoints = endpoints;
+  o.replicas = replicas;
+  auto c = client::NewRemoteClient(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+TEST(ServiceE2E, SaveListShowVerifyRestore) {
+  TempDir dir;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                            "--cache-bytes", "0", "--metrics-listen", "127.0.0.1:0"})
+                  .ok());
+  auto c = Connect({server.address()});
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Health().ok());
+  constexpr int kRanks = 3;
+  std::vector<TestShard> shards;
+  for (int r = 0; r < kRanks; ++r) {
+    shards.push_back(MakeShard("e2e-job", 10, r, {3 << 20, 12345 * 4, 0, 1 << 20}, 7));
+  }
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("e2e-job", 10, kRanks)).ok());
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("e2e-job", 10, kRanks)).ok());  // idempotent
+  std::vector<std::future<absl::Status>> saves;
+  for (int r = 0; r < kRanks - 1; ++r) saves.push_back(c->SaveShardAsync(shards[r].spec, shards[r].Refs()));
+  for (auto& f : saves) ASSERT_TRUE(f.get().ok());
+  // Not all ranks: nothing listed yet.
+  auto listed = c->List("e2e-job");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty());
+  ASSERT_TRUE(c->SaveShard(shards[kRanks - 1].spec, shards[kRanks - 1].Refs()).ok());
+  // Saving a committed shard again is idempotent.
+  ASSERT_TRUE(c->SaveShard(shards[0].spec, shards[0].Refs()).ok());
+
+  listed = c->List("e2e-job");
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].step, 10);
+  EXPECT_EQ((*listed)[0].state, client::CheckpointState::kCommitted);
+  auto jobs = c->ListJobs();
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(*jobs, std::vector<std::string>{"e2e-job"});
+
+  auto m = c->Show("e2e-job", 10);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards.size(), static_cast<size_t>(kRanks));
+  EXPECT_EQ(m->shards[1].tensors.size(), 4u);
+  EXPECT_EQ(m->info.raw_bytes, kRanks * shards[0].Payload().size());
+  EXPECT_TRUE(c->Verify("e2e-job", 10).ok());
+
+  for (int r = 0; r < kRanks; ++r) {
+    auto got = RestoreToString(c.get(), "e2e-job", 10, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == shards[r].Payload()) << "rank " << r;
+  }
+  std::string one(shards[2].data[3].size(), '\0');
+  ASSERT_TRUE(c->RestoreTensor("e2e-job", 10, 2, "layer3.weight", one.data(), one.size()).ok());
+  EXPECT_TRUE(one == shards[2].data[3]);
+  EXPECT_EQ(c->RestoreTensor("e2e-job", 10, 2, "nope", one.data(), one.size()).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->Show("e2e-job", 11).status().code(), absl::StatusCode::kNotFound);
+
+  // Metrics endpoint: bytes in, commits, no cache hits (cache off).
+  auto body = HttpGet(server.metrics_port());
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_GE(MetricValue(*body, "gradsnap_bytes_in_total"), 3.0 * shards[0].Payload().size());
+  EXPECT_EQ(MetricValue(*body, "gradsnap_cache_hits_total"), 0);
+  EXPECT_EQ(MetricValue(*body, "gradsnap_checkpoint_commits_total"), 1);
+  ASSERT_TRUE(c->Delete("e2e-job", 10).ok());
+  listed = c->List("e2e-job");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
+}
+
+TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
+  TempDir dir;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                            "--cache-bytes", "64000000", "--metrics-listen", "127.0.0.1:0"})
+                  .ok());
+  auto c = Connect({server.address()});
+  ASSERT_NE(c, nullptr);
+  std::vector<TestShard> shards;
+  for (int step : {1, 2}) {
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("cached", step, 2)).ok());
+    for (int r = 0; r < 2; ++r) {
+      TestShard s = MakeShard("cached", step, r, {4 << 20, 1000}, step);
+      ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+      if (step == 2) shards.push_back(std::move(s));
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto got = RestoreToString(c.get(), "cached", 2, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == shards[r].Payload());
+  }
+  // The older step is no longer cached but still restorable from disk.
+  auto old = RestoreToString(c.get(), "cached", 1, 0);
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_TRUE(*old == MakeShard("cached", 1, 0, {4 << 20, 1000}, 1).Payload());
+  std::string tensor(1000, '\0');
+  ASSERT_TRUE(c->RestoreTensor("cached", 2, 1, "layer1.weight", tensor.data(), 1000).ok());
+  EXPECT_TRUE(tensor == shards[1].data[1]);
+
+  auto body = HttpGet(server.metrics_port());
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(MetricValue(*body, "gradsnap_cache_hits_total"), 3);
+  EXPECT_EQ(MetricValue(*body, "gradsnap_cache_misses_total"), 1);
+  EXPECT_EQ(MetricValue(*body, "gradsnap_checkpoint_commits_total"), 2);
+  EXPECT_GE(MetricValue(*body, "gradsnap_bytes_in_total"), 4 * (4 << 20));
+  EXPECT_GT(MetricValue(*body, "gradsnap_write_seconds_count"), 0);
+  EXPECT_EQ(MetricValue(*body, "gradsnap_inflight_bytes"), 0);
+}
+
+TEST(ServiceE2E, TwoNodesWithPlacementAndReplicaFailover) {
+  TempDir dir;
+  ServerProcess a, b;
+  ASSERT_TRUE(a.Start({"--data-dir", dir.File("a"), "--listen", "127.0.0.1:0"}).ok());
+  ASSERT_TRUE(b.Start({"--data-dir", dir.File("b"), "--listen", "127.0.0.1:0"}).ok());
+  constexpr int kRanks = 4;
+  std::vector<TestShard> shards;
+  {
+    // One copy per shard: ranks spread over the two nodes; each node commits with placeholders.
+    auto c = Connect({a.address(), b.address()}, 1);
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("placed", 5, kRanks)).ok());
+    for (int r = 0; r < kRanks; ++r) {
+      shards.push_back(MakeShard("placed", 5, r, {1 << 20, 4096}, 3));
+      ASSERT_TRUE(c->SaveShard(shards[r].spec, shards[r].Refs()).ok());
+    }
+    auto m = c->Show("placed", 5);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ(m->shards.size(), static_cast<size_t>(kRanks));
+    for (const auto& s : m->shards) EXPECT_EQ(s.tensors.size(), 2u);
+    EXPECT_EQ(m->info.state, client::CheckpointState::kCommitted);
+    for (int r = 0; r < kRanks; ++r) {
+      auto got = RestoreToString(c.get(), "placed", 5, r);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == shards[r].Payload());
+    }
+    EXPECT_TRUE(c->Verify("placed", 5).ok());
+  }
+  {
+    // Two copies: after node b dies every shard still restores from a.
+    auto c = Connect({a.address(), b.address()}, 2);
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("placed", 6, kRanks)).ok());
+    for (int r = 0; r < kRanks; ++r) {
+      ASSERT_TRUE(c->SaveShard(MakeShard("placed", 6, r, {1 << 20}, 4).spec,
+                               MakeShard("placed", 6, r, {1 << 20}, 4).Refs())
+                      .ok());
+    }
+  }
+  b.Signal(SIGKILL);
+  b.Wait();
+  ClientOptions o;
+  o.endpoints = {a.address(), b.address()};
+  o.replicas = 2;
+  o.max_attempts = 2;
+  auto c = client::NewRemoteClient(o);
+  ASSERT_TRUE(c.ok());
+  for (int r = 0; r < kRanks; ++r) {
+    auto got = RestoreToString(c->get(), "placed", 6, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == MakeShard("placed", 6, r, {1 << 20}, 4).Payload());
+  }
+  auto listed = (*c)->List("placed");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->size(), 2u);
+  EXPECT_FALSE((*c)->Health().ok());
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsnap
