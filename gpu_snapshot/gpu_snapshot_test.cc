@@ -349,6 +349,24 @@ TEST(GoCkptTest, FinishClosesAnOpenWindowAtTheLastUpdate) {
   EXPECT_TRUE(sink.fulls[9] == r.reference[9]);
 }
 
+TEST(GradLogTest, FinishAbandonsAnOpenWindowWhoseStepsAreLogged) {
+  RunConfig rc;
+  rc.window = 6;
+  rc.due = {7};
+  rc.steps = 9;  // the window would end at 12
+  rc.grad_log = true;
+  MemorySink sink;
+  RunResult r = RunSim(rc, &sink);
+  EXPECT_EQ(r.counters.abandoned, 1);
+  EXPECT_EQ(sink.fulls.size(), 1u);  // only the initial state the test put there
+  ReplayPool pool(2);
+  for (int64_t u = 1; u <= 9; ++u) {
+    ASSERT_EQ(sink.deltas.count(u), 1u) << u;
+    EXPECT_EQ(sink.deltas[u].h.base_step, 0);
+  }
+  EXPECT_TRUE(Restore(sink, 9, &pool) == r.reference[9]);
+}
+
 TEST(CopyQueueTest, GradientsOvertakeStateBlocks) {
   auto dev = NewHostDevice();
   auto q = CopyQueue::Create(dev.get(), 1024, 1, nullptr);

@@ -311,6 +311,14 @@ absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due
   // Decide on a new FULL first: its step must be known before this update's record is.
   int start_k = 0;
   if (checkpoint_due || deferred_pending_) {
+    if (!win_.has_value() && !opt_.defer_while_persisting) {
+      // Deterministic on every rank: wait for the previous persist instead of deferring.
+      RETURN_IF_ERROR(Stall([&] {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(+[](bool* b) { return !*b; }, &full_in_flight_));
+        return absl::OkStatus();
+      }));
+    }
     bool busy = win_.has_value() || in_flight();
     if (!busy) {
       deferred_pending_ = false;

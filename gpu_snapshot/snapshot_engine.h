@@ -80,6 +80,11 @@ struct EngineOptions {
   // grad_pool_max_bytes. Default: 0.2 and 64 MiB
   double grad_pool_fraction = 0.2;
   size_t grad_pool_max_bytes = 64u << 20;
+  // A FULL due while the previous one is still persisting (its copies done) is deferred when
+  // true, waited for (stall) when false. Several ranks need false: whether a persist has
+  // finished differs between ranks, and their checkpoints must start at the same steps.
+  // Default: true
+  bool defer_while_persisting = true;
   // Host replay threads. Default: 2
   int replay_threads = 2;
   // Optional trace (not owned). Default: nullptr

@@ -122,6 +122,9 @@ class SnapshotCheckpointer : public Checkpointer {
     eo.window = o_.gockpt_window;
     eo.max_window = static_cast<int>(std::max<int64_t>(1, o_.every > 1 ? o_.every / 2 : 1));
     if (eo.window == 0 && view_.world_size > 1) eo.window = std::min(4, eo.max_window);
+    // Every rank must start its FULLs at the same steps (the saves are collective): defer only
+    // for a window still copying (a function of the step numbers), wait for a slow persist.
+    eo.defer_while_persisting = view_.world_size == 1;
     gpu_snapshot::DeviceState ds{view_.master, view_.m, view_.v, view_.count(), view_.lo,
                                  view_.stream};
     ASSIGN_OR_RETURN(engine_, gpu_snapshot::SnapshotEngine::Create(device_.get(), ds, eo,
