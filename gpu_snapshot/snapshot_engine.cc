@@ -70,7 +70,10 @@ absl::Status EngineImpl::Init() {
     ASSIGN_OR_RETURN(staging_, PinnedBuffer::Create(device_, state_bytes(), &account_));
   }
   if (opt_.mode == SnapshotMode::kGoCkpt && !opt_.grad_log) {
-    size_t count = std::max<size_t>(2, pool_budget / chunk_bytes_);
+    // At least copy_depth chunks: the dispatcher waits for a free chunk while up to depth - 1
+    // chunks are in flight, and only landed chunks are ever released.
+    size_t count = std::max<size_t>({2, static_cast<size_t>(opt_.copy_depth),
+                                     pool_budget / chunk_bytes_});
     ASSIGN_OR_RETURN(pool_, StagingPool::Create(device_, chunk_bytes_, count, &account_));
   }
   if (opt_.grad_log) {

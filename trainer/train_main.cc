@@ -166,9 +166,11 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "gradsnap-train --data FILE --model NAME --steps N [--nproc P] [--ckpt_mode none|sync] "
-      "[--ckpt_every N] [--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
-      "[--fail_at_step S --fail_rank R] [--max_restarts N]\nSee docs/trainer.md.");
+      "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
+      "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
+      "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
+      "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
+      "See docs/trainer.md and docs/gockpt.md.");
   std::vector<std::string> arg_storage;
   std::vector<char*> args = NormalizeFlags(argc, argv, &arg_storage);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());

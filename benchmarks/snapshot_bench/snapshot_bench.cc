@@ -14,6 +14,7 @@
 // Stall is the time the training loop spends inside the checkpointing hooks during steps
 // (the per-step stall_ms), excluding the final drain; stall per FULL divides it by the FULL
 // checkpoints the run started. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +60,7 @@ struct RunStats {
   double stall_ms = 0;   // sum of per-step stall_ms
   int fulls = 0;         // FULL checkpoints started
   double host_mem_ratio = 0;
+  double cpu_s = 0;      // user + system CPU seconds of the whole run (all threads)
   std::string err;
 };
 
@@ -102,9 +104,16 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
   args.insert(args.end(), mode.flags.begin(), mode.flags.end());
   std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
   std::string cmd = absl::StrCat(absl::StrJoin(args, " "), " >", out, " 2>&1");
+  auto cpu = [] {
+    rusage u;
+    getrusage(RUSAGE_CHILDREN, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double cpu0 = cpu();
   int st = std::system(cmd.c_str());
   std::string text = Slurp(out);
   RunStats r = Parse(text, mode.name);
+  r.cpu_s = cpu() - cpu0;
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r.ok) {
     r.ok = false;
     r.err = text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
@@ -187,8 +196,10 @@ int main(int argc, char** argv) {
                      r.err.c_str());
         return 1;
       }
-      std::printf("round %d %-15s tokens_per_s %8.1f stall_ms %8.1f fulls %d host_mem_ratio %.3f\n",
-                  round, m.name.c_str(), r.tokens_per_s, r.stall_ms, r.fulls, r.host_mem_ratio);
+      std::printf(
+          "round %d %-15s tokens_per_s %8.1f stall_ms %8.1f fulls %d host_mem_ratio %.3f "
+          "cpu_s %.1f\n",
+          round, m.name.c_str(), r.tokens_per_s, r.stall_ms, r.fulls, r.host_mem_ratio, r.cpu_s);
       std::fflush(stdout);
       runs[m.name].push_back(r);
     }

@@ -142,23 +142,30 @@ TEST_F(SnapshotE2E, GockptCheckpointEqualsSyncSnapshotForSeveralWindows) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
   ASSERT_NE(sync_->out.find(" skipped"), std::string::npos) << "step 6 was not skipped";
   Store ref(*scratch_ + "/sync");
-  for (int k : {2, 3, 5}) {
-    std::string dir = absl::StrCat(*scratch_, "/gockpt", k);
+  // K = 0 stands for --ckpt_mode=async (a blocking copy of step 4, persisted in the background).
+  for (int k : {0, 2, 3, 5}) {
+    std::string name = k == 0 ? "async" : absl::StrCat("gockpt", k);
+    std::string dir = absl::StrCat(*scratch_, "/", name);
     std::vector<std::string> a = Base(dir, 12);
-    a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=4",
-                       absl::StrCat("--gockpt_window=", k), "--job=g"});
-    TrainRun r = Train(*scratch_, absl::StrCat("gockpt", k), a);
+    a.insert(a.end(), {"--ckpt_every=4", "--job=g"});
+    if (k == 0) {
+      a.push_back("--ckpt_mode=async");
+    } else {
+      a.insert(a.end(), {"--ckpt_mode=gockpt", absl::StrCat("--gockpt_window=", k)});
+    }
+    TrainRun r = Train(*scratch_, name, a);
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.sha, sync_->sha) << "checkpointing changed training";
     EXPECT_EQ(r.losses, sync_->losses);
     Store got(dir);
     auto list = got.List("g");
     // The first window starts after update 4 and ends at 4 + K - 1 (step 6 is skipped inside).
-    ASSERT_EQ(list.count(4 + k - 1), 1u) << "K=" << k << "\n" << r.out;
+    const int64_t first = k == 0 ? 4 : 4 + k - 1;
+    ASSERT_EQ(list.count(first), 1u) << name << "\n" << r.out;
     for (const auto& [step, info] : list) {
       EXPECT_EQ(info.kind, client::CheckpointKind::kFull);
       EXPECT_TRUE(got.State("g", step) == ref.State("ref", step))
-          << "gockpt K=" << k << " checkpoint of step " << step << " differs from sync";
+          << name << " checkpoint of step " << step << " differs from sync";
       EXPECT_EQ(got.Tensor("g", step, 0, "replicated_state"),
                 ref.Tensor("ref", step, 0, "replicated_state"));
     }
