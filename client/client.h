@@ -87,6 +87,9 @@ class Client {
   // Saves one shard. The returned future resolves once the shard is durable on every replica
   // (and the checkpoint committed, if this was its last shard). Tensor memory must stay valid
   // until then. Several saves may be in flight; memory use stays under max_inflight_bytes.
+  // spec.tensors may be left empty (it is taken from `tensors`, in order) or must equal the
+  // specs in `tensors`; the payload is the tensors' bytes in that order. A mismatch, a bad name,
+  // or a byte_length other than product(shape) * DTypeSize(dtype) is INVALID_ARGUMENT.
   virtual std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
                                                    std::vector<TensorRef> tensors) = 0;
   absl::Status SaveShard(const ShardSpec& spec, std::vector<TensorRef> tensors) {

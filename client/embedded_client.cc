@@ -55,6 +55,7 @@ class EmbeddedClient : public Client {
                                            std::vector<TensorRef> tensors) override;
 
   absl::Status AbortCheckpoint(const std::string& job, int64_t step) override {
+    DropReaders();
     return engine_->AbortCheckpoint(job, step);
   }
   absl::StatusOr<std::vector<std::string>> ListJobs() override { return engine_->ListJobs(); }
@@ -72,9 +73,11 @@ class EmbeddedClient : public Client {
                             const ProgressFn& progress) override;
   absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
   absl::Status Delete(const std::string& job, int64_t step) override {
+    DropReaders();
     return engine_->Delete(job, step);
   }
   absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override {
+    DropReaders();
     return engine_->Gc(job, policy);
   }
   absl::Status Health() override { return absl::OkStatus(); }
@@ -86,8 +89,24 @@ class EmbeddedClient : public Client {
     std::promise<absl::Status> done;
   };
 
+  struct CachedReader {
+    std::string job;
+    int64_t step;
+    int32_t rank;
+    std::unique_ptr<storage::ShardReader> reader;
+  };
+
   void WorkerLoop();
   absl::Status WriteShard(const SaveTask& task);
+  // Readers of recent shards, so restoring a shard tensor by tensor opens it once. A reader is
+  // taken out of the cache while in use (one thread at a time) and put back afterwards.
+  // Deletions bump the generation; a reader taken before one is not put back.
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> TakeReader(const std::string& job,
+                                                                   int64_t step, int32_t rank,
+                                                                   uint64_t* generation);
+  void PutReader(const std::string& job, int64_t step, int32_t rank, uint64_t generation,
+                 std::unique_ptr<storage::ShardReader> reader);
+  void DropReaders();
 
   // Constant after construction.
   std::unique_ptr<storage::Engine> engine_;
@@ -97,7 +116,46 @@ class EmbeddedClient : public Client {
   absl::Mutex mu_;
   std::deque<std::unique_ptr<SaveTask>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  absl::Mutex cache_mu_;
+  std::deque<CachedReader> readers_ ABSL_GUARDED_BY(cache_mu_);  // newest last
+  uint64_t generation_ ABSL_GUARDED_BY(cache_mu_) = 0;
 };
+
+constexpr size_t kCachedReaders = 4;
+
+absl::StatusOr<std::unique_ptr<storage::ShardReader>> EmbeddedClient::TakeReader(
+    const std::string& job, int64_t step, int32_t rank, uint64_t* generation) {
+  {
+    absl::MutexLock lock(&cache_mu_);
+    *generation = generation_;
+    for (auto it = readers_.begin(); it != readers_.end(); ++it) {
+      if (it->job == job && it->step == step && it->rank == rank) {
+        std::unique_ptr<storage::ShardReader> r = std::move(it->reader);
+        readers_.erase(it);
+        return r;
+      }
+    }
+  }
+  return engine_->OpenShardReader(job, step, rank);
+}
+
+void EmbeddedClient::PutReader(const std::string& job, int64_t step, int32_t rank,
+                               uint64_t generation, std::unique_ptr<storage::ShardReader> reader) {
+  absl::MutexLock lock(&cache_mu_);
+  if (generation != generation_) return;
+  readers_.push_back(CachedReader{job, step, rank, std::move(reader)});
+  if (readers_.size() > kCachedReaders) readers_.pop_front();
+}
+
+void EmbeddedClient::DropReaders() {
+  std::deque<CachedReader> old;
+  {
+    absl::MutexLock lock(&cache_mu_);
+    old.swap(readers_);
+    ++generation_;
+  }
+}
 
 std::future<absl::Status> EmbeddedClient::SaveShardAsync(const ShardSpec& spec,
                                                          std::vector<TensorRef> tensors) {
@@ -158,12 +216,18 @@ absl::Status EmbeddedClient::WriteShard(const SaveTask& task) {
 absl::Status EmbeddedClient::RestoreTensor(const std::string& job, int64_t step, int32_t rank,
                                            const std::string& tensor, void* out,
                                            size_t out_len) {
+  uint64_t generation = 0;
   ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
-                   engine_->OpenShardReader(job, step, rank));
+                   TakeReader(job, step, rank, &generation));
   const std::vector<storage::TensorInfo>& ts = reader->info().tensors;
   for (size_t i = 0; i < ts.size(); ++i) {
-    if (ts[i].spec.name == tensor) return reader->ReadTensor(i, out, out_len);
+    if (ts[i].spec.name != tensor) continue;
+    absl::Status st = reader->ReadTensor(i, out, out_len);
+    // A reader that failed is not reused: the next attempt re-reads from scratch.
+    if (st.ok()) PutReader(job, step, rank, generation, std::move(reader));
+    return st;
   }
+  PutReader(job, step, rank, generation, std::move(reader));
   return absl::NotFoundError(
       absl::StrCat("no tensor ", tensor, " in job ", job, " step ", step, " rank ", rank));
 }

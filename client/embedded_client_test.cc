@@ -84,8 +84,13 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
   ASSERT_TRUE(client_->BeginCheckpoint(ckpt.spec).ok());
   for (int32_t r = 0; r < 3; ++r) ckpt.shards.push_back(MakeShard(7, r, 1u << 20));
   // Not listed until every rank is saved.
+  auto shard_spec = [&](int32_t r) {
+    ShardSpec s = Spec("job-a", 100, r);
+    s.metadata = ckpt.shards[r].metadata;
+    return s;
+  };
   for (int32_t r = 0; r < 2; ++r) {
-    ASSERT_TRUE(client_->SaveShard(Spec("job-a", 100, r), ckpt.shards[r].Refs()).ok());
+    ASSERT_TRUE(client_->SaveShard(shard_spec(r), ckpt.shards[r].Refs()).ok());
     auto listed = client_->List("job-a");
     ASSERT_TRUE(listed.ok()) << listed.status();
     EXPECT_TRUE(listed->empty()) << "listed after rank " << r;
@@ -94,7 +99,7 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
   ASSERT_TRUE(pending.ok());
   ASSERT_EQ(pending->size(), 1u);
   EXPECT_EQ((*pending)[0].state, CheckpointState::kPending);
-  ASSERT_TRUE(client_->SaveShard(Spec("job-a", 100, 2), ckpt.shards[2].Refs()).ok());
+  ASSERT_TRUE(client_->SaveShard(shard_spec(2), ckpt.shards[2].Refs()).ok());
 
   auto listed = client_->List("job-a");
   ASSERT_TRUE(listed.ok());
@@ -135,6 +140,7 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
   EXPECT_EQ(total, raw);
 
   // Still there after reopening the directory.
+  client_.reset();
   client_ = Open();
   ExpectRestores(*client_, ckpt);
   auto jobs = client_->ListJobs();
@@ -159,6 +165,25 @@ TEST_F(EmbeddedClientTest, DeleteAndGc) {
   EXPECT_EQ(client_->Show("gcjob", 30).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(client_->Show("gcjob", 10).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(client_->Verify("gcjob", 40).ok());
+}
+
+// RestoreTensor keeps readers of recent shards; a deleted and re-written step must not be
+// served from a stale one.
+TEST_F(EmbeddedClientTest, RestoreAfterDeleteAndRewriteSeesNewData) {
+  auto first = SaveTestCheckpoint(*client_, "re", 50, 1, 100, 64 << 10);
+  ASSERT_TRUE(first.ok());
+  const testing::TestTensor& t0 = first->shards[0].tensors[0];
+  std::string buf(t0.data.size(), 0);
+  ASSERT_TRUE(client_->RestoreTensor("re", 50, 0, t0.spec.name, buf.data(), buf.size()).ok());
+  EXPECT_TRUE(buf == t0.data);
+  ASSERT_TRUE(client_->Delete("re", 50).ok());
+  auto second = SaveTestCheckpoint(*client_, "re", 50, 1, 200, 64 << 10);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const testing::TestTensor& t1 = second->shards[0].tensors[0];
+  ASSERT_FALSE(t1.data == t0.data);
+  ASSERT_TRUE(client_->RestoreTensor("re", 50, 0, t1.spec.name, buf.data(), buf.size()).ok());
+  EXPECT_TRUE(buf == t1.data);
+  ExpectRestores(*client_, *second);
 }
 
 TEST_F(EmbeddedClientTest, ErrorCodes) {
@@ -198,7 +223,9 @@ TEST_F(EmbeddedClientTest, ErrorCodes) {
 
 TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
   constexpr size_t kBudget = 3u << 20;
+  client_.reset();
   client_ = Open(kBudget);
+  ASSERT_NE(client_, nullptr);
   constexpr int kRanks = 12;
   CheckpointSpec cs{"conc", 1, CheckpointKind::kFull, -1, kRanks, ""};
   ASSERT_TRUE(client_->BeginCheckpoint(cs).ok());

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "proto/convert.h"
 
@@ -67,6 +68,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                   metrics->inflight_bytes);
   s->cache_ = std::make_unique<ShardCache>(options.cache_bytes);
   StorageServiceOptions so = options.service;
+  if (so.per_stream_bytes == 0) {
+    so.per_stream_bytes = proto::kMaxMessageBytes + so.flush_bytes + 2 * options.engine.chunk_bytes;
+  }
   if (so.per_stream_bytes > options.max_inflight_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("--max-inflight-bytes must be at least ",
                                                    so.per_stream_bytes, " (one upload stream)"));
@@ -78,6 +82,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(proto::kMaxMessageBytes));
   builder.SetMaxSendMessageSize(static_cast<int>(proto::kMaxMessageBytes));
+  // gRPC's own buffers (HTTP/2 windows of streams waiting for the in-flight budget, read
+  // slices) are capped too: under pressure gRPC shrinks its windows, so senders stall.
+  // Idle sync-server pollers wake this often; a shorter period makes Shutdown() prompt (the
+  // default, 10 s, delays a SIGTERM exit by seconds).
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
+  grpc::ResourceQuota quota("gradsnap-server");
+  quota.Resize(options.max_inflight_bytes);
+  builder.SetResourceQuota(quota);
   s->grpc_ = builder.BuildAndStart();
   if (s->grpc_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
@@ -96,8 +108,10 @@ void Server::Shutdown(absl::Duration grace) {
   service_->BeginShutdown();
   grpc_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   grpc_->Wait();
+  GS_LOG(INFO) << "gRPC server stopped";
   if (metrics_) metrics_->Stop();
   engine_.reset();
+  GS_LOG(INFO) << "engine closed";
 }
 
 Server::~Server() {

@@ -3,6 +3,7 @@
 // Prints exactly one line "gradsnap-server listening on HOST:PORT" on stdout when ready.
 // SIGTERM or SIGINT: stop accepting, let running calls finish (up to --shutdown-grace-ms),
 // close the engine, exit 0.
+#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -61,6 +62,11 @@ int main(int argc, char** argv) {
       "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
       "[--metrics-listen HOST:PORT]\nFlags may be spelled with dashes or underscores.");
+  // Memory stays near what is in use: a fixed mmap threshold (glibc otherwise raises it after
+  // the first large free, and freed 1-4 MiB buffers then linger in per-thread arenas) and few
+  // arenas for the many gRPC threads.
+  mallopt(M_MMAP_THRESHOLD, 2 << 20);
+  mallopt(M_ARENA_MAX, 4);
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return file.find("server_main") != absl::string_view::npos;

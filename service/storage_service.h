@@ -41,14 +41,15 @@ namespace gradsnap {
 namespace service {
 
 struct StorageServiceOptions {
-  // Memory charged to the in-flight budget by each upload stream: one message, the transport's
-  // window and the engine writer's buffers. Default: 16 MiB.
-  uint64_t per_stream_bytes = 16u << 20;
+  // Memory charged to the in-flight budget by each upload stream: one message plus what the
+  // engine writer may hold between two flushes (flush_bytes of queued chunks, the chunk being
+  // filled and one being encoded). 0: computed that way by Server::Start. Default: 0.
+  uint64_t per_stream_bytes = 0;
   // How long an upload waits for budget before RESOURCE_EXHAUSTED "server busy". Default: 5 s.
   int busy_wait_ms = 5000;
-  // Received bytes between Flush() calls of a writer (bounds what a crash makes the client
-  // resend). Default: 64 MiB.
-  uint64_t flush_bytes = 64u << 20;
+  // Received bytes between Flush() calls of a writer. Bounds what a crash makes the client
+  // resend and the engine buffers one upload holds. Default: 16 MiB.
+  uint64_t flush_bytes = 16u << 20;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {

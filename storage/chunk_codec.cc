@@ -205,5 +205,30 @@ absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
   return absl::OkStatus();
 }
 
+absl::Status ChunkDecoder::DecodeView(const uint8_t* rec, size_t rec_len,
+                                      const ChunkHeader* expected, std::vector<uint8_t>* scratch,
+                                      const uint8_t** data) {
+  ChunkHeader h;
+  if (absl::Status s = ParseChunkHeader(rec, rec_len, &h); !s.ok()) return s;
+  if (h.codec == ChunkCodec::kRaw) {
+    if (expected != nullptr &&
+        (h.codec != expected->codec || h.raw_len != expected->raw_len ||
+         h.stored_len != expected->stored_len || h.stream_offset != expected->stream_offset ||
+         h.crc_raw != expected->crc_raw || h.crc_stored != expected->crc_stored ||
+         h.filter != expected->filter || h.element_size != expected->element_size)) {
+      return absl::DataLossError("chunk record does not match its metadata");
+    }
+    if (rec_len < h.record_len()) return absl::DataLossError("chunk record truncated");
+    if (Crc32c(rec + kChunkHeaderSize, h.stored_len) != h.crc_stored || h.crc_raw != h.crc_stored) {
+      return absl::DataLossError("chunk stored-bytes CRC mismatch");
+    }
+    *data = rec + kChunkHeaderSize;
+    return absl::OkStatus();
+  }
+  if (scratch->size() < h.raw_len) scratch->resize(h.raw_len);
+  *data = scratch->data();
+  return Decode(rec, rec_len, expected, scratch->data(), h.raw_len);
+}
+
 }  // namespace storage
 }  // namespace gradsnap

@@ -98,6 +98,10 @@ class ChunkDecoder {
   // `out` may then hold garbage.
   absl::Status Decode(const uint8_t* rec, size_t rec_len, const ChunkHeader* expected,
                       uint8_t* out, size_t out_cap);
+  // Zero-copy variant: checks the record like Decode(); a raw record's bytes are left in
+  // place (*data = rec + kChunkHeaderSize), a compressed one is decoded into *scratch.
+  absl::Status DecodeView(const uint8_t* rec, size_t rec_len, const ChunkHeader* expected,
+                          std::vector<uint8_t>* scratch, const uint8_t** data);
 
  private:
   void* dctx_;  // ZSTD_DCtx*

@@ -317,6 +317,12 @@ absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
   }
   b.puts.emplace_back(ShardKey(s.job, s.step, s.rank), EncodeShard(shard));
   if (finish) {
+    // A shard is counted once, even if a second writer races to finish it.
+    auto prev = meta_->Get(ShardKey(s.job, s.step, s.rank));
+    ShardRecord old;
+    if (prev.ok() && DecodeShard(*prev, &old).ok() && old.committed) {
+      return absl::OkStatus();
+    }
     if (ckpt.state == CheckpointState::kCommitted) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", s.job, " step ",
                                                         s.step, " is already committed"));

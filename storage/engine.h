@@ -25,7 +25,10 @@
 //
 // THREAD SAFETY
 //   Engine is thread-safe. Different shards may be written concurrently from different threads.
-//   A ShardWriter or ShardReader is used by one thread at a time.
+//   A ShardWriter or ShardReader is used by one thread at a time and must be destroyed before
+//   the Engine. One shard has at most one open writer (a second OpenShardWriter gets
+//   UNAVAILABLE until the first is destroyed). One process opens a data_dir at a time (a second
+//   Open gets FAILED_PRECONDITION).
 #ifndef GRADSNAP_STORAGE_ENGINE_H_
 #define GRADSNAP_STORAGE_ENGINE_H_
 
@@ -53,6 +56,10 @@ struct EngineOptions {
   bool shuffle = true;
   // Store a chunk compressed only if stored <= raw * this. Default: 0.97.
   double min_compress_gain = 0.97;
+  // Adaptive bypass: try to compress a chunk only while at least half of the writer's
+  // in-flight chunks wait for the disk, i.e. when compressing cannot slow the write down.
+  // false: try every chunk (tests, archival). Default: true.
+  bool adapt_compression = true;
   // Use io_uring; false forces the pwrite fallback (tests). Default: true.
   bool use_io_uring = true;
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
@@ -102,8 +109,9 @@ class ShardReader {
 
 class Engine {
  public:
-  // Opens (creating if needed) and recovers: PENDING leftovers from a crash are kept resumable
-  // or rolled back per docs/format.md, bytes past the last durable offset are ignored/truncated.
+  // Opens (creating if needed) and recovers (docs/format.md, "Recovery"): PENDING checkpoints
+  // stay resumable (never listed; AbortCheckpoint rolls one back), segment bytes past the last
+  // durable offset are truncated, unreferenced segment files and directories are removed.
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options);
   virtual ~Engine() = default;
 
@@ -111,7 +119,9 @@ class Engine {
   // checkpoint with this (job, step) exists with a different spec or is committed.
   virtual absl::Status BeginCheckpoint(const CheckpointSpec& spec) = 0;
   // Opens a writer for one shard of a begun checkpoint. If the same shard was partly written
-  // before (same spec), the writer resumes at its committed_size().
+  // before (same spec), the writer resumes at its committed_size(); if it is already
+  // committed (same spec), the writer is finished: committed_size() == total_size() and
+  // Finish() returns OK. A different spec for a shard with durable bytes: ALREADY_EXISTS.
   virtual absl::StatusOr<std::unique_ptr<ShardWriter>> OpenShardWriter(const ShardSpec& spec) = 0;
   // Convenience: writes a whole shard from memory. data[i] holds tensors[i]'s bytes.
   virtual absl::Status WriteShard(const ShardSpec& spec,

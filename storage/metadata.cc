@@ -71,6 +71,9 @@ absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
     return absl::ResourceExhaustedError(msg);
   }
   if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+    return absl::FailedPreconditionError(msg + " (is another process using this data_dir?)");
+  }
   return absl::InternalError(msg);
 }
 

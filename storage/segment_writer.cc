@@ -12,20 +12,13 @@
 
 namespace gradsnap {
 namespace storage {
-
-struct SegmentWriter::Request {
-  const uint8_t* data;
-  size_t len;
-  uint64_t offset;
-  size_t done_bytes = 0;
-  std::function<void(const absl::Status&, uint64_t)> done;
-};
-
 namespace {
+
 void LogFallbackOnce(const std::string& why) {
   static std::once_flag once;
   std::call_once(once, [&] { GS_LOG(WARNING) << "storage: using pwrite, not io_uring: " << why; });
 }
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(
@@ -41,6 +34,8 @@ absl::StatusOr<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(
     LogFallbackOnce("file system has no descriptors");
   } else if (absl::Status s = w->SetupRing(o.queue_depth); !s.ok()) {
     LogFallbackOnce(std::string(s.message()));
+  } else {
+    w->ring_thread_ = std::thread([p = w.get()] { p->RingLoop(); });
   }
   return w;
 }
@@ -61,9 +56,13 @@ absl::Status SegmentWriter::SetupRing(int queue_depth) {
 }
 
 SegmentWriter::~SegmentWriter() {
-  absl::MutexLock lock(&mu_);
-  Drain();
+  Wait().IgnoreError();
   if (ring_ != nullptr) {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    ring_thread_.join();
     io_uring_queue_exit(ring_);
     delete ring_;
   }
@@ -74,142 +73,157 @@ uint64_t SegmentWriter::end() const {
   return end_;
 }
 
-absl::StatusOr<uint64_t> SegmentWriter::Append(const uint8_t* data, size_t len,
-                                               std::function<void(const absl::Status&, uint64_t)> done,
-                                               bool more_coming) {
+void SegmentWriter::Append(const uint8_t* data, size_t len, DoneFn done) {
   auto* r = new Request{data, len, 0, 0, std::move(done)};
+  absl::Status fail;
+  {
+    absl::MutexLock lock(&mu_);
+    ++outstanding_;
+    if (!error_.ok()) {
+      fail = error_;
+    } else if (len % kIoAlignment != 0) {
+      fail = absl::InvalidArgumentError("unaligned segment append");
+    } else {
+      r->offset = end_;
+      end_ += len;
+      if (ring_ != nullptr) {
+        queue_.push_back(r);
+        return;
+      }
+    }
+  }
+  if (fail.ok()) fail = Annotate(file_->Write(r->offset, r->data, r->len), path_);
+  Finish(r, fail);
+}
+
+// Runs `done` outside mu_, then accounts the request as finished.
+void SegmentWriter::Finish(Request* r, const absl::Status& s) {
+  r->done(s, r->offset);
+  delete r;
   absl::MutexLock lock(&mu_);
-  if (!error_.ok() || len % kIoAlignment != 0) {
-    absl::Status s = error_.ok() ? absl::InvalidArgumentError("unaligned segment append") : error_;
-    r->done(s, 0);
-    delete r;
-    return s;
-  }
-  r->offset = end_;
-  end_ += len;
-  ++inflight_;
-  if (ring_ == nullptr) {
-    mu_.Unlock();  // positional writes of disjoint ranges run in parallel
-    absl::Status s = WriteSync(r);
-    mu_.Lock();
-    if (!s.ok() && error_.ok()) error_ = s;
-    uint64_t offset = r->offset;
-    r->done(s, offset);
-    delete r;
-    --inflight_;
-    if (!s.ok()) return s;
-    return offset;
-  }
-  uint64_t offset = r->offset;
-  while (inflight_ > queue_depth_ && error_.ok()) Reap(/*wait=*/true);
-  Prepare(r);
-  if (!more_coming || prepared_ >= 8) Submit();
-  Reap(/*wait=*/false);
-  if (!error_.ok()) return error_;
-  return offset;
+  if (!s.ok() && error_.ok()) error_ = s;
+  --outstanding_;
 }
 
-absl::Status SegmentWriter::WriteSync(Request* r) {
-  absl::Status s = file_->Write(r->offset, r->data, r->len);
-  return Annotate(s, path_);
-}
-
-// Fills one SQE for the rest of `r`. The ring has queue_depth_ entries and at most
-// queue_depth_ requests are outstanding, so an SQE is always available after a Submit().
-void SegmentWriter::Prepare(Request* r) {
-  io_uring_sqe* sqe = io_uring_get_sqe(ring_);
-  if (sqe == nullptr) {
+void SegmentWriter::RingLoop() {
+  for (;;) {
+    std::deque<Request*> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      if (inflight_ == 0 && retry_.empty()) {
+        // Idle: sleep until there is work or we are told to stop.
+        mu_.Await(absl::Condition(
+            +[](SegmentWriter* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return w->stop_ || !w->queue_.empty();
+            },
+            this));
+        if (queue_.empty() && stop_) return;
+      }
+      ready.swap(queue_);
+      if (!error_.ok()) {
+        // Sticky error: fail queued requests without touching the disk.
+        absl::Status err = error_;
+        mu_.Unlock();
+        for (Request* r : ready) Finish(r, err);
+        mu_.Lock();
+        ready.clear();
+      }
+    }
+    Prepare(&ready);
     Submit();
-    sqe = io_uring_get_sqe(ring_);
+    if (inflight_ > 0) Reap();
+    if (!ready.empty()) {
+      // The ring was full: put the rest back in front, in order.
+      absl::MutexLock lock(&mu_);
+      queue_.insert(queue_.begin(), ready.begin(), ready.end());
+    }
   }
-  GS_CHECK(sqe != nullptr) << "io_uring SQ full with " << inflight_ << " in flight";
-  io_uring_prep_write(sqe, file_->fd(), r->data + r->done_bytes,
-                      static_cast<unsigned>(r->len - r->done_bytes), r->offset + r->done_bytes);
-  io_uring_sqe_set_data(sqe, r);
-  ++prepared_;
+}
+
+// Fills SQEs (retries first) while fewer than queue_depth_ writes are in flight.
+int SegmentWriter::Prepare(std::deque<Request*>* ready) {
+  int n = 0;
+  while (inflight_ < queue_depth_ && (!retry_.empty() || !ready->empty())) {
+    std::deque<Request*>* from = retry_.empty() ? ready : &retry_;
+    io_uring_sqe* sqe = io_uring_get_sqe(ring_);
+    if (sqe == nullptr) break;  // SQ full until the next submit
+    Request* r = from->front();
+    from->pop_front();
+    io_uring_prep_write(sqe, file_->fd(), r->data + r->done_bytes,
+                        static_cast<unsigned>(r->len - r->done_bytes), r->offset + r->done_bytes);
+    io_uring_sqe_set_data(sqe, r);
+    ++prepared_;
+    ++inflight_;
+    ++n;
+  }
+  return n;
 }
 
 void SegmentWriter::Submit() {
-  if (prepared_ == 0) return;
-  int rc;
-  do {
-    rc = io_uring_submit(ring_);
-  } while (rc == -EINTR || rc == -EAGAIN);
-  if (rc < 0) {
-    // The prepared SQEs stay in the ring; record the error so nothing more is queued.
-    if (error_.ok()) error_ = PosixError(absl::StrCat("io_uring_submit ", path_), -rc);
-    return;
-  }
-  prepared_ -= rc;
-}
-
-void SegmentWriter::Reap(bool wait) {
-  if (wait) Submit();  // never wait on a completion of an unsubmitted write
-  for (bool first = true; inflight_ > 0; first = false) {
-    io_uring_cqe* cqe = nullptr;
-    int rc = (wait && first) ? io_uring_wait_cqe(ring_, &cqe) : io_uring_peek_cqe(ring_, &cqe);
-    if (rc == -EINTR) continue;
-    if (rc < 0 || cqe == nullptr) {
-      if (wait && first && rc != -EAGAIN && error_.ok()) {
-        error_ = PosixError(absl::StrCat("io_uring_wait_cqe ", path_), -rc);
+  while (prepared_ > 0) {
+    int rc = io_uring_submit(ring_);
+    if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) {
+      if (inflight_ > prepared_) Reap();  // make room by completing something
+      continue;
+    }
+    if (rc < 0) {
+      // Cannot reach the kernel at all: nothing more can be written through this ring.
+      GS_LOG(ERROR) << "io_uring_submit " << path_ << ": " << -rc;
+      absl::Status s = PosixError(absl::StrCat("io_uring_submit ", path_), -rc);
+      {
+        absl::MutexLock lock(&mu_);
+        if (error_.ok()) error_ = s;
       }
+      // The SQEs stay in the ring and will be submitted by a later call if the kernel
+      // recovers; otherwise the destructor's Wait() cannot finish. Retrying is bounded by the
+      // caller's own deadlines; log loudly.
       return;
     }
+    prepared_ -= rc;
+  }
+}
+
+// Waits for one completion, then takes every other one that is ready.
+void SegmentWriter::Reap() {
+  io_uring_cqe* cqe = nullptr;
+  int rc = io_uring_wait_cqe(ring_, &cqe);
+  while (rc == 0 && cqe != nullptr) {
     auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
     int res = cqe->res;
     io_uring_cqe_seen(ring_, cqe);
+    --inflight_;
     Complete(r, res);
-    if (wait && first && prepared_ > 0) Submit();  // requeued remainders
+    cqe = nullptr;
+    rc = io_uring_peek_cqe(ring_, &cqe);
   }
 }
 
 void SegmentWriter::Complete(Request* r, int res) {
   if (res == -EAGAIN || res == -EINTR || (res > 0 && r->done_bytes + res < r->len)) {
     if (res > 0) r->done_bytes += static_cast<size_t>(res);
-    Prepare(r);  // short write: requeue the remainder
-    Submit();
+    retry_.push_back(r);  // short write: requeue the remainder
     return;
   }
   absl::Status s;
-  if (res < 0) {
-    s = PosixError(absl::StrCat("io_uring write ", path_), -res);
-  } else if (res == 0) {
-    s = PosixError(absl::StrCat("io_uring write ", path_), EIO);
-  }
-  if (!s.ok() && error_.ok()) error_ = s;
-  r->done(s, r->offset);
-  delete r;
-  --inflight_;
-}
-
-void SegmentWriter::Drain() {
-  if (ring_ != nullptr) {
-    Submit();
-    while (inflight_ > 0) {
-      if (prepared_ > 0 && !error_.ok()) {
-        // Submission itself failed: these SQEs never reach the kernel.
-        break;
-      }
-      Reap(/*wait=*/true);
-    }
-  } else {
-    mu_.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &inflight_));
-  }
+  if (res < 0) s = PosixError(absl::StrCat("io_uring write ", path_), -res);
+  if (res == 0) s = PosixError(absl::StrCat("io_uring write ", path_), EIO);
+  Finish(r, s);
 }
 
 absl::Status SegmentWriter::Wait() {
   absl::MutexLock lock(&mu_);
-  Drain();
+  mu_.Await(absl::Condition(
+      +[](int* n) { return *n == 0; }, &outstanding_));
   return error_;
 }
 
 absl::Status SegmentWriter::Sync() {
-  absl::MutexLock lock(&mu_);
-  Drain();
-  if (!error_.ok()) return error_;
+  RETURN_IF_ERROR(Wait());
   absl::Status s = file_->Sync();
-  if (!s.ok()) error_ = s;
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = s;
+  }
   return s;
 }
 

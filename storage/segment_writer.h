@@ -1,31 +1,37 @@
 // Append-only segment file writer: io_uring with O_DIRECT, or pwrite.
 //
 // OVERVIEW
-//   A segment file is a sequence of chunk records, each padded to 4 KiB (docs/format.md,
-//   "Segment files"). Append() reserves the next offset and queues the write; up to
-//   queue_depth writes are in flight. With io_uring the loop is liburing's: Prepare() fills an
-//   SQE, Submit() hands all prepared SQEs to the kernel in one call (batched: the caller says
-//   when more appends follow), Reap() collects completions, Complete() finishes or requeues one.
-//   Without io_uring (disabled, setup failed, or a File without a descriptor such as the
-//   fault-injecting file system) each Append is a positional write on the calling thread.
+//   A segment file is a sequence of chunk records, each starting on a 4 KiB boundary
+//   (docs/format.md, "Segment files"). Append() reserves the next offset and queues the write.
+//   With io_uring, one thread per segment owns the ring and runs liburing's loop:
+//     Prepare()  fill SQEs for queued requests while fewer than queue_depth are in flight,
+//     Submit()   hand every prepared SQE to the kernel in one io_uring_enter (batched),
+//     Reap()     wait for one completion, then peek the rest without blocking,
+//     Complete() finish a request, or requeue the remainder of a short write.
+//   Requests that arrive while the ring is busy wait in the queue and go out together with
+//   the next submission. Without io_uring (disabled, setup failed, or a File without a
+//   descriptor such as the fault-injecting file system) each Append is a positional write on
+//   the calling thread, so concurrent appenders still overlap.
 //
 // ERROR HANDLING
 //   Short writes and -EAGAIN/-EINTR are requeued for the remainder. Any other failure is
-//   sticky: the first error is kept, every later Append/Sync returns it (ENOSPC becomes
-//   RESOURCE_EXHAUSTED). Sync() waits for every write, then fdatasyncs; only after a successful
-//   Sync() may metadata reference the bytes. Every request's `done` callback runs exactly once
-//   (with ok or not) before Sync() or the destructor returns, so buffers always go back.
+//   sticky: the first error is kept, every later request fails with it without touching the
+//   disk, Wait()/Sync() return it (ENOSPC becomes RESOURCE_EXHAUSTED). Only after a
+//   successful Sync() may metadata reference the bytes. Every request's `done` callback runs
+//   exactly once, from the ring thread or the appending thread, never under a caller's lock.
 //
 // THREAD SAFETY
-//   Thread-safe: encode threads append concurrently. The ring is only touched under mu_.
+//   Thread-safe. The ring is touched only by its thread; mu_ guards the request queue.
 #ifndef GRADSNAP_STORAGE_SEGMENT_WRITER_H_
 #define GRADSNAP_STORAGE_SEGMENT_WRITER_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -46,19 +52,19 @@ struct SegmentWriterOptions {
 
 class SegmentWriter {
  public:
+  using DoneFn = std::function<void(const absl::Status&, uint64_t offset)>;
   // Creates (truncating) the segment file at `path`.
   static absl::StatusOr<std::unique_ptr<SegmentWriter>> Create(FileSystem* fs,
                                                                const std::string& path,
                                                                const SegmentWriterOptions& o);
+  // Waits for queued writes, then stops the ring thread.
   ~SegmentWriter();
 
-  // Queues data[0, len) at the end of the file and returns its offset. `len` must be a
-  // multiple of 4 KiB and `data` 4 KiB aligned; the bytes must stay valid until `done` runs.
-  // `more_coming` true lets the writer delay submission to batch it with the next append.
-  absl::StatusOr<uint64_t> Append(const uint8_t* data, size_t len,
-                                  std::function<void(const absl::Status&, uint64_t)> done,
-                                  bool more_coming);
-  // Submits anything prepared and waits for every queued write (no fdatasync).
+  // Queues data[0, len) at the end of the file; `done(status, offset)` runs when it is
+  // written. `len` must be a multiple of 4 KiB and `data` 4 KiB aligned; the bytes must stay
+  // valid until `done` runs.
+  void Append(const uint8_t* data, size_t len, DoneFn done);
+  // Waits until every queued write completed; returns the sticky error, if any.
   absl::Status Wait();
   // Wait(), then fdatasync.
   absl::Status Sync();
@@ -67,26 +73,39 @@ class SegmentWriter {
   bool uses_io_uring() const { return ring_ != nullptr; }
 
  private:
-  struct Request;
+  struct Request {
+    const uint8_t* data;
+    size_t len;
+    uint64_t offset;
+    size_t done_bytes;
+    DoneFn done;
+  };
   SegmentWriter(std::unique_ptr<File> file, std::string path);
   absl::Status SetupRing(int queue_depth);
-  void Prepare(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Submit() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Reap(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Complete(Request* r, int res) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Drain() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status WriteSync(Request* r);
+  void RingLoop();
+  int Prepare(std::deque<Request*>* ready);
+  void Submit();
+  void Reap();
+  void Complete(Request* r, int res);
+  void Finish(Request* r, const absl::Status& s);
 
   // Constant after construction.
   const std::unique_ptr<File> file_;
   const std::string path_;
   int queue_depth_ = 1;
   io_uring* ring_ = nullptr;
+  std::thread ring_thread_;
+
+  // Ring thread only.
+  int inflight_ = 0;      // submitted or prepared, not completed
+  int prepared_ = 0;      // prepared, not yet submitted
+  std::deque<Request*> retry_;
 
   mutable absl::Mutex mu_;
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;
-  int inflight_ ABSL_GUARDED_BY(mu_) = 0;   // queued or running, not completed
-  int prepared_ ABSL_GUARDED_BY(mu_) = 0;   // prepared, not yet submitted
+  std::deque<Request*> queue_ ABSL_GUARDED_BY(mu_);  // waiting for the ring thread
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;         // appended, done not yet run
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -20,13 +20,15 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 
 namespace gradsnap {
 namespace storage {
 namespace {
 
-constexpr size_t kWindow = 8;
+constexpr size_t kWindow = 16;       // chunks read ahead
+constexpr int kReaderThreads = 8;    // concurrent positional reads (O_DIRECT)
 
 absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std::string& job,
                                                   int64_t step, int32_t rank, uint32_t seq) {
@@ -49,12 +51,15 @@ absl::Status ReadRecord(File* file, const ChunkRecord& c, AlignedBuffer* buf) {
 
 struct ReaderContext {
   ChunkDecoder decoder;
-  AlignedBuffer buf;
 };
 
+// One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
   size_t chunk = 0;
-  std::vector<uint8_t> data;
+  AlignedBuffer record;           // the record as read (O_DIRECT)
+  std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
+  const uint8_t* data = nullptr;  // the chunk's raw bytes: into record or decoded
+  size_t size = 0;
   absl::Status status;
   bool done = false;
 };
@@ -77,7 +82,7 @@ class ShardReaderImpl : public ShardReader {
       first_chunk_[t] = std::min(first_chunk_[t], first_chunk_[t + 1]);
     }
     pool_ = std::make_unique<TaskPool<ReaderContext>>(
-        4, [] { return std::make_unique<ReaderContext>(); });
+        kReaderThreads, [] { return std::make_unique<ReaderContext>(); });
   }
   ~ShardReaderImpl() override { Cancel(); }
 
@@ -97,12 +102,14 @@ class ShardReaderImpl : public ShardReader {
 
  private:
   absl::Status Loss(uint32_t tensor, const absl::Status& s) const {
+    StorageStats::Get().data_loss->Add();
     std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
   void Schedule(size_t chunk);
-  absl::Status Take(size_t chunk, std::unique_ptr<Slot>* slot);
+  absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
+  void Recycle(std::shared_ptr<Slot> slot);
   void Cancel();
   absl::Status HashChunk(size_t chunk, const uint8_t* data);
 
@@ -118,7 +125,8 @@ class ShardReaderImpl : public ShardReader {
   std::deque<std::shared_ptr<Slot>> window_;  // scheduled, in order
   absl::Mutex mu_;
   // Streaming state.
-  std::unique_ptr<Slot> cur_;
+  std::shared_ptr<Slot> cur_;
+  std::vector<std::shared_ptr<Slot>> spare_;  // finished slots whose buffers are reused
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Sha256 sha_;
@@ -126,16 +134,24 @@ class ShardReaderImpl : public ShardReader {
 };
 
 void ShardReaderImpl::Schedule(size_t chunk) {
-  auto slot = std::make_shared<Slot>();
+  std::shared_ptr<Slot> slot;
+  if (spare_.empty()) {
+    slot = std::make_shared<Slot>();
+  } else {
+    slot = std::move(spare_.back());
+    spare_.pop_back();
+  }
   slot->chunk = chunk;
+  slot->done = false;
+  slot->status = absl::OkStatus();
   window_.push_back(slot);
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
-    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &ctx->buf);
+    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &slot->record);
     if (s.ok()) {
-      slot->data.resize(c.header.raw_len);
-      s = ctx->decoder.Decode(ctx->buf.data(), c.header.record_len(), &c.header,
-                              slot->data.data(), slot->data.size());
+      s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
+                                  &slot->decoded, &slot->data);
+      slot->size = c.header.raw_len;
     }
     absl::MutexLock lock(&mu_);
     slot->status = s;
@@ -144,7 +160,11 @@ void ShardReaderImpl::Schedule(size_t chunk) {
 }
 
 // Returns the decoded chunk `chunk`, keeping up to kWindow later chunks in flight.
-absl::Status ShardReaderImpl::Take(size_t chunk, std::unique_ptr<Slot>* out) {
+void ShardReaderImpl::Recycle(std::shared_ptr<Slot> slot) {
+  if (slot != nullptr) spare_.push_back(std::move(slot));
+}
+
+absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
   while (!window_.empty() && window_.front()->chunk != chunk) {
     Cancel();  // a jump: drop the read-ahead
   }
@@ -157,14 +177,17 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::unique_ptr<Slot>* out) {
     mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
   }
   if (!s->status.ok()) return Loss(chunks_[chunk].tensor, s->status);
-  *out = std::make_unique<Slot>(std::move(*s));
+  *out = std::move(s);
   return absl::OkStatus();
 }
 
 void ShardReaderImpl::Cancel() {
   for (auto& s : window_) {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
+    }
+    Recycle(std::move(s));
   }
   window_.clear();
 }
@@ -184,15 +207,16 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   uint8_t* dst = static_cast<uint8_t*>(out);
   uint64_t pos = tensor_start_[index];
   for (size_t i = first_chunk_[index]; i < first_chunk_[index + 1]; ++i) {
-    std::unique_ptr<Slot> slot;
+    std::shared_ptr<Slot> slot;
     RETURN_IF_ERROR(Take(i, &slot));
     const ChunkHeader& h = chunks_[i].header;
     if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
-    std::memcpy(dst + (pos - tensor_start_[index]), slot->data.data(), h.raw_len);
-    sha.Update(slot->data.data(), h.raw_len);
+    std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
+    sha.Update(slot->data, h.raw_len);
     pos += h.raw_len;
+    Recycle(std::move(slot));
   }
   if (pos != tensor_start_[index + 1]) {
     return Loss(index, absl::DataLossError("chunks missing"));
@@ -200,6 +224,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   if (DigestToHex(sha.Finish()) != t.sha256) {
     return Loss(index, absl::DataLossError("tensor SHA-256 mismatch"));
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(out_len));
   return absl::OkStatus();
 }
 
@@ -233,7 +258,7 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   size_t copied = 0;
   while (copied < n && offset < total) {
     if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
-        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->data.size()) {
+        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
       // Find the chunk holding `offset` (chunks are in stream order).
       size_t lo = 0, hi = chunks_.size();
       while (hi - lo > 1) {
@@ -244,17 +269,18 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
         return absl::DataLossError(absl::StrCat(Where(job_, step_, info_.rank),
                                                 ": no chunk holds offset ", offset));
       }
-      cur_.reset();
+      Recycle(std::move(cur_));
       RETURN_IF_ERROR(Take(lo, &cur_));
-      RETURN_IF_ERROR(HashChunk(lo, cur_->data.data()));
+      RETURN_IF_ERROR(HashChunk(lo, cur_->data));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
-    size_t take = std::min(n - copied, cur_->data.size() - in_chunk);
-    std::memcpy(dst + copied, cur_->data.data() + in_chunk, take);
+    size_t take = std::min(n - copied, cur_->size - in_chunk);
+    std::memcpy(dst + copied, cur_->data + in_chunk, take);
     copied += take;
     offset += take;
   }
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
 }
 

@@ -30,6 +30,7 @@
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/segment_writer.h"
+#include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 
 namespace gradsnap {
@@ -86,6 +87,7 @@ class ShardWriterImpl : public ShardWriter {
   absl::Status Persist(bool finish);
   absl::Status SyncSegments();
   void WaitIdle();
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < max_jobs_; }
 
   // Constant after construction.
   EngineImpl* const engine_;
@@ -93,6 +95,8 @@ class ShardWriterImpl : public ShardWriter {
   const std::string key_;
   std::vector<uint64_t> tensor_end_;  // stream offset where tensor i ends
   uint64_t total_ = 0;
+  int max_jobs_ = 1;
+  std::atomic<int> io_pending_{0};     // jobs queued on a SegmentWriter, not yet written
 
   // Caller-thread state.
   ShardRecord rec_;                   // as last persisted
@@ -109,7 +113,6 @@ class ShardWriterImpl : public ShardWriter {
 
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs not yet released
-  int encoding_ ABSL_GUARDED_BY(mu_) = 0;   // jobs not yet handed to a SegmentWriter
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkRecord> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> digests_ ABSL_GUARDED_BY(mu_);  // per tensor, "" until known
@@ -135,7 +138,10 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   rec_.tensor_sha256.resize(rec_.spec.tensors.size());
   lanes_.resize(rec_.spec.tensors.size());
   written_ = committed_ = rec_.committed_size;
+  // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
+  max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * opt_.encode_threads + 8));
   next_chunk_index_ = rec_.chunk_count;
+  finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
   CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
       opt_.encode_threads, [co] { return std::make_unique<ChunkEncoder>(co); });
@@ -147,19 +153,8 @@ ShardWriterImpl::~ShardWriterImpl() {
   engine_->ReleaseWriter(key_);
 }
 
-// Waits until every dispatched job has been encoded, written and hashed. Completions are
-// reaped by whoever calls into a SegmentWriter, so once no job is still encoding, this
-// thread drives the rings until they are empty.
+// Waits until every dispatched job has been encoded, written and hashed.
 void ShardWriterImpl::WaitIdle() {
-  {
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &encoding_));
-  }
-  {
-    absl::MutexLock lock(&io_mu_);
-    for (auto& [seq, w] : sealed_) w->Wait().IgnoreError();  // errors reach error_ via jobs
-    if (seg_ != nullptr) seg_->Wait().IgnoreError();
-  }
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &pending_));
 }
@@ -232,6 +227,7 @@ void ShardWriterImpl::AdvanceTensor() {
 }
 
 absl::Status ShardWriterImpl::Append(const void* data, size_t n) {
+  if (n == 0) return absl::OkStatus();
   if (finished_) return absl::FailedPreconditionError("shard writer already finished");
   if (n > total_ - written_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -272,12 +268,16 @@ void ShardWriterImpl::Dispatch() {
   HashLane* lane = lanes_[tensor_].get();
   // Adaptive bypass: after two chunks of a tensor that did not compress, only every 8th
   // chunk tries again.
-  job->try_compress = opt_.zstd_level > 0 &&
+  // Throughput bypass: compress only while the disk is behind (enough writes queued), so
+  // encoding time hides behind I/O and compression never lowers throughput.
+  bool disk_busy = !opt_.adapt_compression || io_pending_.load() >= max_jobs_ / 2;
+  job->try_compress = opt_.zstd_level > 0 && disk_busy &&
                       (lane->no_gain.load() < 2 || job->index_in_tensor % 8 == 0);
   {
+    // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &ShardWriterImpl::HasRoom));
     ++pending_;
-    ++encoding_;
   }
   pool_->Run([this, job](ChunkEncoder* enc) { Encode(job, enc); });
 }
@@ -300,10 +300,6 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
   job->record.header = h;
   job->record.tensor = job->tensor;
   SubmitIo(job);
-  {
-    absl::MutexLock lock(&mu_);
-    --encoding_;
-  }
   Hash(job);
 }
 
@@ -312,34 +308,38 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   size_t len = job->record.header.record_len();
   size_t padded = AlignUp(len);
   std::memset(rec + len, 0, padded - len);
-  absl::MutexLock lock(&io_mu_);
-  absl::Status s;
-  if (seg_ == nullptr || (seg_->end() > 0 && seg_->end() + padded > opt_.segment_bytes)) {
-    if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
-    SegmentWriterOptions so{opt_.use_io_uring, opt_.use_direct_io, opt_.queue_depth};
-    const ShardSpec& sp = rec_.spec;
-    auto w = SegmentWriter::Create(engine_->fs(),
-                                   engine_->SegmentPath(sp.job, sp.step, sp.rank, seg_seq_), so);
-    if (!w.ok()) {
-      Release(job, w.status());
-      return;
+  SegmentWriter* w = nullptr;
+  {
+    absl::MutexLock lock(&io_mu_);
+    if (seg_ == nullptr || (seg_->end() > 0 && seg_->end() + padded > opt_.segment_bytes)) {
+      // Roll: the old segment finishes its queue and is synced by the next Persist().
+      if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
+      SegmentWriterOptions so{opt_.use_io_uring, opt_.use_direct_io, opt_.queue_depth};
+      const ShardSpec& sp = rec_.spec;
+      auto created = SegmentWriter::Create(
+          engine_->fs(), engine_->SegmentPath(sp.job, sp.step, sp.rank, seg_seq_), so);
+      if (!created.ok()) {
+        Release(job, created.status());
+        return;
+      }
+      seg_ = std::move(*created);
+      ++seg_seq_;
+      new_files_ = true;
     }
-    seg_ = std::move(*w);
-    ++seg_seq_;
-    new_files_ = true;
+    job->record.segment = seg_seq_ - 1;
+    w = seg_.get();  // stays alive until Persist(), which first waits for this job
   }
-  job->record.segment = seg_seq_ - 1;
-  bool more = pool_->queued() > 0;
-  seg_->Append(rec, padded,
-               [this, job](const absl::Status& st, uint64_t offset) {
-                 job->record.offset = offset;
-                 Release(job, st);
-               },
-               more).IgnoreError();  // the callback carries the status
+  io_pending_.fetch_add(1);
+  w->Append(rec, padded, [this, job](const absl::Status& st, uint64_t offset) {
+    io_pending_.fetch_sub(1);
+    job->record.offset = offset;
+    Release(job, st);
+  });
 }
 
 void ShardWriterImpl::Hash(Job* job) {
-  HashLane* lane = lanes_[job->tensor].get();
+  const uint32_t tensor = job->tensor;  // `job` may be freed by the Release calls below
+  HashLane* lane = lanes_[tensor].get();
   {
     absl::MutexLock lock(&mu_);
     lane->parked[job->index_in_tensor] = job;
@@ -353,7 +353,7 @@ void ShardWriterImpl::Hash(Job* job) {
       auto it = lane->parked.find(lane->next);
       if (it == lane->parked.end()) {
         lane->busy = false;
-        FinalizeLaneLocked(job->tensor);
+        FinalizeLaneLocked(tensor);
         return;
       }
       next = it->second;
@@ -361,8 +361,10 @@ void ShardWriterImpl::Hash(Job* job) {
     }
     lane->sha.Update(next->raw->data() + kChunkHeaderSize, next->n);
     {
+      // Finalize before Release: once the last job is released, Persist() may read digests_.
       absl::MutexLock lock(&mu_);
       ++lane->next;
+      FinalizeLaneLocked(tensor);
     }
     Release(next, absl::OkStatus());
   }
@@ -413,6 +415,7 @@ absl::Status ShardWriterImpl::SyncSegments() {
 
 absl::Status ShardWriterImpl::Persist(bool finish) {
   if (finished_) return absl::OkStatus();
+  ScopedLatency latency(StorageStats::Get().commit_seconds);
   Dispatch();
   AdvanceTensor();
   WaitIdle();
@@ -451,9 +454,25 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
     sealed_.clear();
   }
-  if (finish) next.committed = true;
+  if (finish) {
+    for (size_t i = 0; i < next.tensor_sha256.size(); ++i) {
+      if (next.tensor_sha256[i].empty()) {
+        return absl::InternalError(absl::StrCat("no digest for ",
+                                                Where(rec_.spec.job, rec_.spec.step,
+                                                      rec_.spec.rank, rec_.spec.tensors[i].name)));
+      }
+    }
+    next.committed = true;
+  }
   s = engine_->CommitShardProgress(next, chunks, finish);
   if (!s.ok()) return s;
+  StorageStats& stats = StorageStats::Get();
+  stats.raw_bytes_written->Add(static_cast<int64_t>(written_ - committed_));
+  stats.stored_bytes_written->Add(static_cast<int64_t>(next.stored_bytes - rec_.stored_bytes));
+  stats.chunks_written->Add(static_cast<int64_t>(chunks.size()));
+  for (const ChunkRecord& c : chunks) {
+    if (c.header.codec == ChunkCodec::kZstd) stats.chunks_compressed->Add();
+  }
   rec_ = std::move(next);
   committed_ = written_;
   absl::MutexLock lock(&mu_);

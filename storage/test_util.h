@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "common/sha256.h"
+#include "gtest/gtest.h"
+#include "storage/engine.h"
 #include "storage/types.h"
 
 namespace gradsnap {
@@ -61,6 +64,63 @@ inline TensorSpec Tensor(const std::string& name, DType dtype, int64_t numel) {
   t.shape = {numel};
   t.byte_length = static_cast<uint64_t>(numel) * DTypeSize(dtype);
   return t;
+}
+
+struct ShardData {
+  ShardSpec spec;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<uint8_t> stream() const {
+    std::vector<uint8_t> s;
+    for (const auto& b : bytes) s.insert(s.end(), b.begin(), b.end());
+    return s;
+  }
+  std::vector<const void*> ptrs() const {
+    std::vector<const void*> p;
+    for (const auto& b : bytes) p.push_back(b.data());
+    return p;
+  }
+};
+
+inline ShardData MakeShard(const std::string& job, int64_t step, int32_t rank, uint64_t seed,
+                           int64_t w_numel = 100000) {
+  ShardData d;
+  d.spec.job = job;
+  d.spec.step = step;
+  d.spec.rank = rank;
+  d.spec.metadata = "rank-meta";
+  d.spec.tensors = {Tensor("w", DType::kF32, w_numel), Tensor("empty", DType::kF32, 0),
+                    Tensor("g", DType::kBF16, 33333), Tensor("step", DType::kI64, 1)};
+  d.bytes.push_back(WeightBytes(w_numel, seed));
+  d.bytes.emplace_back();
+  d.bytes.push_back(RandomBytes(33333 * 2, seed + 1));
+  d.bytes.push_back(RandomBytes(8, seed + 2));
+  return d;
+}
+
+inline void ExpectRestores(Engine* e, const ShardData& d) {
+  auto r = e->OpenShardReader(d.spec.job, d.spec.step, d.spec.rank);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const ShardInfo& info = (*r)->info();
+  ASSERT_EQ(info.tensors.size(), d.bytes.size());
+  EXPECT_EQ(info.metadata, d.spec.metadata);
+  std::vector<uint8_t> stream;
+  for (size_t i = 0; i < d.bytes.size(); ++i) {
+    EXPECT_EQ(info.tensors[i].spec.sha256, Sha256Hex(d.bytes[i].data(), d.bytes[i].size()));
+    std::vector<uint8_t> out(d.bytes[i].size());
+    ASSERT_TRUE((*r)->ReadTensor(i, out.data(), out.size()).ok());
+    EXPECT_EQ(out, d.bytes[i]) << "tensor " << i;
+    stream.insert(stream.end(), d.bytes[i].begin(), d.bytes[i].end());
+  }
+  std::vector<uint8_t> got(stream.size());
+  uint64_t pos = 0;
+  for (;;) {
+    auto n = (*r)->Read(pos, got.data() + pos, std::min<size_t>(7777, got.size() - pos + 1));
+    ASSERT_TRUE(n.ok()) << n.status();
+    if (*n == 0) break;
+    pos += *n;
+  }
+  EXPECT_EQ(pos, stream.size());
+  EXPECT_EQ(got, stream);
 }
 
 }  // namespace storage

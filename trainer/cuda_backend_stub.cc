@@ -1,5 +1,6 @@
 // NewCudaBackend in builds without CUDA.
 #include "trainer/backend.h"
+#include "trainer/cuda_testing.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -7,6 +8,11 @@ namespace trainer {
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig&, int, int, Comm*) {
   return absl::UnimplementedError(
       "--device cuda: this gradsnap-train was built without CUDA (rebuild with nvcc installed)");
+}
+
+absl::Status DeviceAdamWForTest(float*, float*, float*, const uint16_t*, size_t,
+                                const AdamWStepParams&) {
+  return absl::UnimplementedError("built without CUDA");
 }
 
 }  // namespace trainer

@@ -4,10 +4,11 @@
 // OVERVIEW
 //   Attempt k runs `nproc` children: argv[0] = /proc/self/exe, the user's flags, then
 //   --rank G --world_size W --attempt k --rdzv_dir RDZV/attempt-k (G = node_rank * nproc + i),
-//   and from attempt 1 on --resume latest. When a child exits non-zero or by a signal, the
-//   launcher stops the others (SIGTERM, then SIGKILL after a grace period), and starts attempt
-//   k+1, up to max_restarts times. A child that exits with kExitNoRestart (bad input, a
-//   mismatched checkpoint) ends the job at once: restarting cannot help.
+//   and from attempt 1 on --resume latest (when checkpointing is on). When a child exits
+//   non-zero or by a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace
+//   period) and starts attempt k+1, up to max_restarts times. A child that exits with
+//   kExitNoRestart (bad input, a mismatched checkpoint) ends the job at once: restarting cannot
+//   help.
 //
 // THREAD SAFETY
 //   Launch runs on the main thread and installs SIGINT/SIGTERM handlers (forwarded to children).
@@ -31,6 +32,9 @@ struct LaunchOptions {
   // temporary directory (single node only).
   std::string rdzv;
   int max_restarts = 0;   // Default: 0
+  // Restarted attempts get --resume latest (false: they start over, e.g. --ckpt_mode none).
+  // Default: true
+  bool resume_on_restart = true;
   // The flags passed through to every rank.
   std::vector<std::string> rank_args;
 };

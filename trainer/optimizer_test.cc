@@ -38,7 +38,8 @@ TEST(AdamWTest, HostUpdateMatchesReference) {
     std::vector<double> gd(n);
     for (size_t i = 0; i < n; ++i) gd[i] = g[i] = 0.01f * std::cos(0.11f * i * t);
     const float lr = 1e-3f * t, scale = t % 3 == 0 ? 0.5f : 1.0f;
-    AdamWUpdateHost(p.data(), m.data(), v.data(), g.data(), n, MakeAdamWStepParams(c, lr, scale, t));
+    AdamWUpdateHost(p.data(), m.data(), v.data(), g.data(), n,
+                    MakeAdamWStepParams(c, lr, scale, t));
     ReferenceAdamW(pd, md, vd, gd, lr, scale, t, c);
   }
   for (size_t i = 0; i < n; ++i) {

@@ -12,8 +12,8 @@
 namespace gradsnap {
 namespace trainer {
 
-absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job, int64_t step,
-                                                int32_t rank,
+absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job,
+                                                int64_t step, int32_t rank,
                                                 const std::vector<TensorOut>& tensors) {
   ASSIGN_OR_RETURN(client::Manifest manifest, c.Show(job, step));
   const client::ShardInfo* shard = nullptr;
@@ -25,7 +25,7 @@ absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::st
   }
   for (const TensorOut& t : tensors) {
     auto it = std::find_if(shard->tensors.begin(), shard->tensors.end(),
-                           [&](const client::TensorInfo& i) { return i.spec.name == t.name; });
+                           [&](const storage::TensorInfo& i) { return i.spec.name == t.name; });
     if (it == shard->tensors.end()) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint ", job, "@", step, " rank ",
                                                         rank, " has no tensor ", t.name));

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
@@ -26,7 +27,7 @@ ABSL_FLAG(std::string, model, "tiny", "Model: tiny, small, gpt2-124m, gpt2-350m,
 ABSL_FLAG(int64_t, steps, 20, "Training steps (also the cosine LR horizon). Default: 20");
 ABSL_FLAG(int, batch, 8, "Global batch in sequences per step, divisible by the world size. Default: 8");
 ABSL_FLAG(int, seq, 0, "Tokens per sequence; 0 = the model's context length. Default: 0");
-ABSL_FLAG(double, lr, 1e-3, "Peak learning rate. Default: 1e-3");
+ABSL_FLAG(double, lr, 6e-4, "Peak learning rate. Default: 6e-4");
 ABSL_FLAG(double, min_lr_ratio, 0.1, "Final LR as a fraction of the peak. Default: 0.1");
 ABSL_FLAG(int64_t, warmup, -1, "Warmup steps; -1 = steps/10. Default: -1");
 ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 1.0");
@@ -171,6 +172,11 @@ int main(int argc, char** argv) {
       "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return file.find("train_main") != absl::string_view::npos;
+  };
+  absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> arg_storage;
   std::vector<char*> args = NormalizeFlags(argc, argv, &arg_storage);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
@@ -193,6 +199,7 @@ int main(int argc, char** argv) {
   lo.node_rank = absl::GetFlag(FLAGS_node_rank);
   lo.rdzv = absl::GetFlag(FLAGS_rdzv);
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  lo.resume_on_restart = o.ckpt.mode != "none" || o.ckpt.grad_log;
   if (int rc = Validate(o, lo.nproc, lo.nnodes, lo.node_rank); rc != 0) return rc;
   for (int i = 1; i < static_cast<int>(args.size()); ++i) lo.rank_args.push_back(args[i]);
   return gradsnap::trainer::Launch(lo);

@@ -28,20 +28,29 @@ namespace trainer {
 namespace {
 
 // Opens the store for checkpoints and resume (shard_store.h explains the two kinds).
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const client::ClientOptions& co) {
+#if defined(GRADSNAP_TRAINER_HAVE_CLIENT)
+  return client::Client::Connect(co);
+#else
+  (void)co;
+  return absl::UnimplementedError("checkpointing: this build has no client library");
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
   co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
   co.token = o.token;
   if (!o.storage.empty() || o.world_size == 1) {
-    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(co));
+    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(co));
     return NewDirectShardStore(std::move(c));
   }
   GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
   ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, NewGlooComm(g));
   std::unique_ptr<client::Client> c;
   if (o.rank == 0) {
-    ASSIGN_OR_RETURN(c, client::Client::Connect(co));
+    ASSIGN_OR_RETURN(c, Connect(co));
   }
   return NewFunnelShardStore(std::move(c), std::move(comm));
 }
@@ -75,7 +84,9 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
   if (ckpt.model_config != run.model_config) {
     return mismatch("model", ckpt.model_config, run.model_config);
   }
-  if (ckpt.world_size != run.world_size) return mismatch("world size", ckpt.world_size, run.world_size);
+  if (ckpt.world_size != run.world_size) {
+    return mismatch("world size", ckpt.world_size, run.world_size);
+  }
   if (ckpt.global_batch != run.global_batch) {
     return mismatch("global batch", ckpt.global_batch, run.global_batch);
   }
@@ -123,9 +134,9 @@ absl::Status RankRunner::Setup() {
                                                    " model's ", config_.max_seq_len));
   }
   if (o_.global_batch < 1 || o_.global_batch % o_.world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--batch ", o_.global_batch,
-                                                   " must be a positive multiple of the world size ",
-                                                   o_.world_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--batch ", o_.global_batch, " must be a positive multiple of the world size ",
+        o_.world_size));
   }
   ASSIGN_OR_RETURN(corpus_, LoadCorpus(o_.data, seq_len_));
   if (o_.world_size == 1) {
@@ -156,8 +167,21 @@ absl::Status RankRunner::Setup() {
 
 absl::Status RankRunner::Resume() {
   if (store_ == nullptr) return absl::OkStatus();
+  if (o_.resume == "none") {  // a fresh run must not collide with a job's existing checkpoints
+    ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> existing,
+                     store_->ListCommitted(o_.ckpt.job));
+    if (!existing.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", o_.ckpt.job, " already has checkpoints (newest step ", existing.back().step,
+          "); pass --resume latest to continue it or --job NAME for a new job"));
+    }
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(int64_t step, ResolveResumeStep(*store_, o_.ckpt.job, o_.resume));
   if (step < 0) return absl::OkStatus();
+  // Refuse a checkpoint of another shape before reading any tensor.
+  ASSIGN_OR_RETURN(ReplicatedState saved, ReadCheckpointState(*store_, o_.ckpt.job, step));
+  RETURN_IF_ERROR(CheckCompatible(saved, state_));
   const TrainStateView view = backend_->View();
   std::vector<float> master(view.count()), m(view.count()), v(view.count());
   ASSIGN_OR_RETURN(ReplicatedState restored,
@@ -239,7 +263,7 @@ absl::Status RankRunner::Step(int64_t s) {
   ++steps_run_;
   if (o_.rank == 0) {
     std::printf("step %lld loss %.6f step_ms %.1f stall_ms %.1f%s\n", static_cast<long long>(s),
-                loss_sum / tokens, step_ms, stall, info.skipped ? " skipped" : "");
+                sums[0] / tokens, step_ms, stall, info.skipped ? " skipped" : "");
     std::fflush(stdout);
   }
   return absl::OkStatus();
@@ -252,9 +276,10 @@ absl::Status RankRunner::Summary() {
   const std::string sha = Sha256Hex(params.data(), params.size() * sizeof(float));
   const double tokens = static_cast<double>(steps_run_) * o_.global_batch * seq_len_;
   std::printf(
-      "summary model=%s nproc=%d steps=%lld tokens=%.0f tokens_per_s=%.1f mean_step_ms=%.1f "
-      "stall_ms_total=%.1f resumed_from=%lld params=%zu params_sha256=%s\n",
-      o_.model.c_str(), o_.world_size, static_cast<long long>(steps_run_), tokens,
+      "summary model=%s nproc=%d step=%lld steps_run=%lld tokens=%.0f tokens_per_s=%.1f "
+      "mean_step_ms=%.1f stall_ms_total=%.1f resumed_from=%lld params=%zu params_sha256=%s\n",
+      o_.model.c_str(), o_.world_size, static_cast<long long>(state_.step),
+      static_cast<long long>(steps_run_), tokens,
       total_ms_ > 0 ? tokens / (total_ms_ / 1000.0) : 0.0,
       steps_run_ > 0 ? total_ms_ / steps_run_ : 0.0, total_stall_ms_,
       static_cast<long long>(resumed_from_), params.size(), sha.c_str());

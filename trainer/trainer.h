@@ -3,8 +3,10 @@
 //
 // Output (rank 0, stdout; docs/trainer.md):
 //   step S loss L step_ms T stall_ms X
-//   summary steps=N tokens=K tokens_per_s=R mean_step_ms=M stall_ms_total=X resumed_from=F
-//   params_sha256=<hex of the final full fp32 parameters, ParamLayout order, little-endian>
+//   summary model=M nproc=P step=S steps_run=N tokens=K tokens_per_s=R mean_step_ms=M
+//     stall_ms_total=X resumed_from=F params=N params_sha256=<hex>
+//   (steps_run, tokens and the rates count this attempt; params_sha256 is the SHA-256 of the
+//   final full fp32 parameters in ParamLayout order, little-endian).
 //
 // Thread safety: RunRank runs on the calling thread.
 #ifndef GRADSNAP_TRAINER_TRAINER_H_
@@ -28,7 +30,7 @@ struct TrainOptions {
   int global_batch = 8;        // sequences per step, all ranks. Default: 8
   int seq_len = 0;             // tokens per sequence; 0 = the model's max_seq_len. Default: 0
   uint64_t seed = 1337;        // Default: 1337
-  float lr = 1e-3f;            // peak learning rate. Default: 1e-3
+  float lr = 6e-4f;            // peak learning rate. Default: 6e-4
   float min_lr_ratio = 0.1f;   // final LR = lr * ratio. Default: 0.1
   int64_t warmup_steps = -1;   // -1 = steps / 10. Default: -1
   float grad_clip = 1.0f;      // global-norm clip; 0 = off. Default: 1.0

@@ -21,7 +21,7 @@ class EmbeddedTarget : public CliTarget {
  public:
   explicit EmbeddedTarget(std::string dir) : dir_(std::move(dir)) {}
   std::vector<std::string> Flags() const override { return {"--ckpt-dir", dir_}; }
-  std::unique_ptr<client::Client> OpenClient() const override {
+  std::unique_ptr<client::Client> OpenClient(const std::string&) const override {
     client::ClientOptions o;
     o.local_dir = dir_;
     auto c = client::Client::Connect(o);
@@ -45,7 +45,7 @@ class ServerTarget : public CliTarget {
     }
   }
 
-  absl::Status Start(const std::string& scratch) {
+  absl::Status Start(const std::string& scratch, const std::vector<std::string>& extra) {
     std::string data = scratch + "/server-data";
     std::filesystem::create_directories(data);
     std::string log = scratch + "/server.log";
@@ -58,8 +58,13 @@ class ServerTarget : public CliTarget {
       int errfd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (errfd >= 0) ::dup2(errfd, STDERR_FILENO);
       ::close(pipefd[0]);
-      ::execl(GRADSNAP_SERVER_PATH, GRADSNAP_SERVER_PATH, "--data-dir", data.c_str(), "--listen",
-              "127.0.0.1:0", static_cast<char*>(nullptr));
+      std::vector<std::string> args = {GRADSNAP_SERVER_PATH, "--data-dir", data, "--listen",
+                                       "127.0.0.1:0"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(GRADSNAP_SERVER_PATH, argv.data());
       ::_exit(127);
     }
     ::close(pipefd[1]);
@@ -84,9 +89,10 @@ class ServerTarget : public CliTarget {
   }
 
   std::vector<std::string> Flags() const override { return {"--server", address_}; }
-  std::unique_ptr<client::Client> OpenClient() const override {
+  std::unique_ptr<client::Client> OpenClient(const std::string& token) const override {
     client::ClientOptions o;
     o.endpoints = {address_};
+    o.token = token;
     auto c = client::Client::Connect(o);
     if (!c.ok()) ADD_FAILURE() << c.status();
     return c.ok() ? *std::move(c) : nullptr;
@@ -108,8 +114,9 @@ std::vector<std::string> CliTargetNames() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(const std::string& name,
-                                                      const std::string& scratch) {
+absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(
+    const std::string& name, const std::string& scratch,
+    const std::vector<std::string>& server_args) {
   if (name == "embedded") {
     std::string dir = scratch + "/ckpt";
     std::filesystem::create_directories(dir);
@@ -118,7 +125,7 @@ absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(const std::string& name,
 #ifdef GRADSNAP_SERVER_PATH
   if (name == "server") {
     auto t = std::make_unique<ServerTarget>();
-    absl::Status st = t->Start(scratch);
+    absl::Status st = t->Start(scratch, server_args);
     if (!st.ok()) return st;
     return std::unique_ptr<CliTarget>(std::move(t));
   }

@@ -19,14 +19,16 @@ class CliTarget {
   // Global flags that point the CLI at this target.
   virtual std::vector<std::string> Flags() const = 0;
   // A library client on the same target (nullptr on failure, reported with ADD_FAILURE).
-  virtual std::unique_ptr<client::Client> OpenClient() const = 0;
+  virtual std::unique_ptr<client::Client> OpenClient(const std::string& token = "") const = 0;
 };
 
 // "embedded", plus "server" when this build has gradsnap-server.
 std::vector<std::string> CliTargetNames();
 // Sets up the target `name` under `scratch`; UNIMPLEMENTED when not available in this build.
-absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(const std::string& name,
-                                                      const std::string& scratch);
+// `server_args` are extra gradsnap-server flags (e.g. --auth-secret-file F).
+absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(
+    const std::string& name, const std::string& scratch,
+    const std::vector<std::string>& server_args = {});
 
 }  // namespace clitest
 }  // namespace gradsnap

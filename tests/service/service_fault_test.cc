@@ -85,7 +85,7 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
                                        std::future_status::ready);
   }
   absl::Status s = save.get();
-  ASSERT_TRUE(s.ok()) << s << "\n" << server->Log();
+  ASSERT_TRUE(s.ok()) << s << "\nserver " << server->Describe() << ", log:\n" << server->Log();
   EXPECT_TRUE(c->Verify("killed", 1).ok());
   auto got = RestoreToString(c.get(), "killed", 1, 0);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -119,7 +119,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
     ExpectNothingListedOrVerified(other.get(), "termed");
   }
   absl::Status s = save.get();
-  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(s.ok()) << s << "\nserver " << server->Describe() << ", log:\n" << server->Log();
   auto listed = c->List("termed");
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->size(), 1u);

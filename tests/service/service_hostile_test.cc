@@ -303,6 +303,8 @@ TEST(ServiceHostile, GarbageAndMalformedCallsWhileAGoodClientWorks) {
   auto listed = (*c)->List("hostile");
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
+  c->reset();
+  channel.reset();  // idle open connections delay a graceful shutdown by seconds
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0) << server.Log();
 }

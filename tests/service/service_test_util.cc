@@ -111,6 +111,17 @@ int ServerProcess::Wait() {
   return -1;
 }
 
+std::string ServerProcess::Describe() {
+  if (pid_ <= 0) return "not running";
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return "running";
+  pid_ = -1;
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return "gone";
+}
+
 uint64_t ServerProcess::RssBytes() const {
   std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
   std::string line;

@@ -44,6 +44,8 @@ class ServerProcess {
   // Sends a signal; Wait() reaps and returns the exit status (or 128 + signal).
   void Signal(int sig);
   int Wait();
+  // "running", or how the child ended (reaps it), for failure messages.
+  std::string Describe();
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
   int port() const { return port_; }

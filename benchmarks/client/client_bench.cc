@@ -1,0 +1,124 @@
+// client_bench: save and restore of one large shard through the embedded client, measured in
+// the same run against the storage engine used directly, plus a safetensors export.
+//
+//   build/bin/client_bench [--bytes N] [--dir DIR] [--compressible] [--keep]
+//
+// Last line: engine_save_gbps= client_save_gbps= save_ratio= engine_restore_gbps=
+// client_restore_gbps= restore_ratio= export_gbps= (GB = 1e9 bytes).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/safetensors.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "storage/engine.h"
+
+ABSL_FLAG(uint64_t, bytes, 1ull << 30, "Shard size in bytes. Default: 1 GiB.");
+ABSL_FLAG(std::string, dir, "/tmp", "Scratch directory (removed afterwards). Default: /tmp.");
+ABSL_FLAG(bool, compressible, false, "Half-zero data instead of random. Default: false.");
+ABSL_FLAG(bool, keep, false,
+          "Keep the scratch directory (DIR/client_bench-PID; its client/ subdirectory is a "
+          "--ckpt-dir for the gradsnap CLI). Default: false.");
+
+namespace gradsnap {
+namespace {
+
+using storage::CheckpointSpec;
+using storage::ShardSpec;
+
+int Fail(const absl::Status& s, const char* what) {
+  std::fprintf(stderr, "client_bench: %s: %s\n", what, s.ToString().c_str());
+  return 1;
+}
+
+int Run() {
+  const uint64_t bytes = absl::GetFlag(FLAGS_bytes) / 4 * 4;
+  const std::string root = absl::StrCat(absl::GetFlag(FLAGS_dir), "/client_bench-", getpid());
+  std::vector<uint32_t> src(bytes / 4);
+  std::mt19937_64 rng(1);
+  const bool comp = absl::GetFlag(FLAGS_compressible);
+  for (auto& v : src) v = static_cast<uint32_t>(rng()) & (comp ? 0x0000ffffu : 0xffffffffu);
+  storage::TensorSpec t{"w", DType::kF32, {static_cast<int64_t>(bytes / 4)}, bytes, "", 0, 0, ""};
+  CheckpointSpec cs{"bench", 1, storage::CheckpointKind::kFull, -1, 1, ""};
+  ShardSpec ss{"bench", 1, 0, {t}, ""};
+  std::vector<char> out(bytes);
+  std::memset(out.data(), 1, out.size());  // pre-touch the restore buffer
+  double secs[5] = {0, 0, 0, 0, 0};
+  {
+    storage::EngineOptions eo;
+    eo.data_dir = root + "/engine";
+    auto engine = storage::Engine::Open(eo);
+    if (!engine.ok()) return Fail(engine.status(), "open engine");
+    if (auto s = (*engine)->BeginCheckpoint(cs); !s.ok()) return Fail(s, "begin");
+    Stopwatch w;
+    if (auto s = (*engine)->WriteShard(ss, {src.data()}); !s.ok()) return Fail(s, "engine save");
+    secs[0] = w.ElapsedSeconds();
+    auto reader = (*engine)->OpenShardReader("bench", 1, 0);
+    if (!reader.ok()) return Fail(reader.status(), "engine reader");
+    w.Restart();
+    if (auto s = (*reader)->ReadTensor(0, out.data(), out.size()); !s.ok()) return Fail(s, "engine restore");
+    secs[2] = w.ElapsedSeconds();
+  }
+  {
+    client::ClientOptions o;
+    o.local_dir = root + "/client";
+    auto c = client::Client::Connect(o);
+    if (!c.ok()) return Fail(c.status(), "connect");
+    if (auto s = (*c)->BeginCheckpoint(cs); !s.ok()) return Fail(s, "begin");
+    ShardSpec spec{"bench", 1, 0, {}, ""};
+    Stopwatch w;
+    if (auto s = (*c)->SaveShard(spec, {{t, src.data()}}); !s.ok()) return Fail(s, "client save");
+    secs[1] = w.ElapsedSeconds();
+    w.Restart();
+    if (auto s = (*c)->RestoreTensor("bench", 1, 0, "w", out.data(), out.size()); !s.ok()) {
+      return Fail(s, "client restore");
+    }
+    secs[3] = w.ElapsedSeconds();
+    if (std::memcmp(out.data(), src.data(), bytes) != 0) {
+      return Fail(absl::DataLossError("restored bytes differ"), "client restore");
+    }
+    auto m = (*c)->Show("bench", 1);
+    if (!m.ok()) return Fail(m.status(), "show");
+    w.Restart();
+    if (auto s = client::ExportShardSafetensors(**c, *m, 0, root + "/w.safetensors"); !s.ok()) {
+      return Fail(s, "export");
+    }
+    secs[4] = w.ElapsedSeconds();
+  }
+  if (absl::GetFlag(FLAGS_keep)) {
+    std::printf("kept %s\n", root.c_str());
+  } else {
+    std::filesystem::remove_all(root);
+  }
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  std::printf("shard %.2f GiB %s\n", bytes / double(1ull << 30), comp ? "compressible" : "random");
+  std::printf("save:    engine %.3f s (%.2f GB/s), client %.3f s (%.2f GB/s)\n", secs[0],
+              gbps(secs[0]), secs[1], gbps(secs[1]));
+  std::printf("restore: engine %.3f s (%.2f GB/s), client %.3f s (%.2f GB/s)\n", secs[2],
+              gbps(secs[2]), secs[3], gbps(secs[3]));
+  std::printf("export:  %.3f s (%.2f GB/s)\n", secs[4], gbps(secs[4]));
+  std::printf("engine_save_gbps=%.3f client_save_gbps=%.3f save_ratio=%.3f engine_restore_gbps=%.3f "
+              "client_restore_gbps=%.3f restore_ratio=%.3f export_gbps=%.3f\n",
+              gbps(secs[0]), gbps(secs[1]), secs[0] / secs[1], gbps(secs[2]), gbps(secs[3]),
+              secs[2] / secs[3], gbps(secs[4]));
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradsnap
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  gradsnap::SetLogLevel(gradsnap::LogLevel::kWarning);
+  return gradsnap::Run();
+}

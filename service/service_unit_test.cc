@@ -1,0 +1,137 @@
+// Unit tests of the service's parts that need no server: the RAM tier (ShardCache), the
+// in-flight limiter, request validation (proto/convert.h) and rendezvous placement.
+#include <set>
+#include <string>
+#include <thread>
+
+#include "client/remote_placement.h"
+#include "gtest/gtest.h"
+#include "proto/convert.h"
+#include "service/inflight_limiter.h"
+#include "service/shard_cache.h"
+
+namespace gradsnap {
+namespace service {
+namespace {
+
+CachedShard Shard(size_t n, char c) {
+  CachedShard s;
+  s.payload.assign(n, c);
+  return s;
+}
+
+void Put(ShardCache* cache, const std::string& job, int64_t step, int32_t rank, size_t n) {
+  ASSERT_TRUE(cache->Reserve(job, step, n));
+  cache->Publish(job, step, rank, Shard(n, 'x'));
+}
+
+TEST(ShardCache, ServesOnlyCommittedNewestStepAndStaysInBudget) {
+  ShardCache cache(1000);
+  Put(&cache, "a", 1, 0, 300);
+  EXPECT_EQ(cache.Lookup("a", 1, 0), nullptr);  // not committed yet
+  cache.Committed("a", 1);
+  ASSERT_NE(cache.Lookup("a", 1, 0), nullptr);
+  Put(&cache, "a", 2, 0, 300);
+  EXPECT_NE(cache.Lookup("a", 1, 0), nullptr);  // step 2 still pending: step 1 stays
+  cache.Committed("a", 2);
+  EXPECT_EQ(cache.Lookup("a", 1, 0), nullptr);
+  EXPECT_NE(cache.Lookup("a", 2, 0), nullptr);
+  EXPECT_EQ(cache.used(), 300u);
+  cache.Drop("a", 2);
+  EXPECT_EQ(cache.Lookup("a", 2, 0), nullptr);
+  EXPECT_EQ(cache.used(), 0u);
+}
+
+TEST(ShardCache, EvictsLeastRecentlyUsedJobs) {
+  ShardCache cache(1000);
+  for (const char* job : {"a", "b", "c"}) {
+    Put(&cache, job, 1, 0, 300);
+    cache.Committed(job, 1);
+  }
+  ASSERT_NE(cache.Lookup("a", 1, 0), nullptr);  // a is now more recent than b
+  Put(&cache, "d", 1, 0, 300);                  // evicts b, the least recently used
+  cache.Committed("d", 1);
+  EXPECT_NE(cache.Lookup("a", 1, 0), nullptr);
+  EXPECT_EQ(cache.Lookup("b", 1, 0), nullptr);
+  EXPECT_NE(cache.Lookup("c", 1, 0), nullptr);
+  EXPECT_LE(cache.used(), 1000u);
+  EXPECT_FALSE(cache.Reserve("e", 1, 1001));  // larger than the whole budget
+  ShardCache off(0);
+  EXPECT_FALSE(off.Reserve("a", 1, 1));
+}
+
+TEST(InflightLimiter, BlocksThenAdmits) {
+  Counter gauge;
+  InflightLimiter limiter(100, &gauge);
+  EXPECT_TRUE(limiter.Acquire(60, absl::ZeroDuration()));
+  EXPECT_FALSE(limiter.Acquire(60, absl::Milliseconds(10)));
+  EXPECT_FALSE(limiter.Acquire(101, absl::Seconds(1)));
+  EXPECT_EQ(gauge.Value(), 60);
+  std::thread release([&] { limiter.Release(60); });
+  EXPECT_TRUE(limiter.Acquire(60, absl::Seconds(30)));
+  release.join();
+  {
+    InflightReservation r;
+    EXPECT_TRUE(r.Acquire(&limiter, 40, absl::ZeroDuration()));
+    EXPECT_EQ(limiter.in_use(), 100u);
+  }
+  EXPECT_EQ(limiter.in_use(), 60u);
+}
+
+TEST(Convert, RejectsMalformedSpecs) {
+  v1::ShardSpec s;
+  s.set_job("job");
+  s.set_step(1);
+  auto* t = s.add_tensors();
+  t->set_name("w");
+  t->set_dtype(v1::DTYPE_F32);
+  t->add_shape(2);
+  t->add_shape(3);
+  t->set_byte_length(24);
+  ASSERT_TRUE(proto::FromProto(s).ok());
+  auto bad = [&](auto edit) {
+    v1::ShardSpec c = s;
+    edit(&c);
+    return proto::FromProto(c).status().code();
+  };
+  const auto kBad = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(bad([](v1::ShardSpec* c) { c->set_job(".."); }), kBad);
+  EXPECT_EQ(bad([](v1::ShardSpec* c) { c->set_rank(-1); }), kBad);
+  EXPECT_EQ(bad([](v1::ShardSpec* c) { c->mutable_tensors(0)->set_byte_length(25); }), kBad);
+  EXPECT_EQ(bad([](v1::ShardSpec* c) { c->mutable_tensors(0)->set_dtype(v1::DType(9)); }), kBad);
+  EXPECT_EQ(bad([](v1::ShardSpec* c) { *c->add_tensors() = c->tensors(0); }), kBad);  // dup
+  EXPECT_EQ(bad([](v1::ShardSpec* c) {
+              auto* t = c->mutable_tensors(0);
+              t->clear_shape();
+              for (int i = 0; i < 8; ++i) t->add_shape(int64_t{1} << 40);  // overflow
+            }),
+            kBad);
+  EXPECT_EQ(bad([](v1::ShardSpec* c) { c->mutable_tensors(0)->set_sha256("ABC"); }), kBad);
+  EXPECT_EQ(bad([](v1::ShardSpec* c) {
+              c->mutable_tensors(0)->set_flat_name("flat");
+              c->mutable_tensors(0)->set_flat_total(3);
+            }),
+            kBad);
+}
+
+TEST(Placement, StableSpreadAndMinimalMovement) {
+  std::vector<std::string> three = {"h1:1", "h2:1", "h3:1"};
+  std::vector<std::string> four = {"h1:1", "h2:1", "h3:1", "h4:1"};
+  std::vector<int> first(3, 0);
+  int moved_elsewhere = 0;
+  for (int32_t rank = 0; rank < 3000; ++rank) {
+    auto a = client::RankEndpoints(three, "job", rank);
+    EXPECT_EQ(a, client::RankEndpoints(three, "job", rank));  // deterministic
+    EXPECT_EQ(std::set<size_t>(a.begin(), a.end()).size(), 3u);
+    ++first[a[0]];
+    auto b = client::RankEndpoints(four, "job", rank);
+    // Adding a node only moves shards onto the new node.
+    if (b[0] != a[0] && b[0] != 3) ++moved_elsewhere;
+  }
+  for (int n : first) EXPECT_GT(n, 800);  // roughly even
+  EXPECT_EQ(moved_elsewhere, 0);
+}
+
+}  // namespace
+}  // namespace service
+}  // namespace gradsnap

@@ -1,0 +1,415 @@
+// The CUDA back end (backend.h): bf16 compute with fp32 master weights and bf16 gradients.
+//
+// Device buffers: the bf16 compute copy of all parameters; this rank's fp32 master slice and
+// AdamW moments; fp32 weight gradients accumulated by backward, then cast to the bf16 gradient
+// buffer that the reduce-scatter and the optimizer read (so the optimizer, and a checkpointer's
+// gradient log, see bf16 gradients). ZeRO-1 collectives are NCCL reduce/broadcast per slice
+// (slices may differ in length by one element). Everything runs on one stream, stream_.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "trainer/backend.h"
+#include "trainer/cuda_layers.h"
+#include "trainer/cuda_testing.h"
+#include "trainer/cuda_util.h"
+
+#if defined(GRADSNAP_HAVE_NCCL)
+#include <nccl.h>
+#endif
+
+namespace gradsnap {
+namespace trainer {
+namespace {
+
+using cuda::bf16;
+
+#if defined(GRADSNAP_HAVE_NCCL)
+#define NCCL_RETURN(expr)                                                                \
+  do {                                                                                   \
+    ncclResult_t r_ = (expr);                                                            \
+    if (r_ != ncclSuccess) {                                                             \
+      return absl::UnavailableError(absl::StrCat("NCCL error at ", __FILE__, ":",        \
+                                                 __LINE__, ": ", ncclGetErrorString(r_))); \
+    }                                                                                    \
+  } while (0)
+#endif
+
+
+enum TensorIndex { kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+                   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb };
+
+class CudaBackend : public Backend {
+ public:
+  CudaBackend(const ModelConfig& config, int B, int T, Comm* comm)
+      : config_(config), layout_(config), B_(B), T_(T), comm_(comm) {
+    slice_ = RankSlice(layout_.total(), comm->rank(), comm->world_size());
+  }
+  ~CudaBackend() override {
+#if defined(GRADSNAP_HAVE_NCCL)
+    if (nccl_ != nullptr) ncclCommDestroy(nccl_);
+#endif
+    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    int count = 0;
+    CUDA_RETURN(cudaGetDeviceCount(&count));
+    CUDA_RETURN(cudaSetDevice(comm_->rank() % count));
+    CUDA_RETURN(cudaStreamCreate(&stream_));
+    CUBLAS_RETURN(cublasCreate(&cublas_));
+    CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
+    RETURN_IF_ERROR(InitNccl());
+    const size_t L = config_.num_layers, C = config_.channels, V = config_.vocab_size;
+    const size_t NH = config_.num_heads, BT = static_cast<size_t>(B_) * T_;
+    const size_t att = static_cast<size_t>(B_) * NH * T_ * T_, total = layout_.total();
+    RETURN_IF_ERROR(params_bf16_.Alloc(total));
+    RETURN_IF_ERROR(grads_.Alloc(total));
+    RETURN_IF_ERROR(grads_bf16_.Alloc(total));
+    RETURN_IF_ERROR(master_.Alloc(slice_.size()));
+    RETURN_IF_ERROR(m_.Alloc(slice_.size()));
+    RETURN_IF_ERROR(v_.Alloc(slice_.size()));
+    RETURN_IF_ERROR(partials_.Alloc(cuda::kNormBlocks));
+    RETURN_IF_ERROR(inputs_.Alloc(BT));
+    RETURN_IF_ERROR(targets_.Alloc(BT));
+    for (auto* a : {&encoded_, &lnf_, &dres_, &dres_prev_, &dres2_, &dln_, &datty_, &dattproj_,
+                    &dfcproj_}) {
+      RETURN_IF_ERROR(a->Alloc(BT * C));
+    }
+    for (auto* a : {&ln1_, &atty_, &attproj_, &residual2_, &ln2_, &fcproj_, &residual3_}) {
+      RETURN_IF_ERROR(a->Alloc(L * BT * C));
+    }
+    for (auto* a : {&ln1_mean_, &ln1_rstd_, &ln2_mean_, &ln2_rstd_}) {
+      RETURN_IF_ERROR(a->Alloc(L * BT));
+    }
+    for (auto* a : {&lnf_mean_, &lnf_rstd_, &losses_}) RETURN_IF_ERROR(a->Alloc(BT));
+    RETURN_IF_ERROR(qkv_.Alloc(L * BT * 3 * C));
+    RETURN_IF_ERROR(preatt_.Alloc(L * att));
+    RETURN_IF_ERROR(att_.Alloc(L * att));
+    RETURN_IF_ERROR(fch_.Alloc(L * BT * 4 * C));
+    RETURN_IF_ERROR(fch_gelu_.Alloc(L * BT * 4 * C));
+    RETURN_IF_ERROR(logits_.Alloc(BT * V));
+    RETURN_IF_ERROR(probs_.Alloc(BT * V));
+    RETURN_IF_ERROR(dlogits_.Alloc(BT * V));
+    RETURN_IF_ERROR(dqkv_.Alloc(BT * 3 * C));
+    RETURN_IF_ERROR(dpreatt_.Alloc(att));
+    RETURN_IF_ERROR(dfch_.Alloc(BT * 4 * C));
+    RETURN_IF_ERROR(dfch_gelu_.Alloc(BT * 4 * C));
+    const size_t scratch = BT * std::max<size_t>(4 * C, V);
+    RETURN_IF_ERROR(scratch_a_.Alloc(scratch));
+    return scratch_b_.Alloc(scratch);
+  }
+
+  TrainStateView View() override {
+    TrainStateView v;
+    v.rank = comm_->rank();
+    v.world_size = comm_->world_size();
+    v.flat_total = layout_.total();
+    v.lo = slice_.lo;
+    v.hi = slice_.hi;
+    v.master = master_.get();
+    v.m = m_.get();
+    v.v = v_.get();
+    v.on_device = true;
+    v.stream = stream_;
+    return v;
+  }
+
+  absl::Status SetParams(const float* host) override {
+    DeviceArray<float> full;
+    RETURN_IF_ERROR(full.Alloc(layout_.total()));
+    CUDA_RETURN(cudaMemcpy(full.get(), host, layout_.total() * 4, cudaMemcpyHostToDevice));
+    cuda::FloatToBf16(stream_, params_bf16_.get(), full.get(), layout_.total());
+    CUDA_RETURN(cudaMemcpyAsync(master_.get(), full.get() + slice_.lo, slice_.size() * 4,
+                                cudaMemcpyDeviceToDevice, stream_));
+    CUDA_RETURN(cudaMemsetAsync(m_.get(), 0, slice_.size() * 4, stream_));
+    CUDA_RETURN(cudaMemsetAsync(v_.get(), 0, slice_.size() * 4, stream_));
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status SliceToHost(float* master, float* m, float* v) override {
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN(cudaMemcpy(master, master_.get(), slice_.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_RETURN(cudaMemcpy(m, m_.get(), slice_.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_RETURN(cudaMemcpy(v, v_.get(), slice_.size() * 4, cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  }
+
+  absl::Status SliceFromHost(const float* master, const float* m, const float* v) override {
+    CUDA_RETURN(cudaMemcpy(master_.get(), master, slice_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_RETURN(cudaMemcpy(m_.get(), m, slice_.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_RETURN(cudaMemcpy(v_.get(), v, slice_.size() * 4, cudaMemcpyHostToDevice));
+    cuda::FloatToBf16(stream_, params_bf16_.get() + slice_.lo, master_.get(), slice_.size());
+    return GatherParams();
+  }
+
+  absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                                         float dloss) override {
+    const size_t BT = static_cast<size_t>(B_) * T_;
+    CUDA_RETURN(cudaMemcpyAsync(inputs_.get(), inputs, BT * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN(cudaMemcpyAsync(targets_.get(), targets, BT * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN(cudaMemsetAsync(grads_.get(), 0, layout_.total() * 4, stream_));
+    Forward();
+    Backward(dloss);
+    std::vector<float> losses(BT);
+    CUDA_RETURN(cudaMemcpyAsync(losses.data(), losses_.get(), BT * 4, cudaMemcpyDeviceToHost,
+                                stream_));
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN(cudaGetLastError());
+    double sum = 0.0;
+    for (float l : losses) sum += l;
+    return sum;
+  }
+
+  absl::StatusOr<double> ReduceGrads() override {
+    cuda::FloatToBf16(stream_, grads_bf16_.get(), grads_.get(), layout_.total());
+    if (comm_->world_size() > 1) {
+#if defined(GRADSNAP_HAVE_NCCL)
+      NCCL_RETURN(ncclGroupStart());
+      for (int r = 0; r < comm_->world_size(); ++r) {
+        const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
+        bf16* p = grads_bf16_.get() + s.lo;
+        NCCL_RETURN(ncclReduce(p, p, s.size(), ncclBfloat16, ncclSum, r, nccl_, stream_));
+      }
+      NCCL_RETURN(ncclGroupEnd());
+#endif
+    }
+    cuda::SquaredNormPartials(stream_, partials_.get(), grads_bf16_.get() + slice_.lo,
+                              slice_.size());
+    double partials[cuda::kNormBlocks];
+    CUDA_RETURN(cudaMemcpyAsync(partials, partials_.get(), sizeof(partials),
+                                cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    double sq = 0.0;
+    for (double p : partials) sq += p;
+    return sq;
+  }
+
+  GradSliceView Grads() override {
+    GradSliceView g;
+    g.data = grads_bf16_.get() + slice_.lo;
+    g.dtype = DType::kBF16;
+    g.lo = slice_.lo;
+    g.hi = slice_.hi;
+    g.on_device = true;
+    return g;
+  }
+
+  absl::Status Update(const AdamWStepParams& p) override {
+    cuda::AdamWUpdate(stream_, master_.get(), m_.get(), v_.get(),
+                      reinterpret_cast<const uint16_t*>(grads_bf16_.get() + slice_.lo),
+                      reinterpret_cast<uint16_t*>(params_bf16_.get() + slice_.lo),
+                      slice_.size(), p);
+    CUDA_RETURN(cudaGetLastError());
+    return absl::OkStatus();
+  }
+
+  absl::Status GatherParams() override {
+    if (comm_->world_size() > 1) {
+#if defined(GRADSNAP_HAVE_NCCL)
+      NCCL_RETURN(ncclGroupStart());
+      for (int r = 0; r < comm_->world_size(); ++r) {
+        const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
+        bf16* p = params_bf16_.get() + s.lo;
+        NCCL_RETURN(ncclBroadcast(p, p, s.size(), ncclBfloat16, r, nccl_, stream_));
+      }
+      NCCL_RETURN(ncclGroupEnd());
+#endif
+    }
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status FullMasterParams(std::vector<float>* out) override {
+    out->assign(layout_.total(), 0.0f);
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN(cudaMemcpy(out->data() + slice_.lo, master_.get(), slice_.size() * 4,
+                           cudaMemcpyDeviceToHost));
+    return comm_->AllGather(out->data(), out->size());
+  }
+
+ private:
+  absl::Status InitNccl() {
+    if (comm_->world_size() == 1) return absl::OkStatus();
+#if defined(GRADSNAP_HAVE_NCCL)
+    ncclUniqueId id;
+    if (comm_->rank() == 0) {
+      NCCL_RETURN(ncclGetUniqueId(&id));
+      for (int r = 1; r < comm_->world_size(); ++r) {
+        RETURN_IF_ERROR(comm_->Send(r, 900, &id, sizeof(id)));
+      }
+    } else {
+      RETURN_IF_ERROR(comm_->Recv(0, 900, &id, sizeof(id)));
+    }
+    NCCL_RETURN(ncclCommInitRank(&nccl_, comm_->world_size(), id, comm_->rank()));
+    return absl::OkStatus();
+#else
+    return absl::UnimplementedError("--device cuda with several ranks needs NCCL in the build");
+#endif
+  }
+
+  const bf16* P(int i) const { return params_bf16_.get() + layout_.tensors()[i].offset; }
+  float* G(int i) { return grads_.get() + layout_.tensors()[i].offset; }
+
+  void Forward() {
+    const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
+    const int V = config_.vocab_size, BT = B * T;
+    const size_t sC = static_cast<size_t>(BT) * C, sT = BT;
+    const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
+    cudaStream_t s = stream_;
+    cuda::EncoderForward(s, encoded_.get(), inputs_.get(), P(kWte), P(kWpe), B, T, C);
+    for (int l = 0; l < config_.num_layers; ++l) {
+      const float* residual = l == 0 ? encoded_.get() : residual3_.get() + (l - 1) * sC;
+      float* ln1 = ln1_.get() + l * sC;
+      float* qkv = qkv_.get() + l * 3 * sC;
+      float* atty = atty_.get() + l * sC;
+      float* res2 = residual2_.get() + l * sC;
+      float* ln2 = ln2_.get() + l * sC;
+      float* fch = fch_.get() + l * 4 * sC;
+      float* fch_gelu = fch_gelu_.get() + l * 4 * sC;
+      float* fcproj = fcproj_.get() + l * sC;
+      cuda::LayerNormForward(s, ln1, ln1_mean_.get() + l * sT, ln1_rstd_.get() + l * sT,
+                             residual, P(kLn1w) + l * C, P(kLn1b) + l * C, BT, C);
+      cuda::MatmulForward(cublas_, s, qkv, ln1, P(kQkvw) + l * 3 * C * C, P(kQkvb) + l * 3 * C,
+                          BT, C, 3 * C, scratch_a_.get());
+      cuda::AttentionForward(s, atty, preatt_.get() + l * sAtt, att_.get() + l * sAtt, qkv, B, T,
+                             C, NH);
+      cuda::MatmulForward(cublas_, s, attproj_.get() + l * sC, atty, P(kAttprojw) + l * C * C,
+                          P(kAttprojb) + l * C, BT, C, C, scratch_a_.get());
+      cuda::ResidualForward(s, res2, residual, attproj_.get() + l * sC, BT * C);
+      cuda::LayerNormForward(s, ln2, ln2_mean_.get() + l * sT, ln2_rstd_.get() + l * sT, res2,
+                             P(kLn2w) + l * C, P(kLn2b) + l * C, BT, C);
+      cuda::MatmulForward(cublas_, s, fch, ln2, P(kFcw) + l * 4 * C * C, P(kFcb) + l * 4 * C,
+                          BT, C, 4 * C, scratch_a_.get());
+      cuda::GeluForward(s, fch_gelu, fch, BT * 4 * C);
+      cuda::MatmulForward(cublas_, s, fcproj, fch_gelu, P(kFcprojw) + l * 4 * C * C,
+                          P(kFcprojb) + l * C, BT, 4 * C, C, scratch_a_.get());
+      cuda::ResidualForward(s, residual3_.get() + l * sC, res2, fcproj, BT * C);
+    }
+    const float* last = residual3_.get() + (config_.num_layers - 1) * sC;
+    cuda::LayerNormForward(s, lnf_.get(), lnf_mean_.get(), lnf_rstd_.get(), last, P(kLnfw),
+                           P(kLnfb), BT, C);
+    cuda::MatmulForward(cublas_, s, logits_.get(), lnf_.get(), P(kWte), nullptr, BT, C, V,
+                        scratch_a_.get());
+    cuda::SoftmaxCrossEntropyForward(s, probs_.get(), losses_.get(), logits_.get(),
+                                     targets_.get(), BT, V);
+  }
+
+  void Zero(DeviceArray<float>& a) { cudaMemsetAsync(a.get(), 0, a.size() * 4, stream_); }
+
+  void Backward(float dloss) {
+    const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
+    const int V = config_.vocab_size, BT = B * T, L = config_.num_layers;
+    const size_t sC = static_cast<size_t>(BT) * C, sT = BT;
+    const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
+    cudaStream_t s = stream_;
+    bf16* sa = scratch_a_.get();
+    bf16* sb = scratch_b_.get();
+    Zero(dlogits_);
+    Zero(dln_);
+    Zero(dres_);
+    cuda::CrossEntropySoftmaxBackward(s, dlogits_.get(), probs_.get(), targets_.get(), dloss, BT,
+                                      V);
+    cuda::MatmulBackward(cublas_, s, dln_.get(), G(kWte), nullptr, dlogits_.get(), lnf_.get(),
+                         P(kWte), BT, C, V, sa, sb);
+    const float* last = residual3_.get() + (L - 1) * sC;
+    cuda::LayerNormBackward(s, dres_.get(), G(kLnfw), G(kLnfb), dln_.get(), last, P(kLnfw),
+                            lnf_mean_.get(), lnf_rstd_.get(), BT, C);
+    for (int l = L - 1; l >= 0; --l) {
+      const float* residual = l == 0 ? encoded_.get() : residual3_.get() + (l - 1) * sC;
+      for (auto* a : {&dres_prev_, &dres2_, &dln_, &dqkv_, &datty_, &dattproj_, &dfch_,
+                      &dfch_gelu_, &dfcproj_}) {
+        Zero(*a);
+      }
+      cuda::ResidualBackward(s, dres2_.get(), dfcproj_.get(), dres_.get(), BT * C);
+      cuda::MatmulBackward(cublas_, s, dfch_gelu_.get(), G(kFcprojw) + l * 4 * C * C,
+                           G(kFcprojb) + l * C, dfcproj_.get(), fch_gelu_.get() + l * 4 * sC,
+                           P(kFcprojw) + l * 4 * C * C, BT, 4 * C, C, sa, sb);
+      cuda::GeluBackward(s, dfch_.get(), fch_.get() + l * 4 * sC, dfch_gelu_.get(), BT * 4 * C);
+      cuda::MatmulBackward(cublas_, s, dln_.get(), G(kFcw) + l * 4 * C * C, G(kFcb) + l * 4 * C,
+                           dfch_.get(), ln2_.get() + l * sC, P(kFcw) + l * 4 * C * C, BT, C,
+                           4 * C, sa, sb);
+      cuda::LayerNormBackward(s, dres2_.get(), G(kLn2w) + l * C, G(kLn2b) + l * C, dln_.get(),
+                              residual2_.get() + l * sC, P(kLn2w) + l * C,
+                              ln2_mean_.get() + l * sT, ln2_rstd_.get() + l * sT, BT, C);
+      cuda::ResidualBackward(s, dres_prev_.get(), dattproj_.get(), dres2_.get(), BT * C);
+      cuda::MatmulBackward(cublas_, s, datty_.get(), G(kAttprojw) + l * C * C,
+                           G(kAttprojb) + l * C, dattproj_.get(), atty_.get() + l * sC,
+                           P(kAttprojw) + l * C * C, BT, C, C, sa, sb);
+      cuda::AttentionBackward(s, dqkv_.get(), dpreatt_.get(), datty_.get(),
+                              qkv_.get() + l * 3 * sC, att_.get() + l * sAtt, B, T, C, NH);
+      Zero(dln_);
+      cuda::MatmulBackward(cublas_, s, dln_.get(), G(kQkvw) + l * 3 * C * C,
+                           G(kQkvb) + l * 3 * C, dqkv_.get(), ln1_.get() + l * sC,
+                           P(kQkvw) + l * 3 * C * C, BT, C, 3 * C, sa, sb);
+      cuda::LayerNormBackward(s, dres_prev_.get(), G(kLn1w) + l * C, G(kLn1b) + l * C,
+                              dln_.get(), residual, P(kLn1w) + l * C, ln1_mean_.get() + l * sT,
+                              ln1_rstd_.get() + l * sT, BT, C);
+      dres_.Swap(dres_prev_);
+    }
+    cuda::EncoderBackward(s, G(kWte), G(kWpe), dres_.get(), inputs_.get(), B, T, C, V);
+  }
+
+  ModelConfig config_;
+  ParamLayout layout_;
+  int B_, T_;
+  Comm* comm_;
+  Slice slice_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+#if defined(GRADSNAP_HAVE_NCCL)
+  ncclComm_t nccl_ = nullptr;
+#endif
+  DeviceArray<bf16> params_bf16_, grads_bf16_, scratch_a_, scratch_b_;
+  DeviceArray<float> grads_, master_, m_, v_;
+  DeviceArray<double> partials_;
+  DeviceArray<int32_t> inputs_, targets_;
+  DeviceArray<float> encoded_, ln1_, ln1_mean_, ln1_rstd_, qkv_, atty_, preatt_, att_, attproj_,
+      residual2_, ln2_, ln2_mean_, ln2_rstd_, fch_, fch_gelu_, fcproj_, residual3_, lnf_,
+      lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
+  DeviceArray<float> dres_, dres_prev_, dres2_, dln_, dqkv_, datty_, dpreatt_, dattproj_, dfch_,
+      dfch_gelu_, dfcproj_, dlogits_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig& config,
+                                                        int local_batch, int seq_len,
+                                                        Comm* comm) {
+  RETURN_IF_ERROR(RequireDevice());
+  auto b = std::make_unique<CudaBackend>(config, local_batch, seq_len, comm);
+  RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+absl::Status DeviceAdamWForTest(float* param, float* m, float* v, const uint16_t* grad, size_t n,
+                                const AdamWStepParams& p) {
+  RETURN_IF_ERROR(RequireDevice());
+  DeviceArray<float> dp, dm, dv;
+  DeviceArray<uint16_t> dg, dbf;
+  RETURN_IF_ERROR(dp.Alloc(n));
+  RETURN_IF_ERROR(dm.Alloc(n));
+  RETURN_IF_ERROR(dv.Alloc(n));
+  RETURN_IF_ERROR(dg.Alloc(n));
+  RETURN_IF_ERROR(dbf.Alloc(n));
+  CUDA_RETURN(cudaMemcpy(dp.get(), param, n * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN(cudaMemcpy(dm.get(), m, n * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN(cudaMemcpy(dv.get(), v, n * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN(cudaMemcpy(dg.get(), grad, n * 2, cudaMemcpyHostToDevice));
+  cuda::AdamWUpdate(nullptr, dp.get(), dm.get(), dv.get(), dg.get(), dbf.get(), n, p);
+  CUDA_RETURN(cudaGetLastError());
+  CUDA_RETURN(cudaMemcpy(param, dp.get(), n * 4, cudaMemcpyDeviceToHost));
+  CUDA_RETURN(cudaMemcpy(m, dm.get(), n * 4, cudaMemcpyDeviceToHost));
+  CUDA_RETURN(cudaMemcpy(v, dv.get(), n * 4, cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+}  // namespace trainer
+}  // namespace gradsnap
