@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -90,7 +91,16 @@ absl::StatusOr<client::Client*> Context::Connect() {
                                               " (set --ckpt-dir DIR or --server H:P)"));
     }
   }
-  ASSIGN_OR_RETURN(client, client::Client::Connect(options));
+  absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);
+  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK")) {
+    // RocksDB's lock: a trainer or gradsnap-server has the directory open.
+    return absl::UnavailableError(absl::StrCat(
+        "checkpoint directory ", options.local_dir,
+        " is in use by another process (a running trainer or gradsnap-server; use --server): ",
+        c.status().message()));
+  }
+  if (!c.ok()) return c.status();
+  client = *std::move(c);
   return client.get();
 }
 

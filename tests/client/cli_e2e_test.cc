@@ -292,6 +292,23 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   client::testing::RemoveDir(scratch);
 }
 
+// A directory held open by another engine (a trainer) is reported as in use, not as a crash.
+TEST(CliLockTest, DirectoryInUseIsOneLineUnavailable) {
+  std::string scratch = client::testing::MakeTempDir("cli-lock");
+  client::ClientOptions o;
+  o.local_dir = scratch + "/ckpt";
+  auto holder = client::Client::Connect(o);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: UNAVAILABLE: checkpoint directory")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "in use")) << r.err;
+  holder->reset();
+  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  client::testing::RemoveDir(scratch);
+}
+
 // With --auth-secret-file on the server: the CLI needs the job's token (--token or
 // --token-file), and another job's token is refused.
 TEST(CliServerAuthTest, TokensFromFlagsAndFiles) {
