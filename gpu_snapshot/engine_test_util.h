@@ -5,6 +5,7 @@
 #ifndef GRADSNAP_GPU_SNAPSHOT_ENGINE_TEST_UTIL_H_
 #define GRADSNAP_GPU_SNAPSHOT_ENGINE_TEST_UTIL_H_
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -128,6 +129,10 @@ class MemorySink : public SnapshotSink {
     // Complete from another thread, as a real persist would.
     std::thread([done] { done(absl::OkStatus()); }).detach();
   }
+  bool Holding() {
+    absl::MutexLock lock(&mu_);
+    return held_ != nullptr;
+  }
   void Hold(bool h) {
     absl::MutexLock lock(&mu_);
     hold_ = h;
@@ -197,6 +202,11 @@ inline RunResult RunSim(const RunConfig& rc, MemorySink* sink) {
     EXPECT_TRUE((*engine)->AfterBackward(u, sim.grad()).ok());
     UpdateInfo info = sim.Update(u);
     bool due = std::find(rc.due.begin(), rc.due.end(), u) != rc.due.end();
+    // The previous FULL's persist finishes on the worker thread; wait for it, so the FULL due
+    // here starts here (deferral has its own deterministic test).
+    for (int i = 0; due && (*engine)->in_flight() && i < 20000; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     EXPECT_TRUE((*engine)->AfterUpdate(info, due).ok());
     r.stats.push_back((*engine)->TakeStepStats());
     r.reference[u] = sim.state();

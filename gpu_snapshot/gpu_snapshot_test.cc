@@ -73,12 +73,22 @@ TEST(GoCkptTest, OneInFlightAndDeferral) {
   std::vector<StepStats> stats(rc.steps + 1);
   for (int64_t u = 1; u <= rc.steps; ++u) {
     if (u == 8) {
+      // The worker hands the FULL to the sink asynchronously: wait until the sink holds it.
+      for (int i = 0; !sink.Holding() && i < 20000; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ASSERT_TRUE(sink.Holding());
       sink.Hold(false);
       sink.Release();
     }
     sim.Backward(u);
     ASSERT_TRUE((*engine)->AfterBackward(u, sim.grad()).ok());
     bool due = std::find(rc.due.begin(), rc.due.end(), u) != rc.due.end();
+    // The FULL started at 8 (9 = 8 + 2 - 1) is handed to the sink asynchronously; let it
+    // finish so the FULL due at 10 is not deferred.
+    for (int i = 0; u == 10 && (*engine)->in_flight() && i < 20000; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     ASSERT_TRUE((*engine)->AfterUpdate(sim.Update(u), due).ok());
     stats[u] = (*engine)->TakeStepStats();
     ref[u] = sim.state();
