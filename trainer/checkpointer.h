@@ -76,6 +76,14 @@ struct CheckpointerOptions {
   int64_t every = 0;          // FULL checkpoint when step % every == 0; 0 = never. Default: 0
   bool grad_log = false;      // also stream per-step DELTA records (issue 5). Default: false
   std::string job = "job";    // job name in the store. Default: "job"
+  // gockpt (docs/gockpt.md): the window K in steps; 0 = from measured copy bandwidth and step
+  // time (single rank) or min(4, every / 2) (several ranks, which must agree). Default: 0
+  int gockpt_window = 0;
+  // gockpt/-O: gradient copies overlap the update and the all-gather instead of blocking.
+  // Default: true
+  bool gockpt_overlap = true;
+  // Chrome trace-event JSON of compute phases, copies, replay and persists. Default: empty
+  std::string trace_file;
 };
 
 class Checkpointer {

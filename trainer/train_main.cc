@@ -51,7 +51,10 @@ ABSL_FLAG(std::string, token, "", "Bearer token for --storage. Default: empty");
 ABSL_FLAG(std::string, resume, "none", "none, latest or a step number. Default: none");
 ABSL_FLAG(int64_t, fail_at_step, -1, "Failure drill: --fail_rank SIGKILLs itself at this step (first attempt only). Default: -1 (off)");
 ABSL_FLAG(int, fail_rank, 0, "Failure drill rank. Default: 0");
-ABSL_FLAG(std::string, trace, "", "Accepted for compatibility; per-step timings are on stdout. Default: empty");
+ABSL_FLAG(std::string, trace, "", "Write a Chrome/Perfetto trace-event JSON (compute phases, copies, replay, persists) to this file; each rank > 0 appends .rankR. Default: empty (off)");
+ABSL_FLAG(int, gockpt_window, 0, "gockpt window K in steps; 0 = automatic (docs/gockpt.md). Default: 0");
+ABSL_FLAG(bool, gockpt_overlap, true, "gockpt -O: gradient copies overlap the update instead of blocking. Default: true");
+ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");
 // Set by the launcher for its children.
 ABSL_FLAG(int, rank, -1, "(internal) global rank of this process");
 ABSL_FLAG(int, world_size, 1, "(internal) ranks in the job");
@@ -104,6 +107,10 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.ckpt.every = absl::GetFlag(FLAGS_ckpt_every);
   o.ckpt.grad_log = absl::GetFlag(FLAGS_grad_log);
   o.ckpt.job = absl::GetFlag(FLAGS_job);
+  o.ckpt.gockpt_window = absl::GetFlag(FLAGS_gockpt_window);
+  o.ckpt.gockpt_overlap = absl::GetFlag(FLAGS_gockpt_overlap);
+  o.ckpt.trace_file = absl::GetFlag(FLAGS_trace);
+  o.test_skip_step = absl::GetFlag(FLAGS_test_skip_step);
   const std::string storage = absl::GetFlag(FLAGS_storage);
   if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
@@ -160,9 +167,11 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "gradsnap-train --data FILE --model NAME --steps N [--nproc P] [--ckpt_mode none|sync] "
-      "[--ckpt_every N] [--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
-      "[--fail_at_step S --fail_rank R] [--max_restarts N]\nSee docs/trainer.md.");
+      "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
+      "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
+      "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
+      "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
+      "See docs/trainer.md and docs/gockpt.md.");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return file.find("train_main") != absl::string_view::npos;

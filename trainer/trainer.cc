@@ -20,6 +20,7 @@
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
 #include "trainer/full_shard.h"
+#include "trainer/grad_log_store.h"
 #include "trainer/shard_store.h"
 
 namespace gradsnap {
@@ -187,8 +188,13 @@ absl::Status RankRunner::Resume() {
                    RestoreFullShard(*store_, o_.ckpt.job, step, view, master.data(), m.data(),
                                     v.data()));
   RETURN_IF_ERROR(CheckCompatible(restored, state_));
+  if (o_.resume == "latest") {  // FULL + the gradient log's DELTAs on it (grad_log_store.h)
+    ASSIGN_OR_RETURN(restored, ReplayGradLog(*store_, o_.ckpt.job, step, view, master.data(),
+                                             m.data(), v.data(), restored));
+  }
   RETURN_IF_ERROR(backend_->SliceFromHost(master.data(), m.data(), v.data()));
   state_ = restored;
+  step = restored.step;
   resumed_from_ = step;
   if (o_.rank == 0) {
     std::printf("resumed job %s from step %lld\n", o_.ckpt.job.c_str(),
@@ -228,7 +234,7 @@ absl::Status RankRunner::Step(int64_t s) {
   }
   const double norm = std::sqrt(sums[1]);
   UpdateInfo info;
-  info.skipped = !std::isfinite(norm);
+  info.skipped = !std::isfinite(norm) || s == o_.test_skip_step;
   info.grad_norm = static_cast<float>(norm);
   const float lr = LearningRate(state_, s);
   const float scale = (state_.grad_clip > 0 && norm > state_.grad_clip)

@@ -51,6 +51,8 @@ struct TrainOptions {
   // Failure drill: rank fail_rank SIGKILLs itself at the start of step fail_at_step, attempt 0.
   int64_t fail_at_step = -1;
   int fail_rank = 0;
+  // Test hook: the update of this step is skipped as if its gradient norm were not finite.
+  int64_t test_skip_step = -1;
 };
 
 // Runs this rank to completion. Errors: INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION for

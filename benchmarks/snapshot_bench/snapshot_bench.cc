@@ -1,0 +1,245 @@
+// snapshot_bench: runs gradsnap-train on the same model and data in each checkpoint mode
+// (none, sync, async, gockpt, gockpt + gradient log), a FULL checkpoint every N steps, in
+// interleaved rounds, and prints the ratios of issue 5 / DESIGN.md section 7:
+//   throughput_ratio_gockpt          tokens/s of gockpt / none (best round of each mode: on a
+//                                    shared machine outside load only ever slows a run down,
+//                                    so the best round is the least disturbed; medians are
+//                                    printed too)
+//   throughput_ratio_gockpt_gradlog  tokens/s of gockpt + --grad_log / none
+//   stall_ratio_gockpt_vs_sync       checkpoint stall per FULL, gockpt / sync
+//   stall_ratio_async_vs_sync        the same for async
+//   delta_bytes_ratio                stored bytes per DELTA / per FULL (gradient log run)
+//   host_mem_ratio                   pinned host bytes of checkpointing / one copy of the state
+//                                    (gockpt; host_mem_ratio_gradlog for gockpt + log)
+// Stall is the time the training loop spends inside the checkpointing hooks during steps
+// (the per-step stall_ms), excluding the final drain; stall per FULL divides it by the FULL
+// checkpoints the run started. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, model, "small", "gradsnap-train model. Default: small (~10.8M parameters)");
+ABSL_FLAG(int, steps, 30, "Training steps per run. Default: 30");
+ABSL_FLAG(int, every, 10, "FULL checkpoint every N steps. Default: 10");
+ABSL_FLAG(int, batch, 4, "Global batch. Default: 4");
+ABSL_FLAG(int, seq, 64, "Sequence length. Default: 64");
+ABSL_FLAG(int, rounds, 2, "Rounds; each runs every mode once, interleaved. Default: 2");
+ABSL_FLAG(int, window, 0, "--gockpt_window for the gockpt runs; 0 = automatic. Default: 0");
+ABSL_FLAG(std::string, train, "", "gradsnap-train binary. Default: next to this binary");
+ABSL_FLAG(std::string, dir, "", "Scratch directory (removed after). Default: a fresh temp dir");
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Mode {
+  std::string name;
+  std::vector<std::string> flags;
+};
+
+struct RunStats {
+  bool ok = false;
+  double tokens_per_s = 0;
+  double stall_ms = 0;   // sum of per-step stall_ms
+  int fulls = 0;         // FULL checkpoints started
+  double host_mem_ratio = 0;
+  double cpu_s = 0;      // user + system CPU seconds of the whole run (all threads)
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+RunStats Parse(const std::string& out, const std::string& mode) {
+  RunStats r;
+  std::regex step_re(R"(^step \d+ loss \S+ step_ms \S+ stall_ms (\S+))");
+  std::regex tps_re(R"(tokens_per_s=(\S+))");
+  std::regex start_re(R"(^ckpt step \d+ \S+ start)");
+  std::regex mem_re(R"(host_mem_ratio=(\S+))");
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, step_re)) r.stall_ms += std::stod(m[1]);
+    if (std::regex_search(line, m, tps_re)) {
+      r.tokens_per_s = std::stod(m[1]);
+      r.ok = true;
+    }
+    if (std::regex_search(line, m, start_re)) ++r.fulls;
+    if (std::regex_search(line, m, mem_re)) r.host_mem_ratio = std::stod(m[1]);
+  }
+  if (mode == "sync") r.fulls = absl::GetFlag(FLAGS_steps) / absl::GetFlag(FLAGS_every);
+  return r;
+}
+
+RunStats RunMode(const std::string& train, const Mode& mode, const std::string& dir,
+                 int round) {
+  std::string ckpt = absl::StrCat(dir, "/", mode.name, "_", round);
+  std::vector<std::string> args = {
+      train, absl::StrCat("--model=", absl::GetFlag(FLAGS_model)),
+      absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
+      absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
+      absl::StrCat("--seq=", absl::GetFlag(FLAGS_seq)), absl::StrCat("--ckpt_dir=", ckpt),
+      "--job=bench"};
+  args.insert(args.end(), mode.flags.begin(), mode.flags.end());
+  std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
+  std::string cmd = absl::StrCat(absl::StrJoin(args, " "), " >", out, " 2>&1");
+  auto cpu = [] {
+    rusage u;
+    getrusage(RUSAGE_CHILDREN, &u);
+    return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  };
+  const double cpu0 = cpu();
+  int st = std::system(cmd.c_str());
+  std::string text = Slurp(out);
+  RunStats r = Parse(text, mode.name);
+  r.cpu_s = cpu() - cpu0;
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r.ok) {
+    r.ok = false;
+    r.err = text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
+  }
+  return r;
+}
+
+// Stored bytes per DELTA and per FULL checkpoint in the gradient-log run's store.
+bool StoredBytes(const std::string& ckpt_dir, double* per_delta, double* per_full) {
+  gradsnap::client::ClientOptions o;
+  o.local_dir = ckpt_dir;
+  auto c = gradsnap::client::Client::Connect(o);
+  if (!c.ok()) return false;
+  auto list = (*c)->List("bench");
+  if (!list.ok()) return false;
+  double d = 0, f = 0;
+  int nd = 0, nf = 0;
+  for (const auto& info : *list) {
+    if (info.kind == gradsnap::client::CheckpointKind::kDelta) {
+      d += static_cast<double>(info.stored_bytes);
+      ++nd;
+    } else {
+      f += static_cast<double>(info.stored_bytes);
+      ++nf;
+    }
+  }
+  if (nd == 0 || nf == 0) return false;
+  *per_delta = d / nd;
+  *per_full = f / nf;
+  return true;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "snapshot_bench [--model small] [--steps 30] [--every 10] [--rounds 2]: the checkpoint "
+      "modes of gradsnap-train side by side; last line name=value ratios");
+  absl::ParseCommandLine(argc, argv);
+  std::string train = absl::GetFlag(FLAGS_train);
+  if (train.empty()) {
+    train = (fs::path(fs::read_symlink("/proc/self/exe")).parent_path() / "gradsnap-train")
+                .string();
+  }
+  if (!fs::exists(train)) {
+    std::fprintf(stderr, "snapshot_bench: no gradsnap-train at %s (--train)\n", train.c_str());
+    return 1;
+  }
+  const int every = absl::GetFlag(FLAGS_every);
+  if (every < 1 || absl::GetFlag(FLAGS_steps) < every || absl::GetFlag(FLAGS_rounds) < 1) {
+    std::fprintf(stderr, "snapshot_bench: need --every >= 1, --steps >= --every, --rounds >= 1\n");
+    return 1;
+  }
+  std::string dir = absl::GetFlag(FLAGS_dir);
+  if (dir.empty()) dir = (fs::temp_directory_path() / absl::StrCat("snapbench_", getpid())).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string ev = absl::StrCat("--ckpt_every=", every);
+  std::string win = absl::StrCat("--gockpt_window=", absl::GetFlag(FLAGS_window));
+  const std::vector<Mode> modes = {
+      {"none", {"--ckpt_mode=none"}},
+      {"sync", {"--ckpt_mode=sync", ev}},
+      {"async", {"--ckpt_mode=async", ev}},
+      {"gockpt", {"--ckpt_mode=gockpt", ev, win}},
+      {"gockpt_gradlog", {"--ckpt_mode=gockpt", ev, win, "--grad_log"}},
+  };
+  std::map<std::string, std::vector<RunStats>> runs;
+  for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
+    for (const Mode& m : modes) {
+      RunStats r = RunMode(train, m, dir, round);
+      if (!r.ok) {
+        std::fprintf(stderr, "snapshot_bench: mode %s failed:\n%s\n", m.name.c_str(),
+                     r.err.c_str());
+        return 1;
+      }
+      std::printf(
+          "round %d %-15s tokens_per_s %8.1f stall_ms %8.1f fulls %d host_mem_ratio %.3f "
+          "cpu_s %.1f\n",
+          round, m.name.c_str(), r.tokens_per_s, r.stall_ms, r.fulls, r.host_mem_ratio, r.cpu_s);
+      std::fflush(stdout);
+      runs[m.name].push_back(r);
+    }
+  }
+  auto tps = [&](const std::string& m) {
+    std::vector<double> v;
+    for (auto& r : runs[m]) v.push_back(r.tokens_per_s);
+    return Median(v);
+  };
+  auto best_tps = [&](const std::string& m) {
+    double best = 0;
+    for (auto& r : runs[m]) best = std::max(best, r.tokens_per_s);
+    return best;
+  };
+  auto stall_per_full = [&](const std::string& m) {
+    std::vector<double> v;
+    for (auto& r : runs[m]) v.push_back(r.fulls > 0 ? r.stall_ms / r.fulls : 0);
+    return Median(v);
+  };
+  double per_delta = 0, per_full = 0;
+  bool have_bytes = StoredBytes(absl::StrCat(dir, "/gockpt_gradlog_0"), &per_delta, &per_full);
+  std::printf("model=%s steps=%d every=%d rounds=%d\n", absl::GetFlag(FLAGS_model).c_str(),
+              absl::GetFlag(FLAGS_steps), every, absl::GetFlag(FLAGS_rounds));
+  for (const Mode& m : modes) {
+    std::printf("%-15s tokens_per_s median %8.1f best %8.1f  stall_ms per FULL (median) %8.1f\n",
+                m.name.c_str(), tps(m.name), best_tps(m.name), stall_per_full(m.name));
+  }
+  if (have_bytes) {
+    std::printf("stored bytes per DELTA %.0f per FULL %.0f\n", per_delta, per_full);
+  }
+  const double sync_stall = stall_per_full("sync");
+  std::printf(
+      "throughput_ratio_gockpt=%.4f throughput_ratio_gockpt_gradlog=%.4f "
+      "stall_ratio_gockpt_vs_sync=%.4f stall_ratio_async_vs_sync=%.4f delta_bytes_ratio=%.4f "
+      "host_mem_ratio=%.4f host_mem_ratio_gradlog=%.4f\n",
+      best_tps("gockpt") / best_tps("none"), best_tps("gockpt_gradlog") / best_tps("none"),
+      sync_stall > 0 ? stall_per_full("gockpt") / sync_stall : 0,
+      sync_stall > 0 ? stall_per_full("async") / sync_stall : 0,
+      have_bytes ? per_delta / per_full : 0, runs["gockpt"][0].host_mem_ratio,
+      runs["gockpt_gradlog"][0].host_mem_ratio);
+  fs::remove_all(dir);
+  return 0;
+}

@@ -1,0 +1,119 @@
+// A prioritized device-to-host copy queue.
+//
+// OVERVIEW
+//   Requests are cut into chunks (a few MiB) and fed to two device streams, one per priority,
+//   by one dispatcher thread that keeps at most `depth` chunks in flight. Whenever a chunk
+//   slot frees, the next chunk comes from the oldest pending request of the highest priority:
+//   a gradient copy submitted while a state block is being copied overtakes the block's
+//   remaining chunks (gradients must leave the device before the next backward overwrites
+//   them). Each request supplies its host destination per chunk (so chunks can land in pooled
+//   staging buffers; the callback may block until one is free) and a callback run after each
+//   chunk lands (the host replay is fed from there).
+//
+// ERRORS
+//   The first copy error is sticky: later Waits return it and the queue accepts no more work.
+//
+// THREAD SAFETY
+//   Thread-safe. Callbacks run on the dispatcher thread and must not call Wait on this queue.
+#ifndef GRADSNAP_GPU_SNAPSHOT_COPY_QUEUE_H_
+#define GRADSNAP_GPU_SNAPSHOT_COPY_QUEUE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/trace.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+
+enum class CopyPriority : int { kGradient = 0, kState = 1 };
+constexpr int kNumPriorities = 2;
+
+struct CopyRequest {
+  CopyPriority priority = CopyPriority::kState;
+  const void* src = nullptr;  // device memory
+  size_t bytes = 0;
+  // Host destination of bytes [offset, offset + n) of the request.
+  std::function<void*(size_t offset, size_t n)> dst;
+  // After bytes [offset, offset + n) landed at `dst`. Optional.
+  std::function<void(size_t offset, size_t n, void* dst)> on_chunk;
+  std::string label = "copy";  // trace event name
+  // When set (a cudaStream_t), the copy starts only after the work enqueued on this compute
+  // stream by the time the request's first chunk is dispatched.
+  void* compute_stream = nullptr;
+};
+
+using CopyTicket = uint64_t;
+
+class CopyQueue {
+ public:
+  // chunk_bytes Default (in callers): 4 MiB. depth: chunks in flight, >= 1.
+  static absl::StatusOr<std::unique_ptr<CopyQueue>> Create(Device* device, size_t chunk_bytes,
+                                                           int depth, TraceWriter* trace);
+  ~CopyQueue();
+
+  // Enqueues a request; a zero-byte request completes at once.
+  CopyTicket Submit(CopyRequest request);
+  bool Done(CopyTicket t);
+  // Blocks until every chunk of `t` landed and its callback ran.
+  absl::Status Wait(CopyTicket t);
+  absl::Status WaitAll();
+
+  // Copy bandwidth measured over busy periods, bytes per second (0 before the first chunk).
+  double bandwidth() const;
+  uint64_t bytes_copied() const;
+  size_t chunk_bytes() const { return chunk_bytes_; }
+
+ private:
+  struct Request {
+    CopyTicket ticket;
+    CopyRequest r;
+    size_t next_offset = 0;
+    size_t chunks_left = 0;
+  };
+  struct InFlight {
+    std::shared_ptr<Request> req;
+    size_t offset, n;
+    void* dst;
+    std::unique_ptr<CopyEvent> event;
+    int64_t submit_us;
+  };
+
+  CopyQueue(size_t chunk_bytes, int depth, TraceWriter* trace)
+      : chunk_bytes_(chunk_bytes), depth_(depth), trace_(trace) {}
+  void Run();
+  std::shared_ptr<Request> NextChunkSource() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Launch(const std::shared_ptr<Request>& req, std::deque<InFlight>* inflight);
+  void Land(InFlight* f);
+
+  // Constant after construction.
+  const size_t chunk_bytes_;
+  const int depth_;
+  TraceWriter* const trace_;
+  std::unique_ptr<CopyStream> streams_[kNumPriorities];
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  std::deque<std::shared_ptr<Request>> pending_[kNumPriorities] ABSL_GUARDED_BY(mu_);
+  std::map<CopyTicket, std::shared_ptr<Request>> open_ ABSL_GUARDED_BY(mu_);
+  CopyTicket next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t busy_ns_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_GPU_SNAPSHOT_COPY_QUEUE_H_

@@ -1,0 +1,88 @@
+// Tests of the gradient log: FULL + DELTAs replayed on the host equal the state of every
+// logged step; the DELTA header format.
+#include "gpu_snapshot/engine_test_util.h"
+#include "gpu_snapshot/grad_log.h"
+#include "gtest/gtest.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+namespace {
+
+using namespace ::gradsnap::gpu_snapshot::enginetest;  // NOLINT: test helpers
+
+TEST(GradLogTest, ReplayOfDeltasGivesEveryLoggedStep) {
+  for (DType gdt : {DType::kF32, DType::kBF16}) {
+    RunConfig rc;
+    rc.grad_log = true;
+    rc.gdt = gdt;
+    rc.overlap = gdt == DType::kBF16;
+    MemorySink sink;
+    RunResult r = RunSim(rc, &sink);
+    ReplayPool pool(2);
+    // A FULL step (4 = 2 + 3 - 1, and 11) has no DELTA: the FULL is its recovery point.
+    ASSERT_EQ(sink.deltas.size(), static_cast<size_t>(rc.steps - 2));
+    for (int64_t u = 1; u <= rc.steps; ++u) {
+      if (u == 4 || u == 11) {
+        EXPECT_EQ(sink.deltas.count(u), 0u);
+        EXPECT_TRUE(sink.fulls.at(u) == r.reference[u]);
+        continue;
+      }
+      const SavedDelta& d = sink.deltas.at(u);
+      // Updates 1..3 extend the initial state, 5..10 the FULL of step 4, 12.. the FULL of 11.
+      EXPECT_EQ(d.h.base_step, u < 4 ? 0 : (u < 11 ? 4 : 11)) << u;
+      EXPECT_EQ(d.h.update.skipped, u == rc.skip);
+      EXPECT_EQ(d.h.loader_position, static_cast<uint64_t>(u) * 4096);
+      EXPECT_EQ(d.small_state, "small@" + std::to_string(u));
+      EXPECT_TRUE(Restore(sink, u, &pool) == r.reference[u]) << "step " << u;
+    }
+  }
+}
+
+
+TEST(GradLogTest, FinishAbandonsAnOpenWindowWhoseStepsAreLogged) {
+  RunConfig rc;
+  rc.window = 6;
+  rc.due = {7};
+  rc.steps = 9;  // the window would end at 12
+  rc.grad_log = true;
+  MemorySink sink;
+  RunResult r = RunSim(rc, &sink);
+  EXPECT_EQ(r.counters.abandoned, 1);
+  EXPECT_EQ(sink.fulls.size(), 1u);  // only the initial state the test put there
+  ReplayPool pool(2);
+  for (int64_t u = 1; u <= 9; ++u) {
+    ASSERT_EQ(sink.deltas.count(u), 1u) << u;
+    EXPECT_EQ(sink.deltas[u].h.base_step, 0);
+  }
+  EXPECT_TRUE(Restore(sink, 9, &pool) == r.reference[9]);
+}
+
+
+TEST(GradLogTest, HeaderRoundTripAndCorruption) {
+  DeltaHeader h;
+  h.step = 42;
+  h.base_step = 40;
+  h.update.skipped = true;
+  h.update.adamw.lr = 3e-4f;
+  h.loader_position = 99;
+  h.grad_dtype = DType::kBF16;
+  h.numel = 1000;
+  h.elem_offset = 5000;
+  std::string b = EncodeDeltaHeader(h);
+  ASSERT_EQ(b.size(), kDeltaHeaderBytes);
+  auto d = DecodeDeltaHeader(b);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->step, 42);
+  EXPECT_EQ(d->base_step, 40);
+  EXPECT_TRUE(d->update.skipped);
+  EXPECT_EQ(d->update.adamw.lr, 3e-4f);
+  EXPECT_EQ(d->grad_dtype, DType::kBF16);
+  EXPECT_EQ(d->elem_offset, 5000u);
+  b[0] ^= 1;
+  EXPECT_EQ(DecodeDeltaHeader(b).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(DecodeDeltaHeader("short").status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace gpu_snapshot
+}  // namespace gradsnap

@@ -1,0 +1,73 @@
+// Host replay of AdamW: rolls fp32 state (params, m, v) forward by one logged update with
+// exactly the device's arithmetic (gpu_snapshot/adamw.h AdamWElement, -ffp-contract=off), split
+// over a fixed set of worker threads. A skipped update is a no-op: the logged flag decides,
+// nothing is recomputed.
+//
+// THREAD SAFETY
+//   ReplayPool::ParallelFor and Apply may be called from one thread at a time (the engine's
+//   replay thread, or a restore); the pool's workers are internal.
+#ifndef GRADSNAP_GPU_SNAPSHOT_HOST_REPLAY_H_
+#define GRADSNAP_GPU_SNAPSHOT_HOST_REPLAY_H_
+
+#include <cstddef>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
+#include "gpu_snapshot/adamw.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+
+// What one update consumed besides the gradient (the DELTA record's scalars).
+struct UpdateParams {
+  AdamWStepParams adamw;
+  bool skipped = false;
+};
+
+// fp32 state arrays of one slice, all of the same length, in host memory.
+struct HostStateRef {
+  float* params = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  size_t numel = 0;
+};
+
+class ReplayPool {
+ public:
+  // threads >= 1 (1: run on the caller). Default (in callers): 2.
+  explicit ReplayPool(int threads);
+  ~ReplayPool();
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Runs fn(begin, end) over [0, n) cut into threads() ranges aligned to 16 elements;
+  // returns when all are done.
+  void ParallelFor(size_t n, const std::function<void(size_t, size_t)>& fn);
+
+  // Applies one update to elements [begin, end) of `state`; `grad` holds the gradient of those
+  // elements (grad[0] is element `begin`) as fp32 or bf16.
+  void Apply(const HostStateRef& state, size_t begin, size_t end, const void* grad, DType dtype,
+             const UpdateParams& u);
+
+ private:
+  void Worker(int index);
+
+  std::vector<std::thread> workers_;
+  absl::Mutex mu_;
+  const std::function<void(size_t, size_t)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t n_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Range of part `i` of `parts` over [0, n), aligned to 16 elements.
+void SplitRange(size_t n, int parts, int i, size_t* begin, size_t* end);
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_GPU_SNAPSHOT_HOST_REPLAY_H_

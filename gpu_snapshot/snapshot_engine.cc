@@ -1,0 +1,414 @@
+// The training thread's side of the snapshot engine: the hooks, the GoCkpt block schedule,
+// gradient copies and stall accounting. The worker side is engine_worker.cc.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "gpu_snapshot/engine_impl.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+
+const char* SnapshotModeName(SnapshotMode m) {
+  switch (m) {
+    case SnapshotMode::kNone: return "none";
+    case SnapshotMode::kSync: return "sync";
+    case SnapshotMode::kAsync: return "async";
+    case SnapshotMode::kGoCkpt: return "gockpt";
+  }
+  return "?";
+}
+
+int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, double fill,
+                 int max_window) {
+  max_window = std::max(1, max_window);
+  if (bandwidth <= 0 || step_seconds <= 0 || fill <= 0) return std::min(4, max_window);
+  double per_block = bandwidth * step_seconds * fill;
+  double k = std::ceil(static_cast<double>(state_bytes) / per_block);
+  return static_cast<int>(std::clamp(k, 1.0, static_cast<double>(max_window)));
+}
+
+absl::StatusOr<std::unique_ptr<SnapshotEngine>> SnapshotEngine::Create(
+    Device* device, const DeviceState& state, const EngineOptions& options, SnapshotSink* sink) {
+  if (device == nullptr || sink == nullptr) return absl::InvalidArgumentError("null device/sink");
+  if (state.numel == 0 || state.params == nullptr || state.m == nullptr || state.v == nullptr) {
+    return absl::InvalidArgumentError("snapshot engine needs a non-empty state");
+  }
+  if (options.grad_dtype != DType::kF32 && options.grad_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("gradient dtype must be f32 or bf16");
+  }
+  if (options.chunk_bytes % 64 != 0 || options.chunk_bytes == 0) {
+    return absl::InvalidArgumentError("chunk_bytes must be a positive multiple of 64");
+  }
+  if (options.window < 0 || options.grad_log_buffers < 1) {
+    return absl::InvalidArgumentError("window must be >= 0 and grad_log_buffers >= 1");
+  }
+  auto engine = std::make_unique<EngineImpl>(device, state, options, sink);
+  RETURN_IF_ERROR(engine->Init());
+  return std::unique_ptr<SnapshotEngine>(std::move(engine));
+}
+
+EngineImpl::EngineImpl(Device* device, const DeviceState& state, const EngineOptions& options,
+                       SnapshotSink* sink)
+    : device_(device), dev_(state), opt_(options), sink_(sink),
+      grad_elem_bytes_(DTypeSize(options.grad_dtype)) {}
+
+absl::Status EngineImpl::Init() {
+  // Small states get smaller chunks, so the gradient pool (a few chunks) stays within its
+  // share of the state's size.
+  const size_t pool_budget = std::min<size_t>(
+      opt_.grad_pool_max_bytes, static_cast<size_t>(opt_.grad_pool_fraction * state_bytes()));
+  chunk_bytes_ = std::min<size_t>(opt_.chunk_bytes, std::max<size_t>(4096, pool_budget / 4));
+  chunk_bytes_ = chunk_bytes_ / 64 * 64;
+  ASSIGN_OR_RETURN(queue_, CopyQueue::Create(device_, chunk_bytes_, opt_.copy_depth,
+                                             opt_.trace));
+  replay_ = std::make_unique<ReplayPool>(opt_.replay_threads);
+  if (opt_.mode != SnapshotMode::kNone) {
+    ASSIGN_OR_RETURN(staging_, PinnedBuffer::Create(device_, state_bytes(), &account_));
+  }
+  if (opt_.mode == SnapshotMode::kGoCkpt && !opt_.grad_log) {
+    // At least copy_depth chunks: the dispatcher waits for a free chunk while up to depth - 1
+    // chunks are in flight, and only landed chunks are ever released.
+    size_t count = std::max<size_t>({2, static_cast<size_t>(opt_.copy_depth),
+                                     pool_budget / chunk_bytes_});
+    ASSIGN_OR_RETURN(pool_, StagingPool::Create(device_, chunk_bytes_, count, &account_));
+  }
+  if (opt_.grad_log) {
+    for (int i = 0; i < opt_.grad_log_buffers; ++i) {
+      ASSIGN_OR_RETURN(auto b,
+                       PinnedBuffer::Create(device_, dev_.numel * grad_elem_bytes_, &account_));
+      log_bufs_.push_back(std::move(b));
+    }
+    absl::MutexLock lock(&mu_);
+    log_free_.assign(log_bufs_.size(), true);
+  }
+  if (staging_ != nullptr) {
+    // Probe the copy bandwidth once so the first automatic K has a figure to work with.
+    size_t probe = std::min<size_t>(dev_.numel * sizeof(float), 8u << 20);
+    CopyTicket t = queue_->Submit({CopyPriority::kState, dev_.params, probe,
+                                   [this](size_t off, size_t) {
+                                     return static_cast<char*>(staging_->data()) + off;
+                                   },
+                                   nullptr, "probe", dev_.compute_stream});
+    RETURN_IF_ERROR(queue_->Wait(t));
+  }
+  worker_ = std::thread([this] { WorkerLoop(); });
+  return absl::OkStatus();
+}
+
+EngineImpl::~EngineImpl() {
+  if (!finished_) {
+    absl::Status s = Finish();
+    if (!s.ok()) GS_LOG(WARNING) << "snapshot engine: " << s;
+  }
+  Push(SimpleEvent(EngineEvent::kStop, 0));
+  worker_.join();
+  queue_.reset();
+}
+
+void EngineImpl::SetBaseStep(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  initial_base_ = step;
+}
+
+void EngineImpl::Push(EngineEvent e) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(e));
+}
+
+HostStateRef EngineImpl::Staged() const {
+  float* base = static_cast<float*>(staging_->data());
+  return {base, base + dev_.numel, base + 2 * dev_.numel, dev_.numel};
+}
+
+bool EngineImpl::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return full_in_flight_;
+}
+
+EngineCounters EngineImpl::counters() const {
+  absl::MutexLock lock(&mu_);
+  EngineCounters c = counters_;
+  c.copied_bytes = queue_->bytes_copied();
+  return c;
+}
+
+int EngineImpl::NextWindow() const {
+  if (opt_.window > 0) return static_cast<int>(std::min<size_t>(opt_.window, dev_.numel));
+  return ChooseWindow(state_bytes(), queue_->bandwidth(), step_seconds_, opt_.window_fill,
+                      opt_.max_window);
+}
+
+absl::Status EngineImpl::Stall(const std::function<absl::Status()>& wait) {
+  int64_t t0 = MonotonicNanos();
+  int64_t start_us = opt_.trace ? opt_.trace->NowMicros() : 0;
+  absl::Status s = wait();
+  int64_t dt = MonotonicNanos() - t0;
+  stall_ns_ += dt;
+  if (opt_.trace && dt > 20000) {
+    opt_.trace->Complete("train", "ckpt_stall", start_us, dt / 1000);
+  }
+  return s;
+}
+
+StepStats EngineImpl::TakeStepStats() {
+  StepStats out = stats_;
+  stats_ = StepStats();
+  out.stall_ms = static_cast<double>(stall_ns_) * 1e-6;
+  stall_ns_ = 0;
+  absl::MutexLock lock(&mu_);
+  counters_.stall_ms_total += out.stall_ms;
+  if (!completed_.empty()) {
+    out.completed = completed_.back();
+    completed_.clear();
+  }
+  return out;
+}
+
+absl::Status EngineImpl::BeforeGradOverwrite(int64_t) {
+  if (!opt_.overlap_grads || grad_ticket_ == 0) return absl::OkStatus();
+  CopyTicket t = grad_ticket_;
+  grad_ticket_ = 0;
+  return Stall([&] { return queue_->Wait(t); });
+}
+
+int EngineImpl::AcquireLogBuffer() {
+  int found = -1;
+  absl::Status s = Stall([&] {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::vector<bool>* f) { return std::find(f->begin(), f->end(), true) != f->end(); },
+        &log_free_));
+    found = static_cast<int>(std::find(log_free_.begin(), log_free_.end(), true) -
+                             log_free_.begin());
+    log_free_[found] = false;
+    return absl::OkStatus();
+  });
+  return found;
+}
+
+absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
+  if (finished_) return absl::FailedPreconditionError("snapshot engine finished");
+  // A block copied after the previous update must land before this update changes it.
+  size_t replay_end = 0;
+  if (win_.has_value()) {
+    CopyTicket t = block_ticket_;
+    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    if (win_->submitted >= win_->k) {
+      win_.reset();  // every block landed; the worker finishes the replay and persists
+    } else {
+      replay_end = win_->bounds[win_->submitted];
+    }
+  }
+  const size_t esz = grad_elem_bytes_;
+  CopyRequest req;
+  req.priority = CopyPriority::kGradient;
+  req.src = grad;
+  req.compute_stream = dev_.compute_stream;
+  req.label = absl::StrCat("grad ", step);
+  if (opt_.grad_log) {
+    int buf = AcquireLogBuffer();
+    char* dst = static_cast<char*>(log_bufs_[buf]->data());
+    req.bytes = dev_.numel * esz;
+    req.dst = [dst](size_t off, size_t) { return dst + off; };
+    req.on_chunk = [this, step, replay_end, esz, buf, total = req.bytes](size_t off, size_t n,
+                                                                         void* d) {
+      if (replay_end > off / esz) {
+        Push(ChunkEvent(step, d, off / esz, n / esz, replay_end, nullptr));
+      }
+      if (off + n == total) {
+        EngineEvent done = SimpleEvent(EngineEvent::kGradDone, step);
+        done.log_buf = buf;
+        Push(done);
+      }
+    };
+  } else if (replay_end > 0) {
+    req.bytes = replay_end * esz;
+    req.dst = [this](size_t, size_t) { return pool_->Acquire(); };
+    req.on_chunk = [this, step, replay_end, esz](size_t off, size_t n, void* d) {
+      Push(ChunkEvent(step, d, off / esz, n / esz, replay_end, d));
+    };
+  } else {
+    return absl::OkStatus();
+  }
+  grad_ticket_ = queue_->Submit(std::move(req));
+  return absl::OkStatus();
+}
+
+CopyTicket EngineImpl::SubmitStateRange(size_t begin, size_t end, const char* label,
+                                        std::optional<EngineEvent> on_landed) {
+  float* host[3] = {Staged().params, Staged().m, Staged().v};
+  float* dev[3] = {dev_.params, dev_.m, dev_.v};
+  CopyTicket t = 0;
+  for (int i = 0; i < 3; ++i) {
+    CopyRequest req;
+    req.priority = CopyPriority::kState;
+    req.src = dev[i] + begin;
+    req.bytes = (end - begin) * sizeof(float);
+    req.compute_stream = dev_.compute_stream;
+    req.label = label;
+    char* dst = reinterpret_cast<char*>(host[i] + begin);
+    req.dst = [dst](size_t off, size_t) { return dst + off; };
+    if (i == 2 && on_landed.has_value()) {
+      req.on_chunk = [this, ev = *on_landed, total = req.bytes](size_t off, size_t n, void*) {
+        if (off + n == total) Push(ev);
+      };
+    }
+    t = queue_->Submit(std::move(req));  // same priority, FIFO: the last one lands last
+  }
+  return t;
+}
+
+absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
+  const int64_t u = info.step;
+  stats_.started = true;
+  stats_.window = k;
+  if (opt_.trace) {
+    opt_.trace->Instant("train", absl::StrCat("ckpt start ", u, " K=", k));
+  }
+  if (opt_.mode != SnapshotMode::kGoCkpt) {
+    // Stop-the-world copy; the worker hands the snapshot to the sink.
+    CopyTicket t = SubmitStateRange(
+        0, dev_.numel, "state (blocking)",
+        CloseEvent(u, 1, u));
+    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    if (opt_.mode == SnapshotMode::kSync) {
+      RETURN_IF_ERROR(Stall([&] {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(+[](bool* b) { return !*b; }, &full_in_flight_));
+        return absl::OkStatus();
+      }));
+    }
+    return absl::OkStatus();
+  }
+  win_ = Window();
+  win_->s = u;
+  win_->k = k;
+  win_->bounds.resize(k + 1);
+  for (int j = 0; j <= k; ++j) {
+    size_t b = dev_.numel * j / k;
+    win_->bounds[j] = j == k ? dev_.numel : b / 16 * 16;
+  }
+  std::optional<EngineEvent> close;
+  if (k == 1) {
+    close = CloseEvent(u, 1, u);
+  }
+  block_ticket_ = SubmitStateRange(win_->bounds[0], win_->bounds[1], "block 0", close);
+  win_->submitted = 1;
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due) {
+  if (finished_) return absl::FailedPreconditionError("snapshot engine finished");
+  const int64_t u = info.step;
+  int64_t now = MonotonicNanos();
+  if (last_update_ns_ != 0) {
+    double dt = static_cast<double>(now - last_update_ns_) * 1e-9;
+    step_seconds_ = step_seconds_ == 0 ? dt : 0.8 * step_seconds_ + 0.2 * dt;
+  }
+  last_update_ns_ = now;
+  last_step_ = u;
+  // Decide on a new FULL first: its step must be known before this update's record is.
+  int start_k = 0;
+  if (checkpoint_due || deferred_pending_) {
+    if (!win_.has_value() && !opt_.defer_while_persisting) {
+      // Deterministic on every rank: wait for the previous persist instead of deferring.
+      RETURN_IF_ERROR(Stall([&] {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(+[](bool* b) { return !*b; }, &full_in_flight_));
+        return absl::OkStatus();
+      }));
+    }
+    bool busy = win_.has_value() || in_flight();
+    if (!busy) {
+      deferred_pending_ = false;
+      start_k = opt_.mode == SnapshotMode::kGoCkpt ? NextWindow() : 1;
+      RegisterFull(u + start_k - 1);
+    } else if (checkpoint_due) {
+      stats_.deferred = true;
+      deferred_pending_ = true;
+      absl::MutexLock lock(&mu_);
+      ++counters_.deferred;
+    }
+  }
+  EngineEvent record = SimpleEvent(EngineEvent::kRecord, u);
+  record.info = std::make_shared<const UpdateInfo>(info);
+  Push(std::move(record));
+  if (!opt_.overlap_grads && grad_ticket_ != 0) {
+    CopyTicket t = grad_ticket_;
+    grad_ticket_ = 0;
+    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+  }
+  if (win_.has_value() && win_->submitted < win_->k) {
+    int j = win_->submitted;
+    std::optional<EngineEvent> close;
+    if (j == win_->k - 1) {
+      close = CloseEvent(u, win_->k, win_->s);
+    }
+    block_ticket_ = SubmitStateRange(win_->bounds[j], win_->bounds[j + 1], "block", close);
+    win_->submitted = j + 1;
+  }
+  if (start_k > 0) return StartFull(info, start_k);
+  return absl::OkStatus();
+}
+
+void EngineImpl::RegisterFull(int64_t target) {
+  absl::MutexLock lock(&mu_);
+  full_in_flight_ = true;
+  full_targets_.insert(target);
+  ++counters_.fulls_started;
+}
+
+absl::Status EngineImpl::CloseWindowEarly() {
+  // Everything not yet copied is copied now, blocking, as of the last update.
+  CopyTicket t = block_ticket_;
+  RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+  if (win_->submitted < win_->k && opt_.grad_log) {
+    // Every update of the window is in the gradient log already, and the log may hold a
+    // DELTA of the last step: abandon the window instead of writing a FULL of that step.
+    absl::MutexLock lock(&mu_);
+    full_targets_.erase(win_->s + win_->k - 1);
+    full_in_flight_ = false;
+    ++counters_.abandoned;
+  } else if (win_->submitted < win_->k) {
+    EngineEvent close = CloseEvent(last_step_, win_->k, win_->s);
+    {
+      absl::MutexLock lock(&mu_);
+      full_targets_.erase(win_->s + win_->k - 1);
+      full_targets_.insert(last_step_);
+    }
+    t = SubmitStateRange(win_->bounds[win_->submitted], dev_.numel, "rest (blocking)", close);
+    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+  }
+  win_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::Finish() {
+  if (finished_) return absl::OkStatus();
+  finished_ = true;
+  if (grad_ticket_ != 0) {
+    CopyTicket t = grad_ticket_;
+    grad_ticket_ = 0;
+    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+  }
+  if (win_.has_value()) RETURN_IF_ERROR(CloseWindowEarly());
+  RETURN_IF_ERROR(Stall([&] { return queue_->WaitAll(); }));
+  return Stall([&] {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](EngineImpl* e) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return !e->full_in_flight_ && e->events_.empty() &&
+                 std::find(e->log_free_.begin(), e->log_free_.end(), false) ==
+                     e->log_free_.end();
+        },
+        this));
+    return counters_.first_error;
+  });
+}
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap

@@ -1,0 +1,198 @@
+// The snapshot engine: gets consistent copies of a rank's training state (fp32 master params,
+// Adam m and v) and per-update gradient records out of device memory with as little stall as
+// possible (DESIGN.md section 4, docs/gockpt.md).
+//
+// OVERVIEW
+//   Modes (EngineOptions::mode):
+//     kSync    stop the world: blocking copy of the whole state, persist, wait for it.
+//     kAsync   blocking copy of the whole state, persist in the background (CheckFreq style).
+//     kGoCkpt  the state is split into K blocks; block j is copied during step s+1+j, the
+//              gradients of already-copied blocks at every later update; the host replays
+//              AdamW on each block up to update s+K-1 (bit-exact, adamw.h). The result equals
+//              a stop-the-world snapshot of s+K-1 byte for byte.
+//     kNone    no FULL snapshots (the gradient log may still run).
+//   Gradient log (grad_log): every update's gradient slice, AdamWStepParams, skip flag, loader
+//   position and small state go to the sink as a DELTA record on the latest FULL.
+//   One FULL checkpoint is in flight at a time (copy + replay + persist); a request while one
+//   is in flight is deferred to the first update after it finishes, never dropped.
+//   Memory: one host copy of the state (reused by every checkpoint), a bounded pool of
+//   gradient chunks and, with the gradient log, grad_log_buffers gradient buffers; all pinned,
+//   pre-touched and counted (host_bytes()).
+//
+// CALL PROTOCOL (the trainer's training thread, per step u)
+//   BeforeGradOverwrite(u)   before backward u writes gradients (-O: waits for the copies of
+//                            update u-1's gradients)
+//   AfterBackward(u, grad)   gradients of u are final; the update has not run yet
+//   AfterUpdate(info, due)   update u applied (or skipped); due: a FULL is wanted after it
+//   TakeStepStats()          stall attributable to checkpointing in this step
+//   Finish()                 at the end: closes an open window early at the last update
+//                            (abandons it when the gradient log holds its steps), drains
+//                            persists
+//
+// THREAD SAFETY
+//   The hooks are called from one thread. The sink is called from the engine's worker thread
+//   and must not block; it reports completion through the `done` callback (any thread).
+#ifndef GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_ENGINE_H_
+#define GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/host_replay.h"
+#include "gpu_snapshot/trace.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+
+enum class SnapshotMode { kNone, kSync, kAsync, kGoCkpt };
+const char* SnapshotModeName(SnapshotMode m);
+
+struct EngineOptions {
+  SnapshotMode mode = SnapshotMode::kGoCkpt;  // Default: kGoCkpt
+  // GoCkpt window K (blocks); 0 chooses it from measured copy bandwidth and step time.
+  // Default: 0
+  int window = 0;
+  // Upper bound for an automatic K (keep it <= the checkpoint interval). Default: 8
+  int max_window = 8;
+  // Fraction of a step's time a block copy may use when K is automatic. Default: 0.5
+  double window_fill = 0.5;
+  // The -O variant: gradient copies overlap the update and the next forward; needs the
+  // trainer to keep gradients alive until BeforeGradOverwrite. Default: false
+  bool overlap_grads = false;
+  // Log every update's gradient as a DELTA record. Default: false
+  bool grad_log = false;
+  // Gradient-log host buffers (each one gradient slice); 2 lets a DELTA persist while the
+  // next gradient is copied. Default: 1
+  int grad_log_buffers = 1;
+  // Dtype of the gradient the optimizer reads: kF32 or kBF16. Default: kF32
+  DType grad_dtype = DType::kF32;
+  // Copy chunk size. Default: 4 MiB
+  size_t chunk_bytes = 4u << 20;
+  // Chunks in flight on the copy streams. Default: 2
+  int copy_depth = 2;
+  // Gradient staging pool: at most this fraction of the state bytes, and at most
+  // grad_pool_max_bytes. Default: 0.2 and 64 MiB
+  double grad_pool_fraction = 0.2;
+  size_t grad_pool_max_bytes = 64u << 20;
+  // A FULL due while the previous one is still persisting (its copies done) is deferred when
+  // true, waited for (stall) when false. Several ranks need false: whether a persist has
+  // finished differs between ranks, and their checkpoints must start at the same steps.
+  // Default: true
+  bool defer_while_persisting = true;
+  // Host replay threads. Default: 2
+  int replay_threads = 2;
+  // Optional trace (not owned). Default: nullptr
+  TraceWriter* trace = nullptr;
+};
+
+// The rank's slice in device memory.
+struct DeviceState {
+  float* params = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  size_t numel = 0;
+  size_t elem_offset = 0;         // the slice's first element in the flat buffers
+  void* compute_stream = nullptr;  // cudaStream_t of the trainer, or null
+};
+
+// A consistent host copy of the state after update `step`. Valid until the sink's done.
+struct HostSnapshot {
+  int64_t step = 0;
+  HostStateRef state;
+  std::string small_state;
+  int window = 1;           // K used (1 for sync/async)
+  int64_t start_step = 0;   // s: the update after which the checkpoint started
+};
+
+// One gradient-log record. Memory valid until the sink's done.
+struct DeltaRecord {
+  int64_t step = 0;
+  int64_t base_step = -1;
+  UpdateParams update;
+  uint64_t loader_position = 0;
+  std::string small_state;
+  const void* grad = nullptr;
+  DType grad_dtype = DType::kF32;
+  size_t numel = 0;
+  size_t elem_offset = 0;
+};
+
+using DoneFn = std::function<void(absl::Status)>;
+class SnapshotSink {
+ public:
+  virtual ~SnapshotSink() = default;
+  // Start persisting; call done exactly once when durable or failed. Must not block long.
+  virtual void PersistFull(const HostSnapshot& snapshot, DoneFn done) = 0;
+  virtual void PersistDelta(const DeltaRecord& record, DoneFn done) = 0;
+};
+
+struct UpdateInfo {
+  int64_t step = 0;          // the update just applied
+  UpdateParams params;       // what it consumed (skipped: not applied)
+  uint64_t loader_position = 0;
+  std::string small_state;   // the trainer's replicated small state after this update
+};
+
+struct StepStats {
+  double stall_ms = 0;       // blocking time in the hooks since the last TakeStepStats
+  bool started = false;      // a FULL checkpoint started at this step
+  bool deferred = false;     // a wanted FULL was deferred (one already in flight)
+  int64_t completed = -1;    // step of a FULL whose persist finished since the last call
+  int window = 0;            // K of the checkpoint started here
+};
+
+struct EngineCounters {
+  int64_t fulls_started = 0, fulls_persisted = 0, deferred = 0;
+  int64_t deltas_persisted = 0, deltas_skipped_no_base = 0;
+  int64_t abandoned = 0;  // windows open at Finish with the gradient log on (docs/gockpt.md)
+  double stall_ms_total = 0, replay_ms_total = 0;
+  uint64_t copied_bytes = 0;
+  absl::Status first_error;
+};
+
+class SnapshotEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<SnapshotEngine>> Create(Device* device,
+                                                                const DeviceState& state,
+                                                                const EngineOptions& options,
+                                                                SnapshotSink* sink);
+  virtual ~SnapshotEngine() = default;
+
+  // The latest FULL checkpoint the gradient log extends (after a restore). Default: none (-1):
+  // DELTAs are logged only once a FULL exists.
+  virtual void SetBaseStep(int64_t step) = 0;
+
+  virtual absl::Status BeforeGradOverwrite(int64_t step) = 0;
+  // `grad`: device memory, numel elements of options.grad_dtype.
+  virtual absl::Status AfterBackward(int64_t step, const void* grad) = 0;
+  virtual absl::Status AfterUpdate(const UpdateInfo& info, bool checkpoint_due) = 0;
+  virtual StepStats TakeStepStats() = 0;
+  // Closes an open window at the last update (abandons it with the gradient log), waits for
+  // every persist. Idempotent.
+  virtual absl::Status Finish() = 0;
+
+  virtual bool in_flight() const = 0;
+  // Pinned host bytes held now / at peak, and the bytes of one copy of the state.
+  virtual size_t host_bytes() const = 0;
+  virtual size_t host_bytes_peak() const = 0;
+  virtual size_t state_bytes() const = 0;
+  virtual EngineCounters counters() const = 0;
+  // K the next checkpoint would use.
+  virtual int NextWindow() const = 0;
+};
+
+// K for a state of `state_bytes`: enough blocks that one block's copy takes at most
+// fill * step_seconds at `bandwidth` bytes/s; in [1, max_window].
+int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, double fill,
+                 int max_window);
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_ENGINE_H_

@@ -1,0 +1,283 @@
+// Adapts the snapshot engine to the trainer's checkpointing seam and persists what it produces
+// through the ShardStore on one background thread (FIFO, so every rank issues the collective
+// saves in the same order).
+//
+// Hook mapping (checkpointer.h): BeforeStep(s) -> BeforeGradOverwrite (the backward of s
+// overwrites the gradients of s-1); AfterBackward(s) -> AfterBackward (waits for a block copy
+// before the update of s changes the state); EndStep(s) -> AfterUpdate with the replicated state
+// of s (the slice is not written between EndStep(s) and AfterBackward(s+1), so block copies
+// overlap the next forward and backward).
+#include "trainer/snapshot_checkpointer.h"
+
+#include <cstdio>
+#include <deque>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/snapshot_engine.h"
+#include "trainer/full_shard.h"
+#include "trainer/grad_log_store.h"
+
+namespace gradsnap {
+namespace trainer {
+namespace {
+
+using gpu_snapshot::DoneFn;
+
+// Persists FULL snapshots and DELTA records through the store, in submission order.
+class StoreSink : public gpu_snapshot::SnapshotSink {
+ public:
+  StoreSink(ShardStore* store, std::string job, const TrainStateView& view)
+      : store_(store), job_(std::move(job)), view_(view), thread_([this] { Run(); }) {}
+  ~StoreSink() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+  void PersistFull(const gpu_snapshot::HostSnapshot& s, DoneFn done) override {
+    Enqueue([this, s] {
+      ASSIGN_OR_RETURN(ReplicatedState st, ReplicatedState::Parse(s.small_state));
+      return SaveFullShard(*store_, job_, s.step, view_, s.state.params, s.state.m, s.state.v,
+                           st);
+    }, std::move(done));
+  }
+  void PersistDelta(const gpu_snapshot::DeltaRecord& r, DoneFn done) override {
+    Enqueue([this, r] { return SaveDeltaShard(*store_, job_, view_, r); }, std::move(done));
+  }
+
+ private:
+  struct Job {
+    std::function<absl::Status()> work;
+    DoneFn done;
+  };
+  void Enqueue(std::function<absl::Status()> work, DoneFn done) {
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back({std::move(work), std::move(done)});
+  }
+  void Run() {
+    for (;;) {
+      Job job;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](StoreSink* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return s->stop_ || !s->jobs_.empty();
+            },
+            this));
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job.done(job.work());
+    }
+  }
+
+  ShardStore* const store_;
+  const std::string job_;
+  const TrainStateView view_;
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+gpu_snapshot::SnapshotMode ModeOf(const std::string& mode) {
+  if (mode == "sync") return gpu_snapshot::SnapshotMode::kSync;
+  if (mode == "async") return gpu_snapshot::SnapshotMode::kAsync;
+  if (mode == "gockpt") return gpu_snapshot::SnapshotMode::kGoCkpt;
+  return gpu_snapshot::SnapshotMode::kNone;
+}
+
+class SnapshotCheckpointer : public Checkpointer {
+ public:
+  SnapshotCheckpointer(const CheckpointerOptions& o, const TrainStateView& view,
+                       ShardStore* store, gpu_snapshot::TraceWriter* trace)
+      : o_(o), view_(view), store_(store), trace_(trace) {}
+
+  ~SnapshotCheckpointer() override {
+    engine_.reset();  // drains into the sink before the sink goes
+    sink_.reset();
+  }
+
+  absl::Status Start(const ReplicatedState& state) override {
+    if (view_.on_device) {
+      ASSIGN_OR_RETURN(device_, gpu_snapshot::NewCudaDevice(0));
+    } else {
+      device_ = gpu_snapshot::NewHostDevice();
+    }
+    sink_ = std::make_unique<StoreSink>(store_, o_.job, view_);
+    gpu_snapshot::EngineOptions eo;
+    eo.mode = ModeOf(o_.mode);
+    eo.grad_log = o_.grad_log;
+    eo.overlap_grads = o_.gockpt_overlap;
+    eo.grad_dtype = view_.on_device ? DType::kBF16 : DType::kF32;
+    eo.trace = trace_;
+    // K must be the same on every rank (the saves are collective): automatic K only alone.
+    eo.window = o_.gockpt_window;
+    eo.max_window = static_cast<int>(std::max<int64_t>(1, o_.every > 1 ? o_.every / 2 : 1));
+    if (eo.window == 0 && view_.world_size > 1) eo.window = std::min(4, eo.max_window);
+    // Every rank must start its FULLs at the same steps (the saves are collective): defer only
+    // for a window still copying (a function of the step numbers), wait for a slow persist.
+    eo.defer_while_persisting = view_.world_size == 1;
+    gpu_snapshot::DeviceState ds{view_.master, view_.m, view_.v, view_.count(), view_.lo,
+                                 view_.stream};
+    ASSIGN_OR_RETURN(engine_, gpu_snapshot::SnapshotEngine::Create(device_.get(), ds, eo,
+                                                                   sink_.get()));
+    if (o_.grad_log) {
+      // The log continues the chain the run resumed from (grad_log_store.h).
+      ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, store_->ListCommitted(o_.job));
+      RecoveryPoint rp = FindRecoveryPoint(list, state.step);
+      if (rp.full_step >= 0 && rp.step() == state.step) engine_->SetBaseStep(rp.full_step);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status BeforeStep(int64_t step) override { return engine_->BeforeGradOverwrite(step); }
+
+  absl::Status AfterBackward(int64_t step, const GradSliceView& g) override {
+    DType want = view_.on_device ? DType::kBF16 : DType::kF32;
+    if (g.dtype != want || g.count() != view_.count()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("gradient slice of ", g.count(), " ", DTypeName(g.dtype),
+                       " elements; the snapshot engine expects ", view_.count(), " ",
+                       DTypeName(want)));
+    }
+    return engine_->AfterBackward(step, g.data);
+  }
+
+  absl::Status AfterUpdate(int64_t, const UpdateInfo& info) override {
+    pending_ = info;
+    return absl::OkStatus();
+  }
+
+  absl::Status EndStep(int64_t step, const ReplicatedState& state) override {
+    gpu_snapshot::UpdateInfo u;
+    u.step = step;
+    u.params.adamw = pending_.params;
+    u.params.skipped = pending_.skipped;
+    u.loader_position = static_cast<uint64_t>(state.loader.batch_index);
+    u.small_state = state.Serialize();
+    const bool due = o_.every > 0 && step % o_.every == 0 &&
+                     o_.mode != std::string("none");
+    RETURN_IF_ERROR(engine_->AfterUpdate(u, due));
+    gpu_snapshot::StepStats st = engine_->TakeStepStats();
+    if (view_.rank == 0 && (st.started || st.deferred)) {
+      if (st.started) {
+        std::printf("ckpt step %lld %s start window=%d\n", static_cast<long long>(step),
+                    o_.mode.c_str(), st.window);
+      } else {
+        std::printf("ckpt step %lld deferred (a FULL checkpoint is in flight)\n",
+                    static_cast<long long>(step));
+      }
+      std::fflush(stdout);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() override {
+    absl::Status s = engine_->Finish();
+    gpu_snapshot::EngineCounters c = engine_->counters();
+    if (view_.rank == 0) {
+      std::printf(
+          "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
+          "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
+          o_.mode.c_str(), o_.grad_log ? 1 : 0, static_cast<long long>(c.fulls_persisted),
+          static_cast<long long>(c.deferred), static_cast<long long>(c.deltas_persisted),
+          c.replay_ms_total, engine_->host_bytes_peak(), engine_->state_bytes(),
+          static_cast<double>(engine_->host_bytes_peak()) /
+              static_cast<double>(engine_->state_bytes()));
+      std::fflush(stdout);
+    }
+    return s;
+  }
+
+ private:
+  const CheckpointerOptions o_;
+  const TrainStateView view_;
+  ShardStore* const store_;
+  gpu_snapshot::TraceWriter* const trace_;
+  std::unique_ptr<gpu_snapshot::Device> device_;
+  std::unique_ptr<StoreSink> sink_;
+  std::unique_ptr<gpu_snapshot::SnapshotEngine> engine_;
+  UpdateInfo pending_;
+};
+
+// Compute phases are the gaps between hooks: BeforeStep..AfterBackward is forward + backward +
+// gradient reduction, AfterBackward..AfterUpdate the clip and optimizer update,
+// AfterUpdate..EndStep the parameter all-gather.
+class TracingCheckpointer : public Checkpointer {
+ public:
+  TracingCheckpointer(std::unique_ptr<Checkpointer> inner,
+                      std::unique_ptr<gpu_snapshot::TraceWriter> trace)
+      : inner_(std::move(inner)), trace_(std::move(trace)) {}
+  ~TracingCheckpointer() override {
+    inner_.reset();
+    absl::Status s = trace_->Flush();
+    if (!s.ok()) GS_LOG(WARNING) << "trace: " << s;
+  }
+  absl::Status Start(const ReplicatedState& st) override {
+    return Hook("ckpt start", "", [&] { return inner_->Start(st); });
+  }
+  absl::Status BeforeStep(int64_t s) override {
+    return Hook("ckpt before_step", "", [&] { return inner_->BeforeStep(s); });
+  }
+  absl::Status AfterBackward(int64_t s, const GradSliceView& g) override {
+    return Hook("ckpt after_backward", absl::StrCat("forward+backward ", s),
+                [&] { return inner_->AfterBackward(s, g); });
+  }
+  absl::Status AfterUpdate(int64_t s, const UpdateInfo& i) override {
+    return Hook("ckpt after_update", absl::StrCat("update ", s),
+                [&] { return inner_->AfterUpdate(s, i); });
+  }
+  absl::Status EndStep(int64_t s, const ReplicatedState& st) override {
+    return Hook("ckpt end_step", absl::StrCat("allgather ", s),
+                [&] { return inner_->EndStep(s, st); });
+  }
+  absl::Status Finish() override {
+    absl::Status s = Hook("ckpt finish", "", [&] { return inner_->Finish(); });
+    absl::Status f = trace_->Flush();
+    return s.ok() ? f : s;
+  }
+
+ private:
+  absl::Status Hook(const char* name, const std::string& phase,
+                    const std::function<absl::Status()>& fn) {
+    int64_t t0 = trace_->NowMicros();
+    if (!phase.empty() && last_exit_us_ >= 0) {
+      trace_->Complete("train", phase, last_exit_us_, t0 - last_exit_us_);
+    }
+    absl::Status s = fn();
+    last_exit_us_ = trace_->NowMicros();
+    trace_->Complete("train", name, t0, last_exit_us_ - t0);
+    return s;
+  }
+
+  std::unique_ptr<Checkpointer> inner_;
+  std::unique_ptr<gpu_snapshot::TraceWriter> trace_;
+  int64_t last_exit_us_ = -1;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> NewSnapshotCheckpointer(
+    const CheckpointerOptions& options, const TrainStateView& view, ShardStore* store,
+    gpu_snapshot::TraceWriter* trace) {
+  if (store == nullptr) {
+    return absl::FailedPreconditionError("the snapshot checkpointers need a store");
+  }
+  return std::unique_ptr<Checkpointer>(new SnapshotCheckpointer(options, view, store, trace));
+}
+
+std::unique_ptr<Checkpointer> NewTracingCheckpointer(
+    std::unique_ptr<Checkpointer> inner, std::unique_ptr<gpu_snapshot::TraceWriter> trace) {
+  return std::make_unique<TracingCheckpointer>(std::move(inner), std::move(trace));
+}
+
+}  // namespace trainer
+}  // namespace gradsnap
