@@ -48,6 +48,7 @@ class EmbeddedClient : public Client {
   }
 
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
+    DropReaders();
     return engine_->BeginCheckpoint(spec);
   }
 
@@ -98,8 +99,11 @@ class EmbeddedClient : public Client {
 
   void WorkerLoop();
   absl::Status WriteShard(const SaveTask& task);
-  // Readers of recent shards, so restoring a shard tensor by tensor opens it once. A reader is
-  // taken out of the cache while in use (one thread at a time) and put back afterwards.
+  // The reader of the shard restored last, so restoring a shard tensor by tensor opens it once
+  // and its read-ahead (up to 128 MiB in the engine) serves the next tensor instead of being
+  // thrown away. A reader is taken out of the cache while in use (one thread at a time) and put
+  // back afterwards. Saves, begins, deletes, GC and aborts drop it, so its memory is not held
+  // once training moves on.
   // Deletions bump the generation; a reader taken before one is not put back.
   absl::StatusOr<std::unique_ptr<storage::ShardReader>> TakeReader(const std::string& job,
                                                                    int64_t step, int32_t rank,
@@ -122,7 +126,7 @@ class EmbeddedClient : public Client {
   uint64_t generation_ ABSL_GUARDED_BY(cache_mu_) = 0;
 };
 
-constexpr size_t kCachedReaders = 4;
+constexpr size_t kCachedReaders = 1;
 
 absl::StatusOr<std::unique_ptr<storage::ShardReader>> EmbeddedClient::TakeReader(
     const std::string& job, int64_t step, int32_t rank, uint64_t* generation) {
@@ -166,6 +170,7 @@ std::future<absl::Status> EmbeddedClient::SaveShardAsync(const ShardSpec& spec,
     task->done.set_value(resolved.status());
     return result;
   }
+  DropReaders();
   task->spec = *std::move(resolved);
   task->tensors = std::move(tensors);
   absl::MutexLock lock(&mu_);

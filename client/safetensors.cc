@@ -16,6 +16,9 @@ namespace gradsnap {
 namespace client {
 namespace {
 
+// Bytes written between two starts of write-back of the output file.
+constexpr uint64_t kWritebackBytes = 32u << 20;
+
 const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "delta" : "full"; }
 
 // Writes all of data[0, n) to fd.
@@ -38,13 +41,22 @@ absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& sha
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, shard));
   RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), tmp));
   uint64_t written = 0;
+  uint64_t flushed = 0;  // file offset up to which write-back has been started
   auto sink = [&](const void* data, size_t n) -> absl::Status {
     written += n;
     if (written > shard.raw_bytes) {
       return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": more payload than the ",
                                               shard.raw_bytes, " bytes in the manifest"));
     }
-    return WriteAll(fd, data, n, tmp);
+    RETURN_IF_ERROR(WriteAll(fd, data, n, tmp));
+    // Start write-back as we go, so the final fdatasync does not wait for the whole file.
+    uint64_t end = header.size() + written;
+    if (end - flushed >= kWritebackBytes) {
+      ::sync_file_range(fd, static_cast<off64_t>(flushed), static_cast<off64_t>(end - flushed),
+                        SYNC_FILE_RANGE_WRITE);
+      flushed = end;
+    }
+    return absl::OkStatus();
   };
   RETURN_IF_ERROR(client.RestoreShard(m.info.job, m.info.step, shard.rank, sink, progress));
   if (written != shard.raw_bytes) {

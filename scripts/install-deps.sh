@@ -9,6 +9,7 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev
+  openssl  # the openssl command: throwaway TLS certificates in tests
 )
 
 missing=()

@@ -27,6 +27,12 @@ class Authorizer {
   bool enabled() const { return !secret_.empty(); }
   // OK when the call may act on `job`.
   absl::Status CheckJob(const grpc::ServerContext& ctx, const std::string& job) const;
+  // OK when auth is off or the call carries a well-formed token (of some job): lets an upload
+  // refuse anonymous callers before it spends memory on them.
+  absl::Status CheckHasToken(const grpc::ServerContext& ctx) const {
+    if (!enabled()) return absl::OkStatus();
+    return BearerToken(ctx).status();
+  }
   // The subset of `jobs` the call may see (all of them when open); UNAUTHENTICATED without a
   // token when auth is on.
   absl::StatusOr<std::vector<std::string>> FilterJobs(const grpc::ServerContext& ctx,

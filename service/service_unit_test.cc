@@ -16,7 +16,8 @@ namespace {
 
 CachedShard Shard(size_t n, char c) {
   CachedShard s;
-  s.payload.assign(n, c);
+  s.Append(std::string(n / 2, c));
+  s.Append(std::string(n - n / 2, static_cast<char>(c + 1)));
   return s;
 }
 
@@ -31,6 +32,9 @@ TEST(ShardCache, ServesOnlyCommittedNewestStepAndStaysInBudget) {
   EXPECT_EQ(cache.Lookup("a", 1, 0), nullptr);  // not committed yet
   cache.Committed("a", 1);
   ASSERT_NE(cache.Lookup("a", 1, 0), nullptr);
+  std::string out(4, '\0');
+  cache.Lookup("a", 1, 0)->CopyOut(148, out.data(), 4);  // spans the two pieces
+  EXPECT_EQ(out, "xxyy");
   Put(&cache, "a", 2, 0, 300);
   EXPECT_NE(cache.Lookup("a", 1, 0), nullptr);  // step 2 still pending: step 1 stays
   cache.Committed("a", 2);

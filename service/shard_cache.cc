@@ -1,10 +1,26 @@
 #include "service/shard_cache.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 namespace gradsnap {
 namespace service {
+
+void CachedShard::CopyOut(uint64_t offset, char* out, size_t n) const {
+  size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
+                                 starts.begin()) - 1;
+  while (n > 0 && i < pieces.size()) {
+    uint64_t in_piece = offset - starts[i];
+    size_t take = static_cast<size_t>(std::min<uint64_t>(pieces[i].size() - in_piece, n));
+    std::memcpy(out, pieces[i].data() + in_piece, take);
+    out += take;
+    offset += take;
+    n -= take;
+    ++i;
+  }
+}
 
 ShardCache::ShardCache(uint64_t budget) : budget_(budget) {
   Registry* r = Registry::Global();
@@ -26,7 +42,7 @@ void ShardCache::EraseIf(const std::string& job, bool (*pred)(int64_t, int64_t),
   auto it = entries_.lower_bound(Key(job, INT64_MIN, INT32_MIN));
   while (it != entries_.end() && std::get<0>(it->first) == job) {
     if (pred(std::get<1>(it->first), ref)) {
-      used_ -= it->second->payload.size();
+      used_ -= it->second->size;
       it = entries_.erase(it);
     } else {
       ++it;
@@ -77,7 +93,7 @@ void ShardCache::Publish(const std::string& job, int64_t step, int32_t rank,
   auto p = std::make_shared<const CachedShard>(std::move(shard));
   absl::MutexLock lock(&mu_);
   Payload& slot = entries_[Key(job, step, rank)];
-  if (slot != nullptr) used_ -= slot->payload.size();  // a re-upload replaces the old copy
+  if (slot != nullptr) used_ -= slot->size;  // a re-upload replaces the old copy
   slot = std::move(p);
   TouchJob(job);
   UpdateGauge();

@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -28,10 +29,20 @@
 namespace gradsnap {
 namespace service {
 
-// One cached shard: its manifest entry and its whole payload.
+// One cached shard: its manifest entry and its whole payload, kept as the upload's message
+// buffers (moved, not copied, out of the requests).
 struct CachedShard {
   storage::ShardInfo info;
-  std::string payload;
+  std::vector<std::string> pieces;
+  std::vector<uint64_t> starts;  // payload offset of each piece
+  uint64_t size = 0;             // payload bytes
+  void Append(std::string piece) {
+    starts.push_back(size);
+    size += piece.size();
+    pieces.push_back(std::move(piece));
+  }
+  // Copies payload [offset, offset + n) into out (the range must lie inside the payload).
+  void CopyOut(uint64_t offset, char* out, size_t n) const;
 };
 using Payload = std::shared_ptr<const CachedShard>;
 

@@ -96,7 +96,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   absl::Status DoRead(grpc::ServerContext* ctx, const v1::ReadRequest& req,
                       grpc::ServerWriter<v1::ReadResponse>* writer);
   // After a shard's Finish: publishes the staged payload and notes a checkpoint commit.
-  void AfterShardCommit(const storage::ShardSpec& spec, std::string* stage, bool staged,
+  void AfterShardCommit(const storage::ShardSpec& spec, CachedShard* stage, bool staged,
                         v1::WriteResponse* resp);
   // Counts and converts a handler's result.
   grpc::Status Done(const absl::Status& s);

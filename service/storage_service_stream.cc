@@ -46,6 +46,7 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
                                      grpc::ServerReader<v1::WriteRequest>* reader,
                                      v1::WriteResponse* resp) {
   if (!serving_) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers get no memory
   InflightReservation reservation;
   if (!reservation.Acquire(limiter_, options_.per_stream_bytes,
                            absl::Milliseconds(options_.busy_wait_ms))) {
@@ -71,10 +72,9 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
                                               writer->written_size(), " bytes received"));
   }
   // Stage the payload for the RAM tier when it streams from the start and fits.
-  std::string stage;
+  CachedShard stage;
   bool staged = offset == 0 && writer->written_size() == 0 && total > 0 &&
                 cache_->Reserve(spec.job, spec.step, total);
-  if (staged) stage.reserve(total);
   auto unstage = [&] {
     if (staged) cache_->Unreserve(total);
     staged = false;
@@ -110,9 +110,10 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
       if (!status.ok()) break;
       unflushed += data.size() - skip;
     }
-    if (staged) stage.append(data);
-    offset += data.size();
-    metrics_->bytes_in->Add(static_cast<int64_t>(data.size()));
+    const size_t n = data.size();
+    if (staged) stage.Append(std::move(*req.mutable_data()));  // no copy: keep the buffer
+    offset += n;
+    metrics_->bytes_in->Add(static_cast<int64_t>(n));
     metrics_->chunks_in->Add();
     if (unflushed >= options_.flush_bytes) {
       status = writer->Flush();
@@ -153,25 +154,23 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
   return absl::OkStatus();
 }
 
-void StorageService::AfterShardCommit(const storage::ShardSpec& spec, std::string* stage,
+void StorageService::AfterShardCommit(const storage::ShardSpec& spec, CachedShard* stage,
                                       bool staged, v1::WriteResponse* resp) {
   metrics_->shard_commits->Add();
   resp->set_committed_size(proto::PayloadSize(spec));
   resp->set_shard_committed(true);
   absl::StatusOr<storage::Manifest> m = engine_->GetManifest(spec.job, spec.step);
   if (!m.ok()) {
-    if (staged) cache_->Unreserve(stage->size());
+    if (staged) cache_->Unreserve(stage->size);
     return;
   }
   bool committed = m->info.state == storage::CheckpointState::kCommitted;
   resp->set_checkpoint_committed(committed);
   if (staged) {
-    CachedShard shard;
     for (const auto& s : m->shards) {
-      if (s.rank == spec.rank) shard.info = s;
+      if (s.rank == spec.rank) stage->info = s;
     }
-    shard.payload = std::move(*stage);
-    cache_->Publish(spec.job, spec.step, spec.rank, std::move(shard));
+    cache_->Publish(spec.job, spec.step, spec.rank, std::move(*stage));
   }
   if (committed) {
     metrics_->checkpoint_commits->Add();
@@ -197,7 +196,7 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequ
   uint64_t total = 0;
   if (cached != nullptr) {
     info = &cached->info;
-    total = cached->payload.size();
+    total = cached->size;
   } else {
     ASSIGN_OR_RETURN(reader, engine_->OpenShardReader(req.job(), req.step(), req.rank()));
     info = &reader->info();
@@ -218,7 +217,8 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequ
     size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, end - offset));
     std::string* data = resp.mutable_data();
     if (cached != nullptr) {
-      data->assign(cached->payload, offset, n);
+      data->resize(n);
+      cached->CopyOut(offset, data->data(), n);
     } else {
       data->resize(n);
       ASSIGN_OR_RETURN(size_t got, reader->Read(offset, data->data(), n));

@@ -46,7 +46,7 @@ struct ChunkHeader {
 struct CodecOptions {
   int zstd_level = 1;          // 0: never compress
   bool shuffle = true;
-  double min_compress_gain = 0.97;
+  double min_compress_gain = 0.90;
 };
 
 // Upper bound of the record size of a chunk of raw_len bytes.

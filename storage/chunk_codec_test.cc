@@ -28,7 +28,7 @@ std::vector<uint8_t> Sample(size_t n, int flavor, uint64_t seed) {
 
 TEST(ShuffleTest, InvertsForEveryWidthAndLength) {
   for (size_t width : {1, 2, 4, 8, 3}) {
-    for (size_t n : {0, 1, 7, 8, 9, 63, 4096, 10001}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 4096, 10001, 65536 + 24}) {
       auto in = RandomBytes(n, n * 31 + width);
       std::vector<uint8_t> mid(n), out(n);
       ByteShuffle(in.data(), mid.data(), n, width);
@@ -40,6 +40,20 @@ TEST(ShuffleTest, InvertsForEveryWidthAndLength) {
   std::vector<uint8_t> in = {1, 2, 3, 4}, out(4);
   ByteShuffle(in.data(), out.data(), 4, 2);
   EXPECT_EQ(out, (std::vector<uint8_t>{1, 3, 2, 4}));
+  // The vector paths against the definition, for widths 2 and 4 and lengths with tails.
+  for (size_t width : {2, 4, 8}) {
+    for (size_t n : {size_t{16 * 8 * 3 + 5}, size_t{1000}, size_t{4096}}) {
+      auto src = RandomBytes(n, n + width);
+      std::vector<uint8_t> got(n), want(n);
+      size_t elems = n / width;
+      for (size_t p = 0; p < width; ++p) {
+        for (size_t i = 0; i < elems; ++i) want[p * elems + i] = src[i * width + p];
+      }
+      for (size_t i = elems * width; i < n; ++i) want[i] = src[i];
+      ByteShuffle(src.data(), got.data(), n, width);
+      EXPECT_EQ(got, want) << "width " << width << " n " << n;
+    }
+  }
 }
 
 TEST(ChunkCodecTest, RoundTripsRandomSizesAndTypes) {

@@ -120,9 +120,9 @@ void SegmentWriter::RingLoop() {
         if (queue_.empty() && stop_) return;
       }
       ready.swap(queue_);
-      if (!error_.ok()) {
+      if (!error_.ok() || broken_) {
         // Sticky error: fail queued requests without touching the disk.
-        absl::Status err = error_;
+        absl::Status err = error_.ok() ? absl::InternalError("io_uring ring broken") : error_;
         mu_.Unlock();
         for (Request* r : ready) Finish(r, err);
         mu_.Lock();
@@ -132,6 +132,12 @@ void SegmentWriter::RingLoop() {
     Prepare(&ready);
     Submit();
     if (inflight_ > 0) Reap();
+    if (broken_) {
+      // Retries can no longer be written either.
+      std::deque<Request*> dead;
+      dead.swap(retry_);
+      for (Request* r : dead) Finish(r, absl::InternalError("io_uring ring broken"));
+    }
     if (!ready.empty()) {
       // The ring was full: put the rest back in front, in order.
       absl::MutexLock lock(&mu_);
@@ -143,7 +149,7 @@ void SegmentWriter::RingLoop() {
 // Fills SQEs (retries first) while fewer than queue_depth_ writes are in flight.
 int SegmentWriter::Prepare(std::deque<Request*>* ready) {
   int n = 0;
-  while (inflight_ < queue_depth_ && (!retry_.empty() || !ready->empty())) {
+  while (!broken_ && inflight_ < queue_depth_ && (!retry_.empty() || !ready->empty())) {
     std::deque<Request*>* from = retry_.empty() ? ready : &retry_;
     io_uring_sqe* sqe = io_uring_get_sqe(ring_);
     if (sqe == nullptr) break;  // SQ full until the next submit
@@ -152,7 +158,7 @@ int SegmentWriter::Prepare(std::deque<Request*>* ready) {
     io_uring_prep_write(sqe, file_->fd(), r->data + r->done_bytes,
                         static_cast<unsigned>(r->len - r->done_bytes), r->offset + r->done_bytes);
     io_uring_sqe_set_data(sqe, r);
-    ++prepared_;
+    unsubmitted_.push_back(r);
     ++inflight_;
     ++n;
   }
@@ -160,26 +166,25 @@ int SegmentWriter::Prepare(std::deque<Request*>* ready) {
 }
 
 void SegmentWriter::Submit() {
-  while (prepared_ > 0) {
+  for (int attempts = 0; !unsubmitted_.empty(); ++attempts) {
     int rc = io_uring_submit(ring_);
-    if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) {
-      if (inflight_ > prepared_) Reap();  // make room by completing something
+    if ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && attempts < 10000) {
+      if (inflight_ > static_cast<int>(unsubmitted_.size())) Reap();  // make room
       continue;
     }
     if (rc < 0) {
-      // Cannot reach the kernel at all: nothing more can be written through this ring.
-      GS_LOG(ERROR) << "io_uring_submit " << path_ << ": " << -rc;
+      // The kernel refuses the ring. Fail what never reached it and never submit again: the
+      // stale SQEs die with the ring in the destructor.
       absl::Status s = PosixError(absl::StrCat("io_uring_submit ", path_), -rc);
-      {
-        absl::MutexLock lock(&mu_);
-        if (error_.ok()) error_ = s;
-      }
-      // The SQEs stay in the ring and will be submitted by a later call if the kernel
-      // recovers; otherwise the destructor's Wait() cannot finish. Retrying is bounded by the
-      // caller's own deadlines; log loudly.
+      GS_LOG(ERROR) << s;
+      broken_ = true;
+      std::vector<Request*> failed(unsubmitted_.begin(), unsubmitted_.end());
+      inflight_ -= static_cast<int>(failed.size());
+      unsubmitted_.clear();
+      for (Request* r : failed) Finish(r, s);
       return;
     }
-    prepared_ -= rc;
+    unsubmitted_.erase(unsubmitted_.begin(), unsubmitted_.begin() + rc);
   }
 }
 

@@ -98,8 +98,9 @@ class SegmentWriter {
 
   // Ring thread only.
   int inflight_ = 0;      // submitted or prepared, not completed
-  int prepared_ = 0;      // prepared, not yet submitted
+  std::deque<Request*> unsubmitted_;  // prepared SQEs, in ring order
   std::deque<Request*> retry_;
+  bool broken_ = false;   // io_uring_submit failed hard: no more submissions
 
   mutable absl::Mutex mu_;
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;

@@ -2,7 +2,7 @@
 //
 // OVERVIEW
 //   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
-//   and decoded on a small pool of reader threads, up to kWindow chunks ahead of the consumer,
+//   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
 //   so several reads are in flight while the caller copies and hashes in order. Every chunk is
 //   checked against its metadata and both CRCs; every tensor's SHA-256 is checked before the
 //   last bytes of the tensor are handed out.
@@ -13,6 +13,7 @@
 //
 // THREAD SAFETY
 //   One caller thread at a time; pool threads only touch their own slot.
+#include <algorithm>
 #include <deque>
 #include <map>
 
@@ -27,8 +28,9 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
-constexpr size_t kWindow = 16;       // chunks read ahead
-constexpr int kReaderThreads = 8;    // concurrent positional reads (O_DIRECT)
+constexpr size_t kReadAheadBytes = 128 << 20;  // per reader: bounds its memory
+constexpr size_t kMaxWindow = 64;                // chunks read ahead, at most
+constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
 
 absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std::string& job,
                                                   int64_t step, int32_t rank, uint32_t seq) {
@@ -81,8 +83,11 @@ class ShardReaderImpl : public ShardReader {
     for (size_t t = info_.tensors.size(); t-- > 0;) {
       first_chunk_[t] = std::min(first_chunk_[t], first_chunk_[t + 1]);
     }
+    window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
+                                       kMaxWindow);
     pool_ = std::make_unique<TaskPool<ReaderContext>>(
-        kReaderThreads, [] { return std::make_unique<ReaderContext>(); });
+        std::min<int>(kMaxReaderThreads, static_cast<int>(window_limit_)),
+        [] { return std::make_unique<ReaderContext>(); });
   }
   ~ShardReaderImpl() override { Cancel(); }
 
@@ -122,6 +127,7 @@ class ShardReaderImpl : public ShardReader {
   std::vector<size_t> first_chunk_;        // per tensor, plus chunks_.size()
   std::map<uint32_t, std::unique_ptr<File>> files_;
 
+  size_t window_limit_ = 4;
   std::deque<std::shared_ptr<Slot>> window_;  // scheduled, in order
   absl::Mutex mu_;
   // Streaming state.
@@ -159,7 +165,7 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   });
 }
 
-// Returns the decoded chunk `chunk`, keeping up to kWindow later chunks in flight.
+// Returns the decoded chunk `chunk`, keeping up to window_limit_ later chunks in flight.
 void ShardReaderImpl::Recycle(std::shared_ptr<Slot> slot) {
   if (slot != nullptr) spare_.push_back(std::move(slot));
 }
@@ -169,7 +175,7 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
     Cancel();  // a jump: drop the read-ahead
   }
   size_t next = window_.empty() ? chunk : window_.back()->chunk + 1;
-  while (window_.size() < kWindow && next < chunks_.size()) Schedule(next++);
+  while (window_.size() < window_limit_ && next < chunks_.size()) Schedule(next++);
   std::shared_ptr<Slot> s = window_.front();
   window_.pop_front();
   {

@@ -270,7 +270,7 @@ void ShardWriterImpl::Dispatch() {
   // chunk tries again.
   // Throughput bypass: compress only while the disk is behind (enough writes queued), so
   // encoding time hides behind I/O and compression never lowers throughput.
-  bool disk_busy = !opt_.adapt_compression || io_pending_.load() >= max_jobs_ / 2;
+  bool disk_busy = !opt_.adapt_compression || io_pending_.load() >= max_jobs_ * 3 / 4;
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
                       (lane->no_gain.load() < 2 || job->index_in_tensor % 8 == 0);
   {

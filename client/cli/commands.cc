@@ -32,6 +32,7 @@ const std::vector<FlagSpec>& GlobalFlags() {
       {"tls-cert", "F", "client certificate for mutual TLS. Default: none"},
       {"tls-key", "F", "client private key for mutual TLS. Default: none"},
       {"replicas", "N", "copies of each shard across servers. Default: 1"},
+      {"attempts", "N", "tries of a server call that fails with UNAVAILABLE. Default: 5"},
       {"json", "", "print machine-readable JSON on stdout. Default: off"},
   };
   return kFlags;

@@ -147,10 +147,11 @@ absl::Status RunRestore(Context& ctx) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  RETURN_IF_ERROR(WriteTextFile(dir + "/manifest.json", ManifestJson(m) + "\n"));
-  return WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
+  RETURN_IF_ERROR(WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
     return absl::StrCat(dir, "/rank", r, ".safetensors");
-  });
+  }));
+  // Last, so a manifest.json only ever sits beside complete, verified shard files.
+  return WriteTextFile(dir + "/manifest.json", ManifestJson(m) + "\n");
 }
 
 absl::Status RunExport(Context& ctx) {

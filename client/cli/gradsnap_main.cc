@@ -104,6 +104,10 @@ absl::Status BuildOptions(Context& ctx) {
   o.tls_key_file = a.Get("tls-key");
   ASSIGN_OR_RETURN(int64_t replicas, ParseInt(a.Get("replicas", "1"), 1, 16, "--replicas"));
   o.replicas = static_cast<int>(replicas);
+  // Fewer tries than the library default: an operator at a terminal wants a dead server
+  // reported in about a second, not after the trainer-oriented backoff.
+  ASSIGN_OR_RETURN(int64_t attempts, ParseInt(a.Get("attempts", "5"), 1, 100, "--attempts"));
+  o.max_attempts = static_cast<int>(attempts);
   ctx.json = a.Has("json");
   ctx.progress = !ctx.json && ::isatty(STDERR_FILENO);
   return absl::OkStatus();

@@ -1,6 +1,7 @@
 // End-to-end tests of the gradsnap CLI: the real build/bin/gradsnap binary run as a subprocess
 // against checkpoints written through the client library, on the embedded engine (and, when
 // this build has gradsnap-server, against a real server process on 127.0.0.1).
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -287,6 +288,7 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   EXPECT_FALSE(fs::exists(scratch + "/out/rank0.safetensors") &&
                fs::exists(scratch + "/out/rank1.safetensors"));
   EXPECT_FALSE(fs::exists(scratch + "/out/rank0.safetensors.tmp"));
+  EXPECT_FALSE(fs::exists(scratch + "/out/manifest.json"));
   r = cli({"verify", "bad", "1"});
   EXPECT_EQ(r.rc, 0) << r.err;
   client::testing::RemoveDir(scratch);
@@ -347,6 +349,54 @@ TEST(CliServerAuthTest, TokensFromFlagsAndFiles) {
   r = cli({"restore", "demo", "--out", scratch + "/out", "--token", token});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(fs::exists(scratch + "/out/rank0.safetensors"));
+  target->reset();
+  client::testing::RemoveDir(scratch);
+}
+
+// TLS through the CLI's --tls-ca (and mutual TLS with --tls-cert/--tls-key) against a server
+// with a certificate from a throwaway CA made with the openssl command.
+TEST(CliServerTlsTest, TlsCaAndMutualTls) {
+  std::string scratch = client::testing::MakeTempDir("cli-tls");
+  std::string openssl = absl::StrCat(
+      "cd '", scratch, "' && (set -e; "
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=cli-test-ca "
+      "-keyout ca.key -out ca.pem; "
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext; "
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr; "
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-extfile san.ext -out server.pem; "
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=cli -keyout client.key -out client.csr; "
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+      "-out client.pem) >openssl.log 2>&1");
+  ASSERT_EQ(std::system(openssl.c_str()), 0) << "openssl failed, see " << scratch;
+  auto target = MakeTarget("server", scratch,
+                           {"--tls-cert", scratch + "/server.pem", "--tls-key",
+                            scratch + "/server.key", "--tls-client-ca", scratch + "/ca.pem"});
+  if (absl::IsUnimplemented(target.status())) GTEST_SKIP() << "no gradsnap-server in this build";
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto cli = [&](std::vector<std::string> args) {
+    std::vector<std::string> all = (*target)->Flags();
+    all.insert(all.end(), args.begin(), args.end());
+    return RunProgram(GRADSNAP_CLI_PATH, all, scratch);
+  };
+  const std::vector<std::string> kMutual = {"--tls-ca", scratch + "/ca.pem", "--tls-cert",
+                                            scratch + "/client.pem", "--tls-key",
+                                            scratch + "/client.key"};
+  std::vector<std::string> args = kMutual;
+  args.push_back("health");
+  RunResult r = cli(args);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  args = kMutual;
+  args.insert(args.end(), {"ls", "--json"});
+  r = cli(args);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(PythonParsesJson(r.out, scratch)) << r.out;
+  // Plaintext against a TLS server, and TLS without the client certificate, both fail.
+  r = cli({"health"});
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: ")) << r.err;
+  r = cli({"--tls-ca", scratch + "/ca.pem", "health"});
+  EXPECT_NE(r.rc, 0) << r.out;
   target->reset();
   client::testing::RemoveDir(scratch);
 }
