@@ -6,6 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
 #include "proto/convert.h"
@@ -121,6 +125,100 @@ absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step
   return out;
 }
 
+namespace {
+
+// Reads protobuf wire format straight out of a ByteBuffer's slices, so a Read message's data
+// reaches the sink without being copied into a std::string first.
+class SliceCursor {
+ public:
+  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) { Skip0(); }
+  bool AtEnd() const { return i_ >= slices_.size(); }
+  bool ReadVarint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && !AtEnd(); shift += 7) {
+      uint8_t b = slices_[i_].begin()[off_];
+      Advance(1);
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  // Hands the next n bytes to fn in contiguous pieces; false if fewer remain or fn fails.
+  template <typename Fn>
+  bool Take(uint64_t n, Fn&& fn) {
+    while (n > 0) {
+      if (AtEnd()) return false;
+      size_t avail = slices_[i_].size() - off_;
+      size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n));
+      if (!fn(reinterpret_cast<const char*>(slices_[i_].begin()) + off_, take)) return false;
+      Advance(take);
+      n -= take;
+    }
+    return true;
+  }
+
+ private:
+  void Advance(size_t n) {
+    off_ += n;
+    Skip0();
+  }
+  void Skip0() {
+    while (i_ < slices_.size() && off_ >= slices_[i_].size()) {
+      ++i_;
+      off_ = 0;
+    }
+  }
+  const std::vector<grpc::Slice>& slices_;
+  size_t i_ = 0;
+  size_t off_ = 0;
+};
+
+// One ReadResponse: the shard info bytes go to on_shard(bytes) as soon as they are read (they
+// precede the data: fields are serialized in number order), the data to on_data(offset, p, n)
+// piece by piece. DATA_LOSS for malformed wire bytes.
+template <typename OnShard, typename OnData>
+absl::Status ParseReadResponse(const grpc::ByteBuffer& bb, OnShard&& on_shard, OnData&& on_data) {
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return absl::DataLossError("unreadable Read message");
+  SliceCursor c(slices);
+  uint64_t offset = 0;
+  absl::Status sink_status;
+  while (!c.AtEnd()) {
+    uint64_t key = 0, v = 0;
+    if (!c.ReadVarint(&key)) return absl::DataLossError("malformed Read message");
+    const uint64_t field = key >> 3, type = key & 7;
+    bool ok = true;
+    if (type == 0) {
+      ok = c.ReadVarint(&v);
+      if (field == 2) offset = v;
+    } else if (type == 2) {
+      ok = c.ReadVarint(&v);
+      if (ok && field == 1) {
+        std::string shard_bytes;
+        ok = c.Take(v, [&](const char* p, size_t n) { shard_bytes.append(p, n); return true; });
+        if (ok) RETURN_IF_ERROR(on_shard(shard_bytes));
+      } else if (ok && field == 3) {
+        ok = c.Take(v, [&](const char* p, size_t n) {
+          sink_status = on_data(offset, p, n);
+          offset += n;
+          return sink_status.ok();
+        });
+        if (!sink_status.ok()) return sink_status;
+      } else if (ok) {
+        ok = c.Take(v, [](const char*, size_t) { return true; });
+      }
+    } else if (type == 1 || type == 5) {
+      ok = c.Take(type == 1 ? 8 : 4, [](const char*, size_t) { return true; });
+    } else {
+      ok = false;
+    }
+    if (!ok) return absl::DataLossError("malformed Read message");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
                                     int32_t rank, uint64_t* offset, uint64_t end,
                                     const std::function<absl::Status(const void*, size_t)>& sink,
@@ -133,31 +231,48 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
   if (end != kToEnd) req.set_read_limit(end - *offset);
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_, 0);
-  auto stub = node.stub();  // keeps the channel alive while the stream runs
-  std::unique_ptr<grpc::ClientReader<v1::ReadResponse>> stream = stub->Read(&ctx, req);
-  v1::ReadResponse msg;
+  // The method called with raw ByteBuffer responses (parsed below without copying the data).
+  std::shared_ptr<grpc::Channel> channel = node.channel();
+  const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Read",
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                   req));
+  grpc::ByteBuffer bb;
   absl::Status status;
   bool first = true;
-  while (status.ok() && stream->Read(&msg)) {
-    if (first) {
-      first = false;
-      ASSIGN_OR_RETURN(ShardInfo info, proto::FromProto(msg.shard()));
+  while (status.ok() && stream->Read(&bb)) {
+    auto on_shard = [&](const std::string& bytes) -> absl::Status {
+      if (!first) return absl::OkStatus();  // only the first message's counts
+      v1::ShardInfo pinfo;
+      if (!pinfo.ParseFromString(bytes)) {
+        return absl::DataLossError(absl::StrCat(node.endpoint, ": bad shard info in Read"));
+      }
+      ASSIGN_OR_RETURN(ShardInfo info, proto::FromProto(pinfo));
       if (IsPlaceholder(info)) {
-        status = absl::NotFoundError(absl::StrCat(node.endpoint, ": shard is held elsewhere"));
-        break;
+        return absl::NotFoundError(absl::StrCat(node.endpoint, ": shard is held elsewhere"));
       }
       uint64_t size = 0;
       for (const auto& t : info.tensors) size += t.spec.byte_length;
       *total = size;
+      first = false;
+      return absl::OkStatus();
+    };
+    auto on_data = [&](uint64_t at, const char* p, size_t n) -> absl::Status {
+      if (first) return absl::DataLossError(absl::StrCat(node.endpoint, ": Read data first"));
+      if (at != *offset) {
+        return absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent offset ", at,
+                                                ", expected ", *offset));
+      }
+      RETURN_IF_ERROR(sink(p, n));
+      *offset += n;
+      return absl::OkStatus();
+    };
+    status = ParseReadResponse(bb, on_shard, on_data);
+    if (status.ok() && first) {
+      status = absl::DataLossError(absl::StrCat(node.endpoint, ": Read without shard info"));
     }
-    if (msg.offset() != *offset) {
-      status = absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent offset ",
-                                                msg.offset(), ", expected ", *offset));
-      break;
-    }
-    status = sink(msg.data().data(), msg.data().size());
-    *offset += msg.data().size();
-    if (progress) progress(*offset, end == kToEnd ? *total : end);
+    if (status.ok() && progress) progress(*offset, end == kToEnd ? *total : end);
   }
   if (!status.ok()) {
     ctx.TryCancel();

@@ -95,6 +95,10 @@ class Node {
     absl::MutexLock lock(&mu_);
     return stub_;
   }
+  std::shared_ptr<grpc::Channel> channel() {
+    absl::MutexLock lock(&mu_);
+    return channel_;
+  }
   // Called before retrying after UNAVAILABLE: asks the channel to connect now and, when that
   // keeps failing, replaces the channel (a channel in transient failure may otherwise wait
   // out its own reconnect backoff after the node is already back).

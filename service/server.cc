@@ -66,17 +66,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   ServiceMetrics* metrics = ServiceMetrics::Get();
   s->limiter_ = std::make_unique<InflightLimiter>(options.max_inflight_bytes,
                                                   metrics->inflight_bytes);
+  s->read_limiter_ = std::make_unique<InflightLimiter>(
+      options.max_inflight_bytes,
+      Registry::Global()->GetCounter("gradsnap_read_inflight_bytes",
+                                     "Read-ahead bytes reserved by disk reads", true));
   s->cache_ = std::make_unique<ShardCache>(options.cache_bytes);
   StorageServiceOptions so = options.service;
   if (so.per_stream_bytes == 0) {
-    so.per_stream_bytes = proto::kMaxMessageBytes + so.flush_bytes + 2 * options.engine.chunk_bytes;
+    so.per_stream_bytes =
+        proto::kMaxMessageBytes + 2 * (so.flush_bytes + 2 * options.engine.chunk_bytes);
   }
   if (so.per_stream_bytes > options.max_inflight_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("--max-inflight-bytes must be at least ",
                                                    so.per_stream_bytes, " (one upload stream)"));
   }
   s->service_ = std::make_unique<StorageService>(s->engine_.get(), s->auth_.get(),
-                                                 s->limiter_.get(), s->cache_.get(), so);
+                                                 s->limiter_.get(), s->read_limiter_.get(),
+                                                 s->cache_.get(), so);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, creds, &s->port_);
   builder.RegisterService(s->service_.get());

@@ -33,7 +33,8 @@ struct ServerOptions {
   std::string auth_secret;
   // RAM tier budget in bytes. Default: 0 (off).
   uint64_t cache_bytes = 0;
-  // Budget for upload bytes held in memory. Default: 256 MiB.
+  // Budget for upload bytes held in memory; disk reads get a budget of the same size.
+  // Default: 256 MiB.
   uint64_t max_inflight_bytes = 256u << 20;
   // Prometheus endpoint "host:port". Default: empty (off).
   std::string metrics_listen;
@@ -65,6 +66,7 @@ class Server {
   std::unique_ptr<storage::Engine> engine_;
   std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<InflightLimiter> limiter_;
+  std::unique_ptr<InflightLimiter> read_limiter_;
   std::unique_ptr<ShardCache> cache_;
   std::unique_ptr<StorageService> service_;
   std::unique_ptr<grpc::Server> grpc_;

@@ -13,11 +13,12 @@ namespace gradsnap {
 namespace service {
 
 StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
-                               InflightLimiter* limiter, ShardCache* cache,
-                               const StorageServiceOptions& options)
+                               InflightLimiter* limiter, InflightLimiter* read_limiter,
+                               ShardCache* cache, const StorageServiceOptions& options)
     : engine_(engine),
       auth_(auth),
       limiter_(limiter),
+      read_limiter_(read_limiter),
       cache_(cache),
       options_(options),
       metrics_(ServiceMetrics::Get()) {}

@@ -43,8 +43,13 @@ namespace service {
 struct StorageServiceOptions {
   // Memory charged to the in-flight budget by each upload stream: one message plus what the
   // engine writer may hold between two flushes (flush_bytes of queued chunks, the chunk being
-  // filled and one being encoded). 0: computed that way by Server::Start. Default: 0.
+  // filled and one being encoded, each chunk with a raw and a compressed buffer). 0: computed
+  // that way by Server::Start. Default: 0.
   uint64_t per_stream_bytes = 0;
+  // Memory charged to the read budget by each Read served from disk: the engine reader's
+  // read-ahead window (128 MiB) and one message. Reads from the RAM tier are not charged.
+  // Default: 132 MiB.
+  uint64_t per_read_bytes = 132u << 20;
   // How long an upload waits for budget before RESOURCE_EXHAUSTED "server busy". Default: 5 s.
   int busy_wait_ms = 5000;
   // Received bytes between Flush() calls of a writer. Bounds what a crash makes the client
@@ -56,7 +61,8 @@ class StorageService final : public gradsnap::v1::Storage::Service {
  public:
   // Borrows everything; all must outlive the service. cache may have budget 0.
   StorageService(storage::Engine* engine, const Authorizer* auth, InflightLimiter* limiter,
-                 ShardCache* cache, const StorageServiceOptions& options);
+                 InflightLimiter* read_limiter, ShardCache* cache,
+                 const StorageServiceOptions& options);
 
   // Health reports serving=false and new uploads get UNAVAILABLE from now on.
   void BeginShutdown() { serving_ = false; }
@@ -104,6 +110,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   storage::Engine* const engine_;
   const Authorizer* const auth_;
   InflightLimiter* const limiter_;
+  InflightLimiter* const read_limiter_;
   ShardCache* const cache_;
   const StorageServiceOptions options_;
   ServiceMetrics* const metrics_;

@@ -191,6 +191,14 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequ
   RETURN_IF_ERROR(proto::ValidateRank(req.rank()));
   RETURN_IF_ERROR(auth_->CheckJob(*ctx, req.job()));
   Payload cached = cache_->Lookup(req.job(), req.step(), req.rank());
+  InflightReservation reservation;  // disk reads hold the engine reader's read-ahead window
+  if (cached == nullptr &&
+      !reservation.Acquire(read_limiter_,
+                           std::min(options_.per_read_bytes, read_limiter_->budget()),
+                           absl::Milliseconds(options_.busy_wait_ms))) {
+    metrics_->busy_rejections->Add();
+    return absl::ResourceExhaustedError("server busy: read budget used up, retry");
+  }
   std::unique_ptr<storage::ShardReader> reader;
   const storage::ShardInfo* info = nullptr;
   uint64_t total = 0;

@@ -19,7 +19,7 @@ namespace {
 
 constexpr int kClients = 16;
 constexpr double kSeconds = 3.0;
-constexpr uint64_t kInflight = 64u << 20;
+constexpr uint64_t kInflight = 128u << 20;
 constexpr uint64_t kCache = 32u << 20;
 constexpr uint64_t kOverhead = 128u << 20;
 
