@@ -11,6 +11,9 @@
 //   delta_bytes_ratio                stored bytes per DELTA / per FULL (gradient log run)
 //   host_mem_ratio                   pinned host bytes of checkpointing / one copy of the state
 //                                    (gockpt; host_mem_ratio_gradlog for gockpt + log)
+//   cpu_ratio_gockpt[_gradlog]       CPU seconds of the none run / of the mode's run (medians):
+//                                    the throughput ratio a machine with no spare core would
+//                                    see, and a figure outside load does not disturb much
 // Stall is the time the training loop spends inside the checkpointing hooks during steps
 // (the per-step stall_ms), excluding the final drain; stall per FULL divides it by the FULL
 // checkpoints the run started. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
@@ -219,13 +222,20 @@ int main(int argc, char** argv) {
     for (auto& r : runs[m]) v.push_back(r.fulls > 0 ? r.stall_ms / r.fulls : 0);
     return Median(v);
   };
+  auto cpu = [&](const std::string& m) {
+    std::vector<double> v;
+    for (auto& r : runs[m]) v.push_back(r.cpu_s);
+    return Median(v);
+  };
   double per_delta = 0, per_full = 0;
   bool have_bytes = StoredBytes(absl::StrCat(dir, "/gockpt_gradlog_0"), &per_delta, &per_full);
   std::printf("model=%s steps=%d every=%d rounds=%d\n", absl::GetFlag(FLAGS_model).c_str(),
               absl::GetFlag(FLAGS_steps), every, absl::GetFlag(FLAGS_rounds));
   for (const Mode& m : modes) {
-    std::printf("%-15s tokens_per_s median %8.1f best %8.1f  stall_ms per FULL (median) %8.1f\n",
-                m.name.c_str(), tps(m.name), best_tps(m.name), stall_per_full(m.name));
+    std::printf(
+        "%-15s tokens_per_s median %8.1f best %8.1f  stall_ms per FULL (median) %8.1f  "
+        "cpu_s (median) %6.1f\n",
+        m.name.c_str(), tps(m.name), best_tps(m.name), stall_per_full(m.name), cpu(m.name));
   }
   if (have_bytes) {
     std::printf("stored bytes per DELTA %.0f per FULL %.0f\n", per_delta, per_full);
@@ -234,12 +244,14 @@ int main(int argc, char** argv) {
   std::printf(
       "throughput_ratio_gockpt=%.4f throughput_ratio_gockpt_gradlog=%.4f "
       "stall_ratio_gockpt_vs_sync=%.4f stall_ratio_async_vs_sync=%.4f delta_bytes_ratio=%.4f "
-      "host_mem_ratio=%.4f host_mem_ratio_gradlog=%.4f\n",
+      "host_mem_ratio=%.4f host_mem_ratio_gradlog=%.4f cpu_ratio_gockpt=%.4f "
+      "cpu_ratio_gockpt_gradlog=%.4f\n",
       best_tps("gockpt") / best_tps("none"), best_tps("gockpt_gradlog") / best_tps("none"),
       sync_stall > 0 ? stall_per_full("gockpt") / sync_stall : 0,
       sync_stall > 0 ? stall_per_full("async") / sync_stall : 0,
       have_bytes ? per_delta / per_full : 0, runs["gockpt"][0].host_mem_ratio,
-      runs["gockpt_gradlog"][0].host_mem_ratio);
+      runs["gockpt_gradlog"][0].host_mem_ratio, cpu("none") / cpu("gockpt"),
+      cpu("none") / cpu("gockpt_gradlog"));
   fs::remove_all(dir);
   return 0;
 }
