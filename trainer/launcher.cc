@@ -168,6 +168,7 @@ int Launch(const LaunchOptions& o) {
       std::printf("restart %d of %d: %s; resuming all ranks from the latest checkpoint\n",
                   attempt + 1, o.max_restarts, r.reason.c_str());
       std::fflush(stdout);
+      if (o.before_restart) o.before_restart();
     } else {
       std::fprintf(stderr, "gradsnap-train: giving up after %d restart(s)\n", o.max_restarts);
     }

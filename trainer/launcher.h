@@ -15,6 +15,7 @@
 #ifndef GRADSNAP_TRAINER_LAUNCHER_H_
 #define GRADSNAP_TRAINER_LAUNCHER_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct LaunchOptions {
   // Restarted attempts get --resume latest (false: they start over, e.g. --ckpt_mode none).
   // Default: true
   bool resume_on_restart = true;
+  // Called between a failed attempt and the next one, while no rank runs (e.g. to roll back
+  // the failed attempt's PENDING checkpoints). Default: none.
+  std::function<void()> before_restart;
   // The flags passed through to every rank.
   std::vector<std::string> rank_args;
 };

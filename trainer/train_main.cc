@@ -200,6 +200,18 @@ int main(int argc, char** argv) {
   lo.rdzv = absl::GetFlag(FLAGS_rdzv);
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   lo.resume_on_restart = o.ckpt.mode != "none" || o.ckpt.grad_log;
+  if (lo.resume_on_restart && lo.node_rank == 0) {
+    lo.before_restart = [o] {
+      absl::StatusOr<int> n = gradsnap::trainer::AbandonPendingCheckpoints(o);
+      if (!n.ok()) {
+        std::fprintf(stderr, "gradsnap-train: rolling back pending checkpoints: %s\n",
+                     n.status().ToString().c_str());
+      } else if (*n > 0) {
+        std::printf("rolled back %d pending checkpoint(s) of the failed attempt\n", *n);
+        std::fflush(stdout);
+      }
+    };
+  }
   if (int rc = Validate(o, lo.nproc, lo.nnodes, lo.node_rank); rc != 0) return rc;
   for (int i = 1; i < static_cast<int>(args.size()); ++i) lo.rank_args.push_back(args[i]);
   return gradsnap::trainer::Launch(lo);

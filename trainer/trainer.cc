@@ -37,11 +37,16 @@ absl::StatusOr<std::unique_ptr<client::Client>> Connect(const client::ClientOpti
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
+client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
   co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
   co.token = o.token;
+  return co;
+}
+
+absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
+  const client::ClientOptions co = StoreClientOptions(o);
   if (!o.storage.empty() || o.world_size == 1) {
     ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(co));
     return NewDirectShardStore(std::move(c));
@@ -164,6 +169,23 @@ absl::Status RankRunner::Setup() {
   targets_.resize(inputs_.size());
   return absl::OkStatus();
 }
+
+}  // namespace
+
+absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
+  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(StoreClientOptions(o)));
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> all,
+                   c->List(o.ckpt.job, /*include_pending=*/true));
+  int removed = 0;
+  for (const client::CheckpointInfo& info : all) {
+    if (info.state != client::CheckpointState::kPending) continue;
+    RETURN_IF_ERROR(c->AbortCheckpoint(o.ckpt.job, info.step));
+    ++removed;
+  }
+  return removed;
+}
+
+namespace {
 
 absl::Status RankRunner::Resume() {
   if (store_ == nullptr) return absl::OkStatus();

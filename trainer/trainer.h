@@ -59,6 +59,11 @@ struct TrainOptions {
 // bad input or a mismatched checkpoint (not worth a restart), anything else for failures.
 absl::Status RunRank(const TrainOptions& options);
 
+// Rolls back the PENDING checkpoints of the job that a failed attempt left behind (a FULL or a
+// DELTA some ranks had saved when another died). The launcher calls it between attempts, while
+// no rank runs, so the restarted ranks can write those steps anew. Returns how many it removed.
+absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& options);
+
 }  // namespace trainer
 }  // namespace gradsnap
 
