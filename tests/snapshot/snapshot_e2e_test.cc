@@ -261,3 +261,38 @@ TEST_F(SnapshotE2E, KilledRankOfTwoResumesFromGradLog) {
 
 }  // namespace
 }  // namespace gradsnap
+
+namespace gradsnap {
+namespace {
+
+// A kill right after a FULL window closed: with two ranks the FULL can be PENDING in the store
+// (rank 0's shard saved, rank 1 killed before its own), and the restart replays the gradient
+// log over the previous FULL, so it re-runs that very step and writes a DELTA where the failed
+// attempt began a FULL. The launcher must roll the PENDING FULL back before it restarts, else
+// the restarted ranks fail with ALREADY_EXISTS. Runs the drill a few times to hit the window.
+TEST_F(SnapshotE2E, RestartAfterPendingFullWritesTheStepAnew) {
+  std::string dir = *scratch_ + "/ref14";
+  std::vector<std::string> a = Base(dir, 14);
+  a.insert(a.end(), {"--nproc=2"});
+  TrainRun ref = Train(*scratch_, "ref14", a);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  bool saw_rollback = false;
+  for (int round = 0; round < 3; ++round) {
+    std::string name = absl::StrCat("pending_full_", round);
+    std::vector<std::string> b = Base(*scratch_ + "/" + name, 14);
+    b.insert(b.end(), {"--nproc=2", "--ckpt_mode=gockpt", "--ckpt_every=5", "--grad_log",
+                       "--fail_at_step=12", "--fail_rank=1", "--max_restarts=1", "--job=p"});
+    TrainRun r = Train(*scratch_, name, b);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
+    EXPECT_EQ(r.sha, ref.sha) << r.out;
+    for (int64_t s = std::max<int64_t>(1, r.resumed_from + 1); s <= 14; ++s) {
+      EXPECT_EQ(r.losses[s], ref.losses.count(s) ? ref.losses.at(s) : "?") << "step " << s;
+    }
+    saw_rollback |= r.out.find("rolled back") != std::string::npos;
+  }
+  if (!saw_rollback) std::printf("note: no PENDING FULL was left at the kill in 3 rounds\n");
+}
+
+}  // namespace
+}  // namespace gradsnap
