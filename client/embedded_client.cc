@@ -36,16 +36,18 @@ class EmbeddedClient : public Client {
  public:
   EmbeddedClient(std::unique_ptr<storage::Engine> engine, uint64_t max_inflight_bytes)
       : engine_(std::move(engine)), budget_(max_inflight_bytes) {
-    for (int i = 0; i < kSaveThreads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+    saves_ = std::make_unique<SaveQueue>(
+        kSaveThreads, [this](const ShardSpec& spec, const std::vector<TensorRef>& tensors) {
+          uint64_t bytes = ShardBytes(spec);
+          budget_.Acquire(bytes);
+          absl::Status st = WriteShard(spec, tensors);
+          budget_.Release(bytes);
+          return st;
+        });
   }
 
-  ~EmbeddedClient() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    for (std::thread& t : workers_) t.join();
-  }
+  // Finishes queued saves before the engine goes.
+  ~EmbeddedClient() override { saves_.reset(); }
 
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
     DropReaders();
@@ -84,12 +86,6 @@ class EmbeddedClient : public Client {
   absl::Status Health() override { return absl::OkStatus(); }
 
  private:
-  struct SaveTask {
-    ShardSpec spec;
-    std::vector<TensorRef> tensors;
-    std::promise<absl::Status> done;
-  };
-
   struct CachedReader {
     std::string job;
     int64_t step;
@@ -97,8 +93,7 @@ class EmbeddedClient : public Client {
     std::unique_ptr<storage::ShardReader> reader;
   };
 
-  void WorkerLoop();
-  absl::Status WriteShard(const SaveTask& task);
+  absl::Status WriteShard(const ShardSpec& spec, const std::vector<TensorRef>& tensors);
   // The reader of the shard restored last, so restoring a shard tensor by tensor opens it once
   // and its read-ahead (up to 128 MiB in the engine) serves the next tensor instead of being
   // thrown away. A reader is taken out of the cache while in use (one thread at a time) and put
@@ -115,11 +110,7 @@ class EmbeddedClient : public Client {
   // Constant after construction.
   std::unique_ptr<storage::Engine> engine_;
   ByteBudget budget_;
-  std::vector<std::thread> workers_;
-
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<SaveTask>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<SaveQueue> saves_;
 
   absl::Mutex cache_mu_;
   std::deque<CachedReader> readers_ ABSL_GUARDED_BY(cache_mu_);  // newest last
@@ -163,48 +154,22 @@ void EmbeddedClient::DropReaders() {
 
 std::future<absl::Status> EmbeddedClient::SaveShardAsync(const ShardSpec& spec,
                                                          std::vector<TensorRef> tensors) {
-  auto task = std::make_unique<SaveTask>();
-  std::future<absl::Status> result = task->done.get_future();
   absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
   if (!resolved.ok()) {
-    task->done.set_value(resolved.status());
-    return result;
+    std::promise<absl::Status> failed;
+    failed.set_value(resolved.status());
+    return failed.get_future();
   }
   DropReaders();
-  task->spec = *std::move(resolved);
-  task->tensors = std::move(tensors);
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(task));
-  return result;
+  return saves_->Push(*std::move(resolved), std::move(tensors));
 }
 
-void EmbeddedClient::WorkerLoop() {
-  for (;;) {
-    std::unique_ptr<SaveTask> task;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    uint64_t bytes = ShardBytes(task->spec);
-    budget_.Acquire(bytes);
-    absl::Status st = WriteShard(*task);
-    budget_.Release(bytes);
-    task->done.set_value(st);
-  }
-}
-
-absl::Status EmbeddedClient::WriteShard(const SaveTask& task) {
-  const ShardSpec& spec = task.spec;
+absl::Status EmbeddedClient::WriteShard(const ShardSpec& spec,
+                                        const std::vector<TensorRef>& tensors) {
   ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardWriter> writer, engine_->OpenShardWriter(spec));
   // A resumed writer already holds committed_size() bytes: skip them.
   uint64_t skip = writer->written_size();
-  for (const TensorRef& t : task.tensors) {
+  for (const TensorRef& t : tensors) {
     const char* p = static_cast<const char*>(t.data);
     uint64_t len = t.spec.byte_length;
     uint64_t from = std::min(skip, len);

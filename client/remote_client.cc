@@ -23,16 +23,14 @@ RemoteClient::RemoteClient(ClientOptions options, std::vector<std::unique_ptr<No
   replicas_ = std::min<size_t>(std::max(1, options_.replicas), nodes_.size());
   uint64_t per_save = kPerStreamBytes * replicas_;
   size_t workers = std::clamp<uint64_t>(options_.max_inflight_bytes / per_save, 1, 8);
-  for (size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  saves_ = std::make_unique<SaveQueue>(
+      workers, [this](const ShardSpec& spec, const std::vector<TensorRef>& tensors) {
+        return SaveShardNow(spec, tensors);
+      });
 }
 
-RemoteClient::~RemoteClient() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  for (auto& t : workers_) t.join();
-}
+// Finishes queued saves before the nodes go.
+RemoteClient::~RemoteClient() { saves_.reset(); }
 
 absl::Status RemoteClient::ForAllNodes(const std::function<absl::Status(Node&)>& fn) {
   if (nodes_.size() == 1) return fn(*nodes_[0]);
@@ -74,35 +72,13 @@ absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step)
 
 std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
                                                        std::vector<TensorRef> tensors) {
-  auto task = std::make_unique<SaveTask>();
-  std::future<absl::Status> result = task->done.get_future();
   absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
   if (!resolved.ok()) {
-    task->done.set_value(resolved.status());
-    return result;
+    std::promise<absl::Status> failed;
+    failed.set_value(resolved.status());
+    return failed.get_future();
   }
-  task->spec = *std::move(resolved);
-  task->tensors = std::move(tensors);
-  absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(task));
-  return result;
-}
-
-void RemoteClient::WorkerLoop() {
-  for (;;) {
-    std::unique_ptr<SaveTask> task;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    task->done.set_value(SaveShardNow(task->spec, task->tensors));
-  }
+  return saves_->Push(*std::move(resolved), std::move(tensors));
 }
 
 absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,

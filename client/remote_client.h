@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "client/remote_rpc.h"
+#include "client/save_util.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -72,12 +73,6 @@ class RemoteClient final : public Client {
   absl::Status Health() override;
 
  private:
-  struct SaveTask {
-    ShardSpec spec;
-    std::vector<TensorRef> tensors;
-    std::promise<absl::Status> done;
-  };
-
   // One unary call with retries: call(ctx, resp) issues it.
   template <typename Resp, typename Call>
   absl::Status Unary(Node& node, Resp* resp, Call&& call) {
@@ -95,7 +90,6 @@ class RemoteClient final : public Client {
   // Runs fn on every node; OK when any succeeds (reads that merge what live nodes know).
   absl::Status ForAnyNode(const std::function<absl::Status(Node&)>& fn);
 
-  void WorkerLoop();
   absl::Status SaveShardNow(const ShardSpec& spec, const std::vector<TensorRef>& tensors);
   // Uploads (or resumes) one shard on one node until it is committed there.
   absl::Status UploadShard(Node& node, const ShardSpec& spec,
@@ -122,10 +116,7 @@ class RemoteClient final : public Client {
   std::vector<std::string> endpoints_;
   size_t replicas_;
 
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<SaveTask>> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> workers_;
+  std::unique_ptr<SaveQueue> saves_;
 };
 
 }  // namespace remote

@@ -106,5 +106,44 @@ uint64_t ByteBudget::peak() const {
   return peak_;
 }
 
+SaveQueue::SaveQueue(size_t workers, SaveFn save) : save_(std::move(save)) {
+  for (size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+SaveQueue::~SaveQueue() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : workers_) t.join();
+}
+
+std::future<absl::Status> SaveQueue::Push(ShardSpec spec, std::vector<TensorRef> tensors) {
+  auto task = std::make_unique<Task>();
+  std::future<absl::Status> result = task->done.get_future();
+  task->spec = std::move(spec);
+  task->tensors = std::move(tensors);
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+  return result;
+}
+
+void SaveQueue::WorkerLoop() {
+  for (;;) {
+    std::unique_ptr<Task> task;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task->done.set_value(save_(task->spec, task->tensors));
+  }
+}
+
 }  // namespace client
 }  // namespace gradsnap

@@ -1,9 +1,15 @@
 // Internal helpers shared by the client back ends (embedded_client.cc, remote_client.cc):
-// resolving the tensor list of a save, and a byte budget bounding asynchronous saves.
+// resolving the tensor list of a save, a byte budget bounding asynchronous saves, and the
+// worker queue that runs them.
 #ifndef GRADSNAP_CLIENT_SAVE_UTIL_H_
 #define GRADSNAP_CLIENT_SAVE_UTIL_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -46,6 +52,37 @@ class ByteBudget {
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
   Counter* gauge_;
   Counter* peak_gauge_;
+};
+
+// Runs asynchronous shard saves on a fixed set of worker threads, in submission order; each save
+// resolves its future with the status `save` returns. Thread-safe. The destructor finishes every
+// queued save, then joins the workers, so `save` may use its owner's members until then: destroy
+// the queue before them.
+class SaveQueue {
+ public:
+  using SaveFn =
+      std::function<absl::Status(const ShardSpec& spec, const std::vector<TensorRef>& tensors)>;
+  SaveQueue(size_t workers, SaveFn save);
+  ~SaveQueue();
+  SaveQueue(const SaveQueue&) = delete;
+  SaveQueue& operator=(const SaveQueue&) = delete;
+
+  // Queues the save of `spec` (already resolved with ResolveShardSpec) and `tensors`.
+  std::future<absl::Status> Push(ShardSpec spec, std::vector<TensorRef> tensors);
+
+ private:
+  struct Task {
+    ShardSpec spec;
+    std::vector<TensorRef> tensors;
+    std::promise<absl::Status> done;
+  };
+  void WorkerLoop();
+
+  const SaveFn save_;
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Task>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> workers_;  // last: started after the members above exist
 };
 
 }  // namespace client
