@@ -409,6 +409,31 @@ absl::StatusOr<std::vector<CheckpointInfo>> EngineImpl::ListCheckpoints(const st
   return out;
 }
 
+absl::StatusOr<ShardInfo> EngineImpl::MakeShardInfo(const ShardRecord& rec,
+                                                    const std::vector<ChunkRecord>& chunks) {
+  ShardInfo info;
+  info.rank = rec.spec.rank;
+  info.committed = rec.committed;
+  info.stored_bytes = rec.stored_bytes;
+  info.metadata = rec.spec.metadata;
+  for (size_t i = 0; i < rec.spec.tensors.size(); ++i) {
+    TensorInfo ti;
+    ti.spec = rec.spec.tensors[i];
+    ti.spec.sha256 = i < rec.tensor_sha256.size() ? rec.tensor_sha256[i] : "";
+    info.raw_bytes += ti.spec.byte_length;
+    info.tensors.push_back(std::move(ti));
+  }
+  for (const ChunkRecord& c : chunks) {
+    if (c.tensor >= info.tensors.size()) {
+      return absl::DataLossError(absl::StrCat(Where(rec.spec.job, rec.spec.step, rec.spec.rank),
+                                              ": chunk names tensor ", c.tensor));
+    }
+    info.tensors[c.tensor].stored_bytes += c.header.record_len();
+    info.tensors[c.tensor].chunks += 1;
+  }
+  return info;
+}
+
 absl::StatusOr<Manifest> EngineImpl::GetManifest(const std::string& job, int64_t step) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
@@ -420,24 +445,7 @@ absl::StatusOr<Manifest> EngineImpl::GetManifest(const std::string& job, int64_t
     RETURN_IF_ERROR(DecodeShard(v, &r));
     ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
                      LoadChunks(job, step, r.spec.rank, r.chunk_count));
-    ShardInfo si;
-    si.rank = r.spec.rank;
-    si.committed = r.committed;
-    si.stored_bytes = r.stored_bytes;
-    si.metadata = r.spec.metadata;
-    for (size_t i = 0; i < r.spec.tensors.size(); ++i) {
-      TensorInfo ti;
-      ti.spec = r.spec.tensors[i];
-      if (i < r.tensor_sha256.size()) ti.spec.sha256 = r.tensor_sha256[i];
-      si.raw_bytes += ti.spec.byte_length;
-      si.tensors.push_back(std::move(ti));
-    }
-    for (const ChunkRecord& c : chunks) {
-      if (c.tensor < si.tensors.size()) {
-        si.tensors[c.tensor].stored_bytes += c.header.record_len();
-        si.tensors[c.tensor].chunks += 1;
-      }
-    }
+    ASSIGN_OR_RETURN(ShardInfo si, MakeShardInfo(r, chunks));
     m.shards.push_back(std::move(si));
   }
   return m;

@@ -66,6 +66,10 @@ class EngineImpl : public Engine {
   absl::StatusOr<CheckpointRecord> LoadCheckpoint(const std::string& job, int64_t step);
   absl::StatusOr<std::vector<ChunkRecord>> LoadChunks(const std::string& job, int64_t step,
                                                       int32_t rank, uint32_t count);
+  // The ShardInfo of a shard record and its chunk records (tensors with their SHA-256s, raw and
+  // stored bytes, chunk counts). DATA_LOSS when a chunk names a tensor the shard lacks.
+  static absl::StatusOr<ShardInfo> MakeShardInfo(const ShardRecord& rec,
+                                                 const std::vector<ChunkRecord>& chunks);
 
  private:
   absl::StatusOr<std::unique_ptr<ShardWriter>> OpenWriterLocked(const ShardSpec& spec)

@@ -318,26 +318,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> NewShardReader(EngineImpl* engine,
   std::sort(chunks.begin(), chunks.end(), [](const ChunkRecord& a, const ChunkRecord& b) {
     return a.header.stream_offset < b.header.stream_offset;
   });
-  ShardInfo info;
-  info.rank = rec.spec.rank;
-  info.committed = rec.committed;
-  info.stored_bytes = rec.stored_bytes;
-  info.metadata = rec.spec.metadata;
-  for (size_t i = 0; i < rec.spec.tensors.size(); ++i) {
-    TensorInfo ti;
-    ti.spec = rec.spec.tensors[i];
-    ti.spec.sha256 = i < rec.tensor_sha256.size() ? rec.tensor_sha256[i] : "";
-    info.raw_bytes += ti.spec.byte_length;
-    info.tensors.push_back(std::move(ti));
-  }
-  for (const ChunkRecord& c : chunks) {
-    if (c.tensor >= info.tensors.size()) {
-      return absl::DataLossError(absl::StrCat(Where(rec.spec.job, rec.spec.step, rec.spec.rank),
-                                              ": chunk names tensor ", c.tensor));
-    }
-    info.tensors[c.tensor].stored_bytes += c.header.record_len();
-    info.tensors[c.tensor].chunks += 1;
-  }
+  ASSIGN_OR_RETURN(ShardInfo info, EngineImpl::MakeShardInfo(rec, chunks));
   (void)ckpt;
   auto r = std::make_unique<ShardReaderImpl>(engine, std::move(info), std::move(chunks),
                                              rec.spec.job, rec.spec.step);
