@@ -116,9 +116,7 @@ void CopyQueue::Run() {
       const char* src = static_cast<const char*>(req->r.src) + offset;
       CopyStream* stream = streams_[static_cast<int>(req->r.priority)].get();
       absl::Status s = absl::OkStatus();
-      if (offset == 0 && req->r.compute_stream != nullptr) {
-        s = stream->WaitForComputeStream(req->r.compute_stream);
-      }
+      if (offset == 0 && req->r.after != nullptr) s = stream->WaitForEvent(req->r.after.get());
       if (s.ok()) s = stream->CopyToHost(dst, src, n);
       absl::StatusOr<std::unique_ptr<CopyEvent>> ev =
           s.ok() ? stream->RecordEvent() : absl::StatusOr<std::unique_ptr<CopyEvent>>(s);

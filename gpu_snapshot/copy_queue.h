@@ -48,9 +48,10 @@ struct CopyRequest {
   // After bytes [offset, offset + n) landed at `dst`. Optional.
   std::function<void(size_t offset, size_t n, void* dst)> on_chunk;
   std::string label = "copy";  // trace event name
-  // When set (a cudaStream_t), the copy starts only after the work enqueued on this compute
-  // stream by the time the request's first chunk is dispatched.
-  void* compute_stream = nullptr;
+  // When set, the copy starts only after this compute-stream event, which the caller recorded
+  // (Device::RecordComputeEvent) when it made the request: the data is what the compute
+  // stream had produced at that point, however late the first chunk is dispatched.
+  std::shared_ptr<ComputeEvent> after = nullptr;
 };
 
 using CopyTicket = uint64_t;

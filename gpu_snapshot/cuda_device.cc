@@ -1,6 +1,10 @@
 // The CUDA device: pinned staging with cudaHostAlloc, copies with cudaMemcpyAsync on
 // non-blocking streams created with priorities, CUDA events. Built only with CUDA
 // (GRADSNAP_HAVE_CUDA); links the CUDA runtime, never libcuda.
+//
+// The current device is per host thread, and the engine calls in here from the training thread
+// and from its copy thread: every call that touches the runtime runs under a DeviceGuard that
+// makes this device current and restores the caller's device on the way out.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -24,14 +28,61 @@ absl::Status CudaError(cudaError_t err, const char* what, const char* file, int 
 }
 #define GS_CUDA(expr) CudaError((expr), #expr, __FILE__, __LINE__)
 
-class CudaEvent : public CopyEvent {
+// Makes `ordinal` the calling thread's current device; restores the previous one on exit.
+class DeviceGuard {
  public:
-  explicit CudaEvent(cudaEvent_t e) : event_(e) {}
-  ~CudaEvent() override { cudaEventDestroy(event_); }
-  bool Done() override { return cudaEventQuery(event_) == cudaSuccess; }
-  absl::Status Wait() override { return GS_CUDA(cudaEventSynchronize(event_)); }
+  explicit DeviceGuard(int ordinal) {
+    status_ = GS_CUDA(cudaGetDevice(&prev_));
+    if (status_.ok() && prev_ != ordinal) status_ = GS_CUDA(cudaSetDevice(ordinal));
+    if (!status_.ok()) prev_ = -1;
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  const absl::Status& status() const { return status_; }
 
  private:
+  int prev_ = -1;
+  absl::Status status_;
+};
+#define GS_DEVICE_GUARD(ordinal)        \
+  DeviceGuard guard_(ordinal);          \
+  RETURN_IF_ERROR(guard_.status())
+
+class CudaComputeEvent : public ComputeEvent {
+ public:
+  CudaComputeEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
+  ~CudaComputeEvent() override {
+    DeviceGuard g(device_);
+    cudaEventDestroy(event_);  // the runtime defers destruction until the event completed
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int device_;
+  cudaEvent_t event_;
+};
+
+class CudaEvent : public CopyEvent {
+ public:
+  CudaEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
+  ~CudaEvent() override {
+    DeviceGuard g(device_);
+    cudaEventDestroy(event_);
+  }
+  bool Done() override {
+    DeviceGuard g(device_);
+    return cudaEventQuery(event_) == cudaSuccess;
+  }
+  absl::Status Wait() override {
+    GS_DEVICE_GUARD(device_);
+    return GS_CUDA(cudaEventSynchronize(event_));
+  }
+
+ private:
+  int device_;
   cudaEvent_t event_;
 };
 
@@ -39,15 +90,16 @@ class CudaStream : public CopyStream {
  public:
   CudaStream(int device, cudaStream_t s) : device_(device), stream_(s) {}
   ~CudaStream() override {
+    DeviceGuard g(device_);
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(device_)));
+    GS_DEVICE_GUARD(device_);
     return GS_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
   }
   absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(device_)));
+    GS_DEVICE_GUARD(device_);
     cudaEvent_t e;
     RETURN_IF_ERROR(GS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
     absl::Status s = GS_CUDA(cudaEventRecord(e, stream_));
@@ -55,18 +107,17 @@ class CudaStream : public CopyStream {
       cudaEventDestroy(e);
       return s;
     }
-    return std::unique_ptr<CopyEvent>(new CudaEvent(e));
+    return std::unique_ptr<CopyEvent>(new CudaEvent(device_, e));
   }
-  absl::Status WaitForComputeStream(void* native_stream) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(device_)));
-    cudaEvent_t e;
-    RETURN_IF_ERROR(GS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
-    absl::Status s = GS_CUDA(cudaEventRecord(e, static_cast<cudaStream_t>(native_stream)));
-    if (s.ok()) s = GS_CUDA(cudaStreamWaitEvent(stream_, e, 0));
-    cudaEventDestroy(e);  // destruction is deferred by the runtime until the event completes
-    return s;
+  absl::Status WaitForEvent(ComputeEvent* event) override {
+    if (event == nullptr) return absl::OkStatus();
+    GS_DEVICE_GUARD(device_);
+    return GS_CUDA(cudaStreamWaitEvent(stream_, static_cast<CudaComputeEvent*>(event)->get(), 0));
   }
-  absl::Status Synchronize() override { return GS_CUDA(cudaStreamSynchronize(stream_)); }
+  absl::Status Synchronize() override {
+    GS_DEVICE_GUARD(device_);
+    return GS_CUDA(cudaStreamSynchronize(stream_));
+  }
 
  private:
   int device_;
@@ -79,15 +130,18 @@ class CudaDevice : public Device {
   std::string Name() const override { return absl::StrCat("cuda:", ordinal_); }
   bool IsHost() const override { return false; }
   absl::StatusOr<void*> AllocPinned(size_t bytes) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(ordinal_)));
+    GS_DEVICE_GUARD(ordinal_);
     void* p = nullptr;
     RETURN_IF_ERROR(GS_CUDA(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable)));
     std::memset(p, 0, bytes);  // pre-touch
     return p;
   }
-  void FreePinned(void* p, size_t) override { cudaFreeHost(p); }
+  void FreePinned(void* p, size_t) override {
+    DeviceGuard g(ordinal_);
+    cudaFreeHost(p);
+  }
   absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool high_priority) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(ordinal_)));
+    GS_DEVICE_GUARD(ordinal_);
     int least = 0, greatest = 0;
     RETURN_IF_ERROR(GS_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest)));
     cudaStream_t s;
@@ -95,19 +149,34 @@ class CudaDevice : public Device {
                                                          high_priority ? greatest : least)));
     return std::unique_ptr<CopyStream>(new CudaStream(ordinal_, s));
   }
+  absl::StatusOr<std::shared_ptr<ComputeEvent>> RecordComputeEvent(void* native_stream) override {
+    if (native_stream == nullptr) return std::shared_ptr<ComputeEvent>();
+    GS_DEVICE_GUARD(ordinal_);
+    cudaEvent_t e;
+    RETURN_IF_ERROR(GS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
+    absl::Status s = GS_CUDA(cudaEventRecord(e, static_cast<cudaStream_t>(native_stream)));
+    if (!s.ok()) {
+      cudaEventDestroy(e);
+      return s;
+    }
+    return std::shared_ptr<ComputeEvent>(new CudaComputeEvent(ordinal_, e));
+  }
   absl::StatusOr<void*> AllocDevice(size_t bytes) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(ordinal_)));
+    GS_DEVICE_GUARD(ordinal_);
     void* p = nullptr;
     RETURN_IF_ERROR(GS_CUDA(cudaMalloc(&p, bytes == 0 ? 1 : bytes)));
     return p;
   }
-  void FreeDevice(void* p) override { cudaFree(p); }
+  void FreeDevice(void* p) override {
+    DeviceGuard g(ordinal_);
+    cudaFree(p);
+  }
   absl::Status CopyToDeviceSync(void* dst, const void* src, size_t n) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(ordinal_)));
+    GS_DEVICE_GUARD(ordinal_);
     return GS_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
   }
   absl::Status CopyToHostSync(void* dst, const void* src, size_t n) override {
-    RETURN_IF_ERROR(GS_CUDA(cudaSetDevice(ordinal_)));
+    GS_DEVICE_GUARD(ordinal_);
     return GS_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
   }
 
@@ -119,16 +188,24 @@ class CudaDevice : public Device {
 
 bool CudaCompiledIn() { return true; }
 
-absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal) {
+absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return 0;
   if (err != cudaSuccess) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device: ", cudaGetErrorString(err)));
+    return absl::InternalError(absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err)));
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal) {
+  ASSIGN_OR_RETURN(int count, CudaDeviceCount());
+  if (count == 0) {
+    return absl::FailedPreconditionError("no CUDA device (cudaGetDeviceCount reports none)");
   }
   if (ordinal < 0 || ordinal >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device ", ordinal, " (", count, " present)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " present)"));
   }
   return std::unique_ptr<Device>(new CudaDevice(ordinal));
 }

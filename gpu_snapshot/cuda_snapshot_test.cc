@@ -22,8 +22,14 @@ struct DeviceArrays {
   size_t n;
 };
 
+// Null (the caller skips) only when the runtime reports no device or no driver; any other error
+// fails the test.
 std::unique_ptr<Device> CudaOrSkip() {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  EXPECT_TRUE(count.ok()) << count.status();
+  if (!count.ok() || *count == 0) return nullptr;
   auto d = NewCudaDevice(0);
+  EXPECT_TRUE(d.ok()) << d.status();
   if (!d.ok()) return nullptr;
   return std::move(*d);
 }

@@ -2,14 +2,20 @@
 //
 // OVERVIEW
 //   The snapshot engine copies the rank's training state and gradients from "device memory" to
-//   pinned host staging buffers on side streams, overlapped with compute. Two implementations:
+//   pinned host staging buffers on side streams, overlapped with compute. Three implementations:
 //     - the host device (NewHostDevice): device memory is ordinary host memory (the CPU
-//       trainer's state); every stream runs its copies on its own thread, so every schedule of
-//       the engine runs in tests without a GPU;
+//       trainer's state, whose compute is synchronous); every stream runs its copies on its own
+//       thread, so every schedule of the engine runs in tests without a GPU;
+//     - the simulated asynchronous device (NewSimDevice, sim_device.h): kernels run on a
+//       compute-stream thread, copies honour compute events and a throttled copy engine;
 //     - the CUDA device (NewCudaDevice, only when built with CUDA): cudaHostAlloc'ed pinned
 //       staging, cudaMemcpyAsync on non-blocking streams created with priorities, CUDA events.
+//       Every call makes the device current for its duration and restores the caller's.
 //   Copies are asynchronous: CopyToHost enqueues, RecordEvent marks a point in the stream, and
-//   the event's Wait blocks until every copy enqueued before it has landed.
+//   the event's Wait blocks until every copy enqueued before it has landed. A copy of data that
+//   the trainer's compute stream produces is ordered after it by a ComputeEvent, recorded on the
+//   training thread when the copy is requested (RecordComputeEvent) and waited for by the copy
+//   stream (WaitForEvent) before the copy's first byte moves.
 //
 // THREAD SAFETY
 //   Device is thread-safe. A CopyStream and its events are used by one thread at a time.
@@ -36,6 +42,13 @@ class CopyEvent {
   virtual absl::Status Wait() = 0;
 };
 
+// A point in the trainer's compute stream (a cudaEvent_t on CUDA). Opaque; shared by the copies
+// that wait for it.
+class ComputeEvent {
+ public:
+  virtual ~ComputeEvent() = default;
+};
+
 // An in-order queue of device-to-host copies.
 class CopyStream {
  public:
@@ -44,9 +57,8 @@ class CopyStream {
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t n) = 0;
   // Marks the current end of the stream.
   virtual absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() = 0;
-  // Later copies start only after the work enqueued so far on the trainer's compute stream
-  // (a cudaStream_t on CUDA; ignored on the host device, whose compute is synchronous).
-  virtual absl::Status WaitForComputeStream(void* native_stream) = 0;
+  // Later copies start only after `event` completed (null: no wait).
+  virtual absl::Status WaitForEvent(ComputeEvent* event) = 0;
   // Blocks until every enqueued copy has landed.
   virtual absl::Status Synchronize() = 0;
 };
@@ -63,6 +75,10 @@ class Device {
   virtual void FreePinned(void* p, size_t bytes) = 0;
   // A copy stream; high-priority streams are scheduled first by the hardware where it can.
   virtual absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool high_priority) = 0;
+  // Records an event after the work enqueued so far on the trainer's compute stream
+  // `native_stream` (a cudaStream_t on CUDA, the simulated compute stream on sim), on the calling
+  // thread. Returns null when there is nothing to wait for (the host device; a null stream).
+  virtual absl::StatusOr<std::shared_ptr<ComputeEvent>> RecordComputeEvent(void* native_stream) = 0;
   // Device memory and blocking host-to-device copies, for tests and restore.
   virtual absl::StatusOr<void*> AllocDevice(size_t bytes) = 0;
   virtual void FreeDevice(void* p) = 0;
@@ -74,8 +90,14 @@ class Device {
 std::unique_ptr<Device> NewHostDevice();
 
 // The CUDA device `ordinal`. UNIMPLEMENTED when gradsnap was built without CUDA;
-// FAILED_PRECONDITION ("no CUDA device: ...") when the runtime finds no usable device.
+// FAILED_PRECONDITION ("no CUDA device: ...") when the runtime reports no device or no driver;
+// INVALID_ARGUMENT when `ordinal` is not one of the devices present; INTERNAL for any other
+// runtime error (a broken GPU is not "no GPU").
 absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal);
+
+// The number of CUDA devices: 0 when the runtime reports no device or no driver (or the build
+// has no CUDA); INTERNAL for any other error.
+absl::StatusOr<int> CudaDeviceCount();
 
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();

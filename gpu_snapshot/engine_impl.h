@@ -99,8 +99,8 @@ class EngineImpl : public SnapshotEngine {
   // Registers a FULL of step `target` before the update's record reaches the worker.
   void RegisterFull(int64_t target);
   absl::Status StartFull(const UpdateInfo& info, int k);
-  CopyTicket SubmitStateRange(size_t begin, size_t end, const char* label,
-                              std::optional<EngineEvent> on_landed);
+  absl::StatusOr<CopyTicket> SubmitStateRange(size_t begin, size_t end, const char* label,
+                                              std::optional<EngineEvent> on_landed);
   absl::Status CloseWindowEarly();
   int AcquireLogBuffer();
   void Push(EngineEvent e);

@@ -37,7 +37,7 @@ class HostStream : public CopyStream {
 
   absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override;
 
-  absl::Status WaitForComputeStream(void*) override { return absl::OkStatus(); }
+  absl::Status WaitForEvent(ComputeEvent*) override { return absl::OkStatus(); }
 
   absl::Status Synchronize() override {
     uint64_t target;
@@ -131,6 +131,9 @@ class HostDevice : public Device {
   void FreePinned(void* p, size_t) override { std::free(p); }
   absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool) override {
     return std::unique_ptr<CopyStream>(new HostStream());
+  }
+  absl::StatusOr<std::shared_ptr<ComputeEvent>> RecordComputeEvent(void*) override {
+    return std::shared_ptr<ComputeEvent>();  // compute is synchronous
   }
   absl::StatusOr<void*> AllocDevice(size_t bytes) override {
     void* p = AlignedTouched(bytes);

@@ -10,5 +10,7 @@ absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int) {
   return absl::UnimplementedError("gradsnap was built without CUDA (GRADSNAP_HAVE_CUDA off)");
 }
 
+absl::StatusOr<int> CudaDeviceCount() { return 0; }
+
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

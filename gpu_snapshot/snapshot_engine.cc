@@ -88,11 +88,13 @@ absl::Status EngineImpl::Init() {
   if (staging_ != nullptr) {
     // Probe the copy bandwidth once so the first automatic K has a figure to work with.
     size_t probe = std::min<size_t>(dev_.numel * sizeof(float), 8u << 20);
+    ASSIGN_OR_RETURN(std::shared_ptr<ComputeEvent> after,
+                     device_->RecordComputeEvent(dev_.compute_stream));
     CopyTicket t = queue_->Submit({CopyPriority::kState, dev_.params, probe,
                                    [this](size_t off, size_t) {
                                      return static_cast<char*>(staging_->data()) + off;
                                    },
-                                   nullptr, "probe", dev_.compute_stream});
+                                   nullptr, "probe", std::move(after)});
     RETURN_IF_ERROR(queue_->Wait(t));
   }
   worker_ = std::thread([this] { WorkerLoop(); });
@@ -207,7 +209,6 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   CopyRequest req;
   req.priority = CopyPriority::kGradient;
   req.src = grad;
-  req.compute_stream = dev_.compute_stream;
   req.label = absl::StrCat("grad ", step);
   if (opt_.grad_log) {
     int buf = AcquireLogBuffer();
@@ -234,21 +235,28 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   } else {
     return absl::OkStatus();
   }
+  // Recorded now, on the training thread: the gradients are final at this point of the stream.
+  ASSIGN_OR_RETURN(req.after, device_->RecordComputeEvent(dev_.compute_stream));
   grad_ticket_ = queue_->Submit(std::move(req));
   return absl::OkStatus();
 }
 
-CopyTicket EngineImpl::SubmitStateRange(size_t begin, size_t end, const char* label,
-                                        std::optional<EngineEvent> on_landed) {
+absl::StatusOr<CopyTicket> EngineImpl::SubmitStateRange(size_t begin, size_t end,
+                                                        const char* label,
+                                                        std::optional<EngineEvent> on_landed) {
   float* host[3] = {Staged().params, Staged().m, Staged().v};
   float* dev[3] = {dev_.params, dev_.m, dev_.v};
+  // One compute event for the whole block, recorded now on the training thread: the block's
+  // params, m and v copies all wait for the update that produced them and for nothing later.
+  ASSIGN_OR_RETURN(std::shared_ptr<ComputeEvent> after,
+                   device_->RecordComputeEvent(dev_.compute_stream));
   CopyTicket t = 0;
   for (int i = 0; i < 3; ++i) {
     CopyRequest req;
     req.priority = CopyPriority::kState;
     req.src = dev[i] + begin;
     req.bytes = (end - begin) * sizeof(float);
-    req.compute_stream = dev_.compute_stream;
+    req.after = after;
     req.label = label;
     char* dst = reinterpret_cast<char*>(host[i] + begin);
     req.dst = [dst](size_t off, size_t) { return dst + off; };
@@ -271,9 +279,8 @@ absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
   }
   if (opt_.mode != SnapshotMode::kGoCkpt) {
     // Stop-the-world copy; the worker hands the snapshot to the sink.
-    CopyTicket t = SubmitStateRange(
-        0, dev_.numel, "state (blocking)",
-        CloseEvent(u, 1, u));
+    ASSIGN_OR_RETURN(CopyTicket t, SubmitStateRange(0, dev_.numel, "state (blocking)",
+                                                    CloseEvent(u, 1, u)));
     RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
     if (opt_.mode == SnapshotMode::kSync) {
       RETURN_IF_ERROR(Stall([&] {
@@ -296,7 +303,8 @@ absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
   if (k == 1) {
     close = CloseEvent(u, 1, u);
   }
-  block_ticket_ = SubmitStateRange(win_->bounds[0], win_->bounds[1], "block 0", close);
+  ASSIGN_OR_RETURN(block_ticket_,
+                   SubmitStateRange(win_->bounds[0], win_->bounds[1], "block 0", close));
   win_->submitted = 1;
   return absl::OkStatus();
 }
@@ -348,7 +356,8 @@ absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due
     if (j == win_->k - 1) {
       close = CloseEvent(u, win_->k, win_->s);
     }
-    block_ticket_ = SubmitStateRange(win_->bounds[j], win_->bounds[j + 1], "block", close);
+    ASSIGN_OR_RETURN(block_ticket_,
+                     SubmitStateRange(win_->bounds[j], win_->bounds[j + 1], "block", close));
     win_->submitted = j + 1;
   }
   if (start_k > 0) return StartFull(info, start_k);
@@ -380,7 +389,8 @@ absl::Status EngineImpl::CloseWindowEarly() {
       full_targets_.erase(win_->s + win_->k - 1);
       full_targets_.insert(last_step_);
     }
-    t = SubmitStateRange(win_->bounds[win_->submitted], dev_.numel, "rest (blocking)", close);
+    ASSIGN_OR_RETURN(t, SubmitStateRange(win_->bounds[win_->submitted], dev_.numel,
+                                         "rest (blocking)", close));
     RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
   }
   win_.reset();

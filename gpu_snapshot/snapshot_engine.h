@@ -20,8 +20,12 @@
 //   pre-touched and counted (host_bytes()).
 //
 // CALL PROTOCOL (the trainer's training thread, per step u)
-//   BeforeGradOverwrite(u)   before backward u writes gradients (-O: waits for the copies of
-//                            update u-1's gradients)
+//   BeforeGradOverwrite(u)   right before step u first overwrites the gradient buffer that
+//                            AfterBackward(u-1) handed over (on the CPU: before backward u; on
+//                            a GPU, whose reduced bf16 buffer is written by the reduction:
+//                            before reduce u). -O: waits there for the copy of update u-1's
+//                            gradients, which so overlaps the update, all-gather, forward and
+//                            backward in between
 //   AfterBackward(u, grad)   gradients of u are final; the update has not run yet
 //   AfterUpdate(info, due)   update u applied (or skipped); due: a FULL is wanted after it
 //   TakeStepStats()          stall attributable to checkpointing in this step
@@ -98,7 +102,9 @@ struct DeviceState {
   float* v = nullptr;
   size_t numel = 0;
   size_t elem_offset = 0;         // the slice's first element in the flat buffers
-  void* compute_stream = nullptr;  // cudaStream_t of the trainer, or null
+  // The trainer's compute stream (cudaStream_t on CUDA, the simulated stream on sim), or null.
+  // Every copy waits for an event recorded on it when the copy is requested.
+  void* compute_stream = nullptr;
 };
 
 // A consistent host copy of the state after update `step`. Valid until the sink's done.

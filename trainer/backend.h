@@ -3,8 +3,11 @@
 // (bf16 compute, fp32 master weights, bf16 gradients, NCCL) lives in cuda_backend.cu.
 //
 // A step is: ForwardBackward (local micro-batch, gradients zeroed first), ReduceGrads (ZeRO-1
-// reduce-scatter; returns this rank's share of the squared gradient norm), Update (AdamW over
-// this rank's slice, via gpu_snapshot/adamw.h), GatherParams (all-gather of the slices).
+// reduce-scatter; returns the local loss sum and this rank's share of the squared gradient
+// norm), Update (AdamW over this rank's slice, via gpu_snapshot/adamw.h), GatherParams
+// (all-gather of the slices). On a device (CUDA, sim) the calls enqueue work on the compute
+// stream and return at once; ReduceGrads is the one point per step where the host waits for the
+// device (the loss print and the clip coefficient need the two sums).
 //
 // Thread safety: one thread at a time.
 #ifndef GRADSNAP_TRAINER_BACKEND_H_
@@ -34,10 +37,18 @@ class Backend {
   // FromHost also refreshes the compute parameters of all ranks (collective).
   virtual absl::Status SliceToHost(float* master, float* m, float* v) = 0;
   virtual absl::Status SliceFromHost(const float* master, const float* m, const float* v) = 0;
-  // inputs/targets: (local_batch, seq_len) on the host. Returns the sum of token losses.
-  virtual absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets,
-                                                 float dloss) = 0;
-  virtual absl::StatusOr<double> ReduceGrads() = 0;
+  // inputs/targets: (local_batch, seq_len) on the host (read before the call returns).
+  virtual absl::Status ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                                       float dloss) = 0;
+  struct Sums {
+    double loss_sum = 0;  // sum of the token losses of the last ForwardBackward (this rank)
+    double grad_sq = 0;   // this rank's share of the squared norm of the reduced gradient
+  };
+  virtual absl::StatusOr<Sums> ReduceGrads() = 0;
+  // True when ReduceGrads (not ForwardBackward) is what first overwrites the gradient slice
+  // that Grads() points at (a device's separate reduced bf16/slice buffer); the trainer puts
+  // the checkpointer's BeforeGradOverwrite hook right before that call.
+  virtual bool ReduceOverwritesGrads() const = 0;
   virtual GradSliceView Grads() = 0;
   virtual absl::Status Update(const AdamWStepParams& params) = 0;
   virtual absl::Status GatherParams() = 0;
@@ -49,11 +60,13 @@ class Backend {
 std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batch, int seq_len,
                                        Comm* comm);
 
-// CUDA (cuda_backend.cu). UNIMPLEMENTED when built without CUDA; FAILED_PRECONDITION when no
-// GPU is present. `rdzv_dir` is used for the NCCL unique-id exchange.
+// CUDA (cuda_backend.cu) on device `device_ordinal` (the rank's local index on its node plus
+// --device_id), which it makes the training thread's current device. UNIMPLEMENTED when built
+// without CUDA; FAILED_PRECONDITION when no GPU is present; INVALID_ARGUMENT for an ordinal
+// that does not exist. The NCCL unique id is exchanged through `comm`.
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig& config,
                                                         int local_batch, int seq_len,
-                                                        Comm* comm);
+                                                        Comm* comm, int device_ordinal = 0);
 
 // Deterministic GPT-2 initialization of the flat parameters (same on every rank):
 // N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) residual projections, zero biases, unit LayerNorms.

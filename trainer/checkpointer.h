@@ -4,7 +4,11 @@
 //   The trainer (trainer/trainer.cc) runs, for every step s = 1, 2, ... on every rank:
 //
 //     BeforeStep(s)
-//     forward + backward on batch s; reduce-scatter of the gradients (ZeRO-1)
+//     [BeforeGradOverwrite(s)]      CPU: here, before the backward overwrites the gradients
+//     forward + backward on batch s
+//     [BeforeGradOverwrite(s)]      CUDA and sim: here, before the reduction overwrites the
+//                                   reduced-gradient buffer (Backend::ReduceOverwritesGrads)
+//     reduce-scatter of the gradients (ZeRO-1)
 //     AfterBackward(s, grads)       grads: this rank's reduced slice, as the optimizer reads it
 //     global-norm clip, LR schedule -> AdamWStepParams (computed once, on the host)
 //     AdamW update of the slice (skipped when the gradient norm is not finite)
@@ -93,6 +97,9 @@ class Checkpointer {
   // replicated state the run starts from (step 0 or the restored step).
   virtual absl::Status Start(const ReplicatedState& state) = 0;
   virtual absl::Status BeforeStep(int64_t step) = 0;
+  // Right before step `step` first overwrites the gradient slice handed to AfterBackward(step-1)
+  // (see the order above): the last moment a copy of those gradients may still be running.
+  virtual absl::Status BeforeGradOverwrite(int64_t) { return absl::OkStatus(); }
   virtual absl::Status AfterBackward(int64_t step, const GradSliceView& grads) = 0;
   virtual absl::Status AfterUpdate(int64_t step, const UpdateInfo& info) = 0;
   virtual absl::Status EndStep(int64_t step, const ReplicatedState& state) = 0;

@@ -19,8 +19,11 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> MakeUntraced(const CheckpointerOpt
                                                            const TrainStateView& view,
                                                            ShardStore* store,
                                                            gpu_snapshot::TraceWriter* trace) {
-  // The snapshot engine (gpu_snapshot/) runs async, gockpt and every mode with --grad_log.
+  // The snapshot engine (gpu_snapshot/) runs async, gockpt, every mode with --grad_log, and
+  // sync on a device (CUDA, sim), whose stop-the-world copy then goes into pinned staging like
+  // every other mode's (a fair baseline).
   const bool engine = options.mode == "async" || options.mode == "gockpt" ||
+                      (options.mode == "sync" && view.on_device) ||
                       (options.grad_log && (options.mode == "none" || options.mode == "sync"));
   if (engine) {
     if (store == nullptr) {

@@ -60,19 +60,22 @@ class CpuBackend : public Backend {
     return comm_->AllGather(params_.data(), params_.size());
   }
 
-  absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets,
-                                         float dloss) override {
+  absl::Status ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                               float dloss) override {
     std::fill(grads_.begin(), grads_.end(), 0.0f);
-    return model_.ForwardBackward(params_.data(), grads_.data(), inputs, targets, dloss);
+    loss_sum_ = model_.ForwardBackward(params_.data(), grads_.data(), inputs, targets, dloss);
+    return absl::OkStatus();
   }
 
-  absl::StatusOr<double> ReduceGrads() override {
+  absl::StatusOr<Sums> ReduceGrads() override {
     RETURN_IF_ERROR(comm_->ReduceScatter(grads_.data(), grads_.size()));
     double sq = 0.0;
     const float* g = grads_.data() + slice_.lo;
     for (size_t i = 0; i < slice_.size(); ++i) sq += static_cast<double>(g[i]) * g[i];
-    return sq;
+    return Sums{loss_sum_, sq};
   }
+
+  bool ReduceOverwritesGrads() const override { return false; }
 
   GradSliceView Grads() override {
     GradSliceView g;
@@ -103,6 +106,7 @@ class CpuBackend : public Backend {
   Comm* comm_;
   Slice slice_;
   std::vector<float> params_, grads_, m_, v_;
+  double loss_sum_ = 0;
 };
 
 // Box-Muller over SplitMix64, in double: the same numbers on every host.

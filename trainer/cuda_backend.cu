@@ -56,13 +56,26 @@ class CudaBackend : public Backend {
 #endif
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (sums_ready_ != nullptr) cudaEventDestroy(sums_ready_);
+    if (host_sums_ != nullptr) cudaFreeHost(host_sums_);
+    if (host_losses_ != nullptr) cudaFreeHost(host_losses_);
   }
 
-  absl::Status Init() {
+  absl::Status Init(int device_ordinal) {
     int count = 0;
     CUDA_RETURN(cudaGetDeviceCount(&count));
-    CUDA_RETURN(cudaSetDevice(comm_->rank() % count));
+    if (device_ordinal < 0 || device_ordinal >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device_ordinal,
+                                                     " does not exist (", count, " present)"));
+    }
+    device_ = device_ordinal;
+    // The training thread's current device for the whole run (every launch, cuBLAS and NCCL
+    // call of this back end; the snapshot engine's calls restore it).
+    CUDA_RETURN(cudaSetDevice(device_));
     CUDA_RETURN(cudaStreamCreate(&stream_));
+    CUDA_RETURN(cudaEventCreateWithFlags(&sums_ready_, cudaEventDisableTiming));
+    CUDA_RETURN(cudaMallocHost(&host_sums_, (cuda::kNormBlocks + 1) * sizeof(double)));
+    CUDA_RETURN(cudaMallocHost(&host_losses_, static_cast<size_t>(B_) * T_ * sizeof(float)));
     CUBLAS_RETURN(cublasCreate(&cublas_));
     CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
     RETURN_IF_ERROR(InitNccl());
@@ -118,6 +131,8 @@ class CudaBackend : public Backend {
     v.v = v_.get();
     v.on_device = true;
     v.stream = stream_;
+    v.device = "cuda";
+    v.device_ordinal = device_;
     return v;
   }
 
@@ -147,50 +162,63 @@ class CudaBackend : public Backend {
     CUDA_RETURN(cudaMemcpy(m_.get(), m, slice_.size() * 4, cudaMemcpyHostToDevice));
     CUDA_RETURN(cudaMemcpy(v_.get(), v, slice_.size() * 4, cudaMemcpyHostToDevice));
     cuda::FloatToBf16(stream_, params_bf16_.get() + slice_.lo, master_.get(), slice_.size());
-    return GatherParams();
+    RETURN_IF_ERROR(GatherParams());
+    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
   }
 
-  absl::StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets,
-                                         float dloss) override {
+  // Enqueues the step's forward and backward; no wait (the losses come back with ReduceGrads).
+  absl::Status ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                               float dloss) override {
     const size_t BT = static_cast<size_t>(B_) * T_;
+    // From pageable memory: returns once the source was staged, so the caller may reuse it.
     CUDA_RETURN(cudaMemcpyAsync(inputs_.get(), inputs, BT * 4, cudaMemcpyHostToDevice, stream_));
     CUDA_RETURN(cudaMemcpyAsync(targets_.get(), targets, BT * 4, cudaMemcpyHostToDevice, stream_));
     CUDA_RETURN(cudaMemsetAsync(grads_.get(), 0, layout_.total() * 4, stream_));
     Forward();
     Backward(dloss);
-    std::vector<float> losses(BT);
-    CUDA_RETURN(cudaMemcpyAsync(losses.data(), losses_.get(), BT * 4, cudaMemcpyDeviceToHost,
+    CUDA_RETURN(cudaMemcpyAsync(host_losses_, losses_.get(), BT * 4, cudaMemcpyDeviceToHost,
                                 stream_));
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
     CUDA_RETURN(cudaGetLastError());
-    double sum = 0.0;
-    for (float l : losses) sum += l;
-    return sum;
+    return TakeLaunchStatus();
   }
 
-  absl::StatusOr<double> ReduceGrads() override {
+  absl::StatusOr<Sums> ReduceGrads() override {
     cuda::FloatToBf16(stream_, grads_bf16_.get(), grads_.get(), layout_.total());
     if (comm_->world_size() > 1) {
 #if defined(GRADSNAP_HAVE_NCCL)
+      // Every call of the group is checked, the group is always closed, and errors that NCCL
+      // reports only asynchronously are polled after it.
       NCCL_RETURN(ncclGroupStart());
-      for (int r = 0; r < comm_->world_size(); ++r) {
+      ncclResult_t first = ncclSuccess;
+      for (int r = 0; r < comm_->world_size() && first == ncclSuccess; ++r) {
         const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
         bf16* p = grads_bf16_.get() + s.lo;
-        NCCL_RETURN(ncclReduce(p, p, s.size(), ncclBfloat16, ncclSum, r, nccl_, stream_));
+        first = ncclReduce(p, p, s.size(), ncclBfloat16, ncclSum, r, nccl_, stream_);
       }
-      NCCL_RETURN(ncclGroupEnd());
+      const ncclResult_t end = ncclGroupEnd();
+      NCCL_RETURN(first);
+      NCCL_RETURN(end);
+      RETURN_IF_ERROR(NcclAsyncError());
 #endif
     }
     cuda::SquaredNormPartials(stream_, partials_.get(), grads_bf16_.get() + slice_.lo,
                               slice_.size());
-    double partials[cuda::kNormBlocks];
-    CUDA_RETURN(cudaMemcpyAsync(partials, partials_.get(), sizeof(partials),
+    CUDA_RETURN(cudaMemcpyAsync(host_sums_, partials_.get(), cuda::kNormBlocks * sizeof(double),
                                 cudaMemcpyDeviceToHost, stream_));
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN(cudaGetLastError());
+    // The step's one wait for the device: the losses and the norm, for the loss print and the
+    // clip coefficient. An event, not a stream synchronization.
+    CUDA_RETURN(cudaEventRecord(sums_ready_, stream_));
+    CUDA_RETURN(cudaEventSynchronize(sums_ready_));
     double sq = 0.0;
-    for (double p : partials) sq += p;
-    return sq;
+    for (int i = 0; i < cuda::kNormBlocks; ++i) sq += host_sums_[i];
+    double loss = 0.0;
+    for (size_t i = 0; i < static_cast<size_t>(B_) * T_; ++i) loss += host_losses_[i];
+    return Sums{loss, sq};
   }
+
+  bool ReduceOverwritesGrads() const override { return true; }
 
   GradSliceView Grads() override {
     GradSliceView g;
@@ -211,19 +239,24 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Enqueued; no wait (the next step's work is ordered after it on the stream).
   absl::Status GatherParams() override {
     if (comm_->world_size() > 1) {
 #if defined(GRADSNAP_HAVE_NCCL)
       NCCL_RETURN(ncclGroupStart());
-      for (int r = 0; r < comm_->world_size(); ++r) {
+      ncclResult_t first = ncclSuccess;
+      for (int r = 0; r < comm_->world_size() && first == ncclSuccess; ++r) {
         const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
         bf16* p = params_bf16_.get() + s.lo;
-        NCCL_RETURN(ncclBroadcast(p, p, s.size(), ncclBfloat16, r, nccl_, stream_));
+        first = ncclBroadcast(p, p, s.size(), ncclBfloat16, r, nccl_, stream_);
       }
-      NCCL_RETURN(ncclGroupEnd());
+      const ncclResult_t end = ncclGroupEnd();
+      NCCL_RETURN(first);
+      NCCL_RETURN(end);
+      RETURN_IF_ERROR(NcclAsyncError());
 #endif
     }
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN(cudaGetLastError());
     return absl::OkStatus();
   }
 
@@ -255,6 +288,24 @@ class CudaBackend : public Backend {
 #endif
   }
 
+#if defined(GRADSNAP_HAVE_NCCL)
+  absl::Status NcclAsyncError() {
+    ncclResult_t async = ncclSuccess;
+    NCCL_RETURN(ncclCommGetAsyncError(nccl_, &async));
+    NCCL_RETURN(async);
+    return absl::OkStatus();
+  }
+#endif
+
+  // Launch errors of the void helpers (cuBLAS, cudaMemsetAsync), first one wins.
+  void Blas(cublasStatus_t st) {
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      launch_status_.Update(absl::InternalError(
+          absl::StrCat("cuBLAS error ", static_cast<int>(st), " in the forward/backward")));
+    }
+  }
+  absl::Status TakeLaunchStatus() { return std::exchange(launch_status_, absl::OkStatus()); }
+
   const bf16* P(int i) const { return params_bf16_.get() + layout_.tensors()[i].offset; }
   float* G(int i) { return grads_.get() + layout_.tensors()[i].offset; }
 
@@ -277,32 +328,35 @@ class CudaBackend : public Backend {
       float* fcproj = fcproj_.get() + l * sC;
       cuda::LayerNormForward(s, ln1, ln1_mean_.get() + l * sT, ln1_rstd_.get() + l * sT,
                              residual, P(kLn1w) + l * C, P(kLn1b) + l * C, BT, C);
-      cuda::MatmulForward(cublas_, s, qkv, ln1, P(kQkvw) + l * 3 * C * C, P(kQkvb) + l * 3 * C,
-                          BT, C, 3 * C, scratch_a_.get());
+      Blas(cuda::MatmulForward(cublas_, s, qkv, ln1, P(kQkvw) + l * 3 * C * C, P(kQkvb) + l * 3 * C,
+                          BT, C, 3 * C, scratch_a_.get()));
       cuda::AttentionForward(s, atty, preatt_.get() + l * sAtt, att_.get() + l * sAtt, qkv, B, T,
                              C, NH);
-      cuda::MatmulForward(cublas_, s, attproj_.get() + l * sC, atty, P(kAttprojw) + l * C * C,
-                          P(kAttprojb) + l * C, BT, C, C, scratch_a_.get());
+      Blas(cuda::MatmulForward(cublas_, s, attproj_.get() + l * sC, atty, P(kAttprojw) + l * C * C,
+                          P(kAttprojb) + l * C, BT, C, C, scratch_a_.get()));
       cuda::ResidualForward(s, res2, residual, attproj_.get() + l * sC, BT * C);
       cuda::LayerNormForward(s, ln2, ln2_mean_.get() + l * sT, ln2_rstd_.get() + l * sT, res2,
                              P(kLn2w) + l * C, P(kLn2b) + l * C, BT, C);
-      cuda::MatmulForward(cublas_, s, fch, ln2, P(kFcw) + l * 4 * C * C, P(kFcb) + l * 4 * C,
-                          BT, C, 4 * C, scratch_a_.get());
+      Blas(cuda::MatmulForward(cublas_, s, fch, ln2, P(kFcw) + l * 4 * C * C, P(kFcb) + l * 4 * C,
+                          BT, C, 4 * C, scratch_a_.get()));
       cuda::GeluForward(s, fch_gelu, fch, BT * 4 * C);
-      cuda::MatmulForward(cublas_, s, fcproj, fch_gelu, P(kFcprojw) + l * 4 * C * C,
-                          P(kFcprojb) + l * C, BT, 4 * C, C, scratch_a_.get());
+      Blas(cuda::MatmulForward(cublas_, s, fcproj, fch_gelu, P(kFcprojw) + l * 4 * C * C,
+                          P(kFcprojb) + l * C, BT, 4 * C, C, scratch_a_.get()));
       cuda::ResidualForward(s, residual3_.get() + l * sC, res2, fcproj, BT * C);
     }
     const float* last = residual3_.get() + (config_.num_layers - 1) * sC;
     cuda::LayerNormForward(s, lnf_.get(), lnf_mean_.get(), lnf_rstd_.get(), last, P(kLnfw),
                            P(kLnfb), BT, C);
-    cuda::MatmulForward(cublas_, s, logits_.get(), lnf_.get(), P(kWte), nullptr, BT, C, V,
-                        scratch_a_.get());
+    Blas(cuda::MatmulForward(cublas_, s, logits_.get(), lnf_.get(), P(kWte), nullptr, BT, C, V,
+                        scratch_a_.get()));
     cuda::SoftmaxCrossEntropyForward(s, probs_.get(), losses_.get(), logits_.get(),
                                      targets_.get(), BT, V);
   }
 
-  void Zero(DeviceArray<float>& a) { cudaMemsetAsync(a.get(), 0, a.size() * 4, stream_); }
+  void Zero(DeviceArray<float>& a) {
+    const cudaError_t e = cudaMemsetAsync(a.get(), 0, a.size() * 4, stream_);
+    if (e != cudaSuccess) launch_status_.Update(CudaError(e, __FILE__, __LINE__));
+  }
 
   void Backward(float dloss) {
     const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
@@ -317,8 +371,8 @@ class CudaBackend : public Backend {
     Zero(dres_);
     cuda::CrossEntropySoftmaxBackward(s, dlogits_.get(), probs_.get(), targets_.get(), dloss, BT,
                                       V);
-    cuda::MatmulBackward(cublas_, s, dln_.get(), G(kWte), nullptr, dlogits_.get(), lnf_.get(),
-                         P(kWte), BT, C, V, sa, sb);
+    Blas(cuda::MatmulBackward(cublas_, s, dln_.get(), G(kWte), nullptr, dlogits_.get(), lnf_.get(),
+                         P(kWte), BT, C, V, sa, sb));
     const float* last = residual3_.get() + (L - 1) * sC;
     cuda::LayerNormBackward(s, dres_.get(), G(kLnfw), G(kLnfb), dln_.get(), last, P(kLnfw),
                             lnf_mean_.get(), lnf_rstd_.get(), BT, C);
@@ -329,26 +383,26 @@ class CudaBackend : public Backend {
         Zero(*a);
       }
       cuda::ResidualBackward(s, dres2_.get(), dfcproj_.get(), dres_.get(), BT * C);
-      cuda::MatmulBackward(cublas_, s, dfch_gelu_.get(), G(kFcprojw) + l * 4 * C * C,
+      Blas(cuda::MatmulBackward(cublas_, s, dfch_gelu_.get(), G(kFcprojw) + l * 4 * C * C,
                            G(kFcprojb) + l * C, dfcproj_.get(), fch_gelu_.get() + l * 4 * sC,
-                           P(kFcprojw) + l * 4 * C * C, BT, 4 * C, C, sa, sb);
+                           P(kFcprojw) + l * 4 * C * C, BT, 4 * C, C, sa, sb));
       cuda::GeluBackward(s, dfch_.get(), fch_.get() + l * 4 * sC, dfch_gelu_.get(), BT * 4 * C);
-      cuda::MatmulBackward(cublas_, s, dln_.get(), G(kFcw) + l * 4 * C * C, G(kFcb) + l * 4 * C,
+      Blas(cuda::MatmulBackward(cublas_, s, dln_.get(), G(kFcw) + l * 4 * C * C, G(kFcb) + l * 4 * C,
                            dfch_.get(), ln2_.get() + l * sC, P(kFcw) + l * 4 * C * C, BT, C,
-                           4 * C, sa, sb);
+                           4 * C, sa, sb));
       cuda::LayerNormBackward(s, dres2_.get(), G(kLn2w) + l * C, G(kLn2b) + l * C, dln_.get(),
                               residual2_.get() + l * sC, P(kLn2w) + l * C,
                               ln2_mean_.get() + l * sT, ln2_rstd_.get() + l * sT, BT, C);
       cuda::ResidualBackward(s, dres_prev_.get(), dattproj_.get(), dres2_.get(), BT * C);
-      cuda::MatmulBackward(cublas_, s, datty_.get(), G(kAttprojw) + l * C * C,
+      Blas(cuda::MatmulBackward(cublas_, s, datty_.get(), G(kAttprojw) + l * C * C,
                            G(kAttprojb) + l * C, dattproj_.get(), atty_.get() + l * sC,
-                           P(kAttprojw) + l * C * C, BT, C, C, sa, sb);
+                           P(kAttprojw) + l * C * C, BT, C, C, sa, sb));
       cuda::AttentionBackward(s, dqkv_.get(), dpreatt_.get(), datty_.get(),
                               qkv_.get() + l * 3 * sC, att_.get() + l * sAtt, B, T, C, NH);
       Zero(dln_);
-      cuda::MatmulBackward(cublas_, s, dln_.get(), G(kQkvw) + l * 3 * C * C,
+      Blas(cuda::MatmulBackward(cublas_, s, dln_.get(), G(kQkvw) + l * 3 * C * C,
                            G(kQkvb) + l * 3 * C, dqkv_.get(), ln1_.get() + l * sC,
-                           P(kQkvw) + l * 3 * C * C, BT, C, 3 * C, sa, sb);
+                           P(kQkvw) + l * 3 * C * C, BT, C, 3 * C, sa, sb));
       cuda::LayerNormBackward(s, dres_prev_.get(), G(kLn1w) + l * C, G(kLn1b) + l * C,
                               dln_.get(), residual, P(kLn1w) + l * C, ln1_mean_.get() + l * sT,
                               ln1_rstd_.get() + l * sT, BT, C);
@@ -362,7 +416,12 @@ class CudaBackend : public Backend {
   int B_, T_;
   Comm* comm_;
   Slice slice_;
+  int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t sums_ready_ = nullptr;
+  double* host_sums_ = nullptr;    // pinned: the norm partials of the step
+  float* host_losses_ = nullptr;   // pinned: the token losses of the step
+  absl::Status launch_status_;
   cublasHandle_t cublas_ = nullptr;
 #if defined(GRADSNAP_HAVE_NCCL)
   ncclComm_t nccl_ = nullptr;
@@ -382,10 +441,10 @@ class CudaBackend : public Backend {
 
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig& config,
                                                         int local_batch, int seq_len,
-                                                        Comm* comm) {
+                                                        Comm* comm, int device_ordinal) {
   RETURN_IF_ERROR(RequireDevice());
   auto b = std::make_unique<CudaBackend>(config, local_batch, seq_len, comm);
-  RETURN_IF_ERROR(b->Init());
+  RETURN_IF_ERROR(b->Init(device_ordinal));
   return std::unique_ptr<Backend>(std::move(b));
 }
 

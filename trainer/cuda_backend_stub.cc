@@ -5,7 +5,8 @@
 namespace gradsnap {
 namespace trainer {
 
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig&, int, int, Comm*) {
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig&, int, int, Comm*,
+                                                        int) {
   return absl::UnimplementedError(
       "--device cuda: this gradsnap-train was built without CUDA (rebuild with nvcc installed)");
 }

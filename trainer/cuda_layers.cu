@@ -318,34 +318,41 @@ void LayerNormBackward(cudaStream_t s, float* dinp, float* dweight, float* dbias
                                                                rstd, N, C);
 }
 
-void MatmulForward(cublasHandle_t h, cudaStream_t s, float* out, const float* inp,
-                   const bf16* weight, const bf16* bias, int N, int C, int OC, bf16* scratch) {
+cublasStatus_t MatmulForward(cublasHandle_t h, cudaStream_t s, float* out, const float* inp,
+                             const bf16* weight, const bf16* bias, int N, int C, int OC,
+                             bf16* scratch) {
   const float one = 1.0f, zero = 0.0f;
   FloatToBf16(s, scratch, inp, static_cast<size_t>(N) * C);
   // Column-major view: out^T (OC, N) = weight^T^T (OC, C) x inp^T (C, N).
-  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, scratch,
-               CUDA_R_16BF, C, &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F,
-               CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t st =
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, scratch,
+                   CUDA_R_16BF, C, &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
   if (bias != nullptr) {
     AddBiasKernel<<<Blocks(static_cast<size_t>(N) * OC), kThreads, 0, s>>>(out, bias, N, OC);
   }
+  return st;
 }
 
-void MatmulBackward(cublasHandle_t h, cudaStream_t s, float* dinp, float* dweight, float* dbias,
-                    const float* dout, const float* inp, const bf16* weight, int N, int C,
-                    int OC, bf16* scratch_a, bf16* scratch_b) {
+cublasStatus_t MatmulBackward(cublasHandle_t h, cudaStream_t s, float* dinp, float* dweight,
+                              float* dbias, const float* dout, const float* inp,
+                              const bf16* weight, int N, int C, int OC, bf16* scratch_a,
+                              bf16* scratch_b) {
   const float one = 1.0f;
   FloatToBf16(s, scratch_a, dout, static_cast<size_t>(N) * OC);
   FloatToBf16(s, scratch_b, inp, static_cast<size_t>(N) * C);
   // dinp (N, C) += dout (N, OC) @ weight (OC, C)
-  cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, CUDA_R_16BF, C, scratch_a,
-               CUDA_R_16BF, OC, &one, dinp, CUDA_R_32F, C, CUBLAS_COMPUTE_32F,
-               CUBLAS_GEMM_DEFAULT);
+  cublasStatus_t st =
+      cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, CUDA_R_16BF, C, scratch_a,
+                   CUDA_R_16BF, OC, &one, dinp, CUDA_R_32F, C, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
   // dweight (OC, C) += dout^T (OC, N) @ inp (N, C)
-  cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, scratch_b, CUDA_R_16BF, C, scratch_a,
-               CUDA_R_16BF, OC, &one, dweight, CUDA_R_32F, C, CUBLAS_COMPUTE_32F,
-               CUBLAS_GEMM_DEFAULT);
+  st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, scratch_b, CUDA_R_16BF, C,
+                    scratch_a, CUDA_R_16BF, OC, &one, dweight, CUDA_R_32F, C,
+                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (dbias != nullptr) BiasBackwardKernel<<<Blocks(OC), kThreads, 0, s>>>(dbias, dout, N, OC);
+  return st;
 }
 
 void AttentionForward(cudaStream_t s, float* out, float* preatt, float* att, const float* inp,

@@ -31,11 +31,13 @@ void LayerNormForward(cudaStream_t s, float* out, float* mean, float* rstd, cons
 void LayerNormBackward(cudaStream_t s, float* dinp, float* dweight, float* dbias,
                        const float* dout, const float* inp, const bf16* weight,
                        const float* mean, const float* rstd, int N, int C);
-// scratch: >= N * max(C, OC) bf16 elements (the bf16 copy of the fp32 input).
-void MatmulForward(cublasHandle_t h, cudaStream_t s, float* out, const float* inp,
-                   const bf16* weight, const bf16* bias, int N, int C, int OC, bf16* scratch);
+// scratch: >= N * max(C, OC) bf16 elements (the bf16 copy of the fp32 input). Both matmuls
+// return the first cuBLAS error (CUBLAS_STATUS_SUCCESS when none).
+cublasStatus_t MatmulForward(cublasHandle_t h, cudaStream_t s, float* out, const float* inp,
+                             const bf16* weight, const bf16* bias, int N, int C, int OC,
+                             bf16* scratch);
 // scratch_a, scratch_b: >= N * max(C, OC) bf16 elements each.
-void MatmulBackward(cublasHandle_t h, cudaStream_t s, float* dinp, float* dweight, float* dbias,
+cublasStatus_t MatmulBackward(cublasHandle_t h, cudaStream_t s, float* dinp, float* dweight, float* dbias,
                     const float* dout, const float* inp, const bf16* weight, int N, int C,
                     int OC, bf16* scratch_a, bf16* scratch_b);
 void AttentionForward(cudaStream_t s, float* out, float* preatt, float* att, const float* inp,

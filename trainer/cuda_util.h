@@ -34,13 +34,20 @@ inline absl::Status CudaError(cudaError_t e, const char* file, int line) {
     }                                                                                    \
   } while (0)
 
+// FAILED_PRECONDITION only when the runtime reports no device or no driver; any other error of
+// cudaGetDeviceCount is INTERNAL (a broken GPU is not "no GPU").
 inline absl::Status RequireDevice() {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+      (e == cudaSuccess && count == 0)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--device cuda: no CUDA device available (cudaGetDeviceCount: ",
         e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
+  }
+  if (e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("--device cuda: cudaGetDeviceCount: ", cudaGetErrorString(e)));
   }
   return absl::OkStatus();
 }

@@ -89,6 +89,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     std::vector<std::string> args = {"gradsnap-train"};
     args.insert(args.end(), o.rank_args.begin(), o.rank_args.end());
     args.push_back(absl::StrCat("--rank=", o.node_rank * o.nproc + i));
+    args.push_back(absl::StrCat("--local_rank=", i));  // picks the rank's device
     args.push_back(absl::StrCat("--world_size=", world));
     args.push_back(absl::StrCat("--attempt=", attempt));
     args.push_back(absl::StrCat("--rdzv_dir=", rdzv_dir));

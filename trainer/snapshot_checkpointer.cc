@@ -2,8 +2,10 @@
 // through the ShardStore on one background thread (FIFO, so every rank issues the collective
 // saves in the same order).
 //
-// Hook mapping (checkpointer.h): BeforeStep(s) -> BeforeGradOverwrite (the backward of s
-// overwrites the gradients of s-1); AfterBackward(s) -> AfterBackward (waits for a block copy
+// Hook mapping (checkpointer.h): BeforeGradOverwrite(s) -> BeforeGradOverwrite (placed by the
+// trainer right before the gradients of s-1 are overwritten: before the backward on the CPU,
+// before the reduction on CUDA and sim, so with -O a gradient copy overlaps the update,
+// all-gather, forward and backward); AfterBackward(s) -> AfterBackward (waits for a block copy
 // before the update of s changes the state); EndStep(s) -> AfterUpdate with the replicated state
 // of s (the slice is not written between EndStep(s) and AfterBackward(s+1), so block copies
 // overlap the next forward and backward).
@@ -18,6 +20,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "gpu_snapshot/device.h"
+#include "gpu_snapshot/sim_device.h"
 #include "gpu_snapshot/snapshot_engine.h"
 #include "trainer/full_shard.h"
 #include "trainer/grad_log_store.h"
@@ -106,8 +109,11 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
   absl::Status Start(const ReplicatedState& state) override {
-    if (view_.on_device) {
-      ASSIGN_OR_RETURN(device_, gpu_snapshot::NewCudaDevice(0));
+    // The rank's own device (docs/trainer.md, --device_id).
+    if (view_.device == "cuda") {
+      ASSIGN_OR_RETURN(device_, gpu_snapshot::NewCudaDevice(view_.device_ordinal));
+    } else if (view_.device == "sim") {
+      ASSIGN_OR_RETURN(device_, gpu_snapshot::NewSimDevice(view_.device_ordinal));
     } else {
       device_ = gpu_snapshot::NewHostDevice();
     }
@@ -116,7 +122,7 @@ class SnapshotCheckpointer : public Checkpointer {
     eo.mode = ModeOf(o_.mode);
     eo.grad_log = o_.grad_log;
     eo.overlap_grads = o_.gockpt_overlap;
-    eo.grad_dtype = view_.on_device ? DType::kBF16 : DType::kF32;
+    eo.grad_dtype = GradDType();
     eo.trace = trace_;
     // K must be the same on every rank (the saves are collective): automatic K only alone.
     eo.window = o_.gockpt_window;
@@ -138,10 +144,13 @@ class SnapshotCheckpointer : public Checkpointer {
     return absl::OkStatus();
   }
 
-  absl::Status BeforeStep(int64_t step) override { return engine_->BeforeGradOverwrite(step); }
+  absl::Status BeforeStep(int64_t) override { return absl::OkStatus(); }
+  absl::Status BeforeGradOverwrite(int64_t step) override {
+    return engine_->BeforeGradOverwrite(step);
+  }
 
   absl::Status AfterBackward(int64_t step, const GradSliceView& g) override {
-    DType want = view_.on_device ? DType::kBF16 : DType::kF32;
+    DType want = GradDType();
     if (g.dtype != want || g.count() != view_.count()) {
       return absl::FailedPreconditionError(
           absl::StrCat("gradient slice of ", g.count(), " ", DTypeName(g.dtype),
@@ -198,6 +207,9 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
  private:
+  // The gradient the optimizer reads: bf16 on CUDA (mixed precision), fp32 on cpu and sim.
+  DType GradDType() const { return view_.device == "cuda" ? DType::kBF16 : DType::kF32; }
+
   const CheckpointerOptions o_;
   const TrainStateView view_;
   ShardStore* const store_;
@@ -226,6 +238,10 @@ class TracingCheckpointer : public Checkpointer {
   }
   absl::Status BeforeStep(int64_t s) override {
     return Hook("ckpt before_step", "", [&] { return inner_->BeforeStep(s); });
+  }
+  absl::Status BeforeGradOverwrite(int64_t s) override {
+    return Hook("ckpt before_grad_overwrite", "",
+                [&] { return inner_->BeforeGradOverwrite(s); });
   }
   absl::Status AfterBackward(int64_t s, const GradSliceView& g) override {
     return Hook("ckpt after_backward", absl::StrCat("forward+backward ", s),

@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/sim_device.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
 #include "trainer/full_shard.h"
@@ -34,7 +36,11 @@ ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay. Default: 0.1");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of parameter init and data order. Default: 1337");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per rank. Default: 1");
-ABSL_FLAG(std::string, device, "cpu", "cpu or cuda. Default: cpu");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or sim (the simulated asynchronous GPU, docs/trainer.md). Default: cpu");
+ABSL_FLAG(int, device_id, 0, "cuda/sim: the first device of this node's ranks; the rank with local index L uses device device_id + L. Default: 0");
+ABSL_FLAG(double, sim_copy_gbps, 0.1, "sim: device-to-host copy bandwidth of the simulated copy engine, GB/s (> 0). Default: 0.1");
+ABSL_FLAG(bool, sim_poison, false, "(testing) sim: kernels poison the device memory they write while they run, so a misordered copy corrupts the checkpoint. Default: false");
+ABSL_FLAG(bool, sim_unordered_copies, false, "(testing) sim: copies ignore compute-stream events (deliberately broken ordering). Default: false");
 ABSL_FLAG(int, nproc, 1, "Ranks on this node. Default: 1");
 ABSL_FLAG(int, nnodes, 1, "Nodes in the job. Default: 1");
 ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes). Default: 0");
@@ -51,6 +57,7 @@ ABSL_FLAG(std::string, token, "", "Bearer token for --storage. Default: empty");
 ABSL_FLAG(std::string, resume, "none", "none, latest or a step number. Default: none");
 ABSL_FLAG(int64_t, fail_at_step, -1, "Failure drill: --fail_rank SIGKILLs itself at this step (first attempt only). Default: -1 (off)");
 ABSL_FLAG(int, fail_rank, 0, "Failure drill rank. Default: 0");
+ABSL_FLAG(bool, test_fail_after_commit, false, "(testing) the failure drill first waits until the job has a committed checkpoint (one rank or --storage). Default: false");
 ABSL_FLAG(std::string, trace, "", "Write a Chrome/Perfetto trace-event JSON (compute phases, copies, replay, persists) to this file; each rank > 0 appends .rankR. Default: empty (off)");
 ABSL_FLAG(int, gockpt_window, 0, "gockpt window K in steps; 0 = automatic (docs/gockpt.md). Default: 0");
 ABSL_FLAG(bool, gockpt_overlap, true, "gockpt -O: gradient copies overlap the update instead of blocking. Default: true");
@@ -59,6 +66,7 @@ ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of t
 ABSL_FLAG(int, rank, -1, "(internal) global rank of this process");
 ABSL_FLAG(int, world_size, 1, "(internal) ranks in the job");
 ABSL_FLAG(int, attempt, 0, "(internal) restart attempt");
+ABSL_FLAG(int, local_rank, 0, "(internal) the rank's index on its node");
 ABSL_FLAG(std::string, rdzv_dir, "", "(internal) rendezvous directory of this attempt");
 
 namespace {
@@ -88,6 +96,11 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.model = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
   o.device = absl::GetFlag(FLAGS_device);
+  o.device_id = absl::GetFlag(FLAGS_device_id);
+  o.local_rank = absl::GetFlag(FLAGS_local_rank);
+  o.sim.copy_gbps = absl::GetFlag(FLAGS_sim_copy_gbps);
+  o.sim.poison = absl::GetFlag(FLAGS_sim_poison);
+  o.sim.unordered_copies = absl::GetFlag(FLAGS_sim_unordered_copies);
   o.steps = absl::GetFlag(FLAGS_steps);
   o.global_batch = absl::GetFlag(FLAGS_batch);
   o.seq_len = absl::GetFlag(FLAGS_seq);
@@ -118,12 +131,36 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.resume = absl::GetFlag(FLAGS_resume);
   o.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
   o.fail_rank = absl::GetFlag(FLAGS_fail_rank);
+  o.test_fail_after_commit = absl::GetFlag(FLAGS_test_fail_after_commit);
   return o;
 }
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "gradsnap-train: %s\n", msg.c_str());
   return kExitNoRestart;
+}
+
+// --device cuda|sim: this node's ranks use devices device_id .. device_id + nproc - 1.
+int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
+  if (o.device == "cpu") return 0;
+  if (o.device == "sim" && !(o.sim.copy_gbps > 0)) return Fail("--sim_copy_gbps must be > 0");
+  int count = gradsnap::gpu_snapshot::kSimDeviceCount;
+  if (o.device == "cuda") {
+    if (!gradsnap::gpu_snapshot::CudaCompiledIn()) {
+      return Fail("--device cuda: this gradsnap-train was built without CUDA");
+    }
+    absl::StatusOr<int> n = gradsnap::gpu_snapshot::CudaDeviceCount();
+    if (!n.ok()) return Fail("--device cuda: " + std::string(n.status().message()));
+    if (*n == 0) return Fail("--device cuda: no CUDA device (cudaGetDeviceCount reports none)");
+    count = *n;
+  }
+  if (o.device_id < 0 || o.device_id + nproc > count) {
+    return Fail("--device_id " + std::to_string(o.device_id) + " with --nproc " +
+                std::to_string(nproc) + " needs " + o.device + " devices " +
+                std::to_string(o.device_id) + ".." + std::to_string(o.device_id + nproc - 1) +
+                "; " + std::to_string(count) + " present");
+  }
+  return 0;
 }
 
 // Launcher-side checks, so bad input fails once with one clear line instead of in every rank.
@@ -139,7 +176,10 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (o.steps < 1) return Fail("--steps must be at least 1");
   auto config = t::ModelConfigByName(o.model);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  if (o.device != "cpu" && o.device != "cuda") return Fail("--device must be cpu or cuda");
+  if (o.device != "cpu" && o.device != "cuda" && o.device != "sim") {
+    return Fail("--device must be cpu, cuda or sim");
+  }
+  if (int rc = ValidateDevice(o, nproc); rc != 0) return rc;
   const int world = nproc * nnodes;
   if (o.global_batch < 1 || o.global_batch % world != 0) {
     return Fail("--batch must be a positive multiple of the world size (nproc * nnodes)");

@@ -75,8 +75,11 @@ struct TrainStateView {
   float* master = nullptr;  // (hi - lo) fp32 master weights: elements lo..hi of the params
   float* m = nullptr;       // (hi - lo) fp32 AdamW first moment
   float* v = nullptr;       // (hi - lo) fp32 AdamW second moment
-  bool on_device = false;   // true: the three pointers are CUDA device memory
-  void* stream = nullptr;   // the training compute cudaStream_t when on_device, else nullptr
+  bool on_device = false;   // true: the three pointers are device memory (CUDA or sim)
+  void* stream = nullptr;   // the training compute stream when on_device (a cudaStream_t, or a
+                            // gpu_snapshot::SimStream* on sim), else nullptr
+  std::string device = "cpu";  // the back end: cpu | cuda | sim
+  int device_ordinal = 0;      // the CUDA / simulated device holding the state
   uint64_t count() const { return hi - lo; }
 };
 

@@ -22,6 +22,7 @@
 #include "trainer/full_shard.h"
 #include "trainer/grad_log_store.h"
 #include "trainer/shard_store.h"
+#include "trainer/sim_backend.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -112,6 +113,9 @@ class RankRunner {
   absl::Status Resume();
   absl::Status Step(int64_t s);
   absl::Status Timed(double* stall_ms, const absl::Status& s, const Stopwatch& sw);
+  // The failure drill's --test_fail_after_commit: waits until the job lists a committed
+  // checkpoint, so the restart must restore one.
+  absl::Status WaitForCommittedCheckpoint();
   absl::Status Summary();
 
   const TrainOptions& o_;
@@ -154,10 +158,16 @@ absl::Status RankRunner::Setup() {
     ASSIGN_OR_RETURN(store_, OpenStore(o_));
   }
   const int local_batch = o_.global_batch / o_.world_size;
+  // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
+  const int ordinal = o_.device_id + o_.local_rank;
   if (o_.device == "cpu") {
     backend_ = NewCpuBackend(config_, local_batch, seq_len_, comm_.get());
+  } else if (o_.device == "sim") {
+    ASSIGN_OR_RETURN(backend_, NewSimBackend(config_, local_batch, seq_len_, comm_.get(),
+                                             ordinal, o_.sim));
   } else {
-    ASSIGN_OR_RETURN(backend_, NewCudaBackend(config_, local_batch, seq_len_, comm_.get()));
+    ASSIGN_OR_RETURN(backend_,
+                     NewCudaBackend(config_, local_batch, seq_len_, comm_.get(), ordinal));
   }
   state_ = InitialState(o_, config_, corpus_, seq_len_);
   std::vector<float> init(ParamLayout(config_).total());
@@ -226,6 +236,21 @@ absl::Status RankRunner::Resume() {
   return absl::OkStatus();
 }
 
+absl::Status RankRunner::WaitForCommittedCheckpoint() {
+  const bool direct = !o_.storage.empty() || o_.world_size == 1;  // listing is not collective
+  if (store_ == nullptr || !direct) {
+    return absl::InvalidArgumentError(
+        "--test_fail_after_commit needs checkpointing and one rank (or --storage)");
+  }
+  for (int i = 0; i < 6000; ++i) {
+    ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list,
+                     store_->ListCommitted(o_.ckpt.job));
+    if (!list.empty()) return absl::OkStatus();
+    usleep(10000);
+  }
+  return absl::DeadlineExceededError("--test_fail_after_commit: no checkpoint committed in 60 s");
+}
+
 absl::Status RankRunner::Timed(double* stall_ms, const absl::Status& s, const Stopwatch& sw) {
   *stall_ms += sw.ElapsedMillis();
   return s;
@@ -233,6 +258,7 @@ absl::Status RankRunner::Timed(double* stall_ms, const absl::Status& s, const St
 
 absl::Status RankRunner::Step(int64_t s) {
   if (o_.attempt == 0 && s == o_.fail_at_step && o_.rank == o_.fail_rank) {
+    if (o_.test_fail_after_commit) RETURN_IF_ERROR(WaitForCommittedCheckpoint());
     std::fflush(stdout);
     GS_LOG(WARNING) << "failure drill: rank " << o_.rank << " kills itself at step " << s;
     raise(SIGKILL);
@@ -245,10 +271,19 @@ absl::Status RankRunner::Step(int64_t s) {
   }
   loader_->Batch(state_.loader, inputs_.data(), targets_.data());
   const double tokens = static_cast<double>(o_.global_batch) * seq_len_;
-  ASSIGN_OR_RETURN(double loss_sum, backend_->ForwardBackward(inputs_.data(), targets_.data(),
-                                                              static_cast<float>(1.0 / tokens)));
-  ASSIGN_OR_RETURN(double sq, backend_->ReduceGrads());
-  double sums[2] = {loss_sum, sq};
+  // The hook right before the gradients of step s-1 are overwritten (checkpointer.h): the
+  // backward on the CPU, the reduction on a device (its separate reduced-gradient buffer).
+  auto before_grad_overwrite = [&]() -> absl::Status {
+    Stopwatch sw;
+    return Timed(&stall, ckpt_->BeforeGradOverwrite(s), sw);
+  };
+  const bool reduce_overwrites = backend_->ReduceOverwritesGrads();
+  if (!reduce_overwrites) RETURN_IF_ERROR(before_grad_overwrite());
+  RETURN_IF_ERROR(backend_->ForwardBackward(inputs_.data(), targets_.data(),
+                                            static_cast<float>(1.0 / tokens)));
+  if (reduce_overwrites) RETURN_IF_ERROR(before_grad_overwrite());
+  ASSIGN_OR_RETURN(Backend::Sums reduced, backend_->ReduceGrads());
+  double sums[2] = {reduced.loss_sum, reduced.grad_sq};
   RETURN_IF_ERROR(comm_->AllReduceSum(sums, 2));
   {
     Stopwatch sw;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "gpu_snapshot/sim_device.h"
 #include "trainer/checkpointer.h"
 
 namespace gradsnap {
@@ -25,7 +26,11 @@ namespace trainer {
 struct TrainOptions {
   std::string model = "tiny";  // Default: tiny
   std::string data;            // Default: empty = the default corpus (data.h)
-  std::string device = "cpu";  // cpu | cuda. Default: cpu
+  std::string device = "cpu";  // cpu | cuda | sim. Default: cpu
+  // The rank's device ordinal is device_id + local_rank (cuda, sim). Default: 0
+  int device_id = 0;
+  int local_rank = 0;          // the rank's index on its node (set by the launcher)
+  gpu_snapshot::SimOptions sim;  // --device sim: copy bandwidth and test modes (sim_device.h)
   int64_t steps = 20;          // Default: 20
   int global_batch = 8;        // sequences per step, all ranks. Default: 8
   int seq_len = 0;             // tokens per sequence; 0 = the model's max_seq_len. Default: 0
@@ -51,6 +56,9 @@ struct TrainOptions {
   // Failure drill: rank fail_rank SIGKILLs itself at the start of step fail_at_step, attempt 0.
   int64_t fail_at_step = -1;
   int fail_rank = 0;
+  // Test hook: before the drill's kill, wait until the job has a committed checkpoint (one rank
+  // or --storage), so a test can require that the restart restores one.
+  bool test_fail_after_commit = false;
   // Test hook: the update of this step is skipped as if its gradient norm were not finite.
   int64_t test_skip_step = -1;
 };

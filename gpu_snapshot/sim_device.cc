@@ -1,0 +1,400 @@
+// The simulated asynchronous device; see sim_device.h.
+#include "gpu_snapshot/sim_device.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+namespace {
+
+constexpr size_t kAlign = 4096;
+
+thread_local SimGpu* t_current = nullptr;
+
+void* AlignedZeroed(size_t bytes) {
+  size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return p;
+}
+
+}  // namespace
+
+SimGpu* CurrentSimGpu() { return t_current; }
+void SetCurrentSimGpu(SimGpu* gpu) { t_current = gpu; }
+SimDeviceGuard::SimDeviceGuard(SimGpu* gpu) : prev_(t_current) { t_current = gpu; }
+SimDeviceGuard::~SimDeviceGuard() { t_current = prev_; }
+
+// ---- SimStream ----
+
+SimStream::SimStream(SimGpu* gpu) : gpu_(gpu), thread_([this] { Run(); }) {}
+
+SimStream::~SimStream() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+absl::Status SimStream::Launch(Kernel kernel, std::vector<Range> writes) {
+  if (CurrentSimGpu() != gpu_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "launch on a stream of sim:", gpu_->ordinal(), " while ",
+        CurrentSimGpu() == nullptr ? std::string("no device")
+                                   : absl::StrCat("sim:", CurrentSimGpu()->ordinal()),
+        " is current (invalid resource handle)"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!status_.ok()) return status_;
+  queue_.push_back({std::move(kernel), std::move(writes)});
+  ++launched_;
+  return absl::OkStatus();
+}
+
+uint64_t SimStream::Record() {
+  absl::MutexLock lock(&mu_);
+  return launched_;
+}
+
+absl::Status SimStream::Wait(uint64_t seq) {
+  std::pair<SimStream*, uint64_t> arg{this, seq};
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](std::pair<SimStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return a->first->completed_ >= a->second;
+      },
+      &arg));
+  return status_;
+}
+
+absl::Status SimStream::Synchronize() { return Wait(Record()); }
+
+void SimStream::Run() {
+  for (;;) {
+    Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](SimStream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return s->stop_ || !s->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status s = absl::OkStatus();
+    {
+      SimDeviceGuard guard(gpu_);
+      if (gpu_->options().poison && !item.writes.empty()) {
+        // The kernel "runs" for poison_hold_ms with its outputs in flux: poisoned bytes.
+        std::vector<std::string> saved;
+        for (const Range& r : item.writes) {
+          saved.emplace_back(static_cast<const char*>(r.p), r.bytes);
+          std::memset(r.p, 0xFF, r.bytes);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(gpu_->options().poison_hold_ms));
+        for (size_t i = 0; i < item.writes.size(); ++i) {
+          std::memcpy(item.writes[i].p, saved[i].data(), saved[i].size());
+        }
+      }
+      s = item.kernel();
+    }
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && status_.ok()) status_ = Annotate(s, absl::StrCat("sim:", gpu_->ordinal(),
+                                                                    " kernel"));
+    ++completed_;
+  }
+}
+
+// ---- SimGpu ----
+
+namespace {
+absl::Mutex g_registry_mu;
+SimGpu* g_registry[kSimDeviceCount] ABSL_GUARDED_BY(g_registry_mu) = {};
+}  // namespace
+
+absl::StatusOr<SimGpu*> SimGpu::Open(int ordinal, const SimOptions& options) {
+  if (ordinal < 0 || ordinal >= kSimDeviceCount) {
+    return absl::InvalidArgumentError(absl::StrCat("simulated device ", ordinal,
+                                                   " does not exist (", kSimDeviceCount,
+                                                   " present)"));
+  }
+  if (!(options.copy_gbps > 0)) {
+    return absl::InvalidArgumentError("simulated copy bandwidth must be > 0 GB/s");
+  }
+  absl::MutexLock lock(&g_registry_mu);
+  if (g_registry[ordinal] == nullptr) g_registry[ordinal] = new SimGpu(ordinal, options);
+  return g_registry[ordinal];  // lives as long as the process
+}
+
+absl::StatusOr<SimGpu*> SimGpu::Find(int ordinal) {
+  if (ordinal >= 0 && ordinal < kSimDeviceCount) {
+    absl::MutexLock lock(&g_registry_mu);
+    if (g_registry[ordinal] != nullptr) return g_registry[ordinal];
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("simulated device ", ordinal, " was not opened"));
+}
+
+absl::StatusOr<void*> SimGpu::Malloc(size_t bytes) {
+  void* p = AlignedZeroed(bytes);
+  if (p == nullptr) return absl::ResourceExhaustedError("simulated device memory exhausted");
+  absl::MutexLock lock(&mem_mu_);
+  device_[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
+  return p;
+}
+
+void SimGpu::Free(void* p) {
+  if (p == nullptr) return;
+  {
+    absl::MutexLock lock(&mem_mu_);
+    device_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+absl::StatusOr<void*> SimGpu::HostAlloc(size_t bytes) {
+  void* p = AlignedZeroed(bytes);  // pre-touched
+  if (p == nullptr) return absl::ResourceExhaustedError("pinned host allocation failed");
+  absl::MutexLock lock(&mem_mu_);
+  pinned_[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
+  return p;
+}
+
+void SimGpu::HostFree(void* p) {
+  if (p == nullptr) return;
+  {
+    absl::MutexLock lock(&mem_mu_);
+    pinned_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  std::free(p);
+}
+
+bool SimGpu::Within(const std::map<uintptr_t, size_t>& m, const void* p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
+  --it;
+  return a >= it->first && a + n <= it->first + it->second;
+}
+
+bool SimGpu::OwnsDevice(const void* p, size_t n) const {
+  absl::MutexLock lock(&mem_mu_);
+  return Within(device_, p, n);
+}
+
+bool SimGpu::OwnsPinned(const void* p, size_t n) const {
+  absl::MutexLock lock(&mem_mu_);
+  return Within(pinned_, p, n);
+}
+
+std::unique_ptr<SimStream> SimGpu::NewStream() {
+  return std::unique_ptr<SimStream>(new SimStream(this));
+}
+
+void SimGpu::EngineCopy(void* dst, const void* src, size_t n) {
+  absl::MutexLock lock(&engine_mu_);
+  const int64_t t0 = MonotonicNanos();
+  std::memcpy(dst, src, n);
+  const int64_t end = t0 + static_cast<int64_t>(static_cast<double>(n) / options_.copy_gbps);
+  const int64_t now = MonotonicNanos();
+  if (end > now) std::this_thread::sleep_for(std::chrono::nanoseconds(end - now));
+}
+
+// ---- the snapshot engine's Device ----
+
+namespace {
+
+class SimComputeEvent : public ComputeEvent {
+ public:
+  SimComputeEvent(SimStream* stream, uint64_t seq) : stream(stream), seq(seq) {}
+  SimStream* const stream;
+  const uint64_t seq;
+};
+
+// A copy stream: copies and compute-event waits run in order on one thread.
+class SimCopyStream : public CopyStream {
+ public:
+  explicit SimCopyStream(SimGpu* gpu) : gpu_(gpu), thread_([this] { Run(); }) {}
+  ~SimCopyStream() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
+    if (!gpu_->OwnsDevice(src, n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "copy source is not device memory of sim:", gpu_->ordinal(),
+          " (another device's memory, or host memory)"));
+    }
+    if (!gpu_->OwnsPinned(dst, n)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "copy destination is not pinned host memory of sim:", gpu_->ordinal()));
+    }
+    return Enqueue({dst, src, n, nullptr});
+  }
+
+  absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override;
+
+  absl::Status WaitForEvent(ComputeEvent* event) override {
+    if (event == nullptr || gpu_->options().unordered_copies) return absl::OkStatus();
+    auto* e = static_cast<SimComputeEvent*>(event);
+    return Enqueue({nullptr, nullptr, 0, e});
+  }
+
+  absl::Status Synchronize() override { return WaitFor(Enqueued()); }
+
+  uint64_t Enqueued() {
+    absl::MutexLock lock(&mu_);
+    return enqueued_;
+  }
+  bool Reached(uint64_t seq) {
+    absl::MutexLock lock(&mu_);
+    return completed_ >= seq;
+  }
+  absl::Status WaitFor(uint64_t seq) {
+    std::pair<SimCopyStream*, uint64_t> arg{this, seq};
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::pair<SimCopyStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return a->first->completed_ >= a->second;
+        },
+        &arg));
+    return status_;
+  }
+
+ private:
+  struct Job {
+    void* dst;
+    const void* src;
+    size_t n;
+    SimComputeEvent* wait;  // a compute-event wait instead of a copy
+  };
+
+  absl::Status Enqueue(Job job) {
+    absl::MutexLock lock(&mu_);
+    if (!status_.ok()) return status_;
+    jobs_.push_back(job);
+    ++enqueued_;
+    return absl::OkStatus();
+  }
+
+  void Run() {
+    for (;;) {
+      Job job;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](SimCopyStream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return s->stop_ || !s->jobs_.empty();
+            },
+            this));
+        if (jobs_.empty()) return;
+        job = jobs_.front();
+        jobs_.pop_front();
+      }
+      absl::Status s = absl::OkStatus();
+      if (job.wait != nullptr) {
+        s = job.wait->stream->Wait(job.wait->seq);
+        if (gpu_->options().poison) {
+          // The copy starts late (two kernels' time), so a copy the host did not wait for
+          // before launching the next kernel that writes its source is still running then.
+          std::this_thread::sleep_for(
+              std::chrono::milliseconds(2 * gpu_->options().poison_hold_ms));
+        }
+      } else {
+        gpu_->EngineCopy(job.dst, job.src, job.n);
+      }
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && status_.ok()) status_ = s;
+      ++completed_;
+    }
+  }
+
+  SimGpu* const gpu_;
+  absl::Mutex mu_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+class SimCopyEvent : public CopyEvent {
+ public:
+  SimCopyEvent(SimCopyStream* stream, uint64_t seq) : stream_(stream), seq_(seq) {}
+  bool Done() override { return stream_->Reached(seq_); }
+  absl::Status Wait() override { return stream_->WaitFor(seq_); }
+
+ private:
+  SimCopyStream* stream_;
+  uint64_t seq_;
+};
+
+absl::StatusOr<std::unique_ptr<CopyEvent>> SimCopyStream::RecordEvent() {
+  return std::unique_ptr<CopyEvent>(new SimCopyEvent(this, Enqueued()));
+}
+
+class SimDevice : public Device {
+ public:
+  explicit SimDevice(SimGpu* gpu) : gpu_(gpu) {}
+  std::string Name() const override { return absl::StrCat("sim:", gpu_->ordinal()); }
+  bool IsHost() const override { return false; }
+  absl::StatusOr<void*> AllocPinned(size_t bytes) override { return gpu_->HostAlloc(bytes); }
+  void FreePinned(void* p, size_t) override { gpu_->HostFree(p); }
+  absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool) override {
+    return std::unique_ptr<CopyStream>(new SimCopyStream(gpu_));
+  }
+  absl::StatusOr<std::shared_ptr<ComputeEvent>> RecordComputeEvent(void* native_stream) override {
+    if (native_stream == nullptr) return std::shared_ptr<ComputeEvent>();
+    auto* stream = static_cast<SimStream*>(native_stream);
+    if (stream->gpu() != gpu_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compute stream of sim:", stream->gpu()->ordinal(),
+                       " used with the snapshot device sim:", gpu_->ordinal()));
+    }
+    return std::shared_ptr<ComputeEvent>(new SimComputeEvent(stream, stream->Record()));
+  }
+  absl::StatusOr<void*> AllocDevice(size_t bytes) override { return gpu_->Malloc(bytes); }
+  void FreeDevice(void* p) override { gpu_->Free(p); }
+  absl::Status CopyToDeviceSync(void* dst, const void* src, size_t n) override {
+    if (!gpu_->OwnsDevice(dst, n)) {
+      return absl::InvalidArgumentError(Name() + ": destination is not its device memory");
+    }
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHostSync(void* dst, const void* src, size_t n) override {
+    if (!gpu_->OwnsDevice(src, n)) {
+      return absl::InvalidArgumentError(Name() + ": source is not its device memory");
+    }
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  }
+
+ private:
+  SimGpu* const gpu_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Device>> NewSimDevice(int ordinal) {
+  ASSIGN_OR_RETURN(SimGpu* gpu, SimGpu::Find(ordinal));
+  return std::unique_ptr<Device>(new SimDevice(gpu));
+}
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap

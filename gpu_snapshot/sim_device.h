@@ -1,0 +1,174 @@
+// The simulated asynchronous device (`--device sim`, DESIGN.md section 4, docs/gockpt.md): a GPU
+// in every ordering respect, made of host threads, so the GPU schedule of the snapshot engine
+// (copies overlapped with compute, events, -O, one device per rank) is tested on every commit.
+//
+// OVERVIEW
+//   SimGpu is one simulated device of this process, found by ordinal (SimGpu::Open). It has
+//     - device memory: separate allocations registered with the device (Malloc); copies check
+//       that their source is this device's memory and their destination pinned host memory
+//       allocated by this device, so a rank that copies another device's memory fails;
+//     - compute streams (SimStream): an in-order queue of kernels (host closures) run by one
+//       thread; Launch returns at once, like a CUDA launch; Record/Wait are events;
+//     - a copy engine shared by the device's copy streams (the engine's NewSimDevice streams),
+//       throttled to SimOptions::copy_gbps; copy streams run on their own threads and honour
+//       compute events (a copy waits for the event before it reads a byte);
+//     - a current device per host thread (SimDeviceGuard), checked by every launch, so code that
+//       leaves another device current fails like CUDA does ("invalid resource handle").
+//   Test mode `poison`: a kernel that declares the device ranges it writes first fills them with
+//   0xFF (a NaN pattern), holds them so for poison_hold_ms, then restores them and runs; and a
+//   copy starts 2 * poison_hold_ms after the compute event it waits for. So a copy that is not
+//   ordered after the kernel that produced its data, or that the host did not wait for before
+//   launching the next kernel that writes its source (a block copy racing the next update, a
+//   gradient copy racing the next reduction), reads poison or later bytes, and the checkpoint
+//   differs from a stop-the-world one. Test hook `unordered_copies`: copy streams ignore compute events (deliberately broken
+//   ordering, to show that the poison catches it).
+//
+// WHAT IT DOES NOT MODEL: real kernel timing or concurrency between kernels (one compute
+//   thread per stream, kernels are the CPU back end's), PCIe/NVLink topology, copy-engine
+//   contention between processes (each rank's process has its own engine), host-to-device copy
+//   throttling, device memory limits, or errors of real hardware.
+//
+// THREAD SAFETY
+//   SimGpu and SimStream are thread-safe. A SimStream must outlive the events recorded on it.
+#ifndef GRADSNAP_GPU_SNAPSHOT_SIM_DEVICE_H_
+#define GRADSNAP_GPU_SNAPSHOT_SIM_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu_snapshot/device.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+
+// Simulated devices per process (ordinals 0..kSimDeviceCount-1), like an 8-GPU node.
+inline constexpr int kSimDeviceCount = 8;
+
+struct SimOptions {
+  // Device-to-host copy bandwidth of the copy engine, GB/s (1e9 bytes per second); > 0.
+  // Default: 0.1 (the `small` model's state, 130 MB, takes 1.3 s: about 3 training steps of
+  // snapshot_bench's configuration; docs/gockpt.md).
+  double copy_gbps = 0.1;
+  // Test mode: kernels poison the ranges they write while they run (see above). Default: false
+  bool poison = false;
+  int poison_hold_ms = 20;  // Default: 20
+  // Test hook: copy streams ignore compute events (broken ordering). Default: false
+  bool unordered_copies = false;
+};
+
+class SimGpu;
+
+// Makes `gpu` the calling thread's current simulated device; restores the previous on exit.
+class SimDeviceGuard {
+ public:
+  explicit SimDeviceGuard(SimGpu* gpu);
+  ~SimDeviceGuard();
+  SimDeviceGuard(const SimDeviceGuard&) = delete;
+  SimDeviceGuard& operator=(const SimDeviceGuard&) = delete;
+
+ private:
+  SimGpu* prev_;
+};
+// The calling thread's current simulated device (null: none set).
+SimGpu* CurrentSimGpu();
+// Sets it without restoring (like cudaSetDevice).
+void SetCurrentSimGpu(SimGpu* gpu);
+
+// A compute stream: kernels run in order on one thread.
+class SimStream {
+ public:
+  using Kernel = std::function<absl::Status()>;
+  struct Range {
+    void* p;
+    size_t bytes;
+  };
+  ~SimStream();  // waits for every launched kernel
+
+  // Enqueues `kernel`, writing device `writes`; returns at once. FAILED_PRECONDITION when this
+  // stream's device is not the thread's current one; the stream's first kernel error otherwise.
+  absl::Status Launch(Kernel kernel, std::vector<Range> writes = {});
+  // An event after the kernels launched so far (their count).
+  uint64_t Record();
+  // Blocks until the first `seq` kernels completed; returns the stream's first kernel error.
+  absl::Status Wait(uint64_t seq);
+  absl::Status Synchronize();
+  SimGpu* gpu() const { return gpu_; }
+
+ private:
+  friend class SimGpu;
+  explicit SimStream(SimGpu* gpu);
+  void Run();
+  struct Item {
+    Kernel kernel;
+    std::vector<Range> writes;
+  };
+
+  SimGpu* const gpu_;
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t launched_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+class SimGpu {
+ public:
+  // The process's simulated device `ordinal`, created with `options` on first use (later
+  // calls return it as created). INVALID_ARGUMENT for an ordinal outside [0, kSimDeviceCount)
+  // or copy_gbps <= 0.
+  static absl::StatusOr<SimGpu*> Open(int ordinal, const SimOptions& options);
+  // The device if it was opened, else FAILED_PRECONDITION.
+  static absl::StatusOr<SimGpu*> Find(int ordinal);
+
+  int ordinal() const { return ordinal_; }
+  const SimOptions& options() const { return options_; }
+
+  // Device memory, zeroed; registered with this device.
+  absl::StatusOr<void*> Malloc(size_t bytes);
+  void Free(void* p);
+  // Pinned host memory of this device (staging), pre-touched.
+  absl::StatusOr<void*> HostAlloc(size_t bytes);
+  void HostFree(void* p);
+  bool OwnsDevice(const void* p, size_t n) const;
+  bool OwnsPinned(const void* p, size_t n) const;
+
+  std::unique_ptr<SimStream> NewStream();
+
+  // The copy engine: copies n bytes, taking n / copy_gbps seconds (copies of all streams of
+  // the device are served one at a time).
+  void EngineCopy(void* dst, const void* src, size_t n);
+
+ private:
+  SimGpu(int ordinal, const SimOptions& options) : ordinal_(ordinal), options_(options) {}
+  static bool Within(const std::map<uintptr_t, size_t>& m, const void* p, size_t n);
+
+  const int ordinal_;
+  const SimOptions options_;
+  mutable absl::Mutex mem_mu_;
+  std::map<uintptr_t, size_t> device_ ABSL_GUARDED_BY(mem_mu_);  // base -> bytes
+  std::map<uintptr_t, size_t> pinned_ ABSL_GUARDED_BY(mem_mu_);
+  absl::Mutex engine_mu_;  // held while a copy runs: one copy at a time
+  int64_t engine_free_ns_ ABSL_GUARDED_BY(engine_mu_) = 0;
+};
+
+// The snapshot engine's view of simulated device `ordinal` (opened by the trainer's sim back
+// end, or by a test with SimGpu::Open). FAILED_PRECONDITION when it was not opened.
+absl::StatusOr<std::unique_ptr<Device>> NewSimDevice(int ordinal);
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_GPU_SNAPSHOT_SIM_DEVICE_H_

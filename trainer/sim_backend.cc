@@ -1,0 +1,189 @@
+// The simulated-device back end; see sim_backend.h.
+#include "trainer/sim_backend.h"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "trainer/cpu_gpt.h"
+
+namespace gradsnap {
+namespace trainer {
+namespace {
+
+using gpu_snapshot::SimGpu;
+using gpu_snapshot::SimStream;
+using Range = SimStream::Range;
+
+class SimBackend : public Backend {
+ public:
+  SimBackend(const ModelConfig& config, int B, int T, Comm* comm, SimGpu* gpu)
+      : model_(config, B, T), bt_(static_cast<size_t>(B) * T), comm_(comm), gpu_(gpu) {
+    total_ = model_.layout().total();
+    slice_ = RankSlice(total_, comm->rank(), comm->world_size());
+  }
+  ~SimBackend() override {
+    if (stream_ != nullptr) {
+      (void)stream_->Synchronize();
+      stream_.reset();
+    }
+    for (float* p : {params_, grads_, gslice_, m_, v_}) gpu_->Free(p);
+  }
+
+  absl::Status Init() {
+    gpu_snapshot::SetCurrentSimGpu(gpu_);  // like cudaSetDevice on the training thread
+    stream_ = gpu_->NewStream();
+    ASSIGN_OR_RETURN(params_, Alloc(total_));
+    ASSIGN_OR_RETURN(grads_, Alloc(total_));
+    ASSIGN_OR_RETURN(gslice_, Alloc(slice_.size()));
+    ASSIGN_OR_RETURN(m_, Alloc(slice_.size()));
+    ASSIGN_OR_RETURN(v_, Alloc(slice_.size()));
+    return absl::OkStatus();
+  }
+
+  TrainStateView View() override {
+    TrainStateView v;
+    v.rank = comm_->rank();
+    v.world_size = comm_->world_size();
+    v.flat_total = total_;
+    v.lo = slice_.lo;
+    v.hi = slice_.hi;
+    v.master = params_ + slice_.lo;
+    v.m = m_;
+    v.v = v_;
+    v.on_device = true;
+    v.stream = stream_.get();
+    v.device = "sim";
+    v.device_ordinal = gpu_->ordinal();
+    return v;
+  }
+
+  absl::Status SetParams(const float* host) override {
+    RETURN_IF_ERROR(stream_->Synchronize());
+    std::memcpy(params_, host, total_ * sizeof(float));
+    std::memset(m_, 0, slice_.size() * sizeof(float));
+    std::memset(v_, 0, slice_.size() * sizeof(float));
+    return absl::OkStatus();
+  }
+
+  absl::Status SliceToHost(float* master, float* m, float* v) override {
+    RETURN_IF_ERROR(stream_->Synchronize());
+    const size_t bytes = slice_.size() * sizeof(float);
+    std::memcpy(master, params_ + slice_.lo, bytes);
+    std::memcpy(m, m_, bytes);
+    std::memcpy(v, v_, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status SliceFromHost(const float* master, const float* m, const float* v) override {
+    RETURN_IF_ERROR(stream_->Synchronize());
+    const size_t bytes = slice_.size() * sizeof(float);
+    std::memcpy(params_ + slice_.lo, master, bytes);
+    std::memcpy(m_, m, bytes);
+    std::memcpy(v_, v, bytes);
+    return comm_->AllGather(params_, total_);
+  }
+
+  absl::Status ForwardBackward(const int32_t* inputs, const int32_t* targets,
+                               float dloss) override {
+    auto in = std::make_shared<std::vector<int32_t>>(inputs, inputs + bt_);
+    auto tg = std::make_shared<std::vector<int32_t>>(targets, targets + bt_);
+    return stream_->Launch(
+        [this, in, tg, dloss] {
+          std::memset(grads_, 0, total_ * sizeof(float));
+          loss_sum_ = model_.ForwardBackward(params_, grads_, in->data(), tg->data(), dloss);
+          return absl::OkStatus();
+        },
+        {Range{grads_, total_ * sizeof(float)}});
+  }
+
+  absl::StatusOr<Sums> ReduceGrads() override {
+    RETURN_IF_ERROR(stream_->Launch(
+        [this]() -> absl::Status {
+          RETURN_IF_ERROR(comm_->ReduceScatter(grads_, total_));
+          std::memcpy(gslice_, grads_ + slice_.lo, slice_.size() * sizeof(float));
+          double sq = 0.0;
+          for (size_t i = 0; i < slice_.size(); ++i) {
+            sq += static_cast<double>(gslice_[i]) * gslice_[i];
+          }
+          grad_sq_ = sq;
+          return absl::OkStatus();
+        },
+        {Range{grads_, total_ * sizeof(float)}, Range{gslice_, slice_.size() * sizeof(float)}}));
+    // The step's one wait for the device: the sums feed the loss print and the clip.
+    RETURN_IF_ERROR(stream_->Synchronize());
+    return Sums{loss_sum_, grad_sq_};
+  }
+
+  bool ReduceOverwritesGrads() const override { return true; }
+
+  GradSliceView Grads() override {
+    GradSliceView g;
+    g.data = gslice_;
+    g.dtype = DType::kF32;
+    g.lo = slice_.lo;
+    g.hi = slice_.hi;
+    g.on_device = true;
+    return g;
+  }
+
+  absl::Status Update(const AdamWStepParams& p) override {
+    const size_t bytes = slice_.size() * sizeof(float);
+    return stream_->Launch(
+        [this, p] {
+          AdamWUpdateHost(params_ + slice_.lo, m_, v_, gslice_, slice_.size(), p);
+          return absl::OkStatus();
+        },
+        {Range{params_ + slice_.lo, bytes}, Range{m_, bytes}, Range{v_, bytes}});
+  }
+
+  absl::Status GatherParams() override {
+    if (comm_->world_size() == 1) return absl::OkStatus();
+    // Writes the other ranks' slices; this rank's slice keeps its bytes.
+    std::vector<Range> writes;
+    if (slice_.lo > 0) writes.push_back(Range{params_, slice_.lo * sizeof(float)});
+    if (slice_.hi < total_) {
+      writes.push_back(Range{params_ + slice_.hi, (total_ - slice_.hi) * sizeof(float)});
+    }
+    return stream_->Launch([this] { return comm_->AllGather(params_, total_); },
+                           std::move(writes));
+  }
+
+  absl::Status FullMasterParams(std::vector<float>* out) override {
+    RETURN_IF_ERROR(stream_->Synchronize());
+    out->assign(params_, params_ + total_);
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::StatusOr<float*> Alloc(size_t n) {
+    ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(float)));
+    return static_cast<float*>(p);
+  }
+
+  CpuGpt model_;  // used on the stream's thread only
+  const size_t bt_;  // tokens per ForwardBackward
+  Comm* comm_;    // by kernels, and by the training thread only while the stream is idle
+  SimGpu* const gpu_;
+  size_t total_ = 0;
+  Slice slice_;
+  std::unique_ptr<SimStream> stream_;
+  float *params_ = nullptr, *grads_ = nullptr, *gslice_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  double loss_sum_ = 0, grad_sq_ = 0;  // written by kernels, read after a Synchronize
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> NewSimBackend(const ModelConfig& config,
+                                                       int local_batch, int seq_len, Comm* comm,
+                                                       int device_ordinal,
+                                                       const gpu_snapshot::SimOptions& sim) {
+  ASSIGN_OR_RETURN(SimGpu* gpu, SimGpu::Open(device_ordinal, sim));
+  auto b = std::make_unique<SimBackend>(config, local_batch, seq_len, comm, gpu);
+  RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace trainer
+}  // namespace gradsnap
