@@ -107,7 +107,7 @@ EngineImpl::~EngineImpl() {
     if (!s.ok()) GS_LOG(WARNING) << "snapshot engine: " << s;
   }
   Push(SimpleEvent(EngineEvent::kStop, 0));
-  worker_.join();
+  if (worker_.joinable()) worker_.join();  // not started when Init failed
   queue_.reset();
 }
 

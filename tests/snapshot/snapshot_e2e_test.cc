@@ -211,8 +211,11 @@ TEST_F(SnapshotE2E, GradLogReplayReachesEveryLoggedStep) {
 // Kills the last rank at the start of step 8. FULL windows: after update 3 (K = 3: FULL 5), then
 // after update 6 (or 7 when deferred), so a window is in flight at the kill. The launcher
 // restarts the job with --resume latest, which must pick the newest committed recovery point
-// before the kill (FULL 5, or with the gradient log FULL 5 + DELTAs; none if FULL 5 had not
-// committed yet) and continue exactly: same losses and final parameters.
+// before the kill (FULL 5, or with the gradient log FULL 5 + DELTAs) and continue exactly: same
+// losses and final parameters. FULL 5 has committed at the kill: one rank waits for it
+// (--test_fail_after_commit); several ranks wait for a FULL's persist before they start the
+// next (defer_while_persisting is off), which they did at step 6 or 7. So a restart from scratch
+// (resumed_from -1), which deterministic training would otherwise hide, fails the test.
 void KillDuringWindow(const std::string& scratch, const TrainRun& reference, bool grad_log,
                       int nproc) {
   std::string name = absl::StrCat("kill_gl", grad_log, "_np", nproc);
@@ -222,15 +225,15 @@ void KillDuringWindow(const std::string& scratch, const TrainRun& reference, boo
                      "--fail_at_step=8", absl::StrCat("--fail_rank=", nproc - 1),
                      "--max_restarts=1", absl::StrCat("--nproc=", nproc), "--job=k"});
   if (grad_log) a.push_back("--grad_log");
+  if (nproc == 1) a.push_back("--test_fail_after_commit");
   TrainRun r = Train(scratch, name, a);
   ASSERT_EQ(r.rc, 0) << r.out;
   ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
   if (grad_log) {
-    EXPECT_TRUE(r.resumed_from == -1 || (r.resumed_from >= 5 && r.resumed_from <= 7)) << r.out;
+    EXPECT_TRUE(r.resumed_from >= 5 && r.resumed_from <= 7) << r.out;
   } else {
-    EXPECT_TRUE(r.resumed_from == -1 || r.resumed_from == 5) << r.out;
+    EXPECT_EQ(r.resumed_from, 5) << r.out;
   }
-  if (r.resumed_from == -1) std::printf("note: FULL 5 had not committed before the kill\n");
   EXPECT_EQ(r.sha, reference.sha) << r.out;
   for (int64_t s = std::max<int64_t>(1, r.resumed_from + 1); s <= 12; ++s) {
     EXPECT_EQ(r.losses[s], reference.losses.count(s) ? reference.losses.at(s) : "?")
@@ -285,6 +288,9 @@ TEST_F(SnapshotE2E, RestartAfterPendingFullWritesTheStepAnew) {
     TrainRun r = Train(*scratch_, name, b);
     ASSERT_EQ(r.rc, 0) << r.out;
     ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
+    // FULL 6 (K = 2 after update 5) committed before the ranks started the window after update
+    // 10 (they wait for a persist), so the restart restores at least it.
+    EXPECT_GE(r.resumed_from, 6) << r.out;
     EXPECT_EQ(r.sha, ref.sha) << r.out;
     for (int64_t s = std::max<int64_t>(1, r.resumed_from + 1); s <= 14; ++s) {
       EXPECT_EQ(r.losses[s], ref.losses.count(s) ? ref.losses.at(s) : "?") << "step " << s;

@@ -1,0 +1,177 @@
+// The simulated asynchronous device (sim_device.h): launches return at once, copies wait for the
+// compute events they are given (and only for those), the test hook that breaks the ordering,
+// separate device and pinned memory, per-thread current device, and that a snapshot engine on
+// one simulated device refuses another device's memory. No timing: every check is ordered by
+// notifications.
+#include "gpu_snapshot/sim_device.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gpu_snapshot/snapshot_engine.h"
+#include "gtest/gtest.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+namespace {
+
+SimOptions Fast() {
+  SimOptions o;
+  o.copy_gbps = 100;
+  return o;
+}
+
+class NullSink : public SnapshotSink {
+ public:
+  void PersistFull(const HostSnapshot&, DoneFn done) override { done(absl::OkStatus()); }
+  void PersistDelta(const DeltaRecord&, DoneFn done) override { done(absl::OkStatus()); }
+};
+
+TEST(SimDeviceTest, LaunchReturnsAtOnceAndCopiesWaitForTheirComputeEvent) {
+  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(0, Fast());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SimDeviceGuard current(*gpu);
+  auto stream = (*gpu)->NewStream();
+  auto dev = NewSimDevice(0);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  float* d = static_cast<float*>(*(*dev)->AllocDevice(64 * sizeof(float)));
+  float* h = static_cast<float*>(*(*dev)->AllocPinned(64 * sizeof(float)));
+  absl::Notification release;
+  // The kernel blocks until released: Launch must return before it ran.
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    release.WaitForNotification();
+                    for (int i = 0; i < 64; ++i) d[i] = 1.0f + i;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  auto ev = (*dev)->RecordComputeEvent(stream.get());
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  auto copies = (*dev)->NewStream(false);
+  ASSERT_TRUE(copies.ok());
+  ASSERT_TRUE((*copies)->WaitForEvent(ev->get()).ok());
+  ASSERT_TRUE((*copies)->CopyToHost(h, d, 64 * sizeof(float)).ok());
+  auto landed = (*copies)->RecordEvent();
+  ASSERT_TRUE(landed.ok());
+  EXPECT_FALSE((*landed)->Done()) << "a copy ran before the kernel it waits for";
+  release.Notify();
+  ASSERT_TRUE((*landed)->Wait().ok());
+  for (int i = 0; i < 64; ++i) ASSERT_EQ(h[i], 1.0f + i);
+  ASSERT_TRUE(stream->Synchronize().ok());
+  (*dev)->FreeDevice(d);
+  (*dev)->FreePinned(h, 64 * sizeof(float));
+}
+
+TEST(SimDeviceTest, UnorderedCopiesHookIgnoresComputeEvents) {
+  SimOptions o = Fast();
+  o.unordered_copies = true;
+  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(5, o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SimDeviceGuard current(*gpu);
+  auto stream = (*gpu)->NewStream();
+  auto dev = NewSimDevice(5);
+  ASSERT_TRUE(dev.ok());
+  float* d = static_cast<float*>(*(*dev)->AllocDevice(sizeof(float)));
+  float* h = static_cast<float*>(*(*dev)->AllocPinned(sizeof(float)));
+  absl::Notification release;
+  ASSERT_TRUE(stream
+                  ->Launch([&] {
+                    release.WaitForNotification();
+                    d[0] = 42.0f;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  auto ev = (*dev)->RecordComputeEvent(stream.get());
+  auto copies = (*dev)->NewStream(false);
+  ASSERT_TRUE((*copies)->WaitForEvent(ev->get()).ok());
+  ASSERT_TRUE((*copies)->CopyToHost(h, d, sizeof(float)).ok());
+  ASSERT_TRUE((*copies)->Synchronize().ok());  // lands while the kernel is still blocked
+  EXPECT_EQ(h[0], 0.0f);
+  release.Notify();
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(d[0], 42.0f);
+}
+
+TEST(SimDeviceTest, CopiesNeedThisDevicesMemoryAndPinnedStaging) {
+  ASSERT_TRUE(SimGpu::Open(1, Fast()).ok());
+  ASSERT_TRUE(SimGpu::Open(2, Fast()).ok());
+  auto dev1 = NewSimDevice(1);
+  auto dev2 = NewSimDevice(2);
+  ASSERT_TRUE(dev1.ok() && dev2.ok());
+  void* on2 = *(*dev2)->AllocDevice(256);
+  void* pinned1 = *(*dev1)->AllocPinned(256);
+  std::vector<char> pageable(256);
+  auto s = (*dev1)->NewStream(true);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument((*s)->CopyToHost(pinned1, on2, 256)));
+  void* on1 = *(*dev1)->AllocDevice(256);
+  EXPECT_TRUE(absl::IsInvalidArgument((*s)->CopyToHost(pageable.data(), on1, 256)));
+  EXPECT_TRUE((*s)->CopyToHost(pinned1, on1, 256).ok());
+  EXPECT_TRUE((*s)->Synchronize().ok());
+  (*dev2)->FreeDevice(on2);
+  (*dev1)->FreeDevice(on1);
+  (*dev1)->FreePinned(pinned1, 256);
+}
+
+// A rank that hands its snapshot engine another device (the bug of a fixed device 0) fails at
+// once with a clear error instead of copying from the wrong place.
+TEST(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
+  ASSERT_TRUE(SimGpu::Open(3, Fast()).ok());
+  ASSERT_TRUE(SimGpu::Open(4, Fast()).ok());
+  auto mine = NewSimDevice(3);
+  auto other = NewSimDevice(4);
+  ASSERT_TRUE(mine.ok() && other.ok());
+  const size_t n = 4096;
+  DeviceState st;
+  st.params = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
+  st.m = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
+  st.v = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
+  st.numel = n;
+  NullSink sink;
+  EngineOptions eo;
+  eo.mode = SnapshotMode::kGoCkpt;
+  auto bad = SnapshotEngine::Create(other->get(), st, eo, &sink);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("not device memory of sim:4"), std::string::npos)
+      << bad.status();
+  // The compute stream of one device cannot order the copies of another.
+  absl::StatusOr<SimGpu*> gpu3 = SimGpu::Find(3);
+  ASSERT_TRUE(gpu3.ok());
+  auto stream3 = (*gpu3)->NewStream();
+  EXPECT_TRUE(absl::IsInvalidArgument((*other)->RecordComputeEvent(stream3.get()).status()));
+  auto good = SnapshotEngine::Create(mine->get(), st, eo, &sink);
+  EXPECT_TRUE(good.ok()) << good.status();
+  good->reset();
+  for (float* p : {st.params, st.m, st.v}) (*mine)->FreeDevice(p);
+}
+
+TEST(SimDeviceTest, LaunchNeedsTheStreamsDeviceCurrent) {
+  absl::StatusOr<SimGpu*> a = SimGpu::Open(6, Fast());
+  absl::StatusOr<SimGpu*> b = SimGpu::Open(7, Fast());
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto stream = (*a)->NewStream();
+  {
+    SimDeviceGuard wrong(*b);
+    EXPECT_TRUE(absl::IsFailedPrecondition(stream->Launch([] { return absl::OkStatus(); })));
+    {
+      SimDeviceGuard right(*a);
+      EXPECT_TRUE(stream->Launch([] { return absl::OkStatus(); }).ok());
+    }
+    EXPECT_EQ(CurrentSimGpu(), *b) << "the guard must restore the caller's device";
+  }
+  EXPECT_TRUE(stream->Synchronize().ok());
+}
+
+TEST(SimDeviceTest, BadOrdinalsAndBandwidth) {
+  EXPECT_TRUE(absl::IsInvalidArgument(SimGpu::Open(kSimDeviceCount, Fast()).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(SimGpu::Open(-1, Fast()).status()));
+  SimOptions zero;
+  zero.copy_gbps = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(SimGpu::Open(0, zero).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(NewSimDevice(-3).status()));
+}
+
+}  // namespace
+}  // namespace gpu_snapshot
+}  // namespace gradsnap
