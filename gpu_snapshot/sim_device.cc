@@ -77,6 +77,12 @@ absl::Status SimStream::Wait(uint64_t seq) {
 
 absl::Status SimStream::Synchronize() { return Wait(Record()); }
 
+int64_t SimStream::IdleNanos() {
+  absl::MutexLock lock(&mu_);
+  if (completed_ < launched_) return 0;
+  return MonotonicNanos() - idle_since_ns_;
+}
+
 void SimStream::Run() {
   for (;;) {
     Item item;
@@ -112,6 +118,7 @@ void SimStream::Run() {
     if (!s.ok() && status_.ok()) status_ = Annotate(s, absl::StrCat("sim:", gpu_->ordinal(),
                                                                     " kernel"));
     ++completed_;
+    idle_since_ns_ = MonotonicNanos();
   }
 }
 

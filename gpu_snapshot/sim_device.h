@@ -103,6 +103,8 @@ class SimStream {
   // Blocks until the first `seq` kernels completed; returns the stream's first kernel error.
   absl::Status Wait(uint64_t seq);
   absl::Status Synchronize();
+  // Nanoseconds (MonotonicNanos clock) since every launched kernel completed; 0 while busy.
+  int64_t IdleNanos();
   SimGpu* gpu() const { return gpu_; }
 
  private:
@@ -119,6 +121,7 @@ class SimStream {
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   uint64_t launched_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t idle_since_ns_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -52,6 +52,11 @@ class Backend {
   virtual GradSliceView Grads() = 0;
   virtual absl::Status Update(const AdamWStepParams& params) = 0;
   virtual absl::Status GatherParams() = 0;
+  // Stall accounting of a checkpointing hook that just returned after `elapsed_ms` on the host:
+  // the part of it during which the device had no queued work left, i.e. training waited for
+  // the hook. CPU: all of it. sim: exact (the compute stream knows when it went idle). CUDA: 0
+  // when the work enqueued before the hook is still running, else all of it (an upper bound).
+  virtual double StalledMillis(double elapsed_ms) { return elapsed_ms; }
   // The full fp32 master parameters (every rank's slice) on the host. Collective.
   virtual absl::Status FullMasterParams(std::vector<float>* out) = 0;
 };

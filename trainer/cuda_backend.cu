@@ -57,6 +57,7 @@ class CudaBackend : public Backend {
     if (cublas_ != nullptr) cublasDestroy(cublas_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
     if (sums_ready_ != nullptr) cudaEventDestroy(sums_ready_);
+    if (work_done_ != nullptr) cudaEventDestroy(work_done_);
     if (host_sums_ != nullptr) cudaFreeHost(host_sums_);
     if (host_losses_ != nullptr) cudaFreeHost(host_losses_);
   }
@@ -74,6 +75,7 @@ class CudaBackend : public Backend {
     CUDA_RETURN(cudaSetDevice(device_));
     CUDA_RETURN(cudaStreamCreate(&stream_));
     CUDA_RETURN(cudaEventCreateWithFlags(&sums_ready_, cudaEventDisableTiming));
+    CUDA_RETURN(cudaEventCreateWithFlags(&work_done_, cudaEventDisableTiming));
     CUDA_RETURN(cudaMallocHost(&host_sums_, (cuda::kNormBlocks + 1) * sizeof(double)));
     CUDA_RETURN(cudaMallocHost(&host_losses_, static_cast<size_t>(B_) * T_ * sizeof(float)));
     CUBLAS_RETURN(cublasCreate(&cublas_));
@@ -180,6 +182,7 @@ class CudaBackend : public Backend {
     CUDA_RETURN(cudaMemcpyAsync(host_losses_, losses_.get(), BT * 4, cudaMemcpyDeviceToHost,
                                 stream_));
     CUDA_RETURN(cudaGetLastError());
+    CUDA_RETURN(cudaEventRecord(work_done_, stream_));
     return TakeLaunchStatus();
   }
 
@@ -220,6 +223,13 @@ class CudaBackend : public Backend {
 
   bool ReduceOverwritesGrads() const override { return true; }
 
+  double StalledMillis(double elapsed_ms) override {
+    // Busy with the work enqueued before the hook: the hook stalled nothing. Idle: the moment it
+    // went idle is not known here, so all of the hook counts (an upper bound).
+    return work_done_ != nullptr && cudaEventQuery(work_done_) == cudaErrorNotReady ? 0.0
+                                                                                    : elapsed_ms;
+  }
+
   GradSliceView Grads() override {
     GradSliceView g;
     g.data = grads_bf16_.get() + slice_.lo;
@@ -236,6 +246,7 @@ class CudaBackend : public Backend {
                       reinterpret_cast<uint16_t*>(params_bf16_.get() + slice_.lo),
                       slice_.size(), p);
     CUDA_RETURN(cudaGetLastError());
+    CUDA_RETURN(cudaEventRecord(work_done_, stream_));
     return absl::OkStatus();
   }
 
@@ -257,6 +268,7 @@ class CudaBackend : public Backend {
 #endif
     }
     CUDA_RETURN(cudaGetLastError());
+    CUDA_RETURN(cudaEventRecord(work_done_, stream_));
     return absl::OkStatus();
   }
 
@@ -419,6 +431,7 @@ class CudaBackend : public Backend {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t sums_ready_ = nullptr;
+  cudaEvent_t work_done_ = nullptr;  // after the last work enqueued (stall accounting)
   double* host_sums_ = nullptr;    // pinned: the norm partials of the step
   float* host_losses_ = nullptr;   // pinned: the token losses of the step
   absl::Status launch_status_;

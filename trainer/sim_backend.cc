@@ -1,6 +1,7 @@
 // The simulated-device back end; see sim_backend.h.
 #include "trainer/sim_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -117,6 +118,10 @@ class SimBackend : public Backend {
   }
 
   bool ReduceOverwritesGrads() const override { return true; }
+
+  double StalledMillis(double elapsed_ms) override {
+    return std::min(elapsed_ms, static_cast<double>(stream_->IdleNanos()) * 1e-6);
+  }
 
   GradSliceView Grads() override {
     GradSliceView g;

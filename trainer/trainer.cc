@@ -252,7 +252,9 @@ absl::Status RankRunner::WaitForCommittedCheckpoint() {
 }
 
 absl::Status RankRunner::Timed(double* stall_ms, const absl::Status& s, const Stopwatch& sw) {
-  *stall_ms += sw.ElapsedMillis();
+  // On a device, only the part of the hook during which the device had run out of queued work
+  // stalled training (backend.h).
+  *stall_ms += backend_->StalledMillis(sw.ElapsedMillis());
   return s;
 }
 

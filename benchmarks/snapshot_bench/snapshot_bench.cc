@@ -1,6 +1,7 @@
 // snapshot_bench: runs gradsnap-train on the same model and data in each checkpoint mode
-// (none, sync, async, gockpt, gockpt + gradient log), a FULL checkpoint every N steps, in
-// interleaved rounds, and prints the ratios of issue 5 / DESIGN.md section 7:
+// (none, sync, async, gockpt, gockpt without -O, gockpt + gradient log), a FULL checkpoint every
+// N steps, in interleaved rounds, on --device cpu, sim (the simulated asynchronous GPU with its
+// throttled copy engine, --sim_copy_gbps) or cuda, and prints the ratios of DESIGN.md section 7:
 //   throughput_ratio_gockpt          tokens/s of gockpt / none (best round of each mode: on a
 //                                    shared machine outside load only ever slows a run down,
 //                                    so the best round is the least disturbed; medians are
@@ -8,6 +9,10 @@
 //   throughput_ratio_gockpt_gradlog  tokens/s of gockpt + --grad_log / none
 //   stall_ratio_gockpt_vs_sync       checkpoint stall per FULL, gockpt / sync
 //   stall_ratio_async_vs_sync        the same for async
+//   stall_ratio_gockpt_vs_async      checkpoint stall per FULL, gockpt / async
+//   window_k                         the K gockpt chose (automatic unless --window)
+//   overlap_o_gain                   stall per FULL of gockpt without -O / with -O (stalls
+//                                    under 0.1 ms count as 0.1 ms)
 //   delta_bytes_ratio                stored bytes per DELTA / per FULL (gradient log run)
 //   host_mem_ratio                   pinned host bytes of checkpointing / one copy of the state
 //                                    (gockpt; host_mem_ratio_gradlog for gockpt + log)
@@ -37,6 +42,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/sim_device.h"
 
 ABSL_FLAG(std::string, model, "small", "gradsnap-train model. Default: small (~10.8M parameters)");
 ABSL_FLAG(int, steps, 30, "Training steps per run. Default: 30");
@@ -45,6 +52,9 @@ ABSL_FLAG(int, batch, 4, "Global batch. Default: 4");
 ABSL_FLAG(int, seq, 64, "Sequence length. Default: 64");
 ABSL_FLAG(int, rounds, 2, "Rounds; each runs every mode once, interleaved. Default: 2");
 ABSL_FLAG(int, window, 0, "--gockpt_window for the gockpt runs; 0 = automatic. Default: 0");
+ABSL_FLAG(std::string, device, "cpu", "gradsnap-train --device: cpu, sim or cuda. Default: cpu");
+ABSL_FLAG(int, device_id, 0, "gradsnap-train --device_id (cuda, sim). Default: 0");
+ABSL_FLAG(double, sim_copy_gbps, 0.1, "--device sim: the simulated copy bandwidth, GB/s (> 0). Default: 0.1");
 ABSL_FLAG(std::string, train, "", "gradsnap-train binary. Default: next to this binary");
 ABSL_FLAG(std::string, dir, "", "Scratch directory (removed after). Default: a fresh temp dir");
 
@@ -64,6 +74,7 @@ struct RunStats {
   int fulls = 0;         // FULL checkpoints started
   double host_mem_ratio = 0;
   double cpu_s = 0;      // user + system CPU seconds of the whole run (all threads)
+  int window = 0;        // K of the first FULL checkpoint (gockpt)
   std::string err;
 };
 
@@ -78,7 +89,7 @@ RunStats Parse(const std::string& out, const std::string& mode) {
   RunStats r;
   std::regex step_re(R"(^step \d+ loss \S+ step_ms \S+ stall_ms (\S+))");
   std::regex tps_re(R"(tokens_per_s=(\S+))");
-  std::regex start_re(R"(^ckpt step \d+ \S+ start)");
+  std::regex start_re(R"(^ckpt step \d+ \S+ start window=(\d+))");
   std::regex mem_re(R"(host_mem_ratio=(\S+))");
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
@@ -88,7 +99,9 @@ RunStats Parse(const std::string& out, const std::string& mode) {
       r.tokens_per_s = std::stod(m[1]);
       r.ok = true;
     }
-    if (std::regex_search(line, m, start_re)) ++r.fulls;
+    if (std::regex_search(line, m, start_re)) {
+      if (r.fulls++ == 0) r.window = std::stoi(m[1]);
+    }
     if (std::regex_search(line, m, mem_re)) r.host_mem_ratio = std::stod(m[1]);
   }
   if (mode == "sync") r.fulls = absl::GetFlag(FLAGS_steps) / absl::GetFlag(FLAGS_every);
@@ -103,7 +116,11 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
       absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
       absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
       absl::StrCat("--seq=", absl::GetFlag(FLAGS_seq)), absl::StrCat("--ckpt_dir=", ckpt),
-      "--job=bench"};
+      "--job=bench", absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
+      absl::StrCat("--device_id=", absl::GetFlag(FLAGS_device_id))};
+  if (absl::GetFlag(FLAGS_device) == "sim") {
+    args.push_back(absl::StrCat("--sim_copy_gbps=", absl::GetFlag(FLAGS_sim_copy_gbps)));
+  }
   args.insert(args.end(), mode.flags.begin(), mode.flags.end());
   std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
   std::string cmd = absl::StrCat(absl::StrJoin(args, " "), " >", out, " 2>&1");
@@ -156,13 +173,61 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Bad input: one line on stderr, exit status 2.
+int BadInput(const std::string& msg) {
+  std::fprintf(stderr, "snapshot_bench: %s\n", msg.c_str());
+  return 2;
+}
+
+// --device and its options, checked before any run.
+int ValidateDevice() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  const int id = absl::GetFlag(FLAGS_device_id);
+  int count = 1;
+  if (device == "cpu") return 0;
+  if (device == "sim") {
+    if (!(absl::GetFlag(FLAGS_sim_copy_gbps) > 0)) return BadInput("--sim_copy_gbps must be > 0");
+    count = gradsnap::gpu_snapshot::kSimDeviceCount;
+  } else if (device == "cuda") {
+    absl::StatusOr<int> n = gradsnap::gpu_snapshot::CudaDeviceCount();
+    if (!n.ok()) return BadInput("--device cuda: " + std::string(n.status().message()));
+    if (!gradsnap::gpu_snapshot::CudaCompiledIn()) {
+      return BadInput("--device cuda: this build has no CUDA");
+    }
+    if (*n == 0) return BadInput("--device cuda: no CUDA device (cudaGetDeviceCount reports none)");
+    count = *n;
+  } else {
+    return BadInput("--device must be cpu, sim or cuda");
+  }
+  if (id < 0 || id >= count) {
+    return BadInput(absl::StrCat("--device_id ", id, " does not exist (", count, " ", device,
+                                 " devices)"));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "snapshot_bench [--model small] [--steps 30] [--every 10] [--rounds 2]: the checkpoint "
-      "modes of gradsnap-train side by side; last line name=value ratios");
-  absl::ParseCommandLine(argc, argv);
+      "snapshot_bench [--device cpu|sim|cuda] [--model small] [--steps 30] [--every 10] "
+      "[--rounds 2]: the checkpoint modes of gradsnap-train side by side; last line name=value "
+      "ratios");
+  // --sim-copy-gbps is --sim_copy_gbps (gradsnap-train accepts both spellings too).
+  std::vector<std::string> arg_storage(argv, argv + argc);
+  std::vector<char*> args;
+  for (size_t i = 0; i < arg_storage.size(); ++i) {
+    std::string& a = arg_storage[i];
+    if (i > 0 && a.rfind("--", 0) == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t j = 2; j < end; ++j) {
+        if (a[j] == '-') a[j] = '_';
+      }
+    }
+    args.push_back(a.data());
+  }
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (int rc = ValidateDevice(); rc != 0) return rc;
   std::string train = absl::GetFlag(FLAGS_train);
   if (train.empty()) {
     train = (fs::path(fs::read_symlink("/proc/self/exe")).parent_path() / "gradsnap-train")
@@ -188,6 +253,7 @@ int main(int argc, char** argv) {
       {"sync", {"--ckpt_mode=sync", ev}},
       {"async", {"--ckpt_mode=async", ev}},
       {"gockpt", {"--ckpt_mode=gockpt", ev, win}},
+      {"gockpt_noO", {"--ckpt_mode=gockpt", ev, win, "--gockpt_overlap=false"}},
       {"gockpt_gradlog", {"--ckpt_mode=gockpt", ev, win, "--grad_log"}},
   };
   std::map<std::string, std::vector<RunStats>> runs;
@@ -241,14 +307,20 @@ int main(int argc, char** argv) {
     std::printf("stored bytes per DELTA %.0f per FULL %.0f\n", per_delta, per_full);
   }
   const double sync_stall = stall_per_full("sync");
+  const double async_stall = stall_per_full("async");
+  const double o_stall = std::max(0.1, stall_per_full("gockpt"));
   std::printf(
-      "throughput_ratio_gockpt=%.4f throughput_ratio_gockpt_gradlog=%.4f "
-      "stall_ratio_gockpt_vs_sync=%.4f stall_ratio_async_vs_sync=%.4f delta_bytes_ratio=%.4f "
+      "device=%s throughput_ratio_gockpt=%.4f throughput_ratio_gockpt_gradlog=%.4f "
+      "stall_ratio_gockpt_vs_sync=%.4f stall_ratio_gockpt_vs_async=%.4f "
+      "stall_ratio_async_vs_sync=%.4f window_k=%d overlap_o_gain=%.2f delta_bytes_ratio=%.4f "
       "host_mem_ratio=%.4f host_mem_ratio_gradlog=%.4f cpu_ratio_gockpt=%.4f "
       "cpu_ratio_gockpt_gradlog=%.4f\n",
-      best_tps("gockpt") / best_tps("none"), best_tps("gockpt_gradlog") / best_tps("none"),
+      absl::GetFlag(FLAGS_device).c_str(), best_tps("gockpt") / best_tps("none"),
+      best_tps("gockpt_gradlog") / best_tps("none"),
       sync_stall > 0 ? stall_per_full("gockpt") / sync_stall : 0,
-      sync_stall > 0 ? stall_per_full("async") / sync_stall : 0,
+      async_stall > 0 ? stall_per_full("gockpt") / async_stall : 0,
+      sync_stall > 0 ? async_stall / sync_stall : 0, runs["gockpt"][0].window,
+      std::max(0.1, stall_per_full("gockpt_noO")) / o_stall,
       have_bytes ? per_delta / per_full : 0, runs["gockpt"][0].host_mem_ratio,
       runs["gockpt_gradlog"][0].host_mem_ratio, cpu("none") / cpu("gockpt"),
       cpu("none") / cpu("gockpt_gradlog"));
