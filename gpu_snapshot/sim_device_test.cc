@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "gpu_snapshot/copy_queue.h"
 #include "gpu_snapshot/snapshot_engine.h"
 #include "gtest/gtest.h"
 
@@ -61,6 +62,60 @@ TEST(SimDeviceTest, LaunchReturnsAtOnceAndCopiesWaitForTheirComputeEvent) {
   ASSERT_TRUE(stream->Synchronize().ok());
   (*dev)->FreeDevice(d);
   (*dev)->FreePinned(h, 64 * sizeof(float));
+}
+
+// A copy waits for the compute event recorded when it was requested, not for the stream as it
+// is when the copy queue gets around to dispatching it: here the request is dispatched only
+// after a later kernel (blocked) was launched, and it must still land without that kernel.
+TEST(SimDeviceTest, CopyQueueWaitsForTheEventOfTheRequestNotOfTheDispatch) {
+  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(0, Fast());
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  SimDeviceGuard current(*gpu);
+  auto stream = (*gpu)->NewStream();
+  auto dev = NewSimDevice(0);
+  ASSERT_TRUE(dev.ok());
+  const size_t n = 4096;
+  char* d = static_cast<char*>(*(*dev)->AllocDevice(n));
+  char* h = static_cast<char*>(*(*dev)->AllocPinned(2 * n));
+  auto q = CopyQueue::Create(dev->get(), n, 1, nullptr);
+  ASSERT_TRUE(q.ok()) << q.status();
+  ASSERT_TRUE(stream->Launch([&] {
+                      std::memset(d, 7, n);
+                      return absl::OkStatus();
+                    }).ok());
+  absl::Notification first_dispatched, later_launched, release;
+  // A holds the dispatcher (its destination callback blocks) until the later kernel launched.
+  CopyRequest a;
+  a.src = d;
+  a.bytes = n;
+  a.dst = [&](size_t, size_t) {
+    first_dispatched.Notify();
+    later_launched.WaitForNotification();
+    return h;
+  };
+  CopyRequest b;
+  b.src = d;
+  b.bytes = n;
+  b.dst = [&](size_t, size_t) { return h + n; };
+  auto ev = (*dev)->RecordComputeEvent(stream.get());
+  ASSERT_TRUE(ev.ok());
+  b.after = *ev;  // after the memset, before the kernel below
+  (*q)->Submit(std::move(a));
+  CopyTicket tb = (*q)->Submit(std::move(b));
+  first_dispatched.WaitForNotification();
+  ASSERT_TRUE(stream->Launch([&] {
+                      release.WaitForNotification();
+                      std::memset(d, 9, n);
+                      return absl::OkStatus();
+                    }).ok());
+  later_launched.Notify();
+  ASSERT_TRUE((*q)->Wait(tb).ok());  // hangs if the copy waited for the blocked kernel
+  EXPECT_EQ(h[n], 7);
+  release.Notify();
+  ASSERT_TRUE(stream->Synchronize().ok());
+  q->reset();
+  (*dev)->FreeDevice(d);
+  (*dev)->FreePinned(h, 2 * n);
 }
 
 TEST(SimDeviceTest, UnorderedCopiesHookIgnoresComputeEvents) {
