@@ -143,6 +143,7 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(full.Alloc(layout_.total()));
     CUDA_RETURN(cudaMemcpy(full.get(), host, layout_.total() * 4, cudaMemcpyHostToDevice));
     cuda::FloatToBf16(stream_, params_bf16_.get(), full.get(), layout_.total());
+    CUDA_RETURN(cudaGetLastError());
     CUDA_RETURN(cudaMemcpyAsync(master_.get(), full.get() + slice_.lo, slice_.size() * 4,
                                 cudaMemcpyDeviceToDevice, stream_));
     CUDA_RETURN(cudaMemsetAsync(m_.get(), 0, slice_.size() * 4, stream_));
@@ -164,6 +165,7 @@ class CudaBackend : public Backend {
     CUDA_RETURN(cudaMemcpy(m_.get(), m, slice_.size() * 4, cudaMemcpyHostToDevice));
     CUDA_RETURN(cudaMemcpy(v_.get(), v, slice_.size() * 4, cudaMemcpyHostToDevice));
     cuda::FloatToBf16(stream_, params_bf16_.get() + slice_.lo, master_.get(), slice_.size());
+    CUDA_RETURN(cudaGetLastError());
     RETURN_IF_ERROR(GatherParams());
     CUDA_RETURN(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
