@@ -151,7 +151,7 @@ int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
     }
     absl::StatusOr<int> n = gradsnap::gpu_snapshot::CudaDeviceCount();
     if (!n.ok()) return Fail("--device cuda: " + std::string(n.status().message()));
-    if (*n == 0) return Fail("--device cuda: no CUDA device (cudaGetDeviceCount reports none)");
+    if (*n == 0) return Fail("--device cuda: no CUDA device or driver (cudaGetDeviceCount)");
     count = *n;
   }
   if (o.device_id < 0 || o.device_id + nproc > count) {

@@ -194,7 +194,7 @@ int ValidateDevice() {
     if (!gradsnap::gpu_snapshot::CudaCompiledIn()) {
       return BadInput("--device cuda: this build has no CUDA");
     }
-    if (*n == 0) return BadInput("--device cuda: no CUDA device (cudaGetDeviceCount reports none)");
+    if (*n == 0) return BadInput("--device cuda: no CUDA device or driver (cudaGetDeviceCount)");
     count = *n;
   } else {
     return BadInput("--device must be cpu, sim or cuda");

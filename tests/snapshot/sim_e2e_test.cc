@@ -10,12 +10,13 @@
 //    to the sync run's snapshot of the same step, and the final params_sha256 is the same;
 //  - the poison is really detected: with copies deliberately unordered (test hook), checkpoints
 //    differ;
-//  - bad device flags are one clear line and exit status 2.
+//  - bad device flags (also --device cuda without a GPU) are one clear line and exit status 2.
 #include <sstream>
 
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "gpu_snapshot/device.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/e2e_util.h"
 
@@ -38,14 +39,16 @@ TrainRun RunTrain(const std::string& scratch, const std::string& name, std::vect
 
 class SimE2E : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    scratch_ = new std::string(e2e::Scratch("sim_e2e"));
-    for (int nproc : {1, 2}) {
-      // The reference: a stop-the-world FULL after every step, on sim (pinned staging).
+  static void SetUpTestSuite() { scratch_ = new std::string(e2e::Scratch("sim_e2e")); }
+  // The reference of `nproc` ranks, run on first use: a stop-the-world FULL after every step, on
+  // sim (pinned staging).
+  static const TrainRun& Reference(int nproc) {
+    if (refs_.count(nproc) == 0) {
       std::vector<std::string> a = Base(Ref(nproc), nproc);
       a.insert(a.end(), {"--ckpt_mode=sync", "--ckpt_every=1", "--job=ref"});
       refs_[nproc] = RunTrain(*scratch_, absl::StrCat("ref", nproc), a);
     }
+    return refs_[nproc];
   }
   static void TearDownTestSuite() {
     std::filesystem::remove_all(*scratch_);
@@ -55,7 +58,7 @@ class SimE2E : public ::testing::Test {
 
   // gockpt with window k, -O on/off, gradient log on/off, against the sync reference.
   void CheckGockpt(int k, int nproc) {
-    const TrainRun& ref = refs_[nproc];
+    const TrainRun& ref = Reference(nproc);
     ASSERT_EQ(ref.rc, 0) << ref.out;
     Store ref_store(Ref(nproc));
     for (bool overlap : {true, false}) {
@@ -92,7 +95,7 @@ std::string* SimE2E::scratch_ = nullptr;
 std::map<int, TrainRun> SimE2E::refs_;
 
 TEST_F(SimE2E, SimEqualsCpuBitForBit) {
-  ASSERT_EQ(refs_[1].rc, 0) << refs_[1].out;
+  ASSERT_EQ(Reference(1).rc, 0) << refs_[1].out;
   ASSERT_NE(refs_[1].out.find(" skipped"), std::string::npos) << "step 6 was not skipped";
   std::vector<std::string> a = {"--model=tiny",     "--steps=12",         "--batch=4",
                                 "--warmup=3",       "--grad_clip=0.5",    "--test_skip_step=6",
@@ -102,7 +105,7 @@ TEST_F(SimE2E, SimEqualsCpuBitForBit) {
   EXPECT_EQ(cpu.sha, refs_[1].sha);
   EXPECT_EQ(cpu.losses, refs_[1].losses);
   // Two ranks on two simulated devices match one rank too.
-  ASSERT_EQ(refs_[2].rc, 0) << refs_[2].out;
+  ASSERT_EQ(Reference(2).rc, 0) << refs_[2].out;
   a.push_back("--nproc=2");
   TrainRun cpu2 = RunTrain(*scratch_, "cpu2", a);
   ASSERT_EQ(cpu2.rc, 0) << cpu2.out;
@@ -120,7 +123,7 @@ TEST_F(SimE2E, GockptTwoRanksTwoDevicesEqualsSync) { CheckGockpt(3, 2); }
 // races the update that produces its data, and with --sim_poison it reads poisoned (or stale)
 // bytes. The comparison above must catch it, or it would not catch a real ordering bug.
 TEST_F(SimE2E, PoisonDetectsCopiesNotOrderedAfterTheUpdate) {
-  ASSERT_EQ(refs_[1].rc, 0) << refs_[1].out;
+  ASSERT_EQ(Reference(1).rc, 0) << refs_[1].out;
   Store ref_store(Ref(1));
   for (const std::string mode : {"sync", "gockpt"}) {
     const std::string name = "unordered_" + mode;
@@ -141,7 +144,7 @@ TEST_F(SimE2E, PoisonDetectsCopiesNotOrderedAfterTheUpdate) {
 // A kill while a gockpt window is in flight, on sim with -O and the gradient log: the restart
 // restores a checkpoint (resumed_from is a real step) and continues exactly.
 TEST_F(SimE2E, KilledRankResumesFromACheckpoint) {
-  ASSERT_EQ(refs_[1].rc, 0) << refs_[1].out;
+  ASSERT_EQ(Reference(1).rc, 0) << refs_[1].out;
   const std::string dir = *scratch_ + "/kill";
   std::vector<std::string> a = Base(dir, 1);
   a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=3", "--gockpt_window=3", "--grad_log",
@@ -163,13 +166,19 @@ TEST_F(SimE2E, BadDeviceFlagsAreOneClearLine) {
   struct Case {
     std::string flags, expect;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"--device=sim --sim_copy_gbps=0", "--sim_copy_gbps must be > 0"},
       {"--device=sim --device_id=8", "--device_id 8"},
       {"--device=sim --device_id=7 --nproc=2", "needs sim devices 7..8"},
       {"--device=sim --device_id=-1", "--device_id -1"},
       {"--device=tpu", "--device must be cpu, cuda or sim"},
   };
+  absl::StatusOr<int> gpus = gpu_snapshot::CudaDeviceCount();
+  if (gpus.ok() && *gpus == 0) {
+    cases.push_back({"--device=cuda", "--device cuda: "});
+  } else if (gpus.ok()) {
+    cases.push_back({absl::StrCat("--device=cuda --device_id=", *gpus), "--device_id"});
+  }
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string name = absl::StrCat("bad", i);
     std::vector<std::string> a = {"--model=tiny", "--steps=2", "--batch=4", cases[i].flags,
