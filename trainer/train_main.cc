@@ -208,6 +208,7 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
+      "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
       "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
