@@ -220,8 +220,9 @@ class SnapshotCheckpointer : public Checkpointer {
   UpdateInfo pending_;
 };
 
-// Compute phases are the gaps between hooks: BeforeStep..AfterBackward is forward + backward +
-// gradient reduction, AfterBackward..AfterUpdate the clip and optimizer update,
+// Compute phases are the gaps between hooks: BeforeStep..BeforeGradOverwrite the batch (and on a
+// device the launch of the forward and backward), ..AfterBackward forward + backward + gradient
+// reduction (on a device: the wait for them), AfterBackward..AfterUpdate the clip and optimizer update,
 // AfterUpdate..EndStep the parameter all-gather.
 class TracingCheckpointer : public Checkpointer {
  public:
@@ -240,7 +241,8 @@ class TracingCheckpointer : public Checkpointer {
     return Hook("ckpt before_step", "", [&] { return inner_->BeforeStep(s); });
   }
   absl::Status BeforeGradOverwrite(int64_t s) override {
-    return Hook("ckpt before_grad_overwrite", "",
+    // cpu: after loading the batch; cuda, sim: after launching the forward and backward.
+    return Hook("ckpt before_grad_overwrite", absl::StrCat("batch ", s),
                 [&] { return inner_->BeforeGradOverwrite(s); });
   }
   absl::Status AfterBackward(int64_t s, const GradSliceView& g) override {
