@@ -130,13 +130,19 @@ absl::Status WriteSafetensors(const std::string& path,
   return WriteFileAtomically(path, parts);
 }
 
-absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(const std::string& dir,
-                                                        const FullState& s, int world_size) {
+std::string RankFilePath(const std::string& dir, int rank) {
+  return absl::StrCat(dir, "/rank", rank, ".safetensors");
+}
+
+absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
+    const FullState& s, int world_size, const std::function<std::string(int)>& path_of,
+    int only_rank) {
   const uint64_t total = s.master.size();
   const std::string state = SetStateField(s.state, "world_size", absl::StrCat(world_size));
   const std::string state_b64 = absl::Base64Escape(state);
   std::vector<WrittenFile> files;
   for (int r = 0; r < world_size; ++r) {
+    if (only_rank >= 0 && r != only_rank) continue;
     const auto [lo, hi] = RankRange(total, r, world_size);
     const uint64_t bytes = (hi - lo) * sizeof(float);
     const float* bufs[3] = {s.master.data() + lo, s.m.data() + lo, s.v.data() + lo};
@@ -157,7 +163,7 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(const std::string& dir,
                        state.data(), state.size()});
     meta.push_back({absl::StrCat("sha256.", kReplicatedTensor),
                     Sha256Hex(state.data(), state.size())});
-    const std::string path = absl::StrCat(dir, "/rank", r, ".safetensors");
+    const std::string path = path_of(r);
     RETURN_IF_ERROR(WriteSafetensors(path, meta, tensors));
     files.push_back(WrittenFile{path, 3 * bytes + state.size(), r});
   }

@@ -18,6 +18,7 @@
 #define GRADSNAP_RECOVERY_RESTORE_DIR_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,9 +52,13 @@ struct WrittenFile {
 // trainer's RankSlice).
 std::pair<uint64_t, uint64_t> RankRange(uint64_t n, int r, int m);
 
-// Writes DIR/rank<R>.safetensors for R in [0, world_size). DIR must exist.
-absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(const std::string& dir,
-                                                        const FullState& s, int world_size);
+// Writes the rank files of `s` cut for world_size ranks to path_of(R) (DIR/rank<R>.safetensors
+// for a restore directory), every rank or only `only_rank` (>= 0). The directory must exist.
+absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
+    const FullState& s, int world_size, const std::function<std::string(int)>& path_of,
+    int only_rank = -1);
+// DIR/rank<R>.safetensors
+std::string RankFilePath(const std::string& dir, int rank);
 // Writes model.safetensors (in `dtype`: kF32 or kBF16), optimizer.safetensors and
 // trainer_state.json. FAILED_PRECONDITION when the state carries no model layout.
 absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& dir,
