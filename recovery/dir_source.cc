@@ -94,7 +94,8 @@ absl::StatusOr<std::unique_ptr<StFile>> OpenSafetensors(const std::string& path)
               offs->array.size() == 2 && offs->array[0].AsUint(&t.begin) &&
               offs->array[1].AsUint(&t.end) && t.begin <= t.end &&
               t.end <= size - f->data_start;
-    for (DType d : {DType::kF32, DType::kBF16, DType::kU8}) {
+    for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32, DType::kI64,
+                    DType::kU8}) {
       if (ok && dt->text == DTypeSafetensorsName(d)) t.dtype = d;
     }
     if (ok && shape != nullptr) {

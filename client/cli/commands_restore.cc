@@ -47,7 +47,7 @@ absl::StatusOr<Request> ParseRequest(Context& ctx, const std::string& target, bo
   q.no_replay = ctx.args.Has("no-replay");
   if (!for_export) {
     if (ctx.args.Has("world-size")) {
-      ASSIGN_OR_RETURN(int64_t m, ParseInt(ctx.args.Get("world-size"), 1, 65536, "--world-size"));
+      ASSIGN_OR_RETURN(int64_t m, ParseInt(ctx.args.Get("world-size"), 1, INT32_MAX, "--world-size"));
       q.world_size = static_cast<int>(m);
     }
     q.consolidate = ctx.args.Has("consolidate");
