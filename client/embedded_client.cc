@@ -236,6 +236,7 @@ absl::Status EmbeddedClient::ReadShardRange(const std::string& job, int64_t step
                                               ": bytes [", offset, ", ", offset + length,
                                               ") past the payload of ", total));
   }
+  reader->SetReadEnd(offset + length);
   char* dst = static_cast<char*>(out);
   for (uint64_t done = 0; done < length;) {
     ASSIGN_OR_RETURN(size_t n, reader->Read(offset + done, dst + done,
