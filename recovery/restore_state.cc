@@ -148,9 +148,10 @@ absl::Status ReadFlat(StateSource& source, const CheckpointView& view, const std
     const uint64_t es = DTypeSize(p.dtype);
     char* dst = static_cast<char*>(out) + (b - lo) * es;
     uint64_t off = (p.first + b - p.flat_offset) * es;
+    // Ranges end on multiples of range_bytes from the tensor's start (and on elements).
+    const uint64_t step = std::max<uint64_t>(o.range_bytes / es, 1) * es;
     for (uint64_t left = (e - b) * es; left > 0;) {
-      // Cut on element boundaries so each range stands alone.
-      uint64_t n = std::min(left, std::max<uint64_t>(o.range_bytes / es, 1) * es);
+      const uint64_t n = std::min(left, step - off % step);
       tasks.push_back(ReadTask{p.rank, &p.tensor, off, n, dst});
       off += n;
       dst += n;

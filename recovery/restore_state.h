@@ -31,8 +31,11 @@ namespace recovery {
 struct RestoreOptions {
   // Ranged reads in flight at once. Default: 4
   int threads = 4;
-  // A piece is fetched as ranges of about this many bytes. Default: 8 MiB
-  uint64_t range_bytes = 8u << 20;
+  // A piece is fetched as ranges of at most this many bytes, cut at multiples of it from the
+  // tensor's start. The store reads whole chunks (4 MiB by default) and a chunk two ranges
+  // share is read twice, so ranges are long; within one range the engine reads ahead up to
+  // 128 MiB in parallel, and the pieces of a slice are read concurrently. Default: 256 MiB
+  uint64_t range_bytes = 256u << 20;
   // Replay at most this many DELTAs of the chain; -1 = all. Default: -1
   int max_deltas = -1;
 };
