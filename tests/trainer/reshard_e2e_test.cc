@@ -93,9 +93,34 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
       ls.output, c.chain ? "recovery point: full 8 + 2 deltas -> step 10" : "recovery point: full 8"))
       << ls.output;
 
+  RunResult r = Cli("--json ls j");
+  if (c.chain) {  // latest everywhere in the CLI is the recovery point
+    EXPECT_TRUE(absl::StrContains(r.output,
+                                  "\"recovery_point\":{\"full_step\":8,\"deltas\":2,\"step\":10}"))
+        << r.output;
+    r = Cli("show j latest");
+    EXPECT_TRUE(absl::StrContains(r.output, "recovery    full 8 + 2 deltas -> step 10")) << r.output;
+    r = Cli("verify j");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const char* line : {"step 8  ok", "step 9  ok", "step 10  ok"}) {
+      EXPECT_TRUE(absl::StrContains(r.output, line)) << line << "\n" << r.output;
+    }
+    const std::string exported = dir_ + "/export.safetensors";
+    r = Cli("export j latest --out " + exported);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = Cli("export j 10 --no-replay --out " + dir_ + "/raw10.safetensors");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    fs::create_directories(dir_ + "/exp");
+    for (int k = 0; k < c.from; ++k) {
+      const std::string name = c.from == 1 ? exported
+                                           : absl::StrCat(dir_, "/export.rank", k, ".safetensors");
+      fs::copy_file(name, absl::StrCat(dir_, "/exp/rank", k, ".safetensors"));
+    }
+  }
+
   // The CLI's state for N ranks and for M ranks: the same logical state.
   const std::string dn = dir_ + "/dn", dm = dir_ + "/dm";
-  RunResult r = Cli("restore j latest --out " + dn);
+  r = Cli("restore j latest --out " + dn);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = Cli(absl::StrCat("restore j latest --world-size ", c.to, " --out ", dm, " --json"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -107,6 +132,11 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
     EXPECT_TRUE(a.at(t) == b.at(t)) << t << " differs after resharding";
   }
   EXPECT_EQ(WithoutWorldSize(a.at("replicated_state")), WithoutWorldSize(b.at("replicated_state")));
+  if (c.chain) {  // export of the recovery point: the same replayed state
+    const auto e = ReadRankDir(dir_ + "/exp", c.from);
+    ASSERT_EQ(e.count("params"), 1u);
+    EXPECT_TRUE(e.at("params") == a.at("params") && e.at("adam_v") == a.at("adam_v"));
+  }
   EXPECT_TRUE(absl::StrContains(b.at("replicated_state"), absl::StrCat("\nworld_size=", c.to, "\n")));
 
   // The trainer resumes with M ranks (resharding) and continues exactly like an uninterrupted
