@@ -151,7 +151,8 @@ class RecoveryTest : public ::testing::Test {
       const auto [lo, hi] = RankRange(kTotal, r, world);
       std::vector<float> p(hi - lo), m(hi - lo), v(hi - lo);
       RestoreOptions o;
-      o.range_bytes = 4096;  // many ranges, read in parallel
+      o.range_bytes = 4096;     // many ranges, read in parallel
+      o.prefetch_deltas = 1 + r;  // the chain fetched in batches of 1, 2, 3, ...
       auto got = RestoreRange(src, rp, lo, hi, p.data(), m.data(), v.data(), o);
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_TRUE(got->damage.empty()) << got->damage;

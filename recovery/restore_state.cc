@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -16,31 +17,33 @@ namespace gradsnap {
 namespace recovery {
 namespace {
 
+// One ranged read into caller memory; `group` says which record it belongs to.
 struct ReadTask {
+  int64_t step;
   int32_t rank;
   const std::string* tensor;
   uint64_t offset;
   uint64_t length;
   char* out;
+  size_t group;
 };
 
-// Runs the reads on up to `threads` threads; the first error (DATA_LOSS preferred) wins.
-absl::Status RunReads(StateSource& source, int64_t step, const std::vector<ReadTask>& tasks,
-                      int threads) {
+// Runs the reads on up to `threads` threads. Returns each group's first error (DATA_LOSS
+// preferred); a group after a failed one may be left unread (OK is then not meaningful for it,
+// callers stop at the first failed group).
+std::vector<absl::Status> RunReads(StateSource& source, const std::vector<ReadTask>& tasks,
+                                   size_t groups, int threads) {
+  std::vector<absl::Status> status(groups);
   std::atomic<size_t> next{0};
   absl::Mutex mu;
-  absl::Status first;
   auto worker = [&] {
     for (size_t i = next++; i < tasks.size(); i = next++) {
       const ReadTask& t = tasks[i];
-      absl::Status s = source.Read(step, t.rank, *t.tensor, t.offset, t.length, t.out);
+      absl::Status s = source.Read(t.step, t.rank, *t.tensor, t.offset, t.length, t.out);
       if (s.ok()) continue;
       absl::MutexLock lock(&mu);
-      if (first.ok() || (s.code() == absl::StatusCode::kDataLoss &&
-                         first.code() != absl::StatusCode::kDataLoss)) {
-        first = s;
-      }
-      next = tasks.size();  // stop the others early
+      absl::Status& g = status[t.group];
+      if (g.ok() || (absl::IsDataLoss(s) && !absl::IsDataLoss(g))) g = s;
     }
   };
   const int n = std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
@@ -48,7 +51,7 @@ absl::Status RunReads(StateSource& source, int64_t step, const std::vector<ReadT
   for (int i = 1; i < n; ++i) pool.emplace_back(worker);
   worker();
   for (std::thread& t : pool) t.join();
-  return first;
+  return status;
 }
 
 // Whether two headers describe the same update (they differ only in their slice).
@@ -63,54 +66,97 @@ absl::StatusOr<int64_t> StateStep(const std::string& text) {
   return StateInt(kv, "step");
 }
 
-// Reads and replays DELTA u over [lo, hi). DATA_LOSS: damaged (nothing applied).
-absl::Status ReplayDelta(StateSource& source, int64_t full_step, int64_t u, uint64_t lo,
-                         uint64_t hi, const gpu_snapshot::HostStateRef& state,
-                         gpu_snapshot::ReplayPool* pool, const RestoreOptions& o,
-                         RestoredRange* r) {
-  Stopwatch fetch;
-  ASSIGN_OR_RETURN(CheckpointView view, source.Describe(u));
-  const FlatBuffer* grad = view.Flat(kFlatGrad);
-  if (view.info.kind != storage::CheckpointKind::kDelta || view.info.base_step != full_step ||
-      grad == nullptr) {
+// Appends the reads of elements [lo, hi) of flat buffer `flat` of `view` into out (element size
+// of the pieces' dtype, returned in *dtype). DATA_LOSS when the pieces do not cover the range.
+absl::Status PlanFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
+                      uint64_t lo, uint64_t hi, void* out, DType* dtype,
+                      const RestoreOptions& o, size_t group, uint64_t* bytes,
+                      std::vector<ReadTask>* tasks) {
+  const FlatBuffer* f = view.Flat(flat);
+  if (f == nullptr || hi > f->total || lo > hi) {
+    return absl::DataLossError(absl::StrCat(source.Name(), " step ", view.info.step,
+                                            ": no elements [", lo, ", ", hi, ") of ", flat));
+  }
+  uint64_t covered = lo;
+  bool typed = false;
+  for (const FlatPiece& p : f->pieces) {
+    const uint64_t b = std::max(lo, p.flat_offset), e = std::min(hi, p.flat_offset + p.count);
+    if (b >= e) continue;
+    if (b != covered || (typed && p.dtype != *dtype)) break;
+    *dtype = p.dtype;
+    typed = true;
+    const uint64_t es = DTypeSize(p.dtype);
+    char* dst = static_cast<char*>(out) + (b - lo) * es;
+    uint64_t off = (p.first + b - p.flat_offset) * es;
+    // Ranges end on multiples of range_bytes from the tensor's start (and on elements).
+    const uint64_t step = std::max<uint64_t>(o.range_bytes / es, 1) * es;
+    for (uint64_t left = (e - b) * es; left > 0;) {
+      const uint64_t n = std::min(left, step - off % step);
+      tasks->push_back(ReadTask{view.info.step, p.rank, &p.tensor, off, n, dst, group});
+      off += n;
+      dst += n;
+      left -= n;
+      *bytes += n;
+    }
+    covered = e;
+  }
+  if (covered != hi) {
+    return absl::DataLossError(absl::StrCat(source.Name(), " step ", view.info.step, ": ", flat,
+                                            " does not hold elements [", covered, ", ", hi,
+                                            ") in one dtype"));
+  }
+  if (!typed) *dtype = DType::kF32;
+  return absl::OkStatus();
+}
+
+// A DELTA of the chain, checked and with its gradient reads planned.
+struct DeltaPlan {
+  int64_t step = 0;
+  CheckpointView view;
+  bool have_update = false;  // false when [lo, hi) is empty
+  gpu_snapshot::DeltaHeader update;
+  DType dtype = DType::kF32;
+  std::unique_ptr<char[]> grad;
+};
+
+// Describes DELTA u, reads and checks the headers of the shards overlapping [lo, hi) and plans
+// the reads of its gradient slice. DATA_LOSS: the record is damaged or inconsistent.
+absl::Status PrepareDelta(StateSource& source, int64_t full_step, int64_t u, uint64_t lo,
+                          uint64_t hi, const RestoreOptions& o, size_t group, DeltaPlan* d,
+                          uint64_t* bytes, std::vector<ReadTask>* tasks) {
+  d->step = u;
+  ASSIGN_OR_RETURN(d->view, source.Describe(u));
+  const FlatBuffer* grad = d->view.Flat(kFlatGrad);
+  if (d->view.info.kind != storage::CheckpointKind::kDelta ||
+      d->view.info.base_step != full_step || grad == nullptr) {
     return absl::DataLossError(absl::StrCat(source.Name(), " step ", u,
                                             ": not a DELTA on FULL ", full_step));
   }
-  ASSIGN_OR_RETURN(int64_t state_step, StateStep(view.info.metadata));
+  ASSIGN_OR_RETURN(int64_t state_step, StateStep(d->view.info.metadata));
   if (state_step != u) {
     return absl::DataLossError(absl::StrCat(source.Name(), " DELTA ", u,
                                             " carries the state of step ", state_step));
   }
-  // The header of every shard whose slice overlaps [lo, hi): same update, matching slice.
-  bool have = false;
-  gpu_snapshot::DeltaHeader update;
   for (const FlatPiece& p : grad->pieces) {
     if (p.flat_offset >= hi || p.flat_offset + p.count <= lo) continue;
-    std::string bytes(gpu_snapshot::kDeltaHeaderBytes, '\0');
-    RETURN_IF_ERROR(source.Read(u, p.rank, kDeltaHeaderTensor, 0, bytes.size(), bytes.data()));
-    absl::StatusOr<gpu_snapshot::DeltaHeader> h = gpu_snapshot::DecodeDeltaHeader(bytes);
+    std::string bytes_h(gpu_snapshot::kDeltaHeaderBytes, '\0');
+    RETURN_IF_ERROR(source.Read(u, p.rank, kDeltaHeaderTensor, 0, bytes_h.size(), bytes_h.data()));
+    absl::StatusOr<gpu_snapshot::DeltaHeader> h = gpu_snapshot::DecodeDeltaHeader(bytes_h);
     if (!h.ok() || h->step != u || h->base_step != full_step || h->numel != p.count ||
         h->elem_offset != p.flat_offset || h->grad_dtype != p.dtype ||
-        (have && !SameUpdate(*h, update))) {
+        (d->have_update && !SameUpdate(*h, d->update))) {
       return absl::DataLossError(absl::StrCat(
           source.Name(), " step ", u, " rank ", p.rank, " tensor ", kDeltaHeaderTensor,
-          ": does not match its checkpoint", h.ok() ? "" : absl::StrCat(" (", h.status().message(), ")")));
+          ": does not match its checkpoint",
+          h.ok() ? "" : absl::StrCat(" (", h.status().message(), ")")));
     }
-    update = *h;
-    have = true;
+    d->update = *h;
+    d->have_update = true;
   }
-  std::vector<char> g((hi - lo) * std::max<size_t>(DTypeSize(have ? update.grad_dtype
-                                                                  : DType::kF32), 1));
-  DType dtype = DType::kF32;
-  RETURN_IF_ERROR(ReadFlat(source, view, kFlatGrad, lo, hi, g.data(), &dtype, o, &r->bytes_read));
-  r->fetch_ms += fetch.ElapsedMillis();
-  Stopwatch replay;
-  if (have && hi > lo) pool->Apply(state, 0, hi - lo, g.data(), dtype, update.update);
-  r->replay_ms += replay.ElapsedMillis();
-  r->state = view.info.metadata;
-  r->step = u;
-  ++r->deltas;
-  return absl::OkStatus();
+  const size_t es = DTypeSize(d->have_update ? d->update.grad_dtype : DType::kF32);
+  d->grad = std::make_unique<char[]>(std::max<uint64_t>((hi - lo) * es, 1));
+  return PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), &d->dtype, o, group, bytes,
+                  tasks);
 }
 
 }  // namespace
@@ -131,42 +177,9 @@ absl::StatusOr<uint64_t> FlatTotal(const CheckpointView& full) {
 absl::Status ReadFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
                       uint64_t lo, uint64_t hi, void* out, DType* dtype,
                       const RestoreOptions& o, uint64_t* bytes_read) {
-  const FlatBuffer* f = view.Flat(flat);
-  if (f == nullptr || hi > f->total || lo > hi) {
-    return absl::DataLossError(absl::StrCat(source.Name(), " step ", view.info.step,
-                                            ": no elements [", lo, ", ", hi, ") of ", flat));
-  }
   std::vector<ReadTask> tasks;
-  uint64_t covered = lo;
-  bool typed = false;
-  for (const FlatPiece& p : f->pieces) {
-    const uint64_t b = std::max(lo, p.flat_offset), e = std::min(hi, p.flat_offset + p.count);
-    if (b >= e) continue;
-    if (b != covered || (typed && p.dtype != *dtype)) break;
-    *dtype = p.dtype;
-    typed = true;
-    const uint64_t es = DTypeSize(p.dtype);
-    char* dst = static_cast<char*>(out) + (b - lo) * es;
-    uint64_t off = (p.first + b - p.flat_offset) * es;
-    // Ranges end on multiples of range_bytes from the tensor's start (and on elements).
-    const uint64_t step = std::max<uint64_t>(o.range_bytes / es, 1) * es;
-    for (uint64_t left = (e - b) * es; left > 0;) {
-      const uint64_t n = std::min(left, step - off % step);
-      tasks.push_back(ReadTask{p.rank, &p.tensor, off, n, dst});
-      off += n;
-      dst += n;
-      left -= n;
-      *bytes_read += n;
-    }
-    covered = e;
-  }
-  if (covered != hi) {
-    return absl::DataLossError(absl::StrCat(source.Name(), " step ", view.info.step, ": ", flat,
-                                            " does not hold elements [", covered, ", ", hi,
-                                            ") in one dtype"));
-  }
-  if (!typed) *dtype = DType::kF32;
-  return RunReads(source, view.info.step, tasks, o.threads);
+  RETURN_IF_ERROR(PlanFlat(source, view, flat, lo, hi, out, dtype, o, 0, bytes_read, &tasks));
+  return RunReads(source, tasks, 1, o.threads)[0];
 }
 
 absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPoint& rp,
@@ -176,6 +189,10 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
   r.full_step = rp.full_step;
   r.step = rp.full_step;
   Stopwatch fetch;
+  // The FULL's slices and the first DELTAs' gradients are fetched together, in parallel; the
+  // rest of the chain in batches of prefetch_deltas, each replayed once it is in.
+  std::vector<ReadTask> tasks;
+  DType dts[3] = {DType::kF32, DType::kF32, DType::kF32};
   absl::StatusOr<CheckpointView> full = source.Describe(rp.full_step);
   absl::Status s = full.status();
   if (s.ok()) {
@@ -194,32 +211,75 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
     float* bufs[3] = {master, m, v};
     const char* names[3] = {kFlatParams, kFlatAdamM, kFlatAdamV};
     for (int i = 0; i < 3 && s.ok(); ++i) {
-      DType dt;
-      s = ReadFlat(source, *full, names[i], lo, hi, bufs[i], &dt, o, &r.bytes_read);
-      if (s.ok() && dt != DType::kF32) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            source.Name(), " step ", rp.full_step, ": ", names[i], " is ", DTypeName(dt),
-            ", not f32 (a bf16 export cannot continue training exactly)"));
-      }
+      s = PlanFlat(source, *full, names[i], lo, hi, bufs[i], &dts[i], o, 0, &r.bytes_read,
+                   &tasks);
     }
   }
-  r.fetch_ms = fetch.ElapsedMillis();
-  if (absl::IsDataLoss(s)) {
-    r.full_damaged = true;
-    r.damage = std::string(s.message());
-    return r;
-  }
-  RETURN_IF_ERROR(s);
+  if (!s.ok() && !absl::IsDataLoss(s)) return s;
+  size_t chain = rp.delta_steps.size();
+  if (o.max_deltas >= 0) chain = std::min<size_t>(chain, static_cast<size_t>(o.max_deltas));
+  const size_t batch = static_cast<size_t>(std::max(1, o.prefetch_deltas));
   gpu_snapshot::ReplayPool pool(std::max(1, std::min(o.threads, 4)));
   const gpu_snapshot::HostStateRef state{master, m, v, static_cast<size_t>(hi - lo)};
-  for (int64_t u : rp.delta_steps) {
-    if (o.max_deltas >= 0 && r.deltas >= o.max_deltas) break;
-    absl::Status d = ReplayDelta(source, rp.full_step, u, lo, hi, state, &pool, o, &r);
-    if (absl::IsDataLoss(d)) {
-      r.damage = std::string(d.message());
+  bool first_batch = true;
+  for (size_t next = 0; s.ok() && (first_batch || next < chain);) {
+    // Plan this batch: group 0 is the FULL (first batch only), group k the k-th DELTA.
+    std::vector<std::unique_ptr<DeltaPlan>> plans;
+    absl::Status stop;  // a DELTA that could not even be planned ends the chain there
+    while (next < chain && plans.size() < batch) {
+      auto d = std::make_unique<DeltaPlan>();
+      stop = PrepareDelta(source, rp.full_step, rp.delta_steps[next], lo, hi, o,
+                          plans.size() + 1, d.get(), &r.bytes_read, &tasks);
+      if (!stop.ok()) break;
+      plans.push_back(std::move(d));
+      ++next;
+    }
+    if (!stop.ok() && !absl::IsDataLoss(stop)) return stop;
+    std::vector<absl::Status> st = RunReads(source, tasks, plans.size() + 1, o.threads);
+    tasks.clear();
+    if (first_batch) {
+      first_batch = false;
+      for (int i = 0; i < 3 && st[0].ok(); ++i) {
+        if (dts[i] != DType::kF32) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              source.Name(), " step ", rp.full_step, ": a flat buffer is ", DTypeName(dts[i]),
+              ", not f32 (a bf16 export cannot continue training exactly)"));
+        }
+      }
+      if (!st[0].ok()) {
+        if (!absl::IsDataLoss(st[0])) return st[0];
+        r.fetch_ms = fetch.ElapsedMillis();
+        r.full_damaged = true;
+        r.damage = std::string(st[0].message());
+        return r;
+      }
+    }
+    r.fetch_ms += fetch.ElapsedMillis();
+    Stopwatch replay;
+    for (size_t k = 0; k < plans.size(); ++k) {
+      if (!st[k + 1].ok()) {
+        if (!absl::IsDataLoss(st[k + 1])) return st[k + 1];
+        stop = st[k + 1];
+        break;
+      }
+      DeltaPlan& d = *plans[k];
+      if (d.have_update && hi > lo) {
+        pool.Apply(state, 0, hi - lo, d.grad.get(), d.dtype, d.update.update);
+      }
+      r.state = d.view.info.metadata;
+      r.step = d.step;
+      ++r.deltas;
+    }
+    r.replay_ms += replay.ElapsedMillis();
+    fetch = Stopwatch();
+    if (!stop.ok()) {
+      r.damage = std::string(stop.message());
       break;
     }
-    RETURN_IF_ERROR(d);
+  }
+  if (absl::IsDataLoss(s)) {  // the FULL's description itself
+    r.full_damaged = true;
+    r.damage = std::string(s.message());
   }
   return r;
 }

@@ -36,6 +36,9 @@ struct RestoreOptions {
   // share is read twice, so ranges are long; within one range the engine reads ahead up to
   // 128 MiB in parallel, and the pieces of a slice are read concurrently. Default: 256 MiB
   uint64_t range_bytes = 256u << 20;
+  // DELTA gradients fetched together (and with the FULL) before they are replayed; memory:
+  // that many gradient slices. Default: 4
+  int prefetch_deltas = 4;
   // Replay at most this many DELTAs of the chain; -1 = all. Default: -1
   int max_deltas = -1;
 };
