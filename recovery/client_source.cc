@@ -52,8 +52,7 @@ class ClientSource : public StateSource {
     for (storage::CheckpointInfo& i : all) {
       if (i.state == storage::CheckpointState::kCommitted) out.push_back(std::move(i));
     }
-    std::sort(out.begin(), out.end(),
-              [](const auto& a, const auto& b) { return a.step < b.step; });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
     return out;
   }
 
@@ -83,16 +82,15 @@ class ClientSource : public StateSource {
       absl::MutexLock lock(&mu_);
       auto it = offsets_.find(Key{step, rank, tensor});
       if (it == offsets_.end()) {
-        return absl::NotFoundError(absl::StrCat("job ", job_, " step ", step, " rank ", rank,
-                                                " has no tensor ", tensor));
+        return absl::NotFoundError(
+            absl::StrCat("job ", job_, " step ", step, " rank ", rank, " has no tensor ", tensor));
       }
       where = it->second;
     }
     if (offset > where.second || length > where.second - offset) {
       return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": bytes past its end"));
     }
-    absl::Status s =
-        client_->ReadShardRange(job_, step, rank, where.first + offset, length, out);
+    absl::Status s = client_->ReadShardRange(job_, step, rank, where.first + offset, length, out);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("job ", job_, " step ", step, " rank ", rank,
                                                  " tensor ", tensor, ": ", s.message()));

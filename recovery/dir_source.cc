@@ -90,10 +90,9 @@ absl::StatusOr<std::unique_ptr<StFile>> OpenSafetensors(const std::string& path)
     const JsonValue* dt = v.Find("dtype");
     const JsonValue* shape = v.Find("shape");
     const JsonValue* offs = v.Find("data_offsets");
-    bool ok = dt != nullptr && shape != nullptr && offs != nullptr &&
-              offs->array.size() == 2 && offs->array[0].AsUint(&t.begin) &&
-              offs->array[1].AsUint(&t.end) && t.begin <= t.end &&
-              t.end <= size - f->data_start;
+    bool ok = dt != nullptr && shape != nullptr && offs != nullptr && offs->array.size() == 2 &&
+              offs->array[0].AsUint(&t.begin) && offs->array[1].AsUint(&t.end) &&
+              t.begin <= t.end && t.end <= size - f->data_start;
     for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32, DType::kI64,
                     DType::kU8}) {
       if (ok && dt->text == DTypeSafetensorsName(d)) t.dtype = d;
@@ -135,8 +134,9 @@ class DirSource : public StateSource {
     absl::StatusOr<std::string> manifest = ReadSmallFile(dir_ + "/manifest.json");
     if (!manifest.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          dir_, " is not a complete restore output (no readable manifest.json; was the restore "
-                "interrupted?)"));
+          dir_,
+          " is not a complete restore output (no readable manifest.json; was the restore "
+          "interrupted?)"));
     }
     ASSIGN_OR_RETURN(JsonValue m, ParseJson(*manifest, dir_ + "/manifest.json"));
     const JsonValue* kind = m.Find("kind");
@@ -162,8 +162,8 @@ class DirSource : public StateSource {
   }
   absl::StatusOr<CheckpointView> Describe(int64_t step) override {
     if (step != view_.info.step) {
-      return absl::NotFoundError(absl::StrCat(dir_, " holds step ", view_.info.step, ", not ",
-                                              step));
+      return absl::NotFoundError(
+          absl::StrCat(dir_, " holds step ", view_.info.step, ", not ", step));
     }
     return view_;
   }
@@ -201,8 +201,8 @@ class DirSource : public StateSource {
       ASSIGN_OR_RETURN(std::unique_ptr<StFile> f,
                        OpenSafetensors(absl::StrCat(dir_, "/rank", r, ".safetensors")));
       if (f->meta["kind"] != "full") {
-        return absl::FailedPreconditionError(absl::StrCat(
-            f->path, " is not a FULL shard (kind '", f->meta["kind"], "')"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(f->path, " is not a FULL shard (kind '", f->meta["kind"], "')"));
       }
       for (const auto& [name, t] : f->tensors) {
         storage::TensorSpec spec;
@@ -233,8 +233,9 @@ class DirSource : public StateSource {
       files_.push_back(std::move(f));
     }
     for (auto& [name, fb] : view_.flats) {
-      std::sort(fb.pieces.begin(), fb.pieces.end(),
-                [](const FlatPiece& a, const FlatPiece& b) { return a.flat_offset < b.flat_offset; });
+      std::sort(fb.pieces.begin(), fb.pieces.end(), [](const FlatPiece& a, const FlatPiece& b) {
+        return a.flat_offset < b.flat_offset;
+      });
     }
     // The train state: rank 0's replicated_state tensor.
     auto it = files_[0]->tensors.find(kReplicatedTensor);
@@ -243,15 +244,14 @@ class DirSource : public StateSource {
           absl::StrCat(files_[0]->path, " has no train state (not a gradsnap-train checkpoint)"));
     }
     std::string text(it->second.end - it->second.begin, '\0');
-    RETURN_IF_ERROR(PreadAll(files_[0]->fd, files_[0]->data_start + it->second.begin,
-                             text.data(), text.size(), files_[0]->path));
+    RETURN_IF_ERROR(PreadAll(files_[0]->fd, files_[0]->data_start + it->second.begin, text.data(),
+                             text.size(), files_[0]->path));
     return SetState(text);
   }
 
   absl::Status OpenConsolidated() {
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> model, OpenSafetensors(dir_ + "/model.safetensors"));
-    ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt,
-                     OpenSafetensors(dir_ + "/optimizer.safetensors"));
+    ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt, OpenSafetensors(dir_ + "/optimizer.safetensors"));
     RETURN_IF_ERROR(SetState(model->meta["train_state"]));
     ASSIGN_OR_RETURN(auto kv, ParseStateText(view_.info.metadata));
     ASSIGN_OR_RETURN(std::vector<ParamEntry> layout,
@@ -268,11 +268,11 @@ class DirSource : public StateSource {
         auto it = f.tensors.find(name);
         if (it == f.tensors.end() ||
             it->second.end - it->second.begin != e.numel() * DTypeSize(it->second.dtype)) {
-          return absl::DataLossError(absl::StrCat(f.path, ": tensor ", name,
-                                                  " is missing or of the wrong size"));
+          return absl::DataLossError(
+              absl::StrCat(f.path, ": tensor ", name, " is missing or of the wrong size"));
         }
-        fb.pieces.push_back(FlatPiece{i == 0 ? 0 : 1, name, it->second.dtype, e.offset,
-                                      e.numel(), 0});
+        fb.pieces.push_back(
+            FlatPiece{i == 0 ? 0 : 1, name, it->second.dtype, e.offset, e.numel(), 0});
       }
     }
     files_.push_back(std::move(model));

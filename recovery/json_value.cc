@@ -59,9 +59,9 @@ class Parser {
   }
   bool Number(JsonValue* out) {
     const size_t start = pos_;
-    while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
-                                s_[pos_] == '-' || s_[pos_] == '+' || s_[pos_] == '.' ||
-                                s_[pos_] == 'e' || s_[pos_] == 'E')) {
+    while (pos_ < s_.size() &&
+           (std::isdigit(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '-' ||
+            s_[pos_] == '+' || s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E')) {
       ++pos_;
     }
     if (pos_ == start) return false;
@@ -76,10 +76,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       const char c = s_[pos_++];
       *v <<= 4;
-      if (c >= '0' && c <= '9') *v |= c - '0';
-      else if (c >= 'a' && c <= 'f') *v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') *v |= c - 'A' + 10;
-      else return false;
+      if (c >= '0' && c <= '9')
+        *v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        *v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        *v |= c - 'A' + 10;
+      else
+        return false;
     }
     return true;
   }
@@ -113,14 +117,30 @@ class Parser {
       if (pos_ >= s_.size()) return false;
       const char e = s_[pos_++];
       switch (e) {
-        case '"': out->push_back('"'); break;
-        case '\\': out->push_back('\\'); break;
-        case '/': out->push_back('/'); break;
-        case 'b': out->push_back('\b'); break;
-        case 'f': out->push_back('\f'); break;
-        case 'n': out->push_back('\n'); break;
-        case 'r': out->push_back('\r'); break;
-        case 't': out->push_back('\t'); break;
+        case '"':
+          out->push_back('"');
+          break;
+        case '\\':
+          out->push_back('\\');
+          break;
+        case '/':
+          out->push_back('/');
+          break;
+        case 'b':
+          out->push_back('\b');
+          break;
+        case 'f':
+          out->push_back('\f');
+          break;
+        case 'n':
+          out->push_back('\n');
+          break;
+        case 'r':
+          out->push_back('\r');
+          break;
+        case 't':
+          out->push_back('\t');
+          break;
         case 'u': {
           uint32_t cp;
           if (!Hex4(&cp)) return false;
@@ -132,7 +152,8 @@ class Parser {
           Utf8(cp, out);
           break;
         }
-        default: return false;
+        default:
+          return false;
       }
     }
     return false;

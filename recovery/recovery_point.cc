@@ -55,8 +55,7 @@ RecoveryPoint FindRecoveryPoint(const std::vector<CheckpointInfo>& list, int64_t
   return rp;
 }
 
-absl::StatusOr<RecoveryPoint> PlanForStep(const std::vector<CheckpointInfo>& list,
-                                          int64_t step) {
+absl::StatusOr<RecoveryPoint> PlanForStep(const std::vector<CheckpointInfo>& list, int64_t step) {
   const auto by_step = Committed(list);
   auto it = by_step.find(step);
   if (it == by_step.end()) {
@@ -70,8 +69,8 @@ absl::StatusOr<RecoveryPoint> PlanForStep(const std::vector<CheckpointInfo>& lis
   const int64_t base = it->second->base_step;
   auto base_it = by_step.find(base);
   if (base < 0 || base_it == by_step.end() || base_it->second->kind != CheckpointKind::kFull) {
-    return absl::NotFoundError(absl::StrCat("DELTA ", step, " needs FULL ", base,
-                                            ", which is not committed"));
+    return absl::NotFoundError(
+        absl::StrCat("DELTA ", step, " needs FULL ", base, ", which is not committed"));
   }
   rp.full_step = base;
   Chain(by_step, base, step, &rp.delta_steps);

@@ -37,8 +37,8 @@ constexpr uint64_t kTotal = 10007;  // odd, so slices differ in length
 const char* kLayout = "a.weight:100x100:0;b.bias:7:10000";
 
 std::string StateText(int64_t step, int world) {
-  return absl::StrCat(kStateVersionLine, "\nstep=", step, "\nworld_size=", world,
-                      "\nopt_t=", step, "\n", kParamLayoutKey, "=", kLayout, "\n");
+  return absl::StrCat(kStateVersionLine, "\nstep=", step, "\nworld_size=", world, "\nopt_t=", step,
+                      "\n", kParamLayoutKey, "=", kLayout, "\n");
 }
 
 AdamWStepParams Update(int64_t u) {
@@ -109,11 +109,10 @@ class RecoveryTest : public ::testing::Test {
     for (int r = 0; r < world; ++r) {
       const auto [lo, hi] = RankRange(kTotal, r, world);
       client::ShardSpec s{"j", step, r, {}, text};
-      std::vector<TensorRef> refs = {
-          {Flat(kFlatParams, DType::kF32, lo, hi - lo), p_.data() + lo},
-          {Flat(kFlatAdamM, DType::kF32, lo, hi - lo), m_.data() + lo},
-          {Flat(kFlatAdamV, DType::kF32, lo, hi - lo), v_.data() + lo},
-          {Bytes(kReplicatedTensor, text.size()), text.data()}};
+      std::vector<TensorRef> refs = {{Flat(kFlatParams, DType::kF32, lo, hi - lo), p_.data() + lo},
+                                     {Flat(kFlatAdamM, DType::kF32, lo, hi - lo), m_.data() + lo},
+                                     {Flat(kFlatAdamV, DType::kF32, lo, hi - lo), v_.data() + lo},
+                                     {Bytes(kReplicatedTensor, text.size()), text.data()}};
       ASSERT_TRUE(client_->SaveShard(s, refs).ok());
     }
   }
@@ -133,10 +132,9 @@ class RecoveryTest : public ::testing::Test {
       h.elem_offset = lo;
       const std::string header = gpu_snapshot::EncodeDeltaHeader(h);
       client::ShardSpec s{"j", u, r, {}, text};
-      std::vector<TensorRef> refs = {
-          {Bytes(kDeltaHeaderTensor, header.size()), header.data()},
-          {Flat(kFlatGrad, DType::kF32, lo, hi - lo), g.data() + lo},
-          {Bytes(kReplicatedTensor, text.size()), text.data()}};
+      std::vector<TensorRef> refs = {{Bytes(kDeltaHeaderTensor, header.size()), header.data()},
+                                     {Flat(kFlatGrad, DType::kF32, lo, hi - lo), g.data() + lo},
+                                     {Bytes(kReplicatedTensor, text.size()), text.data()}};
       ASSERT_TRUE(client_->SaveShard(s, refs).ok());
     }
     gpu_snapshot::ReplayPool pool(1);
@@ -151,7 +149,7 @@ class RecoveryTest : public ::testing::Test {
       const auto [lo, hi] = RankRange(kTotal, r, world);
       std::vector<float> p(hi - lo), m(hi - lo), v(hi - lo);
       RestoreOptions o;
-      o.range_bytes = 4096;     // many ranges, read in parallel
+      o.range_bytes = 4096;       // many ranges, read in parallel
       o.prefetch_deltas = 1 + r;  // the chain fetched in batches of 1, 2, 3, ...
       auto got = RestoreRange(src, rp, lo, hi, p.data(), m.data(), v.data(), o);
       ASSERT_TRUE(got.ok()) << got.status();
@@ -166,10 +164,13 @@ class RecoveryTest : public ::testing::Test {
   }
 
   void FlipMiddle(int64_t step, int rank) {
-    const std::string dir = absl::StrCat(scratch_, "/ckpt/segments/j/", std::string(20 - std::to_string(step).size(), '0'), step);
+    const std::string dir = absl::StrCat(scratch_, "/ckpt/segments/j/",
+                                         std::string(20 - std::to_string(step).size(), '0'), step);
     int flipped = 0;
     for (const auto& e : fs::directory_iterator(dir)) {
-      if (e.path().filename().string().rfind(absl::StrCat("r", std::string(10 - std::to_string(rank).size(), '0'), rank), 0) != 0) continue;
+      if (e.path().filename().string().rfind(
+              absl::StrCat("r", std::string(10 - std::to_string(rank).size(), '0'), rank), 0) != 0)
+        continue;
       int fd = ::open(e.path().c_str(), O_RDWR);
       ASSERT_GE(fd, 0);
       const off_t at = static_cast<off_t>(fs::file_size(e.path()) / 2);
@@ -348,8 +349,8 @@ TEST(JsonTest, ParsesWhatWeWriteAndRefusesGarbage) {
   EXPECT_EQ(one, 1u);
   EXPECT_EQ(v->Find("a")->array[2].Find("b")->text, "x\ny\xc3\xa9");
   EXPECT_TRUE(v->Find("c")->boolean);
-  for (const char* bad : {"", "{", "{\"a\":}", "[1,]", "{\"a\":1} x", "\"\\q\"", "[[[[",
-                          "{\"a\" 1}", "nul"}) {
+  for (const char* bad :
+       {"", "{", "{\"a\":}", "[1,]", "{\"a\":1} x", "\"\\q\"", "[[[[", "{\"a\" 1}", "nul"}) {
     EXPECT_EQ(ParseJson(bad, "t").status().code(), absl::StatusCode::kDataLoss) << bad;
   }
   EXPECT_FALSE(ParseJson(std::string(1000, '['), "t").ok());  // nesting bound

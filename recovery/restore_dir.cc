@@ -85,15 +85,16 @@ std::string TrainerStateJson(const FullState& s, const std::map<std::string, std
   }
   return absl::StrCat(
       "{\"format\":\"", kRestoreFormat, "\",\"job\":", JsonQuote(s.job), ",\"step\":", s.step,
-      ",\"optimizer_step\":", IntText(kv, "opt_t"), ",\"skipped_steps\":",
-      IntText(kv, "skipped_steps"), ",\"lr_schedule\":{\"max_lr\":", FloatText(kv, "max_lr"),
-      ",\"min_lr\":", FloatText(kv, "min_lr"), ",\"warmup_steps\":",
-      IntText(kv, "warmup_steps"), ",\"total_steps\":", IntText(kv, "total_steps"),
-      "},\"loader\":{\"seed\":", IntText(kv, "loader_seed"), ",\"batch_index\":",
-      IntText(kv, "loader_batch_index"), "},\"adamw\":{\"beta1\":", FloatText(kv, "beta1"),
-      ",\"beta2\":", FloatText(kv, "beta2"), ",\"eps\":", FloatText(kv, "eps"),
-      ",\"weight_decay\":", FloatText(kv, "weight_decay"), "},\"grad_clip\":",
-      FloatText(kv, "grad_clip"), ",\"config\":{", absl::StrJoin(config, ","),
+      ",\"optimizer_step\":", IntText(kv, "opt_t"),
+      ",\"skipped_steps\":", IntText(kv, "skipped_steps"),
+      ",\"lr_schedule\":{\"max_lr\":", FloatText(kv, "max_lr"),
+      ",\"min_lr\":", FloatText(kv, "min_lr"), ",\"warmup_steps\":", IntText(kv, "warmup_steps"),
+      ",\"total_steps\":", IntText(kv, "total_steps"),
+      "},\"loader\":{\"seed\":", IntText(kv, "loader_seed"),
+      ",\"batch_index\":", IntText(kv, "loader_batch_index"),
+      "},\"adamw\":{\"beta1\":", FloatText(kv, "beta1"), ",\"beta2\":", FloatText(kv, "beta2"),
+      ",\"eps\":", FloatText(kv, "eps"), ",\"weight_decay\":", FloatText(kv, "weight_decay"),
+      "},\"grad_clip\":", FloatText(kv, "grad_clip"), ",\"config\":{", absl::StrJoin(config, ","),
       "},\"train_state\":", JsonQuote(s.state), "}\n");
 }
 
@@ -114,9 +115,9 @@ absl::Status WriteSafetensors(const std::string& path,
   std::string json = absl::StrCat("{\"__metadata__\":{", absl::StrJoin(meta, ","), "}");
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
-    absl::StrAppend(&json, ",", JsonQuote(t.name), ":{\"dtype\":\"",
-                    DTypeSafetensorsName(t.dtype), "\",\"shape\":[", absl::StrJoin(t.shape, ","),
-                    "],\"data_offsets\":[", offset, ",", offset + t.bytes, "]}");
+    absl::StrAppend(&json, ",", JsonQuote(t.name), ":{\"dtype\":\"", DTypeSafetensorsName(t.dtype),
+                    "\",\"shape\":[", absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset,
+                    ",", offset + t.bytes, "]}");
     offset += t.bytes;
   }
   json.push_back('}');
@@ -149,20 +150,28 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
     const char* names[3] = {kFlatParams, kFlatAdamM, kFlatAdamV};
     std::vector<SafetensorsTensor> tensors;
     std::vector<std::pair<std::string, std::string>> meta = {
-        {"format", "gradsnap-shard-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)},
-        {"kind", "full"}, {"base_step", "-1"}, {"world_size", absl::StrCat(world_size)},
-        {"rank", absl::StrCat(r)}, {"checkpoint_metadata_b64", state_b64},
+        {"format", "gradsnap-shard-v1"},
+        {"job", s.job},
+        {"step", absl::StrCat(s.step)},
+        {"kind", "full"},
+        {"base_step", "-1"},
+        {"world_size", absl::StrCat(world_size)},
+        {"rank", absl::StrCat(r)},
+        {"checkpoint_metadata_b64", state_b64},
         {"shard_metadata_b64", state_b64}};
     for (int i = 0; i < 3; ++i) {
       tensors.push_back({names[i], DType::kF32, {static_cast<int64_t>(hi - lo)}, bufs[i], bytes});
       meta.push_back({absl::StrCat("sha256.", names[i]), Sha256Hex(bufs[i], bytes)});
-      meta.push_back({absl::StrCat("slice.", names[i]),
-                      absl::StrCat(names[i], ":", lo, ":", total)});
+      meta.push_back(
+          {absl::StrCat("slice.", names[i]), absl::StrCat(names[i], ":", lo, ":", total)});
     }
-    tensors.push_back({kReplicatedTensor, DType::kU8, {static_cast<int64_t>(state.size())},
-                       state.data(), state.size()});
-    meta.push_back({absl::StrCat("sha256.", kReplicatedTensor),
-                    Sha256Hex(state.data(), state.size())});
+    tensors.push_back({kReplicatedTensor,
+                       DType::kU8,
+                       {static_cast<int64_t>(state.size())},
+                       state.data(),
+                       state.size()});
+    meta.push_back(
+        {absl::StrCat("sha256.", kReplicatedTensor), Sha256Hex(state.data(), state.size())});
     const std::string path = path_of(r);
     RETURN_IF_ERROR(WriteSafetensors(path, meta, tensors));
     files.push_back(WrittenFile{path, 3 * bytes + state.size(), r});
@@ -200,17 +209,19 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
     opt.push_back({e.name + ".exp_avg_sq", DType::kF32, e.shape, s.v.data() + e.offset,
                    e.numel() * sizeof(float)});
   }
-  const std::vector<std::pair<std::string, std::string>> meta = {
-      {"format", "gradsnap-model-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)},
-      {"dtype", DTypeName(dtype)}, {"train_state", s.state}};
+  const std::vector<std::pair<std::string, std::string>> meta = {{"format", "gradsnap-model-v1"},
+                                                                 {"job", s.job},
+                                                                 {"step", absl::StrCat(s.step)},
+                                                                 {"dtype", DTypeName(dtype)},
+                                                                 {"train_state", s.state}};
   std::vector<WrittenFile> files;
   const std::string model_path = dir + "/model.safetensors";
   RETURN_IF_ERROR(WriteSafetensors(model_path, meta, model));
   files.push_back({model_path, s.master.size() * es, -1});
   const std::string opt_path = dir + "/optimizer.safetensors";
   RETURN_IF_ERROR(WriteSafetensors(
-      opt_path, {{"format", "gradsnap-optimizer-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)}},
-      opt));
+      opt_path,
+      {{"format", "gradsnap-optimizer-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)}}, opt));
   files.push_back({opt_path, 2 * s.master.size() * sizeof(float), -1});
   const std::string json = TrainerStateJson(s, kv);
   const std::string state_path = dir + "/trainer_state.json";
@@ -224,10 +235,9 @@ absl::Status WriteRestoreManifest(const std::string& dir, const FullState& s, in
   std::vector<std::string> fj;
   for (const WrittenFile& f : files) {
     const size_t slash = f.path.rfind('/');
-    fj.push_back(absl::StrCat("{\"file\":",
-                              JsonQuote(slash == std::string::npos ? f.path : f.path.substr(slash + 1)),
-                              f.rank >= 0 ? absl::StrCat(",\"rank\":", f.rank) : "",
-                              ",\"bytes\":", f.bytes, "}"));
+    fj.push_back(absl::StrCat(
+        "{\"file\":", JsonQuote(slash == std::string::npos ? f.path : f.path.substr(slash + 1)),
+        f.rank >= 0 ? absl::StrCat(",\"rank\":", f.rank) : "", ",\"bytes\":", f.bytes, "}"));
   }
   const std::string json = absl::StrCat(
       "{\"format\":\"", kRestoreFormat, "\",\"job\":", JsonQuote(s.job), ",\"step\":", s.step,

@@ -37,8 +37,8 @@ inline constexpr const char* kRestoreFormat = "gradsnap-restore-v1";
 struct FullState {
   std::string job;
   int64_t step = 0;
-  std::string state;         // train state text
-  RecoveryPoint source;      // the FULL and DELTAs it was restored from
+  std::string state;     // train state text
+  RecoveryPoint source;  // the FULL and DELTAs it was restored from
   std::vector<float> master, m, v;
 };
 

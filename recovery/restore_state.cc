@@ -69,9 +69,8 @@ absl::StatusOr<int64_t> StateStep(const std::string& text) {
 // Appends the reads of elements [lo, hi) of flat buffer `flat` of `view` into out (element size
 // of the pieces' dtype, returned in *dtype). DATA_LOSS when the pieces do not cover the range.
 absl::Status PlanFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
-                      uint64_t lo, uint64_t hi, void* out, DType* dtype,
-                      const RestoreOptions& o, size_t group, uint64_t* bytes,
-                      std::vector<ReadTask>* tasks) {
+                      uint64_t lo, uint64_t hi, void* out, DType* dtype, const RestoreOptions& o,
+                      size_t group, uint64_t* bytes, std::vector<ReadTask>* tasks) {
   const FlatBuffer* f = view.Flat(flat);
   if (f == nullptr || hi > f->total || lo > hi) {
     return absl::DataLossError(absl::StrCat(source.Name(), " step ", view.info.step,
@@ -127,15 +126,15 @@ absl::Status PrepareDelta(StateSource& source, int64_t full_step, int64_t u, uin
   d->step = u;
   ASSIGN_OR_RETURN(d->view, source.Describe(u));
   const FlatBuffer* grad = d->view.Flat(kFlatGrad);
-  if (d->view.info.kind != storage::CheckpointKind::kDelta ||
-      d->view.info.base_step != full_step || grad == nullptr) {
-    return absl::DataLossError(absl::StrCat(source.Name(), " step ", u,
-                                            ": not a DELTA on FULL ", full_step));
+  if (d->view.info.kind != storage::CheckpointKind::kDelta || d->view.info.base_step != full_step ||
+      grad == nullptr) {
+    return absl::DataLossError(
+        absl::StrCat(source.Name(), " step ", u, ": not a DELTA on FULL ", full_step));
   }
   ASSIGN_OR_RETURN(int64_t state_step, StateStep(d->view.info.metadata));
   if (state_step != u) {
-    return absl::DataLossError(absl::StrCat(source.Name(), " DELTA ", u,
-                                            " carries the state of step ", state_step));
+    return absl::DataLossError(
+        absl::StrCat(source.Name(), " DELTA ", u, " carries the state of step ", state_step));
   }
   for (const FlatPiece& p : grad->pieces) {
     if (p.flat_offset >= hi || p.flat_offset + p.count <= lo) continue;
@@ -145,10 +144,10 @@ absl::Status PrepareDelta(StateSource& source, int64_t full_step, int64_t u, uin
     if (!h.ok() || h->step != u || h->base_step != full_step || h->numel != p.count ||
         h->elem_offset != p.flat_offset || h->grad_dtype != p.dtype ||
         (d->have_update && !SameUpdate(*h, d->update))) {
-      return absl::DataLossError(absl::StrCat(
-          source.Name(), " step ", u, " rank ", p.rank, " tensor ", kDeltaHeaderTensor,
-          ": does not match its checkpoint",
-          h.ok() ? "" : absl::StrCat(" (", h.status().message(), ")")));
+      return absl::DataLossError(
+          absl::StrCat(source.Name(), " step ", u, " rank ", p.rank, " tensor ", kDeltaHeaderTensor,
+                       ": does not match its checkpoint",
+                       h.ok() ? "" : absl::StrCat(" (", h.status().message(), ")")));
     }
     d->update = *h;
     d->have_update = true;
@@ -175,8 +174,8 @@ absl::StatusOr<uint64_t> FlatTotal(const CheckpointView& full) {
 }
 
 absl::Status ReadFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
-                      uint64_t lo, uint64_t hi, void* out, DType* dtype,
-                      const RestoreOptions& o, uint64_t* bytes_read) {
+                      uint64_t lo, uint64_t hi, void* out, DType* dtype, const RestoreOptions& o,
+                      uint64_t* bytes_read) {
   std::vector<ReadTask> tasks;
   RETURN_IF_ERROR(PlanFlat(source, view, flat, lo, hi, out, dtype, o, 0, bytes_read, &tasks));
   return RunReads(source, tasks, 1, o.threads)[0];
@@ -198,9 +197,9 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
   if (s.ok()) {
     ASSIGN_OR_RETURN(uint64_t total, FlatTotal(*full));
     if (hi > total || lo > hi) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          source.Name(), " step ", rp.full_step, " has ", total, " elements, asked for [", lo,
-          ", ", hi, ")"));
+      return absl::FailedPreconditionError(absl::StrCat(source.Name(), " step ", rp.full_step,
+                                                        " has ", total, " elements, asked for [",
+                                                        lo, ", ", hi, ")"));
     }
     r.state = full->info.metadata;
     absl::StatusOr<int64_t> state_step = StateStep(r.state);
@@ -211,8 +210,7 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
     float* bufs[3] = {master, m, v};
     const char* names[3] = {kFlatParams, kFlatAdamM, kFlatAdamV};
     for (int i = 0; i < 3 && s.ok(); ++i) {
-      s = PlanFlat(source, *full, names[i], lo, hi, bufs[i], &dts[i], o, 0, &r.bytes_read,
-                   &tasks);
+      s = PlanFlat(source, *full, names[i], lo, hi, bufs[i], &dts[i], o, 0, &r.bytes_read, &tasks);
     }
   }
   if (!s.ok() && !absl::IsDataLoss(s)) return s;
@@ -228,8 +226,8 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
     absl::Status stop;  // a DELTA that could not even be planned ends the chain there
     while (next < chain && plans.size() < batch) {
       auto d = std::make_unique<DeltaPlan>();
-      stop = PrepareDelta(source, rp.full_step, rp.delta_steps[next], lo, hi, o,
-                          plans.size() + 1, d.get(), &r.bytes_read, &tasks);
+      stop = PrepareDelta(source, rp.full_step, rp.delta_steps[next], lo, hi, o, plans.size() + 1,
+                          d.get(), &r.bytes_read, &tasks);
       if (!stop.ok()) break;
       plans.push_back(std::move(d));
       ++next;
@@ -284,9 +282,9 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
   return r;
 }
 
-absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo,
-                                                   uint64_t hi, float* master, float* m,
-                                                   float* v, const RestoreOptions& o,
+absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo, uint64_t hi,
+                                                   float* master, float* m, float* v,
+                                                   const RestoreOptions& o,
                                                    std::vector<std::string>* damage) {
   ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, source.List());
   int64_t max_full = -1;

@@ -64,9 +64,9 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
 // The recovery point with fallback: the newest FULL and its chain as far as it verifies; a
 // damaged FULL falls back to the previous FULL. Every damage found is appended to *damage.
 // NOT_FOUND when no FULL is left.
-absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo,
-                                                   uint64_t hi, float* master, float* m,
-                                                   float* v, const RestoreOptions& options,
+absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo, uint64_t hi,
+                                                   float* master, float* m, float* v,
+                                                   const RestoreOptions& options,
                                                    std::vector<std::string>* damage);
 
 // Reads elements [lo, hi) of flat buffer `flat` of `view` into out (element size of the pieces'

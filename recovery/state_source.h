@@ -50,12 +50,12 @@ struct FlatPiece {
 };
 
 struct FlatBuffer {
-  uint64_t total = 0;              // elements of the logical buffer
-  std::vector<FlatPiece> pieces;   // sorted by flat_offset
+  uint64_t total = 0;             // elements of the logical buffer
+  std::vector<FlatPiece> pieces;  // sorted by flat_offset
 };
 
 struct CheckpointView {
-  storage::CheckpointInfo info;            // info.metadata: the train state text
+  storage::CheckpointInfo info;             // info.metadata: the train state text
   std::map<std::string, FlatBuffer> flats;  // by flat name
   // Each shard's tensors by name (byte lengths, dtypes), for the small tensors.
   std::map<int32_t, std::map<std::string, storage::TensorSpec>> tensors;
@@ -72,8 +72,8 @@ class StateSource {
   virtual absl::StatusOr<std::vector<storage::CheckpointInfo>> List() = 0;
   virtual absl::StatusOr<CheckpointView> Describe(int64_t step) = 0;
   // Reads `length` bytes from byte `offset` of tensor `tensor` of shard `rank` of `step`.
-  virtual absl::Status Read(int64_t step, int32_t rank, const std::string& tensor,
-                            uint64_t offset, uint64_t length, void* out) = 0;
+  virtual absl::Status Read(int64_t step, int32_t rank, const std::string& tensor, uint64_t offset,
+                            uint64_t length, void* out) = 0;
   // For messages: "job J" or "directory D".
   virtual std::string Name() const = 0;
 };

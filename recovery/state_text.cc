@@ -32,8 +32,7 @@ absl::StatusOr<int64_t> StateInt(const std::map<std::string, std::string>& kv,
   return v;
 }
 
-std::string SetStateField(absl::string_view text, absl::string_view key,
-                          absl::string_view value) {
+std::string SetStateField(absl::string_view text, absl::string_view key, absl::string_view value) {
   std::string out;
   bool found = false;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {

@@ -28,8 +28,7 @@ absl::StatusOr<std::map<std::string, std::string>> ParseStateText(absl::string_v
 absl::StatusOr<int64_t> StateInt(const std::map<std::string, std::string>& kv,
                                  const std::string& key);
 // `text` with key's value replaced (appended when absent).
-std::string SetStateField(absl::string_view text, absl::string_view key,
-                          absl::string_view value);
+std::string SetStateField(absl::string_view text, absl::string_view key, absl::string_view value);
 
 }  // namespace recovery
 }  // namespace gradsnap

@@ -26,9 +26,9 @@ constexpr uint32_t kTagSlices = 0x7e503;
 
 absl::Status Mismatch(const char* what, const std::string& a, const std::string& b,
                       const char* hint = "") {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "checkpoint does not match this run: ", what, " is '", a, "' in the checkpoint, '", b,
-      "' in this run", hint));
+  return absl::FailedPreconditionError(absl::StrCat("checkpoint does not match this run: ", what,
+                                                    " is '", a, "' in the checkpoint, '", b,
+                                                    "' in this run", hint));
 }
 
 // The replicated state of a checkpoint, checked against and adopted for this run.
@@ -36,8 +36,8 @@ absl::StatusOr<ReplicatedState> Adopt(const std::string& text, const ReplicatedS
                                       bool allow_batch_change) {
   absl::StatusOr<ReplicatedState> s = ReplicatedState::Parse(text);
   if (!s.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "not a gradsnap-train checkpoint (", s.status().message(), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("not a gradsnap-train checkpoint (", s.status().message(), ")"));
   }
   RETURN_IF_ERROR(CheckCompatible(*s, run, allow_batch_change));
   s->world_size = run.world_size;
@@ -54,9 +54,9 @@ absl::Status PreCheck(recovery::StateSource& source, int64_t step, const TrainSt
   RETURN_IF_ERROR(Adopt(full.info.metadata, run, allow_batch_change).status());
   ASSIGN_OR_RETURN(uint64_t total, recovery::FlatTotal(full));
   if (total != view.flat_total) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint does not match this run: ", source.Name(), " step ", step, " holds ", total,
-        " parameters, this model has ", view.flat_total));
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint does not match this run: ", source.Name(), " step ", step,
+                     " holds ", total, " parameters, this model has ", view.flat_total));
   }
   *saved_world_size = full.info.world_size;
   return absl::OkStatus();
@@ -86,12 +86,12 @@ absl::Status AgreeOnLatest(recovery::StateSource& source, Comm& comm, const Trai
   for (;;) {
     const recovery::RecoveryPoint rp = recovery::FindRecoveryPoint(list, max_full);
     if (rp.full_step < 0) {
-      return absl::DataLossError(absl::StrCat(
-          "job ", o.ckpt.job, ": every FULL checkpoint is damaged; last: ",
-          out->damage.empty() ? "?" : out->damage.back()));
+      return absl::DataLossError(absl::StrCat("job ", o.ckpt.job,
+                                              ": every FULL checkpoint is damaged; last: ",
+                                              out->damage.empty() ? "?" : out->damage.back()));
     }
-    RETURN_IF_ERROR(PreCheck(source, rp.full_step, view, run, o.allow_batch_change,
-                             &out->saved_world_size));
+    RETURN_IF_ERROR(
+        PreCheck(source, rp.full_step, view, run, o.allow_batch_change, &out->saved_world_size));
     ASSIGN_OR_RETURN(recovery::RestoredRange r,
                      recovery::RestoreRange(source, rp, view.lo, view.hi, master, m, v, ro));
     if (!r.damage.empty()) {
@@ -119,9 +119,8 @@ absl::Status AgreeOnLatest(recovery::StateSource& source, Comm& comm, const Trai
       ro.max_deltas = k;
       ASSIGN_OR_RETURN(r, recovery::RestoreRange(source, rp, view.lo, view.hi, master, m, v, ro));
       if (r.full_damaged || r.deltas != k) {
-        return absl::DataLossError(absl::StrCat("job ", o.ckpt.job, ": step ",
-                                                rp.full_step + k, " no longer reads back: ",
-                                                r.damage));
+        return absl::DataLossError(absl::StrCat("job ", o.ckpt.job, ": step ", rp.full_step + k,
+                                                " no longer reads back: ", r.damage));
       }
     }
     Take(r, out);
@@ -133,17 +132,17 @@ absl::Status AgreeOnLatest(recovery::StateSource& source, Comm& comm, const Trai
 // A given step (a FULL, or a DELTA replayed on its FULL), every rank reading its own slice.
 absl::Status RestoreStep(recovery::StateSource& source, int64_t step, const TrainOptions& o,
                          const TrainStateView& view, const ReplicatedState& run,
-                         const std::vector<storage::CheckpointInfo>& list, float* master,
-                         float* m, float* v, ResumeOutcome* out) {
+                         const std::vector<storage::CheckpointInfo>& list, float* master, float* m,
+                         float* v, ResumeOutcome* out) {
   ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, recovery::PlanForStep(list, step));
-  RETURN_IF_ERROR(PreCheck(source, rp.full_step, view, run, o.allow_batch_change,
-                           &out->saved_world_size));
+  RETURN_IF_ERROR(
+      PreCheck(source, rp.full_step, view, run, o.allow_batch_change, &out->saved_world_size));
   ASSIGN_OR_RETURN(recovery::RestoredRange r,
                    recovery::RestoreRange(source, rp, view.lo, view.hi, master, m, v,
                                           recovery::RestoreOptions()));
   if (r.full_damaged || r.step != step) {
-    return absl::DataLossError(absl::StrCat(source.Name(), " step ", step,
-                                            " cannot be restored: ", r.damage));
+    return absl::DataLossError(
+        absl::StrCat(source.Name(), " step ", step, " cannot be restored: ", r.damage));
   }
   Take(r, out);
   ASSIGN_OR_RETURN(out->state, Adopt(r.state, run, o.allow_batch_change));
@@ -151,9 +150,9 @@ absl::Status RestoreStep(recovery::StateSource& source, int64_t step, const Trai
 }
 
 std::string InfoText(const ResumeOutcome& r) {
-  return absl::StrCat(r.full_step, "\n", r.deltas, "\n", r.saved_world_size, "\n",
-                      r.newest_step, "\n", r.fetch_ms, "\n", r.replay_ms, "\n",
-                      absl::StrJoin(r.damage, "\x1f"), "\n", r.state.Serialize());
+  return absl::StrCat(r.full_step, "\n", r.deltas, "\n", r.saved_world_size, "\n", r.newest_step,
+                      "\n", r.fetch_ms, "\n", r.replay_ms, "\n", absl::StrJoin(r.damage, "\x1f"),
+                      "\n", r.state.Serialize());
 }
 
 absl::Status ParseInfoText(const std::string& text, const ReplicatedState& run, bool allow,
@@ -206,8 +205,8 @@ absl::Status FunnelRestore(recovery::StateSource* source, Comm& comm, const Trai
     TrainStateView whole = view;
     whole.lo = 0;
     whole.hi = total;
-    return RestoreStep(*source, step, o, whole, run, list, all_p.data(), all_m.data(),
-                       all_v.data(), out);
+    return RestoreStep(*source, step, o, whole, run, list, all_p.data(), all_m.data(), all_v.data(),
+                       out);
   }();
   for (int r = 1; r < comm.world_size(); ++r) {
     RETURN_IF_ERROR(SendMessage(comm, r, kTagStatus, EncodeStatus(st)));
@@ -244,8 +243,7 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
     return Mismatch("sequence length", absl::StrCat(ckpt.seq_len), absl::StrCat(run.seq_len));
   }
   if (ckpt.global_batch != run.global_batch && !allow_batch_change) {
-    return Mismatch("global batch", absl::StrCat(ckpt.global_batch),
-                    absl::StrCat(run.global_batch),
+    return Mismatch("global batch", absl::StrCat(ckpt.global_batch), absl::StrCat(run.global_batch),
                     " (pass --allow-batch-change to continue with another batch size; it "
                     "changes the data order)");
   }
@@ -255,10 +253,10 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
   return absl::OkStatus();
 }
 
-absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore* store,
-                                               Comm& comm, const TrainStateView& view,
-                                               const ReplicatedState& run, float* master,
-                                               float* m, float* v) {
+absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore* store, Comm& comm,
+                                               const TrainStateView& view,
+                                               const ReplicatedState& run, float* master, float* m,
+                                               float* v) {
   ResumeOutcome out;
   std::unique_ptr<recovery::StateSource> source;
   std::vector<storage::CheckpointInfo> list;
@@ -279,8 +277,8 @@ absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore
     out.source = absl::StrCat("job ", o.ckpt.job);
     out.newest_step = step >= 0 ? step : newest.step();
     if (funnel) {
-      RETURN_IF_ERROR(FunnelRestore(source.get(), comm, o, view, run, list, step, master, m, v,
-                                    &out));
+      RETURN_IF_ERROR(
+          FunnelRestore(source.get(), comm, o, view, run, list, step, master, m, v, &out));
     } else if (step >= 0) {
       RETURN_IF_ERROR(RestoreStep(*source, step, o, view, run, list, master, m, v, &out));
     } else {

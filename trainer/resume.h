@@ -31,16 +31,16 @@ namespace gradsnap {
 namespace trainer {
 
 struct ResumeOutcome {
-  bool resumed = false;         // false: no checkpoint to resume from, start fresh
-  ReplicatedState state;        // the restored replicated state, adopted for this run
-  int64_t full_step = -1;       // the FULL it came from
-  int deltas = 0;               // DELTAs replayed on it
-  int32_t saved_world_size = 0; // ranks of the run that wrote it
-  int64_t newest_step = -1;     // the newest recovery point before any fallback
+  bool resumed = false;             // false: no checkpoint to resume from, start fresh
+  ReplicatedState state;            // the restored replicated state, adopted for this run
+  int64_t full_step = -1;           // the FULL it came from
+  int deltas = 0;                   // DELTAs replayed on it
+  int32_t saved_world_size = 0;     // ranks of the run that wrote it
+  int64_t newest_step = -1;         // the newest recovery point before any fallback
   std::vector<std::string> damage;  // damaged records this rank saw (job, step, rank, tensor)
   double fetch_ms = 0;
   double replay_ms = 0;
-  std::string source;           // "job J" or "directory D"
+  std::string source;  // "job J" or "directory D"
 };
 
 // A checkpoint may continue only a run of the same model, sequence length and data; its
@@ -51,10 +51,10 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
 // Restores this rank's slice (view.lo..view.hi) into host buffers master/m/v (view.count()
 // each), from the store (`store`, when o.resume != "none") or from o.init_from. `run` is the
 // fresh state of this run, for the compatibility check. Collective over `comm`.
-absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore* store,
-                                               Comm& comm, const TrainStateView& view,
-                                               const ReplicatedState& run, float* master,
-                                               float* m, float* v);
+absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore* store, Comm& comm,
+                                               const TrainStateView& view,
+                                               const ReplicatedState& run, float* master, float* m,
+                                               float* v);
 
 }  // namespace trainer
 }  // namespace gradsnap

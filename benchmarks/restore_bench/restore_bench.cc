@@ -54,7 +54,8 @@ ABSL_FLAG(int, to, 3, "Ranks of the resharded restore. Default: 3");
 ABSL_FLAG(int, deltas, 2, "DELTA records on the FULL (disk phase). Default: 2");
 ABSL_FLAG(std::string, dir, "/tmp", "Directory for the data directories. Default: /tmp");
 ABSL_FLAG(int, repeat, 3, "Restores of each kind; the best is reported. Default: 3");
-ABSL_FLAG(int, range_mib, 256, "Ranged reads of at most this many MiB (RestoreOptions::range_bytes). Default: 256");
+ABSL_FLAG(int, range_mib, 256,
+          "Ranged reads of at most this many MiB (RestoreOptions::range_bytes). Default: 256");
 ABSL_FLAG(bool, probe, false, "(internal) exit at once: the process start measurement");
 
 namespace gs = gradsnap;
@@ -136,9 +137,13 @@ absl::Status SaveJob(gs::client::Client& c, uint64_t total, int ranks, int delta
   for (int k = 0; k <= deltas; ++k) {
     const int64_t step = 10 + k;
     const std::string text = StateText(step, ranks);
-    gs::storage::CheckpointSpec cs{kJob, step, k == 0 ? gs::storage::CheckpointKind::kFull
-                                                      : gs::storage::CheckpointKind::kDelta,
-                                   k == 0 ? -1 : 10, ranks, text};
+    gs::storage::CheckpointSpec cs{
+        kJob,
+        step,
+        k == 0 ? gs::storage::CheckpointKind::kFull : gs::storage::CheckpointKind::kDelta,
+        k == 0 ? -1 : 10,
+        ranks,
+        text};
     RETURN_IF_ERROR(c.BeginCheckpoint(cs));
     std::vector<float> g;
     if (k > 0) fill(&g, total, 10 + k);
@@ -170,8 +175,8 @@ absl::Status SaveJob(gs::client::Client& c, uint64_t total, int ranks, int delta
                  headers[r].data()},
                 {Spec("grad", gs::DType::kF32, hi - lo, lo, total, true), g.data() + lo}};
       }
-      refs.push_back({Spec("replicated_state", gs::DType::kU8, text.size(), 0, 0, false),
-                      text.data()});
+      refs.push_back(
+          {Spec("replicated_state", gs::DType::kU8, text.size(), 0, 0, false), text.data()});
       saves.push_back(c.SaveShardAsync(ss, refs));
     }
     for (auto& f : saves) RETURN_IF_ERROR(f.get());
@@ -295,10 +300,11 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
   out.bw = static_cast<double>(out.bytes) / stream_s;
   out.recovery_s = start_s + restore_s;
   out.ratio = out.recovery_s / (static_cast<double>(needed) / out.bw + start_s);
-  std::printf("%s: %.1f MiB needed, source %.2f GiB/s (stream %.3f s), restore %d ranks %.3f s, "
-              "reshard to %d ranks %.3f s, disk read %.3f x needed\n",
-              ram ? "ram tier" : "disk", needed / 1048576.0, out.bw / (1u << 30), stream_s,
-              ranks, restore_s, to, reshard_s, out.amplification);
+  std::printf(
+      "%s: %.1f MiB needed, source %.2f GiB/s (stream %.3f s), restore %d ranks %.3f s, "
+      "reshard to %d ranks %.3f s, disk read %.3f x needed\n",
+      ram ? "ram tier" : "disk", needed / 1048576.0, out.bw / (1u << 30), stream_s, ranks,
+      restore_s, to, reshard_s, out.amplification);
   server->Shutdown(absl::Seconds(5));
   return out;
 }
@@ -321,8 +327,8 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(root, ec);
   const double start_s = ProcessStartSeconds();
   std::printf("model %s: %llu parameters, state %.1f MiB; process start %.1f ms\n",
-              config->name.c_str(), static_cast<unsigned long long>(total),
-              total * 12 / 1048576.0, start_s * 1000);
+              config->name.c_str(), static_cast<unsigned long long>(total), total * 12 / 1048576.0,
+              start_s * 1000);
   auto disk = RunPhase(root + "/disk", total, false, start_s);
   auto ram = disk.ok() ? RunPhase(root + "/ram", total, true, start_s) : disk;
   std::filesystem::remove_all(root, ec);
@@ -332,9 +338,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "reshard_read_amplification=%.3f reshard_wire_amplification=%.3f recovery_s=%.3f "
-      "recovery_ratio=%.3f read_bw_gibps=%.2f recovery_s_ram=%.3f recovery_ratio_ram=%.3f read_bw_ram_gibps=%.2f process_start_s=%.4f\n",
+      "recovery_ratio=%.3f read_bw_gibps=%.2f recovery_s_ram=%.3f recovery_ratio_ram=%.3f "
+      "read_bw_ram_gibps=%.2f process_start_s=%.4f\n",
       disk->amplification, disk->wire_amplification, disk->recovery_s, disk->ratio,
-      disk->bw / (1u << 30), ram->recovery_s, ram->ratio,
-      ram->bw / (1u << 30), start_s);
+      disk->bw / (1u << 30), ram->recovery_s, ram->ratio, ram->bw / (1u << 30), start_s);
   return 0;
 }

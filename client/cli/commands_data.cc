@@ -153,7 +153,9 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
     return absl::StrCat(dir, "/rank", r, ".safetensors");
   });
   if (!st.ok()) {  // no partial set of rank files is left behind
-    for (int32_t r : ranks) std::filesystem::remove(absl::StrCat(dir, "/rank", r, ".safetensors"), ec);
+    for (int32_t r : ranks) {
+      std::filesystem::remove(absl::StrCat(dir, "/rank", r, ".safetensors"), ec);
+    }
     return st;
   }
   // Last, so a manifest.json only ever sits beside complete, verified shard files.

@@ -33,7 +33,7 @@ struct Request {
   int world_size = 0;  // 0: the checkpoint's
   bool consolidate = false;
   DType dtype = DType::kF32;
-  int rank = -1;       // --rank: only this rank file
+  int rank = -1;  // --rank: only this rank file
 };
 
 absl::StatusOr<Request> ParseRequest(Context& ctx, const std::string& target, bool for_export) {
@@ -47,15 +47,15 @@ absl::StatusOr<Request> ParseRequest(Context& ctx, const std::string& target, bo
   q.no_replay = ctx.args.Has("no-replay");
   if (!for_export) {
     if (ctx.args.Has("world-size")) {
-      ASSIGN_OR_RETURN(int64_t m, ParseInt(ctx.args.Get("world-size"), 1, INT32_MAX, "--world-size"));
+      ASSIGN_OR_RETURN(int64_t m,
+                       ParseInt(ctx.args.Get("world-size"), 1, INT32_MAX, "--world-size"));
       q.world_size = static_cast<int>(m);
     }
     q.consolidate = ctx.args.Has("consolidate");
     if (ctx.args.Has("dtype")) {
       const std::string d = ctx.args.Get("dtype");
       if (d != "f32" && d != "bf16") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bad --dtype '", d, "': want f32 or bf16"));
+        return absl::InvalidArgumentError(absl::StrCat("bad --dtype '", d, "': want f32 or bf16"));
       }
       if (!q.consolidate) return absl::InvalidArgumentError("--dtype needs --consolidate");
       q.dtype = d == "bf16" ? DType::kBF16 : DType::kF32;
@@ -91,9 +91,9 @@ absl::StatusOr<recovery::FullState> RestoreWhole(recovery::StateSource& source, 
   recovery::RestoredRange r;
   if (q.latest) {
     std::vector<std::string> damage;
-    ASSIGN_OR_RETURN(r, recovery::RestoreRecoveryPoint(source, 0, total, s.master.data(),
-                                                       s.m.data(), s.v.data(),
-                                                       recovery::RestoreOptions(), &damage));
+    ASSIGN_OR_RETURN(
+        r, recovery::RestoreRecoveryPoint(source, 0, total, s.master.data(), s.m.data(), s.v.data(),
+                                          recovery::RestoreOptions(), &damage));
     for (const std::string& d : damage) {
       std::fprintf(stderr, "gradsnap: warning: damaged record skipped: %s\n", d.c_str());
     }
@@ -105,8 +105,8 @@ absl::StatusOr<recovery::FullState> RestoreWhole(recovery::StateSource& source, 
     ASSIGN_OR_RETURN(r, recovery::RestoreRange(source, rp, 0, total, s.master.data(), s.m.data(),
                                                s.v.data(), recovery::RestoreOptions()));
     if (r.full_damaged || r.step != rp.step()) {
-      return absl::DataLossError(absl::StrCat("job ", q.job, " step ", rp.step(),
-                                              " cannot be restored: ", r.damage));
+      return absl::DataLossError(
+          absl::StrCat("job ", q.job, " step ", rp.step(), " cannot be restored: ", r.damage));
     }
   }
   s.step = r.step;
@@ -129,19 +129,18 @@ void PrintResult(Context& ctx, const recovery::FullState& s, int world_size, boo
                  const std::vector<recovery::WrittenFile>& files) {
   if (ctx.json) {
     Print(absl::StrCat("{\"job\":", JsonQuote(s.job), ",\"step\":", s.step,
-                       ",\"full_step\":", s.source.full_step, ",\"deltas\":",
-                       s.source.delta_steps.size(), ",\"world_size\":", world_size,
+                       ",\"full_step\":", s.source.full_step,
+                       ",\"deltas\":", s.source.delta_steps.size(), ",\"world_size\":", world_size,
                        ",\"consolidated\":", consolidated ? "true" : "false", ",\"files\":[",
                        FilesJson(files), "]}\n"));
     return;
   }
-  std::string out = absl::StrCat("job ", s.job, " step ", s.step, " (", s.source.Describe(), ")",
-                                 consolidated ? ", consolidated"
-                                              : absl::StrCat(", ", world_size, " rank(s)"),
-                                 "\n");
+  std::string out = absl::StrCat(
+      "job ", s.job, " step ", s.step, " (", s.source.Describe(), ")",
+      consolidated ? ", consolidated" : absl::StrCat(", ", world_size, " rank(s)"), "\n");
   for (const recovery::WrittenFile& f : files) {
-    absl::StrAppend(&out, f.rank >= 0 ? absl::StrCat("rank ", f.rank, " -> ") : "", f.path,
-                    " (", HumanBytes(f.bytes), ")\n");
+    absl::StrAppend(&out, f.rank >= 0 ? absl::StrCat("rank ", f.rank, " -> ") : "", f.path, " (",
+                    HumanBytes(f.bytes), ")\n");
   }
   Print(out);
 }
@@ -162,7 +161,8 @@ absl::StatusOr<Plan> MakePlan(recovery::StateSource& source, const Request& q) {
     p.rp = recovery::FindRecoveryPoint(list);
     if (p.rp.full_step < 0) {
       // No FULL: the newest record as it is (a job of another writer).
-      if (list.empty()) return absl::NotFoundError(absl::StrCat("job ", q.job, " has no committed checkpoint"));
+      if (list.empty())
+        return absl::NotFoundError(absl::StrCat("job ", q.job, " has no committed checkpoint"));
       p.rp.full_step = list.back().step;
       p.replay = false;
       return p;
@@ -183,13 +183,12 @@ absl::StatusOr<Plan> MakePlan(recovery::StateSource& source, const Request& q) {
   p.total = *total;
   p.world_size = q.world_size > 0 ? q.world_size : full.info.world_size;
   if (static_cast<uint64_t>(p.world_size) > p.total) {
-    return absl::InvalidArgumentError(absl::StrCat("--world-size ", p.world_size,
-                                                   " exceeds the checkpoint's ", p.total,
-                                                   " elements"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--world-size ", p.world_size, " exceeds the checkpoint's ", p.total, " elements"));
   }
   if (q.rank >= p.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("--rank ", q.rank, " is not below the world size ",
-                                                   p.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rank ", q.rank, " is not below the world size ", p.world_size));
   }
   if (q.consolidate) {
     absl::StatusOr<std::map<std::string, std::string>> kv =
@@ -241,9 +240,9 @@ absl::Status RunRestore(Context& ctx) {
   if (q.consolidate) {
     ASSIGN_OR_RETURN(files, recovery::WriteConsolidated(dir, s, q.dtype));
   } else {
-    ASSIGN_OR_RETURN(files, recovery::WriteRankFiles(
-                                s, p.world_size,
-                                [&](int r) { return recovery::RankFilePath(dir, r); }, q.rank));
+    ASSIGN_OR_RETURN(
+        files, recovery::WriteRankFiles(
+                   s, p.world_size, [&](int r) { return recovery::RankFilePath(dir, r); }, q.rank));
   }
   // Last: a directory with a manifest.json is complete.
   RETURN_IF_ERROR(recovery::WriteRestoreManifest(dir, s, p.world_size, q.consolidate, files));
@@ -273,8 +272,7 @@ absl::Status RunExport(Context& ctx) {
   ASSIGN_OR_RETURN(std::vector<recovery::WrittenFile> files,
                    recovery::WriteRankFiles(
                        s, p.world_size,
-                       [&](int r) { return client::RankFileName(file, r, p.world_size); },
-                       q.rank));
+                       [&](int r) { return client::RankFileName(file, r, p.world_size); }, q.rank));
   PrintResult(ctx, s, p.world_size, false, files);
   return absl::OkStatus();
 }

@@ -32,16 +32,15 @@ void TrainJob(const std::string& store) {
 
 // Resumes the damaged job to step 15 and checks it fell back to `expect_step`, naming the
 // damage, and ends equal to a run from a clean restore of that step.
-void ExpectFallback(const std::string& dir, const std::string& store,
-                    const std::string& cli_store, int64_t expect_step, const std::string& damage) {
+void ExpectFallback(const std::string& dir, const std::string& store, const std::string& cli_store,
+                    int64_t expect_step, const std::string& damage) {
   const RunResult resumed = Train("--steps 15 --resume latest --job j" + store);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(SummaryField(resumed.output, "resumed_from"), std::to_string(expect_step))
       << resumed.output;
-  EXPECT_TRUE(absl::StrContains(resumed.output,
-                                absl::StrCat("recovery point fell back from step 13 to step ",
-                                             expect_step, ": ", 13 - expect_step,
-                                             " step(s) lost")))
+  EXPECT_TRUE(absl::StrContains(
+      resumed.output, absl::StrCat("recovery point fell back from step 13 to step ", expect_step,
+                                   ": ", 13 - expect_step, " step(s) lost")))
       << resumed.output;
   EXPECT_TRUE(absl::StrContains(resumed.output, damage)) << resumed.output;
   // The uninterrupted run from that point: the same state restored by the CLI.

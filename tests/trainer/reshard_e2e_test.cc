@@ -81,16 +81,16 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
   // Without a chain: FULLs at 4 and 8. With one: FULLs 4 and 8, DELTAs 9 and 10 on 8.
   const int64_t steps = c.chain ? 10 : 8;
   const std::string ckpt = c.chain
-      ? " --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log"
-      : " --ckpt-mode sync --ckpt-every 4";
-  const RunResult trained = Train(absl::StrCat("--steps ", steps, " --nproc ", c.from, ckpt,
-                                               store_, " --job j"));
+                               ? " --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log"
+                               : " --ckpt-mode sync --ckpt-every 4";
+  const RunResult trained =
+      Train(absl::StrCat("--steps ", steps, " --nproc ", c.from, ckpt, store_, " --job j"));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
 
   const RunResult ls = Cli("ls j");
   ASSERT_EQ(ls.exit_code, 0) << ls.output;
-  EXPECT_TRUE(absl::StrContains(
-      ls.output, c.chain ? "recovery point: full 8 + 2 deltas -> step 10" : "recovery point: full 8"))
+  EXPECT_TRUE(absl::StrContains(ls.output, c.chain ? "recovery point: full 8 + 2 deltas -> step 10"
+                                                   : "recovery point: full 8"))
       << ls.output;
 
   RunResult r = Cli("--json ls j");
@@ -99,7 +99,8 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
                                   "\"recovery_point\":{\"full_step\":8,\"deltas\":2,\"step\":10}"))
         << r.output;
     r = Cli("show j latest");
-    EXPECT_TRUE(absl::StrContains(r.output, "recovery    full 8 + 2 deltas -> step 10")) << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "recovery    full 8 + 2 deltas -> step 10"))
+        << r.output;
     r = Cli("verify j");
     EXPECT_EQ(r.exit_code, 0) << r.output;
     for (const char* line : {"step 8  ok", "step 9  ok", "step 10  ok"}) {
@@ -112,8 +113,8 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     fs::create_directories(dir_ + "/exp");
     for (int k = 0; k < c.from; ++k) {
-      const std::string name = c.from == 1 ? exported
-                                           : absl::StrCat(dir_, "/export.rank", k, ".safetensors");
+      const std::string name =
+          c.from == 1 ? exported : absl::StrCat(dir_, "/export.rank", k, ".safetensors");
       fs::copy_file(name, absl::StrCat(dir_, "/exp/rank", k, ".safetensors"));
     }
   }
@@ -128,7 +129,8 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
   const auto a = ReadRankDir(dn, c.from), b = ReadRankDir(dm, c.to);
   for (const char* t : {"params", "adam_m", "adam_v"}) {
     ASSERT_EQ(a.count(t), 1u) << t;
-    EXPECT_EQ(a.at(t).size(), trainer::ParamLayout(*trainer::ModelConfigByName("tiny")).total() * 4);
+    EXPECT_EQ(a.at(t).size(),
+              trainer::ParamLayout(*trainer::ModelConfigByName("tiny")).total() * 4);
     EXPECT_TRUE(a.at(t) == b.at(t)) << t << " differs after resharding";
   }
   EXPECT_EQ(WithoutWorldSize(a.at("replicated_state")), WithoutWorldSize(b.at("replicated_state")));
@@ -137,15 +139,15 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
     ASSERT_EQ(e.count("params"), 1u);
     EXPECT_TRUE(e.at("params") == a.at("params") && e.at("adam_v") == a.at("adam_v"));
   }
-  EXPECT_TRUE(absl::StrContains(b.at("replicated_state"), absl::StrCat("\nworld_size=", c.to, "\n")));
+  EXPECT_TRUE(
+      absl::StrContains(b.at("replicated_state"), absl::StrCat("\nworld_size=", c.to, "\n")));
 
   // The trainer resumes with M ranks (resharding) and continues exactly like an uninterrupted
   // M-rank run from the same restored state.
   const std::string more = absl::StrCat(" --steps ", steps + 2, " --nproc ", c.to);
   const RunResult resumed = Train("--resume latest --job j" + store_ + more);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_TRUE(absl::StrContains(
-      resumed.output, absl::StrCat("resumed job j from step ", steps)))
+  EXPECT_TRUE(absl::StrContains(resumed.output, absl::StrCat("resumed job j from step ", steps)))
       << resumed.output;
   EXPECT_TRUE(absl::StrContains(resumed.output, absl::StrCat("written by ", c.from, " rank")))
       << resumed.output;
@@ -158,22 +160,22 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
   EXPECT_EQ(l1, l2);
 
   // The CLI's `latest` holds the parameters the trainer resumes from (no step left to run).
-  const RunResult at = Train(absl::StrCat("--resume latest --job j --steps ", steps,
-                                          " --nproc ", c.to, store_));
+  const RunResult at =
+      Train(absl::StrCat("--resume latest --job j --steps ", steps, " --nproc ", c.to, store_));
   ASSERT_EQ(at.exit_code, 0) << at.output;
   EXPECT_EQ(SummaryField(at.output, "steps_run"), "0");
   EXPECT_EQ(SummaryField(at.output, "params_sha256"),
             Sha256Hex(a.at("params").data(), a.at("params").size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Matrix, ReshardTest,
-    ::testing::Values(Case{2, 1, false, false}, Case{2, 3, false, false},
-                      Case{3, 2, false, false}, Case{4, 1, false, false},
-                      Case{2, 1, true, false}, Case{2, 3, true, false}, Case{3, 2, true, false},
-                      Case{4, 1, true, false}, Case{2, 3, true, true}, Case{3, 2, false, true},
-                      Case{4, 1, true, true}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Matrix, ReshardTest,
+                         ::testing::Values(Case{2, 1, false, false}, Case{2, 3, false, false},
+                                           Case{3, 2, false, false}, Case{4, 1, false, false},
+                                           Case{2, 1, true, false}, Case{2, 3, true, false},
+                                           Case{3, 2, true, false}, Case{4, 1, true, false},
+                                           Case{2, 3, true, true}, Case{3, 2, false, true},
+                                           Case{4, 1, true, true}),
+                         CaseName);
 
 // trainer/model_layout.h: every named parameter of the trainer's flat buffer.
 std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>& tensors,
@@ -182,8 +184,8 @@ std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>&
   std::vector<std::string> items;
   for (size_t i = 0; i < tensors.size(); ++i) {
     items.push_back(absl::StrCat("{\"name\":\"", tensors[i].first, "\",\"dtype\":\"", dtype,
-                                 "\",\"shape\":[", absl::StrJoin(shapes[i], ","),
-                                 "],\"sha256\":\"", tensors[i].second, "\"}"));
+                                 "\",\"shape\":[", absl::StrJoin(shapes[i], ","), "],\"sha256\":\"",
+                                 tensors[i].second, "\"}"));
   }
   return absl::StrCat("{\"tensors\":[", absl::StrJoin(items, ","), "],\"metadata\":{\"step\":\"",
                       step, "\"}}");
@@ -222,7 +224,7 @@ TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
     opt_shapes.push_back(e.shape);
   }
   const auto qkv = std::find_if(params.begin(), params.end(),
-                               [](const auto& e) { return e.name == "h.1.attn.c_attn.weight"; });
+                                [](const auto& e) { return e.name == "h.1.attn.c_attn.weight"; });
   ASSERT_NE(qkv, params.end());
   EXPECT_EQ(qkv->shape, (std::vector<int64_t>{192, 64}));  // (3C, C) of layer 1
   const std::pair<std::string, std::string> checks[] = {
@@ -238,8 +240,8 @@ TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
   const RunResult state = RunCommand(
       "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
       "print(d['step'], d['optimizer_step'], d['loader']['batch_index'], "
-      "d['lr_schedule']['total_steps'], d['config']['model_config'])\" " + dir +
-      "/c/trainer_state.json");
+      "d['lr_schedule']['total_steps'], d['config']['model_config'])\" " +
+      dir + "/c/trainer_state.json");
   EXPECT_EQ(state.exit_code, 0) << state.output;
   EXPECT_TRUE(absl::StartsWith(state.output, "4 4 4 4 name=tiny")) << state.output;
   // A consolidated directory starts a run exactly like the store does.
@@ -260,7 +262,8 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   const std::string store = " --ckpt-dir " + dir + "/ckpt";
   const RunResult trained = Train(
       "--steps 6 --nproc 2 --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log "
-      "--job j" + store);
+      "--job j" +
+      store);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const std::string cli = kCli + store;
   struct Bad {
