@@ -5,8 +5,8 @@
 // The job's state (params, m, v: 12 bytes per parameter, random normal values) is saved by
 // --ranks writer ranks as a FULL plus --deltas DELTA records (disk phase) or as a FULL alone (RAM
 // phase: the RAM tier keeps the newest checkpoint). Then:
-//   source bandwidth   every shard of the recovery point streamed whole (RestoreShard), ranks in
-//                      parallel: the source's read bandwidth for these bytes;
+//   source bandwidth   every shard of the recovery point streamed whole (RestoreShard) into
+//                      memory, ranks in parallel: the source's read bandwidth for these bytes;
 //   process start      spawning this binary with --probe (exits at once), best of 5;
 //   recovery           every rank of the same world size restores its slice of the recovery
 //                      point at once (recovery/restore_state.h: ranged reads in parallel, DELTA
@@ -229,17 +229,25 @@ absl::StatusOr<double> RestoreAll(gs::client::Client& c, const gs::recovery::Rec
 
 // Streams every shard of the recovery point whole, ranks in parallel: the source's bandwidth.
 absl::StatusOr<double> StreamAll(gs::client::Client& c, const gs::recovery::RecoveryPoint& rp,
-                                 int ranks, uint64_t* bytes) {
+                                 int ranks, uint64_t total, uint64_t* bytes) {
   std::vector<int64_t> steps = {rp.full_step};
   steps.insert(steps.end(), rp.delta_steps.begin(), rp.delta_steps.end());
   std::vector<absl::Status> st(ranks);
   std::vector<uint64_t> got(ranks, 0);
+  // Each rank's bytes land in memory, as a restore's do (buffers touched before the clock).
+  std::vector<std::vector<char>> bufs(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    const auto [lo, hi] = gs::recovery::RankRange(total, r, ranks);
+    bufs[r].assign(((hi - lo) * sizeof(float) + (1u << 20)) * steps.size() * 3, 0);
+  }
   std::vector<std::thread> threads;
   gs::Stopwatch sw;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       for (int64_t step : steps) {
-        absl::Status s = c.RestoreShard(kJob, step, r, [&](const void*, size_t n) {
+        absl::Status s = c.RestoreShard(kJob, step, r, [&](const void* p, size_t n) {
+          if (got[r] + n > bufs[r].size()) return absl::DataLossError("shard larger than expected");
+          std::memcpy(bufs[r].data() + got[r], p, n);
           got[r] += n;
           return absl::OkStatus();
         });
@@ -284,7 +292,7 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
   double stream_s = 1e9, restore_s = 1e9;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
     DropPageCache(dir);
-    ASSIGN_OR_RETURN(double s, StreamAll(*client, rp, ranks, &out.bytes));
+    ASSIGN_OR_RETURN(double s, StreamAll(*client, rp, ranks, total, &out.bytes));
     stream_s = std::min(stream_s, s);
     DropPageCache(dir);
     ASSIGN_OR_RETURN(double r, RestoreAll(*client, rp, total, ranks));
