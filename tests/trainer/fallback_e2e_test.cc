@@ -74,6 +74,32 @@ TEST(FallbackTest, EmbeddedNewestDeltaMiddleDeltaNewestFull) {
       << cli.output;
 }
 
+// A job of FULLs only: a damaged newest FULL falls back to the previous one, in the CLI (whose
+// `latest` then streams nothing raw from the damaged record) and in the trainer.
+TEST(FallbackTest, DamagedNewestFullWithoutChain) {
+  const std::string dir = FreshDir("fallback_full");
+  const std::string ckpt = dir + "/ckpt";
+  const std::string store = " --ckpt-dir " + ckpt;
+  const RunResult trained =
+      Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --job j" + store);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_EQ(FlipStoredByte(ckpt, "j", 8, 0), 1);
+  const RunResult cli = RunCommand(kCli + store + " restore j latest --out " + dir + "/latest");
+  EXPECT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_TRUE(absl::StrContains(cli.output, "damaged record skipped: job j step 8 rank 0"))
+      << cli.output;
+  EXPECT_TRUE(absl::StrContains(cli.output, "job j step 4 (full 4)")) << cli.output;
+  const RunResult resumed = Train("--steps 8 --resume latest --job j" + store);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(SummaryField(resumed.output, "resumed_from"), "4") << resumed.output;
+  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
+            SummaryField(trained.output, "params_sha256"));
+  const RunResult from_dir = Train("--steps 8 --init-from " + dir + "/latest");
+  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.output;
+  EXPECT_EQ(SummaryField(from_dir.output, "params_sha256"),
+            SummaryField(trained.output, "params_sha256"));
+}
+
 // After a rank failure the launcher restarts the job; rank 0 prints the time from the failure to
 // the first resumed step, split into detection, process start, fetch and replay, and the run
 // ends exactly like an uninterrupted one.
