@@ -193,11 +193,13 @@ absl::Status RankRunner::Resume() {
   resumed_from_ = state_.step;
   resume_ = r;
   if (o_.rank == 0) {
-    std::printf("resumed job %s from step %lld (%s: full %lld + %d delta(s), written by %d rank(s))\n",
-                o_.ckpt.job.c_str(), static_cast<long long>(state_.step), r.source.c_str(),
-                static_cast<long long>(r.full_step), r.deltas, r.saved_world_size);
+    std::printf(
+        "resumed job %s from step %lld (%s: full %lld + %d delta(s), written by %d rank(s))\n",
+        o_.ckpt.job.c_str(), static_cast<long long>(state_.step), r.source.c_str(),
+        static_cast<long long>(r.full_step), r.deltas, r.saved_world_size);
     if (state_.step < r.newest_step || !r.damage.empty()) {
-      std::printf("recovery point fell back from step %lld to step %lld: %lld step(s) lost (%s)\n",
+      std::printf("recovery point fell back from step %lld to step %lld: %lld step(s) lost "
+                  "(%s)\n",
                   static_cast<long long>(r.newest_step), static_cast<long long>(state_.step),
                   static_cast<long long>(r.newest_step - state_.step),
                   r.damage.empty() ? "a damaged record on another rank"
@@ -213,7 +215,8 @@ absl::Status RankRunner::Resume() {
 void RankRunner::PrintRecoveryTime() {
   if (o_.rank != 0 || o_.recovery_failed_at_ms < 0 || o_.recovery_spawned_at_ms < 0) return;
   const int64_t now = UnixMillis();
-  const double detection = static_cast<double>(o_.recovery_spawned_at_ms - o_.recovery_failed_at_ms);
+  const double detection =
+      static_cast<double>(o_.recovery_spawned_at_ms - o_.recovery_failed_at_ms);
   const double start = static_cast<double>(setup_done_ms_ - o_.recovery_spawned_at_ms);
   const double total = static_cast<double>(now - o_.recovery_failed_at_ms);
   std::printf(
