@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/sha256.h"
 #include "common/status.h"
 #include "recovery/json_value.h"
 #include "recovery/layout.h"
@@ -112,6 +113,28 @@ absl::StatusOr<std::unique_ptr<StFile>> OpenSafetensors(const std::string& path)
   return f;
 }
 
+// Checks every tensor of `f` that has a "sha256.<name>" in its metadata (all that gradsnap
+// writes): a restore directory damaged after it was written is DATA_LOSS, never training state.
+absl::Status VerifyTensors(const StFile& f) {
+  std::vector<char> buf(8u << 20);
+  for (const auto& [name, t] : f.tensors) {
+    auto want = f.meta.find("sha256." + name);
+    if (want == f.meta.end()) continue;
+    Sha256 sha;
+    for (uint64_t off = t.begin; off < t.end;) {
+      const uint64_t n = std::min<uint64_t>(buf.size(), t.end - off);
+      RETURN_IF_ERROR(PreadAll(f.fd, f.data_start + off, buf.data(), n, f.path));
+      sha.Update(buf.data(), n);
+      off += n;
+    }
+    if (DigestToHex(sha.Finish()) != want->second) {
+      return absl::DataLossError(
+          absl::StrCat(f.path, ": tensor ", name, " does not match its SHA-256"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
@@ -200,6 +223,7 @@ class DirSource : public StateSource {
     for (int r = 0; r < world; ++r) {
       ASSIGN_OR_RETURN(std::unique_ptr<StFile> f,
                        OpenSafetensors(absl::StrCat(dir_, "/rank", r, ".safetensors")));
+      RETURN_IF_ERROR(VerifyTensors(*f));
       if (f->meta["kind"] != "full") {
         return absl::FailedPreconditionError(
             absl::StrCat(f->path, " is not a FULL shard (kind '", f->meta["kind"], "')"));
@@ -252,6 +276,8 @@ class DirSource : public StateSource {
   absl::Status OpenConsolidated() {
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> model, OpenSafetensors(dir_ + "/model.safetensors"));
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt, OpenSafetensors(dir_ + "/optimizer.safetensors"));
+    RETURN_IF_ERROR(VerifyTensors(*model));
+    RETURN_IF_ERROR(VerifyTensors(*opt));
     RETURN_IF_ERROR(SetState(model->meta["train_state"]));
     ASSIGN_OR_RETURN(auto kv, ParseStateText(view_.info.metadata));
     ASSIGN_OR_RETURN(std::vector<ParamEntry> layout,

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -239,6 +240,21 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
     auto d = OpenDirSource(dir);
     ASSERT_TRUE(d.ok()) << d.status();
     ExpectResharded(**d, RecoveryPoint{11, {}}, 2, 11);
+    // A byte flipped in a written file: refused, never read as state.
+    const std::string file = dir + (consolidated ? "/optimizer.safetensors" : "/rank1.safetensors");
+    {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      const auto at = static_cast<std::streamoff>(fs::file_size(file) - 100);
+      char b = 0;
+      f.seekg(at);
+      f.read(&b, 1);
+      b ^= 1;
+      f.seekp(at);
+      f.write(&b, 1);
+    }
+    auto damaged = OpenDirSource(dir);
+    EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
+    EXPECT_NE(damaged.status().message().find("SHA-256"), std::string::npos);
   }
   // bf16 weights cannot continue training exactly.
   const std::string bf = scratch_ + "/bf16";

@@ -200,6 +200,7 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
   }
   const size_t es = DTypeSize(dtype);
   std::vector<SafetensorsTensor> model, opt;
+  std::vector<std::pair<std::string, std::string>> model_sha, opt_sha;
   for (const ParamEntry& e : layout) {
     const void* p = dtype == DType::kBF16 ? static_cast<const void*>(bf16.data() + e.offset)
                                           : static_cast<const void*>(s.master.data() + e.offset);
@@ -209,19 +210,26 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
     opt.push_back({e.name + ".exp_avg_sq", DType::kF32, e.shape, s.v.data() + e.offset,
                    e.numel() * sizeof(float)});
   }
-  const std::vector<std::pair<std::string, std::string>> meta = {{"format", "gradsnap-model-v1"},
-                                                                 {"job", s.job},
-                                                                 {"step", absl::StrCat(s.step)},
-                                                                 {"dtype", DTypeName(dtype)},
-                                                                 {"train_state", s.state}};
+  // Every tensor's SHA-256 in the metadata, as in rank files: --init-from checks them.
+  for (const SafetensorsTensor& t : model) {
+    model_sha.push_back({"sha256." + t.name, Sha256Hex(t.data, t.bytes)});
+  }
+  for (const SafetensorsTensor& t : opt) {
+    opt_sha.push_back({"sha256." + t.name, Sha256Hex(t.data, t.bytes)});
+  }
+  std::vector<std::pair<std::string, std::string>> meta = {
+      {"format", "gradsnap-model-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)},
+      {"dtype", DTypeName(dtype)}, {"train_state", s.state}};
+  meta.insert(meta.end(), model_sha.begin(), model_sha.end());
   std::vector<WrittenFile> files;
   const std::string model_path = dir + "/model.safetensors";
   RETURN_IF_ERROR(WriteSafetensors(model_path, meta, model));
   files.push_back({model_path, s.master.size() * es, -1});
   const std::string opt_path = dir + "/optimizer.safetensors";
-  RETURN_IF_ERROR(WriteSafetensors(
-      opt_path,
-      {{"format", "gradsnap-optimizer-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)}}, opt));
+  std::vector<std::pair<std::string, std::string>> opt_meta = {
+      {"format", "gradsnap-optimizer-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)}};
+  opt_meta.insert(opt_meta.end(), opt_sha.begin(), opt_sha.end());
+  RETURN_IF_ERROR(WriteSafetensors(opt_path, opt_meta, opt));
   files.push_back({opt_path, 2 * s.master.size() * sizeof(float), -1});
   const std::string json = TrainerStateJson(s, kv);
   const std::string state_path = dir + "/trainer_state.json";

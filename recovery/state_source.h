@@ -82,9 +82,11 @@ class StateSource {
 // ranged reads (Client::ReadShardRange), so only the bytes asked for leave the store.
 std::unique_ptr<StateSource> NewClientSource(client::Client* client, const std::string& job);
 
-// A directory written by `gradsnap restore` (rank files or --consolidate). FAILED_PRECONDITION
-// when it is not a complete restore output (no manifest.json), holds a raw DELTA record, or
-// holds bf16 weights (not exact enough to continue training).
+// A directory written by `gradsnap restore` (rank files or --consolidate). Every tensor with a
+// "sha256.<name>" in its file's metadata is checked on open (DATA_LOSS on a mismatch).
+// FAILED_PRECONDITION when it is not a complete restore output (no manifest.json) or holds a
+// raw DELTA record; reading bf16 weights is refused by RestoreRange (not exact enough to
+// continue training).
 absl::StatusOr<std::unique_ptr<StateSource>> OpenDirSource(const std::string& dir);
 
 }  // namespace recovery

@@ -149,6 +149,8 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  // An earlier restore's manifest.json must not vouch for files this one is replacing.
+  std::filesystem::remove(dir + "/manifest.json", ec);
   absl::Status st = WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
     return absl::StrCat(dir, "/rank", r, ".safetensors");
   });

@@ -236,6 +236,8 @@ absl::Status RunRestore(Context& ctx) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  // An earlier restore's manifest.json must not vouch for files this one is replacing.
+  std::filesystem::remove(dir + "/manifest.json", ec);
   std::vector<recovery::WrittenFile> files;
   if (q.consolidate) {
     ASSIGN_OR_RETURN(files, recovery::WriteConsolidated(dir, s, q.dtype));

@@ -307,10 +307,23 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   fs::remove(dir + "/half/manifest.json");
   ASSERT_EQ(RunCommand(cli + " restore j 6 --no-replay --out " + dir + "/delta").exit_code, 0);
   ASSERT_EQ(RunCommand(cli + " restore foreign 3 --out " + dir + "/foreign").exit_code, 0);
+  ASSERT_EQ(RunCommand(cli + " restore j 4 --world-size 3 --out " + dir + "/flip").exit_code, 0);
+  {
+    const std::string file = dir + "/flip/rank1.safetensors";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(file) / 2);
+    char b = 0;
+    f.seekg(at);
+    f.read(&b, 1);
+    b ^= 1;
+    f.seekp(at);
+    f.write(&b, 1);
+  }
   const std::vector<Bad> train_bad = {
       {"--steps 8 --init-from " + dir + "/half", 2, "not a complete restore output"},
       {"--steps 8 --init-from " + dir + "/nothing", 2, "no restore directory"},
       {"--steps 8 --init-from " + dir + "/delta", 2, "raw delta record"},
+      {"--steps 8 --nproc 2 --init-from " + dir + "/flip", 2, "does not match its SHA-256"},
       {"--steps 8 --init-from " + dir + "/foreign", 2, "train state"},
       {"--steps 8 --resume latest --job j --seq 16" + store, 2, "sequence length"},
       {"--steps 8 --resume latest --job j --batch 6" + store, 2, "--allow-batch-change"},
