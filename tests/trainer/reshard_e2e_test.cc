@@ -177,6 +177,26 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ReshardTest,
                                            Case{4, 1, true, true}),
                          CaseName);
 
+// A run resumed with another world size goes on logging DELTAs on the same FULL: the chain then
+// mixes slices of 2 and 3 ranks, and replays exactly for any reader.
+TEST(ReshardChainTest, ChainWrittenByTwoWorldSizesReplaysExactly) {
+  const std::string dir = FreshDir("mixed_chain");
+  const std::string flags =
+      " --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log --job j --ckpt-dir " +
+      dir + "/ckpt";
+  ASSERT_EQ(Train("--steps 10 --nproc 2" + flags).exit_code, 0);
+  const RunResult three = Train("--steps 11 --nproc 3 --resume latest" + flags);
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  const RunResult ls = RunCommand(kCli + " --ckpt-dir " + dir + "/ckpt ls j");
+  EXPECT_TRUE(absl::StrContains(ls.output, "recovery point: full 8 + 3 deltas -> step 11"))
+      << ls.output;
+  const RunResult one = Train("--steps 11 --nproc 1 --resume latest --job j --ckpt-dir " + dir +
+                              "/ckpt");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(SummaryField(one.output, "resumed_from"), "11");
+  EXPECT_EQ(SummaryField(one.output, "params_sha256"), SummaryField(three.output, "params_sha256"));
+}
+
 // trainer/model_layout.h: every named parameter of the trainer's flat buffer.
 std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>& tensors,
                          const std::vector<std::vector<int64_t>>& shapes, const std::string& dtype,
