@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "recovery/json_value.h"
@@ -113,25 +115,29 @@ absl::StatusOr<std::unique_ptr<StFile>> OpenSafetensors(const std::string& path)
   return f;
 }
 
-// Checks every tensor of `f` that has a "sha256.<name>" in its metadata (all that gradsnap
-// writes): a restore directory damaged after it was written is DATA_LOSS, never training state.
-absl::Status VerifyTensors(const StFile& f) {
-  std::vector<char> buf(8u << 20);
-  for (const auto& [name, t] : f.tensors) {
-    auto want = f.meta.find("sha256." + name);
-    if (want == f.meta.end()) continue;
-    Sha256 sha;
-    for (uint64_t off = t.begin; off < t.end;) {
-      const uint64_t n = std::min<uint64_t>(buf.size(), t.end - off);
-      RETURN_IF_ERROR(PreadAll(f.fd, f.data_start + off, buf.data(), n, f.path));
-      sha.Update(buf.data(), n);
-      off += n;
-    }
-    if (DigestToHex(sha.Finish()) != want->second) {
-      return absl::DataLossError(
-          absl::StrCat(f.path, ": tensor ", name, " does not match its SHA-256"));
-    }
+// Checks tensor `name` of `f` against the "sha256.<name>" in its metadata (gradsnap writes one
+// for every tensor): a restore directory damaged after it was written is DATA_LOSS, never
+// training state. A tensor without a digest passes.
+absl::Status VerifyTensor(const StFile& f, const std::string& name, const StTensor& t) {
+  auto want = f.meta.find("sha256." + name);
+  if (want == f.meta.end()) return absl::OkStatus();
+  std::vector<char> buf(std::min<uint64_t>(8u << 20, std::max<uint64_t>(t.end - t.begin, 1)));
+  Sha256 sha;
+  for (uint64_t off = t.begin; off < t.end;) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), t.end - off);
+    RETURN_IF_ERROR(PreadAll(f.fd, f.data_start + off, buf.data(), n, f.path));
+    sha.Update(buf.data(), n);
+    off += n;
   }
+  if (DigestToHex(sha.Finish()) != want->second) {
+    return absl::DataLossError(
+        absl::StrCat(f.path, ": tensor ", name, " does not match its SHA-256"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyTensors(const StFile& f) {
+  for (const auto& [name, t] : f.tensors) RETURN_IF_ERROR(VerifyTensor(f, name, t));
   return absl::OkStatus();
 }
 
@@ -147,7 +153,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
 
 class DirSource : public StateSource {
  public:
-  explicit DirSource(std::string dir) : dir_(std::move(dir)) {}
+  DirSource(std::string dir, bool verify_all) : dir_(std::move(dir)), verify_all_(verify_all) {}
 
   absl::Status Open() {
     struct stat st;
@@ -204,11 +210,26 @@ class DirSource : public StateSource {
         length > it->second.end - it->second.begin - offset) {
       return absl::OutOfRangeError(absl::StrCat(f.path, ": bytes past the end of ", tensor));
     }
+    RETURN_IF_ERROR(VerifyOnce(rank, tensor, f, it->second));
     return PreadAll(f.fd, f.data_start + it->second.begin + offset, out, length, f.path);
   }
   std::string Name() const override { return absl::StrCat("directory ", dir_); }
 
  private:
+  // The first read of a tensor checks the whole tensor's digest (verify_all_ did it already).
+  absl::Status VerifyOnce(int32_t rank, const std::string& tensor, const StFile& f,
+                          const StTensor& t) {
+    if (verify_all_) return absl::OkStatus();
+    {
+      absl::MutexLock lock(&mu_);
+      if (verified_.count({rank, tensor}) != 0) return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(VerifyTensor(f, tensor, t));  // two threads may both check: harmless
+    absl::MutexLock lock(&mu_);
+    verified_.insert({rank, tensor});
+    return absl::OkStatus();
+  }
+
   absl::Status SetState(const std::string& text) {
     ASSIGN_OR_RETURN(auto kv, ParseStateText(text));
     ASSIGN_OR_RETURN(view_.info.step, StateInt(kv, "step"));
@@ -223,7 +244,7 @@ class DirSource : public StateSource {
     for (int r = 0; r < world; ++r) {
       ASSIGN_OR_RETURN(std::unique_ptr<StFile> f,
                        OpenSafetensors(absl::StrCat(dir_, "/rank", r, ".safetensors")));
-      RETURN_IF_ERROR(VerifyTensors(*f));
+      if (verify_all_) RETURN_IF_ERROR(VerifyTensors(*f));
       if (f->meta["kind"] != "full") {
         return absl::FailedPreconditionError(
             absl::StrCat(f->path, " is not a FULL shard (kind '", f->meta["kind"], "')"));
@@ -267,6 +288,7 @@ class DirSource : public StateSource {
       return absl::FailedPreconditionError(
           absl::StrCat(files_[0]->path, " has no train state (not a gradsnap-train checkpoint)"));
     }
+    RETURN_IF_ERROR(VerifyTensor(*files_[0], kReplicatedTensor, it->second));
     std::string text(it->second.end - it->second.begin, '\0');
     RETURN_IF_ERROR(PreadAll(files_[0]->fd, files_[0]->data_start + it->second.begin, text.data(),
                              text.size(), files_[0]->path));
@@ -276,8 +298,10 @@ class DirSource : public StateSource {
   absl::Status OpenConsolidated() {
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> model, OpenSafetensors(dir_ + "/model.safetensors"));
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt, OpenSafetensors(dir_ + "/optimizer.safetensors"));
-    RETURN_IF_ERROR(VerifyTensors(*model));
-    RETURN_IF_ERROR(VerifyTensors(*opt));
+    if (verify_all_) {
+      RETURN_IF_ERROR(VerifyTensors(*model));
+      RETURN_IF_ERROR(VerifyTensors(*opt));
+    }
     RETURN_IF_ERROR(SetState(model->meta["train_state"]));
     ASSIGN_OR_RETURN(auto kv, ParseStateText(view_.info.metadata));
     ASSIGN_OR_RETURN(std::vector<ParamEntry> layout,
@@ -307,14 +331,18 @@ class DirSource : public StateSource {
   }
 
   const std::string dir_;
+  const bool verify_all_;
   CheckpointView view_;
   std::vector<std::unique_ptr<StFile>> files_;  // by rank (consolidated: model, optimizer)
+  absl::Mutex mu_;
+  std::set<std::pair<int32_t, std::string>> verified_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<StateSource>> OpenDirSource(const std::string& dir) {
-  auto s = std::make_unique<DirSource>(dir);
+absl::StatusOr<std::unique_ptr<StateSource>> OpenDirSource(const std::string& dir,
+                                                           bool verify_all) {
+  auto s = std::make_unique<DirSource>(dir, verify_all);
   RETURN_IF_ERROR(s->Open());
   return std::unique_ptr<StateSource>(std::move(s));
 }

@@ -252,9 +252,20 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
       f.seekp(at);
       f.write(&b, 1);
     }
-    auto damaged = OpenDirSource(dir);
+    auto damaged = OpenDirSource(dir, /*verify_all=*/true);
     EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
     EXPECT_NE(damaged.status().message().find("SHA-256"), std::string::npos);
+    // Opened without the full check, the damaged tensor is refused when it is read.
+    auto lazy = OpenDirSource(dir);
+    ASSERT_TRUE(lazy.ok()) << lazy.status();
+    std::vector<float> p(kTotal), m(kTotal), v(kTotal);
+    auto got = RestoreRange(**lazy, RecoveryPoint{11, {}}, 0, kTotal, p.data(), m.data(),
+                            v.data(), RestoreOptions());
+    if (consolidated) {  // the FULL is damaged: reported, nothing restored
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(got->full_damaged);
+      EXPECT_NE(got->damage.find("SHA-256"), std::string::npos) << got->damage;
+    }
   }
   // bf16 weights cannot continue training exactly.
   const std::string bf = scratch_ + "/bf16";

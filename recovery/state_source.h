@@ -82,12 +82,13 @@ class StateSource {
 // ranged reads (Client::ReadShardRange), so only the bytes asked for leave the store.
 std::unique_ptr<StateSource> NewClientSource(client::Client* client, const std::string& job);
 
-// A directory written by `gradsnap restore` (rank files or --consolidate). Every tensor with a
-// "sha256.<name>" in its file's metadata is checked on open (DATA_LOSS on a mismatch).
-// FAILED_PRECONDITION when it is not a complete restore output (no manifest.json) or holds a
-// raw DELTA record; reading bf16 weights is refused by RestoreRange (not exact enough to
-// continue training).
-absl::StatusOr<std::unique_ptr<StateSource>> OpenDirSource(const std::string& dir);
+// A directory written by `gradsnap restore` (rank files or --consolidate). Every tensor carries
+// its SHA-256 in its file's metadata: with verify_all every tensor is checked on open, else each
+// tensor when it is first read (whole, once); a mismatch is DATA_LOSS. FAILED_PRECONDITION when
+// it is not a complete restore output (no manifest.json) or holds a raw DELTA record; reading
+// bf16 weights is refused by RestoreRange (not exact enough to continue training).
+absl::StatusOr<std::unique_ptr<StateSource>> OpenDirSource(const std::string& dir,
+                                                           bool verify_all = false);
 
 }  // namespace recovery
 }  // namespace gradsnap

@@ -171,7 +171,8 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   }
   if (!o.init_from.empty()) {
     if (o.resume != "none") return Fail("give --init_from DIR or --resume, not both");
-    auto dir = gradsnap::recovery::OpenDirSource(o.init_from);
+    // Every tensor checked once here, so a damaged directory is refused before any rank starts.
+    auto dir = gradsnap::recovery::OpenDirSource(o.init_from, /*verify_all=*/true);
     if (!dir.ok()) return Fail("--init_from: " + std::string(dir.status().message()));
   }
   return 0;
