@@ -108,6 +108,13 @@ class Client {
   virtual absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
                                     const std::function<absl::Status(const void*, size_t)>& sink,
                                     const ProgressFn& progress = nullptr) = 0;
+  // Reads payload bytes [offset, offset + length) of a committed shard (its tensors back to back
+  // in manifest order) into out[0, length): a ranged read, for resharding. Every chunk the range
+  // touches is checked against its checksum (DATA_LOSS on a mismatch); a tensor's SHA-256 is
+  // checked only by whole-tensor reads. A range past the payload is OUT_OF_RANGE. Thread-safe:
+  // several ranges may be read at once.
+  virtual absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                                      uint64_t offset, uint64_t length, void* out) = 0;
   virtual absl::Status Verify(const std::string& job, int64_t step,
                               const ProgressFn& progress = nullptr) = 0;
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;

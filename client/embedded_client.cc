@@ -74,6 +74,8 @@ class EmbeddedClient : public Client {
   absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
                             const std::function<absl::Status(const void*, size_t)>& sink,
                             const ProgressFn& progress) override;
+  absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                              uint64_t offset, uint64_t length, void* out) override;
   absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
   absl::Status Delete(const std::string& job, int64_t step) override {
     DropReaders();
@@ -219,6 +221,31 @@ absl::Status EmbeddedClient::RestoreShard(
     RETURN_IF_ERROR(sink(buf.data(), n));
     offset += n;
     if (progress) progress(offset, total);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedClient::ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                                            uint64_t offset, uint64_t length, void* out) {
+  // A reader of its own: ranges of one shard are read concurrently by restoring ranks.
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                   engine_->OpenShardReader(job, step, rank));
+  const uint64_t total = reader->info().raw_bytes;
+  if (offset > total || length > total - offset) {
+    return absl::OutOfRangeError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                                              ": bytes [", offset, ", ", offset + length,
+                                              ") past the payload of ", total));
+  }
+  reader->SetReadEnd(offset + length);
+  char* dst = static_cast<char*>(out);
+  for (uint64_t done = 0; done < length;) {
+    ASSIGN_OR_RETURN(size_t n, reader->Read(offset + done, dst + done,
+                                            static_cast<size_t>(length - done)));
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                                              ": payload ends at ", offset + done));
+    }
+    done += n;
   }
   return absl::OkStatus();
 }

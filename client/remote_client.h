@@ -67,6 +67,8 @@ class RemoteClient final : public Client {
   absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
                             const std::function<absl::Status(const void*, size_t)>& sink,
                             const ProgressFn& progress) override;
+  absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                              uint64_t offset, uint64_t length, void* out) override;
   absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
   absl::Status Delete(const std::string& job, int64_t step) override;
   absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override;

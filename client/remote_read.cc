@@ -351,6 +351,21 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
   return absl::NotFoundError(absl::StrCat("no rank ", rank, " in ", job, " step ", step));
 }
 
+absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                                          uint64_t offset, uint64_t length, void* out) {
+  if (length == 0) return absl::OkStatus();
+  char* dst = static_cast<char*>(out);
+  uint64_t filled = 0;
+  auto sink = [&](const void* p, size_t n) -> absl::Status {
+    if (n > length - filled) return absl::DataLossError("server sent too many bytes");
+    std::memcpy(dst + filled, p, n);
+    filled += n;
+    return absl::OkStatus();
+  };
+  // ReadRange resumes a broken stream where it stopped, so `filled` tracks its offset.
+  return ReadRange(job, step, rank, offset, offset + length, sink, nullptr);
+}
+
 absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
                                   const ProgressFn& progress) {
   v1::VerifyRequest req;

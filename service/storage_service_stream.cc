@@ -192,10 +192,14 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequ
   RETURN_IF_ERROR(auth_->CheckJob(*ctx, req.job()));
   Payload cached = cache_->Lookup(req.job(), req.step(), req.rank());
   InflightReservation reservation;  // disk reads hold the engine reader's read-ahead window
+  // A ranged read's read-ahead stops at its end (SetReadEnd below): it holds at most its
+  // length, a message and a chunk on each side.
+  uint64_t reserve = std::min(options_.per_read_bytes, read_limiter_->budget());
+  if (req.read_limit() > 0) {
+    reserve = std::min<uint64_t>(reserve, req.read_limit() + proto::kMaxDataBytes + (8u << 20));
+  }
   if (cached == nullptr &&
-      !reservation.Acquire(read_limiter_,
-                           std::min(options_.per_read_bytes, read_limiter_->budget()),
-                           absl::Milliseconds(options_.busy_wait_ms))) {
+      !reservation.Acquire(read_limiter_, reserve, absl::Milliseconds(options_.busy_wait_ms))) {
     metrics_->busy_rejections->Add();
     return absl::ResourceExhaustedError("server busy: read budget used up, retry");
   }
@@ -218,6 +222,7 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequ
   if (req.read_limit() > 0 && req.read_limit() < total - req.read_offset()) {
     end = req.read_offset() + req.read_limit();
   }
+  if (reader != nullptr) reader->SetReadEnd(end);  // a ranged read: no read-ahead past it
   v1::ReadResponse resp;
   proto::ToProto(*info, resp.mutable_shard());
   uint64_t offset = req.read_offset();

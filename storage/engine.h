@@ -108,6 +108,9 @@ class ShardReader {
   // Chunks are verified as they are read; the SHA-256 of a tensor is checked when the stream
   // passes its end (when the stream started at or before the tensor's start).
   virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
+  // A ranged reader: no Read will go past payload byte `end`, so read-ahead stops at the chunk
+  // holding it instead of fetching up to 128 MiB the caller will not ask for. Default: none.
+  virtual void SetReadEnd(uint64_t end) { (void)end; }
 };
 
 class Engine {

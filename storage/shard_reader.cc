@@ -104,6 +104,7 @@ class ShardReaderImpl : public ShardReader {
   const ShardInfo& info() const override { return info_; }
   absl::Status ReadTensor(size_t index, void* out, size_t out_len) override;
   absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override;
+  void SetReadEnd(uint64_t end) override { read_end_ = end; }
 
  private:
   absl::Status Loss(uint32_t tensor, const absl::Status& s) const {
@@ -128,6 +129,7 @@ class ShardReaderImpl : public ShardReader {
   std::map<uint32_t, std::unique_ptr<File>> files_;
 
   size_t window_limit_ = 4;
+  uint64_t read_end_ = UINT64_MAX;  // SetReadEnd: no read-ahead of chunks starting past it
   std::deque<std::shared_ptr<Slot>> window_;  // scheduled, in order
   absl::Mutex mu_;
   // Streaming state.
@@ -175,7 +177,10 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
     Cancel();  // a jump: drop the read-ahead
   }
   size_t next = window_.empty() ? chunk : window_.back()->chunk + 1;
-  while (window_.size() < window_limit_ && next < chunks_.size()) Schedule(next++);
+  while (window_.size() < window_limit_ && next < chunks_.size() &&
+         (next == chunk || chunks_[next].header.stream_offset < read_end_)) {
+    Schedule(next++);
+  }
   std::shared_ptr<Slot> s = window_.front();
   window_.pop_front();
   {

@@ -1,5 +1,5 @@
 // The FULL shard of a rank (format in trainer/checkpointer.h and docs/trainer.md): building its
-// specs for saving, and restoring it into a rank's state. Shared by every checkpoint mode.
+// specs and saving it. Shared by every checkpoint mode; restoring is trainer/resume.h.
 // Thread safety: free functions over caller memory.
 #ifndef GRADSNAP_TRAINER_FULL_SHARD_H_
 #define GRADSNAP_TRAINER_FULL_SHARD_H_
@@ -36,23 +36,6 @@ FullShard BuildFullShard(const std::string& job, int64_t step, const TrainStateV
 absl::Status SaveFullShard(ShardStore& store, const std::string& job, int64_t step,
                            const TrainStateView& view, const float* master, const float* m,
                            const float* v, const ReplicatedState& state);
-
-// Which checkpoint --resume picks: "none" -> -1, "latest" -> newest committed FULL (or -1 if
-// there is none), "STEP" -> that step (NOT_FOUND if it is not committed). Collective.
-absl::StatusOr<int64_t> ResolveResumeStep(ShardStore& store, const std::string& job,
-                                          const std::string& resume);
-
-// The replicated state of committed checkpoint `step` (from the checkpoint's metadata), to check
-// a resume is compatible before reading any tensor. Collective.
-absl::StatusOr<ReplicatedState> ReadCheckpointState(ShardStore& store, const std::string& job,
-                                                    int64_t step);
-
-// Restores this rank's FULL shard of `step` into HOST buffers master/m/v (view.count() each)
-// and returns its replicated state. FAILED_PRECONDITION when the checkpoint's world size, slice
-// or flat size differ from `view`. Collective.
-absl::StatusOr<ReplicatedState> RestoreFullShard(ShardStore& store, const std::string& job,
-                                                 int64_t step, const TrainStateView& view,
-                                                 float* master, float* m, float* v);
 
 }  // namespace trainer
 }  // namespace gradsnap

@@ -1,36 +1,11 @@
 #include "trainer/grad_log_store.h"
 
-#include <map>
-
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gpu_snapshot/grad_log.h"
-#include "gpu_snapshot/host_replay.h"
 
 namespace gradsnap {
 namespace trainer {
-
-RecoveryPoint FindRecoveryPoint(const std::vector<client::CheckpointInfo>& committed,
-                                int64_t max_step) {
-  RecoveryPoint rp;
-  std::map<int64_t, int64_t> delta_base;  // DELTA step -> base
-  for (const client::CheckpointInfo& c : committed) {
-    if (c.state != client::CheckpointState::kCommitted) continue;
-    if (c.kind == client::CheckpointKind::kFull) {
-      if ((max_step < 0 || c.step <= max_step) && c.step > rp.full_step) rp.full_step = c.step;
-    } else {
-      delta_base[c.step] = c.base_step;
-    }
-  }
-  if (rp.full_step < 0) return rp;
-  for (int64_t u = rp.full_step + 1;; ++u) {
-    auto it = delta_base.find(u);
-    if (it == delta_base.end() || it->second != rp.full_step) break;
-    if (max_step >= 0 && u > max_step) break;
-    rp.delta_steps.push_back(u);
-  }
-  return rp;
-}
 
 absl::Status SaveDeltaShard(ShardStore& store, const std::string& job, const TrainStateView& view,
                             const gpu_snapshot::DeltaRecord& r) {
@@ -78,43 +53,6 @@ absl::Status SaveDeltaShard(ShardStore& store, const std::string& job, const Tra
                      false));
   RETURN_IF_ERROR(store.BeginCheckpoint(spec));
   return store.SaveShard(shard, std::move(refs));
-}
-
-absl::StatusOr<ReplicatedState> ReplayGradLog(ShardStore& store, const std::string& job,
-                                              int64_t full_step, const TrainStateView& view,
-                                              float* master, float* m, float* v,
-                                              const ReplicatedState& restored) {
-  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, store.ListCommitted(job));
-  RecoveryPoint rp = FindRecoveryPoint(list, -1);
-  if (rp.full_step != full_step || rp.delta_steps.empty()) return restored;
-  gpu_snapshot::ReplayPool pool(2);
-  const gpu_snapshot::HostStateRef state{master, m, v, view.count()};
-  ReplicatedState out = restored;
-  std::string header(gpu_snapshot::kDeltaHeaderBytes, '\0');
-  std::vector<char> grad;
-  for (int64_t u : rp.delta_steps) {
-    ASSIGN_OR_RETURN(std::string meta,
-                     store.RestoreTensors(job, u, view.rank,
-                                          {{kDeltaHeaderTensor, header.data(), header.size()}}));
-    ASSIGN_OR_RETURN(gpu_snapshot::DeltaHeader h, gpu_snapshot::DecodeDeltaHeader(header));
-    if (h.step != u || h.base_step != full_step || h.numel != view.count() ||
-        h.elem_offset != view.lo) {
-      return absl::DataLossError(absl::StrCat("DELTA ", u, " of job ", job, " rank ", view.rank,
-                                              " does not match its checkpoint"));
-    }
-    grad.resize(h.numel * DTypeSize(h.grad_dtype));
-    RETURN_IF_ERROR(store
-                        .RestoreTensors(job, u, view.rank,
-                                        {{kDeltaGradTensor, grad.data(), grad.size()}})
-                        .status());
-    RETURN_IF_ERROR(gpu_snapshot::ApplyDelta(&pool, state, h, grad.data(), grad.size()));
-    ASSIGN_OR_RETURN(out, ReplicatedState::Parse(meta));
-    if (out.step != u) {
-      return absl::DataLossError(absl::StrCat("DELTA ", u, " carries the state of step ",
-                                              out.step));
-    }
-  }
-  return out;
 }
 
 }  // namespace trainer

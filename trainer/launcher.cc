@@ -80,9 +80,18 @@ struct AttemptResult {
   bool no_restart = false;
   bool interrupted = false;
   std::string reason;
+  int64_t failed_at_ms = -1;  // when the failed rank was reaped (Unix ms)
 };
 
-AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string& rdzv_dir) {
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// failed_at_ms: when the previous attempt's failure was seen (-1 for the first attempt).
+AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string& rdzv_dir,
+                         int64_t failed_at_ms) {
   const int world = o.nproc * o.nnodes;
   std::vector<pid_t> pids(o.nproc, 0);
   for (int i = 0; i < o.nproc; ++i) {
@@ -94,6 +103,10 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     args.push_back(absl::StrCat("--attempt=", attempt));
     args.push_back(absl::StrCat("--rdzv_dir=", rdzv_dir));
     if (attempt > 0 && o.resume_on_restart) args.push_back("--resume=latest");
+    if (attempt > 0 && failed_at_ms >= 0) {  // rank 0 prints the recovery time split
+      args.push_back(absl::StrCat("--recovery_failed_at_ms=", failed_at_ms));
+      args.push_back(absl::StrCat("--recovery_spawned_at_ms=", NowUnixMs()));
+    }
     pids[i] = Spawn(args);  // NOLINT: fork per rank
     if (pids[i] < 0) {
       StopAll(pids, SIGTERM);
@@ -121,6 +134,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     if (rank < 0) continue;
     --running;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    result.failed_at_ms = NowUnixMs();
     result.ok = false;
     result.no_restart = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart;
     result.reason =
@@ -147,11 +161,13 @@ int Launch(const LaunchOptions& o) {
     own_rdzv = true;
   }
   int exit_code = 1;
+  int64_t failed_at_ms = -1;
   for (int attempt = 0; attempt <= o.max_restarts; ++attempt) {
     const std::string dir = absl::StrCat(rdzv, "/attempt-", attempt);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    const AttemptResult r = RunAttempt(o, attempt, dir);
+    const AttemptResult r = RunAttempt(o, attempt, dir, failed_at_ms);
+    failed_at_ms = r.failed_at_ms;
     if (r.ok) {
       exit_code = 0;
       break;

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
+#include "recovery/state_source.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
 #include "trainer/full_shard.h"
@@ -54,7 +55,9 @@ ABSL_FLAG(std::string, storage, "", "gradsnap-server endpoints host:port[,host:p
 ABSL_FLAG(std::string, ckpt_dir, "checkpoints", "Embedded engine directory. Default: checkpoints");
 ABSL_FLAG(std::string, job, "job", "Job name in the store. Default: job");
 ABSL_FLAG(std::string, token, "", "Bearer token for --storage. Default: empty");
-ABSL_FLAG(std::string, resume, "none", "none, latest or a step number. Default: none");
+ABSL_FLAG(std::string, resume, "none", "none, latest or a step number; the checkpoint may have another world size (resharded exactly). Default: none");
+ABSL_FLAG(std::string, init_from, "", "Start from a `gradsnap restore` directory (rank files of any world size, or --consolidate output); needs no store. Default: empty (off)");
+ABSL_FLAG(bool, allow_batch_change, false, "Allow resuming a checkpoint written with another --batch (changes the data order). Default: false");
 ABSL_FLAG(int64_t, fail_at_step, -1, "Failure drill: --fail_rank SIGKILLs itself at this step (first attempt only). Default: -1 (off)");
 ABSL_FLAG(int, fail_rank, 0, "Failure drill rank. Default: 0");
 ABSL_FLAG(bool, test_fail_after_commit, false, "(testing) the failure drill first waits until the job has a committed checkpoint (one rank or --storage). Default: false");
@@ -68,6 +71,8 @@ ABSL_FLAG(int, world_size, 1, "(internal) ranks in the job");
 ABSL_FLAG(int, attempt, 0, "(internal) restart attempt");
 ABSL_FLAG(int, local_rank, 0, "(internal) the rank's index on its node");
 ABSL_FLAG(std::string, rdzv_dir, "", "(internal) rendezvous directory of this attempt");
+ABSL_FLAG(int64_t, recovery_failed_at_ms, -1, "(internal) when the launcher saw the previous attempt fail (Unix ms)");
+ABSL_FLAG(int64_t, recovery_spawned_at_ms, -1, "(internal) when the launcher started this attempt (Unix ms)");
 
 namespace {
 
@@ -129,6 +134,10 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
   o.token = absl::GetFlag(FLAGS_token);
   o.resume = absl::GetFlag(FLAGS_resume);
+  o.init_from = absl::GetFlag(FLAGS_init_from);
+  o.allow_batch_change = absl::GetFlag(FLAGS_allow_batch_change);
+  o.recovery_failed_at_ms = absl::GetFlag(FLAGS_recovery_failed_at_ms);
+  o.recovery_spawned_at_ms = absl::GetFlag(FLAGS_recovery_spawned_at_ms);
   o.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
   o.fail_rank = absl::GetFlag(FLAGS_fail_rank);
   o.test_fail_after_commit = absl::GetFlag(FLAGS_test_fail_after_commit);
@@ -200,6 +209,12 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
       o.resume.find_first_not_of("0123456789") != std::string::npos) {
     return Fail("--resume must be none, latest or a step number");
   }
+  if (!o.init_from.empty()) {
+    if (o.resume != "none") return Fail("give --init_from DIR or --resume, not both");
+    // Every tensor checked once here, so a damaged directory is refused before any rank starts.
+    auto dir = gradsnap::recovery::OpenDirSource(o.init_from, /*verify_all=*/true);
+    if (!dir.ok()) return Fail("--init_from: " + std::string(dir.status().message()));
+  }
   return 0;
 }
 
@@ -210,7 +225,7 @@ int main(int argc, char** argv) {
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
       "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
-      "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP] "
+      "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.");
   absl::FlagsUsageConfig usage;

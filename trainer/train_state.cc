@@ -52,6 +52,7 @@ std::string ReplicatedState::Serialize() const {
   kv("global_batch", global_batch);
   kv("seq_len", seq_len);
   kv("data_fingerprint", data_fingerprint);
+  if (!param_layout.empty()) kv("param_layout", param_layout);
   return out;
 }
 
@@ -99,6 +100,7 @@ absl::StatusOr<ReplicatedState> ReplicatedState::Parse(absl::string_view bytes) 
   i32("global_batch", &s.global_batch);
   i32("seq_len", &s.seq_len);
   s.data_fingerprint = get("data_fingerprint");
+  if (auto it = kv.find("param_layout"); it != kv.end()) s.param_layout = it->second;
   if (!ok) return absl::DataLossError("replicated state: a field is missing or malformed");
   return s;
 }

@@ -55,6 +55,9 @@ struct ReplicatedState {
   int32_t global_batch = 0;  // sequences per step, all ranks together
   int32_t seq_len = 0;
   std::string data_fingerprint;  // "<bytes>:<sha256 of the token file>"
+  // The model layout (recovery/layout.h, trainer/model_layout.h), so tools can name the
+  // parameters without trainer code. Optional: empty in checkpoints of older versions.
+  std::string param_layout;
 
   // Text, one "key=value" per line after a version line; floats as exact hex bit patterns.
   std::string Serialize() const;

@@ -21,6 +21,8 @@
 #include "trainer/data.h"
 #include "trainer/full_shard.h"
 #include "trainer/grad_log_store.h"
+#include "trainer/model_layout.h"
+#include "trainer/resume.h"
 #include "trainer/shard_store.h"
 #include "trainer/sim_backend.h"
 
@@ -77,30 +79,8 @@ ReplicatedState InitialState(const TrainOptions& o, const ModelConfig& config,
   s.global_batch = o.global_batch;
   s.seq_len = seq_len;
   s.data_fingerprint = corpus.fingerprint;
+  s.param_layout = ModelLayoutText(config);
   return s;
-}
-
-// A checkpoint may be resumed only by a run of the same shape.
-absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState& run) {
-  auto mismatch = [](const char* what, const auto& a, const auto& b) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint does not match this run: ", what, " is '", a, "' in the checkpoint, '", b,
-        "' in this run"));
-  };
-  if (ckpt.model_config != run.model_config) {
-    return mismatch("model", ckpt.model_config, run.model_config);
-  }
-  if (ckpt.world_size != run.world_size) {
-    return mismatch("world size", ckpt.world_size, run.world_size);
-  }
-  if (ckpt.global_batch != run.global_batch) {
-    return mismatch("global batch", ckpt.global_batch, run.global_batch);
-  }
-  if (ckpt.seq_len != run.seq_len) return mismatch("sequence length", ckpt.seq_len, run.seq_len);
-  if (ckpt.data_fingerprint != run.data_fingerprint) {
-    return mismatch("data", ckpt.data_fingerprint, run.data_fingerprint);
-  }
-  return absl::OkStatus();
 }
 
 class RankRunner {
@@ -117,6 +97,7 @@ class RankRunner {
   // checkpoint, so the restart must restore one.
   absl::Status WaitForCommittedCheckpoint();
   absl::Status Summary();
+  void PrintRecoveryTime();
 
   const TrainOptions& o_;
   ModelConfig config_;
@@ -130,6 +111,8 @@ class RankRunner {
   ReplicatedState state_;
   std::vector<int32_t> inputs_, targets_;
   int64_t resumed_from_ = -1;
+  ResumeOutcome resume_;
+  int64_t setup_done_ms_ = 0;
   int64_t steps_run_ = 0;
   double total_ms_ = 0, total_stall_ms_ = 0;
 };
@@ -154,7 +137,7 @@ absl::Status RankRunner::Setup() {
     GlooOptions g{o_.rank, o_.world_size, o_.rdzv_dir, "train", o_.hostname};
     ASSIGN_OR_RETURN(comm_, NewGlooComm(g));
   }
-  if (o_.ckpt.mode != "none" || o_.resume != "none") {
+  if (o_.ckpt.mode != "none" || o_.resume != "none") {  // --init-from alone needs no store
     ASSIGN_OR_RETURN(store_, OpenStore(o_));
   }
   const int local_batch = o_.global_batch / o_.world_size;
@@ -198,8 +181,8 @@ absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
 namespace {
 
 absl::Status RankRunner::Resume() {
-  if (store_ == nullptr) return absl::OkStatus();
-  if (o_.resume == "none") {  // a fresh run must not collide with a job's existing checkpoints
+  if (store_ != nullptr && o_.resume == "none") {
+    // A fresh run (or one started from --init-from) must not collide with a job's checkpoints.
     ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> existing,
                      store_->ListCommitted(o_.ckpt.job));
     if (!existing.empty()) {
@@ -207,30 +190,31 @@ absl::Status RankRunner::Resume() {
           "job ", o_.ckpt.job, " already has checkpoints (newest step ", existing.back().step,
           "); pass --resume latest to continue it or --job NAME for a new job"));
     }
-    return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(int64_t step, ResolveResumeStep(*store_, o_.ckpt.job, o_.resume));
-  if (step < 0) return absl::OkStatus();
-  // Refuse a checkpoint of another shape before reading any tensor.
-  ASSIGN_OR_RETURN(ReplicatedState saved, ReadCheckpointState(*store_, o_.ckpt.job, step));
-  RETURN_IF_ERROR(CheckCompatible(saved, state_));
+  if (o_.resume == "none" && o_.init_from.empty()) return absl::OkStatus();
+  // Any world size: each rank restores its own slice (resume.h).
   const TrainStateView view = backend_->View();
   std::vector<float> master(view.count()), m(view.count()), v(view.count());
-  ASSIGN_OR_RETURN(ReplicatedState restored,
-                   RestoreFullShard(*store_, o_.ckpt.job, step, view, master.data(), m.data(),
-                                    v.data()));
-  RETURN_IF_ERROR(CheckCompatible(restored, state_));
-  if (o_.resume == "latest") {  // FULL + the gradient log's DELTAs on it (grad_log_store.h)
-    ASSIGN_OR_RETURN(restored, ReplayGradLog(*store_, o_.ckpt.job, step, view, master.data(),
-                                             m.data(), v.data(), restored));
-  }
+  ASSIGN_OR_RETURN(ResumeOutcome r, RestoreRankState(o_, store_.get(), *comm_, view, state_,
+                                                     master.data(), m.data(), v.data()));
+  if (!r.resumed) return absl::OkStatus();
   RETURN_IF_ERROR(backend_->SliceFromHost(master.data(), m.data(), v.data()));
-  state_ = restored;
-  step = restored.step;
-  resumed_from_ = step;
+  state_ = r.state;
+  resumed_from_ = state_.step;
+  resume_ = r;
   if (o_.rank == 0) {
-    std::printf("resumed job %s from step %lld\n", o_.ckpt.job.c_str(),
-                static_cast<long long>(step));
+    std::printf(
+        "resumed job %s from step %lld (%s: full %lld + %d delta(s), written by %d rank(s))\n",
+        o_.ckpt.job.c_str(), static_cast<long long>(state_.step), r.source.c_str(),
+        static_cast<long long>(r.full_step), r.deltas, r.saved_world_size);
+    if (state_.step < r.newest_step || !r.damage.empty()) {
+      std::printf("recovery point fell back from step %lld to step %lld: %lld step(s) lost "
+                  "(%s)\n",
+                  static_cast<long long>(r.newest_step), static_cast<long long>(state_.step),
+                  static_cast<long long>(r.newest_step - state_.step),
+                  r.damage.empty() ? "a damaged record on another rank"
+                                   : absl::StrCat("damaged: ", r.damage.front()).c_str());
+    }
     std::fflush(stdout);
   }
   return absl::OkStatus();
@@ -249,6 +233,23 @@ absl::Status RankRunner::WaitForCommittedCheckpoint() {
     usleep(10000);
   }
   return absl::DeadlineExceededError("--test_fail_after_commit: no checkpoint committed in 60 s");
+}
+
+// After a restart (the launcher passes when it saw the failure and started this attempt): the
+// time from the failure to the first resumed step, split into its phases.
+void RankRunner::PrintRecoveryTime() {
+  if (o_.rank != 0 || o_.recovery_failed_at_ms < 0 || o_.recovery_spawned_at_ms < 0) return;
+  const int64_t now = UnixMillis();
+  const double detection =
+      static_cast<double>(o_.recovery_spawned_at_ms - o_.recovery_failed_at_ms);
+  const double start = static_cast<double>(setup_done_ms_ - o_.recovery_spawned_at_ms);
+  const double total = static_cast<double>(now - o_.recovery_failed_at_ms);
+  std::printf(
+      "recovery failure_to_first_step_ms=%.0f detection_ms=%.0f process_start_ms=%.0f "
+      "fetch_ms=%.1f replay_ms=%.1f other_ms=%.1f\n",
+      total, detection, start, resume_.fetch_ms, resume_.replay_ms,
+      std::max(0.0, total - detection - start - resume_.fetch_ms - resume_.replay_ms));
+  std::fflush(stdout);
 }
 
 absl::Status RankRunner::Timed(double* stall_ms, const absl::Status& s, const Stopwatch& sw) {
@@ -348,10 +349,14 @@ absl::Status RankRunner::Summary() {
 
 absl::Status RankRunner::Run() {
   RETURN_IF_ERROR(Setup());
+  setup_done_ms_ = UnixMillis();
   RETURN_IF_ERROR(Resume());
   ASSIGN_OR_RETURN(ckpt_, MakeCheckpointer(o_.ckpt, backend_->View(), store_.get()));
   RETURN_IF_ERROR(ckpt_->Start(state_));
-  for (int64_t s = state_.step + 1; s <= o_.steps; ++s) RETURN_IF_ERROR(Step(s));
+  for (int64_t s = state_.step + 1; s <= o_.steps; ++s) {
+    if (s == state_.step + 1 && resumed_from_ >= 0) PrintRecoveryTime();
+    RETURN_IF_ERROR(Step(s));
+  }
   {
     Stopwatch sw;
     RETURN_IF_ERROR(Timed(&total_stall_ms_, ckpt_->Finish(), sw));

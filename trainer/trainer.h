@@ -53,6 +53,14 @@ struct TrainOptions {
   std::string ckpt_dir = "checkpoints";
   std::string token;
   std::string resume = "none";  // none | latest | STEP
+  // Start from a `gradsnap restore` directory (any world size, or consolidated). Default: empty
+  std::string init_from;
+  // Resume a checkpoint of another global batch size (changes the data order). Default: false
+  bool allow_batch_change = false;
+  // Set by the launcher on a restarted attempt: when it saw the failure and when it started
+  // this attempt (Unix ms), so rank 0 can print the recovery time. Default: -1
+  int64_t recovery_failed_at_ms = -1;
+  int64_t recovery_spawned_at_ms = -1;
   // Failure drill: rank fail_rank SIGKILLs itself at the start of step fail_at_step, attempt 0.
   int64_t fail_at_step = -1;
   int fail_rank = 0;

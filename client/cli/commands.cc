@@ -49,18 +49,32 @@ const std::vector<Command>& Commands() {
        "re-read and check every chunk checksum and tensor SHA-256",
        "Without STEP verifies the latest checkpoint. Exit status 3 when corruption is found.",
        {{"all", "", "verify every committed checkpoint of JOB. Default: off"}}, 1, 2, RunVerify},
-      {"restore", "restore JOB [STEP|latest] --out DIR [--rank R]",
-       "write each rank's shard to DIR/rank<R>.safetensors and DIR/manifest.json",
-       "STEP defaults to latest. The files are written whole or not at all.",
+      {"restore",
+       "restore JOB [STEP|latest] --out DIR [--world-size M | --consolidate [--dtype f32|bf16]] "
+       "[--rank R] [--no-replay]",
+       "write the state a job resumes from: DIR/rank<R>.safetensors (or named weights) and "
+       "DIR/manifest.json",
+       "STEP defaults to latest, the recovery point (newest FULL + its DELTA chain, replayed; a\n"
+       "damaged record is skipped with a warning). A DELTA STEP replays its FULL and chain up to\n"
+       "it. The files are written whole or not at all; manifest.json last.",
        {{"out", "DIR", "output directory, created if missing. Required"},
-        {"rank", "R", "restore only rank R. Default: every rank"}},
+        {"rank", "R", "restore only rank R. Default: every rank"},
+        {"world-size", "M", "re-cut the state into M rank files. Default: the checkpoint's"},
+        {"consolidate", "",
+         "write model.safetensors, optimizer.safetensors, trainer_state.json. Default: off"},
+        {"dtype", "T",
+         "weights in model.safetensors: f32 or bf16 (with --consolidate). Default: f32"},
+        {"no-replay", "",
+         "the stored record of STEP as it is (a DELTA stays a DELTA). Default: off"}},
        1, 2, RunRestore},
-      {"export", "export JOB STEP --format safetensors --out FILE [--rank R]",
+      {"export", "export JOB STEP --format safetensors --out FILE [--rank R] [--no-replay]",
        "export a checkpoint as safetensors, one file per rank",
-       "world size 1: FILE itself; otherwise FILE with .rank<R> before the extension.",
+       "world size 1: FILE itself; otherwise FILE with .rank<R> before the extension. STEP may be\n"
+       "latest; a DELTA step is replayed on its FULL unless --no-replay.",
        {{"format", "FMT", "output format; only 'safetensors'. Default: safetensors"},
         {"out", "FILE", "output file. Required"},
-        {"rank", "R", "export only rank R. Default: every rank"}},
+        {"rank", "R", "export only rank R. Default: every rank"},
+        {"no-replay", "", "the stored record of STEP as it is. Default: off"}},
        2, 2, RunExport},
       {"rm", "rm JOB STEP", "delete a checkpoint", "", {}, 2, 2, RunRm},
       {"gc", "gc JOB --keep-last N [--keep-every K]",
@@ -112,6 +126,8 @@ absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const 
   if (arg != "latest" || !allow_latest) {
     return ParseInt(arg, 0, INT64_MAX, "step");
   }
+  ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, JobRecoveryPoint(ctx, job));
+  if (rp.full_step >= 0) return rp.step();
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
   int64_t best = -1;
@@ -122,6 +138,23 @@ absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const 
     return absl::NotFoundError(absl::StrCat("job ", job, " has no committed checkpoint"));
   }
   return best;
+}
+
+absl::StatusOr<recovery::RecoveryPoint> JobRecoveryPoint(Context& ctx, const std::string& job) {
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
+  return recovery::FindRecoveryPoint(list);
+}
+
+absl::StatusOr<std::vector<int64_t>> RecoveryPointSteps(Context& ctx, const std::string& job) {
+  ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, JobRecoveryPoint(ctx, job));
+  if (rp.full_step < 0) {
+    ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, "latest", true));
+    return std::vector<int64_t>{step};
+  }
+  std::vector<int64_t> steps = {rp.full_step};
+  steps.insert(steps.end(), rp.delta_steps.begin(), rp.delta_steps.end());
+  return steps;
 }
 
 std::string KindName(client::CheckpointKind k) {

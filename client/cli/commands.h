@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "client/cli/args.h"
 #include "client/client.h"
+#include "recovery/recovery_point.h"
 
 namespace gradsnap {
 namespace cli {
@@ -62,11 +63,22 @@ absl::Status RunRm(Context& ctx);
 absl::Status RunGc(Context& ctx);
 absl::Status RunToken(Context& ctx);
 
+// Restore and export of stored shards as they are (commands_data.cc); RunRestore and RunExport
+// (commands_restore.cc) use them when nothing needs replaying or re-cutting.
+absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step);
+absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step);
+
 // Helpers shared by the commands.
 absl::Status CheckJob(const std::string& job);
-// A step number, or "latest" (the newest committed checkpoint of `job`) when allow_latest.
+// A step number, or "latest" when allow_latest: the step of the job's recovery point (newest
+// FULL + its DELTA chain, recovery/recovery_point.h), or the newest committed checkpoint of a
+// job without FULLs.
 absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const std::string& arg,
                                     bool allow_latest);
+// The job's recovery point (full_step -1 when it has no committed FULL).
+absl::StatusOr<recovery::RecoveryPoint> JobRecoveryPoint(Context& ctx, const std::string& job);
+// The steps of the recovery point: its FULL, then its DELTAs. NOT_FOUND when there is none.
+absl::StatusOr<std::vector<int64_t>> RecoveryPointSteps(Context& ctx, const std::string& job);
 std::string KindName(client::CheckpointKind k);
 std::string StateName(client::CheckpointState s);
 // JSON of a checkpoint's info (no shards), and of a whole manifest.

@@ -98,8 +98,15 @@ absl::Status RunVerify(Context& ctx) {
   if (all) {
     ASSIGN_OR_RETURN(targets, c->List(job, false));
     if (targets.empty()) return absl::NotFoundError(absl::StrCat("job ", job, " has no checkpoints"));
+  } else if (pos.size() < 2 || pos[1] == "latest") {
+    // The recovery point: its FULL and every DELTA of its chain.
+    ASSIGN_OR_RETURN(std::vector<int64_t> steps, RecoveryPointSteps(ctx, job));
+    for (int64_t step : steps) {
+      ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
+      targets.push_back(m.info);
+    }
   } else {
-    ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos.size() > 1 ? pos[1] : "latest", true));
+    ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos[1], true));
     ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
     targets.push_back(m.info);
   }
@@ -134,38 +141,31 @@ absl::Status RunVerify(Context& ctx) {
                                    first_error.message()));
 }
 
-absl::Status RunRestore(Context& ctx) {
-  const std::vector<std::string>& pos = ctx.args.positional;
-  const std::string& job = pos[0];
-  RETURN_IF_ERROR(CheckJob(job));
-  if (!ctx.args.Has("out")) return absl::InvalidArgumentError("restore needs --out DIR");
+absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
   const std::string dir = ctx.args.Get("out");
-  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos.size() > 1 ? pos[1] : "latest", true));
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
   ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  RETURN_IF_ERROR(WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
+  // An earlier restore's manifest.json must not vouch for files this one is replacing.
+  std::filesystem::remove(dir + "/manifest.json", ec);
+  absl::Status st = WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
     return absl::StrCat(dir, "/rank", r, ".safetensors");
-  }));
+  });
+  if (!st.ok()) {  // no partial set of rank files is left behind
+    for (int32_t r : ranks) {
+      std::filesystem::remove(absl::StrCat(dir, "/rank", r, ".safetensors"), ec);
+    }
+    return st;
+  }
   // Last, so a manifest.json only ever sits beside complete, verified shard files.
   return WriteTextFile(dir + "/manifest.json", ManifestJson(m) + "\n");
 }
 
-absl::Status RunExport(Context& ctx) {
-  const std::vector<std::string>& pos = ctx.args.positional;
-  const std::string& job = pos[0];
-  RETURN_IF_ERROR(CheckJob(job));
-  std::string format = ctx.args.Get("format", "safetensors");
-  if (format != "safetensors") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown --format '", format, "' (supported: safetensors)"));
-  }
-  if (!ctx.args.Has("out")) return absl::InvalidArgumentError("export needs --out FILE");
+absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step) {
   const std::string file = ctx.args.Get("out");
-  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, pos[1], true));
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
   ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));

@@ -28,7 +28,7 @@ absl::Status ListJobs(Context& ctx, client::Client* c) {
   std::sort(jobs.begin(), jobs.end());
   const int64_t now = UnixMillis();
   std::vector<std::vector<std::string>> rows = {
-      {"JOB", "CHECKPOINTS", "LATEST", "STORED", "RAW", "RATIO", "AGE"}};
+      {"JOB", "CHECKPOINTS", "LATEST", "RECOVERY", "STORED", "RAW", "RATIO", "AGE"}};
   std::vector<std::string> json;
   for (const std::string& job : jobs) {
     ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
@@ -39,11 +39,15 @@ absl::Status ListJobs(Context& ctx, client::Client* c) {
       stored += i.stored_bytes;
       if (latest == nullptr || i.step > latest->step) latest = &i;
     }
+    const recovery::RecoveryPoint rp = recovery::FindRecoveryPoint(list);
     rows.push_back({job, absl::StrCat(list.size()), latest ? absl::StrCat(latest->step) : "-",
+                    rp.full_step >= 0 ? absl::StrCat(rp.step()) : "-",
                     HumanBytes(stored), HumanBytes(raw), Ratio(raw, stored),
                     latest ? HumanAge(now, latest->committed_unix_ms) : "-"});
     json.push_back(absl::StrCat("{\"job\":", JsonQuote(job), ",\"checkpoints\":", list.size(),
                                 ",\"latest_step\":", latest ? absl::StrCat(latest->step) : "null",
+                                ",\"recovery_step\":",
+                                rp.full_step >= 0 ? absl::StrCat(rp.step()) : "null",
                                 ",\"raw_bytes\":", raw, ",\"stored_bytes\":", stored, "}"));
   }
   if (ctx.json) {
@@ -51,7 +55,7 @@ absl::Status ListJobs(Context& ctx, client::Client* c) {
   } else if (jobs.empty()) {
     Print("no jobs\n");
   } else {
-    Print(RenderTable(rows, {"CHECKPOINTS", "LATEST", "STORED", "RAW", "RATIO"}));
+    Print(RenderTable(rows, {"CHECKPOINTS", "LATEST", "RECOVERY", "STORED", "RAW", "RATIO"}));
   }
   return absl::OkStatus();
 }
@@ -60,11 +64,17 @@ absl::Status ListCheckpoints(Context& ctx, client::Client* c, const std::string&
   ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, ctx.args.Has("all")));
   std::sort(list.begin(), list.end(),
             [](const auto& a, const auto& b) { return a.step < b.step; });
+  const recovery::RecoveryPoint rp = recovery::FindRecoveryPoint(list);
   if (ctx.json) {
     std::vector<std::string> items;
     for (const auto& i : list) items.push_back(CheckpointJson(i));
+    std::string rp_json = "null";
+    if (rp.full_step >= 0) {
+      rp_json = absl::StrCat("{\"full_step\":", rp.full_step, ",\"deltas\":",
+                             rp.delta_steps.size(), ",\"step\":", rp.step(), "}");
+    }
     Print(absl::StrCat("{\"job\":", JsonQuote(job), ",\"checkpoints\":[",
-                       absl::StrJoin(items, ","), "]}\n"));
+                       absl::StrJoin(items, ","), "],\"recovery_point\":", rp_json, "}\n"));
     return absl::OkStatus();
   }
   if (list.empty()) {
@@ -73,16 +83,26 @@ absl::Status ListCheckpoints(Context& ctx, client::Client* c, const std::string&
   }
   const int64_t now = UnixMillis();
   std::vector<std::vector<std::string>> rows = {
-      {"STEP", "KIND", "BASE", "RANKS", "STATE", "STORED", "RAW", "RATIO", "AGE"}};
+      {"STEP", "KIND", "BASE", "RANKS", "STATE", "STORED", "RAW", "RATIO", "AGE", "RECOVERY"}};
+  // The RECOVERY column marks the recovery point's FULL, its chain and the point itself.
+  auto role = [&](int64_t step) -> std::string {
+    if (rp.full_step < 0) return "";
+    if (step == rp.step()) return "<- recovery point";
+    if (step == rp.full_step) return "base";
+    if (step > rp.full_step && step < rp.step()) return "chain";
+    return "";
+  };
   for (const auto& i : list) {
     rows.push_back({absl::StrCat(i.step), KindName(i.kind),
                     i.base_step >= 0 ? absl::StrCat(i.base_step) : "-",
                     absl::StrCat(i.world_size), StateName(i.state), HumanBytes(i.stored_bytes),
                     HumanBytes(i.raw_bytes), Ratio(i.raw_bytes, i.stored_bytes),
                     HumanAge(now, i.committed_unix_ms > 0 ? i.committed_unix_ms
-                                                          : i.created_unix_ms)});
+                                                          : i.created_unix_ms),
+                    i.state == client::CheckpointState::kCommitted ? role(i.step) : ""});
   }
   Print(RenderTable(rows, {"STEP", "BASE", "RANKS", "STORED", "RAW", "RATIO"}));
+  if (rp.full_step >= 0) Print(absl::StrCat("recovery point: ", rp.Describe(), "\n"));
   return absl::OkStatus();
 }
 
@@ -105,6 +125,16 @@ absl::Status RunShow(Context& ctx) {
   ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, ctx.args.positional[1], true));
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
+  std::string recovery_line;
+  if (ctx.args.positional[1] == "latest" || m.info.kind == client::CheckpointKind::kDelta) {
+    ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, JobRecoveryPoint(ctx, job));
+    if (rp.full_step >= 0 && rp.step() == step) {
+      recovery_line = absl::StrCat("recovery    ", rp.Describe(), " (the recovery point)\n");
+    } else if (m.info.kind == client::CheckpointKind::kDelta) {
+      recovery_line = absl::StrCat("recovery    restores as full ", m.info.base_step, " + ",
+                                   step - m.info.base_step, " deltas -> step ", step, "\n");
+    }
+  }
   if (ctx.json) {
     Print(ManifestJson(m) + "\n");
     return absl::OkStatus();
@@ -118,7 +148,7 @@ absl::Status RunShow(Context& ctx) {
       HumanBytes(i.stored_bytes), " of ", HumanBytes(i.raw_bytes), " raw (",
       Ratio(i.raw_bytes, i.stored_bytes), ")\ncreated     ", WhenText(now, i.created_unix_ms),
       "\ncommitted   ", WhenText(now, i.committed_unix_ms), "\nmetadata    ",
-      HumanBytes(i.metadata.size()), "\n\n");
+      HumanBytes(i.metadata.size()), "\n", recovery_line, "\n");
   std::vector<std::vector<std::string>> rows = {
       {"RANK", "TENSOR", "DTYPE", "SHAPE", "SIZE", "STORED", "RATIO", "CHUNKS", "SHA256"}};
   for (const client::ShardInfo& s : m.shards) {

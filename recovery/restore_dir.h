@@ -1,0 +1,86 @@
+// Restore directories (docs/cli.md, "Restore directories"): what `gradsnap restore` writes for a
+// replayed or resharded state and `gradsnap-train --init-from` reads.
+//
+// FORMAT
+//   Rank files: DIR/rank<R>.safetensors for R in [0, M), each the FULL shard a trainer with M
+//   ranks would have saved (tensors params, adam_m, adam_v: f32 slices of RankSlice-style
+//   contiguous ranges; replicated_state: u8 train state text), with the gradsnap-shard-v1
+//   metadata of docs/cli.md ("slice.<tensor>" = FLAT:OFFSET:TOTAL).
+//   Consolidated: DIR/model.safetensors (each parameter by name and shape, F32 or BF16),
+//   DIR/optimizer.safetensors ("<name>.exp_avg" and "<name>.exp_avg_sq", F32) and
+//   DIR/trainer_state.json. model.safetensors' __metadata__ carries "train_state" (the text).
+//   DIR/manifest.json is written last, so a directory without it is incomplete.
+//   Every file is written as NAME.tmp, fsynced and renamed.
+//
+// THREAD SAFETY
+//   Plain functions.
+#ifndef GRADSNAP_RECOVERY_RESTORE_DIR_H_
+#define GRADSNAP_RECOVERY_RESTORE_DIR_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "recovery/recovery_point.h"
+
+namespace gradsnap {
+namespace recovery {
+
+inline constexpr const char* kRestoreFormat = "gradsnap-restore-v1";
+
+// A whole logical training state in memory.
+struct FullState {
+  std::string job;
+  int64_t step = 0;
+  std::string state;     // train state text
+  RecoveryPoint source;  // the FULL and DELTAs it was restored from
+  std::vector<float> master, m, v;
+};
+
+struct WrittenFile {
+  std::string path;
+  uint64_t bytes = 0;
+  int32_t rank = -1;  // -1 for consolidated files
+};
+
+// The element range of rank r of M over n elements (contiguous, lengths differ by <= 1: the
+// trainer's RankSlice).
+std::pair<uint64_t, uint64_t> RankRange(uint64_t n, int r, int m);
+
+// Writes the rank files of `s` cut for world_size ranks to path_of(R) (DIR/rank<R>.safetensors
+// for a restore directory), every rank or only `only_rank` (>= 0). The directory must exist.
+absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
+    const FullState& s, int world_size, const std::function<std::string(int)>& path_of,
+    int only_rank = -1);
+// DIR/rank<R>.safetensors
+std::string RankFilePath(const std::string& dir, int rank);
+// Writes model.safetensors (in `dtype`: kF32 or kBF16), optimizer.safetensors and
+// trainer_state.json. FAILED_PRECONDITION when the state carries no model layout.
+absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& dir,
+                                                           const FullState& s, DType dtype);
+// Writes DIR/manifest.json describing the files: call last.
+absl::Status WriteRestoreManifest(const std::string& dir, const FullState& s, int world_size,
+                                  bool consolidated, const std::vector<WrittenFile>& files);
+
+// One safetensors tensor to write.
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+// Writes `path` (via path.tmp, fsync, rename) with the tensors in order and string metadata.
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, std::string>>& metadata,
+                              const std::vector<SafetensorsTensor>& tensors);
+
+}  // namespace recovery
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_RECOVERY_RESTORE_DIR_H_

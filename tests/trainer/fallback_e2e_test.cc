@@ -1,0 +1,148 @@
+// Resume falls back past damage (issue 9): with a byte flipped in the newest DELTA, in a middle
+// DELTA, or in the newest FULL, `gradsnap-train --resume latest` reports the damaged record
+// (job, step, rank, tensor), resumes from the last good step (the chain's prefix that verifies,
+// or the previous FULL and its chain), prints the steps lost, and ends equal to an
+// uninterrupted run from that point (gradsnap-train --init-from the CLI's restore of that step).
+// Embedded (rank 0 restores for all) and through a real server (every rank reads its own slice
+// and the ranks agree on the step).
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/restore_util.h"
+#include "tests/trainer/run_util.h"
+
+namespace gradsnap {
+namespace testing {
+namespace {
+
+const std::string kTrain = GRADSNAP_TRAIN_BIN;
+const std::string kCli = GRADSNAP_CLI_BIN;
+const std::string kFlags = " --model tiny --batch 12 --seed 5 --nproc 2";
+
+RunResult Train(const std::string& args) { return RunCommand(kTrain + kFlags + " " + args); }
+
+// FULLs 5 and 10, DELTAs 6..9 on 5 and 11..13 on 10: the recovery point is step 13.
+void TrainJob(const std::string& store) {
+  const RunResult r = Train(
+      "--steps 13 --ckpt-mode gockpt --ckpt-every 5 --gockpt-window 1 --grad-log --job j" + store);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+// Resumes the damaged job to step 15 and checks it fell back to `expect_step`, naming the
+// damage, and ends equal to a run from a clean restore of that step.
+void ExpectFallback(const std::string& dir, const std::string& store, const std::string& cli_store,
+                    int64_t expect_step, const std::string& damage) {
+  const RunResult resumed = Train("--steps 15 --resume latest --job j" + store);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(SummaryField(resumed.output, "resumed_from"), std::to_string(expect_step))
+      << resumed.output;
+  EXPECT_TRUE(absl::StrContains(
+      resumed.output, absl::StrCat("recovery point fell back from step 13 to step ", expect_step,
+                                   ": ", 13 - expect_step, " step(s) lost")))
+      << resumed.output;
+  EXPECT_TRUE(absl::StrContains(resumed.output, damage)) << resumed.output;
+  // The uninterrupted run from that point: the same state restored by the CLI.
+  const std::string clean = absl::StrCat(dir, "/clean", expect_step);
+  const RunResult restored =
+      RunCommand(absl::StrCat(kCli, cli_store, " restore j ", expect_step, " --out ", clean));
+  ASSERT_EQ(restored.exit_code, 0) << restored.output;
+  const RunResult reference = Train("--steps 15 --init-from " + clean);
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
+            SummaryField(reference.output, "params_sha256"));
+  EXPECT_EQ(ParseLosses(resumed.output), ParseLosses(reference.output));
+}
+
+TEST(FallbackTest, EmbeddedNewestDeltaMiddleDeltaNewestFull) {
+  const std::string dir = FreshDir("fallback");
+  const std::string ckpt = dir + "/ckpt";
+  const std::string store = " --ckpt-dir " + ckpt;
+  TrainJob(store);
+  ASSERT_EQ(FlipStoredByte(ckpt, "j", 13, 1), 1);
+  ExpectFallback(dir, store, store, 12, "job j step 13 rank 1 tensor grad");
+  ASSERT_EQ(FlipStoredByte(ckpt, "j", 12, 0), 1);
+  ExpectFallback(dir, store, store, 11, "job j step 12 rank 0 tensor grad");
+  ASSERT_EQ(FlipStoredByte(ckpt, "j", 10, 1), 1);
+  ExpectFallback(dir, store, store, 9, "job j step 10 rank 1 tensor");
+  // The CLI's latest falls back the same way, with a warning.
+  const RunResult cli = RunCommand(kCli + store + " restore j latest --out " + dir + "/latest");
+  EXPECT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_TRUE(absl::StrContains(cli.output, "damaged record skipped")) << cli.output;
+  EXPECT_TRUE(absl::StrContains(cli.output, "job j step 9 (full 5 + 4 deltas -> step 9)"))
+      << cli.output;
+}
+
+// A job of FULLs only: a damaged newest FULL falls back to the previous one, in the CLI (whose
+// `latest` then streams nothing raw from the damaged record) and in the trainer.
+TEST(FallbackTest, DamagedNewestFullWithoutChain) {
+  const std::string dir = FreshDir("fallback_full");
+  const std::string ckpt = dir + "/ckpt";
+  const std::string store = " --ckpt-dir " + ckpt;
+  const RunResult trained =
+      Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --job j" + store);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_EQ(FlipStoredByte(ckpt, "j", 8, 0), 1);
+  const RunResult cli = RunCommand(kCli + store + " restore j latest --out " + dir + "/latest");
+  EXPECT_EQ(cli.exit_code, 0) << cli.output;
+  EXPECT_TRUE(absl::StrContains(cli.output, "damaged record skipped: job j step 8 rank 0"))
+      << cli.output;
+  EXPECT_TRUE(absl::StrContains(cli.output, "job j step 4 (full 4)")) << cli.output;
+  const RunResult resumed = Train("--steps 8 --resume latest --job j" + store);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(SummaryField(resumed.output, "resumed_from"), "4") << resumed.output;
+  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
+            SummaryField(trained.output, "params_sha256"));
+  const RunResult from_dir = Train("--steps 8 --init-from " + dir + "/latest");
+  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.output;
+  EXPECT_EQ(SummaryField(from_dir.output, "params_sha256"),
+            SummaryField(trained.output, "params_sha256"));
+}
+
+// After a rank failure the launcher restarts the job; rank 0 prints the time from the failure to
+// the first resumed step, split into detection, process start, fetch and replay, and the run
+// ends exactly like an uninterrupted one.
+TEST(FallbackTest, RestartPrintsRecoveryTimeSplit) {
+  const std::string dir = FreshDir("recovery_time");
+  const std::string flags =
+      "--steps 9 --ckpt-mode gockpt --ckpt-every 5 --gockpt-window 1 --grad-log";
+  const RunResult whole = Train(flags + " --ckpt-dir " + dir + "/a");
+  const RunResult failed = Train(flags + " --ckpt-dir " + dir + "/b" +
+                                 " --fail-at-step 8 --fail-rank 1 --max-restarts 1");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  ASSERT_EQ(failed.exit_code, 0) << failed.output;
+  // FULL 5 and whichever of the DELTAs 6, 7 were durable when rank 1 died.
+  const std::string from = SummaryField(failed.output, "resumed_from");
+  EXPECT_TRUE(from == "5" || from == "6" || from == "7") << failed.output;
+  for (const char* key : {"recovery failure_to_first_step_ms=", " detection_ms=",
+                          " process_start_ms=", " fetch_ms=", " replay_ms="}) {
+    EXPECT_TRUE(absl::StrContains(failed.output, key)) << key << "\n" << failed.output;
+  }
+  EXPECT_EQ(SummaryField(whole.output, "params_sha256"),
+            SummaryField(failed.output, "params_sha256"));
+}
+
+#if defined(GRADSNAP_SERVER_BIN)
+// Through a server every rank restores its own slice: only rank 1 reads the damaged part of
+// DELTA 13, and both ranks agree to resume from step 12.
+TEST(FallbackTest, ServerRanksAgreeOnTheStep) {
+  const std::string dir = FreshDir("fallback_server");
+  std::string error;
+  std::string address;
+  {
+    ServerProcess server;
+    ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, dir + "/server", &error)) << error;
+    TrainJob(" --storage " + server.address());
+  }
+  ASSERT_EQ(FlipStoredByte(dir + "/server", "j", 13, 1), 1);
+  ServerProcess server;
+  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, dir + "/server", &error)) << error;
+  ExpectFallback(dir, " --storage " + server.address(), " --server " + server.address(), 12,
+                 "a damaged record on another rank");
+}
+#endif
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsnap

@@ -1,0 +1,367 @@
+// Restore and resume anywhere, end to end with the real binaries (tiny model): a job written by
+// N ranks is restored by the CLI and resumed by the trainer with M ranks, with and without a
+// DELTA chain, from the embedded engine and through a real gradsnap-server:
+//  - the logical state (params, m, v, train state) the CLI writes for M ranks is byte-identical
+//    to the one for N ranks;
+//  - the trainer resumed with M ranks continues exactly like an uninterrupted M-rank run from
+//    the same restored state (gradsnap-train --init-from);
+//  - `gradsnap restore latest` with a chain holds the parameters the trainer resumes from.
+// Plus the consolidated export read by an independent Python reader, and bad input.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/test_util.h"
+#include "common/sha256.h"
+#include "gpu_snapshot/adamw.h"
+#include "gtest/gtest.h"
+#include "tests/trainer/restore_util.h"
+#include "tests/trainer/run_util.h"
+#include "trainer/model_config.h"
+#include "trainer/model_layout.h"
+
+namespace gradsnap {
+namespace testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTrain = GRADSNAP_TRAIN_BIN;
+const std::string kCli = GRADSNAP_CLI_BIN;
+const std::string kTiny = " --model tiny --batch 12 --seed 5";
+
+RunResult Train(const std::string& args) { return RunCommand(kTrain + kTiny + " " + args); }
+
+struct Case {
+  int from;
+  int to;
+  bool chain;   // gockpt + gradient log: the recovery point is a FULL + DELTAs
+  bool server;  // through a real gradsnap-server instead of the embedded engine
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
+  return absl::StrCat(i.param.server ? "Server" : "Embedded", i.param.from, "to", i.param.to,
+                      i.param.chain ? "WithChain" : "FullOnly");
+}
+
+class ReshardTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    dir_ = FreshDir(CaseName({GetParam(), 0}));
+    if (GetParam().server) {
+#if defined(GRADSNAP_SERVER_BIN)
+      std::string error;
+      ASSERT_TRUE(server_.Start(GRADSNAP_SERVER_BIN, dir_ + "/server", &error)) << error;
+      store_ = " --storage " + server_.address();
+      cli_store_ = " --server " + server_.address();
+#else
+      GTEST_SKIP() << "this build has no gradsnap-server";
+#endif
+    } else {
+      store_ = " --ckpt-dir " + dir_ + "/ckpt";
+      cli_store_ = " --ckpt-dir " + dir_ + "/ckpt";
+    }
+  }
+  RunResult Cli(const std::string& args) { return RunCommand(kCli + cli_store_ + " " + args); }
+
+  std::string dir_;
+  ServerProcess server_;
+  std::string store_, cli_store_;
+};
+
+TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
+  const Case c = GetParam();
+  // Without a chain: FULLs at 4 and 8. With one: FULLs 4 and 8, DELTAs 9 and 10 on 8.
+  const int64_t steps = c.chain ? 10 : 8;
+  const std::string ckpt = c.chain
+                               ? " --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log"
+                               : " --ckpt-mode sync --ckpt-every 4";
+  const RunResult trained =
+      Train(absl::StrCat("--steps ", steps, " --nproc ", c.from, ckpt, store_, " --job j"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+
+  const RunResult ls = Cli("ls j");
+  ASSERT_EQ(ls.exit_code, 0) << ls.output;
+  EXPECT_TRUE(absl::StrContains(ls.output, c.chain ? "recovery point: full 8 + 2 deltas -> step 10"
+                                                   : "recovery point: full 8"))
+      << ls.output;
+
+  RunResult r = Cli("--json ls j");
+  if (c.chain) {  // latest everywhere in the CLI is the recovery point
+    EXPECT_TRUE(absl::StrContains(r.output,
+                                  "\"recovery_point\":{\"full_step\":8,\"deltas\":2,\"step\":10}"))
+        << r.output;
+    r = Cli("show j latest");
+    EXPECT_TRUE(absl::StrContains(r.output, "recovery    full 8 + 2 deltas -> step 10"))
+        << r.output;
+    r = Cli("verify j");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    for (const char* line : {"step 8  ok", "step 9  ok", "step 10  ok"}) {
+      EXPECT_TRUE(absl::StrContains(r.output, line)) << line << "\n" << r.output;
+    }
+    const std::string exported = dir_ + "/export.safetensors";
+    r = Cli("export j latest --out " + exported);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = Cli("export j 10 --no-replay --out " + dir_ + "/raw10.safetensors");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    fs::create_directories(dir_ + "/exp");
+    for (int k = 0; k < c.from; ++k) {
+      const std::string name =
+          c.from == 1 ? exported : absl::StrCat(dir_, "/export.rank", k, ".safetensors");
+      fs::copy_file(name, absl::StrCat(dir_, "/exp/rank", k, ".safetensors"));
+    }
+  }
+
+  // The CLI's state for N ranks and for M ranks: the same logical state.
+  const std::string dn = dir_ + "/dn", dm = dir_ + "/dm";
+  r = Cli("restore j latest --out " + dn);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Cli(absl::StrCat("restore j latest --world-size ", c.to, " --out ", dm, " --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, absl::StrCat("\"step\":", steps))) << r.output;
+  const auto a = ReadRankDir(dn, c.from), b = ReadRankDir(dm, c.to);
+  for (const char* t : {"params", "adam_m", "adam_v"}) {
+    ASSERT_EQ(a.count(t), 1u) << t;
+    EXPECT_EQ(a.at(t).size(),
+              trainer::ParamLayout(*trainer::ModelConfigByName("tiny")).total() * 4);
+    EXPECT_TRUE(a.at(t) == b.at(t)) << t << " differs after resharding";
+  }
+  EXPECT_EQ(WithoutWorldSize(a.at("replicated_state")), WithoutWorldSize(b.at("replicated_state")));
+  if (c.chain) {  // export of the recovery point: the same replayed state
+    const auto e = ReadRankDir(dir_ + "/exp", c.from);
+    ASSERT_EQ(e.count("params"), 1u);
+    EXPECT_TRUE(e.at("params") == a.at("params") && e.at("adam_v") == a.at("adam_v"));
+  }
+  EXPECT_TRUE(
+      absl::StrContains(b.at("replicated_state"), absl::StrCat("\nworld_size=", c.to, "\n")));
+
+  // The trainer resumes with M ranks (resharding) and continues exactly like an uninterrupted
+  // M-rank run from the same restored state.
+  const std::string more = absl::StrCat(" --steps ", steps + 2, " --nproc ", c.to);
+  const RunResult resumed = Train("--resume latest --job j" + store_ + more);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(absl::StrContains(resumed.output, absl::StrCat("resumed job j from step ", steps)))
+      << resumed.output;
+  EXPECT_TRUE(absl::StrContains(resumed.output, absl::StrCat("written by ", c.from, " rank")))
+      << resumed.output;
+  const RunResult reference = Train("--init-from " + dm + more);
+  ASSERT_EQ(reference.exit_code, 0) << reference.output;
+  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
+            SummaryField(reference.output, "params_sha256"));
+  const auto l1 = ParseLosses(resumed.output), l2 = ParseLosses(reference.output);
+  ASSERT_EQ(l1.size(), 2u) << resumed.output;
+  EXPECT_EQ(l1, l2);
+
+  // The CLI's `latest` holds the parameters the trainer resumes from (no step left to run).
+  const RunResult at =
+      Train(absl::StrCat("--resume latest --job j --steps ", steps, " --nproc ", c.to, store_));
+  ASSERT_EQ(at.exit_code, 0) << at.output;
+  EXPECT_EQ(SummaryField(at.output, "steps_run"), "0");
+  EXPECT_EQ(SummaryField(at.output, "params_sha256"),
+            Sha256Hex(a.at("params").data(), a.at("params").size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, ReshardTest,
+                         ::testing::Values(Case{2, 1, false, false}, Case{2, 3, false, false},
+                                           Case{3, 2, false, false}, Case{4, 1, false, false},
+                                           Case{2, 1, true, false}, Case{2, 3, true, false},
+                                           Case{3, 2, true, false}, Case{4, 1, true, false},
+                                           Case{2, 3, true, true}, Case{3, 2, false, true},
+                                           Case{4, 1, true, true}),
+                         CaseName);
+
+// A run resumed with another world size goes on logging DELTAs on the same FULL: the chain then
+// mixes slices of 2 and 3 ranks, and replays exactly for any reader.
+TEST(ReshardChainTest, ChainWrittenByTwoWorldSizesReplaysExactly) {
+  const std::string dir = FreshDir("mixed_chain");
+  const std::string flags =
+      " --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log --job j --ckpt-dir " +
+      dir + "/ckpt";
+  ASSERT_EQ(Train("--steps 10 --nproc 2" + flags).exit_code, 0);
+  const RunResult three = Train("--steps 11 --nproc 3 --resume latest" + flags);
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  const RunResult ls = RunCommand(kCli + " --ckpt-dir " + dir + "/ckpt ls j");
+  EXPECT_TRUE(absl::StrContains(ls.output, "recovery point: full 8 + 3 deltas -> step 11"))
+      << ls.output;
+  const RunResult one = Train("--steps 11 --nproc 1 --resume latest --job j --ckpt-dir " + dir +
+                              "/ckpt");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(SummaryField(one.output, "resumed_from"), "11");
+  EXPECT_EQ(SummaryField(one.output, "params_sha256"), SummaryField(three.output, "params_sha256"));
+}
+
+// trainer/model_layout.h: every named parameter of the trainer's flat buffer.
+std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>& tensors,
+                         const std::vector<std::vector<int64_t>>& shapes, const std::string& dtype,
+                         const std::string& step) {
+  std::vector<std::string> items;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    items.push_back(absl::StrCat("{\"name\":\"", tensors[i].first, "\",\"dtype\":\"", dtype,
+                                 "\",\"shape\":[", absl::StrJoin(shapes[i], ","), "],\"sha256\":\"",
+                                 tensors[i].second, "\"}"));
+  }
+  return absl::StrCat("{\"tensors\":[", absl::StrJoin(items, ","), "],\"metadata\":{\"step\":\"",
+                      step, "\"}}");
+}
+
+// The consolidated export, read by tests/client/read_safetensors.py, holds every parameter and
+// both moments by name, equal to the trainer's own saved state (its raw shards).
+TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
+  const std::string dir = FreshDir("consolidate");
+  const std::string store = " --ckpt-dir " + dir + "/ckpt";
+  const RunResult trained =
+      Train("--steps 4 --nproc 2 --ckpt-mode sync --ckpt-every 4 --job j" + store);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string cli = kCli + store;
+  ASSERT_EQ(RunCommand(cli + " restore j 4 --no-replay --out " + dir + "/raw").exit_code, 0);
+  RunResult r = RunCommand(cli + " restore j latest --consolidate --out " + dir + "/c");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = RunCommand(cli + " restore j latest --consolidate --dtype bf16 --out " + dir + "/cb");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto raw = ReadRankDir(dir + "/raw", 2);  // exactly what the trainer saved
+  ASSERT_EQ(raw.count("params"), 1u);
+  const auto params = trainer::NamedParams(*trainer::ModelConfigByName("tiny"));
+  std::vector<std::pair<std::string, std::string>> model, model_bf16, opt;
+  std::vector<std::vector<int64_t>> shapes, opt_shapes;
+  for (const auto& e : params) {
+    const size_t at = e.offset * 4, n = e.numel() * 4;
+    model.push_back({e.name, Sha256Hex(raw.at("params").data() + at, n)});
+    std::vector<uint16_t> bf(e.numel());
+    const float* f = reinterpret_cast<const float*>(raw.at("params").data() + at);
+    for (size_t i = 0; i < bf.size(); ++i) bf[i] = FloatToBf16(f[i]);
+    model_bf16.push_back({e.name, Sha256Hex(bf.data(), bf.size() * 2)});
+    shapes.push_back(e.shape);
+    opt.push_back({e.name + ".exp_avg", Sha256Hex(raw.at("adam_m").data() + at, n)});
+    opt.push_back({e.name + ".exp_avg_sq", Sha256Hex(raw.at("adam_v").data() + at, n)});
+    opt_shapes.push_back(e.shape);
+    opt_shapes.push_back(e.shape);
+  }
+  const auto qkv = std::find_if(params.begin(), params.end(),
+                                [](const auto& e) { return e.name == "h.1.attn.c_attn.weight"; });
+  ASSERT_NE(qkv, params.end());
+  EXPECT_EQ(qkv->shape, (std::vector<int64_t>{192, 64}));  // (3C, C) of layer 1
+  const std::pair<std::string, std::string> checks[] = {
+      {dir + "/c/model.safetensors", ExpectedJson(model, shapes, "F32", "4")},
+      {dir + "/cb/model.safetensors", ExpectedJson(model_bf16, shapes, "BF16", "4")},
+      {dir + "/c/optimizer.safetensors", ExpectedJson(opt, opt_shapes, "F32", "4")}};
+  for (const auto& [file, expected] : checks) {
+    const std::string want = file + ".expected.json";
+    std::ofstream(want) << expected;
+    const RunResult py = RunCommand("python3 " GRADSNAP_SAFETENSORS_READER " " + file + " " + want);
+    EXPECT_EQ(py.exit_code, 0) << file << ": " << py.output;
+  }
+  const RunResult state = RunCommand(
+      "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
+      "print(d['step'], d['optimizer_step'], d['loader']['batch_index'], "
+      "d['lr_schedule']['total_steps'], d['config']['model_config'])\" " +
+      dir + "/c/trainer_state.json");
+  EXPECT_EQ(state.exit_code, 0) << state.output;
+  EXPECT_TRUE(absl::StartsWith(state.output, "4 4 4 4 name=tiny")) << state.output;
+  // A consolidated directory starts a run exactly like the store does.
+  const RunResult a = Train("--steps 6 --nproc 1 --init-from " + dir + "/c");
+  const RunResult b = Train("--steps 6 --nproc 1 --resume latest --job j" + store);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_EQ(SummaryField(a.output, "params_sha256"), SummaryField(b.output, "params_sha256"));
+  // bf16 weights are not exact enough to continue: refused with one line, exit 2.
+  const RunResult bf = Train("--steps 6 --init-from " + dir + "/cb");
+  EXPECT_EQ(bf.exit_code, 2) << bf.output;
+  EXPECT_TRUE(absl::StrContains(bf.output, "bf16")) << bf.output;
+}
+
+// Bad input: one clear line, the documented exit status, nothing written.
+TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
+  const std::string dir = FreshDir("badinput");
+  const std::string store = " --ckpt-dir " + dir + "/ckpt";
+  const RunResult trained = Train(
+      "--steps 6 --nproc 2 --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log "
+      "--job j" +
+      store);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string cli = kCli + store;
+  struct Bad {
+    std::string args;
+    int exit_code;
+    std::string says;
+  };
+  // A checkpoint of another writer (the client's test shards): no model, no slices.
+  {
+    client::ClientOptions o;
+    o.local_dir = dir + "/ckpt";
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(client::testing::SaveTestCheckpoint(**c, "foreign", 3, 2, 7, 64 << 10).ok());
+  }
+  const std::string out = dir + "/out";
+  const std::vector<Bad> bad = {
+      {"restore j latest --world-size 0 --out " + out, 2, "--world-size"},
+      {"restore j latest --world-size 1000000 --out " + out, 2, "exceeds the checkpoint's"},
+      {"restore j latest --world-size 3 --no-replay --out " + out, 2, "--no-replay"},
+      {"restore j latest --dtype f16 --consolidate --out " + out, 2, "--dtype"},
+      {"restore foreign latest --consolidate --out " + out, 2, "cannot be replayed, resharded"},
+      {"restore foreign 3 --world-size 3 --out " + out, 2, "--no-replay"},
+      {"restore j 99 --out " + out, 4, "no committed checkpoint at step 99"},
+  };
+  for (const Bad& b : bad) {
+    const RunResult r = RunCommand(cli + " " + b.args);
+    EXPECT_EQ(r.exit_code, b.exit_code) << b.args << "\n" << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, b.says)) << b.args << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(out)) << b.args;
+  }
+  // A DELTA whose chain lost a record: DELTA 6 needs 5.
+  ASSERT_EQ(RunCommand(cli + " rm j 5").exit_code, 0);
+  RunResult r = RunCommand(cli + " restore j 6 --out " + out);
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_TRUE(absl::StrContains(r.output, "DELTA 5 of its chain is not committed")) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  // The trainer: directories that are not complete restore outputs, a raw DELTA record, a
+  // checkpoint of another shape.
+  ASSERT_EQ(RunCommand(cli + " restore j 4 --out " + dir + "/half").exit_code, 0);
+  fs::remove(dir + "/half/manifest.json");
+  ASSERT_EQ(RunCommand(cli + " restore j 6 --no-replay --out " + dir + "/delta").exit_code, 0);
+  ASSERT_EQ(RunCommand(cli + " restore foreign 3 --out " + dir + "/foreign").exit_code, 0);
+  ASSERT_EQ(RunCommand(cli + " restore j 4 --world-size 3 --out " + dir + "/flip").exit_code, 0);
+  {
+    const std::string file = dir + "/flip/rank1.safetensors";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(fs::file_size(file) / 2);
+    char b = 0;
+    f.seekg(at);
+    f.read(&b, 1);
+    b ^= 1;
+    f.seekp(at);
+    f.write(&b, 1);
+  }
+  const std::vector<Bad> train_bad = {
+      {"--steps 8 --init-from " + dir + "/half", 2, "not a complete restore output"},
+      {"--steps 8 --init-from " + dir + "/nothing", 2, "no restore directory"},
+      {"--steps 8 --init-from " + dir + "/delta", 2, "raw delta record"},
+      {"--steps 8 --nproc 2 --init-from " + dir + "/flip", 2, "does not match its SHA-256"},
+      {"--steps 8 --init-from " + dir + "/foreign", 2, "train state"},
+      {"--steps 8 --resume latest --job j --seq 16" + store, 2, "sequence length"},
+      {"--steps 8 --resume latest --job j --batch 6" + store, 2, "--allow-batch-change"},
+      {"--steps 8 --init-from " + dir + "/half --resume latest" + store, 2, "not both"},
+  };
+  for (const Bad& b : train_bad) {
+    const RunResult t = Train(b.args);
+    EXPECT_EQ(t.exit_code, b.exit_code) << b.args << "\n" << t.output;
+    EXPECT_TRUE(absl::StrContains(t.output, b.says)) << b.args << "\n" << t.output;
+    EXPECT_FALSE(absl::StrContains(t.output, "\nstep ")) << b.args;
+  }
+  // A changed global batch is allowed when asked for.
+  const RunResult changed =
+      Train("--steps 8 --resume latest --job j --batch 6 --allow-batch-change" + store);
+  EXPECT_EQ(changed.exit_code, 0) << changed.output;
+  EXPECT_EQ(SummaryField(changed.output, "resumed_from"), "4") << changed.output;
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsnap

@@ -1,0 +1,84 @@
+#include "tests/trainer/restore_util.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "recovery/json_value.h"
+
+namespace gradsnap {
+namespace testing {
+
+std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
+  std::map<std::string, std::string> out;
+  std::map<std::string, std::map<uint64_t, std::string>> pieces;
+  for (int r = 0; r < n; ++r) {
+    std::ifstream f(absl::StrCat(dir, "/rank", r, ".safetensors"), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string blob = ss.str();
+    if (blob.size() < 8) return {};
+    uint64_t len = 0;
+    for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
+    auto header = recovery::ParseJson(absl::string_view(blob).substr(8, len), "header");
+    if (!header.ok()) return {};
+    const std::string data = blob.substr(8 + len);
+    const recovery::JsonValue* meta = header->Find("__metadata__");
+    for (const auto& [name, e] : header->object) {
+      if (name == "__metadata__") continue;
+      uint64_t b = 0, en = 0;
+      e.Find("data_offsets")->array[0].AsUint(&b);
+      e.Find("data_offsets")->array[1].AsUint(&en);
+      const std::string bytes = data.substr(b, en - b);
+      const recovery::JsonValue* slice = meta->Find("slice." + name);
+      if (slice == nullptr) {
+        if (r == 0) out[name] = bytes;
+        continue;
+      }
+      std::vector<std::string> f3 = absl::StrSplit(slice->text, ':');
+      uint64_t off = 0;
+      absl::SimpleAtoi(f3[1], &off);
+      pieces[f3[0]][off] = bytes;
+    }
+  }
+  for (const auto& [flat, by_offset] : pieces) {
+    for (const auto& [off, bytes] : by_offset) out[flat] += bytes;
+  }
+  return out;
+}
+
+int FlipStoredByte(const std::string& ckpt_dir, const std::string& job, int64_t step, int rank) {
+  const std::string dir = absl::StrFormat("%s/segments/%s/%020d", ckpt_dir, job, step);
+  const std::string prefix = absl::StrFormat("r%010d-", rank);
+  int flipped = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().rfind(prefix, 0) != 0) continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(std::filesystem::file_size(e.path()) / 2);
+    char b = 0;
+    f.seekg(at);
+    f.read(&b, 1);
+    b ^= 0x10;
+    f.seekp(at);
+    f.write(&b, 1);
+    ++flipped;
+  }
+  return flipped;
+}
+
+std::string WithoutWorldSize(const std::string& state) {
+  std::string out;
+  for (absl::string_view line : absl::StrSplit(state, '\n')) {
+    if (!absl::StartsWith(line, "world_size=")) absl::StrAppend(&out, line, "\n");
+  }
+  return out;
+}
+
+}  // namespace testing
+}  // namespace gradsnap
