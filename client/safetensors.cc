@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/json.h"
+#include "common/digest.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -95,7 +96,14 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
                                    absl::StrJoin(s.shape, ","), "],\"data_offsets\":[", offset,
                                    ",", offset + s.byte_length, "]}"));
     offset += s.byte_length;
-    meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
+    if (!s.sha256.empty()) {
+      meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
+    }
+    if (t.digest_algo != DigestAlgo::kSha256) {
+      meta.push_back(absl::StrCat(JsonQuote(absl::StrCat(DigestAlgoName(t.digest_algo), ".",
+                                                         s.name)),
+                                  ":", JsonQuote(t.digest)));
+    }
     if (!s.flat_name.empty()) {
       meta.push_back(absl::StrCat(JsonQuote("slice." + s.name), ":",
                                   JsonQuote(absl::StrCat(s.flat_name, ":", s.flat_offset, ":",

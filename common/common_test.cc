@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/crc32c.h"
+#include "common/digest.h"
 #include "common/dtype.h"
 #include "common/names.h"
 #include "common/sha256.h"
@@ -40,6 +41,37 @@ TEST(Sha256, KnownVector) {
   h.Update("a", 1);
   h.Update("bc", 2);
   EXPECT_EQ(DigestToHex(h.Finish()), Sha256Hex("abc", 3));
+}
+
+TEST(Digest, KnownVectorsAndStreaming) {
+  // The xxHash project's reference value for the empty input (XXH3_128bits, seed 0).
+  EXPECT_EQ(DigestHex(DigestAlgo::kXxh3_128, "", 0), "99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(DigestHex(DigestAlgo::kSha256, "abc", 3), Sha256Hex("abc", 3));
+  std::string data(1 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (DigestAlgo algo : {DigestAlgo::kXxh3_128, DigestAlgo::kSha256}) {
+    std::string whole = DigestHex(algo, data.data(), data.size());
+    EXPECT_EQ(whole.size(), DigestHexLength(algo));
+    EXPECT_TRUE(IsDigestHex(algo, whole));
+    Digester d(algo);
+    for (size_t cut : {size_t{0}, size_t{1}, size_t{63}, size_t{4096}, size_t{700000}}) {
+      d.Update(data.data(), cut);
+      d.Update(data.data() + cut, data.size() - cut);
+      EXPECT_EQ(d.FinishHex(), whole) << DigestAlgoName(algo) << " cut " << cut;
+    }
+    data[12345] ^= 1;
+    EXPECT_NE(DigestHex(algo, data.data(), data.size()), whole);
+    data[12345] ^= 1;
+  }
+  DigestAlgo a;
+  EXPECT_TRUE(ParseDigestAlgo("xxh3", &a) && a == DigestAlgo::kXxh3_128);
+  EXPECT_TRUE(ParseDigestAlgo("xxh3-128", &a) && a == DigestAlgo::kXxh3_128);
+  EXPECT_TRUE(ParseDigestAlgo("sha256", &a) && a == DigestAlgo::kSha256);
+  EXPECT_FALSE(ParseDigestAlgo("md5", &a));
+  EXPECT_FALSE(IsKnownDigestAlgo(0));
+  EXPECT_FALSE(IsKnownDigestAlgo(3));
+  EXPECT_FALSE(IsDigestHex(DigestAlgo::kXxh3_128, std::string(32, 'A')));
+  EXPECT_FALSE(IsDigestHex(DigestAlgo::kSha256, std::string(32, 'a')));
 }
 
 TEST(Names, ValidAndInvalid) {

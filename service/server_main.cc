@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/logging.h"
 #include "common/token.h"
 #include "service/server.h"
@@ -31,6 +32,7 @@ ABSL_FLAG(uint64_t, max_inflight_bytes, 256u << 20, "Cap on upload bytes held in
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics over HTTP. Default: off.");
 ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
+ABSL_FLAG(std::string, digest, "xxh3", "Per-tensor digest of new shards: xxh3 (XXH3-128) or sha256. Default: xxh3.");
 
 namespace {
 
@@ -88,6 +90,9 @@ int main(int argc, char** argv) {
   o.engine.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.engine.data_dir.empty()) return Fail("--data-dir is required (see --help)");
   o.engine.zstd_level = absl::GetFlag(FLAGS_zstd_level);
+  if (!gradsnap::ParseDigestAlgo(absl::GetFlag(FLAGS_digest), &o.engine.digest)) {
+    return Fail("--digest must be xxh3 or sha256");
+  }
   o.listen = absl::GetFlag(FLAGS_listen);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);

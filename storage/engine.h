@@ -73,6 +73,10 @@ struct EngineOptions {
   uint64_t segment_bytes = 1ull << 30;
   // Threads encoding (shuffle + zstd + crc) chunks of one writer in parallel. Default: 2.
   int encode_threads = 2;
+  // Per-tensor content digest of newly created shards (docs/format.md, "Digests"): XXH3-128
+  // or SHA-256. A shard keeps the algorithm it was created with (a resumed writer too); every
+  // read verifies with the algorithm that wrote the shard. Default: XXH3-128.
+  DigestAlgo digest = DigestAlgo::kXxh3_128;
   // Filesystem seam for fault injection; nullptr means the real POSIX one. Default: nullptr.
   class FileSystem* fs = nullptr;
 };
@@ -91,7 +95,8 @@ class ShardWriter {
   virtual absl::Status Append(const void* data, size_t n) = 0;
   // Makes everything appended so far durable (committed_size() == written_size() after).
   virtual absl::Status Flush() = 0;
-  // Requires written_size() == total_size(): flushes, checks SHA-256s, commits the shard, and
+  // Requires written_size() == total_size(): flushes, checks expected SHA-256s, commits the
+  // shard, and
   // the checkpoint if this was its last shard. Idempotent once it has succeeded.
   virtual absl::Status Finish() = 0;
 };
@@ -102,10 +107,10 @@ class ShardReader {
   virtual ~ShardReader() = default;
   virtual const ShardInfo& info() const = 0;
   // Reads the whole tensor `index` into out[0, byte_length), verifying every chunk and the
-  // tensor's SHA-256.
+  // tensor's digest.
   virtual absl::Status ReadTensor(size_t index, void* out, size_t out_len) = 0;
   // Streams the payload from `offset`: fills up to n bytes, returns the count (0 at the end).
-  // Chunks are verified as they are read; the SHA-256 of a tensor is checked when the stream
+  // Chunks are verified as they are read; the digest of a tensor is checked when the stream
   // passes its end (when the stream started at or before the tensor's start).
   virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
 };
@@ -144,7 +149,7 @@ class Engine {
   virtual absl::StatusOr<std::unique_ptr<ShardReader>> OpenShardReader(const std::string& job,
                                                                        int64_t step,
                                                                        int32_t rank) = 0;
-  // Re-reads every chunk of every shard and checks checksums and SHA-256s.
+  // Re-reads every chunk of every shard and checks checksums and digests.
   virtual absl::Status Verify(const std::string& job, int64_t step) = 0;
   // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it.
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;

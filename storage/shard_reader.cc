@@ -4,8 +4,8 @@
 //   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
 //   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
 //   so several reads are in flight while the caller copies and hashes in order. Every chunk is
-//   checked against its metadata and both CRCs; every tensor's SHA-256 is checked before the
-//   last bytes of the tensor are handed out.
+//   checked against its metadata and both CRCs; every tensor's digest (with the algorithm that
+//   wrote the shard) is checked before the last bytes of the tensor are handed out.
 //
 // ERROR HANDLING
 //   Any failure is DATA_LOSS naming job, step, rank and tensor; no byte of a failed chunk is
@@ -18,7 +18,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/sha256.h"
+#include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/storage_stats.h"
@@ -71,7 +71,7 @@ class ShardReaderImpl : public ShardReader {
   ShardReaderImpl(EngineImpl* engine, ShardInfo info, std::vector<ChunkRecord> chunks,
                   std::string job, int64_t step)
       : engine_(engine), info_(std::move(info)), chunks_(std::move(chunks)),
-        job_(std::move(job)), step_(step) {
+        job_(std::move(job)), step_(step), digest_(info_.digest_algo) {
     uint64_t pos = 0;
     for (const TensorInfo& t : info_.tensors) {
       tensor_start_.push_back(pos);
@@ -112,6 +112,10 @@ class ShardReaderImpl : public ShardReader {
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
+  absl::Status DigestMismatch() const {
+    return absl::DataLossError(
+        absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
+  }
   void Schedule(size_t chunk);
   absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
@@ -135,7 +139,7 @@ class ShardReaderImpl : public ShardReader {
   std::vector<std::shared_ptr<Slot>> spare_;  // finished slots whose buffers are reused
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
-  Sha256 sha_;
+  Digester digest_;
   std::unique_ptr<TaskPool<ReaderContext>> pool_;
 };
 
@@ -209,7 +213,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
                                                    t.byte_length, " at ",
                                                    Where(job_, step_, info_.rank, t.name)));
   }
-  Sha256 sha;
+  Digester digest(info_.digest_algo);
   uint8_t* dst = static_cast<uint8_t*>(out);
   uint64_t pos = tensor_start_[index];
   for (size_t i = first_chunk_[index]; i < first_chunk_[index + 1]; ++i) {
@@ -220,15 +224,15 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
     std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
-    sha.Update(slot->data, h.raw_len);
+    digest.Update(slot->data, h.raw_len);
     pos += h.raw_len;
     Recycle(std::move(slot));
   }
   if (pos != tensor_start_[index + 1]) {
     return Loss(index, absl::DataLossError("chunks missing"));
   }
-  if (DigestToHex(sha.Finish()) != t.sha256) {
-    return Loss(index, absl::DataLossError("tensor SHA-256 mismatch"));
+  if (digest.FinishHex() != info_.tensors[index].digest) {
+    return Loss(index, DigestMismatch());
   }
   StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(out_len));
   return absl::OkStatus();
@@ -238,7 +242,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
 absl::Status ShardReaderImpl::HashChunk(size_t chunk, const uint8_t* data) {
   const ChunkRecord& c = chunks_[chunk];
   if (c.header.stream_offset == tensor_start_[c.tensor]) {
-    sha_.Reset();
+    digest_.Reset();
     hash_tensor_ = c.tensor;
     hash_next_ = c.header.stream_offset;
   }
@@ -246,12 +250,12 @@ absl::Status ShardReaderImpl::HashChunk(size_t chunk, const uint8_t* data) {
     hash_tensor_ = -1;  // the stream started mid-tensor: CRCs only
     return absl::OkStatus();
   }
-  sha_.Update(data, c.header.raw_len);
+  digest_.Update(data, c.header.raw_len);
   hash_next_ += c.header.raw_len;
   if (hash_next_ == tensor_start_[c.tensor + 1]) {
     hash_tensor_ = -1;
-    if (DigestToHex(sha_.Finish()) != info_.tensors[c.tensor].spec.sha256) {
-      return Loss(c.tensor, absl::DataLossError("tensor SHA-256 mismatch"));
+    if (digest_.FinishHex() != info_.tensors[c.tensor].digest) {
+      return Loss(c.tensor, DigestMismatch());
     }
   }
   return absl::OkStatus();

@@ -5,7 +5,7 @@
 //   Append() copies the caller's bytes straight into a record buffer (after the header space)
 //   and dispatches a full chunk as a job. A job is encoded on a pool thread (ChunkEncoder,
 //   in place unless compression pays), queued on the SegmentWriter (io_uring), and hashed into
-//   its tensor's SHA-256 lane. Jobs of one tensor are hashed in order: a job that arrives out
+//   its tensor's digest lane (XXH3-128 or SHA-256, the shard's algorithm). Jobs of one tensor are hashed in order: a job that arrives out
 //   of order is parked in its lane and hashed by whichever thread holds the lane, so no thread
 //   waits and different tensors hash in parallel. Chunk offsets in the segment follow
 //   completion order; the metadata records where each chunk landed.
@@ -26,7 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/sha256.h"
+#include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/segment_writer.h"
@@ -52,7 +52,17 @@ struct Job {
 };
 
 struct HashLane {
-  Sha256 sha;
+  HashLane(DigestAlgo algo, bool check_sha256)
+      : digest(algo),
+        sha256(check_sha256 && algo != DigestAlgo::kSha256
+                   ? std::make_unique<Digester>(DigestAlgo::kSha256)
+                   : nullptr) {}
+  void Update(const uint8_t* data, size_t n) {
+    digest.Update(data, n);
+    if (sha256 != nullptr) sha256->Update(data, n);
+  }
+  Digester digest;                     // the shard's algorithm
+  std::unique_ptr<Digester> sha256;    // an expected SHA-256 to check besides a non-SHA digest
   uint32_t next = 0;                   // index_in_tensor of the next job to hash
   uint32_t total = UINT32_MAX;         // chunks in the tensor, once the stream passed its end
   std::map<uint32_t, Job*> parked;
@@ -76,6 +86,7 @@ class ShardWriterImpl : public ShardWriter {
 
  private:
   absl::Status ResumeHash(uint32_t tensor);
+  HashLane* Lane(uint32_t tensor);
   void StartChunk();
   void Dispatch();
   void AdvanceTensor();
@@ -135,7 +146,7 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
     total_ += t.byte_length;
     tensor_end_.push_back(total_);
   }
-  rec_.tensor_sha256.resize(rec_.spec.tensors.size());
+  rec_.tensor_digests.resize(rec_.spec.tensors.size());
   lanes_.resize(rec_.spec.tensors.size());
   written_ = committed_ = rec_.committed_size;
   // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
@@ -162,7 +173,7 @@ void ShardWriterImpl::WaitIdle() {
 absl::Status ShardWriterImpl::Init() {
   {
     absl::MutexLock lock(&mu_);
-    digests_ = rec_.tensor_sha256;
+    digests_ = rec_.tensor_digests;
   }
   uint32_t max_seq = 0;
   for (const SegmentRef& s : rec_.segments) max_seq = std::max(max_seq, s.seq + 1);
@@ -175,7 +186,7 @@ absl::Status ShardWriterImpl::Init() {
   tensor_ = 0;
   while (tensor_ < tensor_end_.size() &&
          (tensor_end_[tensor_] < written_ ||
-          (tensor_end_[tensor_] == written_ && !rec_.tensor_sha256[tensor_].empty()))) {
+          (tensor_end_[tensor_] == written_ && !rec_.tensor_digests[tensor_].empty()))) {
     ++tensor_;
   }
   if (tensor_ < tensor_end_.size()) {
@@ -191,8 +202,7 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
   const ShardSpec& s = rec_.spec;
   ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
                    engine_->LoadChunks(s.job, s.step, s.rank, rec_.chunk_count));
-  lanes_[tensor] = std::make_unique<HashLane>();
-  HashLane* lane = lanes_[tensor].get();
+  HashLane* lane = Lane(tensor);
   std::vector<uint8_t> buf;
   ChunkDecoder dec;
   for (const ChunkRecord& c : chunks) {
@@ -200,11 +210,20 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
     buf.resize(c.header.raw_len);
     RETURN_IF_ERROR(ReadChunk(engine_, s.job, s.step, s.rank, s.tensors[tensor].name, c,
                               &dec, buf.data()));
-    lane->sha.Update(buf.data(), buf.size());
+    lane->Update(buf.data(), buf.size());
     ++lane->next;
   }
   tensor_chunks_ = lane->next;
   return absl::OkStatus();
+}
+
+// The hash lane of `tensor`, created on first use. Caller thread only (Dispatch, Advance).
+HashLane* ShardWriterImpl::Lane(uint32_t tensor) {
+  if (lanes_[tensor] == nullptr) {
+    lanes_[tensor] = std::make_unique<HashLane>(rec_.digest_algo,
+                                                !rec_.spec.tensors[tensor].sha256.empty());
+  }
+  return lanes_[tensor].get();
 }
 
 void ShardWriterImpl::StartChunk() {
@@ -217,10 +236,10 @@ void ShardWriterImpl::StartChunk() {
 // total in its lane so the lane can finalize its digest.
 void ShardWriterImpl::AdvanceTensor() {
   while (tensor_ < tensor_end_.size() && written_ == tensor_end_[tensor_]) {
-    if (lanes_[tensor_] == nullptr) lanes_[tensor_] = std::make_unique<HashLane>();
+    HashLane* lane = Lane(tensor_);
     absl::MutexLock lock(&mu_);
-    lanes_[tensor_]->total = tensor_chunks_;
-    if (!lanes_[tensor_]->busy) FinalizeLaneLocked(tensor_);
+    lane->total = tensor_chunks_;
+    if (!lane->busy) FinalizeLaneLocked(tensor_);
     ++tensor_;
     tensor_chunks_ = 0;
   }
@@ -264,8 +283,7 @@ void ShardWriterImpl::Dispatch() {
   job->chunk_index = next_chunk_index_++;
   job->stream_offset = cur_start_;
   cur_len_ = 0;
-  if (lanes_[tensor_] == nullptr) lanes_[tensor_] = std::make_unique<HashLane>();
-  HashLane* lane = lanes_[tensor_].get();
+  HashLane* lane = Lane(tensor_);
   // Adaptive bypass: after two chunks of a tensor that did not compress, only every 8th
   // chunk tries again.
   // Throughput bypass: compress only while the disk is behind (enough writes queued), so
@@ -359,7 +377,7 @@ void ShardWriterImpl::Hash(Job* job) {
       next = it->second;
       lane->parked.erase(it);
     }
-    lane->sha.Update(next->raw->data() + kChunkHeaderSize, next->n);
+    lane->Update(next->raw->data() + kChunkHeaderSize, next->n);
     {
       // Finalize before Release: once the last job is released, Persist() may read digests_.
       absl::MutexLock lock(&mu_);
@@ -374,11 +392,12 @@ void ShardWriterImpl::FinalizeLaneLocked(uint32_t tensor) {
   HashLane* lane = lanes_[tensor].get();
   if (lane == nullptr || lane->done || lane->next != lane->total) return;
   lane->done = true;
-  std::string hex = DigestToHex(lane->sha.Finish());
+  std::string hex = lane->digest.FinishHex();
+  std::string sha = lane->sha256 != nullptr ? lane->sha256->FinishHex() : hex;
   const TensorSpec& t = rec_.spec.tensors[tensor];
-  if (!t.sha256.empty() && t.sha256 != hex && error_.ok()) {
+  if (!t.sha256.empty() && t.sha256 != sha && error_.ok()) {
     error_ = absl::DataLossError(absl::StrCat(
-        "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", hex, " for ",
+        "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", sha, " for ",
         Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank, t.name)));
   }
   digests_[tensor] = std::move(hex);
@@ -434,7 +453,7 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
   {
     absl::MutexLock lock(&mu_);
     chunks = completed_;
-    next.tensor_sha256 = digests_;
+    next.tensor_digests = digests_;
   }
   std::sort(chunks.begin(), chunks.end(), [](const ChunkRecord& a, const ChunkRecord& b) {
     return a.header.stream_offset < b.header.stream_offset;
@@ -455,8 +474,8 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     sealed_.clear();
   }
   if (finish) {
-    for (size_t i = 0; i < next.tensor_sha256.size(); ++i) {
-      if (next.tensor_sha256[i].empty()) {
+    for (size_t i = 0; i < next.tensor_digests.size(); ++i) {
+      if (next.tensor_digests[i].empty()) {
         return absl::InternalError(absl::StrCat("no digest for ",
                                                 Where(rec_.spec.job, rec_.spec.step,
                                                       rec_.spec.rank, rec_.spec.tensors[i].name)));
