@@ -69,11 +69,13 @@ class ChunkEncoder {
   // writer's adaptive bypass). n <= kMaxChunkRawBytes.
   ChunkHeader Encode(const uint8_t* raw, size_t n, DType dtype, uint64_t stream_offset,
                      bool try_compress, uint8_t* out);
-  // The writer's zero-copy variant: the raw bytes already sit at rec + kChunkHeaderSize. If
-  // compression pays, the record is built in `alt` (capacity >= MaxRecordSize(n)) and
-  // *in_alt is set; otherwise the header is written in front of the raw bytes in `rec`.
-  ChunkHeader EncodeInPlace(uint8_t* rec, size_t n, DType dtype, uint64_t stream_offset,
-                            bool try_compress, uint8_t* alt, bool* in_alt);
+  // The writer's zero-copy variant: the raw bytes already sit at rec + kChunkHeaderSize and
+  // crc_raw is their CRC-32C (the writer computes it while copying them in, one pass per
+  // byte). If compression pays, the record is built in `alt` (capacity >= MaxRecordSize(n))
+  // and *in_alt is set; otherwise the header is written in front of the raw bytes in `rec`.
+  ChunkHeader EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw, DType dtype,
+                            uint64_t stream_offset, bool try_compress, uint8_t* alt,
+                            bool* in_alt);
 
  private:
   CodecOptions options_;

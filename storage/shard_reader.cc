@@ -31,6 +31,7 @@ namespace {
 constexpr size_t kReadAheadBytes = 128 << 20;  // per reader: bounds its memory
 constexpr size_t kMaxWindow = 64;                // chunks read ahead, at most
 constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
+constexpr size_t kFuseBlock = 64 << 10;          // copied then hashed while in cache
 
 absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std::string& job,
                                                   int64_t step, int32_t rank, uint32_t seq) {
@@ -223,8 +224,13 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
     if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
-    std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
-    digest.Update(slot->data, h.raw_len);
+    // One pass: copy a cache-sized block, then hash it from the cache.
+    uint8_t* to = dst + (pos - tensor_start_[index]);
+    for (size_t done = 0; done < h.raw_len; done += kFuseBlock) {
+      size_t n = std::min<size_t>(kFuseBlock, h.raw_len - done);
+      std::memcpy(to + done, slot->data + done, n);
+      digest.Update(to + done, n);
+    }
     pos += h.raw_len;
     Recycle(std::move(slot));
   }

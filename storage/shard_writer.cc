@@ -2,13 +2,14 @@
 // hashes each tensor, and appends the records to segment files.
 //
 // OVERVIEW
-//   Append() copies the caller's bytes straight into a record buffer (after the header space)
-//   and dispatches a full chunk as a job. A job is encoded on a pool thread (ChunkEncoder,
-//   in place unless compression pays), queued on the SegmentWriter (io_uring), and hashed into
-//   its tensor's digest lane (XXH3-128 or SHA-256, the shard's algorithm). Jobs of one tensor are hashed in order: a job that arrives out
-//   of order is parked in its lane and hashed by whichever thread holds the lane, so no thread
-//   waits and different tensors hash in parallel. Chunk offsets in the segment follow
-//   completion order; the metadata records where each chunk landed.
+//   Append() makes one pass over every byte: it copies the caller's bytes straight into a
+//   record buffer (after the header space) in cache-sized blocks (kFuseBlock), and while each
+//   block is in cache extends the chunk's CRC-32C and the tensor's digest (XXH3-128 or
+//   SHA-256, the shard's algorithm) with it. The stream is in order on the caller thread, so
+//   the digest needs no reordering. A full chunk is dispatched as a job: encoded on a pool
+//   thread (ChunkEncoder, in place unless compression pays; the raw CRC is already known) and
+//   queued on the SegmentWriter (io_uring). Chunk offsets in the segment follow completion
+//   order; the metadata records where each chunk landed.
 //   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
 //   then one synced RocksDB batch with the new chunk keys and the shard record.
 //
@@ -22,10 +23,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/crc32c.h"
 #include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
@@ -37,38 +38,21 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
+// Bytes copied, CRC'ed and hashed at a time: small enough to stay in L1/L2 between the copy
+// and the two checksums, large enough to amortize the calls.
+constexpr size_t kFuseBlock = 64 << 10;
+
 struct Job {
   std::unique_ptr<AlignedBuffer> raw;  // record buffer with raw bytes after the header
   std::unique_ptr<AlignedBuffer> alt;  // compressed record, when compression pays
   size_t n = 0;
+  uint32_t crc_raw = 0;                // CRC-32C of the raw bytes, computed while copying
   uint32_t tensor = 0;
   uint32_t index_in_tensor = 0;
   uint32_t chunk_index = 0;            // in the shard's stream
   uint64_t stream_offset = 0;
   bool try_compress = true;
   ChunkRecord record;
-  std::atomic<int> refs{2};            // I/O and hash
-  absl::Status status;                 // guarded by the writer's mu_ once shared
-};
-
-struct HashLane {
-  HashLane(DigestAlgo algo, bool check_sha256)
-      : digest(algo),
-        sha256(check_sha256 && algo != DigestAlgo::kSha256
-                   ? std::make_unique<Digester>(DigestAlgo::kSha256)
-                   : nullptr) {}
-  void Update(const uint8_t* data, size_t n) {
-    digest.Update(data, n);
-    if (sha256 != nullptr) sha256->Update(data, n);
-  }
-  Digester digest;                     // the shard's algorithm
-  std::unique_ptr<Digester> sha256;    // an expected SHA-256 to check besides a non-SHA digest
-  uint32_t next = 0;                   // index_in_tensor of the next job to hash
-  uint32_t total = UINT32_MAX;         // chunks in the tensor, once the stream passed its end
-  std::map<uint32_t, Job*> parked;
-  bool busy = false;
-  bool done = false;
-  std::atomic<int> no_gain{0};         // consecutive chunks that did not compress
 };
 
 class ShardWriterImpl : public ShardWriter {
@@ -86,15 +70,14 @@ class ShardWriterImpl : public ShardWriter {
 
  private:
   absl::Status ResumeHash(uint32_t tensor);
-  HashLane* Lane(uint32_t tensor);
+  void StartTensorDigest();
+  void HashBytes(const uint8_t* data, size_t n);
   void StartChunk();
   void Dispatch();
   void AdvanceTensor();
   void Encode(Job* job, ChunkEncoder* enc);
   void SubmitIo(Job* job);
-  void Hash(Job* job);
   void Release(Job* job, const absl::Status& s);
-  void FinalizeLaneLocked(uint32_t tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Persist(bool finish);
   absl::Status SyncSegments();
   void WaitIdle();
@@ -118,9 +101,15 @@ class ShardWriterImpl : public ShardWriter {
   uint32_t next_chunk_index_ = 0;
   std::unique_ptr<AlignedBuffer> cur_;
   size_t cur_len_ = 0;
+  uint32_t cur_crc_ = 0;              // CRC-32C of cur_'s bytes so far
   uint64_t cur_start_ = 0;
   bool finished_ = false;
-  std::vector<std::unique_ptr<HashLane>> lanes_;  // per tensor, created on demand
+  Digester digest_;                   // tensor_'s bytes so far, the shard's algorithm
+  // tensor_'s bytes for its expected SHA-256, when it has one and digest_ is not SHA-256.
+  std::unique_ptr<Digester> sha256_;
+  bool check_sha256_ = false;         // sha256_ is in use for tensor_
+  // Per tensor: consecutive chunks that did not compress (adaptive bypass; pool threads).
+  std::unique_ptr<std::atomic<int>[]> no_gain_;
 
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs not yet released
@@ -141,13 +130,14 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
     : engine_(engine),
       opt_(engine->options()),
       key_(ShardKey(rec.spec.job, rec.spec.step, rec.spec.rank)),
-      rec_(std::move(rec)) {
+      rec_(std::move(rec)),
+      digest_(rec_.digest_algo) {
   for (const TensorSpec& t : rec_.spec.tensors) {
     total_ += t.byte_length;
     tensor_end_.push_back(total_);
   }
   rec_.tensor_digests.resize(rec_.spec.tensors.size());
-  lanes_.resize(rec_.spec.tensors.size());
+  no_gain_ = std::make_unique<std::atomic<int>[]>(rec_.spec.tensors.size() + 1);
   written_ = committed_ = rec_.committed_size;
   // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
   max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * opt_.encode_threads + 8));
@@ -164,7 +154,7 @@ ShardWriterImpl::~ShardWriterImpl() {
   engine_->ReleaseWriter(key_);
 }
 
-// Waits until every dispatched job has been encoded, written and hashed.
+// Waits until every dispatched job has been encoded and written.
 void ShardWriterImpl::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &pending_));
@@ -189,6 +179,7 @@ absl::Status ShardWriterImpl::Init() {
           (tensor_end_[tensor_] == written_ && !rec_.tensor_digests[tensor_].empty()))) {
     ++tensor_;
   }
+  StartTensorDigest();
   if (tensor_ < tensor_end_.size()) {
     uint64_t start = tensor_end_[tensor_] - rec_.spec.tensors[tensor_].byte_length;
     if (written_ > start) RETURN_IF_ERROR(ResumeHash(tensor_));
@@ -202,7 +193,9 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
   const ShardSpec& s = rec_.spec;
   ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
                    engine_->LoadChunks(s.job, s.step, s.rank, rec_.chunk_count));
-  HashLane* lane = Lane(tensor);
+  std::sort(chunks.begin(), chunks.end(), [](const ChunkRecord& a, const ChunkRecord& b) {
+    return a.header.stream_offset < b.header.stream_offset;
+  });
   std::vector<uint8_t> buf;
   ChunkDecoder dec;
   for (const ChunkRecord& c : chunks) {
@@ -210,38 +203,55 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
     buf.resize(c.header.raw_len);
     RETURN_IF_ERROR(ReadChunk(engine_, s.job, s.step, s.rank, s.tensors[tensor].name, c,
                               &dec, buf.data()));
-    lane->Update(buf.data(), buf.size());
-    ++lane->next;
+    HashBytes(buf.data(), buf.size());
+    ++tensor_chunks_;
   }
-  tensor_chunks_ = lane->next;
   return absl::OkStatus();
 }
 
-// The hash lane of `tensor`, created on first use. Caller thread only (Dispatch, Advance).
-HashLane* ShardWriterImpl::Lane(uint32_t tensor) {
-  if (lanes_[tensor] == nullptr) {
-    lanes_[tensor] = std::make_unique<HashLane>(rec_.digest_algo,
-                                                !rec_.spec.tensors[tensor].sha256.empty());
+// Resets the running digests for tensor_ (caller thread).
+void ShardWriterImpl::StartTensorDigest() {
+  digest_.Reset();
+  check_sha256_ = tensor_ < tensor_end_.size() && !rec_.spec.tensors[tensor_].sha256.empty() &&
+                  rec_.digest_algo != DigestAlgo::kSha256;
+  if (check_sha256_) {
+    if (sha256_ == nullptr) sha256_ = std::make_unique<Digester>(DigestAlgo::kSha256);
+    sha256_->Reset();
   }
-  return lanes_[tensor].get();
+}
+
+void ShardWriterImpl::HashBytes(const uint8_t* data, size_t n) {
+  digest_.Update(data, n);
+  if (check_sha256_) sha256_->Update(data, n);
 }
 
 void ShardWriterImpl::StartChunk() {
   cur_ = engine_->record_pool()->Get();
   cur_len_ = 0;
+  cur_crc_ = 0;
   cur_start_ = written_;
 }
 
-// Moves tensor_ past every tensor the stream has fully passed, recording each one's chunk
-// total in its lane so the lane can finalize its digest.
+// Moves tensor_ past every tensor the stream has fully passed, finishing each one's digest
+// (and checking its expected SHA-256). Persist() stores a digest once all the tensor's
+// chunks are durable, which it waits for.
 void ShardWriterImpl::AdvanceTensor() {
   while (tensor_ < tensor_end_.size() && written_ == tensor_end_[tensor_]) {
-    HashLane* lane = Lane(tensor_);
-    absl::MutexLock lock(&mu_);
-    lane->total = tensor_chunks_;
-    if (!lane->busy) FinalizeLaneLocked(tensor_);
+    std::string hex = digest_.FinishHex();
+    std::string sha = check_sha256_ ? sha256_->FinishHex() : hex;
+    const TensorSpec& t = rec_.spec.tensors[tensor_];
+    {
+      absl::MutexLock lock(&mu_);
+      if (!t.sha256.empty() && t.sha256 != sha && error_.ok()) {
+        error_ = absl::DataLossError(absl::StrCat(
+            "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", sha, " for ",
+            Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank, t.name)));
+      }
+      digests_[tensor_] = std::move(hex);
+    }
     ++tensor_;
     tensor_chunks_ = 0;
+    StartTensorDigest();
   }
 }
 
@@ -261,8 +271,12 @@ absl::Status ShardWriterImpl::Append(const void* data, size_t n) {
   while (n > 0) {
     if (cur_ == nullptr) StartChunk();
     size_t room = std::min<uint64_t>(opt_.chunk_bytes - cur_len_, tensor_end_[tensor_] - written_);
-    size_t take = std::min(room, n);
-    std::memcpy(cur_->data() + kChunkHeaderSize + cur_len_, p, take);
+    size_t take = std::min({room, n, kFuseBlock});
+    // One pass: copy a block, then CRC and hash it while it is in cache.
+    uint8_t* dst = cur_->data() + kChunkHeaderSize + cur_len_;
+    std::memcpy(dst, p, take);
+    cur_crc_ = Crc32cExtend(cur_crc_, dst, take);
+    HashBytes(dst, take);
     cur_len_ += take;
     written_ += take;
     p += take;
@@ -278,19 +292,19 @@ void ShardWriterImpl::Dispatch() {
   auto* job = new Job;
   job->raw = std::move(cur_);
   job->n = cur_len_;
+  job->crc_raw = cur_crc_;
   job->tensor = tensor_;
   job->index_in_tensor = tensor_chunks_++;
   job->chunk_index = next_chunk_index_++;
   job->stream_offset = cur_start_;
   cur_len_ = 0;
-  HashLane* lane = Lane(tensor_);
   // Adaptive bypass: after two chunks of a tensor that did not compress, only every 8th
   // chunk tries again.
   // Throughput bypass: compress only while the disk is behind (enough writes queued), so
   // encoding time hides behind I/O and compression never lowers throughput.
   bool disk_busy = !opt_.adapt_compression || io_pending_.load() >= max_jobs_ * 3 / 4;
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
-                      (lane->no_gain.load() < 2 || job->index_in_tensor % 8 == 0);
+                      (no_gain_[tensor_].load() < 2 || job->index_in_tensor % 8 == 0);
   {
     // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
@@ -308,17 +322,15 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
     job->alt = engine_->record_pool()->Get();
     alt = job->alt->data();
   }
-  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, t.dtype, job->stream_offset,
-                                     job->try_compress, alt, &in_alt);
+  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, job->crc_raw, t.dtype,
+                                     job->stream_offset, job->try_compress, alt, &in_alt);
   if (job->try_compress) {
-    HashLane* lane = lanes_[job->tensor].get();
-    if (in_alt) lane->no_gain.store(0); else lane->no_gain.fetch_add(1);
+    if (in_alt) no_gain_[job->tensor].store(0); else no_gain_[job->tensor].fetch_add(1);
   }
   if (!in_alt && job->alt != nullptr) engine_->record_pool()->Put(std::move(job->alt));
   job->record.header = h;
   job->record.tensor = job->tensor;
   SubmitIo(job);
-  Hash(job);
 }
 
 void ShardWriterImpl::SubmitIo(Job* job) {
@@ -355,64 +367,13 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   });
 }
 
-void ShardWriterImpl::Hash(Job* job) {
-  const uint32_t tensor = job->tensor;  // `job` may be freed by the Release calls below
-  HashLane* lane = lanes_[tensor].get();
-  {
-    absl::MutexLock lock(&mu_);
-    lane->parked[job->index_in_tensor] = job;
-    if (lane->busy) return;  // the lane's holder will hash it
-    lane->busy = true;
-  }
-  for (;;) {
-    Job* next = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = lane->parked.find(lane->next);
-      if (it == lane->parked.end()) {
-        lane->busy = false;
-        FinalizeLaneLocked(tensor);
-        return;
-      }
-      next = it->second;
-      lane->parked.erase(it);
-    }
-    lane->Update(next->raw->data() + kChunkHeaderSize, next->n);
-    {
-      // Finalize before Release: once the last job is released, Persist() may read digests_.
-      absl::MutexLock lock(&mu_);
-      ++lane->next;
-      FinalizeLaneLocked(tensor);
-    }
-    Release(next, absl::OkStatus());
-  }
-}
-
-void ShardWriterImpl::FinalizeLaneLocked(uint32_t tensor) {
-  HashLane* lane = lanes_[tensor].get();
-  if (lane == nullptr || lane->done || lane->next != lane->total) return;
-  lane->done = true;
-  std::string hex = lane->digest.FinishHex();
-  std::string sha = lane->sha256 != nullptr ? lane->sha256->FinishHex() : hex;
-  const TensorSpec& t = rec_.spec.tensors[tensor];
-  if (!t.sha256.empty() && t.sha256 != sha && error_.ok()) {
-    error_ = absl::DataLossError(absl::StrCat(
-        "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", sha, " for ",
-        Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank, t.name)));
-  }
-  digests_[tensor] = std::move(hex);
-}
-
+// Called once per job, when its write completed or failed.
 void ShardWriterImpl::Release(Job* job, const absl::Status& s) {
-  bool last = false;
   {
     absl::MutexLock lock(&mu_);
     if (!s.ok() && error_.ok()) error_ = s;
-    if (!s.ok()) job->status = s;
-    last = job->refs.fetch_sub(1) == 1;
-    if (last && job->status.ok()) completed_.push_back(job->record);
+    if (s.ok()) completed_.push_back(job->record);
   }
-  if (!last) return;
   engine_->record_pool()->Put(std::move(job->raw));
   engine_->record_pool()->Put(std::move(job->alt));
   delete job;
