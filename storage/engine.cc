@@ -158,7 +158,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   if (options.zstd_level < 0 || options.zstd_level > 22) {
     return absl::InvalidArgumentError("zstd_level outside 0..22");
   }
-  if (options.queue_depth < 1 || options.queue_depth > 4096 || options.encode_threads < 0 ||
+  if (options.queue_depth < 1 || options.queue_depth > 4096 || options.encode_threads < -1 ||
       options.encode_threads > 256 || options.segment_bytes < (1u << 20)) {
     return absl::InvalidArgumentError("queue_depth, encode_threads or segment_bytes out of range");
   }

@@ -67,12 +67,14 @@ struct EngineOptions {
   bool use_direct_io = true;
   // io_uring queue depth per segment writer. A shard writer keeps at most
   // min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
-  // at most that many times 2 * chunk_bytes (64-128 MiB with the defaults). Default: 32.
+  // at most that many times 2 * chunk_bytes (128-256 MiB with the defaults). Default: 32.
   int queue_depth = 32;
   // Roll to a new segment file past this size. Default: 1 GiB.
   uint64_t segment_bytes = 1ull << 30;
-  // Threads encoding (shuffle + zstd + crc) chunks of one writer in parallel. Default: 2.
-  int encode_threads = 2;
+  // Threads encoding (shuffle + zstd) and submitting chunks of one writer in parallel; 0 runs
+  // that on the appending thread; -1 means one per core (std::thread::hardware_concurrency).
+  // Default: -1.
+  int encode_threads = -1;
   // Per-tensor content digest of newly created shards (docs/format.md, "Digests"): XXH3-128
   // or SHA-256. A shard keeps the algorithm it was created with (a resumed writer too); every
   // read verifies with the algorithm that wrote the shard. Default: XXH3-128.

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -140,12 +141,15 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   no_gain_ = std::make_unique<std::atomic<int>[]>(rec_.spec.tensors.size() + 1);
   written_ = committed_ = rec_.committed_size;
   // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
-  max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * opt_.encode_threads + 8));
+  const int threads = opt_.encode_threads >= 0
+                          ? opt_.encode_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * threads + 8));
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
   CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
-      opt_.encode_threads, [co] { return std::make_unique<ChunkEncoder>(co); });
+      threads, [co] { return std::make_unique<ChunkEncoder>(co); });
 }
 
 ShardWriterImpl::~ShardWriterImpl() {
