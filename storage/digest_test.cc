@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 
 #include "common/digest.h"
@@ -187,6 +188,39 @@ TEST_F(DigestTest, WrongStoredDigestIsDataLossWithEitherAlgorithm) {
   std::vector<uint8_t> buf(1 << 20);
   auto n = (*r)->Read(0, buf.data(), buf.size());
   EXPECT_EQ(n.status().code(), absl::StatusCode::kDataLoss) << n.status();
+}
+
+TEST_F(DigestTest, StreamReadInSmallPiecesChecksTheDigestAtTheTensorEnd) {
+  Open(DigestAlgo::kXxh3_128);
+  ShardData d = Write(1);
+  std::vector<uint8_t> stream = d.stream();
+  TamperDigest(1, std::string(32, 'a'));  // tensor w: bytes [0, 80000)
+  Open(DigestAlgo::kXxh3_128);
+  auto r = engine_->OpenShardReader("dj", 1, 0);
+  ASSERT_TRUE(r.ok());
+  std::vector<uint8_t> buf(7000);
+  uint64_t pos = 0;
+  absl::Status failed;
+  while (pos < stream.size()) {
+    auto n = (*r)->Read(pos, buf.data(), buf.size());
+    if (!n.ok()) {
+      failed = n.status();
+      break;
+    }
+    ASSERT_GT(*n, 0u);
+    ASSERT_EQ(std::memcmp(buf.data(), stream.data() + pos, *n), 0) << pos;
+    pos += *n;
+  }
+  EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
+  EXPECT_EQ(pos, 77000u);  // the read that reaches the end of w fails
+  // A stream that starts inside w checks CRCs only, and reads the rest of the shard.
+  auto r2 = engine_->OpenShardReader("dj", 1, 0);
+  ASSERT_TRUE(r2.ok());
+  std::vector<uint8_t> rest(stream.size() - 100);
+  auto n = (*r2)->Read(100, rest.data(), rest.size());
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, rest.size());
+  EXPECT_EQ(std::memcmp(rest.data(), stream.data() + 100, rest.size()), 0);
 }
 
 TEST_F(DigestTest, ExpectedSha256IsCheckedUnderXxh3) {

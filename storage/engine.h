@@ -113,7 +113,8 @@ class ShardReader {
   virtual absl::Status ReadTensor(size_t index, void* out, size_t out_len) = 0;
   // Streams the payload from `offset`: fills up to n bytes, returns the count (0 at the end).
   // Chunks are verified as they are read; the digest of a tensor is checked when the stream
-  // passes its end (when the stream started at or before the tensor's start).
+  // passes its end (when the stream started at or before the tensor's start): the call that
+  // hands out its last bytes returns DATA_LOSS on a mismatch.
   virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
 };
 

@@ -3,9 +3,10 @@
 // OVERVIEW
 //   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
 //   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
-//   so several reads are in flight while the caller copies and hashes in order. Every chunk is
-//   checked against its metadata and both CRCs; every tensor's digest (with the algorithm that
-//   wrote the shard) is checked before the last bytes of the tensor are handed out.
+//   so several reads are in flight while the caller copies and hashes in order (one pass: each
+//   cache-sized block is hashed right after it is copied out). Every chunk is checked against
+//   its metadata and both CRCs; every tensor's digest (with the algorithm that wrote the shard)
+//   is checked before the call that hands out the tensor's last bytes returns.
 //
 // ERROR HANDLING
 //   Any failure is DATA_LOSS naming job, step, rank and tensor; no byte of a failed chunk is
@@ -121,7 +122,8 @@ class ShardReaderImpl : public ShardReader {
   absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
   void Cancel();
-  absl::Status HashChunk(size_t chunk, const uint8_t* data);
+  absl::Status CopyOut(size_t chunk, const uint8_t* src, uint64_t offset, uint8_t* dst,
+                       size_t n);
 
   EngineImpl* const engine_;
   const ShardInfo info_;
@@ -244,25 +246,29 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   return absl::OkStatus();
 }
 
-// Hashes chunks passing in stream order; checks a tensor's digest at its last chunk.
-absl::Status ShardReaderImpl::HashChunk(size_t chunk, const uint8_t* data) {
-  const ChunkRecord& c = chunks_[chunk];
-  if (c.header.stream_offset == tensor_start_[c.tensor]) {
+// Copies chunk bytes to `dst` for the stream at `offset`, one cache-sized block at a time,
+// hashing each block right after copying it while the stream runs through a tensor from its
+// start; checks the tensor's digest when the stream reaches its end (before Read returns).
+absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t offset,
+                                      uint8_t* dst, size_t n) {
+  const uint32_t tensor = chunks_[chunk].tensor;
+  if (offset == tensor_start_[tensor]) {
     digest_.Reset();
-    hash_tensor_ = c.tensor;
-    hash_next_ = c.header.stream_offset;
+    hash_tensor_ = tensor;
+    hash_next_ = offset;
   }
-  if (hash_tensor_ != static_cast<int64_t>(c.tensor) || hash_next_ != c.header.stream_offset) {
-    hash_tensor_ = -1;  // the stream started mid-tensor: CRCs only
-    return absl::OkStatus();
+  const bool hashing = hash_tensor_ == static_cast<int64_t>(tensor) && hash_next_ == offset;
+  if (!hashing) hash_tensor_ = -1;  // the stream started mid-tensor or jumped: CRCs only
+  for (size_t done = 0; done < n; done += kFuseBlock) {
+    size_t len = std::min(kFuseBlock, n - done);
+    std::memcpy(dst + done, src + done, len);
+    if (hashing) digest_.Update(dst + done, len);
   }
-  digest_.Update(data, c.header.raw_len);
-  hash_next_ += c.header.raw_len;
-  if (hash_next_ == tensor_start_[c.tensor + 1]) {
+  if (!hashing) return absl::OkStatus();
+  hash_next_ += n;
+  if (hash_next_ == tensor_start_[tensor + 1]) {
     hash_tensor_ = -1;
-    if (digest_.FinishHex() != info_.tensors[c.tensor].digest) {
-      return Loss(c.tensor, DigestMismatch());
-    }
+    if (digest_.FinishHex() != info_.tensors[tensor].digest) return Loss(tensor, DigestMismatch());
   }
   return absl::OkStatus();
 }
@@ -287,12 +293,11 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
       }
       Recycle(std::move(cur_));
       RETURN_IF_ERROR(Take(lo, &cur_));
-      RETURN_IF_ERROR(HashChunk(lo, cur_->data));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
     size_t take = std::min(n - copied, cur_->size - in_chunk);
-    std::memcpy(dst + copied, cur_->data + in_chunk, take);
+    RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, dst + copied, take));
     copied += take;
     offset += take;
   }
