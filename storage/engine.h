@@ -72,8 +72,8 @@ struct EngineOptions {
   // Roll to a new segment file past this size. Default: 1 GiB.
   uint64_t segment_bytes = 1ull << 30;
   // Threads encoding (shuffle + zstd) and submitting chunks of one writer in parallel; 0 runs
-  // that on the appending thread; -1 means one per core (std::thread::hardware_concurrency).
-  // Default: -1.
+  // that on the appending thread; -1 means one per core (std::thread::hardware_concurrency),
+  // at most 16. Default: -1.
   int encode_threads = -1;
   // Per-tensor content digest of newly created shards (docs/format.md, "Digests"): XXH3-128
   // or SHA-256. A shard keeps the algorithm it was created with (a resumed writer too); every

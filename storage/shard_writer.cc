@@ -143,7 +143,7 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
   const int threads = opt_.encode_threads >= 0
                           ? opt_.encode_threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+                          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
   max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * threads + 8));
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
