@@ -26,6 +26,9 @@ constexpr uint32_t kChunkMagic = 0x4B435347;  // "GSCK" little-endian
 constexpr uint16_t kChunkVersion = 1;
 constexpr size_t kChunkHeaderSize = 40;
 constexpr uint32_t kMaxChunkRawBytes = 64u << 20;
+// Chunks up to this size (small tensors, tensor tails) are staged in small record buffers, so
+// a writer keeps many of them in flight (ShardWriter, "small chunks").
+constexpr size_t kSmallChunkBytes = 256u << 10;
 
 enum class ChunkCodec : uint8_t { kRaw = 0, kZstd = 1 };
 enum class ChunkFilter : uint8_t { kNone = 0, kShuffle = 1 };

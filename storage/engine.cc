@@ -178,7 +178,8 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
     : options_(options),
       fs_(fs),
       meta_(std::move(meta)),
-      record_pool_(MaxRecordSize(options.chunk_bytes), 64) {}
+      record_pool_(MaxRecordSize(options.chunk_bytes), 64),
+      small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
 
 std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {
   return absl::StrFormat("%s/segments/%s/%020d", options_.data_dir, job, step);

@@ -66,8 +66,10 @@ struct EngineOptions {
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
   bool use_direct_io = true;
   // io_uring queue depth per segment writer. A shard writer keeps at most
-  // min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
-  // at most that many times 2 * chunk_bytes (128-256 MiB with the defaults). Default: 32.
+  // J = min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
+  // at most J times 2 * chunk_bytes (128-256 MiB with the defaults); chunks of at most 256 KiB
+  // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory.
+  // Default: 32.
   int queue_depth = 32;
   // Roll to a new segment file past this size. Default: 1 GiB.
   uint64_t segment_bytes = 1ull << 30;

@@ -42,12 +42,16 @@ namespace {
 // Bytes copied, CRC'ed and hashed at a time: small enough to stay in L1/L2 between the copy
 // and the two checksums, large enough to amortize the calls.
 constexpr size_t kFuseBlock = 64 << 10;
+// Small chunks (kSmallChunkBytes) take small buffers, so more of them may be in flight: many
+// small tensors still keep the disk queue full.
+constexpr int kSmallJobsPerJob = 8;
 
 struct Job {
   std::unique_ptr<AlignedBuffer> raw;  // record buffer with raw bytes after the header
   std::unique_ptr<AlignedBuffer> alt;  // compressed record, when compression pays
   size_t n = 0;
   uint32_t crc_raw = 0;                // CRC-32C of the raw bytes, computed while copying
+  size_t weight = 0;                   // memory it may hold: its raw and compressed buffers
   uint32_t tensor = 0;
   uint32_t index_in_tensor = 0;
   uint32_t chunk_index = 0;            // in the shard's stream
@@ -74,6 +78,9 @@ class ShardWriterImpl : public ShardWriter {
   void StartTensorDigest();
   void HashBytes(const uint8_t* data, size_t n);
   void StartChunk();
+  // A record buffer for a chunk of `raw` bytes: a small one when that is enough.
+  std::unique_ptr<AlignedBuffer> GetRecordBuffer(size_t raw);
+  void PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf);
   void Dispatch();
   void AdvanceTensor();
   void Encode(Job* job, ChunkEncoder* enc);
@@ -82,7 +89,11 @@ class ShardWriterImpl : public ShardWriter {
   absl::Status Persist(bool finish);
   absl::Status SyncSegments();
   void WaitIdle();
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < max_jobs_; }
+  // Backpressure: buffers of at most max_jobs_ full chunks in flight, and at most
+  // kSmallJobsPerJob times as many jobs when they are small chunks.
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_ < max_jobs_ * kSmallJobsPerJob && inflight_weight_ < max_weight_;
+  }
 
   // Constant after construction.
   EngineImpl* const engine_;
@@ -91,6 +102,7 @@ class ShardWriterImpl : public ShardWriter {
   std::vector<uint64_t> tensor_end_;  // stream offset where tensor i ends
   uint64_t total_ = 0;
   int max_jobs_ = 1;
+  size_t max_weight_ = 0;             // max_jobs_ full chunks' raw and compressed buffers
   std::atomic<int> io_pending_{0};     // jobs queued on a SegmentWriter, not yet written
 
   // Caller-thread state.
@@ -114,6 +126,7 @@ class ShardWriterImpl : public ShardWriter {
 
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs not yet released
+  size_t inflight_weight_ ABSL_GUARDED_BY(mu_) = 0;  // sum of their weights
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkRecord> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> digests_ ABSL_GUARDED_BY(mu_);  // per tensor, "" until known
@@ -145,6 +158,7 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
                           ? opt_.encode_threads
                           : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
   max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * threads + 8));
+  max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
   CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
@@ -213,6 +227,23 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
   return absl::OkStatus();
 }
 
+std::unique_ptr<AlignedBuffer> ShardWriterImpl::GetRecordBuffer(size_t raw) {
+  if (raw <= kSmallChunkBytes && opt_.chunk_bytes > kSmallChunkBytes) {
+    return engine_->small_record_pool()->Get();
+  }
+  return engine_->record_pool()->Get();
+}
+
+void ShardWriterImpl::PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf) {
+  if (buf == nullptr) return;
+  if (opt_.chunk_bytes > kSmallChunkBytes &&
+      buf->capacity() == engine_->small_record_pool()->buffer_capacity()) {
+    engine_->small_record_pool()->Put(std::move(buf));
+  } else {
+    engine_->record_pool()->Put(std::move(buf));
+  }
+}
+
 // Resets the running digests for tensor_ (caller thread).
 void ShardWriterImpl::StartTensorDigest() {
   digest_.Reset();
@@ -230,7 +261,7 @@ void ShardWriterImpl::HashBytes(const uint8_t* data, size_t n) {
 }
 
 void ShardWriterImpl::StartChunk() {
-  cur_ = engine_->record_pool()->Get();
+  cur_ = GetRecordBuffer(std::min<uint64_t>(opt_.chunk_bytes, tensor_end_[tensor_] - written_));
   cur_len_ = 0;
   cur_crc_ = 0;
   cur_start_ = written_;
@@ -314,6 +345,8 @@ void ShardWriterImpl::Dispatch() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &ShardWriterImpl::HasRoom));
     ++pending_;
+    job->weight = 2 * job->raw->capacity();
+    inflight_weight_ += job->weight;
   }
   pool_->Run([this, job](ChunkEncoder* enc) { Encode(job, enc); });
 }
@@ -323,7 +356,7 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
   bool in_alt = false;
   uint8_t* alt = nullptr;
   if (job->try_compress) {
-    job->alt = engine_->record_pool()->Get();
+    job->alt = GetRecordBuffer(job->n);
     alt = job->alt->data();
   }
   ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, job->crc_raw, t.dtype,
@@ -331,7 +364,7 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
   if (job->try_compress) {
     if (in_alt) no_gain_[job->tensor].store(0); else no_gain_[job->tensor].fetch_add(1);
   }
-  if (!in_alt && job->alt != nullptr) engine_->record_pool()->Put(std::move(job->alt));
+  if (!in_alt && job->alt != nullptr) PutRecordBuffer(std::move(job->alt));
   job->record.header = h;
   job->record.tensor = job->tensor;
   SubmitIo(job);
@@ -378,11 +411,13 @@ void ShardWriterImpl::Release(Job* job, const absl::Status& s) {
     if (!s.ok() && error_.ok()) error_ = s;
     if (s.ok()) completed_.push_back(job->record);
   }
-  engine_->record_pool()->Put(std::move(job->raw));
-  engine_->record_pool()->Put(std::move(job->alt));
+  const size_t weight = job->weight;
+  PutRecordBuffer(std::move(job->raw));
+  PutRecordBuffer(std::move(job->alt));
   delete job;
   absl::MutexLock lock(&mu_);
   --pending_;
+  inflight_weight_ -= weight;
 }
 
 absl::Status ShardWriterImpl::SyncSegments() {
