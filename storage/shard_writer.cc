@@ -154,9 +154,8 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   no_gain_ = std::make_unique<std::atomic<int>[]>(rec_.spec.tensors.size() + 1);
   written_ = committed_ = rec_.committed_size;
   // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
-  const int threads = opt_.encode_threads >= 0
-                          ? opt_.encode_threads
-                          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 16);
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = opt_.encode_threads >= 0 ? opt_.encode_threads : std::clamp(cores, 1, 16);
   max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * threads + 8));
   max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
