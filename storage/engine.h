@@ -85,6 +85,10 @@ struct EngineOptions {
   class FileSystem* fs = nullptr;
 };
 
+// The most record-buffer memory one ShardWriter of an engine with these options holds: its
+// chunks in flight, each with a compressed buffer, plus the chunk being filled.
+size_t MaxShardWriterBufferBytes(const EngineOptions& options);
+
 // Appends one shard's byte stream. Obtained from Engine::OpenShardWriter.
 class ShardWriter {
  public:

@@ -39,6 +39,17 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
+int EncodeThreads(const EngineOptions& o) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return o.encode_threads >= 0 ? o.encode_threads : std::clamp(cores, 1, 16);
+}
+
+// Full chunks one writer keeps in flight: enough to keep the ring full and every encoder busy,
+// and no more (memory).
+int MaxJobs(const EngineOptions& o) {
+  return std::min(o.queue_depth, std::max(16, 2 * EncodeThreads(o) + 8));
+}
+
 // Bytes copied, CRC'ed and hashed at a time: small enough to stay in L1/L2 between the copy
 // and the two checksums, large enough to amortize the calls.
 constexpr size_t kFuseBlock = 64 << 10;
@@ -92,7 +103,8 @@ class ShardWriterImpl : public ShardWriter {
   // Backpressure: buffers of at most max_jobs_ full chunks in flight, and at most
   // kSmallJobsPerJob times as many jobs when they are small chunks.
   bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return pending_ < max_jobs_ * kSmallJobsPerJob && inflight_weight_ < max_weight_;
+    return pending_ < max_jobs_ * kSmallJobsPerJob &&
+           inflight_weight_ + next_weight_ <= max_weight_;
   }
 
   // Constant after construction.
@@ -127,6 +139,7 @@ class ShardWriterImpl : public ShardWriter {
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs not yet released
   size_t inflight_weight_ ABSL_GUARDED_BY(mu_) = 0;  // sum of their weights
+  size_t next_weight_ ABSL_GUARDED_BY(mu_) = 0;      // of the job waiting to be dispatched
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkRecord> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> digests_ ABSL_GUARDED_BY(mu_);  // per tensor, "" until known
@@ -153,10 +166,8 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   rec_.tensor_digests.resize(rec_.spec.tensors.size());
   no_gain_ = std::make_unique<std::atomic<int>[]>(rec_.spec.tensors.size() + 1);
   written_ = committed_ = rec_.committed_size;
-  // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int threads = opt_.encode_threads >= 0 ? opt_.encode_threads : std::clamp(cores, 1, 16);
-  max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * threads + 8));
+  const int threads = EncodeThreads(opt_);
+  max_jobs_ = MaxJobs(opt_);
   max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
@@ -342,9 +353,10 @@ void ShardWriterImpl::Dispatch() {
   {
     // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
+    job->weight = 2 * job->raw->capacity();
+    next_weight_ = job->weight;
     mu_.Await(absl::Condition(this, &ShardWriterImpl::HasRoom));
     ++pending_;
-    job->weight = 2 * job->raw->capacity();
     inflight_weight_ += job->weight;
   }
   pool_->Run([this, job](ChunkEncoder* enc) { Encode(job, enc); });
@@ -511,6 +523,13 @@ absl::Status ShardWriterImpl::Finish() {
 }
 
 }  // namespace
+
+size_t MaxShardWriterBufferBytes(const EngineOptions& options) {
+  // HasRoom() admits jobs while their buffers (raw and compressed) stay within max_jobs full
+  // chunks' worth; one more buffer is being filled.
+  const size_t full = AlignUp(MaxRecordSize(options.chunk_bytes));
+  return (2 * static_cast<size_t>(MaxJobs(options)) + 1) * full;
+}
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(EngineImpl* engine,
                                                             ShardRecord record) {

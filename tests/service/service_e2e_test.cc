@@ -176,6 +176,10 @@ TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
   EXPECT_FALSE(bad.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
                           "--digest", "md5"}).ok());
   EXPECT_NE(bad.Wait(), 0);
+  ServerProcess bad_interval;
+  EXPECT_FALSE(bad_interval.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                                   "--durable-every-mib", "0"}).ok());
+  EXPECT_NE(bad_interval.Wait(), 0);
 }
 
 TEST(ServiceE2E, TwoNodesWithPlacementAndReplicaFailover) {
