@@ -258,6 +258,7 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
                                  uint64_t cache_bytes, int64_t step) {
   gs::service::ServerOptions so;
   so.engine = eo;
+  so.engine.queue_depth = gs::service::ServerOptions::kUploadQueueDepth;  // as gradsnap-server
   so.cache_bytes = cache_bytes;
   so.max_inflight_bytes = 1ull << 30;
   ASSIGN_OR_RETURN(auto server, gs::service::Server::Start(so));
