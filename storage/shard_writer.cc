@@ -345,9 +345,11 @@ void ShardWriterImpl::Dispatch() {
   cur_len_ = 0;
   // Adaptive bypass: after two chunks of a tensor that did not compress, only every 8th
   // chunk tries again.
-  // Throughput bypass: compress only while the disk is behind (enough writes queued), so
-  // encoding time hides behind I/O and compression never lowers throughput.
-  bool disk_busy = !opt_.adapt_compression || io_pending_.load() >= max_jobs_ * 3 / 4;
+  // Throughput bypass: compress only while the disk is behind (enough writes queued) and
+  // the encoders keep up (no chunk waits for one), so encoding time hides behind I/O and
+  // compression never lowers throughput, also when other work takes the cores.
+  bool disk_busy = !opt_.adapt_compression ||
+                   (io_pending_.load() >= max_jobs_ * 3 / 4 && pool_->queued() == 0);
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
                       (no_gain_[tensor_].load() < 2 || job->index_in_tensor % 8 == 0);
   {
