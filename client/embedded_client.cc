@@ -254,7 +254,7 @@ absl::Status EmbeddedClient::Verify(const std::string& job, int64_t step,
                                     const ProgressFn& progress) {
   if (!progress) return engine_->Verify(job, step);
   // With a progress callback: stream every shard, which checks every chunk checksum and every
-  // tensor SHA-256 just as Engine::Verify does, and report bytes as they pass.
+  // tensor digest just as Engine::Verify does, and report bytes as they pass.
   ASSIGN_OR_RETURN(Manifest m, engine_->GetManifest(job, step));
   if (m.info.state != CheckpointState::kCommitted) {
     return absl::FailedPreconditionError(

@@ -10,6 +10,7 @@
 #include "client/safetensors.h"
 #include "client/save_util.h"
 #include "client/test_util.h"
+#include "common/digest.h"
 #include "common/sha256.h"
 #include "common/stats.h"
 #include "gtest/gtest.h"
@@ -129,7 +130,8 @@ TEST_F(EmbeddedClientTest, SaveListShowRestoreVerifySeveralRanks) {
       EXPECT_EQ(got.byte_length, exp.byte_length);
       EXPECT_EQ(got.flat_name, exp.flat_name);
       EXPECT_EQ(got.flat_offset, exp.flat_offset);
-      EXPECT_EQ(got.sha256, Sha256Hex(want.tensors[i].data.data(), want.tensors[i].data.size()));
+      EXPECT_EQ(s.tensors[i].digest,
+                DigestHex(s.digest_algo, want.tensors[i].data.data(), want.tensors[i].data.size()));
     }
   }
   ExpectRestores(*client_, ckpt);

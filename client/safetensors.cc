@@ -9,62 +9,38 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/direct_file_writer.h"
 #include "client/json.h"
+#include "common/digest.h"
 #include "common/status.h"
 
 namespace gradsnap {
 namespace client {
 namespace {
 
-// Bytes written between two starts of write-back of the output file.
-constexpr uint64_t kWritebackBytes = 32u << 20;
-
 const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "delta" : "full"; }
 
-// Writes all of data[0, n) to fd.
-absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return PosixError(absl::StrCat("write ", path), errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard, int fd,
-                         const std::string& tmp, const ProgressFn& progress) {
+// Header, then the payload as it is restored, through O_DIRECT staging buffers written by a
+// background thread (DirectFileWriter): the disk writes while the next bytes are restored.
+absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard,
+                         DirectFileWriter* out, const ProgressFn& progress) {
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, shard));
-  RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), tmp));
+  RETURN_IF_ERROR(out->Append(header.data(), header.size()));
   uint64_t written = 0;
-  uint64_t flushed = 0;  // file offset up to which write-back has been started
   auto sink = [&](const void* data, size_t n) -> absl::Status {
     written += n;
     if (written > shard.raw_bytes) {
       return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": more payload than the ",
                                               shard.raw_bytes, " bytes in the manifest"));
     }
-    RETURN_IF_ERROR(WriteAll(fd, data, n, tmp));
-    // Start write-back as we go, so the final fdatasync does not wait for the whole file.
-    uint64_t end = header.size() + written;
-    if (end - flushed >= kWritebackBytes) {
-      ::sync_file_range(fd, static_cast<off64_t>(flushed), static_cast<off64_t>(end - flushed),
-                        SYNC_FILE_RANGE_WRITE);
-      flushed = end;
-    }
-    return absl::OkStatus();
+    return out->Append(data, n);
   };
   RETURN_IF_ERROR(client.RestoreShard(m.info.job, m.info.step, shard.rank, sink, progress));
   if (written != shard.raw_bytes) {
     return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": payload has ", written,
                                             " bytes, manifest says ", shard.raw_bytes));
   }
-  if (::fdatasync(fd) != 0) return PosixError(absl::StrCat("fdatasync ", tmp), errno);
-  return absl::OkStatus();
+  return out->Finish();
 }
 
 }  // namespace
@@ -95,7 +71,14 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
                                    absl::StrJoin(s.shape, ","), "],\"data_offsets\":[", offset,
                                    ",", offset + s.byte_length, "]}"));
     offset += s.byte_length;
-    meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
+    if (!s.sha256.empty()) {
+      meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
+    }
+    if (t.digest_algo != DigestAlgo::kSha256) {
+      meta.push_back(absl::StrCat(JsonQuote(absl::StrCat(DigestAlgoName(t.digest_algo), ".",
+                                                         s.name)),
+                                  ":", JsonQuote(t.digest)));
+    }
     if (!s.flat_name.empty()) {
       meta.push_back(absl::StrCat(JsonQuote("slice." + s.name), ":",
                                   JsonQuote(absl::StrCat(s.flat_name, ":", s.flat_offset, ":",
@@ -139,10 +122,10 @@ absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t r
         absl::StrCat("job ", m.info.job, " step ", m.info.step, " has no rank ", rank));
   }
   std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return PosixError(absl::StrCat("open ", tmp), errno);
-  absl::Status st = StreamShard(client, m, *shard, fd, tmp, progress);
-  if (::close(fd) != 0 && st.ok()) st = PosixError(absl::StrCat("close ", tmp), errno);
+  auto out = DirectFileWriter::Create(tmp);
+  if (!out.ok()) return out.status();
+  absl::Status st = StreamShard(client, m, *shard, out->get(), progress);
+  out->reset();
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = PosixError(absl::StrCat("rename ", tmp, " to ", path), errno);
   }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/crc32c.h"
+#include "common/digest.h"
 #include "common/dtype.h"
 #include "common/names.h"
 #include "common/sha256.h"
@@ -33,6 +34,20 @@ TEST(Crc32c, ExtendEqualsWhole) {
   }
 }
 
+TEST(Crc32c, InterleavedMatchesPortableAtEveryBoundary) {
+  // Lengths around the 3-stream block sizes (3 x 256 and 3 x 8192 bytes) and odd alignments.
+  std::string s(100000, '\0');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>((i * 2654435761u) >> 11);
+  for (size_t n : {size_t{0}, size_t{7}, size_t{767}, size_t{768}, size_t{769}, size_t{1000},
+                   size_t{24575}, size_t{24576}, size_t{24577}, size_t{50000}, size_t{99990}}) {
+    for (size_t off : {size_t{0}, size_t{1}, size_t{5}}) {
+      EXPECT_EQ(Crc32cExtend(0xdeadbeef, s.data() + off, n),
+                Crc32cExtendPortable(0xdeadbeef, s.data() + off, n))
+          << n << " at " << off;
+    }
+  }
+}
+
 TEST(Sha256, KnownVector) {
   EXPECT_EQ(Sha256Hex("abc", 3),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
@@ -40,6 +55,37 @@ TEST(Sha256, KnownVector) {
   h.Update("a", 1);
   h.Update("bc", 2);
   EXPECT_EQ(DigestToHex(h.Finish()), Sha256Hex("abc", 3));
+}
+
+TEST(Digest, KnownVectorsAndStreaming) {
+  // The xxHash project's reference value for the empty input (XXH3_128bits, seed 0).
+  EXPECT_EQ(DigestHex(DigestAlgo::kXxh3_128, "", 0), "99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(DigestHex(DigestAlgo::kSha256, "abc", 3), Sha256Hex("abc", 3));
+  std::string data(1 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (DigestAlgo algo : {DigestAlgo::kXxh3_128, DigestAlgo::kSha256}) {
+    std::string whole = DigestHex(algo, data.data(), data.size());
+    EXPECT_EQ(whole.size(), DigestHexLength(algo));
+    EXPECT_TRUE(IsDigestHex(algo, whole));
+    Digester d(algo);
+    for (size_t cut : {size_t{0}, size_t{1}, size_t{63}, size_t{4096}, size_t{700000}}) {
+      d.Update(data.data(), cut);
+      d.Update(data.data() + cut, data.size() - cut);
+      EXPECT_EQ(d.FinishHex(), whole) << DigestAlgoName(algo) << " cut " << cut;
+    }
+    data[12345] ^= 1;
+    EXPECT_NE(DigestHex(algo, data.data(), data.size()), whole);
+    data[12345] ^= 1;
+  }
+  DigestAlgo a;
+  EXPECT_TRUE(ParseDigestAlgo("xxh3", &a) && a == DigestAlgo::kXxh3_128);
+  EXPECT_TRUE(ParseDigestAlgo("xxh3-128", &a) && a == DigestAlgo::kXxh3_128);
+  EXPECT_TRUE(ParseDigestAlgo("sha256", &a) && a == DigestAlgo::kSha256);
+  EXPECT_FALSE(ParseDigestAlgo("md5", &a));
+  EXPECT_FALSE(IsKnownDigestAlgo(0));
+  EXPECT_FALSE(IsKnownDigestAlgo(3));
+  EXPECT_FALSE(IsDigestHex(DigestAlgo::kXxh3_128, std::string(32, 'A')));
+  EXPECT_FALSE(IsDigestHex(DigestAlgo::kSha256, std::string(32, 'a')));
 }
 
 TEST(Names, ValidAndInvalid) {

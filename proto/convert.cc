@@ -90,11 +90,13 @@ void ToProto(const storage::ShardInfo& in, v1::ShardInfo* out) {
   out->set_raw_bytes(in.raw_bytes);
   out->set_stored_bytes(in.stored_bytes);
   out->set_metadata(in.metadata);
+  out->set_digest_algorithm(static_cast<v1::DigestAlgorithm>(in.digest_algo));
   for (const auto& t : in.tensors) {
     v1::TensorInfo* ti = out->add_tensors();
     ToProto(t.spec, ti->mutable_spec());
     ti->set_stored_bytes(t.stored_bytes);
     ti->set_chunks(t.chunks);
+    ti->set_digest(t.digest);
   }
 }
 
@@ -223,11 +225,20 @@ absl::StatusOr<storage::ShardInfo> FromProto(const v1::ShardInfo& in) {
   s.raw_bytes = in.raw_bytes();
   s.stored_bytes = in.stored_bytes();
   s.metadata = in.metadata();
+  // UNSPECIFIED: a server that predates the field, whose digests are SHA-256 in spec.sha256.
+  const bool legacy = in.digest_algorithm() == v1::DIGEST_ALGORITHM_UNSPECIFIED;
+  if (!legacy && !IsKnownDigestAlgo(static_cast<uint8_t>(in.digest_algorithm()))) {
+    return absl::DataLossError(absl::StrCat("rank ", in.rank(), ": unknown digest algorithm ",
+                                            static_cast<int>(in.digest_algorithm())));
+  }
+  s.digest_algo = legacy ? DigestAlgo::kSha256 : static_cast<DigestAlgo>(in.digest_algorithm());
   for (const auto& t : in.tensors()) {
     storage::TensorInfo ti;
     ASSIGN_OR_RETURN(ti.spec, FromProto(t.spec()));
     ti.stored_bytes = t.stored_bytes();
     ti.chunks = t.chunks();
+    ti.digest_algo = s.digest_algo;
+    ti.digest = legacy ? t.spec().sha256() : t.digest();
     s.tensors.push_back(std::move(ti));
   }
   return s;

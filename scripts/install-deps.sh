@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git python3
-  liburing-dev librocksdb-dev libzstd-dev libssl-dev libabsl-dev
+  liburing-dev librocksdb-dev libzstd-dev libxxhash-dev libssl-dev libabsl-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev

@@ -1,5 +1,6 @@
 #include "service/server.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -74,7 +75,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   StorageServiceOptions so = options.service;
   if (so.per_stream_bytes == 0) {
     so.per_stream_bytes =
-        proto::kMaxMessageBytes + 2 * (so.flush_bytes + 2 * options.engine.chunk_bytes);
+        proto::kMaxMessageBytes +
+        std::min<uint64_t>(2 * (so.flush_bytes + 2 * options.engine.chunk_bytes),
+                           storage::MaxShardWriterBufferBytes(options.engine));
   }
   if (so.per_stream_bytes > options.max_inflight_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("--max-inflight-bytes must be at least ",

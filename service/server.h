@@ -20,7 +20,13 @@ namespace gradsnap {
 namespace service {
 
 struct ServerOptions {
-  // Engine options; engine.data_dir is the server's --data-dir. Required.
+  ServerOptions() { engine.queue_depth = kUploadQueueDepth; }
+  // Chunks each upload's engine writer keeps in flight (EngineOptions::queue_depth): 5 chunks
+  // of 4 MiB keep a disk's sequential bandwidth, and bound an upload's buffers to about
+  // 44 MiB whatever the durable interval (StorageServiceOptions::flush_bytes).
+  static constexpr int kUploadQueueDepth = 5;
+  // Engine options; engine.data_dir is the server's --data-dir. Required. Default: the
+  // engine's, except queue_depth = kUploadQueueDepth.
   storage::EngineOptions engine;
   // gRPC address; port 0 picks a free port. Default: "127.0.0.1:0".
   std::string listen = "127.0.0.1:0";

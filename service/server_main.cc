@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/logging.h"
 #include "common/token.h"
 #include "service/server.h"
@@ -31,6 +32,8 @@ ABSL_FLAG(uint64_t, max_inflight_bytes, 256u << 20, "Cap on upload bytes held in
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics over HTTP. Default: off.");
 ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
+ABSL_FLAG(int, durable_every_mib, 64, "An upload is made durable every N MiB received (a crash resends at most that). Default: 64.");
+ABSL_FLAG(std::string, digest, "xxh3", "Per-tensor digest of new shards: xxh3 (XXH3-128) or sha256. Default: xxh3.");
 
 namespace {
 
@@ -88,6 +91,12 @@ int main(int argc, char** argv) {
   o.engine.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.engine.data_dir.empty()) return Fail("--data-dir is required (see --help)");
   o.engine.zstd_level = absl::GetFlag(FLAGS_zstd_level);
+  const int durable_mib = absl::GetFlag(FLAGS_durable_every_mib);
+  if (durable_mib < 1 || durable_mib > 4096) return Fail("--durable-every-mib must be 1..4096");
+  o.service.flush_bytes = static_cast<uint64_t>(durable_mib) << 20;
+  if (!gradsnap::ParseDigestAlgo(absl::GetFlag(FLAGS_digest), &o.engine.digest)) {
+    return Fail("--digest must be xxh3 or sha256");
+  }
   o.listen = absl::GetFlag(FLAGS_listen);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);

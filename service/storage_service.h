@@ -42,9 +42,10 @@ namespace service {
 
 struct StorageServiceOptions {
   // Memory charged to the in-flight budget by each upload stream: one message plus what the
-  // engine writer may hold between two flushes (flush_bytes of queued chunks, the chunk being
-  // filled and one being encoded, each chunk with a raw and a compressed buffer). 0: computed
-  // that way by Server::Start. Default: 0.
+  // engine writer may hold: the lesser of what two flushes apart can queue (flush_bytes plus
+  // the chunk being filled and one being encoded, each with a raw and a compressed buffer) and
+  // the writer's own bound (storage::MaxShardWriterBufferBytes). 0: computed that way by
+  // Server::Start. Default: 0.
   uint64_t per_stream_bytes = 0;
   // Memory charged to the read budget by each Read served from disk: the engine reader's
   // read-ahead window (128 MiB) and one message. Reads from the RAM tier are not charged.
@@ -52,9 +53,10 @@ struct StorageServiceOptions {
   uint64_t per_read_bytes = 132u << 20;
   // How long an upload waits for budget before RESOURCE_EXHAUSTED "server busy". Default: 5 s.
   int busy_wait_ms = 5000;
-  // Received bytes between Flush() calls of a writer. Bounds what a crash makes the client
-  // resend and the engine buffers one upload holds. Default: 16 MiB.
-  uint64_t flush_bytes = 16u << 20;
+  // Received bytes between Flush() calls of a writer (durable points): a crash makes a client
+  // resend at most this much. Each Flush waits for the writer's queue and two fsyncs, so fewer
+  // is faster. Default: 64 MiB.
+  uint64_t flush_bytes = 64u << 20;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {

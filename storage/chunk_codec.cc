@@ -211,14 +211,14 @@ ChunkEncoder::ChunkEncoder(const CodecOptions& options)
 
 ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_)); }
 
-ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, DType dtype,
+ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw, DType dtype,
                                         uint64_t stream_offset, bool try_compress, uint8_t* alt,
                                         bool* in_alt) {
   const uint8_t* raw = rec + kChunkHeaderSize;
   ChunkHeader h;
   h.raw_len = static_cast<uint32_t>(n);
   h.stream_offset = stream_offset;
-  h.crc_raw = Crc32c(raw, n);
+  h.crc_raw = crc_raw;
   *in_alt = false;
   if (try_compress && options_.zstd_level > 0 && n >= 64) {
     const uint8_t* src = raw;
@@ -256,7 +256,8 @@ ChunkHeader ChunkEncoder::Encode(const uint8_t* raw, size_t n, DType dtype,
   if (alt_.size() < MaxRecordSize(n)) alt_.resize(MaxRecordSize(n));
   std::memcpy(out + kChunkHeaderSize, raw, n);
   bool in_alt = false;
-  ChunkHeader h = EncodeInPlace(out, n, dtype, stream_offset, try_compress, alt_.data(), &in_alt);
+  ChunkHeader h = EncodeInPlace(out, n, Crc32c(raw, n), dtype, stream_offset, try_compress,
+                                alt_.data(), &in_alt);
   if (in_alt) std::memcpy(out, alt_.data(), h.record_len());
   return h;
 }

@@ -26,6 +26,9 @@ constexpr uint32_t kChunkMagic = 0x4B435347;  // "GSCK" little-endian
 constexpr uint16_t kChunkVersion = 1;
 constexpr size_t kChunkHeaderSize = 40;
 constexpr uint32_t kMaxChunkRawBytes = 64u << 20;
+// Chunks up to this size (small tensors, tensor tails) are staged in small record buffers, so
+// a writer keeps many of them in flight (ShardWriter, "small chunks").
+constexpr size_t kSmallChunkBytes = 256u << 10;
 
 enum class ChunkCodec : uint8_t { kRaw = 0, kZstd = 1 };
 enum class ChunkFilter : uint8_t { kNone = 0, kShuffle = 1 };
@@ -69,11 +72,13 @@ class ChunkEncoder {
   // writer's adaptive bypass). n <= kMaxChunkRawBytes.
   ChunkHeader Encode(const uint8_t* raw, size_t n, DType dtype, uint64_t stream_offset,
                      bool try_compress, uint8_t* out);
-  // The writer's zero-copy variant: the raw bytes already sit at rec + kChunkHeaderSize. If
-  // compression pays, the record is built in `alt` (capacity >= MaxRecordSize(n)) and
-  // *in_alt is set; otherwise the header is written in front of the raw bytes in `rec`.
-  ChunkHeader EncodeInPlace(uint8_t* rec, size_t n, DType dtype, uint64_t stream_offset,
-                            bool try_compress, uint8_t* alt, bool* in_alt);
+  // The writer's zero-copy variant: the raw bytes already sit at rec + kChunkHeaderSize and
+  // crc_raw is their CRC-32C (the writer computes it while copying them in, one pass per
+  // byte). If compression pays, the record is built in `alt` (capacity >= MaxRecordSize(n))
+  // and *in_alt is set; otherwise the header is written in front of the raw bytes in `rec`.
+  ChunkHeader EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw, DType dtype,
+                            uint64_t stream_offset, bool try_compress, uint8_t* alt,
+                            bool* in_alt);
 
  private:
   CodecOptions options_;

@@ -158,9 +158,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   if (options.zstd_level < 0 || options.zstd_level > 22) {
     return absl::InvalidArgumentError("zstd_level outside 0..22");
   }
-  if (options.queue_depth < 1 || options.queue_depth > 4096 || options.encode_threads < 0 ||
+  if (options.queue_depth < 1 || options.queue_depth > 4096 || options.encode_threads < -1 ||
       options.encode_threads > 256 || options.segment_bytes < (1u << 20)) {
     return absl::InvalidArgumentError("queue_depth, encode_threads or segment_bytes out of range");
+  }
+  if (!IsKnownDigestAlgo(static_cast<uint8_t>(options.digest))) {
+    return absl::InvalidArgumentError("unknown digest algorithm");
   }
   FileSystem* fs = options.fs != nullptr ? options.fs : FileSystem::Default();
   RETURN_IF_ERROR(fs->CreateDirs(options.data_dir + "/segments"));
@@ -175,7 +178,8 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
     : options_(options),
       fs_(fs),
       meta_(std::move(meta)),
-      record_pool_(MaxRecordSize(options.chunk_bytes), 64) {}
+      record_pool_(MaxRecordSize(options.chunk_bytes), 64),
+      small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
 
 std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {
   return absl::StrFormat("%s/segments/%s/%020d", options_.data_dir, job, step);
@@ -286,7 +290,8 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const 
   if (fresh) {
     rec = ShardRecord();
     rec.spec = spec;
-    rec.tensor_sha256.resize(spec.tensors.size());
+    rec.tensor_digests.resize(spec.tensors.size());
+    rec.digest_algo = options_.digest;
     MetaStore::Batch b;
     b.puts.emplace_back(key, EncodeShard(rec));
     b.delete_prefixes.push_back(ChunkPrefix(spec.job, spec.step, spec.rank));
@@ -416,10 +421,13 @@ absl::StatusOr<ShardInfo> EngineImpl::MakeShardInfo(const ShardRecord& rec,
   info.committed = rec.committed;
   info.stored_bytes = rec.stored_bytes;
   info.metadata = rec.spec.metadata;
+  info.digest_algo = rec.digest_algo;
   for (size_t i = 0; i < rec.spec.tensors.size(); ++i) {
     TensorInfo ti;
     ti.spec = rec.spec.tensors[i];
-    ti.spec.sha256 = i < rec.tensor_sha256.size() ? rec.tensor_sha256[i] : "";
+    ti.digest_algo = rec.digest_algo;
+    ti.digest = i < rec.tensor_digests.size() ? rec.tensor_digests[i] : "";
+    if (rec.digest_algo == DigestAlgo::kSha256) ti.spec.sha256 = ti.digest;
     info.raw_bytes += ti.spec.byte_length;
     info.tensors.push_back(std::move(ti));
   }

@@ -66,16 +66,28 @@ struct EngineOptions {
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
   bool use_direct_io = true;
   // io_uring queue depth per segment writer. A shard writer keeps at most
-  // min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
-  // at most that many times 2 * chunk_bytes (64-128 MiB with the defaults). Default: 32.
+  // J = min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
+  // at most J times 2 * chunk_bytes (128-256 MiB with the defaults); chunks of at most 256 KiB
+  // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory.
+  // Default: 32.
   int queue_depth = 32;
   // Roll to a new segment file past this size. Default: 1 GiB.
   uint64_t segment_bytes = 1ull << 30;
-  // Threads encoding (shuffle + zstd + crc) chunks of one writer in parallel. Default: 2.
-  int encode_threads = 2;
+  // Threads encoding (shuffle + zstd) and submitting chunks of one writer in parallel; 0 runs
+  // that on the appending thread; -1 means one per core (std::thread::hardware_concurrency),
+  // at most 16. Default: -1.
+  int encode_threads = -1;
+  // Per-tensor content digest of newly created shards (docs/format.md, "Digests"): XXH3-128
+  // or SHA-256. A shard keeps the algorithm it was created with (a resumed writer too); every
+  // read verifies with the algorithm that wrote the shard. Default: XXH3-128.
+  DigestAlgo digest = DigestAlgo::kXxh3_128;
   // Filesystem seam for fault injection; nullptr means the real POSIX one. Default: nullptr.
   class FileSystem* fs = nullptr;
 };
+
+// The most record-buffer memory one ShardWriter of an engine with these options holds: its
+// chunks in flight, each with a compressed buffer, plus the chunk being filled.
+size_t MaxShardWriterBufferBytes(const EngineOptions& options);
 
 // Appends one shard's byte stream. Obtained from Engine::OpenShardWriter.
 class ShardWriter {
@@ -91,7 +103,8 @@ class ShardWriter {
   virtual absl::Status Append(const void* data, size_t n) = 0;
   // Makes everything appended so far durable (committed_size() == written_size() after).
   virtual absl::Status Flush() = 0;
-  // Requires written_size() == total_size(): flushes, checks SHA-256s, commits the shard, and
+  // Requires written_size() == total_size(): flushes, checks expected SHA-256s, commits the
+  // shard, and
   // the checkpoint if this was its last shard. Idempotent once it has succeeded.
   virtual absl::Status Finish() = 0;
 };
@@ -102,11 +115,12 @@ class ShardReader {
   virtual ~ShardReader() = default;
   virtual const ShardInfo& info() const = 0;
   // Reads the whole tensor `index` into out[0, byte_length), verifying every chunk and the
-  // tensor's SHA-256.
+  // tensor's digest.
   virtual absl::Status ReadTensor(size_t index, void* out, size_t out_len) = 0;
   // Streams the payload from `offset`: fills up to n bytes, returns the count (0 at the end).
-  // Chunks are verified as they are read; the SHA-256 of a tensor is checked when the stream
-  // passes its end (when the stream started at or before the tensor's start).
+  // Chunks are verified as they are read; the digest of a tensor is checked when the stream
+  // passes its end (when the stream started at or before the tensor's start): the call that
+  // hands out its last bytes returns DATA_LOSS on a mismatch.
   virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
   // A ranged reader: no Read will go past payload byte `end`, so read-ahead stops at the chunk
   // holding it instead of fetching up to 128 MiB the caller will not ask for. Default: none.
@@ -147,7 +161,7 @@ class Engine {
   virtual absl::StatusOr<std::unique_ptr<ShardReader>> OpenShardReader(const std::string& job,
                                                                        int64_t step,
                                                                        int32_t rank) = 0;
-  // Re-reads every chunk of every shard and checks checksums and SHA-256s.
+  // Re-reads every chunk of every shard and checks checksums and digests.
   virtual absl::Status Verify(const std::string& job, int64_t step) = 0;
   // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it.
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;

@@ -54,6 +54,8 @@ class EngineImpl : public Engine {
   FileSystem* fs() const { return fs_; }
   MetaStore* meta() const { return meta_.get(); }
   BufferPool* record_pool() { return &record_pool_; }
+  // Record buffers for chunks of at most kSmallChunkBytes (small tensors, tensor tails).
+  BufferPool* small_record_pool() { return &small_record_pool_; }
   std::string CheckpointDir(const std::string& job, int64_t step) const;
   std::string SegmentPath(const std::string& job, int64_t step, int32_t rank,
                           uint32_t seq) const;
@@ -84,6 +86,7 @@ class EngineImpl : public Engine {
   FileSystem* const fs_;
   const std::unique_ptr<MetaStore> meta_;
   BufferPool record_pool_;
+  BufferPool small_record_pool_;
 
   absl::Mutex mu_;
   std::set<std::string> active_writers_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "common/digest.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
 #include "storage/storage_stats.h"
@@ -64,8 +65,11 @@ TEST_P(EngineTest, WriteListReadVerify) {
   ASSERT_TRUE(m.ok());
   ASSERT_EQ(m->shards.size(), 2u);
   EXPECT_TRUE(m->shards[1].committed);
-  EXPECT_EQ(m->shards[1].tensors[2].spec.sha256,
-            Sha256Hex(s1.bytes[2].data(), s1.bytes[2].size()));
+  EXPECT_EQ(m->shards[1].digest_algo, DigestAlgo::kXxh3_128);  // the default
+  EXPECT_EQ(m->shards[1].tensors[2].digest_algo, DigestAlgo::kXxh3_128);
+  EXPECT_EQ(m->shards[1].tensors[2].digest,
+            DigestHex(DigestAlgo::kXxh3_128, s1.bytes[2].data(), s1.bytes[2].size()));
+  EXPECT_EQ(m->shards[1].tensors[2].spec.sha256, "");  // none was expected
   EXPECT_GT(m->shards[0].tensors[0].chunks, 1u);
   EXPECT_TRUE(e->Verify("job1", 10).ok());
   ExpectRestores(e.get(), s0);

@@ -12,6 +12,10 @@ namespace storage {
 namespace {
 
 constexpr uint8_t kRecordVersion = 1;
+// ShardRecord versions: 1 has SHA-256 digests and no algorithm field; 2 appends the digest
+// algorithm (u8) after the digests (docs/format.md, "Digests").
+constexpr uint8_t kShardRecordVersionSha256 = 1;
+constexpr uint8_t kShardRecordVersion = 2;
 
 class Out {
  public:
@@ -138,7 +142,7 @@ absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r) {
 
 std::string EncodeShard(const ShardRecord& r) {
   Out o;
-  o.U8(kRecordVersion);
+  o.U8(kShardRecordVersion);
   o.Str(r.spec.job);
   o.I64(r.spec.step);
   o.U32(static_cast<uint32_t>(r.spec.rank));
@@ -164,14 +168,18 @@ std::string EncodeShard(const ShardRecord& r) {
     o.U32(s.seq);
     o.U64(s.durable_end);
   }
-  o.U32(static_cast<uint32_t>(r.tensor_sha256.size()));
-  for (const std::string& h : r.tensor_sha256) o.Str(h);
+  o.U32(static_cast<uint32_t>(r.tensor_digests.size()));
+  for (const std::string& h : r.tensor_digests) o.Str(h);
+  o.U8(static_cast<uint8_t>(r.digest_algo));  // version 2
   return o.Take();
 }
 
 absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
   In in(v);
-  if (in.U8() != kRecordVersion) return Malformed("shard");
+  const uint8_t version = in.U8();
+  if (version != kShardRecordVersionSha256 && version != kShardRecordVersion) {
+    return Malformed("shard");
+  }
   r->spec.job = in.Str();
   r->spec.step = in.I64();
   r->spec.rank = static_cast<int32_t>(in.U32());
@@ -205,8 +213,14 @@ absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
   }
   uint32_t hashes = in.U32();
   if (!in.ok() || hashes > n) return Malformed("shard");
-  r->tensor_sha256.resize(hashes);
-  for (std::string& h : r->tensor_sha256) h = in.Str();
+  r->tensor_digests.resize(hashes);
+  for (std::string& h : r->tensor_digests) h = in.Str();
+  r->digest_algo = DigestAlgo::kSha256;
+  if (version == kShardRecordVersion) {
+    uint8_t algo = in.U8();
+    if (!in.ok() || !IsKnownDigestAlgo(algo)) return Malformed("shard");
+    r->digest_algo = static_cast<DigestAlgo>(algo);
+  }
   if (!in.done()) return Malformed("shard");
   return absl::OkStatus();
 }

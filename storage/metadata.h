@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/digest.h"
 #include "storage/chunk_codec.h"
 #include "storage/types.h"
 
@@ -53,7 +54,10 @@ struct ShardRecord {
   uint32_t chunk_count = 0;      // chunk keys 0..chunk_count-1 exist
   uint64_t stored_bytes = 0;     // sum of record lengths
   std::vector<SegmentRef> segments;
-  std::vector<std::string> tensor_sha256;  // hex, filled for tensors wholly durable
+  std::vector<std::string> tensor_digests;  // hex, filled for tensors wholly durable
+  // The algorithm of tensor_digests, fixed when the shard record is created. Records of
+  // version 1 (written before digests were selectable) are SHA-256.
+  DigestAlgo digest_algo = DigestAlgo::kSha256;
 };
 
 struct ChunkRecord {

@@ -3,9 +3,10 @@
 // OVERVIEW
 //   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
 //   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
-//   so several reads are in flight while the caller copies and hashes in order. Every chunk is
-//   checked against its metadata and both CRCs; every tensor's SHA-256 is checked before the
-//   last bytes of the tensor are handed out.
+//   so several reads are in flight while the caller copies and hashes in order (one pass: each
+//   cache-sized block is hashed right after it is copied out). Every chunk is checked against
+//   its metadata and both CRCs; every tensor's digest (with the algorithm that wrote the shard)
+//   is checked before the call that hands out the tensor's last bytes returns.
 //
 // ERROR HANDLING
 //   Any failure is DATA_LOSS naming job, step, rank and tensor; no byte of a failed chunk is
@@ -18,7 +19,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/sha256.h"
+#include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/storage_stats.h"
@@ -31,6 +32,7 @@ namespace {
 constexpr size_t kReadAheadBytes = 128 << 20;  // per reader: bounds its memory
 constexpr size_t kMaxWindow = 64;                // chunks read ahead, at most
 constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
+constexpr size_t kFuseBlock = 64 << 10;          // copied then hashed while in cache
 
 absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std::string& job,
                                                   int64_t step, int32_t rank, uint32_t seq) {
@@ -71,7 +73,7 @@ class ShardReaderImpl : public ShardReader {
   ShardReaderImpl(EngineImpl* engine, ShardInfo info, std::vector<ChunkRecord> chunks,
                   std::string job, int64_t step)
       : engine_(engine), info_(std::move(info)), chunks_(std::move(chunks)),
-        job_(std::move(job)), step_(step) {
+        job_(std::move(job)), step_(step), digest_(info_.digest_algo) {
     uint64_t pos = 0;
     for (const TensorInfo& t : info_.tensors) {
       tensor_start_.push_back(pos);
@@ -113,11 +115,16 @@ class ShardReaderImpl : public ShardReader {
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
+  absl::Status DigestMismatch() const {
+    return absl::DataLossError(
+        absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
+  }
   void Schedule(size_t chunk);
   absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
   void Cancel();
-  absl::Status HashChunk(size_t chunk, const uint8_t* data);
+  absl::Status CopyOut(size_t chunk, const uint8_t* src, uint64_t offset, uint8_t* dst,
+                       size_t n);
 
   EngineImpl* const engine_;
   const ShardInfo info_;
@@ -137,7 +144,7 @@ class ShardReaderImpl : public ShardReader {
   std::vector<std::shared_ptr<Slot>> spare_;  // finished slots whose buffers are reused
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
-  Sha256 sha_;
+  Digester digest_;
   std::unique_ptr<TaskPool<ReaderContext>> pool_;
 };
 
@@ -214,7 +221,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
                                                    t.byte_length, " at ",
                                                    Where(job_, step_, info_.rank, t.name)));
   }
-  Sha256 sha;
+  Digester digest(info_.digest_algo);
   uint8_t* dst = static_cast<uint8_t*>(out);
   uint64_t pos = tensor_start_[index];
   for (size_t i = first_chunk_[index]; i < first_chunk_[index + 1]; ++i) {
@@ -224,40 +231,49 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
     if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
       return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
     }
-    std::memcpy(dst + (pos - tensor_start_[index]), slot->data, h.raw_len);
-    sha.Update(slot->data, h.raw_len);
+    // One pass: copy a cache-sized block, then hash it from the cache.
+    uint8_t* to = dst + (pos - tensor_start_[index]);
+    for (size_t done = 0; done < h.raw_len; done += kFuseBlock) {
+      size_t n = std::min<size_t>(kFuseBlock, h.raw_len - done);
+      std::memcpy(to + done, slot->data + done, n);
+      digest.Update(to + done, n);
+    }
     pos += h.raw_len;
     Recycle(std::move(slot));
   }
   if (pos != tensor_start_[index + 1]) {
     return Loss(index, absl::DataLossError("chunks missing"));
   }
-  if (DigestToHex(sha.Finish()) != t.sha256) {
-    return Loss(index, absl::DataLossError("tensor SHA-256 mismatch"));
+  if (digest.FinishHex() != info_.tensors[index].digest) {
+    return Loss(index, DigestMismatch());
   }
   StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(out_len));
   return absl::OkStatus();
 }
 
-// Hashes chunks passing in stream order; checks a tensor's digest at its last chunk.
-absl::Status ShardReaderImpl::HashChunk(size_t chunk, const uint8_t* data) {
-  const ChunkRecord& c = chunks_[chunk];
-  if (c.header.stream_offset == tensor_start_[c.tensor]) {
-    sha_.Reset();
-    hash_tensor_ = c.tensor;
-    hash_next_ = c.header.stream_offset;
+// Copies chunk bytes to `dst` for the stream at `offset`, one cache-sized block at a time,
+// hashing each block right after copying it while the stream runs through a tensor from its
+// start; checks the tensor's digest when the stream reaches its end (before Read returns).
+absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t offset,
+                                      uint8_t* dst, size_t n) {
+  const uint32_t tensor = chunks_[chunk].tensor;
+  if (offset == tensor_start_[tensor]) {
+    digest_.Reset();
+    hash_tensor_ = tensor;
+    hash_next_ = offset;
   }
-  if (hash_tensor_ != static_cast<int64_t>(c.tensor) || hash_next_ != c.header.stream_offset) {
-    hash_tensor_ = -1;  // the stream started mid-tensor: CRCs only
-    return absl::OkStatus();
+  const bool hashing = hash_tensor_ == static_cast<int64_t>(tensor) && hash_next_ == offset;
+  if (!hashing) hash_tensor_ = -1;  // the stream started mid-tensor or jumped: CRCs only
+  for (size_t done = 0; done < n; done += kFuseBlock) {
+    size_t len = std::min(kFuseBlock, n - done);
+    std::memcpy(dst + done, src + done, len);
+    if (hashing) digest_.Update(dst + done, len);
   }
-  sha_.Update(data, c.header.raw_len);
-  hash_next_ += c.header.raw_len;
-  if (hash_next_ == tensor_start_[c.tensor + 1]) {
+  if (!hashing) return absl::OkStatus();
+  hash_next_ += n;
+  if (hash_next_ == tensor_start_[tensor + 1]) {
     hash_tensor_ = -1;
-    if (DigestToHex(sha_.Finish()) != info_.tensors[c.tensor].spec.sha256) {
-      return Loss(c.tensor, absl::DataLossError("tensor SHA-256 mismatch"));
-    }
+    if (digest_.FinishHex() != info_.tensors[tensor].digest) return Loss(tensor, DigestMismatch());
   }
   return absl::OkStatus();
 }
@@ -282,12 +298,11 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
       }
       Recycle(std::move(cur_));
       RETURN_IF_ERROR(Take(lo, &cur_));
-      RETURN_IF_ERROR(HashChunk(lo, cur_->data));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
     size_t take = std::min(n - copied, cur_->size - in_chunk);
-    std::memcpy(dst + copied, cur_->data + in_chunk, take);
+    RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, dst + copied, take));
     copied += take;
     offset += take;
   }

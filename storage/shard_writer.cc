@@ -2,13 +2,14 @@
 // hashes each tensor, and appends the records to segment files.
 //
 // OVERVIEW
-//   Append() copies the caller's bytes straight into a record buffer (after the header space)
-//   and dispatches a full chunk as a job. A job is encoded on a pool thread (ChunkEncoder,
-//   in place unless compression pays), queued on the SegmentWriter (io_uring), and hashed into
-//   its tensor's SHA-256 lane. Jobs of one tensor are hashed in order: a job that arrives out
-//   of order is parked in its lane and hashed by whichever thread holds the lane, so no thread
-//   waits and different tensors hash in parallel. Chunk offsets in the segment follow
-//   completion order; the metadata records where each chunk landed.
+//   Append() makes one pass over every byte: it copies the caller's bytes straight into a
+//   record buffer (after the header space) in cache-sized blocks (kFuseBlock), and while each
+//   block is in cache extends the chunk's CRC-32C and the tensor's digest (XXH3-128 or
+//   SHA-256, the shard's algorithm) with it. The stream is in order on the caller thread, so
+//   the digest needs no reordering. A full chunk is dispatched as a job: encoded on a pool
+//   thread (ChunkEncoder, in place unless compression pays; the raw CRC is already known) and
+//   queued on the SegmentWriter (io_uring). Chunk offsets in the segment follow completion
+//   order; the metadata records where each chunk landed.
 //   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
 //   then one synced RocksDB batch with the new chunk keys and the shard record.
 //
@@ -22,11 +23,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/sha256.h"
+#include "common/crc32c.h"
+#include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/segment_writer.h"
@@ -37,28 +39,36 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
+int EncodeThreads(const EngineOptions& o) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return o.encode_threads >= 0 ? o.encode_threads : std::clamp(cores, 1, 16);
+}
+
+// Full chunks one writer keeps in flight: enough to keep the ring full and every encoder busy,
+// and no more (memory).
+int MaxJobs(const EngineOptions& o) {
+  return std::min(o.queue_depth, std::max(16, 2 * EncodeThreads(o) + 8));
+}
+
+// Bytes copied, CRC'ed and hashed at a time: small enough to stay in L1/L2 between the copy
+// and the two checksums, large enough to amortize the calls.
+constexpr size_t kFuseBlock = 64 << 10;
+// Small chunks (kSmallChunkBytes) take small buffers, so more of them may be in flight: many
+// small tensors still keep the disk queue full.
+constexpr int kSmallJobsPerJob = 8;
+
 struct Job {
   std::unique_ptr<AlignedBuffer> raw;  // record buffer with raw bytes after the header
   std::unique_ptr<AlignedBuffer> alt;  // compressed record, when compression pays
   size_t n = 0;
+  uint32_t crc_raw = 0;                // CRC-32C of the raw bytes, computed while copying
+  size_t weight = 0;                   // memory it may hold: its raw and compressed buffers
   uint32_t tensor = 0;
   uint32_t index_in_tensor = 0;
   uint32_t chunk_index = 0;            // in the shard's stream
   uint64_t stream_offset = 0;
   bool try_compress = true;
   ChunkRecord record;
-  std::atomic<int> refs{2};            // I/O and hash
-  absl::Status status;                 // guarded by the writer's mu_ once shared
-};
-
-struct HashLane {
-  Sha256 sha;
-  uint32_t next = 0;                   // index_in_tensor of the next job to hash
-  uint32_t total = UINT32_MAX;         // chunks in the tensor, once the stream passed its end
-  std::map<uint32_t, Job*> parked;
-  bool busy = false;
-  bool done = false;
-  std::atomic<int> no_gain{0};         // consecutive chunks that did not compress
 };
 
 class ShardWriterImpl : public ShardWriter {
@@ -76,18 +86,26 @@ class ShardWriterImpl : public ShardWriter {
 
  private:
   absl::Status ResumeHash(uint32_t tensor);
+  void StartTensorDigest();
+  void HashBytes(const uint8_t* data, size_t n);
   void StartChunk();
+  // A record buffer for a chunk of `raw` bytes: a small one when that is enough.
+  std::unique_ptr<AlignedBuffer> GetRecordBuffer(size_t raw);
+  void PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf);
   void Dispatch();
   void AdvanceTensor();
   void Encode(Job* job, ChunkEncoder* enc);
   void SubmitIo(Job* job);
-  void Hash(Job* job);
   void Release(Job* job, const absl::Status& s);
-  void FinalizeLaneLocked(uint32_t tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Persist(bool finish);
   absl::Status SyncSegments();
   void WaitIdle();
-  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ < max_jobs_; }
+  // Backpressure: buffers of at most max_jobs_ full chunks in flight, and at most
+  // kSmallJobsPerJob times as many jobs when they are small chunks.
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_ < max_jobs_ * kSmallJobsPerJob &&
+           inflight_weight_ + next_weight_ <= max_weight_;
+  }
 
   // Constant after construction.
   EngineImpl* const engine_;
@@ -96,6 +114,7 @@ class ShardWriterImpl : public ShardWriter {
   std::vector<uint64_t> tensor_end_;  // stream offset where tensor i ends
   uint64_t total_ = 0;
   int max_jobs_ = 1;
+  size_t max_weight_ = 0;             // max_jobs_ full chunks' raw and compressed buffers
   std::atomic<int> io_pending_{0};     // jobs queued on a SegmentWriter, not yet written
 
   // Caller-thread state.
@@ -107,12 +126,20 @@ class ShardWriterImpl : public ShardWriter {
   uint32_t next_chunk_index_ = 0;
   std::unique_ptr<AlignedBuffer> cur_;
   size_t cur_len_ = 0;
+  uint32_t cur_crc_ = 0;              // CRC-32C of cur_'s bytes so far
   uint64_t cur_start_ = 0;
   bool finished_ = false;
-  std::vector<std::unique_ptr<HashLane>> lanes_;  // per tensor, created on demand
+  Digester digest_;                   // tensor_'s bytes so far, the shard's algorithm
+  // tensor_'s bytes for its expected SHA-256, when it has one and digest_ is not SHA-256.
+  std::unique_ptr<Digester> sha256_;
+  bool check_sha256_ = false;         // sha256_ is in use for tensor_
+  // Per tensor: consecutive chunks that did not compress (adaptive bypass; pool threads).
+  std::unique_ptr<std::atomic<int>[]> no_gain_;
 
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;    // jobs not yet released
+  size_t inflight_weight_ ABSL_GUARDED_BY(mu_) = 0;  // sum of their weights
+  size_t next_weight_ ABSL_GUARDED_BY(mu_) = 0;      // of the job waiting to be dispatched
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<ChunkRecord> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> digests_ ABSL_GUARDED_BY(mu_);  // per tensor, "" until known
@@ -130,21 +157,23 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
     : engine_(engine),
       opt_(engine->options()),
       key_(ShardKey(rec.spec.job, rec.spec.step, rec.spec.rank)),
-      rec_(std::move(rec)) {
+      rec_(std::move(rec)),
+      digest_(rec_.digest_algo) {
   for (const TensorSpec& t : rec_.spec.tensors) {
     total_ += t.byte_length;
     tensor_end_.push_back(total_);
   }
-  rec_.tensor_sha256.resize(rec_.spec.tensors.size());
-  lanes_.resize(rec_.spec.tensors.size());
+  rec_.tensor_digests.resize(rec_.spec.tensors.size());
+  no_gain_ = std::make_unique<std::atomic<int>[]>(rec_.spec.tensors.size() + 1);
   written_ = committed_ = rec_.committed_size;
-  // Enough chunks to keep the ring full and every encoder busy, and no more (memory).
-  max_jobs_ = std::min(opt_.queue_depth, std::max(16, 2 * opt_.encode_threads + 8));
+  const int threads = EncodeThreads(opt_);
+  max_jobs_ = MaxJobs(opt_);
+  max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
   CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
-      opt_.encode_threads, [co] { return std::make_unique<ChunkEncoder>(co); });
+      threads, [co] { return std::make_unique<ChunkEncoder>(co); });
 }
 
 ShardWriterImpl::~ShardWriterImpl() {
@@ -153,7 +182,7 @@ ShardWriterImpl::~ShardWriterImpl() {
   engine_->ReleaseWriter(key_);
 }
 
-// Waits until every dispatched job has been encoded, written and hashed.
+// Waits until every dispatched job has been encoded and written.
 void ShardWriterImpl::WaitIdle() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(+[](int* p) { return *p == 0; }, &pending_));
@@ -162,7 +191,7 @@ void ShardWriterImpl::WaitIdle() {
 absl::Status ShardWriterImpl::Init() {
   {
     absl::MutexLock lock(&mu_);
-    digests_ = rec_.tensor_sha256;
+    digests_ = rec_.tensor_digests;
   }
   uint32_t max_seq = 0;
   for (const SegmentRef& s : rec_.segments) max_seq = std::max(max_seq, s.seq + 1);
@@ -175,9 +204,10 @@ absl::Status ShardWriterImpl::Init() {
   tensor_ = 0;
   while (tensor_ < tensor_end_.size() &&
          (tensor_end_[tensor_] < written_ ||
-          (tensor_end_[tensor_] == written_ && !rec_.tensor_sha256[tensor_].empty()))) {
+          (tensor_end_[tensor_] == written_ && !rec_.tensor_digests[tensor_].empty()))) {
     ++tensor_;
   }
+  StartTensorDigest();
   if (tensor_ < tensor_end_.size()) {
     uint64_t start = tensor_end_[tensor_] - rec_.spec.tensors[tensor_].byte_length;
     if (written_ > start) RETURN_IF_ERROR(ResumeHash(tensor_));
@@ -191,8 +221,9 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
   const ShardSpec& s = rec_.spec;
   ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
                    engine_->LoadChunks(s.job, s.step, s.rank, rec_.chunk_count));
-  lanes_[tensor] = std::make_unique<HashLane>();
-  HashLane* lane = lanes_[tensor].get();
+  std::sort(chunks.begin(), chunks.end(), [](const ChunkRecord& a, const ChunkRecord& b) {
+    return a.header.stream_offset < b.header.stream_offset;
+  });
   std::vector<uint8_t> buf;
   ChunkDecoder dec;
   for (const ChunkRecord& c : chunks) {
@@ -200,29 +231,72 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
     buf.resize(c.header.raw_len);
     RETURN_IF_ERROR(ReadChunk(engine_, s.job, s.step, s.rank, s.tensors[tensor].name, c,
                               &dec, buf.data()));
-    lane->sha.Update(buf.data(), buf.size());
-    ++lane->next;
+    HashBytes(buf.data(), buf.size());
+    ++tensor_chunks_;
   }
-  tensor_chunks_ = lane->next;
   return absl::OkStatus();
 }
 
+std::unique_ptr<AlignedBuffer> ShardWriterImpl::GetRecordBuffer(size_t raw) {
+  if (raw <= kSmallChunkBytes && opt_.chunk_bytes > kSmallChunkBytes) {
+    return engine_->small_record_pool()->Get();
+  }
+  return engine_->record_pool()->Get();
+}
+
+void ShardWriterImpl::PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf) {
+  if (buf == nullptr) return;
+  if (opt_.chunk_bytes > kSmallChunkBytes &&
+      buf->capacity() == engine_->small_record_pool()->buffer_capacity()) {
+    engine_->small_record_pool()->Put(std::move(buf));
+  } else {
+    engine_->record_pool()->Put(std::move(buf));
+  }
+}
+
+// Resets the running digests for tensor_ (caller thread).
+void ShardWriterImpl::StartTensorDigest() {
+  digest_.Reset();
+  check_sha256_ = tensor_ < tensor_end_.size() && !rec_.spec.tensors[tensor_].sha256.empty() &&
+                  rec_.digest_algo != DigestAlgo::kSha256;
+  if (check_sha256_) {
+    if (sha256_ == nullptr) sha256_ = std::make_unique<Digester>(DigestAlgo::kSha256);
+    sha256_->Reset();
+  }
+}
+
+void ShardWriterImpl::HashBytes(const uint8_t* data, size_t n) {
+  digest_.Update(data, n);
+  if (check_sha256_) sha256_->Update(data, n);
+}
+
 void ShardWriterImpl::StartChunk() {
-  cur_ = engine_->record_pool()->Get();
+  cur_ = GetRecordBuffer(std::min<uint64_t>(opt_.chunk_bytes, tensor_end_[tensor_] - written_));
   cur_len_ = 0;
+  cur_crc_ = 0;
   cur_start_ = written_;
 }
 
-// Moves tensor_ past every tensor the stream has fully passed, recording each one's chunk
-// total in its lane so the lane can finalize its digest.
+// Moves tensor_ past every tensor the stream has fully passed, finishing each one's digest
+// (and checking its expected SHA-256). Persist() stores a digest once all the tensor's
+// chunks are durable, which it waits for.
 void ShardWriterImpl::AdvanceTensor() {
   while (tensor_ < tensor_end_.size() && written_ == tensor_end_[tensor_]) {
-    if (lanes_[tensor_] == nullptr) lanes_[tensor_] = std::make_unique<HashLane>();
-    absl::MutexLock lock(&mu_);
-    lanes_[tensor_]->total = tensor_chunks_;
-    if (!lanes_[tensor_]->busy) FinalizeLaneLocked(tensor_);
+    std::string hex = digest_.FinishHex();
+    std::string sha = check_sha256_ ? sha256_->FinishHex() : hex;
+    const TensorSpec& t = rec_.spec.tensors[tensor_];
+    {
+      absl::MutexLock lock(&mu_);
+      if (!t.sha256.empty() && t.sha256 != sha && error_.ok()) {
+        error_ = absl::DataLossError(absl::StrCat(
+            "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", sha, " for ",
+            Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank, t.name)));
+      }
+      digests_[tensor_] = std::move(hex);
+    }
     ++tensor_;
     tensor_chunks_ = 0;
+    StartTensorDigest();
   }
 }
 
@@ -242,8 +316,12 @@ absl::Status ShardWriterImpl::Append(const void* data, size_t n) {
   while (n > 0) {
     if (cur_ == nullptr) StartChunk();
     size_t room = std::min<uint64_t>(opt_.chunk_bytes - cur_len_, tensor_end_[tensor_] - written_);
-    size_t take = std::min(room, n);
-    std::memcpy(cur_->data() + kChunkHeaderSize + cur_len_, p, take);
+    size_t take = std::min({room, n, kFuseBlock});
+    // One pass: copy a block, then CRC and hash it while it is in cache.
+    uint8_t* dst = cur_->data() + kChunkHeaderSize + cur_len_;
+    std::memcpy(dst, p, take);
+    cur_crc_ = Crc32cExtend(cur_crc_, dst, take);
+    HashBytes(dst, take);
     cur_len_ += take;
     written_ += take;
     p += take;
@@ -259,25 +337,29 @@ void ShardWriterImpl::Dispatch() {
   auto* job = new Job;
   job->raw = std::move(cur_);
   job->n = cur_len_;
+  job->crc_raw = cur_crc_;
   job->tensor = tensor_;
   job->index_in_tensor = tensor_chunks_++;
   job->chunk_index = next_chunk_index_++;
   job->stream_offset = cur_start_;
   cur_len_ = 0;
-  if (lanes_[tensor_] == nullptr) lanes_[tensor_] = std::make_unique<HashLane>();
-  HashLane* lane = lanes_[tensor_].get();
   // Adaptive bypass: after two chunks of a tensor that did not compress, only every 8th
   // chunk tries again.
-  // Throughput bypass: compress only while the disk is behind (enough writes queued), so
-  // encoding time hides behind I/O and compression never lowers throughput.
-  bool disk_busy = !opt_.adapt_compression || io_pending_.load() >= max_jobs_ * 3 / 4;
+  // Throughput bypass: compress only while the disk is behind (enough writes queued) and
+  // the encoders keep up (no chunk waits for one), so encoding time hides behind I/O and
+  // compression never lowers throughput, also when other work takes the cores.
+  bool disk_busy = !opt_.adapt_compression ||
+                   (io_pending_.load() >= max_jobs_ * 3 / 4 && pool_->queued() == 0);
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
-                      (lane->no_gain.load() < 2 || job->index_in_tensor % 8 == 0);
+                      (no_gain_[tensor_].load() < 2 || job->index_in_tensor % 8 == 0);
   {
     // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
+    job->weight = 2 * job->raw->capacity();
+    next_weight_ = job->weight;
     mu_.Await(absl::Condition(this, &ShardWriterImpl::HasRoom));
     ++pending_;
+    inflight_weight_ += job->weight;
   }
   pool_->Run([this, job](ChunkEncoder* enc) { Encode(job, enc); });
 }
@@ -287,20 +369,18 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
   bool in_alt = false;
   uint8_t* alt = nullptr;
   if (job->try_compress) {
-    job->alt = engine_->record_pool()->Get();
+    job->alt = GetRecordBuffer(job->n);
     alt = job->alt->data();
   }
-  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, t.dtype, job->stream_offset,
-                                     job->try_compress, alt, &in_alt);
+  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, job->crc_raw, t.dtype,
+                                     job->stream_offset, job->try_compress, alt, &in_alt);
   if (job->try_compress) {
-    HashLane* lane = lanes_[job->tensor].get();
-    if (in_alt) lane->no_gain.store(0); else lane->no_gain.fetch_add(1);
+    if (in_alt) no_gain_[job->tensor].store(0); else no_gain_[job->tensor].fetch_add(1);
   }
-  if (!in_alt && job->alt != nullptr) engine_->record_pool()->Put(std::move(job->alt));
+  if (!in_alt && job->alt != nullptr) PutRecordBuffer(std::move(job->alt));
   job->record.header = h;
   job->record.tensor = job->tensor;
   SubmitIo(job);
-  Hash(job);
 }
 
 void ShardWriterImpl::SubmitIo(Job* job) {
@@ -337,68 +417,20 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   });
 }
 
-void ShardWriterImpl::Hash(Job* job) {
-  const uint32_t tensor = job->tensor;  // `job` may be freed by the Release calls below
-  HashLane* lane = lanes_[tensor].get();
-  {
-    absl::MutexLock lock(&mu_);
-    lane->parked[job->index_in_tensor] = job;
-    if (lane->busy) return;  // the lane's holder will hash it
-    lane->busy = true;
-  }
-  for (;;) {
-    Job* next = nullptr;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = lane->parked.find(lane->next);
-      if (it == lane->parked.end()) {
-        lane->busy = false;
-        FinalizeLaneLocked(tensor);
-        return;
-      }
-      next = it->second;
-      lane->parked.erase(it);
-    }
-    lane->sha.Update(next->raw->data() + kChunkHeaderSize, next->n);
-    {
-      // Finalize before Release: once the last job is released, Persist() may read digests_.
-      absl::MutexLock lock(&mu_);
-      ++lane->next;
-      FinalizeLaneLocked(tensor);
-    }
-    Release(next, absl::OkStatus());
-  }
-}
-
-void ShardWriterImpl::FinalizeLaneLocked(uint32_t tensor) {
-  HashLane* lane = lanes_[tensor].get();
-  if (lane == nullptr || lane->done || lane->next != lane->total) return;
-  lane->done = true;
-  std::string hex = DigestToHex(lane->sha.Finish());
-  const TensorSpec& t = rec_.spec.tensors[tensor];
-  if (!t.sha256.empty() && t.sha256 != hex && error_.ok()) {
-    error_ = absl::DataLossError(absl::StrCat(
-        "SHA-256 mismatch: expected ", t.sha256, ", received bytes hash to ", hex, " for ",
-        Where(rec_.spec.job, rec_.spec.step, rec_.spec.rank, t.name)));
-  }
-  digests_[tensor] = std::move(hex);
-}
-
+// Called once per job, when its write completed or failed.
 void ShardWriterImpl::Release(Job* job, const absl::Status& s) {
-  bool last = false;
   {
     absl::MutexLock lock(&mu_);
     if (!s.ok() && error_.ok()) error_ = s;
-    if (!s.ok()) job->status = s;
-    last = job->refs.fetch_sub(1) == 1;
-    if (last && job->status.ok()) completed_.push_back(job->record);
+    if (s.ok()) completed_.push_back(job->record);
   }
-  if (!last) return;
-  engine_->record_pool()->Put(std::move(job->raw));
-  engine_->record_pool()->Put(std::move(job->alt));
+  const size_t weight = job->weight;
+  PutRecordBuffer(std::move(job->raw));
+  PutRecordBuffer(std::move(job->alt));
   delete job;
   absl::MutexLock lock(&mu_);
   --pending_;
+  inflight_weight_ -= weight;
 }
 
 absl::Status ShardWriterImpl::SyncSegments() {
@@ -434,7 +466,7 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
   {
     absl::MutexLock lock(&mu_);
     chunks = completed_;
-    next.tensor_sha256 = digests_;
+    next.tensor_digests = digests_;
   }
   std::sort(chunks.begin(), chunks.end(), [](const ChunkRecord& a, const ChunkRecord& b) {
     return a.header.stream_offset < b.header.stream_offset;
@@ -455,8 +487,8 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     sealed_.clear();
   }
   if (finish) {
-    for (size_t i = 0; i < next.tensor_sha256.size(); ++i) {
-      if (next.tensor_sha256[i].empty()) {
+    for (size_t i = 0; i < next.tensor_digests.size(); ++i) {
+      if (next.tensor_digests[i].empty()) {
         return absl::InternalError(absl::StrCat("no digest for ",
                                                 Where(rec_.spec.job, rec_.spec.step,
                                                       rec_.spec.rank, rec_.spec.tensors[i].name)));
@@ -493,6 +525,13 @@ absl::Status ShardWriterImpl::Finish() {
 }
 
 }  // namespace
+
+size_t MaxShardWriterBufferBytes(const EngineOptions& options) {
+  // HasRoom() admits jobs while their buffers (raw and compressed) stay within max_jobs full
+  // chunks' worth; one more buffer is being filled.
+  const size_t full = AlignUp(MaxRecordSize(options.chunk_bytes));
+  return (2 * static_cast<size_t>(MaxJobs(options)) + 1) * full;
+}
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(EngineImpl* engine,
                                                             ShardRecord record) {

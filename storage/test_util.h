@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/digest.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
 #include "storage/engine.h"
@@ -105,7 +106,12 @@ inline void ExpectRestores(Engine* e, const ShardData& d) {
   EXPECT_EQ(info.metadata, d.spec.metadata);
   std::vector<uint8_t> stream;
   for (size_t i = 0; i < d.bytes.size(); ++i) {
-    EXPECT_EQ(info.tensors[i].spec.sha256, Sha256Hex(d.bytes[i].data(), d.bytes[i].size()));
+    EXPECT_EQ(info.tensors[i].digest_algo, info.digest_algo);
+    EXPECT_EQ(info.tensors[i].digest,
+              DigestHex(info.digest_algo, d.bytes[i].data(), d.bytes[i].size()));
+    if (info.digest_algo == DigestAlgo::kSha256) {
+      EXPECT_EQ(info.tensors[i].spec.sha256, info.tensors[i].digest);
+    }
     std::vector<uint8_t> out(d.bytes[i].size());
     ASSERT_TRUE((*r)->ReadTensor(i, out.data(), out.size()).ok());
     EXPECT_EQ(out, d.bytes[i]) << "tensor " << i;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/digest.h"
 #include "common/dtype.h"
 
 namespace gradsnap {
@@ -28,7 +29,9 @@ struct TensorSpec {
   uint64_t flat_offset = 0;
   uint64_t flat_total = 0;
   // Optional expected SHA-256 (lower-case hex). When set, Finish() fails with DATA_LOSS if the
-  // received bytes hash differently.
+  // received bytes hash differently, whatever the shard's digest algorithm. In a TensorInfo
+  // of a SHA-256 shard it is the stored digest; of an XXH3-128 shard, the expected value given
+  // at write time (empty if none).
   std::string sha256;
 };
 
@@ -50,7 +53,9 @@ struct ShardSpec {
 };
 
 struct TensorInfo {
-  TensorSpec spec;                // spec.sha256 always filled
+  TensorSpec spec;
+  DigestAlgo digest_algo = DigestAlgo::kSha256;  // the shard's algorithm
+  std::string digest;             // lower-case hex of the tensor's bytes; always filled
   uint64_t stored_bytes = 0;
   uint32_t chunks = 0;
 };
@@ -61,6 +66,7 @@ struct ShardInfo {
   uint64_t raw_bytes = 0;
   uint64_t stored_bytes = 0;
   std::string metadata;
+  DigestAlgo digest_algo = DigestAlgo::kSha256;  // how its tensors were hashed when written
   std::vector<TensorInfo> tensors;
 };
 

@@ -4,7 +4,10 @@
 //   build/bin/client_bench [--bytes N] [--dir DIR] [--compressible] [--keep]
 //
 // Last line: engine_save_gbps= client_save_gbps= save_ratio= engine_restore_gbps=
-// client_restore_gbps= restore_ratio= export_gbps= (GB = 1e9 bytes).
+// client_restore_gbps= restore_ratio= export_gbps= export_ratio= (safetensors export ÷ client
+// restore throughput) save_cpu_s_per_gb= restore_cpu_s_per_gb= (process CPU seconds per GB of
+// the client save and restore) (GB = 1e9 bytes).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -41,6 +44,13 @@ int Fail(const absl::Status& s, const char* what) {
   return 1;
 }
 
+double CpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 int Run() {
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes) / 4 * 4;
   const std::string root = absl::StrCat(absl::GetFlag(FLAGS_dir), "/client_bench-", getpid());
@@ -54,6 +64,7 @@ int Run() {
   std::vector<char> out(bytes);
   std::memset(out.data(), 1, out.size());  // pre-touch the restore buffer
   double secs[5] = {0, 0, 0, 0, 0};
+  double save_cpu = 0, restore_cpu = 0;
   {
     storage::EngineOptions eo;
     eo.data_dir = root + "/engine";
@@ -76,14 +87,18 @@ int Run() {
     if (!c.ok()) return Fail(c.status(), "connect");
     if (auto s = (*c)->BeginCheckpoint(cs); !s.ok()) return Fail(s, "begin");
     ShardSpec spec{"bench", 1, 0, {}, ""};
+    double cpu0 = CpuSeconds();
     Stopwatch w;
     if (auto s = (*c)->SaveShard(spec, {{t, src.data()}}); !s.ok()) return Fail(s, "client save");
     secs[1] = w.ElapsedSeconds();
+    save_cpu = CpuSeconds() - cpu0;
+    cpu0 = CpuSeconds();
     w.Restart();
     if (auto s = (*c)->RestoreTensor("bench", 1, 0, "w", out.data(), out.size()); !s.ok()) {
       return Fail(s, "client restore");
     }
     secs[3] = w.ElapsedSeconds();
+    restore_cpu = CpuSeconds() - cpu0;
     if (std::memcmp(out.data(), src.data(), bytes) != 0) {
       return Fail(absl::DataLossError("restored bytes differ"), "client restore");
     }
@@ -107,10 +122,13 @@ int Run() {
   std::printf("restore: engine %.3f s (%.2f GB/s), client %.3f s (%.2f GB/s)\n", secs[2],
               gbps(secs[2]), secs[3], gbps(secs[3]));
   std::printf("export:  %.3f s (%.2f GB/s)\n", secs[4], gbps(secs[4]));
-  std::printf("engine_save_gbps=%.3f client_save_gbps=%.3f save_ratio=%.3f engine_restore_gbps=%.3f "
-              "client_restore_gbps=%.3f restore_ratio=%.3f export_gbps=%.3f\n",
-              gbps(secs[0]), gbps(secs[1]), secs[0] / secs[1], gbps(secs[2]), gbps(secs[3]),
-              secs[2] / secs[3], gbps(secs[4]));
+  std::printf("bytes=%llu engine_save_gbps=%.3f client_save_gbps=%.3f save_ratio=%.3f "
+              "engine_restore_gbps=%.3f client_restore_gbps=%.3f restore_ratio=%.3f "
+              "export_gbps=%.3f export_ratio=%.3f save_cpu_s_per_gb=%.3f "
+              "restore_cpu_s_per_gb=%.3f\n",
+              static_cast<unsigned long long>(bytes), gbps(secs[0]), gbps(secs[1]),
+              secs[0] / secs[1], gbps(secs[2]), gbps(secs[3]), secs[2] / secs[3], gbps(secs[4]),
+              secs[3] / secs[4], save_cpu / (bytes / 1e9), restore_cpu / (bytes / 1e9));
   return 0;
 }
 

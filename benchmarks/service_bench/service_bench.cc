@@ -8,9 +8,16 @@
 //             RestoreShard per rank from disk (segment files dropped from the page cache with
 //             posix_fadvise DONTNEED; the engine reads with O_DIRECT anyway).
 //   cached:   Server with --cache-bytes holding the checkpoint: save again, restore from RAM.
+//   bare:     a bare gRPC server (the generated Storage service with only Read, streaming the
+//             same bytes from memory in 1 MiB messages) read by --ranks concurrent streams
+//             over the same loopback: the physical limit of the restore-from-RAM path.
 // Last line: save_ratio=service/engine save throughput, restore_ratio=service/engine restore
-// throughput, restore_cache_speedup=RAM-tier restore / disk restore (both through the service).
+// throughput, restore_cache_ratio=RAM-tier restore / bare gRPC transfer,
+// restore_cache_speedup=RAM-tier restore / disk restore (both through the service), and the
+// process CPU seconds per GB of the service save and disk restore (server and client are in
+// this process): save_cpu_s_per_gb, restore_cpu_s_per_gb.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,6 +39,9 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/convert.h"
+#include "proto/gradsnap.grpc.pb.h"
 #include "service/server.h"
 #include "storage/engine.h"
 
@@ -91,6 +101,13 @@ Data MakeData(uint64_t bytes, int ranks) {
   return d;
 }
 
+double CpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 // Runs fn(rank) on every rank concurrently; seconds, or a failure.
 absl::StatusOr<double> Parallel(int ranks, const std::function<absl::Status(int)>& fn) {
   gs::Stopwatch w;
@@ -136,7 +153,77 @@ bool Same(const Data& d, int r) {
 
 struct Times {
   double save = 0, restore = 0;
+  double save_cpu = 0, restore_cpu = 0;
 };
+
+// The bare transfer: Read streams rank r's bytes from memory, nothing else.
+class BareService final : public gs::v1::Storage::Service {
+ public:
+  explicit BareService(const Data* d) : d_(d) {}
+  grpc::Status Read(grpc::ServerContext*, const gs::v1::ReadRequest* req,
+                    grpc::ServerWriter<gs::v1::ReadResponse>* writer) override {
+    if (req->rank() < 0 || req->rank() >= static_cast<int>(d_->bufs.size())) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rank");
+    }
+    gs::v1::ReadResponse resp;
+    uint64_t offset = 0;
+    for (const std::string& b : d_->bufs[req->rank()]) {
+      for (size_t pos = 0; pos < b.size(); pos += gs::proto::kMaxDataBytes) {
+        size_t n = std::min<size_t>(gs::proto::kMaxDataBytes, b.size() - pos);
+        resp.set_data(b.data() + pos, n);
+        resp.set_offset(offset);
+        if (!writer->Write(resp)) return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
+        offset += n;
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  const Data* d_;
+};
+
+absl::StatusOr<double> RunBare(const Data& d, int ranks) {
+  BareService service(&d);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  builder.SetMaxSendMessageSize(static_cast<int>(gs::proto::kMaxMessageBytes));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return absl::InternalError("bare server did not start");
+  // One connection carrying every rank's stream, as the remote client has per node.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(gs::proto::kMaxMessageBytes));
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto stub = gs::v1::Storage::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  Data& m = const_cast<Data&>(d);
+  auto secs = Parallel(ranks, [&](int r) -> absl::Status {
+    grpc::ClientContext ctx;
+    gs::v1::ReadRequest req;
+    req.set_rank(r);
+    auto reader = stub->Read(&ctx, req);
+    gs::v1::ReadResponse resp;
+    uint64_t off = 0;
+    while (reader->Read(&resp)) {
+      if (resp.data().size() > m.restore[r].size() - off) {
+        return absl::DataLossError("too many bytes");
+      }
+      std::memcpy(m.restore[r].data() + off, resp.data().data(), resp.data().size());
+      off += resp.data().size();
+    }
+    grpc::Status st = reader->Finish();
+    if (!st.ok()) return absl::UnavailableError(st.error_message());
+    return absl::OkStatus();
+  });
+  server->Shutdown();
+  if (!secs.ok()) return secs.status();
+  for (int r = 0; r < ranks; ++r) {
+    if (!Same(d, r)) return absl::DataLossError("bare restore differs");
+  }
+  return *secs;
+}
 
 absl::StatusOr<Times> RunEngine(const Data& d, gs::storage::EngineOptions eo, int ranks) {
   ASSIGN_OR_RETURN(auto engine, gs::storage::Engine::Open(eo));
@@ -171,6 +258,7 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
                                  uint64_t cache_bytes, int64_t step) {
   gs::service::ServerOptions so;
   so.engine = eo;
+  so.engine.queue_depth = gs::service::ServerOptions::kUploadQueueDepth;  // as gradsnap-server
   so.cache_bytes = cache_bytes;
   so.max_inflight_bytes = 1ull << 30;
   ASSIGN_OR_RETURN(auto server, gs::service::Server::Start(so));
@@ -179,6 +267,7 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
   ASSIGN_OR_RETURN(auto client, gs::client::NewRemoteClient(co));
   RETURN_IF_ERROR(client->BeginCheckpoint(Spec(step, ranks)));
   Times t;
+  double cpu0 = CpuSeconds();
   ASSIGN_OR_RETURN(t.save, Parallel(ranks, [&](int r) {
     std::vector<gs::client::TensorRef> refs;
     gs::storage::ShardSpec spec = d.specs[r];
@@ -188,8 +277,10 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
     }
     return client->SaveShard(spec, refs);
   }));
+  t.save_cpu = CpuSeconds() - cpu0;
   DropPageCache(eo.data_dir);
   Data& m = const_cast<Data&>(d);
+  cpu0 = CpuSeconds();
   ASSIGN_OR_RETURN(t.restore, Parallel(ranks, [&](int r) -> absl::Status {
     uint64_t off = 0;
     return client->RestoreShard("bench", step, r, [&](const void* p, size_t n) {
@@ -199,6 +290,7 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
       return absl::OkStatus();
     });
   }));
+  t.restore_cpu = CpuSeconds() - cpu0;
   for (int r = 0; r < ranks; ++r) {
     if (!Same(d, r)) return absl::DataLossError("service restore differs");
   }
@@ -226,6 +318,7 @@ int main(int argc, char** argv) {
   std::printf("data: %.2f GiB in %d shards, zstd level %d\n", gib, ranks,
               absl::GetFlag(FLAGS_zstd_level));
   Times best_e{1e9, 1e9}, best_s{1e9, 1e9}, best_c{1e9, 1e9};
+  double best_bare = 1e9;
   for (int rep = 0; rep < std::max(1, absl::GetFlag(FLAGS_repeat)); ++rep) {
     auto opts = [&](const char* name) {
       gs::storage::EngineOptions eo;
@@ -236,6 +329,8 @@ int main(int argc, char** argv) {
     auto e = RunEngine(d, opts("engine"), ranks);
     auto s = e.ok() ? RunService(d, opts("service"), ranks, 0, 1) : e;
     auto c = s.ok() ? RunService(d, opts("cached"), ranks, bytes + (64u << 20), 1) : s;
+    auto bare = c.ok() ? RunBare(d, ranks) : c.status();
+    if (c.ok() && !bare.ok()) c = bare.status();
     std::error_code ec;
     std::filesystem::remove_all(root + "/engine" + std::to_string(rep), ec);
     std::filesystem::remove_all(root + "/service" + std::to_string(rep), ec);
@@ -249,15 +344,26 @@ int main(int argc, char** argv) {
                 "restore(disk) %.2f GiB/s | cached save %.2f GiB/s restore(RAM) %.2f GiB/s\n",
                 rep, gib / e->save, gib / e->restore, gib / s->save, gib / s->restore,
                 gib / c->save, gib / c->restore);
+    std::printf(
+        "run %d: bare gRPC streaming %.2f GiB/s; service cpu: save %.2f s, restore %.2f s\n",
+        rep, gib / *bare, s->save_cpu, s->restore_cpu);
+    if (s->save < best_s.save) best_s.save_cpu = s->save_cpu;
+    if (s->restore < best_s.restore) best_s.restore_cpu = s->restore_cpu;
+    best_bare = std::min(best_bare, *bare);
     best_e = {std::min(best_e.save, e->save), std::min(best_e.restore, e->restore)};
-    best_s = {std::min(best_s.save, s->save), std::min(best_s.restore, s->restore)};
+    best_s.save = std::min(best_s.save, s->save);
+    best_s.restore = std::min(best_s.restore, s->restore);
     best_c = {std::min(best_c.save, c->save), std::min(best_c.restore, c->restore)};
   }
   std::error_code ec;
   std::filesystem::remove_all(root, ec);
-  std::printf("save_ratio=%.3f restore_ratio=%.3f restore_cache_speedup=%.3f "
-              "save_ratio_with_cache=%.3f\n",
-              best_e.save / best_s.save, best_e.restore / best_s.restore,
-              best_s.restore / best_c.restore, best_e.save / best_c.save);
+  const double gb = d.total / 1e9;
+  std::printf("bytes=%llu save_ratio=%.3f restore_ratio=%.3f restore_cache_ratio=%.3f "
+              "restore_cache_speedup=%.3f save_ratio_with_cache=%.3f save_cpu_s_per_gb=%.3f "
+              "restore_cpu_s_per_gb=%.3f bare_grpc_gibps=%.3f\n",
+              static_cast<unsigned long long>(d.total), best_e.save / best_s.save,
+              best_e.restore / best_s.restore, best_bare / best_c.restore,
+              best_s.restore / best_c.restore, best_e.save / best_c.save, best_s.save_cpu / gb,
+              best_s.restore_cpu / gb, gib / best_bare);
   return 0;
 }

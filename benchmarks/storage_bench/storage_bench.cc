@@ -7,9 +7,14 @@
 // same bytes are written (one thread per rank) by:
 //   raw       io_uring, O_DIRECT, queue depth 32, 4 MiB writes straight from the buffers
 //   engine    Engine::WriteShard with compression off, then with compression on
-// and read back (page cache dropped first; both readers use O_DIRECT): raw with io_uring QD32,
-// the engine with ShardReader::ReadTensor (CRCs and SHA-256 verified).
-// Last line: name=value pairs: write_ratio and read_ratio (engine with compression off ÷ raw),
+// and read back, the page cache dropped before every read (`echo 3 > /proc/sys/vm/drop_caches`
+// as root, else fdatasync + POSIX_FADV_DONTNEED per file): raw with io_uring O_DIRECT QD32 and
+// with buffered pread (what torch.load gets), the engine with ShardReader::ReadTensor (CRCs and
+// digests verified). A third run writes one shard of many small tensors (4 KiB-256 KiB, as
+// many as --small_tensors or fit in the bytes) raw and through the engine.
+// Last line: name=value pairs: write_ratio (engine with compression off ÷ raw O_DIRECT write),
+// read_ratio (engine ÷ the best raw read), small_write_ratio, write_cpu_s_per_gb and
+// read_cpu_s_per_gb (process CPU seconds per GB of the engine runs, compression off),
 // compress_ratio_* (what the codec achieves on that data, every chunk compressed),
 // stored_ratio_* (raw ÷ stored bytes the adaptive engine actually wrote), and GB/s of raw
 // bytes per second for each run ("effective" throughput for the compressed one).
@@ -42,11 +47,17 @@
 ABSL_FLAG(std::string, dir, "./storage_bench.tmp",
           "Scratch directory on the file system to measure (removed at the end). "
           "Default: ./storage_bench.tmp");
-ABSL_FLAG(double, total_gib, 2.0, "Total bytes of training state over all ranks. Default: 2");
+ABSL_FLAG(double, total_gib, 2.0, "Total GiB of training state over all ranks. Default: 2");
+ABSL_FLAG(std::string, bytes, "",
+          "Total bytes of training state, with an optional K/M/G suffix (binary), e.g. 256M or "
+          "8G; overrides --total_gib. Default: unset");
+ABSL_FLAG(int, small_tensors, 20000,
+          "Tensors of 4 KiB-256 KiB in the small-tensor run (fewer if they would exceed the "
+          "bytes); 0 skips it. Default: 20000");
 ABSL_FLAG(int, ranks, 2, "Shards written and read concurrently, one thread each. Default: 2");
 ABSL_FLAG(int, tensor_mib, 16, "Size of each tensor in MiB. Default: 16");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of the compression-on run. Default: 1");
-ABSL_FLAG(int, encode_threads, 2, "EngineOptions::encode_threads. Default: 2");
+ABSL_FLAG(int, encode_threads, -1, "EngineOptions::encode_threads (-1: one per core). Default: -1");
 ABSL_FLAG(int, queue_depth, 32, "io_uring queue depth (engine and raw). Default: 32");
 ABSL_FLAG(int, chunk_mib, 4, "EngineOptions::chunk_bytes in MiB. Default: 4");
 ABSL_FLAG(bool, use_io_uring, true, "Engine uses io_uring (false: pwrite). Default: true");
@@ -178,28 +189,100 @@ bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
   return ok;
 }
 
+// Reads the file RawIo wrote with plain buffered pread in 4 MiB pieces (kernel read-ahead).
+bool BufferedRead(const std::string& path, RankState* st) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  uint64_t off = 0;
+  bool ok = true;
+  for (AlignedBuffer& b : st->tensors) {
+    size_t len = AlignUp(b.capacity());
+    for (size_t o = 0; o < len && ok; o += kRawBlock) {
+      size_t n = std::min(kRawBlock, len - o);
+      ok = ::pread(fd, b.data() + o, n, static_cast<off_t>(off)) == static_cast<ssize_t>(n);
+      off += n;
+    }
+  }
+  ::close(fd);
+  return ok;
+}
+
+// One shard of `count` fp32 tensors of 4 KiB-256 KiB (at most `max_bytes` in all).
+RankState MakeSmallRank(int count, uint64_t max_bytes) {
+  RankState st;
+  st.spec.job = "bench";
+  st.spec.rank = 0;
+  Gen g{12345};
+  uint64_t done = 0;
+  for (int i = 0; i < count; ++i) {
+    size_t len = (4096 + g.Next() % (252 << 10)) / 4 * 4;
+    if (done + len > max_bytes) break;
+    TensorSpec t;
+    t.name = absl::StrFormat("s%d", i);
+    t.dtype = DType::kF32;
+    t.shape = {static_cast<int64_t>(len / 4)};
+    t.byte_length = len;
+    st.tensors.emplace_back(len);
+    Fill(&st.tensors.back(), len, i % 3, 900000 + i);
+    st.fp32_bytes += len;
+    st.spec.tensors.push_back(t);
+    done += len;
+  }
+  return st;
+}
+
 double CpuSeconds() {
   struct rusage ru;
   ::getrusage(RUSAGE_SELF, &ru);
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-// Runs f(0..n-1) on n threads; returns wall seconds and prints the CPU seconds it took.
+// Runs f(0..n-1) on n threads; returns wall seconds and prints (and stores in *cpu) the CPU
+// seconds it took.
 template <typename F>
-double Parallel(int n, F f, const char* what = nullptr) {
+double Parallel(int n, F f, const char* what = nullptr, double* cpu = nullptr) {
   double cpu0 = CpuSeconds();
   Stopwatch sw;
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i) ts.emplace_back(f, i);
   for (auto& t : ts) t.join();
   double wall = sw.ElapsedSeconds();
-  if (what != nullptr) {
-    std::printf("  %-22s wall %6.2f s  cpu %6.2f s\n", what, wall, CpuSeconds() - cpu0);
-  }
+  double used = CpuSeconds() - cpu0;
+  if (cpu != nullptr) *cpu = used;
+  if (what != nullptr) std::printf("  %-24s wall %6.2f s  cpu %6.2f s\n", what, wall, used);
   return wall;
 }
 
+// "256M", "8G", "1073741824" -> bytes (binary suffixes); 0 when malformed.
+uint64_t ParseBytes(const std::string& s) {
+  if (s.empty()) return 0;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (...) {
+    return 0;
+  }
+  std::string suffix = s.substr(used);
+  double mult = 1;
+  if (suffix == "K" || suffix == "KiB") mult = 1ull << 10;
+  else if (suffix == "M" || suffix == "MiB") mult = 1ull << 20;
+  else if (suffix == "G" || suffix == "GiB") mult = 1ull << 30;
+  else if (suffix == "T" || suffix == "TiB") mult = 1ull << 40;
+  else if (!suffix.empty()) return 0;
+  return v > 0 ? static_cast<uint64_t>(v * mult) : 0;
+}
+
+// Drops the page cache: the whole cache as root (what a cold torch.load sees), else the
+// files under `dir`.
 void DropCache(const std::string& dir) {
+  ::sync();
+  int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    bool ok = ::write(fd, "3", 1) == 1;
+    ::close(fd);
+    if (ok) return;
+  }
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
@@ -228,9 +311,12 @@ bool Failed() {
 int Run() {
   const std::string dir = absl::GetFlag(FLAGS_dir);
   const int ranks = absl::GetFlag(FLAGS_ranks);
-  const double gib = absl::GetFlag(FLAGS_total_gib);
+  double gib = absl::GetFlag(FLAGS_total_gib);
+  if (!absl::GetFlag(FLAGS_bytes).empty()) {
+    gib = ParseBytes(absl::GetFlag(FLAGS_bytes)) / double(1ull << 30);
+  }
   if (ranks < 1 || ranks > 64 || gib <= 0 || gib > 64 || absl::GetFlag(FLAGS_tensor_mib) < 1) {
-    Fail("--ranks must be 1..64, --total_gib in (0, 64], --tensor_mib >= 1");
+    Fail("--ranks must be 1..64, --bytes (or --total_gib) in (0, 64 GiB], --tensor_mib >= 1");
     return Failed();
   }
   std::error_code ec;
@@ -263,6 +349,7 @@ int Run() {
   o.queue_depth = qd;
   o.chunk_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_chunk_mib)) << 20;
   o.use_io_uring = absl::GetFlag(FLAGS_use_io_uring);
+  double write_cpu = 0, read_cpu = 0;
   auto write_ckpt = [&](Engine* e, int64_t step, int level) {
     absl::Status s = e->BeginCheckpoint({"bench", step, CheckpointKind::kFull, -1, ranks, ""});
     if (!s.ok()) {
@@ -276,7 +363,8 @@ int Run() {
       for (auto& t : st[r].tensors) data.push_back(t.data());
       absl::Status ws = e->WriteShard(spec, data);
       if (!ws.ok()) Fail(ws.ToString());
-    }, level == 0 ? "engine write (zstd off)" : "engine write (zstd on)");
+    }, level == 0 ? "engine write (zstd off)" : "engine write (zstd on)",
+    level == 0 ? &write_cpu : nullptr);
   };
   // Compression off and on, each through its own engine instance on the same directory.
   o.zstd_level = 0;
@@ -328,10 +416,15 @@ int Run() {
   }
 
   DropCache(dir);
-  double raw_r = Parallel(ranks, [&](int r) {
+  double raw_r_direct = Parallel(ranks, [&](int r) {
     if (!RawIo(absl::StrFormat("%s/raw%d", dir, r), &st[r], false, qd)) Fail("raw read failed");
-  }, "raw read");
+  }, "raw read (O_DIRECT)");
+  DropCache(dir);
+  double raw_r_buffered = Parallel(ranks, [&](int r) {
+    if (!BufferedRead(absl::StrFormat("%s/raw%d", dir, r), &st[r])) Fail("raw read failed");
+  }, "raw read (buffered)");
   if (Failed()) return 1;
+  const double raw_r = std::min(raw_r_direct, raw_r_buffered);
   auto read_ckpt = [&](int64_t step) {
     DropCache(dir);
     return Parallel(ranks, [&](int r) {
@@ -348,28 +441,82 @@ int Run() {
           return;
         }
       }
-    }, step == 1 ? "engine read (zstd off)" : "engine read (zstd on)");
+    }, step == 1 ? "engine read (zstd off)" : "engine read (zstd on)",
+    step == 1 ? &read_cpu : nullptr);
   };
   double eng_r_off = read_ckpt(1);
   double eng_r_on = read_ckpt(2);
   if (Failed()) return 1;
   on_engine->reset();
+
+  // Many small tensors in one shard: raw (the same bytes packed back to back, written in
+  // 4 MiB O_DIRECT blocks: what the disk can do with them) against the engine with
+  // compression off.
+  double small_raw_w = 0, small_eng_w = 0;
+  uint64_t small_bytes = 0;
+  size_t small_count = 0;
+  if (absl::GetFlag(FLAGS_small_tensors) > 0) {
+    st.clear();  // free the big state first
+    RankState small = MakeSmallRank(absl::GetFlag(FLAGS_small_tensors), total);
+    small_count = small.spec.tensors.size();
+    for (const auto& t : small.spec.tensors) small_bytes += t.byte_length;
+    std::printf("small: %zu tensors, %.2f GiB\n", small_count, small_bytes / double(1ull << 30));
+    RankState packed;
+    for (uint64_t off = 0; off < small_bytes; off += kRawBlock) {
+      packed.tensors.emplace_back(std::min<uint64_t>(kRawBlock, small_bytes - off));
+    }
+    uint64_t pos = 0;
+    for (size_t i = 0; i < small.tensors.size(); ++i) {
+      const uint8_t* p = small.tensors[i].data();
+      for (uint64_t left = small.spec.tensors[i].byte_length; left > 0;) {
+        size_t n = std::min<uint64_t>(left, kRawBlock - pos % kRawBlock);
+        std::memcpy(packed.tensors[pos / kRawBlock].data() + pos % kRawBlock, p, n);
+        p += n;
+        pos += n;
+        left -= n;
+      }
+    }
+    small_raw_w = Parallel(1, [&](int) {
+      if (!RawIo(dir + "/raw-small", &packed, true, qd)) Fail("raw small write failed");
+    }, "raw write (small)");
+    o.zstd_level = 0;
+    auto se = Engine::Open(o);
+    if (!se.ok()) Fail(se.status().ToString());
+    if (Failed()) return 1;
+    absl::Status s = (*se)->BeginCheckpoint({"bench", 3, CheckpointKind::kFull, -1, 1, ""});
+    if (!s.ok()) Fail(s.ToString());
+    if (Failed()) return 1;
+    small.spec.step = 3;
+    small_eng_w = Parallel(1, [&](int) {
+      std::vector<const void*> data;
+      for (auto& t : small.tensors) data.push_back(t.data());
+      absl::Status ws = (*se)->WriteShard(small.spec, data);
+      if (!ws.ok()) Fail(ws.ToString());
+    }, "engine write (small)");
+    if (Failed()) return 1;
+  }
   std::filesystem::remove_all(dir, ec);
 
   auto gbs = [&](double secs) { return total / secs / 1e9; };
   std::printf("write GB/s: raw %.2f, engine off %.2f, engine on %.2f\n", gbs(raw_w),
               gbs(eng_w_off), gbs(eng_w_on));
-  std::printf("read  GB/s: raw %.2f, engine off %.2f, engine on %.2f\n", gbs(raw_r),
-              gbs(eng_r_off), gbs(eng_r_on));
+  std::printf("read  GB/s: raw O_DIRECT %.2f, raw buffered %.2f, engine off %.2f, engine on %.2f\n",
+              gbs(raw_r_direct), gbs(raw_r_buffered), gbs(eng_r_off), gbs(eng_r_on));
+  const double gb = total / 1e9;
   std::printf(
-      "write_ratio=%.3f read_ratio=%.3f compress_ratio_fp32=%.3f compress_ratio_bf16_delta=%.3f "
+      "bytes=%llu write_ratio=%.3f read_ratio=%.3f small_write_ratio=%.3f small_tensors=%zu "
+      "write_cpu_s_per_gb=%.3f read_cpu_s_per_gb=%.3f "
+      "compress_ratio_fp32=%.3f compress_ratio_bf16_delta=%.3f "
       "stored_ratio_fp32=%.3f stored_ratio_bf16_delta=%.3f "
       "engine_write_gbps_on=%.3f engine_write_gbps_off=%.3f engine_read_gbps_on=%.3f "
-      "engine_read_gbps_off=%.3f raw_write_gbps=%.3f raw_read_gbps=%.3f\n",
-      raw_w / eng_w_off, raw_r / eng_r_off, codec_fp32, codec_bf16,
-      fp32 / double(std::max<uint64_t>(fp32_stored, 1)),
+      "engine_read_gbps_off=%.3f raw_write_gbps=%.3f raw_read_gbps=%.3f "
+      "raw_read_direct_gbps=%.3f raw_read_buffered_gbps=%.3f\n",
+      static_cast<unsigned long long>(total), raw_w / eng_w_off, raw_r / eng_r_off,
+      small_eng_w > 0 ? small_raw_w / small_eng_w : 0.0, small_count, write_cpu / gb,
+      read_cpu / gb, codec_fp32, codec_bf16, fp32 / double(std::max<uint64_t>(fp32_stored, 1)),
       bf16 / double(std::max<uint64_t>(bf16_stored, 1)), gbs(eng_w_on), gbs(eng_w_off),
-      gbs(eng_r_on), gbs(eng_r_off), gbs(raw_w), gbs(raw_r));
+      gbs(eng_r_on), gbs(eng_r_off), gbs(raw_w), gbs(raw_r), gbs(raw_r_direct),
+      gbs(raw_r_buffered));
   return 0;
 }
 

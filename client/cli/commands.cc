@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/json.h"
+#include "common/digest.h"
 #include "common/names.h"
 #include "common/status.h"
 
@@ -182,7 +183,7 @@ std::string TensorJson(const storage::TensorInfo& t) {
       "{\"name\":", JsonQuote(s.name), ",\"dtype\":\"", DTypeName(s.dtype), "\",\"shape\":[",
       absl::StrJoin(s.shape, ","), "],\"byte_length\":", s.byte_length,
       ",\"stored_bytes\":", t.stored_bytes, ",\"chunks\":", t.chunks,
-      ",\"sha256\":", JsonQuote(s.sha256));
+      ",\"digest\":", JsonQuote(t.digest), ",\"sha256\":", JsonQuote(s.sha256));
   if (!s.flat_name.empty()) {
     absl::StrAppend(&out, ",\"flat_name\":", JsonQuote(s.flat_name),
                     ",\"flat_offset\":", s.flat_offset, ",\"flat_total\":", s.flat_total);
@@ -201,7 +202,8 @@ std::string ManifestJson(const client::Manifest& m) {
     if (i > 0) out += ",";
     absl::StrAppend(&out, "{\"rank\":", s.rank, ",\"committed\":", s.committed ? "true" : "false",
                     ",\"raw_bytes\":", s.raw_bytes, ",\"stored_bytes\":", s.stored_bytes,
-                    ",\"metadata_bytes\":", s.metadata.size(), ",\"tensors\":[");
+                    ",\"metadata_bytes\":", s.metadata.size(), ",\"digest_algorithm\":\"",
+                    DigestAlgoName(s.digest_algo), "\",\"tensors\":[");
     for (size_t j = 0; j < s.tensors.size(); ++j) {
       if (j > 0) out += ",";
       out += TensorJson(s.tensors[j]);

@@ -8,6 +8,7 @@
 #include "client/cli/format.h"
 #include "client/json.h"
 #include "common/clock.h"
+#include "common/digest.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -141,6 +142,11 @@ absl::Status RunShow(Context& ctx) {
   }
   const client::CheckpointInfo& i = m.info;
   const int64_t now = UnixMillis();
+  std::vector<std::string> algos;  // distinct digest algorithms of the shards, in rank order
+  for (const client::ShardInfo& s : m.shards) {
+    const std::string name = DigestAlgoName(s.digest_algo);
+    if (std::find(algos.begin(), algos.end(), name) == algos.end()) algos.push_back(name);
+  }
   std::string head = absl::StrCat(
       "job         ", i.job, "\nstep        ", i.step, " (", KindName(i.kind),
       i.base_step >= 0 ? absl::StrCat(" on ", i.base_step) : "", ")\nstate       ",
@@ -148,15 +154,16 @@ absl::Status RunShow(Context& ctx) {
       HumanBytes(i.stored_bytes), " of ", HumanBytes(i.raw_bytes), " raw (",
       Ratio(i.raw_bytes, i.stored_bytes), ")\ncreated     ", WhenText(now, i.created_unix_ms),
       "\ncommitted   ", WhenText(now, i.committed_unix_ms), "\nmetadata    ",
-      HumanBytes(i.metadata.size()), "\n", recovery_line, "\n");
+      HumanBytes(i.metadata.size()), "\ndigest      ",
+      algos.empty() ? "-" : absl::StrJoin(algos, ", "), "\n", recovery_line, "\n");
   std::vector<std::vector<std::string>> rows = {
-      {"RANK", "TENSOR", "DTYPE", "SHAPE", "SIZE", "STORED", "RATIO", "CHUNKS", "SHA256"}};
+      {"RANK", "TENSOR", "DTYPE", "SHAPE", "SIZE", "STORED", "RATIO", "CHUNKS", "DIGEST"}};
   for (const client::ShardInfo& s : m.shards) {
     for (const storage::TensorInfo& t : s.tensors) {
       rows.push_back({absl::StrCat(s.rank), t.spec.name, DTypeName(t.spec.dtype),
                       ShapeText(t.spec.shape), HumanBytes(t.spec.byte_length),
                       HumanBytes(t.stored_bytes), Ratio(t.spec.byte_length, t.stored_bytes),
-                      absl::StrCat(t.chunks), t.spec.sha256.substr(0, 16)});
+                      absl::StrCat(t.chunks), t.digest.substr(0, 16)});
     }
     if (!s.committed) {
       rows.push_back({absl::StrCat(s.rank), "(shard not committed)", "", "", "", "", "", "", ""});

@@ -91,6 +91,10 @@ TEST_P(CliTest, LsShowVerify) {
     EXPECT_TRUE(absl::StrContains(r.out, t.spec.name)) << t.spec.name << "\n" << r.out;
   }
   EXPECT_TRUE(absl::StrContains(r.out, "bf16")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "digest      xxh3-128")) << r.out;  // the default
+  r = Cli({"show", "demo", "20", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "\"digest_algorithm\":\"xxh3-128\"")) << r.out;
   r = Cli({"verify", "demo", "10"});
   EXPECT_EQ(r.rc, 0) << r.err;
   r = Cli({"verify", "demo", "--all"});

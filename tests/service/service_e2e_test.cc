@@ -7,6 +7,7 @@
 
 #include "client/backends.h"
 #include "client/client.h"
+#include "common/digest.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
 
@@ -134,6 +135,51 @@ TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
   EXPECT_GE(MetricValue(*body, "gradsnap_bytes_in_total"), 4 * (4 << 20));
   EXPECT_GT(MetricValue(*body, "gradsnap_write_seconds_count"), 0);
   EXPECT_EQ(MetricValue(*body, "gradsnap_inflight_bytes"), 0);
+}
+
+// --digest picks the algorithm of new shards; a restarted server with another choice keeps
+// serving and verifying the old ones with the algorithm that wrote them.
+TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
+  TempDir dir;
+  std::vector<TestShard> shards = {MakeShard("dg", 1, 0, {1 << 20, 4096}, 5),
+                                   MakeShard("dg", 2, 0, {1 << 20, 4096}, 6)};
+  for (int i = 0; i < 2; ++i) {
+    ServerProcess server;
+    std::vector<std::string> args = {"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"};
+    if (i == 0) args.insert(args.end(), {"--digest", "sha256"});
+    ASSERT_TRUE(server.Start(args).ok()) << server.Log();
+    auto c = Connect({server.address()});
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("dg", i + 1, 1)).ok());
+    ASSERT_TRUE(c->SaveShard(shards[i].spec, shards[i].Refs()).ok());
+    for (int step = 1; step <= i + 1; ++step) {
+      SCOPED_TRACE(step);
+      auto m = c->Show("dg", step);
+      ASSERT_TRUE(m.ok()) << m.status();
+      const client::ShardInfo& s = m->shards.at(0);
+      DigestAlgo want = step == 1 ? DigestAlgo::kSha256 : DigestAlgo::kXxh3_128;
+      EXPECT_EQ(s.digest_algo, want);
+      for (size_t t = 0; t < s.tensors.size(); ++t) {
+        const std::string& bytes = shards[step - 1].data[t];
+        EXPECT_EQ(s.tensors[t].digest, DigestHex(want, bytes.data(), bytes.size()));
+      }
+      EXPECT_TRUE(c->Verify("dg", step).ok());
+      auto got = RestoreToString(c.get(), "dg", step, 0);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == shards[step - 1].Payload());
+    }
+    c.reset();
+    server.Signal(SIGTERM);
+    EXPECT_EQ(server.Wait(), 0);
+  }
+  ServerProcess bad;
+  EXPECT_FALSE(bad.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                          "--digest", "md5"}).ok());
+  EXPECT_NE(bad.Wait(), 0);
+  ServerProcess bad_interval;
+  EXPECT_FALSE(bad_interval.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                                   "--durable-every-mib", "0"}).ok());
+  EXPECT_NE(bad_interval.Wait(), 0);
 }
 
 TEST(ServiceE2E, TwoNodesWithPlacementAndReplicaFailover) {
