@@ -12,6 +12,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/quarantine.h"
 
 namespace gradsnap {
 namespace storage {
@@ -163,10 +164,45 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     return absl::InvalidArgumentError("queue_depth, encode_threads or segment_bytes out of range");
   }
   FileSystem* fs = options.fs != nullptr ? options.fs : FileSystem::Default();
-  RETURN_IF_ERROR(fs->CreateDirs(options.data_dir + "/segments"));
-  ASSIGN_OR_RETURN(std::unique_ptr<MetaStore> meta, MetaStore::Open(options.data_dir + "/meta"));
-  auto engine = std::make_unique<EngineImpl>(options, fs, std::move(meta));
-  RETURN_IF_ERROR(engine->Recover());
+  const std::string& dir = options.data_dir;
+  // The catalog guard (docs/format.md, "Catalog guard"): decide everything before touching the
+  // disk, so a refused open leaves the directory exactly as it was.
+  const CatalogState catalog = InspectCatalog(dir);
+  const uint64_t segment_files = CountSegmentFiles(dir);
+  if (catalog == CatalogState::kBroken) {
+    return CatalogRefusal(dir, "its catalog meta/ has files but no CURRENT (unreadable)");
+  }
+  if (catalog == CatalogState::kAbsent && segment_files > 0) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog meta/ is missing or empty but "
+                                            "segments/ holds ", segment_files, " files"));
+  }
+  if (options.read_only && catalog == CatalogState::kAbsent) {
+    return absl::NotFoundError(absl::StrCat("no gradsnap checkpoint store in ", dir));
+  }
+  MetaStore::Mode mode = options.read_only ? MetaStore::Mode::kReadOnly
+                         : catalog == CatalogState::kAbsent ? MetaStore::Mode::kCreate
+                                                            : MetaStore::Mode::kExisting;
+  if (mode == MetaStore::Mode::kCreate) RETURN_IF_ERROR(fs->CreateDirs(dir + "/segments"));
+  auto meta = MetaStore::Open(dir + "/meta", mode);
+  if (!meta.ok()) {
+    if (absl::IsFailedPrecondition(meta.status()) || mode == MetaStore::Mode::kCreate ||
+        absl::IsResourceExhausted(meta.status())) {
+      return meta.status();  // another process holds it, or a fresh store could not be made
+    }
+    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                            meta.status().message(), ")"));
+  }
+  auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
+  auto checkpoints = engine->meta()->Scan("c/");
+  if (!checkpoints.ok()) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                            checkpoints.status().message(), ")"));
+  }
+  if (checkpoints->empty() && segment_files > 0) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
+                                            "holds ", segment_files, " files"));
+  }
+  if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
@@ -218,6 +254,7 @@ absl::StatusOr<std::vector<ChunkRecord>> EngineImpl::LoadChunks(const std::strin
 
 absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
   RETURN_IF_ERROR(ValidateCheckpointSpec(spec));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   auto existing = LoadCheckpoint(spec.job, spec.step);
   if (existing.ok()) {
@@ -251,11 +288,26 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenShardWriter(const ShardSpec& spec) {
   RETURN_IF_ERROR(ValidateName(spec.job, "job name"));
-  absl::MutexLock lock(&mu_);
-  return OpenWriterLocked(spec);
+  RETURN_IF_ERROR(CheckWritable());
+  ShardRecord rec;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(rec, ReserveWriterLocked(spec));
+  }
+  // Outside mu_: a writer whose Init() fails is destroyed inside NewShardWriter, and its
+  // destructor gives the reservation back through ReleaseWriter, which takes mu_.
+  return NewShardWriter(this, std::move(rec));
 }
 
-absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const ShardSpec& spec) {
+absl::Status EngineImpl::CheckWritable() const {
+  if (options_.read_only) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint store ", options_.data_dir,
+                                                      " is open read-only"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spec) {
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(spec.job, spec.step));
   RETURN_IF_ERROR(ValidateShardSpec(spec, ckpt));
   std::string key = ShardKey(spec.job, spec.step, spec.rank);
@@ -294,9 +346,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const 
     RETURN_IF_ERROR(meta_->Commit(b));
   }
   active_writers_.insert(key);
-  auto w = NewShardWriter(this, std::move(rec));
-  if (!w.ok()) active_writers_.erase(key);
-  return w;
+  return rec;
 }
 
 void EngineImpl::ReleaseWriter(const std::string& shard_key) {
@@ -331,13 +381,39 @@ absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
     ckpt.raw_bytes += shard.committed_size;
     ckpt.stored_bytes += shard.stored_bytes;
     if (ckpt.committed_shards == ckpt.spec.world_size) {
-      ckpt.state = CheckpointState::kCommitted;
-      ckpt.committed_unix_ms = NowMs();
+      RETURN_IF_ERROR(CommitCheckpointLocked(&ckpt, &b));
     }
     b.puts.emplace_back(CheckpointKey(s.job, s.step), EncodeCheckpoint(ckpt));
   }
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   return meta_->Commit(b);
+}
+
+absl::Status EngineImpl::CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b) {
+  const std::string& job = ckpt->spec.job;
+  if (ckpt->spec.kind == CheckpointKind::kDelta) {
+    // A DELTA is committed only on top of a committed FULL; until then it waits, PENDING with
+    // all its shards committed, and the base's commit promotes it.
+    ASSIGN_OR_RETURN(CheckpointRecord base, LoadCheckpoint(job, ckpt->spec.base_step));
+    if (base.state != CheckpointState::kCommitted) return absl::OkStatus();
+    ckpt->state = CheckpointState::kCommitted;
+    ckpt->committed_unix_ms = NowMs();
+    return absl::OkStatus();
+  }
+  ckpt->state = CheckpointState::kCommitted;
+  ckpt->committed_unix_ms = NowMs();
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord d;
+    RETURN_IF_ERROR(DecodeCheckpoint(v, &d));
+    if (d.spec.kind == CheckpointKind::kDelta && d.spec.base_step == ckpt->spec.step &&
+        d.state == CheckpointState::kPending && d.committed_shards == d.spec.world_size) {
+      d.state = CheckpointState::kCommitted;
+      d.committed_unix_ms = ckpt->committed_unix_ms;
+      b->puts.emplace_back(k, EncodeCheckpoint(d));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EngineImpl::WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) {
@@ -376,13 +452,30 @@ absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, 
 
 absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.state == CheckpointState::kCommitted) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
                                                       " is committed; use Delete"));
   }
+  std::vector<int64_t> deltas;  // PENDING DELTAs on this FULL go with it
+  if (ckpt.spec.kind == CheckpointKind::kFull) {
+    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+    for (const auto& [k, v] : kvs) {
+      CheckpointRecord r;
+      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+      if (r.spec.kind != CheckpointKind::kDelta || r.spec.base_step != step) continue;
+      if (r.state == CheckpointState::kCommitted) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint job ", job, " step ", step, " is the base of committed DELTA step ",
+            r.spec.step));
+      }
+      deltas.push_back(r.spec.step);
+    }
+  }
   uint64_t reclaimed = 0;
+  for (int64_t d : deltas) RETURN_IF_ERROR(DeleteLocked(job, d, &reclaimed));
   return DeleteLocked(job, step, &reclaimed);
 }
 
@@ -524,6 +617,7 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
 
 absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.spec.kind == CheckpointKind::kFull) {
@@ -546,7 +640,11 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
   if (policy.keep_last < 0 || policy.keep_every < 0) {
     return absl::InvalidArgumentError("keep_last and keep_every must be >= 0");
   }
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
+                                  NowMs())
+                      .status());
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   std::vector<CheckpointRecord> all;
   for (const auto& [k, v] : kvs) {

@@ -72,8 +72,15 @@ class EngineImpl : public Engine {
                                                  const std::vector<ChunkRecord>& chunks);
 
  private:
-  absl::StatusOr<std::unique_ptr<ShardWriter>> OpenWriterLocked(const ShardSpec& spec)
+  // Checks a shard writer may open, records it in active_writers_ and returns its record.
+  absl::StatusOr<ShardRecord> ReserveWriterLocked(const ShardSpec& spec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a checkpoint whose shards are all committed COMMITTED in `b` (a DELTA only when its
+  // base is committed); a FULL also promotes its waiting DELTAs in `b`.
+  absl::Status CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWritable() const;
+  absl::Status RepairOrphanDeltas();
   absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecoverCheckpoint(const CheckpointRecord& c);

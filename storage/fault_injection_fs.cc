@@ -174,6 +174,24 @@ absl::Status FaultInjectionFileSystem::RemoveAll(const std::string& path) {
   return base_->RemoveAll(path);
 }
 
+absl::Status FaultInjectionFileSystem::Rename(const std::string& from, const std::string& to) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+    std::map<std::string, uint64_t> moved;
+    for (auto it = synced_size_.begin(); it != synced_size_.end();) {
+      if (it->first.rfind(from, 0) == 0) {
+        moved[to + it->first.substr(from.size())] = it->second;
+        it = synced_size_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    synced_size_.insert(moved.begin(), moved.end());
+  }
+  return base_->Rename(from, to);
+}
+
 absl::StatusOr<std::vector<std::string>> FaultInjectionFileSystem::ListDir(
     const std::string& path) {
   {

@@ -52,6 +52,7 @@ class FaultInjectionFileSystem : public FileSystem {
   absl::Status SyncDir(const std::string& path) override;
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status RemoveAll(const std::string& path) override;
+  absl::Status Rename(const std::string& from, const std::string& to) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
   absl::Status BeforeMetadataCommit() override;
 

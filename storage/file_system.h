@@ -66,6 +66,9 @@ class FileSystem {
   virtual absl::Status RemoveFile(const std::string& path) = 0;
   // rm -r (missing is OK).
   virtual absl::Status RemoveAll(const std::string& path) = 0;
+  // rename(2): moves a file or directory; the parent of `to` must exist. Callers SyncDir both
+  // parents when the move must be durable.
+  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
   // Entry names in a directory (no "." / ".."); NOT_FOUND if it does not exist.
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) = 0;
   // Fault-injection seam: called before every synced metadata batch. Default: OK.

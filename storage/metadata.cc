@@ -1,5 +1,6 @@
 #include "storage/metadata.h"
 
+#include <cstdarg>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -246,16 +247,37 @@ absl::Status DecodeChunk(const std::string& v, ChunkRecord* r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir) {
+namespace {
+
+// RocksDB's info log, discarded: a read-only open must not create or rotate LOG files (the
+// directory may be read-only, or a full file system).
+class NullLogger : public rocksdb::Logger {
+ public:
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    (void)format;
+    (void)ap;
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, Mode mode) {
   rocksdb::Options options;
-  options.create_if_missing = true;
+  options.create_if_missing = mode == Mode::kCreate;
   options.paranoid_checks = true;
   options.keep_log_file_num = 4;
   options.max_manifest_file_size = 64 << 20;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
+  rocksdb::Status s;
+  if (mode == Mode::kReadOnly) {
+    options.info_log = std::make_shared<NullLogger>();
+    s = rocksdb::DB::OpenForReadOnly(options, dir, &db);
+  } else {
+    s = rocksdb::DB::Open(options, dir, &db);
+  }
   if (!s.ok()) return FromRocks(s, "open");
-  return std::unique_ptr<MetaStore>(new MetaStore(db));
+  return std::unique_ptr<MetaStore>(new MetaStore(db, mode == Mode::kReadOnly));
 }
 
 MetaStore::~MetaStore() {
@@ -282,6 +304,9 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> MetaStore::Scan
 }
 
 absl::Status MetaStore::Commit(const Batch& batch) {
+  if (read_only_) {
+    return absl::FailedPreconditionError("the checkpoint store is open read-only");
+  }
   rocksdb::WriteBatch wb;
   for (const auto& [k, v] : batch.puts) wb.Put(k, v);
   for (const std::string& k : batch.deletes) wb.Delete(k);

@@ -82,7 +82,13 @@ absl::Status DecodeChunk(const std::string& v, ChunkRecord* r);
 // A thin wrapper around RocksDB that converts its errors to absl::Status.
 class MetaStore {
  public:
-  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir);
+  enum class Mode {
+    kCreate,    // read-write, creating an empty database if missing
+    kExisting,  // read-write, the database must exist
+    kReadOnly,  // RocksDB OpenForReadOnly: never writes to `dir` (no LOCK, no LOG files)
+  };
+  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir,
+                                                         Mode mode = Mode::kCreate);
   ~MetaStore();
 
   // NOT_FOUND when absent.
@@ -96,11 +102,14 @@ class MetaStore {
     std::vector<std::string> deletes;
     std::vector<std::string> delete_prefixes;
   };
+  // FAILED_PRECONDITION when opened read-only.
   absl::Status Commit(const Batch& batch);
+  bool read_only() const { return read_only_; }
 
  private:
-  explicit MetaStore(rocksdb::DB* db) : db_(db) {}
+  MetaStore(rocksdb::DB* db, bool read_only) : db_(db), read_only_(read_only) {}
   rocksdb::DB* db_;
+  const bool read_only_;
 };
 
 }  // namespace storage
