@@ -183,6 +183,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
                          : catalog == CatalogState::kAbsent ? MetaStore::Mode::kCreate
                                                             : MetaStore::Mode::kExisting;
   if (mode == MetaStore::Mode::kCreate) RETURN_IF_ERROR(fs->CreateDirs(dir + "/segments"));
+  if (mode == MetaStore::Mode::kExisting) {
+    // Look before writing: a read-only open changes no file, so a catalog that is unreadable
+    // or empty while segment data exists is refused with the directory exactly as found.
+    auto probe = MetaStore::Open(dir + "/meta", MetaStore::Mode::kReadOnly);
+    if (!probe.ok()) {
+      return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                              probe.status().message(), ")"));
+    }
+    auto any = (*probe)->Scan("c/");
+    if (!any.ok()) {
+      return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                              any.status().message(), ")"));
+    }
+    if (any->empty() && segment_files > 0) {
+      return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
+                                              "holds ", segment_files, " files"));
+    }
+  }
   auto meta = MetaStore::Open(dir + "/meta", mode);
   if (!meta.ok()) {
     if (absl::IsFailedPrecondition(meta.status()) || mode == MetaStore::Mode::kCreate ||

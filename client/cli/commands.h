@@ -61,6 +61,7 @@ absl::Status RunExport(Context& ctx);
 absl::Status RunRm(Context& ctx);
 absl::Status RunGc(Context& ctx);
 absl::Status RunToken(Context& ctx);
+absl::Status RunFsck(Context& ctx);  // commands_fsck.cc
 
 // Helpers shared by the commands.
 absl::Status CheckJob(const std::string& job);
