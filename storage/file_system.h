@@ -42,6 +42,15 @@ class File {
   // Tells the file system that writes through fd() (io_uring) reached `end`; the POSIX file
   // system ignores it, a fault-injecting one uses it to know what a crash may drop.
   virtual void NoteExternalWrite(uint64_t end) { (void)end; }
+  // Called by the io_uring writer for each completion of a write through fd() of n bytes at
+  // `offset`, with the kernel's result; returns the result to act on. The POSIX file system
+  // returns `res`; a fault-injecting one may turn it into an error (-ENOSPC, -EIO) or a short
+  // write, so the io_uring completion paths are tested like the pwrite ones.
+  virtual int OnUringCompletion(uint64_t offset, size_t n, int res) {
+    (void)offset;
+    (void)n;
+    return res;
+  }
 };
 
 struct OpenOptions {
