@@ -182,6 +182,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   MetaStore::Mode mode = options.read_only ? MetaStore::Mode::kReadOnly
                          : catalog == CatalogState::kAbsent ? MetaStore::Mode::kCreate
                                                             : MetaStore::Mode::kExisting;
+  if (mode != MetaStore::Mode::kReadOnly && options.catalog_reserve_bytes > 0) {
+    uint64_t free = FreeBytes(dir);
+    if (free < options.catalog_reserve_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough free space to open ", dir, " for writing: ", free,
+          " bytes free, the catalog needs ", options.catalog_reserve_bytes,
+          " (read-only commands such as ls, verify and restore still work)"));
+    }
+  }
   if (mode == MetaStore::Mode::kCreate) RETURN_IF_ERROR(fs->CreateDirs(dir + "/segments"));
   if (mode == MetaStore::Mode::kExisting) {
     // Look before writing: a read-only open changes no file, so a catalog that is unreadable
@@ -210,6 +219,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                             meta.status().message(), ")"));
   }
+  (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
   auto checkpoints = engine->meta()->Scan("c/");
   if (!checkpoints.ok()) {
@@ -329,7 +339,7 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(spec.job, spec.step));
   RETURN_IF_ERROR(ValidateShardSpec(spec, ckpt));
   std::string key = ShardKey(spec.job, spec.step, spec.rank);
-  if (active_writers_.count(key) != 0) {
+  if (HasWriter(key)) {
     return absl::UnavailableError(absl::StrCat(Where(spec.job, spec.step, spec.rank),
                                                " is being written by another writer"));
   }
@@ -363,12 +373,20 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
     RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
     RETURN_IF_ERROR(meta_->Commit(b));
   }
+  absl::MutexLock lock(&writers_mu_);
   active_writers_.insert(key);
   return rec;
 }
 
+bool EngineImpl::HasWriter(const std::string& key) {
+  absl::MutexLock lock(&writers_mu_);
+  return active_writers_.count(key) != 0;
+}
+
+// Called by a writer's destructor: takes only writers_mu_, never mu_, so a writer may be
+// destroyed anywhere, even inside an engine critical section.
 void EngineImpl::ReleaseWriter(const std::string& shard_key) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&writers_mu_);
   active_writers_.erase(shard_key);
 }
 
@@ -610,10 +628,13 @@ absl::Status EngineImpl::Verify(const std::string& job, int64_t step) {
 }
 
 absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed) {
-  for (const std::string& key : active_writers_) {
-    if (key.rfind(ShardPrefix(job, step), 0) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
-                                                        " has an open writer"));
+  {
+    absl::MutexLock lock(&writers_mu_);
+    for (const std::string& key : active_writers_) {
+      if (key.rfind(ShardPrefix(job, step), 0) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ",
+                                                          step, " has an open writer"));
+      }
     }
   }
   ASSIGN_OR_RETURN(auto shards, meta_->Scan(ShardPrefix(job, step)));

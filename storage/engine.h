@@ -84,6 +84,11 @@ struct EngineOptions {
   // read-only file system and next to a running writer; every mutation is
   // FAILED_PRECONDITION. A data_dir without a catalog is NOT_FOUND. Default: false.
   bool read_only = false;
+  // Free space the catalog keeps for itself (docs/format.md, "Full disks"): a read-write Open
+  // with less free space than this is RESOURCE_EXHAUSTED, and so is a metadata commit that adds
+  // records (deletes always proceed), so RocksDB never meets ENOSPC. 0 disables the check.
+  // Default: 16 MiB.
+  uint64_t catalog_reserve_bytes = 16 << 20;
   // Gc() removes quarantine/ entries older than this many seconds (docs/format.md,
   // "Quarantine"). Default: 604800 (7 days).
   int64_t quarantine_grace_seconds = 7 * 24 * 3600;

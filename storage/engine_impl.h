@@ -4,6 +4,8 @@
 // directory per checkpoint, so deleting a checkpoint unlinks its files (docs/format.md).
 //
 // THREAD SAFETY: EngineImpl is thread-safe; mu_ serializes every metadata read-modify-write.
+// No destructor takes mu_: writers are created and destroyed outside it, and a writer's
+// destructor only takes the leaf lock writers_mu_.
 #ifndef GRADSNAP_STORAGE_ENGINE_IMPL_H_
 #define GRADSNAP_STORAGE_ENGINE_IMPL_H_
 
@@ -62,6 +64,7 @@ class EngineImpl : public Engine {
   absl::Status CommitShardProgress(const ShardRecord& shard,
                                    const std::vector<ChunkRecord>& new_chunks, bool finish);
   void ReleaseWriter(const std::string& shard_key);
+  bool HasWriter(const std::string& shard_key);
 
   absl::StatusOr<CheckpointRecord> LoadCheckpoint(const std::string& job, int64_t step);
   absl::StatusOr<std::vector<ChunkRecord>> LoadChunks(const std::string& job, int64_t step,
@@ -93,7 +96,10 @@ class EngineImpl : public Engine {
   BufferPool record_pool_;
 
   absl::Mutex mu_;
-  std::set<std::string> active_writers_ ABSL_GUARDED_BY(mu_);
+  // Shard keys with an open writer. A leaf lock (taken after mu_, never before it), so the
+  // writer's destructor never needs mu_.
+  absl::Mutex writers_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::set<std::string> active_writers_ ABSL_GUARDED_BY(writers_mu_);
 };
 
 absl::Status ValidateCheckpointSpec(const CheckpointSpec& spec);

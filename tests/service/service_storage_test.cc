@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -340,6 +341,85 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   ffs.Reset();
   EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
   EXPECT_TRUE(c->Verify("new", 1).ok());
+}
+
+// A small tmpfs made by the test (skipped where mounting is not permitted).
+class Tmpfs {
+ public:
+  explicit Tmpfs(const std::string& dir) : dir_(dir) {
+    fs::create_directories(dir);
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64m") == 0;
+  }
+  ~Tmpfs() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// Writes zeros to `path` until the file system is full.
+void FillUp(const std::string& path) {
+  std::ofstream f(path, std::ios::binary);
+  std::string block(1 << 16, '\0');
+  while (f.write(block.data(), block.size())) {
+  }
+}
+
+TEST(ServiceStorage, RealFullFileSystem) {
+  TempDir dir;
+  Tmpfs tmpfs(dir.File("mnt"));
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string data = dir.File("mnt") + "/data";
+  TestShard fresh = MakeShard("new", 1, 0, {8 << 20}, 2);
+  TestShard old = MakeShard("old", 1, 0, {2 << 20}, 1);
+  {
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    auto c = Connect(server.address(), /*attempts=*/2);
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
+    ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
+    FillUp(dir.File("mnt") + "/fill");
+    absl::Status s = c->BeginCheckpoint(FullSpec("new", 1, 1));
+    if (s.ok()) s = c->SaveShard(fresh.spec, fresh.Refs());
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(server.Describe(), "running");
+    EXPECT_TRUE(c->Verify("old", 1).ok());
+    auto got = RestoreToString(c.get(), "old", 1, 0);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == old.Payload());
+    c.reset();
+    server.Signal(SIGTERM);
+    EXPECT_EQ(server.Wait(), 0);
+  }
+  // A restart on the full disk is one line and exit 1, not an abort.
+  RunResult restart = RunServerToExit({"--data-dir", data, "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(restart.code, 1) << restart.err;
+  EXPECT_TRUE(absl::StrContains(restart.err, "not enough free space")) << restart.err;
+  // Read-only opens work on the full file system; a read-write one is RESOURCE_EXHAUSTED.
+  storage::EngineOptions eo;
+  eo.data_dir = data;
+  eo.read_only = true;
+  {
+    auto e = storage::Engine::Open(eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE((*e)->Verify("old", 1).ok());
+  }
+  eo.read_only = false;
+  EXPECT_EQ(storage::Engine::Open(eo).status().code(), absl::StatusCode::kResourceExhausted);
+  // Space back: the server starts and the upload completes.
+  fs::remove(dir.File("mnt") + "/fill");
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+  auto c = Connect(server.address());
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
+  EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
+  EXPECT_TRUE(c->Verify("new", 1).ok());
+  c.reset();
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
 }
 
 TEST(ServiceStorage, ManifestOf2x20000TensorsIsShownAndRestored) {
