@@ -35,6 +35,9 @@ ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Defaul
 ABSL_FLAG(bool, rebuild_catalog, false,
           "Rebuild the catalog (meta/) of --data-dir from the shard footers in its segments, "
           "print what was restored and skipped, and exit (0 on success). Default: false.");
+ABSL_FLAG(uint64_t, catalog_reserve_bytes, 16 << 20,
+          "Free space kept for the catalog: below it uploads get RESOURCE_EXHAUSTED and the "
+          "server does not start; 0 disables. Default: 16777216.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
   if (o.engine.data_dir.empty()) return Fail("--data-dir is required (see --help)");
   o.engine.zstd_level = absl::GetFlag(FLAGS_zstd_level);
   o.engine.quarantine_grace_seconds = absl::GetFlag(FLAGS_quarantine_grace_seconds);
+  o.engine.catalog_reserve_bytes = absl::GetFlag(FLAGS_catalog_reserve_bytes);
   if (o.engine.quarantine_grace_seconds < 0) return Fail("--quarantine-grace-seconds must be >= 0");
   if (absl::GetFlag(FLAGS_rebuild_catalog)) {
     auto report = gradsnap::storage::RebuildCatalog(o.engine, /*dry_run=*/false);

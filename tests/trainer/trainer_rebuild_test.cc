@@ -63,6 +63,17 @@ TEST(TrainerRebuildTest, ResumeIsExactAfterTheCatalogIsRebuilt) {
   for (int s = 5; s <= 8; ++s) EXPECT_EQ(a.at(s), r.at(s)) << "step " << s;
 }
 
+// Input files are read with a bound: a device or a directory is one clear error, not an
+// endless read ending in bad_alloc.
+TEST(TrainerRebuildTest, DataFromADeviceOrDirectoryIsAClearError) {
+  const std::string d = FreshDir("baddata");
+  for (const std::string& data : {std::string("/dev/zero"), d}) {
+    const RunResult r = RunCommand(kTrain + " --model tiny --steps 1 --data " + data);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("data file " + data + " is"), std::string::npos) << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace gradsnap
