@@ -404,6 +404,29 @@ TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
   EXPECT_TRUE(fs::is_empty(empty.path()));
 }
 
+TEST(CatalogTest, FailedCreateLeavesNothingBehind) {
+  TempDir dir;
+  FaultInjectionFileSystem ffs;
+  ffs.SimulateCrash();  // every file-system call of the engine fails from now on
+  EngineOptions o;
+  o.data_dir = dir.path() + "/new";
+  o.fs = &ffs;
+  EXPECT_FALSE(Engine::Open(o).ok());
+  EXPECT_FALSE(fs::exists(o.data_dir));
+  // An existing, empty directory stays exactly as it was.
+  fs::create_directories(dir.path() + "/empty/meta");
+  o.data_dir = dir.path() + "/empty";
+  auto before = Snapshot(o.data_dir);
+  EXPECT_FALSE(Engine::Open(o).ok());
+  ExpectSameTree(before, Snapshot(o.data_dir));
+  // No free space for the catalog: RESOURCE_EXHAUSTED, nothing created.
+  o.fs = nullptr;
+  o.data_dir = dir.path() + "/full";
+  o.catalog_reserve_bytes = ~uint64_t{0};
+  EXPECT_TRUE(absl::IsResourceExhausted(Engine::Open(o).status()));
+  EXPECT_FALSE(fs::exists(o.data_dir));
+}
+
 TEST(CatalogTest, FullDiskGivesResourceExhaustedAndReadsGoOn) {
   TempDir dir;
   FaultInjectionFileSystem ffs;

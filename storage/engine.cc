@@ -191,7 +191,35 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
           " (read-only commands such as ls, verify and restore still work)"));
     }
   }
-  if (mode == MetaStore::Mode::kCreate) RETURN_IF_ERROR(fs->CreateDirs(dir + "/segments"));
+  if (mode == MetaStore::Mode::kCreate) {
+    // A new store. If creating it fails, what this open created is removed again, so the
+    // next start does not find a half-made catalog.
+    std::error_code ec;
+    const bool had_dir = std::filesystem::exists(dir, ec);
+    const bool had_segments = std::filesystem::exists(dir + "/segments", ec);
+    const bool had_meta = std::filesystem::exists(dir + "/meta", ec);  // then empty
+    auto undo = [&]() {
+      std::error_code e;
+      if (had_meta) {
+        for (const auto& entry : std::filesystem::directory_iterator(dir + "/meta", e)) {
+          std::filesystem::remove_all(entry.path(), e);
+        }
+      } else {
+        std::filesystem::remove_all(dir + "/meta", e);
+      }
+      if (!had_segments) std::filesystem::remove(dir + "/segments", e);
+      if (!had_dir) std::filesystem::remove(dir, e);
+    };
+    absl::Status created = fs->CreateDirs(dir + "/segments");
+    absl::StatusOr<std::unique_ptr<MetaStore>> meta =
+        created.ok() ? MetaStore::Open(dir + "/meta", mode) : created;
+    if (!meta.ok()) {
+      undo();
+      return meta.status();
+    }
+    (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
+    return std::unique_ptr<Engine>(std::make_unique<EngineImpl>(options, fs, *std::move(meta)));
+  }
   if (mode == MetaStore::Mode::kExisting) {
     // Look before writing: a read-only open changes no file, so a catalog that is unreadable
     // or empty while segment data exists is refused with the directory exactly as found.
@@ -212,9 +240,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   }
   auto meta = MetaStore::Open(dir + "/meta", mode);
   if (!meta.ok()) {
-    if (absl::IsFailedPrecondition(meta.status()) || mode == MetaStore::Mode::kCreate ||
-        absl::IsResourceExhausted(meta.status())) {
-      return meta.status();  // another process holds it, or a fresh store could not be made
+    if (absl::IsFailedPrecondition(meta.status()) || absl::IsResourceExhausted(meta.status())) {
+      return meta.status();  // another process holds it, or no space
     }
     return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                             meta.status().message(), ")"));

@@ -201,6 +201,14 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
   }
   MetaLock lock;
   RETURN_IF_ERROR(lock.Acquire(meta_dir));
+  {
+    MetaLock other;  // a rebuild running right now holds its database's lock
+    absl::Status s = other.Acquire(tmp);
+    if (!s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("another catalog rebuild of ", dir,
+                                                        " is running"));
+    }
+  }
   RETURN_IF_ERROR(fs->RemoveAll(tmp));  // a previous rebuild's unfinished work
   ASSIGN_OR_RETURN(std::unique_ptr<MetaStore> meta, MetaStore::Open(tmp, MetaStore::Mode::kCreate));
   EngineOptions eo = options;
