@@ -23,7 +23,10 @@ namespace drill {
 // Results (added to *kv): segments_deleted_without_catalog (target 0), server_aborts (0),
 // orphan_deltas_listed (0), refusals_missed (0), rebuild_lost_checkpoints (0),
 // rebuilt_checkpoints, rebuild_verified_ratio (1), second_server_refused (1),
-// storage_rounds, storage_seconds. A failure to run (a server that does not start, a client
+// storage_rounds, storage_seconds. Then, where the process may mount a 64 MiB tmpfs, a real
+// full disk: full_disk_drill (ran or skipped), full_disk_resource_exhausted (1: the writer got
+// RESOURCE_EXHAUSTED), full_disk_reads_served (1); its SIGTERM and its restart on the full
+// disk (exit 1 expected) count in server_aborts. A failure to run (a server that does not start, a client
 // error) is returned as a Status.
 absl::Status RunStorageScenario(const DrillOptions& options,
                                 std::map<std::string, std::string>* kv);
