@@ -10,7 +10,9 @@
 //   waits and different tensors hash in parallel. Chunk offsets in the segment follow
 //   completion order; the metadata records where each chunk landed.
 //   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
-//   then one synced RocksDB batch with the new chunk keys and the shard record.
+//   then one synced RocksDB batch with the new chunk keys and the shard record. Finish() first
+//   appends the shard footer (storage/footer.h: the shard's manifest, so the catalog can be
+//   rebuilt from the segments) and syncs it with the rest.
 //
 // ERROR HANDLING
 //   The first failure (I/O, hash mismatch) is sticky and returned by Append/Flush/Finish.
@@ -25,10 +27,10 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/sha256.h"
 #include "common/status.h"
-#include "absl/synchronization/notification.h"
 #include "storage/engine_impl.h"
 #include "storage/footer.h"
 #include "storage/segment_writer.h"
