@@ -238,6 +238,40 @@ TEST(ServiceStorage, LostCatalogIsRefusedThenRebuilt) {
   EXPECT_EQ(CountFiles(data + "/segments") + CountFiles(data + "/quarantine"), segments);
 }
 
+TEST(ServiceStorage, CorruptSstIsRefusedThenRebuilt) {
+  TempDir dir;
+  const std::string data = dir.File("data");
+  Written w;
+  int port = 0;
+  for (int start = 0; start < 2; ++start) {  // the restart flushes RocksDB's WAL into an SST
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    port = server.port();
+    if (start == 0) {
+      auto c = Connect(server.address());
+      w = WriteCheckpoints(c.get());
+    }
+    server.Signal(SIGKILL);
+    server.Wait();
+  }
+  int corrupted = 0;
+  for (const auto& e : fs::directory_iterator(data + "/meta")) {
+    if (e.path().extension() != ".sst") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string junk(64, '\x5a');
+    for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
+      f.seekp(static_cast<std::streamoff>(off));
+      f.write(junk.data(), 64);
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  const int segments = CountFiles(data + "/segments");
+  ExpectRefusedUntouched(data, port);
+  RebuildAndExpectBack(data, w);
+  EXPECT_EQ(CountFiles(data + "/segments") + CountFiles(data + "/quarantine"), segments);
+}
+
 TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
   TempDir dir;
   const std::string data = dir.File("data");
