@@ -77,6 +77,11 @@ absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
     return absl::ResourceExhaustedError(msg);
   }
   if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsIOError() && s.ToString().find("Read-only file system") != std::string::npos) {
+    return absl::FailedPreconditionError(
+        msg + " (the file system is read-only: only reading commands such as ls, verify and "
+              "restore work)");
+  }
   if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
     return absl::FailedPreconditionError(msg + " (is another process using this data_dir?)");
   }

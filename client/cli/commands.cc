@@ -102,7 +102,8 @@ absl::StatusOr<client::Client*> Context::Connect() {
     }
   }
   absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);
-  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK")) {
+  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK") &&
+      !absl::StrContains(c.status().message(), "Read-only file system")) {
     // RocksDB's lock: a trainer or gradsnap-server has the directory open.
     return absl::UnavailableError(absl::StrCat(
         "checkpoint directory ", options.local_dir,

@@ -1,6 +1,7 @@
 // The gradsnap CLI on damaged or unusual engine directories: read-only commands write nothing
 // and never create a store, input files are read with a bound, `fsck` reports and `fsck
 // --rebuild` restores a lost catalog.
+#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -119,6 +120,37 @@ TEST_F(CliStorageTest, ReadOnlyCommandsChangeNothingAndRunNextToAWriter) {
   EXPECT_TRUE(absl::StrContains(r.out, "2")) << r.out;
   r = Cli({"--ckpt-dir", dir, "verify", "j", "2"});
   EXPECT_EQ(r.rc, 0) << r.err;
+}
+
+// A store on a read-only file system (a tmpfs remounted read-only; skipped where this process
+// may not mount): every reading command works, a writing one is one clear line.
+TEST_F(CliStorageTest, ReadOnlyFileSystem) {
+  const std::string mnt = scratch_ + "/ro";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  }
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::string dir = mnt + "/store";
+  SaveTwo(dir);
+  ASSERT_EQ(::mount("tmpfs", mnt.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "size=64m"), 0);
+  for (const std::vector<std::string>& cmd :
+       std::vector<std::vector<std::string>>{{"ls"},
+                                             {"show", "j", "latest"},
+                                             {"verify", "j", "--all"},
+                                             {"restore", "j", "2", "--out", scratch_ + "/out"}}) {
+    std::vector<std::string> args = {"--ckpt-dir", dir};
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    RunResult r = Cli(args);
+    EXPECT_EQ(r.rc, 0) << cmd[0] << ": " << r.err;
+  }
+  RunResult r = Cli({"--ckpt-dir", dir, "rm", "j", "1"});
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "the file system is read-only")) << r.err;
 }
 
 TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
