@@ -57,8 +57,19 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
     RETURN_IF_ERROR(proto::ValidateJob(req->job()));
     RETURN_IF_ERROR(proto::ValidateStep(req->step()));
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    // Aborting a PENDING FULL also aborts its PENDING DELTAs: their staged shards leave the
+    // RAM tier too.
+    std::vector<int64_t> dropped = {req->step()};
+    auto pending = engine_->ListCheckpoints(req->job(), /*include_pending=*/true);
+    if (pending.ok()) {
+      for (const auto& c : *pending) {
+        if (c.kind == storage::CheckpointKind::kDelta && c.base_step == req->step()) {
+          dropped.push_back(c.step);
+        }
+      }
+    }
     RETURN_IF_ERROR(engine_->AbortCheckpoint(req->job(), req->step()));
-    cache_->Drop(req->job(), req->step());
+    for (int64_t step : dropped) cache_->Drop(req->job(), step);
     return absl::OkStatus();
   };
   return Done(run());

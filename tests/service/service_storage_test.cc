@@ -315,7 +315,9 @@ TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
 TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   TempDir dir;
   ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                            "--cache-bytes", "67108864"})
+                  .ok());
   auto c = Connect(server.address());
   // Begin FULL 10, Begin + Write DELTA 11 (base 10), Abort 10.
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 10, 1)).ok());
@@ -329,6 +331,14 @@ TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   listed = c->List("j", /*include_pending=*/true);
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty()) << "the DELTA outlived its aborted base";
+  // Step 11 again, as a FULL with other bytes: the aborted DELTA's staged copy in the RAM tier
+  // is never served for it.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 11, 1)).ok());
+  TestShard again = MakeShard("j", 11, 0, {4096}, 77);
+  ASSERT_TRUE(c->SaveShard(again.spec, again.Refs()).ok());
+  auto got = RestoreToString(c.get(), "j", 11, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == again.Payload());
   // A committed FULL with a committed DELTA: neither Delete nor Abort takes the FULL.
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 20, 1)).ok());
   TestShard f = MakeShard("j", 20, 0, {4096}, 2);
@@ -340,7 +350,7 @@ TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   EXPECT_EQ(c->AbortCheckpoint("j", 20).code(), absl::StatusCode::kFailedPrecondition);
   listed = c->List("j");
   ASSERT_TRUE(listed.ok());
-  EXPECT_EQ(listed->size(), 2u);
+  EXPECT_EQ(listed->size(), 3u);  // 11 (the FULL), 20, 21
   EXPECT_EQ(server.Describe(), "running");
 }
 
