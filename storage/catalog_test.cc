@@ -12,6 +12,7 @@
 #include "storage/fault_injection_fs.h"
 #include "storage/metadata.h"
 #include "storage/rebuild.h"
+#include "storage/storage_stats.h"
 #include "storage/test_util.h"
 
 namespace gradsnap {
@@ -263,12 +264,25 @@ TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
   EngineOptions o;
   o.data_dir = dir.path();
   o.quarantine_grace_seconds = 3600;
+  const int64_t quarantined = StorageStats::Get().quarantined->Value();
+  const int64_t purged = StorageStats::Get().quarantine_purged->Value();
   {
     auto e = Engine::Open(o);
     ASSERT_TRUE(e.ok()) << e.status();
     EXPECT_FALSE(fs::exists(stray));
     EXPECT_FALSE(fs::exists(orphan));
     EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 2);
+    EXPECT_EQ(StorageStats::Get().quarantined->Value(), quarantined + 2);
+    std::string content;
+    for (const auto& f : fs::recursive_directory_iterator(dir.path() + "/quarantine")) {
+      const std::string p = f.path().string();
+      const std::string tail = "/segments/a/00000000000000000099/r0000000000-000000.seg";
+      if (p.size() > tail.size() && p.compare(p.size() - tail.size(), tail.size(), tail) == 0) {
+        std::ifstream in(p);
+        std::getline(in, content);
+      }
+    }
+    EXPECT_EQ(content, "unknown checkpoint");  // moved whole, with its path
     ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
     EXPECT_GT(CountFiles(dir.path() + "/quarantine"), 0);  // within the grace period
   }
@@ -277,6 +291,7 @@ TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
   ASSERT_TRUE(e.ok());
   ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
   EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 0);
+  EXPECT_GT(StorageStats::Get().quarantine_purged->Value(), purged);
 }
 
 TEST(CatalogTest, DeltaWaitsForItsBaseAndIsAbortedWithIt) {
