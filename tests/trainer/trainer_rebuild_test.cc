@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/trainer/run_util.h"
 
@@ -61,6 +62,50 @@ TEST(TrainerRebuildTest, ResumeIsExactAfterTheCatalogIsRebuilt) {
             SummaryField(resumed.output, "params_sha256"));
   const auto a = ParseLosses(full.output), r = ParseLosses(resumed.output);
   for (int s = 5; s <= 8; ++s) EXPECT_EQ(a.at(s), r.at(s)) << "step " << s;
+}
+
+// The launcher's rollback of a failed attempt's PENDING checkpoints: a PENDING FULL takes its
+// PENDING DELTA with it, and the rollback goes on (no NOT_FOUND for the DELTA).
+TEST(TrainerRebuildTest, RollbackOfAPendingFullWithAPendingDelta) {
+  const std::string d = FreshDir("rollback");
+  {
+    client::ClientOptions o;
+    o.local_dir = d + "/store";
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client::CheckpointSpec full;
+    full.job = "job";
+    full.step = 40;
+    ASSERT_TRUE((*c)->BeginCheckpoint(full).ok());
+    client::CheckpointSpec delta = full;
+    delta.step = 41;
+    delta.kind = client::CheckpointKind::kDelta;
+    delta.base_step = 40;
+    ASSERT_TRUE((*c)->BeginCheckpoint(delta).ok());
+    std::string bytes(64, 'x');
+    client::TensorRef t;
+    t.spec.name = "g";
+    t.spec.dtype = DType::kU8;
+    t.spec.shape = {64};
+    t.spec.byte_length = 64;
+    t.data = bytes.data();
+    client::ShardSpec spec;
+    spec.job = "job";
+    spec.step = 41;
+    ASSERT_TRUE((*c)->SaveShard(spec, {t}).ok());
+  }
+  const RunResult r = RunCommand(kTrain + kArgs + " --ckpt-dir " + d +
+                                 "/store --fail-at-step 3 --fail-rank 0 --max-restarts 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rolled back 1 pending checkpoint(s)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rolling back pending checkpoints:"), std::string::npos) << r.output;
+  client::ClientOptions o;
+  o.local_dir = d + "/store";
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok());
+  auto all = (*c)->List("job", /*include_pending=*/true);
+  ASSERT_TRUE(all.ok());
+  for (const auto& info : *all) EXPECT_LT(info.step, 40) << "step " << info.step << " left";
 }
 
 // Input files are read with a bound: a device or a directory is one clear error, not an
