@@ -376,6 +376,11 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   TestShard fresh = MakeShard("new", 1, 0, {8 << 20}, 2);
   absl::Status s = c->SaveShard(fresh.spec, fresh.Refs());
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Other jobs are written (the failed write was that upload's only) and read.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("other", 1, 1)).ok());
+  TestShard other = MakeShard("other", 1, 0, {1 << 20}, 3);
+  EXPECT_TRUE(c->SaveShard(other.spec, other.Refs()).ok());
+  EXPECT_TRUE(c->Verify("other", 1).ok());
   // Reads keep being served; the old checkpoint verifies.
   EXPECT_TRUE(c->Verify("old", 1).ok());
   auto got = RestoreToString(c.get(), "old", 1, 0);
