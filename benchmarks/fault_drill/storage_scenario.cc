@@ -144,6 +144,7 @@ struct Totals {
   int deleted = 0, aborts = 0, orphans = 0, refusals_missed = 0, lost = 0, rebuilt = 0;
   int listed = 0, verified = 0, rebuild_failures = 0;
   int second_refused = -1;
+  double rebuild_seconds = 0;  // --rebuild-catalog runs (process start to exit), summed
 };
 
 // A server exit we did not cause with SIGKILL or SIGTERM is an abort.
@@ -216,7 +217,10 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     ++t->refusals_missed;
   }
   t->deleted += std::max(0, segments - CountFiles(data + "/segments"));
+  auto rebuild_start = std::chrono::steady_clock::now();
   ExitResult rebuilt = RunToExit(o.server_bin, {"--data-dir", data, "--rebuild-catalog"}, 120);
+  t->rebuild_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - rebuild_start).count();
   if (rebuilt.code != 0) {
     // Counted, and the round goes on: a server without the flag (an older build) is measured
     // by the same drill.
@@ -326,6 +330,7 @@ absl::Status RunStorageScenario(const DrillOptions& options,
   (*kv)["rebuild_lost_checkpoints"] = absl::StrCat(t.lost);
   (*kv)["rebuilt_checkpoints"] = absl::StrCat(t.rebuilt);
   (*kv)["rebuild_failures"] = absl::StrCat(t.rebuild_failures);
+  (*kv)["rebuild_seconds"] = absl::StrFormat("%.2f", t.rebuild_seconds);
   (*kv)["rebuild_verified_ratio"] =
       absl::StrFormat("%.3f", t.listed == 0 ? 0.0 : static_cast<double>(t.verified) / t.listed);
   (*kv)["second_server_refused"] = absl::StrCat(t.second_refused);
