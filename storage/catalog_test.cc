@@ -442,6 +442,28 @@ TEST(CatalogTest, FailedCreateLeavesNothingBehind) {
   EXPECT_FALSE(fs::exists(o.data_dir));
 }
 
+TEST(CatalogTest, CreationKilledHalfWayStartsOver) {
+  TempDir dir;
+  // Killed while the new catalog was being made: meta.new/ is scratch, there is no meta/.
+  fs::create_directories(dir.path() + "/a/meta.new");
+  { std::ofstream(dir.path() + "/a/meta.new/LOG") << "partial"; }
+  auto e = OpenOk(dir.path() + "/a");
+  ASSERT_NE(e, nullptr);
+  EXPECT_TRUE(e->BeginCheckpoint(Spec("j", 1, 1)).ok());
+  EXPECT_FALSE(fs::exists(dir.path() + "/a/meta.new"));
+  // An older version killed while creating meta/ in place: files but no CURRENT, and no
+  // segment data. It is kept aside and a new catalog made.
+  fs::create_directories(dir.path() + "/b/meta");
+  { std::ofstream(dir.path() + "/b/meta/000003.log") << "partial"; }
+  auto e2 = OpenOk(dir.path() + "/b");
+  ASSERT_NE(e2, nullptr);
+  int aside = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path() + "/b")) {
+    aside += entry.path().filename().string().rfind("meta.broken-", 0) == 0;
+  }
+  EXPECT_EQ(aside, 1);
+}
+
 TEST(CatalogTest, FullDiskGivesResourceExhaustedAndReadsGoOn) {
   TempDir dir;
   FaultInjectionFileSystem ffs;

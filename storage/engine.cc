@@ -167,10 +167,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   const std::string& dir = options.data_dir;
   // The catalog guard (docs/format.md, "Catalog guard"): decide everything before touching the
   // disk, so a refused open leaves the directory exactly as it was.
-  const CatalogState catalog = InspectCatalog(dir);
+  CatalogState catalog = InspectCatalog(dir);
   const uint64_t segment_files = CountSegmentFiles(dir);
   if (catalog == CatalogState::kBroken) {
-    return CatalogRefusal(dir, "its catalog meta/ has files but no CURRENT (unreadable)");
+    if (segment_files > 0 || options.read_only) {
+      return CatalogRefusal(dir, "its catalog meta/ has files but no CURRENT (unreadable)");
+    }
+    // No segment data: such a catalog (e.g. from an older version killed while creating it)
+    // can describe nothing. It is kept aside, never deleted, and a new store is made.
+    const std::string aside = absl::StrFormat("%s/meta.broken-%013d", dir, NowMs());
+    RETURN_IF_ERROR(fs->Rename(dir + "/meta", aside));
+    GS_LOG(WARNING) << "storage: " << dir << "/meta had no CURRENT and there is no segment "
+                    << "data; kept it as " << aside << " and made a new catalog";
+    catalog = CatalogState::kAbsent;
   }
   if (catalog == CatalogState::kAbsent && segment_files > 0) {
     return CatalogRefusal(dir, absl::StrCat("its catalog meta/ is missing or empty but "
@@ -192,33 +201,30 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     }
   }
   if (mode == MetaStore::Mode::kCreate) {
-    // A new store. If creating it fails, what this open created is removed again, so the
-    // next start does not find a half-made catalog.
+    // A new store. The catalog is created whole in meta.new/ and renamed to meta/, so a kill
+    // at any instant leaves either no catalog (the next open starts over; meta.new/ is this
+    // step's own scratch space) or a complete, empty one. If creating fails, what this open
+    // created is removed again.
     std::error_code ec;
     const bool had_dir = std::filesystem::exists(dir, ec);
     const bool had_segments = std::filesystem::exists(dir + "/segments", ec);
-    const bool had_meta = std::filesystem::exists(dir + "/meta", ec);  // then empty
+    const std::string fresh = dir + "/meta.new";
     auto undo = [&]() {
       std::error_code e;
-      if (had_meta) {
-        for (const auto& entry : std::filesystem::directory_iterator(dir + "/meta", e)) {
-          std::filesystem::remove_all(entry.path(), e);
-        }
-      } else {
-        std::filesystem::remove_all(dir + "/meta", e);
-      }
+      std::filesystem::remove_all(fresh, e);
       if (!had_segments) std::filesystem::remove(dir + "/segments", e);
       if (!had_dir) std::filesystem::remove(dir, e);
     };
     absl::Status created = fs->CreateDirs(dir + "/segments");
-    absl::StatusOr<std::unique_ptr<MetaStore>> meta =
-        created.ok() ? MetaStore::Open(dir + "/meta", mode) : created;
-    if (!meta.ok()) {
+    if (created.ok()) created = fs->RemoveAll(fresh);
+    if (created.ok()) created = MetaStore::Open(fresh, mode).status();  // closed again here
+    if (created.ok()) created = fs->Rename(fresh, dir + "/meta");
+    if (created.ok()) created = fs->SyncDir(dir);
+    if (!created.ok()) {
       undo();
-      return meta.status();
+      return created;
     }
-    (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
-    return std::unique_ptr<Engine>(std::make_unique<EngineImpl>(options, fs, *std::move(meta)));
+    mode = MetaStore::Mode::kExisting;
   }
   if (mode == MetaStore::Mode::kExisting) {
     // Look before writing: a read-only open changes no file, so a catalog that is unreadable
