@@ -180,15 +180,15 @@ TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
 TEST_F(CliStorageTest, FsckFindsACheckpointTheSegmentsCannotRestore) {
   const std::string dir = scratch_ + "/store";
   SaveTwo(dir);
-  // Flip a byte in a chunk of step 1, rank 0.
+  // Flip a byte in the header of the first chunk record of step 1, rank 0 (a record's tail
+  // may be padding, its header never is).
   std::string seg = dir + "/segments/j/00000000000000000001/r0000000000-000000.seg";
   {
     std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(2000);
     char c = 0;
-    f.seekg(2000);
+    f.seekg(20);
     f.get(c);
-    f.seekp(2000);
+    f.seekp(20);
     f.put(static_cast<char>(c ^ 0x40));
   }
   RunResult r = Cli({"--ckpt-dir", dir, "fsck"});
