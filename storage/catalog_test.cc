@@ -234,8 +234,11 @@ TEST(CatalogTest, RebuildSkipsCorruptShardAndDryRunChangesNothing) {
   std::string seg = dir.path() + "/segments/b/00000000000000000005/r0000000000-000000.seg";
   {
     std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(5000);
+    f.get(c);
     f.seekp(5000);
-    f.put('\x01');
+    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
   }
   EngineOptions o;
   o.data_dir = dir.path();
@@ -374,8 +377,11 @@ TEST(CatalogTest, CorruptDurablePrefixFailsResumeWithDataLoss) {
   {
     std::fstream f(dir.path() + "/segments/j/00000000000000000001/r0000000000-000000.seg",
                    std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(100);
+    f.get(c);
     f.seekp(100);
-    f.put('\x7f');
+    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
   }
   auto e = OpenOk(dir.path());
   for (int i = 0; i < 3; ++i) {  // the reservation is given back every time

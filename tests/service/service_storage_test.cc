@@ -290,8 +290,11 @@ TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
   {
     std::fstream f(data + "/segments/prefix/00000000000000000001/r0000000000-000000.seg",
                    std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(100);
+    f.get(c);
     f.seekp(100);
-    f.put('\x7f');
+    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
   }
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
