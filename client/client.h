@@ -50,6 +50,9 @@ struct ClientOptions {
   // Embedded mode (used when endpoints is empty): the engine's data directory.
   // Default: empty (one of the two must be set).
   std::string local_dir;
+  // Embedded mode: open the engine read-only (storage::EngineOptions::read_only); saves,
+  // deletes and GC then fail with FAILED_PRECONDITION. Default: false.
+  bool read_only = false;
   // Bearer token for the job (gradsnap token JOB). Default: empty (server runs open).
   std::string token;
   // PEM CA certificate: when set, connect with TLS. Default: empty (plaintext).

@@ -281,6 +281,7 @@ absl::Status EmbeddedClient::Verify(const std::string& job, int64_t step,
 absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& options) {
   storage::EngineOptions eo;
   eo.data_dir = options.local_dir;
+  eo.read_only = options.read_only;
   ASSIGN_OR_RETURN(std::unique_ptr<storage::Engine> engine, storage::Engine::Open(eo));
   return std::unique_ptr<Client>(
       new EmbeddedClient(std::move(engine), options.max_inflight_bytes));

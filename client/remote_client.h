@@ -93,6 +93,8 @@ class RemoteClient final : public Client {
   absl::Status ForAnyNode(const std::function<absl::Status(Node&)>& fn);
 
   absl::Status SaveShardNow(const ShardSpec& spec, const std::vector<TensorRef>& tensors);
+  // The whole manifest from one node, fetched page by page.
+  absl::StatusOr<Manifest> FetchManifest(Node& node, v1::GetManifestRequest req);
   // Uploads (or resumes) one shard on one node until it is committed there.
   absl::Status UploadShard(Node& node, const ShardSpec& spec,
                            const std::vector<TensorRef>& tensors);

@@ -86,6 +86,44 @@ absl::StatusOr<std::vector<CheckpointInfo>> RemoteClient::List(const std::string
   return out;
 }
 
+// The manifest from one node, page by page (docs/protocol.md, "Large manifests"). A page's
+// first shard continues the previous page's last one when it has the same rank.
+absl::StatusOr<Manifest> RemoteClient::FetchManifest(Node& node, v1::GetManifestRequest req) {
+  req.set_paged(true);
+  req.set_shard_cursor(0);
+  req.set_tensor_cursor(0);
+  Manifest out;
+  for (int page = 0;; ++page) {
+    v1::GetManifestResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
+      return node.stub()->GetManifest(ctx, req, r);
+    }));
+    ASSIGN_OR_RETURN(Manifest m, proto::FromProto(resp.manifest()));
+    if (page == 0) {
+      out.info = m.info;
+    }
+    for (ShardInfo& s : m.shards) {
+      if (!out.shards.empty() && out.shards.back().rank == s.rank) {
+        ShardInfo& last = out.shards.back();
+        if (last.metadata.empty()) last.metadata = std::move(s.metadata);
+        for (auto& t : s.tensors) last.tensors.push_back(std::move(t));
+      } else {
+        out.shards.push_back(std::move(s));
+      }
+    }
+    if (!resp.more()) break;  // also a server that does not page: one whole manifest
+    bool advances = resp.next_shard() > req.shard_cursor() ||
+                    (resp.next_shard() == req.shard_cursor() &&
+                     resp.next_tensor() > req.tensor_cursor());
+    if (!advances || page > 1000000) {
+      return absl::DataLossError("manifest paging from the server does not advance");
+    }
+    req.set_shard_cursor(resp.next_shard());
+    req.set_tensor_cursor(resp.next_tensor());
+  }
+  return out;
+}
+
 absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step) {
   v1::GetManifestRequest req;
   req.set_job(job);
@@ -93,11 +131,7 @@ absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step
   absl::Mutex mu;
   std::vector<Manifest> found;
   RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
-    v1::GetManifestResponse resp;
-    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
-      return node.stub()->GetManifest(ctx, req, r);
-    }));
-    ASSIGN_OR_RETURN(Manifest m, proto::FromProto(resp.manifest()));
+    ASSIGN_OR_RETURN(Manifest m, FetchManifest(node, req));
     absl::MutexLock lock(&mu);
     found.push_back(std::move(m));
     return absl::OkStatus();

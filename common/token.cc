@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
+#include "common/small_file.h"
 #include "common/sha256.h"
 
 namespace gradsnap {
@@ -34,11 +35,9 @@ bool CheckJobToken(absl::string_view secret, absl::string_view job, absl::string
 }
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read secret file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string secret = ss.str();
+  auto read = ReadSmallFile(path, "secret file");
+  if (!read.ok()) return read.status();
+  std::string secret = *std::move(read);
   if (!secret.empty() && secret.back() == '\n') secret.pop_back();
   if (secret.size() < 16) {
     return absl::InvalidArgumentError(

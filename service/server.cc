@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/small_file.h"
 #include "common/status.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/resource_quota.h"
@@ -18,12 +19,9 @@ namespace service {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
-  return ss.str();
+  ASSIGN_OR_RETURN(std::string pem, ReadSmallFile(path, what));
+  if (pem.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
+  return pem;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
@@ -87,6 +85,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                  s->limiter_.get(), s->read_limiter_.get(),
                                                  s->cache_.get(), so);
   grpc::ServerBuilder builder;
+  // One server per port: without this gRPC sets SO_REUSEPORT, and a second server on the same
+  // port would silently take half of the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen, creds, &s->port_);
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(proto::kMaxMessageBytes));
@@ -101,7 +102,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetResourceQuota(quota);
   s->grpc_ = builder.BuildAndStart();
   if (s->grpc_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen,
+        " (address in use by another server, or not a local address)"));
   }
   s->address_ = absl::StrCat(host, ":", s->port_);
   if (!options.metrics_listen.empty()) {

@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/token.h"
 #include "service/server.h"
+#include "storage/rebuild.h"
 
 ABSL_FLAG(std::string, data_dir, "", "Directory of the storage engine (created if missing). Required.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT to serve gRPC on; port 0 picks a free one.");
@@ -34,6 +35,14 @@ ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may
 ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
 ABSL_FLAG(int, durable_every_mib, 64, "An upload is made durable every N MiB received (a crash resends at most that). Default: 64.");
 ABSL_FLAG(std::string, digest, "xxh3", "Per-tensor digest of new shards: xxh3 (XXH3-128) or sha256. Default: xxh3.");
+ABSL_FLAG(bool, rebuild_catalog, false,
+          "Rebuild the catalog (meta/) of --data-dir from the shard footers in its segments, "
+          "print what was restored and skipped, and exit (0 on success). Default: false.");
+ABSL_FLAG(uint64_t, catalog_reserve_bytes, 16 << 20,
+          "Free space kept for the catalog: below it uploads get RESOURCE_EXHAUSTED and the "
+          "server does not start; 0 disables. Default: 16777216.");
+ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
+          "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
 namespace {
 
@@ -64,7 +73,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT]\nFlags may be spelled with dashes or underscores.");
+      "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.");
   // Memory stays near what is in use: a fixed mmap threshold (glibc otherwise raises it after
   // the first large free, and freed 1-4 MiB buffers then linger in per-thread arenas) and few
   // arenas for the many gRPC threads.
@@ -97,6 +106,21 @@ int main(int argc, char** argv) {
   if (!gradsnap::ParseDigestAlgo(absl::GetFlag(FLAGS_digest), &o.engine.digest)) {
     return Fail("--digest must be xxh3 or sha256");
   }
+  o.engine.quarantine_grace_seconds = absl::GetFlag(FLAGS_quarantine_grace_seconds);
+  o.engine.catalog_reserve_bytes = absl::GetFlag(FLAGS_catalog_reserve_bytes);
+  if (o.engine.quarantine_grace_seconds < 0) return Fail("--quarantine-grace-seconds must be >= 0");
+  if (absl::GetFlag(FLAGS_rebuild_catalog)) {
+    auto report = gradsnap::storage::RebuildCatalog(o.engine, /*dry_run=*/false);
+    if (!report.ok()) return Fail(std::string(report.status().message()));
+    for (const std::string& r : report->rebuilt) std::printf("rebuilt %s\n", r.c_str());
+    for (const std::string& r : report->skipped) std::printf("skipped %s\n", r.c_str());
+    if (!report->old_catalog.empty()) {
+      std::printf("previous catalog kept as %s\n", report->old_catalog.c_str());
+    }
+    std::printf("catalog rebuilt: %zu checkpoints, %zu skipped\n", report->rebuilt.size(),
+                report->skipped.size());
+    return 0;
+  }
   o.listen = absl::GetFlag(FLAGS_listen);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
@@ -110,7 +134,7 @@ int main(int argc, char** argv) {
     o.auth_secret = *std::move(secret);
   }
   auto server = gradsnap::service::Server::Start(o);
-  if (!server.ok()) return Fail(server.status().ToString());
+  if (!server.ok()) return Fail(std::string(server.status().message()));
   if ((*server)->metrics_port() != 0) {
     GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
   }

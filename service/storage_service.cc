@@ -57,8 +57,19 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
     RETURN_IF_ERROR(proto::ValidateJob(req->job()));
     RETURN_IF_ERROR(proto::ValidateStep(req->step()));
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    // Aborting a PENDING FULL also aborts its PENDING DELTAs: their staged shards leave the
+    // RAM tier too.
+    std::vector<int64_t> dropped = {req->step()};
+    auto pending = engine_->ListCheckpoints(req->job(), /*include_pending=*/true);
+    if (pending.ok()) {
+      for (const auto& c : *pending) {
+        if (c.kind == storage::CheckpointKind::kDelta && c.base_step == req->step()) {
+          dropped.push_back(c.step);
+        }
+      }
+    }
     RETURN_IF_ERROR(engine_->AbortCheckpoint(req->job(), req->step()));
-    cache_->Drop(req->job(), req->step());
+    for (int64_t step : dropped) cache_->Drop(req->job(), step);
     return absl::OkStatus();
   };
   return Done(run());
@@ -116,6 +127,49 @@ grpc::Status StorageService::ListCheckpoints(grpc::ServerContext* ctx,
   return Done(run());
 }
 
+// One page of a manifest (docs/protocol.md, "Large manifests"): tensors from the cursors on,
+// until the response reaches kPageBytes; at least one tensor, so every page advances.
+absl::Status StorageService::ManifestPage(const storage::Manifest& m,
+                                          const v1::GetManifestRequest& req,
+                                          v1::GetManifestResponse* resp) {
+  constexpr size_t kPageBytes = proto::kMaxMessageBytes - (512u << 10);
+  size_t si = req.shard_cursor();
+  uint64_t ti = req.tensor_cursor();
+  if (si > m.shards.size() || (si < m.shards.size() && ti > m.shards[si].tensors.size()) ||
+      (si == m.shards.size() && ti != 0)) {
+    return absl::InvalidArgumentError("manifest page cursor outside the manifest");
+  }
+  v1::Manifest* out = resp->mutable_manifest();
+  proto::ToProto(m.info, out->mutable_info());
+  size_t bytes = resp->ByteSizeLong();
+  bool any = false;
+  for (; si < m.shards.size(); ++si, ti = 0) {
+    const storage::ShardInfo& s = m.shards[si];
+    v1::ShardInfo* ps = out->add_shards();
+    ps->set_rank(s.rank);
+    ps->set_committed(s.committed);
+    ps->set_raw_bytes(s.raw_bytes);
+    ps->set_stored_bytes(s.stored_bytes);
+    if (ti == 0) ps->set_metadata(s.metadata);
+    bytes += 16 + s.metadata.size();
+    for (; ti < s.tensors.size(); ++ti) {
+      if (any && bytes > kPageBytes) {
+        resp->set_more(true);
+        resp->set_next_shard(static_cast<uint32_t>(si));
+        resp->set_next_tensor(ti);
+        return absl::OkStatus();
+      }
+      v1::TensorInfo* t = ps->add_tensors();
+      proto::ToProto(s.tensors[ti].spec, t->mutable_spec());
+      t->set_stored_bytes(s.tensors[ti].stored_bytes);
+      t->set_chunks(s.tensors[ti].chunks);
+      bytes += t->ByteSizeLong() + 8;
+      any = true;
+    }
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status StorageService::GetManifest(grpc::ServerContext* ctx,
                                          const v1::GetManifestRequest* req,
                                          v1::GetManifestResponse* resp) {
@@ -125,9 +179,11 @@ grpc::Status StorageService::GetManifest(grpc::ServerContext* ctx,
     RETURN_IF_ERROR(proto::ValidateStep(req->step()));
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
     ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
+    if (req->paged()) return ManifestPage(m, *req, resp);
     proto::ToProto(m, resp->mutable_manifest());
     if (resp->ByteSizeLong() > proto::kMaxMessageBytes) {
-      return absl::ResourceExhaustedError("manifest larger than the 4 MiB message limit");
+      return absl::ResourceExhaustedError(
+          "manifest larger than the 4 MiB message limit (ask for it paged)");
     }
     return absl::OkStatus();
   };

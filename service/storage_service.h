@@ -88,6 +88,8 @@ class StorageService final : public gradsnap::v1::Storage::Service {
                                v1::ListCheckpointsResponse* resp) override;
   grpc::Status GetManifest(grpc::ServerContext* ctx, const v1::GetManifestRequest* req,
                            v1::GetManifestResponse* resp) override;
+  static absl::Status ManifestPage(const storage::Manifest& m, const v1::GetManifestRequest& req,
+                                   v1::GetManifestResponse* resp);
   grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
                       v1::VerifyResponse* resp) override;
   grpc::Status Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,

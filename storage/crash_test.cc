@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "storage/crash_workload.h"
+#include "storage/rebuild.h"
 
 #ifndef GRADSNAP_CRASH_ITERATIONS
 #define GRADSNAP_CRASH_ITERATIONS 50
@@ -71,12 +72,29 @@ TEST(GRADSNAP_CRASH_SUITE, SigkillAtRandomMoments) {
         ExpectRestores(e->get(), CrashShard(c.step, r));
       }
     }
-    // A DELTA never outlives its FULL.
+    // A DELTA never outlives its FULL, and a committed DELTA has a committed FULL.
     for (const CheckpointInfo& c : *all) {
       if (c.kind != CheckpointKind::kDelta) continue;
-      EXPECT_TRUE((*e)->GetManifest("crash", c.base_step).ok()) << "DELTA " << c.step;
+      auto base = (*e)->GetManifest("crash", c.base_step);
+      EXPECT_TRUE(base.ok()) << "DELTA " << c.step;
+      if (base.ok() && c.state == CheckpointState::kCommitted) {
+        EXPECT_EQ(base->info.state, CheckpointState::kCommitted) << "DELTA " << c.step;
+      }
     }
     if (HasFatalFailure()) return;
+    if (iter % 10 == 9) {
+      // The segments alone (shard footers) bring back every committed checkpoint.
+      e->reset();
+      auto report = RebuildCatalog(o, /*dry_run=*/true);
+      ASSERT_TRUE(report.ok()) << report.status();
+      for (const CheckpointInfo& c : *all) {
+        if (c.state != CheckpointState::kCommitted) continue;
+        const std::string name = "job crash step " + std::to_string(c.step) + " (";
+        bool found = false;
+        for (const std::string& r : report->rebuilt) found |= r.rfind(name, 0) == 0;
+        EXPECT_TRUE(found) << "iteration " << iter << ": a rebuild would lose step " << c.step;
+      }
+    }
   }
   std::printf("crash test: %d kills, %d committed checkpoints verified, reached step %ld\n",
               GRADSNAP_CRASH_ITERATIONS, committed_seen, static_cast<long>(next_step));

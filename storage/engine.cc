@@ -12,6 +12,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/quarantine.h"
 
 namespace gradsnap {
 namespace storage {
@@ -166,10 +167,106 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     return absl::InvalidArgumentError("unknown digest algorithm");
   }
   FileSystem* fs = options.fs != nullptr ? options.fs : FileSystem::Default();
-  RETURN_IF_ERROR(fs->CreateDirs(options.data_dir + "/segments"));
-  ASSIGN_OR_RETURN(std::unique_ptr<MetaStore> meta, MetaStore::Open(options.data_dir + "/meta"));
-  auto engine = std::make_unique<EngineImpl>(options, fs, std::move(meta));
-  RETURN_IF_ERROR(engine->Recover());
+  const std::string& dir = options.data_dir;
+  // The catalog guard (docs/format.md, "Catalog guard"): decide everything before touching the
+  // disk, so a refused open leaves the directory exactly as it was.
+  CatalogState catalog = InspectCatalog(dir);
+  const uint64_t segment_files = CountSegmentFiles(dir);
+  if (catalog == CatalogState::kBroken) {
+    if (segment_files > 0 || options.read_only) {
+      return CatalogRefusal(dir, "its catalog meta/ has files but no CURRENT (unreadable)");
+    }
+    // No segment data: such a catalog (e.g. from an older version killed while creating it)
+    // can describe nothing. It is kept aside, never deleted, and a new store is made.
+    const std::string aside = absl::StrFormat("%s/meta.broken-%013d", dir, NowMs());
+    RETURN_IF_ERROR(fs->Rename(dir + "/meta", aside));
+    GS_LOG(WARNING) << "storage: " << dir << "/meta had no CURRENT and there is no segment "
+                    << "data; kept it as " << aside << " and made a new catalog";
+    catalog = CatalogState::kAbsent;
+  }
+  if (catalog == CatalogState::kAbsent && segment_files > 0) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog meta/ is missing or empty but "
+                                            "segments/ holds ", segment_files, " files"));
+  }
+  if (options.read_only && catalog == CatalogState::kAbsent) {
+    return absl::NotFoundError(absl::StrCat("no gradsnap checkpoint store in ", dir));
+  }
+  MetaStore::Mode mode = options.read_only ? MetaStore::Mode::kReadOnly
+                         : catalog == CatalogState::kAbsent ? MetaStore::Mode::kCreate
+                                                            : MetaStore::Mode::kExisting;
+  if (mode != MetaStore::Mode::kReadOnly && options.catalog_reserve_bytes > 0) {
+    uint64_t free = FreeBytes(dir);
+    if (free < options.catalog_reserve_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "not enough free space to open ", dir, " for writing: ", free,
+          " bytes free, the catalog needs ", options.catalog_reserve_bytes,
+          " (read-only commands such as ls, verify and restore still work)"));
+    }
+  }
+  if (mode == MetaStore::Mode::kCreate) {
+    // A new store. The catalog is created whole in meta.new/ and renamed to meta/, so a kill
+    // at any instant leaves either no catalog (the next open starts over; meta.new/ is this
+    // step's own scratch space) or a complete, empty one. If creating fails, what this open
+    // created is removed again.
+    std::error_code ec;
+    const bool had_dir = std::filesystem::exists(dir, ec);
+    const bool had_segments = std::filesystem::exists(dir + "/segments", ec);
+    const std::string fresh = dir + "/meta.new";
+    auto undo = [&]() {
+      std::error_code e;
+      std::filesystem::remove_all(fresh, e);
+      if (!had_segments) std::filesystem::remove(dir + "/segments", e);
+      if (!had_dir) std::filesystem::remove(dir, e);
+    };
+    absl::Status created = fs->CreateDirs(dir + "/segments");
+    if (created.ok()) created = fs->RemoveAll(fresh);
+    if (created.ok()) created = MetaStore::Open(fresh, mode).status();  // closed again here
+    if (created.ok()) created = fs->Rename(fresh, dir + "/meta");
+    if (created.ok()) created = fs->SyncDir(dir);
+    if (!created.ok()) {
+      undo();
+      return created;
+    }
+    mode = MetaStore::Mode::kExisting;
+  }
+  if (mode == MetaStore::Mode::kExisting) {
+    // Look before writing: a read-only open changes no file, so a catalog that is unreadable
+    // or empty while segment data exists is refused with the directory exactly as found.
+    auto probe = MetaStore::Open(dir + "/meta", MetaStore::Mode::kReadOnly);
+    if (!probe.ok()) {
+      return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                              probe.status().message(), ")"));
+    }
+    auto any = (*probe)->Scan("c/");
+    if (!any.ok()) {
+      return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                              any.status().message(), ")"));
+    }
+    if (any->empty() && segment_files > 0) {
+      return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
+                                              "holds ", segment_files, " files"));
+    }
+  }
+  auto meta = MetaStore::Open(dir + "/meta", mode);
+  if (!meta.ok()) {
+    if (absl::IsFailedPrecondition(meta.status()) || absl::IsResourceExhausted(meta.status())) {
+      return meta.status();  // another process holds it, or no space
+    }
+    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                            meta.status().message(), ")"));
+  }
+  (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
+  auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
+  auto checkpoints = engine->meta()->Scan("c/");
+  if (!checkpoints.ok()) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                            checkpoints.status().message(), ")"));
+  }
+  if (checkpoints->empty() && segment_files > 0) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
+                                            "holds ", segment_files, " files"));
+  }
+  if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
@@ -222,6 +319,7 @@ absl::StatusOr<std::vector<ChunkRecord>> EngineImpl::LoadChunks(const std::strin
 
 absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
   RETURN_IF_ERROR(ValidateCheckpointSpec(spec));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   auto existing = LoadCheckpoint(spec.job, spec.step);
   if (existing.ok()) {
@@ -255,15 +353,30 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenShardWriter(const ShardSpec& spec) {
   RETURN_IF_ERROR(ValidateName(spec.job, "job name"));
-  absl::MutexLock lock(&mu_);
-  return OpenWriterLocked(spec);
+  RETURN_IF_ERROR(CheckWritable());
+  ShardRecord rec;
+  {
+    absl::MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(rec, ReserveWriterLocked(spec));
+  }
+  // Outside mu_: a writer whose Init() fails is destroyed inside NewShardWriter, and its
+  // destructor gives the reservation back through ReleaseWriter, which takes mu_.
+  return NewShardWriter(this, std::move(rec));
 }
 
-absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const ShardSpec& spec) {
+absl::Status EngineImpl::CheckWritable() const {
+  if (options_.read_only) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint store ", options_.data_dir,
+                                                      " is open read-only"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spec) {
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(spec.job, spec.step));
   RETURN_IF_ERROR(ValidateShardSpec(spec, ckpt));
   std::string key = ShardKey(spec.job, spec.step, spec.rank);
-  if (active_writers_.count(key) != 0) {
+  if (HasWriter(key)) {
     return absl::UnavailableError(absl::StrCat(Where(spec.job, spec.step, spec.rank),
                                                " is being written by another writer"));
   }
@@ -298,14 +411,20 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const 
     RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
     RETURN_IF_ERROR(meta_->Commit(b));
   }
+  absl::MutexLock lock(&writers_mu_);
   active_writers_.insert(key);
-  auto w = NewShardWriter(this, std::move(rec));
-  if (!w.ok()) active_writers_.erase(key);
-  return w;
+  return rec;
 }
 
+bool EngineImpl::HasWriter(const std::string& key) {
+  absl::MutexLock lock(&writers_mu_);
+  return active_writers_.count(key) != 0;
+}
+
+// Called by a writer's destructor: takes only writers_mu_, never mu_, so a writer may be
+// destroyed anywhere, even inside an engine critical section.
 void EngineImpl::ReleaseWriter(const std::string& shard_key) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&writers_mu_);
   active_writers_.erase(shard_key);
 }
 
@@ -336,13 +455,39 @@ absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
     ckpt.raw_bytes += shard.committed_size;
     ckpt.stored_bytes += shard.stored_bytes;
     if (ckpt.committed_shards == ckpt.spec.world_size) {
-      ckpt.state = CheckpointState::kCommitted;
-      ckpt.committed_unix_ms = NowMs();
+      RETURN_IF_ERROR(CommitCheckpointLocked(&ckpt, &b));
     }
     b.puts.emplace_back(CheckpointKey(s.job, s.step), EncodeCheckpoint(ckpt));
   }
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   return meta_->Commit(b);
+}
+
+absl::Status EngineImpl::CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b) {
+  const std::string& job = ckpt->spec.job;
+  if (ckpt->spec.kind == CheckpointKind::kDelta) {
+    // A DELTA is committed only on top of a committed FULL; until then it waits, PENDING with
+    // all its shards committed, and the base's commit promotes it.
+    ASSIGN_OR_RETURN(CheckpointRecord base, LoadCheckpoint(job, ckpt->spec.base_step));
+    if (base.state != CheckpointState::kCommitted) return absl::OkStatus();
+    ckpt->state = CheckpointState::kCommitted;
+    ckpt->committed_unix_ms = NowMs();
+    return absl::OkStatus();
+  }
+  ckpt->state = CheckpointState::kCommitted;
+  ckpt->committed_unix_ms = NowMs();
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord d;
+    RETURN_IF_ERROR(DecodeCheckpoint(v, &d));
+    if (d.spec.kind == CheckpointKind::kDelta && d.spec.base_step == ckpt->spec.step &&
+        d.state == CheckpointState::kPending && d.committed_shards == d.spec.world_size) {
+      d.state = CheckpointState::kCommitted;
+      d.committed_unix_ms = ckpt->committed_unix_ms;
+      b->puts.emplace_back(k, EncodeCheckpoint(d));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EngineImpl::WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) {
@@ -381,13 +526,30 @@ absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, 
 
 absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.state == CheckpointState::kCommitted) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
                                                       " is committed; use Delete"));
   }
+  std::vector<int64_t> deltas;  // PENDING DELTAs on this FULL go with it
+  if (ckpt.spec.kind == CheckpointKind::kFull) {
+    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+    for (const auto& [k, v] : kvs) {
+      CheckpointRecord r;
+      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+      if (r.spec.kind != CheckpointKind::kDelta || r.spec.base_step != step) continue;
+      if (r.state == CheckpointState::kCommitted) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint job ", job, " step ", step, " is the base of committed DELTA step ",
+            r.spec.step));
+      }
+      deltas.push_back(r.spec.step);
+    }
+  }
   uint64_t reclaimed = 0;
+  for (int64_t d : deltas) RETURN_IF_ERROR(DeleteLocked(job, d, &reclaimed));
   return DeleteLocked(job, step, &reclaimed);
 }
 
@@ -507,10 +669,13 @@ absl::Status EngineImpl::Verify(const std::string& job, int64_t step) {
 }
 
 absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed) {
-  for (const std::string& key : active_writers_) {
-    if (key.rfind(ShardPrefix(job, step), 0) == 0) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
-                                                        " has an open writer"));
+  {
+    absl::MutexLock lock(&writers_mu_);
+    for (const std::string& key : active_writers_) {
+      if (key.rfind(ShardPrefix(job, step), 0) == 0) {
+        return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ",
+                                                          step, " has an open writer"));
+      }
     }
   }
   ASSIGN_OR_RETURN(auto shards, meta_->Scan(ShardPrefix(job, step)));
@@ -532,6 +697,7 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
 
 absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.spec.kind == CheckpointKind::kFull) {
@@ -554,7 +720,11 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
   if (policy.keep_last < 0 || policy.keep_every < 0) {
     return absl::InvalidArgumentError("keep_last and keep_every must be >= 0");
   }
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
+                                  NowMs())
+                      .status());
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   std::vector<CheckpointRecord> all;
   for (const auto& [k, v] : kvs) {

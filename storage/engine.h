@@ -16,6 +16,10 @@
 //   RocksDB batch). A checkpoint is COMMITTED, listed and restorable, only once all
 //   `world_size` shards are committed; the last shard's commit flips the checkpoint's state
 //   in the same synced batch. A crash at any instant leaves the whole checkpoint or none of it.
+//   A DELTA commits only once its base FULL is committed: a DELTA whose shards are all written
+//   while the base is PENDING stays PENDING and is committed in the batch that commits the base.
+//   Each shard's segment data ends with a footer (its manifest), so the catalog can be rebuilt
+//   from the segments (storage/rebuild.h).
 //
 // ERRORS
 //   INVALID_ARGUMENT bad names/sizes/dtypes; NOT_FOUND unknown job/step/rank; ALREADY_EXISTS a
@@ -83,6 +87,19 @@ struct EngineOptions {
   DigestAlgo digest = DigestAlgo::kXxh3_128;
   // Filesystem seam for fault injection; nullptr means the real POSIX one. Default: nullptr.
   class FileSystem* fs = nullptr;
+  // Open the catalog with RocksDB OpenForReadOnly: nothing under data_dir is created or
+  // written (no recovery, no LOCK), so listing, manifests, reads and Verify work on a full or
+  // read-only file system and next to a running writer; every mutation is
+  // FAILED_PRECONDITION. A data_dir without a catalog is NOT_FOUND. Default: false.
+  bool read_only = false;
+  // Free space the catalog keeps for itself (docs/format.md, "Full disks"): a read-write Open
+  // with less free space than this is RESOURCE_EXHAUSTED, and so is a metadata commit that adds
+  // records (deletes always proceed), so RocksDB never meets ENOSPC. 0 disables the check.
+  // Default: 16 MiB.
+  uint64_t catalog_reserve_bytes = 16 << 20;
+  // Gc() removes quarantine/ entries older than this many seconds (docs/format.md,
+  // "Quarantine"). Default: 604800 (7 days).
+  int64_t quarantine_grace_seconds = 7 * 24 * 3600;
 };
 
 // The most record-buffer memory one ShardWriter of an engine with these options holds: its
@@ -131,7 +148,10 @@ class Engine {
  public:
   // Opens (creating if needed) and recovers (docs/format.md, "Recovery"): PENDING checkpoints
   // stay resumable (never listed; AbortCheckpoint rolls one back), segment bytes past the last
-  // durable offset are truncated, unreferenced segment files and directories are removed.
+  // durable offset are truncated, unreferenced segment files and directories are moved to
+  // quarantine/ (never unlinked). When the catalog (meta/) is missing, empty or unreadable
+  // while segments/ holds data, Open refuses with FAILED_PRECONDITION naming
+  // --rebuild-catalog and changes nothing on disk.
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options);
   virtual ~Engine() = default;
 
@@ -150,7 +170,8 @@ class Engine {
   // QueryWriteStatus.
   virtual absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
                                                       int32_t rank) = 0;
-  // Abandons a PENDING checkpoint and frees its space.
+  // Abandons a PENDING checkpoint and frees its space. A PENDING FULL takes its PENDING DELTAs
+  // with it; one with a committed DELTA (written by an older version) is FAILED_PRECONDITION.
   virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
 
   virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
@@ -165,7 +186,8 @@ class Engine {
   virtual absl::Status Verify(const std::string& job, int64_t step) = 0;
   // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it.
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
-  // Retention: deletes FULLs outside the policy (with their DELTAs) and reclaims segment space.
+  // Retention: deletes FULLs outside the policy (with their DELTAs) and reclaims segment space;
+  // also empties quarantine entries older than quarantine_grace_seconds.
   virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
 };
 

@@ -4,6 +4,8 @@
 // directory per checkpoint, so deleting a checkpoint unlinks its files (docs/format.md).
 //
 // THREAD SAFETY: EngineImpl is thread-safe; mu_ serializes every metadata read-modify-write.
+// No destructor takes mu_: writers are created and destroyed outside it, and a writer's
+// destructor only takes the leaf lock writers_mu_.
 #ifndef GRADSNAP_STORAGE_ENGINE_IMPL_H_
 #define GRADSNAP_STORAGE_ENGINE_IMPL_H_
 
@@ -64,6 +66,7 @@ class EngineImpl : public Engine {
   absl::Status CommitShardProgress(const ShardRecord& shard,
                                    const std::vector<ChunkRecord>& new_chunks, bool finish);
   void ReleaseWriter(const std::string& shard_key);
+  bool HasWriter(const std::string& shard_key);
 
   absl::StatusOr<CheckpointRecord> LoadCheckpoint(const std::string& job, int64_t step);
   absl::StatusOr<std::vector<ChunkRecord>> LoadChunks(const std::string& job, int64_t step,
@@ -74,8 +77,15 @@ class EngineImpl : public Engine {
                                                  const std::vector<ChunkRecord>& chunks);
 
  private:
-  absl::StatusOr<std::unique_ptr<ShardWriter>> OpenWriterLocked(const ShardSpec& spec)
+  // Checks a shard writer may open, records it in active_writers_ and returns its record.
+  absl::StatusOr<ShardRecord> ReserveWriterLocked(const ShardSpec& spec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a checkpoint whose shards are all committed COMMITTED in `b` (a DELTA only when its
+  // base is committed); a FULL also promotes its waiting DELTAs in `b`.
+  absl::Status CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckWritable() const;
+  absl::Status RepairOrphanDeltas();
   absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecoverCheckpoint(const CheckpointRecord& c);
@@ -89,7 +99,10 @@ class EngineImpl : public Engine {
   BufferPool small_record_pool_;
 
   absl::Mutex mu_;
-  std::set<std::string> active_writers_ ABSL_GUARDED_BY(mu_);
+  // Shard keys with an open writer. A leaf lock (taken after mu_, never before it), so the
+  // writer's destructor never needs mu_.
+  absl::Mutex writers_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::set<std::string> active_writers_ ABSL_GUARDED_BY(writers_mu_);
 };
 
 absl::Status ValidateCheckpointSpec(const CheckpointSpec& spec);

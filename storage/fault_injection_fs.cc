@@ -13,9 +13,14 @@ namespace {
 
 class FaultFile : public File {
  public:
-  FaultFile(FaultInjectionFileSystem* fs, std::string path, std::unique_ptr<File> base)
-      : fs_(fs), path_(std::move(path)), base_(std::move(base)) {}
-  int fd() const override { return -1; }
+  FaultFile(FaultInjectionFileSystem* fs, std::string path, std::unique_ptr<File> base,
+            bool real_fd)
+      : fs_(fs), path_(std::move(path)), base_(std::move(base)), real_fd_(real_fd) {}
+  int fd() const override { return real_fd_ ? base_->fd() : -1; }
+  int OnUringCompletion(uint64_t offset, size_t n, int res) override {
+    (void)offset;
+    return fs_->OnUringWrite(path_, n, res, base_->direct());
+  }
   bool direct() const override { return base_->direct(); }
   absl::Status Write(uint64_t offset, const void* data, size_t n) override {
     RETURN_IF_ERROR(fs_->OnWrite(path_, offset + n));
@@ -39,11 +44,41 @@ class FaultFile : public File {
   FaultInjectionFileSystem* const fs_;
   const std::string path_;
   const std::unique_ptr<File> base_;
+  const bool real_fd_;
 };
 
 }  // namespace
 
 FaultInjectionFileSystem::FaultInjectionFileSystem() : base_(FileSystem::Default()) {}
+
+void FaultInjectionFileSystem::set_real_descriptors(bool on) {
+  absl::MutexLock lock(&mu_);
+  real_descriptors_ = on;
+}
+
+bool FaultInjectionFileSystem::real_descriptors() {
+  absl::MutexLock lock(&mu_);
+  return real_descriptors_;
+}
+
+int FaultInjectionFileSystem::OnUringWrite(const std::string& path, size_t n, int res,
+                                           bool direct) {
+  absl::MutexLock lock(&mu_);
+  if (crashed_) return -EIO;
+  synced_size_.try_emplace(path, 0);
+  if (res < 0) return res;
+  ++writes_;
+  if (writes_ == faults_.fail_write_at) {
+    if (faults_.crash_on_fault) CrashLocked();
+    return faults_.enospc ? -ENOSPC : -EIO;
+  }
+  if (writes_ == faults_.short_write_at && static_cast<size_t>(res) == n) {
+    // Half, kept 4 KiB aligned for O_DIRECT (a direct write shorter than a block stays whole).
+    size_t half = direct ? n / 2 / 4096 * 4096 : n / 2;
+    if (half > 0) return static_cast<int>(half);
+  }
+  return res;
+}
 
 void FaultInjectionFileSystem::SetFaults(const Faults& f) {
   absl::MutexLock lock(&mu_);
@@ -135,7 +170,7 @@ absl::StatusOr<std::unique_ptr<File>> FaultInjectionFileSystem::Open(const std::
     if (o.truncate) synced_size_[path] = 0;
   }
   ASSIGN_OR_RETURN(std::unique_ptr<File> f, base_->Open(path, o));
-  return std::unique_ptr<File>(new FaultFile(this, path, std::move(f)));
+  return std::unique_ptr<File>(new FaultFile(this, path, std::move(f), real_descriptors()));
 }
 
 absl::Status FaultInjectionFileSystem::CreateDirs(const std::string& path) {
@@ -172,6 +207,24 @@ absl::Status FaultInjectionFileSystem::RemoveAll(const std::string& path) {
     }
   }
   return base_->RemoveAll(path);
+}
+
+absl::Status FaultInjectionFileSystem::Rename(const std::string& from, const std::string& to) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (crashed_) return Dead();
+    std::map<std::string, uint64_t> moved;
+    for (auto it = synced_size_.begin(); it != synced_size_.end();) {
+      if (it->first.rfind(from, 0) == 0) {
+        moved[to + it->first.substr(from.size())] = it->second;
+        it = synced_size_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    synced_size_.insert(moved.begin(), moved.end());
+  }
+  return base_->Rename(from, to);
 }
 
 absl::StatusOr<std::vector<std::string>> FaultInjectionFileSystem::ListDir(

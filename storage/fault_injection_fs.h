@@ -6,7 +6,11 @@
 // - Tracks, per file, how many bytes were made durable by the last Sync(). SimulateCrash()
 //   truncates every written file back to that size, i.e. drops unsynced data, and then fails
 //   every later operation until Reset(), as a dead process would.
-// - Files have no descriptor (fd() == -1), so the engine writes them through Write (pwrite).
+// - By default files have no descriptor (fd() == -1), so the engine writes them through Write
+//   (pwrite). With set_real_descriptors(true) files expose their real descriptor, the engine
+//   writes them through io_uring, and every io_uring completion counts as a write: the Nth
+//   fails (ENOSPC or EIO) or, with short_write_at, completes short (the writer must requeue
+//   the rest).
 //
 // THREAD SAFETY: thread-safe.
 #ifndef GRADSNAP_STORAGE_FAULT_INJECTION_FS_H_
@@ -32,10 +36,14 @@ class FaultInjectionFileSystem : public FileSystem {
     int64_t fail_sync_at = 0;
     int64_t fail_commit_at = 0;   // BeforeMetadataCommit
     bool enospc = false;          // write failures are ENOSPC instead of EIO
+    int64_t short_write_at = 0;   // io_uring: the Nth write completes with half its bytes
     bool crash_on_fault = true;   // a fault also SimulateCrash()es
   };
 
   FaultInjectionFileSystem();
+  // Files opened from now on expose their real descriptor (io_uring). Default: false.
+  void set_real_descriptors(bool on);
+  bool real_descriptors();
   void SetFaults(const Faults& f);
   // Counters reset, faults cleared, the "dead" state ends.
   void Reset();
@@ -52,12 +60,14 @@ class FaultInjectionFileSystem : public FileSystem {
   absl::Status SyncDir(const std::string& path) override;
   absl::Status RemoveFile(const std::string& path) override;
   absl::Status RemoveAll(const std::string& path) override;
+  absl::Status Rename(const std::string& from, const std::string& to) override;
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
   absl::Status BeforeMetadataCommit() override;
 
   // Used by its files.
   absl::Status OnWrite(const std::string& path, uint64_t end);
   absl::Status OnSync(const std::string& path, uint64_t size);
+  int OnUringWrite(const std::string& path, size_t n, int res, bool direct);
 
  private:
   absl::Status Dead() const;
@@ -70,6 +80,7 @@ class FaultInjectionFileSystem : public FileSystem {
   int64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  bool real_descriptors_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, uint64_t> synced_size_ ABSL_GUARDED_BY(mu_);  // files written to
 };
 

@@ -138,6 +138,13 @@ class PosixFileSystem : public FileSystem {
     return absl::OkStatus();
   }
 
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return PosixError(absl::StrCat("rename ", from, " to ", to), errno);
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override {
     DIR* d = ::opendir(path.c_str());
     if (d == nullptr) return PosixError(absl::StrCat("opendir ", path), errno);

@@ -42,6 +42,15 @@ class File {
   // Tells the file system that writes through fd() (io_uring) reached `end`; the POSIX file
   // system ignores it, a fault-injecting one uses it to know what a crash may drop.
   virtual void NoteExternalWrite(uint64_t end) { (void)end; }
+  // Called by the io_uring writer for each completion of a write through fd() of n bytes at
+  // `offset`, with the kernel's result; returns the result to act on. The POSIX file system
+  // returns `res`; a fault-injecting one may turn it into an error (-ENOSPC, -EIO) or a short
+  // write, so the io_uring completion paths are tested like the pwrite ones.
+  virtual int OnUringCompletion(uint64_t offset, size_t n, int res) {
+    (void)offset;
+    (void)n;
+    return res;
+  }
 };
 
 struct OpenOptions {
@@ -66,6 +75,9 @@ class FileSystem {
   virtual absl::Status RemoveFile(const std::string& path) = 0;
   // rm -r (missing is OK).
   virtual absl::Status RemoveAll(const std::string& path) = 0;
+  // rename(2): moves a file or directory; the parent of `to` must exist. Callers SyncDir both
+  // parents when the move must be durable.
+  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
   // Entry names in a directory (no "." / ".."); NOT_FOUND if it does not exist.
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) = 0;
   // Fault-injection seam: called before every synced metadata batch. Default: OK.

@@ -1,8 +1,14 @@
 #include "storage/metadata.h"
 
+#include <sys/statvfs.h>
+
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
@@ -75,6 +81,11 @@ absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
     return absl::ResourceExhaustedError(msg);
   }
   if (s.IsBusy() || s.IsTryAgain()) return absl::UnavailableError(msg);
+  if (s.IsIOError() && s.ToString().find("Read-only file system") != std::string::npos) {
+    return absl::FailedPreconditionError(
+        msg + " (the file system is read-only: only reading commands such as ls, verify and "
+              "restore work)");
+  }
   if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
     return absl::FailedPreconditionError(msg + " (is another process using this data_dir?)");
   }
@@ -260,16 +271,89 @@ absl::Status DecodeChunk(const std::string& v, ChunkRecord* r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir) {
+namespace {
+
+// RocksDB's info log, discarded: a read-only open must not create or rotate LOG files (the
+// directory may be read-only, or a full file system).
+class NullLogger : public rocksdb::Logger {
+ public:
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    (void)format;
+    (void)ap;
+  }
+};
+
+// RocksDB's info log for read-write opens: appended to <dir>/LOG with stdio, every error
+// ignored. RocksDB's own file logger goes through its WritableFileWriter, which on a full disk
+// records the ENOSPC and later trips the library's assertion (sync_without_flush_called_) when
+// the database is closed: a full disk would abort the process. A LOG over 16 MiB at open is
+// moved to LOG.old.
+class StdioLogger : public rocksdb::Logger {
+ public:
+  explicit StdioLogger(const std::string& dir) {
+    const std::string path = dir + "/LOG";
+    std::error_code ec;
+    uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size > (16u << 20)) std::filesystem::rename(path, path + ".old", ec);
+    f_ = std::fopen(path.c_str(), "ae");
+  }
+  ~StdioLogger() override {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    if (f_ == nullptr) return;
+    char line[2048];
+    std::vsnprintf(line, sizeof(line), format, ap);
+    absl::MutexLock lock(&mu_);
+    std::fprintf(f_, "%s\n", line);
+    std::fflush(f_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::FILE* f_ = nullptr;
+};
+
+// Batches that only delete still need a little room for their WAL record (a failed WAL write
+// has the same consequence as above).
+constexpr uint64_t kMinFreeForDeletes = 1 << 20;
+
+}  // namespace
+
+uint64_t FreeBytes(const std::string& path) {
+  std::filesystem::path p(path);
+  for (int depth = 0; depth < 4096; ++depth) {
+    struct statvfs st;
+    if (::statvfs(p.c_str(), &st) == 0) {
+      return static_cast<uint64_t>(st.f_bavail) * static_cast<uint64_t>(st.f_frsize);
+    }
+    if (!p.has_parent_path() || p.parent_path() == p) break;
+    p = p.parent_path();
+  }
+  return UINT64_MAX;
+}
+
+absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, Mode mode) {
   rocksdb::Options options;
-  options.create_if_missing = true;
+  options.create_if_missing = mode == Mode::kCreate;
   options.paranoid_checks = true;
   options.keep_log_file_num = 4;
   options.max_manifest_file_size = 64 << 20;
   rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, dir, &db);
+  rocksdb::Status s;
+  if (mode == Mode::kReadOnly) {
+    options.info_log = std::make_shared<NullLogger>();
+    s = rocksdb::DB::OpenForReadOnly(options, dir, &db);
+  } else {
+    std::error_code ec;
+    if (mode == Mode::kCreate) std::filesystem::create_directories(dir, ec);
+    options.info_log = std::make_shared<StdioLogger>(dir);
+    s = rocksdb::DB::Open(options, dir, &db);
+  }
   if (!s.ok()) return FromRocks(s, "open");
-  return std::unique_ptr<MetaStore>(new MetaStore(db));
+  return std::unique_ptr<MetaStore>(new MetaStore(db, mode == Mode::kReadOnly, dir));
 }
 
 MetaStore::~MetaStore() {
@@ -296,6 +380,19 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> MetaStore::Scan
 }
 
 absl::Status MetaStore::Commit(const Batch& batch) {
+  if (read_only_) {
+    return absl::FailedPreconditionError("the checkpoint store is open read-only");
+  }
+  if (reserve_bytes_ > 0) {
+    uint64_t need = batch.puts.empty() ? std::min<uint64_t>(reserve_bytes_, kMinFreeForDeletes)
+                                       : reserve_bytes_;
+    uint64_t free = FreeBytes(dir_);
+    if (free < need) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "out of disk space: %d bytes free under %s, below the catalog's reserve of %d bytes",
+          free, dir_, need));
+    }
+  }
   rocksdb::WriteBatch wb;
   for (const auto& [k, v] : batch.puts) wb.Put(k, v);
   for (const std::string& k : batch.deletes) wb.Delete(k);

@@ -75,6 +75,10 @@ std::string ChunkKey(const std::string& job, int64_t step, int32_t rank, uint32_
 std::string ChunkPrefix(const std::string& job, int64_t step, int32_t rank);
 std::string ChunkStepPrefix(const std::string& job, int64_t step);
 
+// Bytes free for an unprivileged writer on the file system holding `path` (or its nearest
+// existing ancestor); UINT64_MAX when unknown.
+uint64_t FreeBytes(const std::string& path);
+
 std::string EncodeCheckpoint(const CheckpointRecord& r);
 std::string EncodeShard(const ShardRecord& r);
 std::string EncodeChunk(const ChunkRecord& r);
@@ -86,7 +90,13 @@ absl::Status DecodeChunk(const std::string& v, ChunkRecord* r);
 // A thin wrapper around RocksDB that converts its errors to absl::Status.
 class MetaStore {
  public:
-  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir);
+  enum class Mode {
+    kCreate,    // read-write, creating an empty database if missing
+    kExisting,  // read-write, the database must exist
+    kReadOnly,  // RocksDB OpenForReadOnly: never writes to `dir` (no LOCK, no LOG files)
+  };
+  static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir,
+                                                         Mode mode = Mode::kCreate);
   ~MetaStore();
 
   // NOT_FOUND when absent.
@@ -100,11 +110,22 @@ class MetaStore {
     std::vector<std::string> deletes;
     std::vector<std::string> delete_prefixes;
   };
+  // FAILED_PRECONDITION when opened read-only. RESOURCE_EXHAUSTED, without calling RocksDB,
+  // when the batch puts keys and the file system has less than reserve_bytes free: RocksDB is
+  // never driven into ENOSPC by a write that adds data (a failed WAL write leaves it in a state
+  // where its own assertions abort the process). Batches that only delete need just 1 MiB
+  // (or reserve_bytes if smaller), so space can be freed on a nearly full disk.
   absl::Status Commit(const Batch& batch);
+  bool read_only() const { return read_only_; }
+  void set_reserve_bytes(uint64_t n) { reserve_bytes_ = n; }
 
  private:
-  explicit MetaStore(rocksdb::DB* db) : db_(db) {}
+  MetaStore(rocksdb::DB* db, bool read_only, std::string dir)
+      : db_(db), read_only_(read_only), dir_(std::move(dir)) {}
   rocksdb::DB* db_;
+  const bool read_only_;
+  const std::string dir_;
+  uint64_t reserve_bytes_ = 0;
 };
 
 }  // namespace storage

@@ -1,9 +1,12 @@
 // EngineImpl::Recover: make the segment files agree with RocksDB, the source of truth.
 //
 // For every checkpoint directory: files of a shard that the shard record does not reference
-// are unlinked, referenced files are truncated to their durable_end (dropping bytes written
-// after the last synced metadata batch), and directories without a checkpoint record are
-// removed. PENDING checkpoints stay resumable; they are never listed as committed.
+// are moved to quarantine/ (never unlinked: the catalog may be the thing that is wrong),
+// referenced files are truncated to their durable_end (dropping bytes written after the last
+// synced metadata batch), and directories without a checkpoint record are quarantined too.
+// A committed DELTA without a committed base FULL (stores written before DELTAs waited for
+// their base) is reported, dropped from the catalog and its directory quarantined. PENDING
+// checkpoints stay resumable; they are never listed as committed.
 #include <map>
 #include <set>
 
@@ -12,6 +15,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/quarantine.h"
 
 namespace gradsnap {
 namespace storage {
@@ -34,8 +38,8 @@ absl::Status EngineImpl::RecoverCheckpoint(const CheckpointRecord& c) {
     std::string path = absl::StrCat(dir, "/", name);
     auto it = keep.find(path);
     if (it == keep.end()) {
-      GS_LOG(INFO) << "storage recovery: removing unreferenced " << path;
-      RETURN_IF_ERROR(fs_->RemoveFile(path));
+      RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, path,
+                                     "a segment file the catalog does not reference"));
       continue;
     }
     OpenOptions oo;
@@ -64,15 +68,50 @@ absl::Status EngineImpl::RemoveOrphanDirs() {
     for (const auto& [k, v] : kvs) known.insert(k.substr(k.rfind('/') + 1));
     for (const std::string& step : *steps) {
       if (known.count(step) == 0) {
-        GS_LOG(INFO) << "storage recovery: removing orphan " << jdir << "/" << step;
-        RETURN_IF_ERROR(fs_->RemoveAll(absl::StrCat(jdir, "/", step)));
+        RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, absl::StrCat(jdir, "/", step),
+                                       "a checkpoint directory the catalog does not know"));
       }
     }
   }
   return absl::OkStatus();
 }
 
+absl::Status EngineImpl::RepairOrphanDeltas() {
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan("c/"));
+  std::map<std::pair<std::string, int64_t>, CheckpointRecord> all;
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord c;
+    RETURN_IF_ERROR(Annotate(DecodeCheckpoint(v, &c), k));
+    all[{c.spec.job, c.spec.step}] = c;
+  }
+  for (const auto& [key, c] : all) {
+    if (c.spec.kind != CheckpointKind::kDelta || c.state != CheckpointState::kCommitted) continue;
+    auto base = all.find({c.spec.job, c.spec.base_step});
+    if (base != all.end() && base->second.spec.kind == CheckpointKind::kFull &&
+        base->second.state == CheckpointState::kCommitted) {
+      continue;
+    }
+    GS_LOG(WARNING) << "storage recovery: committed DELTA job " << c.spec.job << " step "
+                    << c.spec.step << " has no committed base FULL at step " << c.spec.base_step
+                    << "; it cannot be replayed and is dropped from the catalog";
+    MetaStore::Batch b;
+    b.deletes.push_back(CheckpointKey(c.spec.job, c.spec.step));
+    b.delete_prefixes.push_back(ShardPrefix(c.spec.job, c.spec.step));
+    b.delete_prefixes.push_back(ChunkStepPrefix(c.spec.job, c.spec.step));
+    RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+    RETURN_IF_ERROR(meta_->Commit(b));
+    const std::string dir = CheckpointDir(c.spec.job, c.spec.step);
+    auto names = fs_->ListDir(dir);
+    if (names.ok()) {
+      RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, dir,
+                                     "a committed DELTA without its base FULL"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EngineImpl::Recover() {
+  RETURN_IF_ERROR(RepairOrphanDeltas());
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan("c/"));
   for (const auto& [k, v] : kvs) {
     CheckpointRecord c;

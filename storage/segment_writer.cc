@@ -194,7 +194,8 @@ void SegmentWriter::Reap() {
   int rc = io_uring_wait_cqe(ring_, &cqe);
   while (rc == 0 && cqe != nullptr) {
     auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
-    int res = cqe->res;
+    int res = file_->OnUringCompletion(r->offset + r->done_bytes, r->len - r->done_bytes,
+                                       cqe->res);
     io_uring_cqe_seen(ring_, cqe);
     --inflight_;
     Complete(r, res);

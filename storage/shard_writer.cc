@@ -11,7 +11,9 @@
 //   queued on the SegmentWriter (io_uring). Chunk offsets in the segment follow completion
 //   order; the metadata records where each chunk landed.
 //   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
-//   then one synced RocksDB batch with the new chunk keys and the shard record.
+//   then one synced RocksDB batch with the new chunk keys and the shard record. Finish() first
+//   appends the shard footer (storage/footer.h: the shard's manifest, so the catalog can be
+//   rebuilt from the segments) and syncs it with the rest.
 //
 // ERROR HANDLING
 //   The first failure (I/O, hash mismatch) is sticky and returned by Append/Flush/Finish.
@@ -26,11 +28,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "common/crc32c.h"
 #include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/footer.h"
 #include "storage/segment_writer.h"
 #include "storage/storage_stats.h"
 #include "storage/task_pool.h"
@@ -98,6 +102,8 @@ class ShardWriterImpl : public ShardWriter {
   void SubmitIo(Job* job);
   void Release(Job* job, const absl::Status& s);
   absl::Status Persist(bool finish);
+  absl::Status OpenSegmentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  absl::Status AppendFooter(const ShardRecord& next, const std::vector<ChunkRecord>& chunks);
   absl::Status SyncSegments();
   void WaitIdle();
   // Backpressure: buffers of at most max_jobs_ full chunks in flight, and at most
@@ -392,19 +398,11 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   {
     absl::MutexLock lock(&io_mu_);
     if (seg_ == nullptr || (seg_->end() > 0 && seg_->end() + padded > opt_.segment_bytes)) {
-      // Roll: the old segment finishes its queue and is synced by the next Persist().
-      if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
-      SegmentWriterOptions so{opt_.use_io_uring, opt_.use_direct_io, opt_.queue_depth};
-      const ShardSpec& sp = rec_.spec;
-      auto created = SegmentWriter::Create(
-          engine_->fs(), engine_->SegmentPath(sp.job, sp.step, sp.rank, seg_seq_), so);
+      absl::Status created = OpenSegmentLocked();
       if (!created.ok()) {
-        Release(job, created.status());
+        Release(job, created);
         return;
       }
-      seg_ = std::move(*created);
-      ++seg_seq_;
-      new_files_ = true;
     }
     job->record.segment = seg_seq_ - 1;
     w = seg_.get();  // stays alive until Persist(), which first waits for this job
@@ -415,6 +413,70 @@ void ShardWriterImpl::SubmitIo(Job* job) {
     job->record.offset = offset;
     Release(job, st);
   });
+}
+
+// Rolls to a new segment file: the old one finishes its queue and is synced by the next
+// Persist().
+absl::Status ShardWriterImpl::OpenSegmentLocked() {
+  SegmentWriterOptions so{opt_.use_io_uring, opt_.use_direct_io, opt_.queue_depth};
+  const ShardSpec& sp = rec_.spec;
+  ASSIGN_OR_RETURN(std::unique_ptr<SegmentWriter> created,
+                   SegmentWriter::Create(engine_->fs(),
+                                         engine_->SegmentPath(sp.job, sp.step, sp.rank, seg_seq_),
+                                         so));
+  if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
+  seg_ = std::move(created);
+  ++seg_seq_;
+  new_files_ = true;
+  return absl::OkStatus();
+}
+
+// Appends the shard footer (storage/footer.h) after every chunk record of the shard, in its
+// current segment (a new one when this writer session wrote no chunk), and waits for the
+// write. `next` is the shard record about to be committed; the footer carries it with the
+// segments' durable ends as they will be once the footer is written.
+absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
+                                           const std::vector<ChunkRecord>& chunks) {
+  const ShardSpec& sp = rec_.spec;
+  ShardFooter f;
+  ASSIGN_OR_RETURN(f.checkpoint, engine_->LoadCheckpoint(sp.job, sp.step));
+  ASSIGN_OR_RETURN(f.chunks, engine_->LoadChunks(sp.job, sp.step, sp.rank, rec_.chunk_count));
+  f.chunks.insert(f.chunks.end(), chunks.begin(), chunks.end());
+  f.written_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  f.shard = next;
+  SegmentWriter* w = nullptr;
+  uint64_t off = 0;
+  uint32_t seq = 0;
+  {
+    absl::MutexLock lock(&io_mu_);
+    if (seg_ == nullptr) RETURN_IF_ERROR(OpenSegmentLocked());
+    w = seg_.get();
+    off = w->end();
+    seq = seg_seq_ - 1;
+    auto note = [&f](uint32_t s, uint64_t end) {
+      for (SegmentRef& r : f.shard.segments) {
+        if (r.seq == s) { r.durable_end = end; return; }
+      }
+      f.shard.segments.push_back(SegmentRef{s, end});
+    };
+    for (auto& [s, sw] : sealed_) note(s, sw->end());
+    note(seq, off);  // placeholder: the size does not depend on the value
+    note(seq, off + FooterSize(f));
+  }
+  std::string bytes = EncodeFooter(f);
+  AlignedBuffer buf(bytes.size());
+  std::memcpy(buf.data(), bytes.data(), bytes.size());
+  absl::Status st;
+  absl::Notification done;
+  w->Append(buf.data(), bytes.size(), [&](const absl::Status& s, uint64_t at) {
+    st = s;
+    if (st.ok() && at != off) st = absl::InternalError("shard footer written out of place");
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return st;
 }
 
 // Called once per job, when its write completed or failed.
@@ -455,12 +517,6 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(error_);
   }
-  absl::Status s = SyncSegments();
-  if (!s.ok()) {
-    absl::MutexLock lock(&mu_);
-    if (error_.ok()) error_ = s;
-    return s;
-  }
   ShardRecord next = rec_;
   std::vector<ChunkRecord> chunks;
   {
@@ -474,6 +530,24 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
   next.committed_size = written_;
   next.chunk_count += static_cast<uint32_t>(chunks.size());
   for (const ChunkRecord& c : chunks) next.stored_bytes += c.header.record_len();
+  absl::Status s;
+  if (finish) {
+    for (size_t i = 0; i < next.tensor_digests.size(); ++i) {
+      if (next.tensor_digests[i].empty()) {
+        return absl::InternalError(absl::StrCat("no digest for ",
+                                                Where(rec_.spec.job, rec_.spec.step,
+                                                      rec_.spec.rank, rec_.spec.tensors[i].name)));
+      }
+    }
+    next.committed = true;
+    s = AppendFooter(next, chunks);
+  }
+  if (s.ok()) s = SyncSegments();
+  if (!s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (error_.ok()) error_ = s;
+    return s;
+  }
   {
     absl::MutexLock lock(&io_mu_);
     auto note = [&next](uint32_t seq, uint64_t end) {
@@ -485,16 +559,6 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     for (auto& [seq, w] : sealed_) note(seq, w->end());
     if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
     sealed_.clear();
-  }
-  if (finish) {
-    for (size_t i = 0; i < next.tensor_digests.size(); ++i) {
-      if (next.tensor_digests[i].empty()) {
-        return absl::InternalError(absl::StrCat("no digest for ",
-                                                Where(rec_.spec.job, rec_.spec.step,
-                                                      rec_.spec.rank, rec_.spec.tensors[i].name)));
-      }
-    }
-    next.committed = true;
   }
   s = engine_->CommitShardProgress(next, chunks, finish);
   if (!s.ok()) return s;

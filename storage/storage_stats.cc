@@ -17,6 +17,11 @@ StorageStats& StorageStats::Get() {
                                           "Chunk records stored zstd-compressed");
     st->raw_bytes_read = r->GetCounter("gradsnap_storage_raw_bytes_read_total",
                                        "Payload bytes returned by shard readers");
+    st->quarantined = r->GetCounter("gradsnap_storage_quarantined_total",
+                                    "Segment files or directories the catalog does not know, "
+                                    "moved to quarantine/");
+    st->quarantine_purged = r->GetCounter("gradsnap_storage_quarantine_purged_total",
+                                          "Quarantine entries removed after the grace period");
     st->data_loss = r->GetCounter("gradsnap_storage_data_loss_total",
                                   "Checksum, format or SHA-256 failures found by readers");
     st->commit_seconds = r->GetHistogram("gradsnap_storage_commit_seconds",

@@ -15,6 +15,8 @@ struct StorageStats {
   Counter* chunks_compressed;
   Counter* raw_bytes_read;        // payload bytes returned by readers
   Counter* data_loss;             // DATA_LOSS errors reported by readers
+  Counter* quarantined;           // segment files/directories moved to quarantine/
+  Counter* quarantine_purged;     // quarantine entries removed after the grace period
   Histogram* commit_seconds;      // Flush/Finish: sync + metadata batch
   static StorageStats& Get();
 };

@@ -12,6 +12,8 @@ namespace gradsnap {
 namespace trainer {
 namespace {
 
+constexpr uint64_t kMaxCorpusBytes = 4ull << 30;
+
 absl::Status ReadFileAppend(const std::string& path, std::vector<uint8_t>* out) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
@@ -19,6 +21,16 @@ absl::Status ReadFileAppend(const std::string& path, std::vector<uint8_t>* out) 
   }
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("data file ", path, " is a directory"));
+  }
+  // A device or FIFO (/dev/zero) would be read forever; a corpus must fit in memory.
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path,
+                                                   " is not a regular file"));
+  }
+  uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxCorpusBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, " is larger than ",
+                                                   kMaxCorpusBytes, " bytes"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open data file ", path));

@@ -172,7 +172,10 @@ absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
   int removed = 0;
   for (const client::CheckpointInfo& info : all) {
     if (info.state != client::CheckpointState::kPending) continue;
-    RETURN_IF_ERROR(c->AbortCheckpoint(o.ckpt.job, info.step));
+    absl::Status s = c->AbortCheckpoint(o.ckpt.job, info.step);
+    // A PENDING DELTA is aborted together with its PENDING base FULL (listed before it).
+    if (absl::IsNotFound(s) && info.kind == client::CheckpointKind::kDelta) continue;
+    RETURN_IF_ERROR(s);
     ++removed;
   }
   return removed;

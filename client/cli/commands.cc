@@ -87,6 +87,15 @@ const std::vector<Command>& Commands() {
        "", {{"secret-file", "F", "the server's --auth-secret-file. Required"}}, 1, 1, RunToken},
       {"health", "health", "check that every server answers (or the embedded engine opens)", "",
        {}, 0, 0, RunHealth},
+      {"fsck", "fsck [--rebuild]",
+       "check an engine directory's catalog against the shard footers in its segments",
+       "Embedded engine directories only (--ckpt-dir), with no trainer or server using it.\n"
+       "Without --rebuild nothing is changed: it reports which checkpoints a rebuild would\n"
+       "restore and which it would skip. With --rebuild the catalog (meta/) is rebuilt from the\n"
+       "footers (the old one is kept as meta.old-<ms>). Exit status 3 when a checkpoint the\n"
+       "catalog lists is not restorable from the segments.",
+       {{"rebuild", "", "replace the catalog with one rebuilt from the segments. Default: off"}},
+       0, 0, RunFsck},
   };
   return kCommands;
 }
@@ -108,7 +117,8 @@ absl::StatusOr<client::Client*> Context::Connect() {
     }
   }
   absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);
-  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK")) {
+  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK") &&
+      !absl::StrContains(c.status().message(), "Read-only file system")) {
     // RocksDB's lock: a trainer or gradsnap-server has the directory open.
     return absl::UnavailableError(absl::StrCat(
         "checkpoint directory ", options.local_dir,

@@ -62,6 +62,7 @@ absl::Status RunExport(Context& ctx);
 absl::Status RunRm(Context& ctx);
 absl::Status RunGc(Context& ctx);
 absl::Status RunToken(Context& ctx);
+absl::Status RunFsck(Context& ctx);  // commands_fsck.cc
 
 // Restore and export of stored shards as they are (commands_data.cc); RunRestore and RunExport
 // (commands_restore.cc) use them when nothing needs replaying or re-cutting.

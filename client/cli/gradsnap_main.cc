@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -17,11 +18,15 @@
 #include "absl/strings/strip.h"
 #include "client/cli/commands.h"
 #include "common/logging.h"
+#include "common/small_file.h"
 #include "common/status.h"
 
 namespace gradsnap {
 namespace cli {
 namespace {
+
+// A token is a few hundred bytes; the bound turns /dev/zero or a log file into an error.
+constexpr size_t kMaxTokenFileBytes = 64 << 10;
 
 const std::vector<FlagSpec>* CommandFlags(const std::string& command) {
   const Command* c = FindCommand(command);
@@ -93,12 +98,16 @@ absl::Status BuildOptions(Context& ctx) {
   }
   o.token = a.Get("token");
   if (a.Has("token-file")) {
-    std::ifstream f(a.Get("token-file"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (!f) return absl::NotFoundError(absl::StrCat("cannot read --token-file ", a.Get("token-file")));
-    o.token = std::string(absl::StripAsciiWhitespace(ss.str()));
+    ASSIGN_OR_RETURN(std::string token,
+                     ReadSmallFile(a.Get("token-file"), "--token-file", kMaxTokenFileBytes));
+    o.token = std::string(absl::StripAsciiWhitespace(token));
   }
+  // Commands that only read open an embedded store read-only (RocksDB OpenForReadOnly): they
+  // work on a full or read-only file system, next to a running trainer, and never create a
+  // store in a directory that has none.
+  static const std::set<std::string> kReadOnly = {"ls", "show", "health", "verify", "restore",
+                                                  "export"};
+  o.read_only = kReadOnly.count(a.command) != 0;
   o.tls_ca_file = a.Get("tls-ca");
   o.tls_cert_file = a.Get("tls-cert");
   o.tls_key_file = a.Get("tls-key");

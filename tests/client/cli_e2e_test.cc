@@ -305,10 +305,15 @@ TEST(CliLockTest, DirectoryInUseIsOneLineUnavailable) {
   o.local_dir = scratch + "/ckpt";
   auto holder = client::Client::Connect(o);
   ASSERT_TRUE(holder.ok()) << holder.status();
-  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
+  // A writing command needs the directory to itself; reading commands open it read-only and
+  // work next to the holder.
+  RunResult r =
+      RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "rm", "j", "1"}, scratch);
   EXPECT_EQ(r.rc, 1);
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: UNAVAILABLE: checkpoint directory")) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "in use")) << r.err;
+  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
+  EXPECT_EQ(r.rc, 0) << r.err;
   holder->reset();
   r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
   EXPECT_EQ(r.rc, 0) << r.err;

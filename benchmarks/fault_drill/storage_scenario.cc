@@ -1,0 +1,372 @@
+#include "benchmarks/fault_drill/storage_scenario.h"
+
+#include <signal.h>
+#include <sys/mount.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/client.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace drill {
+namespace {
+
+namespace fs = std::filesystem;
+using client::CheckpointInfo;
+using client::CheckpointKind;
+using client::CheckpointSpec;
+using client::CheckpointState;
+
+const char* const kJob = "drill";
+
+struct Shard {
+  client::ShardSpec spec;
+  std::vector<std::string> data;
+  std::vector<client::TensorRef> Refs() const {
+    std::vector<client::TensorRef> refs;
+    for (size_t i = 0; i < data.size(); ++i) refs.push_back({spec.tensors[i], data[i].data()});
+    return refs;
+  }
+};
+
+Shard MakeShard(int64_t step, int32_t rank, uint64_t big, std::mt19937_64* rng) {
+  Shard s;
+  s.spec.job = kJob;
+  s.spec.step = step;
+  s.spec.rank = rank;
+  s.spec.metadata = absl::StrCat("rank ", rank);
+  for (uint64_t bytes : {big / 4 * 4, uint64_t{4096}, uint64_t{8}}) {
+    client::TensorSpec t;
+    t.name = absl::StrCat("t", s.spec.tensors.size());
+    t.dtype = DType::kF32;
+    t.shape = {static_cast<int64_t>(bytes / 4)};
+    t.byte_length = bytes;
+    std::string d(bytes, '\0');
+    for (size_t i = 0; i + 8 <= d.size(); i += 8) {
+      uint64_t x = (*rng)();
+      std::memcpy(d.data() + i, &x, 8);
+    }
+    s.spec.tensors.push_back(t);
+    s.data.push_back(std::move(d));
+  }
+  return s;
+}
+
+CheckpointSpec Spec(int64_t step, int32_t world, int64_t base = -1) {
+  CheckpointSpec c;
+  c.job = kJob;
+  c.step = step;
+  c.world_size = world;
+  c.kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
+  c.base_step = base;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const std::string& address) {
+  client::ClientOptions o;
+  o.endpoints = {address};
+  o.max_attempts = 2;
+  o.rpc_timeout_ms = 20000;
+  return client::Client::Connect(o);
+}
+
+// Committed DELTAs listed without their committed base FULL.
+int Orphans(const std::vector<CheckpointInfo>& list) {
+  std::set<int64_t> fulls;
+  for (const auto& c : list) {
+    if (c.kind == CheckpointKind::kFull && c.state == CheckpointState::kCommitted) {
+      fulls.insert(c.step);
+    }
+  }
+  int n = 0;
+  for (const auto& c : list) {
+    if (c.kind == CheckpointKind::kDelta && c.state == CheckpointState::kCommitted &&
+        fulls.count(c.base_step) == 0) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+std::set<int64_t> Committed(const std::vector<CheckpointInfo>& list) {
+  std::set<int64_t> out;
+  for (const auto& c : list) {
+    if (c.state == CheckpointState::kCommitted) out.insert(c.step);
+  }
+  return out;
+}
+
+// Damages the catalog of `data` in the way of `mode`.
+absl::Status Damage(const std::string& data, int mode) {
+  const std::string meta = data + "/meta";
+  std::error_code ec;
+  switch (mode % 4) {
+    case 0:
+      fs::remove_all(meta, ec);
+      break;
+    case 1:
+      for (const auto& e : fs::directory_iterator(meta)) fs::remove_all(e.path(), ec);
+      break;
+    case 2:
+      fs::remove(meta + "/CURRENT", ec);
+      break;
+    default: {
+      int corrupted = 0;
+      for (const auto& e : fs::directory_iterator(meta)) {
+        if (e.path().extension() != ".sst") continue;
+        std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+        std::string junk(64, '\x5a');
+        for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
+          f.seekp(static_cast<std::streamoff>(off));
+          f.write(junk.data(), 64);
+        }
+        ++corrupted;
+      }
+      if (corrupted == 0) fs::remove(meta + "/CURRENT", ec);  // no SST yet: still unreadable
+    }
+  }
+  return ec ? absl::InternalError(absl::StrCat("damaging ", meta, ": ", ec.message()))
+            : absl::OkStatus();
+}
+
+struct Totals {
+  int deleted = 0, aborts = 0, orphans = 0, refusals_missed = 0, lost = 0, rebuilt = 0;
+  int listed = 0, verified = 0, rebuild_failures = 0;
+  int second_refused = -1;
+  double rebuild_seconds = 0;  // --rebuild-catalog runs (process start to exit), summed
+};
+
+// A server exit we did not cause with SIGKILL or SIGTERM is an abort.
+void CountExit(int code, bool killed, Totals* t) {
+  if (killed ? code != 128 + SIGKILL : code != 0) ++t->aborts;
+}
+
+absl::Status Round(const DrillOptions& o, int round, Totals* t) {
+  TempTree tree(o.work_dir, "storage", o.keep);
+  if (tree.path().empty()) return absl::InternalError("cannot create a temp dir");
+  const std::string data = tree.path() + "/data";
+  const std::vector<std::string> args = {"--data-dir", data, "--listen", "127.0.0.1:0",
+                                         "--zstd-level", "0"};
+  std::mt19937_64 rng(o.seed * 1000 + static_cast<uint64_t>(round));
+  {
+    ServerProc server;
+    RETURN_IF_ERROR(server.Start(o.server_bin, args));
+    ASSIGN_OR_RETURN(auto c, Connect(server.address()));
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(10, 2)));
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(11, 2, 10)));
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(20, 2)));
+    for (int64_t step : {11, 10, 20}) {  // the DELTA first: it must wait for its base
+      for (int32_t r = 0; r < 2; ++r) {
+        Shard s = MakeShard(step, r, o.shard_bytes, &rng);
+        RETURN_IF_ERROR(c->SaveShard(s.spec, s.Refs()));
+      }
+    }
+    // Begin FULL 30, Begin + Write DELTA 31 on it, Abort 30.
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(30, 1)));
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(31, 1, 30)));
+    Shard d = MakeShard(31, 0, 4096, &rng);
+    RETURN_IF_ERROR(c->SaveShard(d.spec, d.Refs()));
+    RETURN_IF_ERROR(c->AbortCheckpoint(kJob, 30));
+    // A checkpoint left half written.
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(40, 2)));
+    Shard h = MakeShard(40, 0, o.shard_bytes, &rng);
+    RETURN_IF_ERROR(c->SaveShard(h.spec, h.Refs()));
+    ASSIGN_OR_RETURN(auto listed, c->List(kJob, true));
+    t->orphans += Orphans(listed);
+    if (round == 0) {
+      ExitResult second = RunToExit(o.server_bin, {"--data-dir", tree.path() + "/other",
+                                                   "--listen", server.address()}, 20);
+      t->second_refused = second.code == 1 && absl::StrContains(second.err, "cannot listen");
+    }
+    // SIGKILL in the middle of an upload.
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(50, 1)));
+    Shard big = MakeShard(50, 0, o.shard_bytes * 16, &rng);
+    auto save = c->SaveShardAsync(big.spec, big.Refs());
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 25));
+    server.Signal(SIGKILL);
+    CountExit(server.Wait(), /*killed=*/true, t);
+    save.wait();
+  }
+  std::set<int64_t> before;
+  {
+    ServerProc server;  // restart: recovery also flushes RocksDB's WAL into an SST
+    RETURN_IF_ERROR(server.Start(o.server_bin, args));
+    ASSIGN_OR_RETURN(auto c, Connect(server.address()));
+    ASSIGN_OR_RETURN(auto listed, c->List(kJob, false));
+    before = Committed(listed);
+    t->orphans += Orphans(listed);
+    c.reset();  // close the channel first: the server's shutdown then does not wait for it
+    server.Signal(SIGTERM);
+    CountExit(server.Wait(), /*killed=*/false, t);
+  }
+  const int segments = CountFiles(data + "/segments");
+  RETURN_IF_ERROR(Damage(data, round));
+  ExitResult refused = RunToExit(o.server_bin, args, 20);
+  if (refused.code != 1 || !absl::StrContains(refused.err, "--rebuild-catalog")) {
+    ++t->refusals_missed;
+  }
+  t->deleted += std::max(0, segments - CountFiles(data + "/segments"));
+  auto rebuild_start = std::chrono::steady_clock::now();
+  ExitResult rebuilt = RunToExit(o.server_bin, {"--data-dir", data, "--rebuild-catalog"}, 120);
+  t->rebuild_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - rebuild_start).count();
+  if (rebuilt.code != 0) {
+    // Counted, and the round goes on: a server without the flag (an older build) is measured
+    // by the same drill.
+    ++t->rebuild_failures;
+  }
+  size_t at = rebuilt.out.find("catalog rebuilt: ");
+  int n = 0;
+  if (at != std::string::npos) {
+    std::string rest = rebuilt.out.substr(at + 17);
+    (void)absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &n);
+  }
+  t->rebuilt += n;
+  {
+    ServerProc server;
+    if (!server.Start(o.server_bin, args).ok()) {
+      // Still no usable store after the rebuild: everything committed before is lost.
+      ++t->rebuild_failures;
+      t->lost += static_cast<int>(before.size());
+      return absl::OkStatus();
+    }
+    ASSIGN_OR_RETURN(auto c, Connect(server.address()));
+    ASSIGN_OR_RETURN(auto listed, c->List(kJob, true));
+    t->orphans += Orphans(listed);
+    std::set<int64_t> after = Committed(listed);
+    for (int64_t step : before) t->lost += after.count(step) == 0;
+    for (int64_t step : after) {
+      ++t->listed;
+      t->verified += c->Verify(kJob, step).ok();
+    }
+    c.reset();  // close the channel first: the server's shutdown then does not wait for it
+    server.Signal(SIGTERM);
+    CountExit(server.Wait(), /*killed=*/false, t);
+  }
+  t->deleted += std::max(0, segments - CountFiles(data + "/segments") -
+                                CountFiles(data + "/quarantine"));
+  return absl::OkStatus();
+}
+
+// Writes zeros to `path` until the file system is full.
+void FillUp(const std::string& path) {
+  std::ofstream f(path, std::ios::binary);
+  std::string block(1 << 16, '\0');
+  while (f.write(block.data(), block.size())) {
+  }
+}
+
+// A real full file system (a 64 MiB tmpfs, where this process may mount one): the writer gets
+// RESOURCE_EXHAUSTED, reads go on, SIGTERM exits 0, a restart on the full disk exits 1.
+// Returns "ran" or "skipped".
+absl::StatusOr<std::string> FullDisk(const DrillOptions& o, Totals* t, int* exhausted,
+                                     int* reads) {
+  TempTree tree(o.work_dir, "full", o.keep);
+  const std::string mnt = tree.path() + "/mnt";
+  fs::create_directories(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) return std::string("skipped");
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  const std::string data = mnt + "/data";
+  const std::vector<std::string> args = {"--data-dir", data, "--listen", "127.0.0.1:0"};
+  std::mt19937_64 rng(o.seed);
+  {
+    ServerProc server;
+    RETURN_IF_ERROR(server.Start(o.server_bin, args));
+    ASSIGN_OR_RETURN(auto c, Connect(server.address()));
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(1, 1)));
+    Shard old = MakeShard(1, 0, 1 << 20, &rng);
+    RETURN_IF_ERROR(c->SaveShard(old.spec, old.Refs()));
+    FillUp(mnt + "/fill");
+    absl::Status s = c->BeginCheckpoint(Spec(2, 1));
+    Shard fresh = MakeShard(2, 0, 8 << 20, &rng);
+    if (s.ok()) s = c->SaveShard(fresh.spec, fresh.Refs());
+    *exhausted = absl::IsResourceExhausted(s);
+    *reads = c->Verify(kJob, 1).ok();
+    c.reset();
+    server.Signal(SIGTERM);
+    CountExit(server.Wait(), /*killed=*/false, t);
+  }
+  ExitResult restart = RunToExit(o.server_bin, args, 20);
+  if (restart.code != 1) ++t->aborts;  // refused with one line, never an abort (or a start)
+  return std::string("ran");
+}
+
+}  // namespace
+
+absl::Status RunStorageScenario(const DrillOptions& options,
+                                std::map<std::string, std::string>* kv) {
+  auto start = std::chrono::steady_clock::now();
+  Totals t;
+  for (int r = 0; r < options.rounds; ++r) {
+    RETURN_IF_ERROR(Annotate(Round(options, r, &t), absl::StrCat("storage round ", r)));
+  }
+  int exhausted = 0, reads = 0;
+  ASSIGN_OR_RETURN(std::string full_disk, FullDisk(options, &t, &exhausted, &reads));
+  (*kv)["full_disk_drill"] = full_disk;
+  if (full_disk == "ran") {
+    (*kv)["full_disk_resource_exhausted"] = absl::StrCat(exhausted);
+    (*kv)["full_disk_reads_served"] = absl::StrCat(reads);
+  }
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  (*kv)["segments_deleted_without_catalog"] = absl::StrCat(t.deleted);
+  (*kv)["server_aborts"] = absl::StrCat(t.aborts);
+  (*kv)["orphan_deltas_listed"] = absl::StrCat(t.orphans);
+  (*kv)["refusals_missed"] = absl::StrCat(t.refusals_missed);
+  (*kv)["rebuild_lost_checkpoints"] = absl::StrCat(t.lost);
+  (*kv)["rebuilt_checkpoints"] = absl::StrCat(t.rebuilt);
+  (*kv)["rebuild_failures"] = absl::StrCat(t.rebuild_failures);
+  (*kv)["rebuild_seconds"] = absl::StrFormat("%.2f", t.rebuild_seconds);
+  (*kv)["rebuild_verified_ratio"] =
+      absl::StrFormat("%.3f", t.listed == 0 ? 0.0 : static_cast<double>(t.verified) / t.listed);
+  (*kv)["second_server_refused"] = absl::StrCat(t.second_refused);
+  (*kv)["storage_rounds"] = absl::StrCat(options.rounds);
+  (*kv)["storage_seconds"] = absl::StrFormat("%.1f", seconds);
+  return absl::OkStatus();
+}
+
+bool StorageTargetsMet(const std::map<std::string, std::string>& kv, std::string* why) {
+  const std::map<std::string, std::string> targets = {
+      {"segments_deleted_without_catalog", "0"}, {"server_aborts", "0"},
+      {"orphan_deltas_listed", "0"},             {"refusals_missed", "0"},
+      {"rebuild_lost_checkpoints", "0"},         {"rebuild_verified_ratio", "1.000"},
+      {"rebuild_failures", "0"},
+      {"second_server_refused", "1"}};
+  bool ok = true;
+  for (const auto& [k, want] : targets) {
+    auto it = kv.find(k);
+    if (it == kv.end() || it->second != want) {
+      absl::StrAppend(why, " ", k, "=", it == kv.end() ? "missing" : it->second, " (target ",
+                      want, ")");
+      ok = false;
+    }
+  }
+  for (const char* k : {"full_disk_resource_exhausted", "full_disk_reads_served"}) {
+    if (kv.count(k) != 0 && kv.at(k) != "1") {
+      absl::StrAppend(why, " ", k, "=", kv.at(k), " (target 1)");
+      ok = false;
+    }
+  }
+  if (kv.count("rebuilt_checkpoints") != 0 && kv.at("rebuilt_checkpoints") == "0") {
+    absl::StrAppend(why, " rebuilt_checkpoints=0");
+    ok = false;
+  }
+  return ok;
+}
+
+}  // namespace drill
+}  // namespace gradsnap

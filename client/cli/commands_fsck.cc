@@ -1,0 +1,95 @@
+// gradsnap fsck [--rebuild]: the catalog of an engine directory against its segments'
+// shard footers (storage/rebuild.h, docs/cli.md).
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/commands.h"
+#include "client/json.h"
+#include "common/status.h"
+#include "storage/engine.h"
+#include "storage/rebuild.h"
+
+namespace gradsnap {
+namespace cli {
+namespace {
+
+std::string JsonList(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    absl::StrAppend(&out, i > 0 ? "," : "", client::JsonQuote(v[i]));
+  }
+  return out + "]";
+}
+
+// "job J step S" of every committed checkpoint the current catalog lists (read-only open).
+absl::StatusOr<std::vector<std::string>> CatalogCheckpoints(const std::string& dir) {
+  storage::EngineOptions eo;
+  eo.data_dir = dir;
+  eo.read_only = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::Engine> engine, storage::Engine::Open(eo));
+  ASSIGN_OR_RETURN(std::vector<std::string> jobs, engine->ListJobs());
+  std::vector<std::string> out;
+  for (const std::string& job : jobs) {
+    ASSIGN_OR_RETURN(auto list, engine->ListCheckpoints(job, false));
+    for (const auto& c : list) out.push_back(absl::StrCat("job ", job, " step ", c.step));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status RunFsck(Context& ctx) {
+  if (!ctx.options.endpoints.empty()) {
+    return absl::InvalidArgumentError("fsck works on an engine directory (--ckpt-dir), not --server");
+  }
+  const std::string& dir = ctx.options.local_dir;
+  const bool rebuild = ctx.args.Has("rebuild");
+  // The catalog as it is now (before a rebuild replaces it).
+  auto listed = CatalogCheckpoints(dir);
+  storage::EngineOptions eo;
+  eo.data_dir = dir;
+  ASSIGN_OR_RETURN(storage::RebuildReport report, storage::RebuildCatalog(eo, !rebuild));
+  std::set<std::string> restorable;
+  for (const std::string& r : report.rebuilt) restorable.insert(r.substr(0, r.find(" (")));
+  std::vector<std::string> lost;  // listed by the catalog, not restorable from the segments
+  if (listed.ok()) {
+    for (const std::string& c : *listed) {
+      if (restorable.count(c) == 0) lost.push_back(c);
+    }
+  }
+  if (ctx.json) {
+    Print(absl::StrCat("{\"directory\":", client::JsonQuote(dir), ",\"rebuilt\":",
+                       rebuild ? "true" : "false", ",\"catalog\":",
+                       client::JsonQuote(listed.ok() ? "ok" : std::string(listed.status().message())),
+                       ",\"restorable\":", JsonList(report.rebuilt), ",\"skipped\":",
+                       JsonList(report.skipped), ",\"not_restorable\":", JsonList(lost),
+                       ",\"old_catalog\":", client::JsonQuote(report.old_catalog), "}\n"));
+  } else {
+    std::string out;
+    if (!listed.ok()) absl::StrAppend(&out, "catalog: ", listed.status().message(), "\n");
+    for (const std::string& r : report.rebuilt) {
+      absl::StrAppend(&out, rebuild ? "rebuilt    " : "restorable ", r, "\n");
+    }
+    for (const std::string& r : report.skipped) absl::StrAppend(&out, "skipped    ", r, "\n");
+    for (const std::string& r : lost) {
+      absl::StrAppend(&out, "LOST       ", r, ": listed by the catalog, not restorable from the "
+                      "segments\n");
+    }
+    if (!report.old_catalog.empty()) {
+      absl::StrAppend(&out, "previous catalog kept as ", report.old_catalog, "\n");
+    }
+    absl::StrAppend(&out, rebuild ? "catalog rebuilt: " : "", report.rebuilt.size(),
+                    " checkpoints restorable, ", report.skipped.size(), " skipped\n");
+    Print(out);
+  }
+  if (!lost.empty()) {
+    return absl::DataLossError(absl::StrCat(lost.size(), " checkpoint(s) listed by the catalog "
+                                            "are not restorable from the segments"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cli
+}  // namespace gradsnap

@@ -1,0 +1,504 @@
+// The catalog never costs data: refusal when it is missing/empty/unreadable (directory left
+// exactly as found), rebuild from shard footers, quarantine instead of unlink, DELTAs that
+// wait for their base, repair of old stores, read-only opens, writer-init failures.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "gtest/gtest.h"
+#include "storage/engine.h"
+#include "storage/fault_injection_fs.h"
+#include "storage/metadata.h"
+#include "storage/rebuild.h"
+#include "storage/storage_stats.h"
+#include "storage/test_util.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+namespace fs = std::filesystem;
+
+// path -> (size, content) of every file below dir: "exactly as found".
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string rel = it->path().string().substr(dir.size());
+    if (it->is_regular_file()) {
+      std::ifstream in(it->path(), std::ios::binary);
+      out[rel] = std::string(std::istreambuf_iterator<char>(in), {});
+    } else {
+      out[rel] = "<dir>";
+    }
+  }
+  return out;
+}
+
+void ExpectSameTree(const std::map<std::string, std::string>& a,
+                    const std::map<std::string, std::string>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  for (const auto& [k, v] : a) {
+    auto it = b.find(k);
+    if (it == b.end()) {
+      ADD_FAILURE() << k << " disappeared";
+    } else if (it->second != v) {
+      ADD_FAILURE() << k << " changed";
+    }
+  }
+  for (const auto& [k, v] : b) {
+    if (a.count(k) == 0) ADD_FAILURE() << k << " appeared";
+  }
+}
+
+// Regular files below dir.
+int CountFiles(const std::string& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file()) ++n;
+  }
+  return n;
+}
+
+std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false) {
+  EngineOptions o;
+  o.data_dir = dir;
+  o.read_only = read_only;
+  auto e = Engine::Open(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? *std::move(e) : nullptr;
+}
+
+absl::Status OpenStatus(const std::string& dir) {
+  EngineOptions o;
+  o.data_dir = dir;
+  return Engine::Open(o).status();
+}
+
+CheckpointSpec Spec(const std::string& job, int64_t step, int32_t world, int64_t base = -1) {
+  CheckpointSpec s;
+  s.job = job;
+  s.step = step;
+  s.world_size = world;
+  s.kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
+  s.base_step = base;
+  s.metadata = "m" + std::to_string(step);
+  return s;
+}
+
+// A store with: FULL 10 (2 ranks), DELTA 20 on 10 (1 rank... world 2), job b FULL 5, and a
+// PENDING FULL 30 whose rank 0 is committed and rank 1 half written (flushed).
+struct Store {
+  std::vector<ShardData> committed;
+};
+
+Store WriteStore(const std::string& dir) {
+  Store st;
+  auto e = OpenOk(dir);
+  auto write = [&](const std::string& job, int64_t step, int32_t world, int64_t base) {
+    EXPECT_TRUE(e->BeginCheckpoint(Spec(job, step, world, base)).ok());
+    for (int32_t r = 0; r < world; ++r) {
+      ShardData d = MakeShard(job, step, r, step * 10 + r, 300000);
+      EXPECT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+      st.committed.push_back(d);
+    }
+  };
+  write("a", 10, 2, -1);
+  write("a", 20, 2, 10);
+  write("b", 5, 1, -1);
+  EXPECT_TRUE(e->BeginCheckpoint(Spec("a", 30, 2)).ok());
+  ShardData d0 = MakeShard("a", 30, 0, 300, 300000);
+  EXPECT_TRUE(e->WriteShard(d0.spec, d0.ptrs()).ok());
+  ShardData d1 = MakeShard("a", 30, 1, 301, 300000);
+  auto w = e->OpenShardWriter(d1.spec);
+  EXPECT_TRUE(w.ok());
+  EXPECT_TRUE((*w)->Append(d1.bytes[0].data(), 500000).ok());
+  EXPECT_TRUE((*w)->Flush().ok());
+  return st;
+}
+
+void ExpectStoreRestores(const std::string& dir, const Store& st) {
+  auto e = OpenOk(dir);
+  ASSERT_NE(e, nullptr);
+  auto a = e->ListCheckpoints("a", true);
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(a->size(), 2u);  // 10 and 20; the half-written 30 is not brought back
+  EXPECT_EQ((*a)[0].step, 10);
+  EXPECT_EQ((*a)[1].step, 20);
+  EXPECT_EQ((*a)[1].kind, CheckpointKind::kDelta);
+  EXPECT_EQ((*a)[1].base_step, 10);
+  EXPECT_EQ((*a)[1].metadata, "m20");
+  for (const ShardData& d : st.committed) ExpectRestores(e.get(), d);
+  EXPECT_TRUE(e->Verify("a", 10).ok());
+  EXPECT_TRUE(e->Verify("b", 5).ok());
+}
+
+void ExpectRefusal(const std::string& dir) {
+  auto before = Snapshot(dir);
+  absl::Status s = OpenStatus(dir);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--rebuild-catalog"), std::string::npos) << s;
+  // A supervisor restarting it again and again changes nothing either.
+  EXPECT_TRUE(absl::IsFailedPrecondition(OpenStatus(dir)));
+  ExpectSameTree(before, Snapshot(dir));
+}
+
+void RebuildAndCheck(const std::string& dir, const Store& st) {
+  EngineOptions o;
+  o.data_dir = dir;
+  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rebuilt.size(), 3u);
+  ASSERT_EQ(report->skipped.size(), 1u);
+  EXPECT_NE(report->skipped[0].find("job a step 30"), std::string::npos) << report->skipped[0];
+  ExpectStoreRestores(dir, st);
+}
+
+TEST(CatalogTest, MissingCatalogRefusesThenRebuilds) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  int segs = CountFiles(dir.path() + "/segments");
+  fs::remove_all(dir.path() + "/meta");
+  ExpectRefusal(dir.path());
+  EXPECT_EQ(CountFiles(dir.path() + "/segments"), segs);
+  RebuildAndCheck(dir.path(), st);
+  // No byte of segment data was deleted: what the catalog no longer knows is in quarantine.
+  EXPECT_EQ(CountFiles(dir.path() + "/segments") + CountFiles(dir.path() + "/quarantine"), segs);
+}
+
+TEST(CatalogTest, EmptiedCatalogRefuses) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  for (const auto& e : fs::directory_iterator(dir.path() + "/meta")) fs::remove_all(e.path());
+  ExpectRefusal(dir.path());
+  RebuildAndCheck(dir.path(), st);
+}
+
+TEST(CatalogTest, DeletedCurrentRefuses) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  fs::remove(dir.path() + "/meta/CURRENT");
+  ExpectRefusal(dir.path());
+  RebuildAndCheck(dir.path(), st);
+  // The broken catalog is kept, not deleted.
+  int old = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    if (e.path().filename().string().rfind("meta.old-", 0) == 0) ++old;
+  }
+  EXPECT_EQ(old, 1);
+}
+
+TEST(CatalogTest, CatalogWithoutCheckpointsRefuses) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  fs::remove_all(dir.path() + "/meta");
+  {
+    auto m = MetaStore::Open(dir.path() + "/meta");  // a fresh, empty database
+    ASSERT_TRUE(m.ok());
+  }
+  ExpectRefusal(dir.path());
+  RebuildAndCheck(dir.path(), st);
+}
+
+TEST(CatalogTest, CorruptSstRefusesAndKeepsSegments) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  { auto e = OpenOk(dir.path()); }  // recovery flushes the WAL into an SST
+  int segs = CountFiles(dir.path() + "/segments");
+  int corrupted = 0;
+  for (const auto& e : fs::directory_iterator(dir.path() + "/meta")) {
+    if (e.path().extension() != ".sst") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string junk(64, '\x5a');
+    for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
+      f.seekp(static_cast<std::streamoff>(off));
+      f.write(junk.data(), 64);
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  absl::Status s = OpenStatus(dir.path());
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--rebuild-catalog"), std::string::npos) << s;
+  EXPECT_EQ(CountFiles(dir.path() + "/segments"), segs);
+  RebuildAndCheck(dir.path(), st);
+}
+
+TEST(CatalogTest, RebuildSkipsCorruptShardAndDryRunChangesNothing) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  // Flip a byte in the first chunk of job b's only shard.
+  std::string seg = dir.path() + "/segments/b/00000000000000000005/r0000000000-000000.seg";
+  {
+    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(5000);
+    f.get(c);
+    f.seekp(5000);
+    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
+  }
+  EngineOptions o;
+  o.data_dir = dir.path();
+  auto before = Snapshot(dir.path());
+  auto dry = RebuildCatalog(o, /*dry_run=*/true);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  EXPECT_EQ(dry->rebuilt.size(), 2u);
+  EXPECT_EQ(dry->skipped.size(), 2u);  // b/5 fails verification, a/30 is incomplete
+  ExpectSameTree(before, Snapshot(dir.path()));
+  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  ASSERT_TRUE(report.ok());
+  auto e = OpenOk(dir.path());
+  auto b = e->ListCheckpoints("b", true);
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(b->empty());
+}
+
+TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
+  TempDir dir;
+  WriteStore(dir.path());
+  const std::string stray = dir.path() + "/segments/a/00000000000000000010/r0000000000-000099.seg";
+  const std::string orphan = dir.path() + "/segments/a/00000000000000000099";
+  { std::ofstream(stray) << "not referenced"; }
+  fs::create_directories(orphan);
+  { std::ofstream(orphan + "/r0000000000-000000.seg") << "unknown checkpoint"; }
+  EngineOptions o;
+  o.data_dir = dir.path();
+  o.quarantine_grace_seconds = 3600;
+  const int64_t quarantined = StorageStats::Get().quarantined->Value();
+  const int64_t purged = StorageStats::Get().quarantine_purged->Value();
+  {
+    auto e = Engine::Open(o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_FALSE(fs::exists(stray));
+    EXPECT_FALSE(fs::exists(orphan));
+    EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 2);
+    EXPECT_EQ(StorageStats::Get().quarantined->Value(), quarantined + 2);
+    std::string content;
+    for (const auto& f : fs::recursive_directory_iterator(dir.path() + "/quarantine")) {
+      const std::string p = f.path().string();
+      const std::string tail = "/segments/a/00000000000000000099/r0000000000-000000.seg";
+      if (p.size() > tail.size() && p.compare(p.size() - tail.size(), tail.size(), tail) == 0) {
+        std::ifstream in(p);
+        std::getline(in, content);
+      }
+    }
+    EXPECT_EQ(content, "unknown checkpoint");  // moved whole, with its path
+    ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
+    EXPECT_GT(CountFiles(dir.path() + "/quarantine"), 0);  // within the grace period
+  }
+  o.quarantine_grace_seconds = 0;
+  auto e = Engine::Open(o);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
+  EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 0);
+  EXPECT_GT(StorageStats::Get().quarantine_purged->Value(), purged);
+}
+
+TEST(CatalogTest, DeltaWaitsForItsBaseAndIsAbortedWithIt) {
+  TempDir dir;
+  auto e = OpenOk(dir.path());
+  // The three-RPC orphan sequence: Begin FULL 10, Begin + Write DELTA 11, Abort 10.
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 10, 1)).ok());
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 11, 1, 10)).ok());
+  ShardData d11 = MakeShard("j", 11, 0, 11);
+  ASSERT_TRUE(e->WriteShard(d11.spec, d11.ptrs()).ok());
+  auto listed = e->ListCheckpoints("j", false);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty()) << "a DELTA must not commit before its base";
+  EXPECT_TRUE(absl::IsFailedPrecondition(e->OpenShardReader("j", 11, 0).status()));
+  ASSERT_TRUE(e->AbortCheckpoint("j", 10).ok());
+  auto all = e->ListCheckpoints("j", true);
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->empty()) << "the waiting DELTA goes with its base";
+
+  // The base commits after its DELTA was written: both commit in one batch.
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 20, 1)).ok());
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 21, 1, 20)).ok());
+  ShardData d21 = MakeShard("j", 21, 0, 21);
+  ASSERT_TRUE(e->WriteShard(d21.spec, d21.ptrs()).ok());
+  ShardData d20 = MakeShard("j", 20, 0, 20);
+  ASSERT_TRUE(e->WriteShard(d20.spec, d20.ptrs()).ok());
+  listed = e->ListCheckpoints("j", false);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 2u);
+  ExpectRestores(e.get(), d21);
+  // A FULL with a committed DELTA can neither be deleted nor aborted.
+  EXPECT_TRUE(absl::IsFailedPrecondition(e->Delete("j", 20)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(e->AbortCheckpoint("j", 20)));
+  ASSERT_TRUE(e->Delete("j", 21).ok());
+  ASSERT_TRUE(e->Delete("j", 20).ok());
+}
+
+TEST(CatalogTest, RecoveryDropsCommittedDeltaWithoutBase) {
+  TempDir dir;
+  {
+    auto e = OpenOk(dir.path());
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 10, 1)).ok());
+    ShardData d = MakeShard("j", 10, 0, 1);
+    ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 11, 1, 10)).ok());
+    ShardData d11 = MakeShard("j", 11, 0, 2);
+    ASSERT_TRUE(e->WriteShard(d11.spec, d11.ptrs()).ok());
+  }
+  {
+    // What an older version could leave: the base's records gone, the DELTA committed.
+    auto m = MetaStore::Open(dir.path() + "/meta", MetaStore::Mode::kExisting);
+    ASSERT_TRUE(m.ok());
+    MetaStore::Batch b;
+    b.deletes.push_back(CheckpointKey("j", 10));
+    b.delete_prefixes.push_back(ShardPrefix("j", 10));
+    b.delete_prefixes.push_back(ChunkStepPrefix("j", 10));
+    ASSERT_TRUE((*m)->Commit(b).ok());
+  }
+  int files = CountFiles(dir.path());
+  auto e = OpenOk(dir.path());
+  auto listed = e->ListCheckpoints("j", true);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty());
+  EXPECT_FALSE(fs::exists(dir.path() + "/segments/j/00000000000000000011"));
+  EXPECT_GE(CountFiles(dir.path() + "/quarantine"), 2);  // the DELTA's and the FULL's files
+  (void)files;
+}
+
+TEST(CatalogTest, CorruptDurablePrefixFailsResumeWithDataLoss) {
+  TempDir dir;
+  ShardData d = MakeShard("j", 1, 0, 7, 3000000);  // 12 MB tensor: several chunks
+  {
+    auto e = OpenOk(dir.path());
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 1, 1)).ok());
+    auto w = e->OpenShardWriter(d.spec);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append(d.bytes[0].data(), 6000000).ok());
+    ASSERT_TRUE((*w)->Flush().ok());
+  }
+  {
+    std::fstream f(dir.path() + "/segments/j/00000000000000000001/r0000000000-000000.seg",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(100);
+    f.get(c);
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
+  }
+  auto e = OpenOk(dir.path());
+  for (int i = 0; i < 3; ++i) {  // the reservation is given back every time
+    auto w = e->OpenShardWriter(d.spec);
+    EXPECT_TRUE(absl::IsDataLoss(w.status())) << w.status();
+  }
+  ASSERT_TRUE(e->AbortCheckpoint("j", 1).ok());
+}
+
+TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  { auto e = OpenOk(dir.path()); }
+  auto before = Snapshot(dir.path());
+  {
+    auto e = OpenOk(dir.path(), /*read_only=*/true);
+    ASSERT_NE(e, nullptr);
+    auto jobs = e->ListJobs();
+    ASSERT_TRUE(jobs.ok());
+    EXPECT_EQ(jobs->size(), 2u);
+    EXPECT_TRUE(e->Verify("a", 10).ok());
+    ExpectRestores(e.get(), st.committed[0]);
+    EXPECT_TRUE(absl::IsFailedPrecondition(e->BeginCheckpoint(Spec("a", 40, 1))));
+    EXPECT_TRUE(absl::IsFailedPrecondition(e->Delete("a", 20)));
+    // A second, read-write engine may hold the directory at the same time.
+    auto rw = OpenOk(dir.path());
+    EXPECT_NE(rw, nullptr);
+  }
+  // (the read-write open above may legitimately add RocksDB files; compare segments only)
+  auto after = Snapshot(dir.path());
+  for (const auto& [k, v] : before) {
+    if (k.rfind("/segments", 0) == 0) {
+      EXPECT_EQ(after[k], v) << k;
+    }
+  }
+  TempDir empty;
+  EngineOptions o;
+  o.data_dir = empty.path();
+  o.read_only = true;
+  EXPECT_TRUE(absl::IsNotFound(Engine::Open(o).status()));
+  EXPECT_TRUE(fs::is_empty(empty.path()));
+}
+
+TEST(CatalogTest, FailedCreateLeavesNothingBehind) {
+  TempDir dir;
+  FaultInjectionFileSystem ffs;
+  ffs.SimulateCrash();  // every file-system call of the engine fails from now on
+  EngineOptions o;
+  o.data_dir = dir.path() + "/new";
+  o.fs = &ffs;
+  EXPECT_FALSE(Engine::Open(o).ok());
+  EXPECT_FALSE(fs::exists(o.data_dir));
+  // An existing, empty directory stays exactly as it was.
+  fs::create_directories(dir.path() + "/empty/meta");
+  o.data_dir = dir.path() + "/empty";
+  auto before = Snapshot(o.data_dir);
+  EXPECT_FALSE(Engine::Open(o).ok());
+  ExpectSameTree(before, Snapshot(o.data_dir));
+  // No free space for the catalog: RESOURCE_EXHAUSTED, nothing created.
+  o.fs = nullptr;
+  o.data_dir = dir.path() + "/full";
+  o.catalog_reserve_bytes = ~uint64_t{0};
+  EXPECT_TRUE(absl::IsResourceExhausted(Engine::Open(o).status()));
+  EXPECT_FALSE(fs::exists(o.data_dir));
+}
+
+TEST(CatalogTest, CreationKilledHalfWayStartsOver) {
+  TempDir dir;
+  // Killed while the new catalog was being made: meta.new/ is scratch, there is no meta/.
+  fs::create_directories(dir.path() + "/a/meta.new");
+  { std::ofstream(dir.path() + "/a/meta.new/LOG") << "partial"; }
+  auto e = OpenOk(dir.path() + "/a");
+  ASSERT_NE(e, nullptr);
+  EXPECT_TRUE(e->BeginCheckpoint(Spec("j", 1, 1)).ok());
+  EXPECT_FALSE(fs::exists(dir.path() + "/a/meta.new"));
+  // An older version killed while creating meta/ in place: files but no CURRENT, and no
+  // segment data. It is kept aside and a new catalog made.
+  fs::create_directories(dir.path() + "/b/meta");
+  { std::ofstream(dir.path() + "/b/meta/000003.log") << "partial"; }
+  auto e2 = OpenOk(dir.path() + "/b");
+  ASSERT_NE(e2, nullptr);
+  int aside = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path() + "/b")) {
+    aside += entry.path().filename().string().rfind("meta.broken-", 0) == 0;
+  }
+  EXPECT_EQ(aside, 1);
+}
+
+TEST(CatalogTest, FullDiskGivesResourceExhaustedAndReadsGoOn) {
+  TempDir dir;
+  FaultInjectionFileSystem ffs;
+  EngineOptions o;
+  o.data_dir = dir.path();
+  o.fs = &ffs;
+  auto e = Engine::Open(o);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->BeginCheckpoint(Spec("j", 1, 1)).ok());
+  ShardData d1 = MakeShard("j", 1, 0, 1);
+  ASSERT_TRUE((*e)->WriteShard(d1.spec, d1.ptrs()).ok());
+  for (int64_t at = 1; at <= 4; ++at) {
+    FaultInjectionFileSystem::Faults f;
+    f.fail_write_at = at;
+    f.enospc = true;
+    f.crash_on_fault = false;
+    ffs.Reset();
+    ffs.SetFaults(f);
+    int64_t step = 10 + at;
+    ASSERT_TRUE((*e)->BeginCheckpoint(Spec("j", step, 1)).ok());
+    ShardData d = MakeShard("j", step, 0, step);
+    absl::Status s = (*e)->WriteShard(d.spec, d.ptrs());
+    EXPECT_TRUE(absl::IsResourceExhausted(s)) << "write " << at << ": " << s;
+    ExpectRestores(e->get(), d1);
+    EXPECT_TRUE((*e)->Verify("j", 1).ok());
+    ASSERT_TRUE((*e)->AbortCheckpoint("j", step).ok());
+  }
+}
+
+}  // namespace
+}  // namespace storage
+}  // namespace gradsnap

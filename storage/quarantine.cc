@@ -1,0 +1,98 @@
+#include "storage/quarantine.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "storage/storage_stats.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Parent(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+}  // namespace
+
+absl::Status QuarantinePath(FileSystem* fs, const std::string& data_dir, const std::string& path,
+                            const std::string& reason) {
+  const std::string prefix = data_dir + "/";
+  if (path.rfind(prefix, 0) != 0) {
+    return absl::InternalError(absl::StrCat("quarantine: ", path, " is not below ", data_dir));
+  }
+  std::string rel = path.substr(prefix.size());
+  std::string target = absl::StrFormat("%s/quarantine/%013d/%s", data_dir, NowMs(), rel);
+  std::error_code ec;
+  if (std::filesystem::exists(target, ec)) absl::StrAppend(&target, ".", NowMs());
+  RETURN_IF_ERROR(fs->CreateDirs(Parent(target)));
+  RETURN_IF_ERROR(fs->Rename(path, target));
+  RETURN_IF_ERROR(fs->SyncDir(Parent(path)));
+  RETURN_IF_ERROR(fs->SyncDir(Parent(target)));
+  StorageStats::Get().quarantined->Add();
+  GS_LOG(WARNING) << "storage: quarantined " << path << " (" << reason << ") to " << target
+                  << "; it is removed after the quarantine grace period";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> PurgeQuarantine(FileSystem* fs, const std::string& data_dir,
+                                    int64_t grace_seconds, int64_t now_unix_ms) {
+  const std::string root = data_dir + "/quarantine";
+  auto names = fs->ListDir(root);
+  if (absl::IsNotFound(names.status())) return 0;
+  if (!names.ok()) return names.status();
+  int removed = 0;
+  for (const std::string& name : *names) {
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(name, &ms)) continue;  // not ours: never guess
+    if (ms + grace_seconds * 1000 > now_unix_ms) continue;
+    RETURN_IF_ERROR(fs->RemoveAll(absl::StrCat(root, "/", name)));
+    StorageStats::Get().quarantine_purged->Add();
+    GS_LOG(INFO) << "storage: removed quarantine entry " << root << "/" << name;
+    ++removed;
+  }
+  if (removed > 0) RETURN_IF_ERROR(fs->SyncDir(root));
+  return removed;
+}
+
+uint64_t CountSegmentFiles(const std::string& data_dir) {
+  std::error_code ec;
+  uint64_t n = 0;
+  std::filesystem::recursive_directory_iterator it(data_dir + "/segments", ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec)) ++n;
+  }
+  return n;
+}
+
+CatalogState InspectCatalog(const std::string& data_dir) {
+  const std::string meta = data_dir + "/meta";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(meta, ec)) return CatalogState::kAbsent;
+  if (std::filesystem::exists(meta + "/CURRENT", ec)) return CatalogState::kPresent;
+  if (std::filesystem::is_empty(meta, ec)) return CatalogState::kAbsent;
+  return CatalogState::kBroken;
+}
+
+absl::Status CatalogRefusal(const std::string& data_dir, const std::string& why) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "refusing to open ", data_dir, ": ", why,
+      "; nothing was changed. Rebuild the catalog from the segments with "
+      "'gradsnap-server --data-dir ", data_dir, " --rebuild-catalog' (or 'gradsnap --ckpt-dir ",
+      data_dir, " fsck --rebuild')"));
+}
+
+}  // namespace storage
+}  // namespace gradsnap

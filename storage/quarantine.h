@@ -1,0 +1,50 @@
+// Quarantine and the catalog guard: the engine never deletes segment data by guesswork
+// (docs/format.md, "Quarantine" and "Catalog guard").
+//
+// Segment files or checkpoint directories that the catalog (RocksDB) does not reference are
+// moved, not unlinked, to <data_dir>/quarantine/<unix_ms:013>/<path relative to data_dir>, with
+// a warning and the gradsnap_storage_quarantined_total metric. Engine::Gc removes quarantine
+// entries older than EngineOptions::quarantine_grace_seconds.
+//
+// THREAD SAFETY: free functions; callers serialize moves of the same path.
+#ifndef GRADSNAP_STORAGE_QUARANTINE_H_
+#define GRADSNAP_STORAGE_QUARANTINE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/file_system.h"
+
+namespace gradsnap {
+namespace storage {
+
+// Moves `path` (a file or directory below data_dir) into the quarantine and logs a warning
+// naming `reason`. The move is durable (both parents fsync'ed) when this returns OK.
+absl::Status QuarantinePath(FileSystem* fs, const std::string& data_dir, const std::string& path,
+                            const std::string& reason);
+
+// Removes quarantine entries created more than grace_seconds before now_unix_ms; returns how
+// many were removed.
+absl::StatusOr<int> PurgeQuarantine(FileSystem* fs, const std::string& data_dir,
+                                    int64_t grace_seconds, int64_t now_unix_ms);
+
+// Regular files below <data_dir>/segments (0 when it does not exist).
+uint64_t CountSegmentFiles(const std::string& data_dir);
+
+// The state of <data_dir>/meta before the engine opens it.
+enum class CatalogState {
+  kAbsent,      // no meta/ directory, or an empty one
+  kPresent,     // meta/CURRENT exists
+  kBroken,      // meta/ has files but no CURRENT
+};
+CatalogState InspectCatalog(const std::string& data_dir);
+
+// The one-line refusal when the catalog cannot be trusted while segment data exists.
+absl::Status CatalogRefusal(const std::string& data_dir, const std::string& why);
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_QUARANTINE_H_

@@ -1,0 +1,290 @@
+// RebuildCatalog: a new RocksDB catalog from the shard footers (storage/rebuild.h).
+#include "storage/rebuild.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/names.h"
+#include "common/status.h"
+#include "storage/engine_impl.h"
+#include "storage/footer.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Holds RocksDB's LOCK file of meta/ (an fcntl write lock, as RocksDB takes it), so no engine
+// opens the directory while the catalog is rebuilt.
+class MetaLock {
+ public:
+  ~MetaLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  absl::Status Acquire(const std::string& meta_dir) {
+    std::string path = meta_dir + "/LOCK";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd_ < 0) return absl::OkStatus();  // no database, nothing to lock
+    struct flock fl = {};
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (::fcntl(fd_, F_SETLK, &fl) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          meta_dir, " is in use by another process (stop the server or trainer first)"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+struct Candidate {
+  CheckpointRecord ckpt;
+  std::vector<ShardFooter> shards;  // by rank
+};
+
+std::string Name(const std::string& job, int64_t step) {
+  return absl::StrCat("job ", job, " step ", step);
+}
+
+bool ParseSegmentName(const std::string& name, int32_t* rank, uint32_t* seq) {
+  int r = 0;
+  unsigned s = 0;
+  char tail = 0;
+  if (name.size() != 22 || std::sscanf(name.c_str(), "r%10d-%6u.se%c", &r, &s, &tail) != 3 ||
+      tail != 'g') {
+    return false;
+  }
+  *rank = r;
+  *seq = s;
+  return true;
+}
+
+bool SameSpec(const CheckpointSpec& a, const CheckpointSpec& b) {
+  return a.job == b.job && a.step == b.step && a.kind == b.kind && a.base_step == b.base_step &&
+         a.world_size == b.world_size && a.metadata == b.metadata;
+}
+
+// The checkpoint in `dir`, if every shard of it has an intact footer; else why not.
+absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const std::string& job,
+                                  int64_t step) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(dir));
+  std::map<int32_t, std::vector<uint32_t>> seqs;
+  for (const std::string& n : names) {
+    int32_t rank = 0;
+    uint32_t seq = 0;
+    if (ParseSegmentName(n, &rank, &seq)) seqs[rank].push_back(seq);
+  }
+  if (seqs.empty()) return absl::NotFoundError("no segment files");
+  std::map<int32_t, ShardFooter> footers;
+  std::string last_error;
+  for (auto& [rank, list] : seqs) {
+    std::sort(list.rbegin(), list.rend());
+    for (uint32_t seq : list) {
+      std::string path = absl::StrFormat("%s/r%010d-%06u.seg", dir, rank, seq);
+      auto f = ReadFooter(fs, path);
+      if (f.ok()) {
+        footers[rank] = *std::move(f);
+        break;
+      }
+      if (!absl::IsNotFound(f.status())) last_error = std::string(f.status().message());
+    }
+  }
+  if (footers.empty()) {
+    return absl::NotFoundError(last_error.empty() ? "no shard footer (no shard was finished)"
+                                                  : last_error);
+  }
+  Candidate c;
+  c.ckpt = footers.begin()->second.checkpoint;
+  const CheckpointSpec& spec = c.ckpt.spec;
+  if (spec.job != job || spec.step != step) {
+    return absl::DataLossError(absl::StrCat("footers name ", Name(spec.job, spec.step)));
+  }
+  int64_t committed_ms = 0;
+  for (int32_t rank = 0; rank < spec.world_size; ++rank) {
+    auto it = footers.find(rank);
+    if (it == footers.end()) {
+      return absl::NotFoundError(absl::StrCat("rank ", rank, " of ", spec.world_size,
+                                              " has no complete shard (no footer)"));
+    }
+    ShardFooter& f = it->second;
+    const ShardSpec& ss = f.shard.spec;
+    if (!SameSpec(f.checkpoint.spec, spec) || ss.job != job || ss.step != step ||
+        ss.rank != rank || !f.shard.committed || f.shard.chunk_count != f.chunks.size()) {
+      return absl::DataLossError(absl::StrCat("rank ", rank, ": footer disagrees with the "
+                                              "checkpoint's other shards"));
+    }
+    for (const SegmentRef& seg : f.shard.segments) {
+      std::string path = absl::StrFormat("%s/r%010d-%06u.seg", dir, rank, seg.seq);
+      std::error_code ec;
+      uint64_t size = std::filesystem::file_size(path, ec);
+      if (ec || size < seg.durable_end) {
+        return absl::DataLossError(absl::StrCat("rank ", rank, ": segment ", seg.seq,
+                                                ec ? " is missing" : " is truncated"));
+      }
+    }
+    committed_ms = std::max(committed_ms, f.written_unix_ms);
+    c.ckpt.raw_bytes += f.shard.committed_size;
+    c.ckpt.stored_bytes += f.shard.stored_bytes;
+    c.shards.push_back(std::move(f));
+  }
+  for (const auto& [rank, f] : footers) {
+    if (rank >= spec.world_size) {
+      return absl::DataLossError(absl::StrCat("rank ", rank, " outside world_size ",
+                                              spec.world_size));
+    }
+  }
+  c.ckpt.state = CheckpointState::kCommitted;
+  c.ckpt.committed_shards = spec.world_size;
+  c.ckpt.committed_unix_ms = committed_ms;
+  return c;
+}
+
+absl::Status RemoveKeys(MetaStore* meta, const std::string& job, int64_t step) {
+  MetaStore::Batch b;
+  b.deletes.push_back(CheckpointKey(job, step));
+  b.delete_prefixes.push_back(ShardPrefix(job, step));
+  b.delete_prefixes.push_back(ChunkStepPrefix(job, step));
+  return meta->Commit(b);
+}
+
+// Writes the candidate's records, then verifies every byte; removes them again on failure.
+absl::Status Install(EngineImpl* engine, const Candidate& c) {
+  const std::string& job = c.ckpt.spec.job;
+  const int64_t step = c.ckpt.spec.step;
+  MetaStore::Batch b;
+  b.puts.emplace_back(CheckpointKey(job, step), EncodeCheckpoint(c.ckpt));
+  for (const ShardFooter& f : c.shards) {
+    b.puts.emplace_back(ShardKey(job, step, f.shard.spec.rank), EncodeShard(f.shard));
+    for (uint32_t i = 0; i < f.chunks.size(); ++i) {
+      b.puts.emplace_back(ChunkKey(job, step, f.shard.spec.rank, i), EncodeChunk(f.chunks[i]));
+    }
+  }
+  RETURN_IF_ERROR(engine->meta()->Commit(b));
+  absl::Status v = engine->Verify(job, step);
+  if (!v.ok()) {
+    RETURN_IF_ERROR(RemoveKeys(engine->meta(), job, step));
+    return v;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool dry_run) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
+  FileSystem* fs = options.fs != nullptr ? options.fs : FileSystem::Default();
+  const std::string& dir = options.data_dir;
+  const std::string root = dir + "/segments";
+  const std::string meta_dir = dir + "/meta";
+  const std::string tmp = dir + "/meta.rebuild";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("no directory ", dir));
+  }
+  MetaLock lock;
+  RETURN_IF_ERROR(lock.Acquire(meta_dir));
+  {
+    MetaLock other;  // a rebuild running right now holds its database's lock
+    absl::Status s = other.Acquire(tmp);
+    if (!s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("another catalog rebuild of ", dir,
+                                                        " is running"));
+    }
+  }
+  RETURN_IF_ERROR(fs->RemoveAll(tmp));  // a previous rebuild's unfinished work
+  ASSIGN_OR_RETURN(std::unique_ptr<MetaStore> meta, MetaStore::Open(tmp, MetaStore::Mode::kCreate));
+  EngineOptions eo = options;
+  eo.read_only = false;
+  auto engine = std::make_unique<EngineImpl>(eo, fs, std::move(meta));
+
+  RebuildReport report;
+  std::vector<Candidate> fulls, deltas;
+  auto jobs = fs->ListDir(root);
+  if (!jobs.ok() && !absl::IsNotFound(jobs.status())) return jobs.status();
+  std::vector<std::string> job_names = jobs.ok() ? *jobs : std::vector<std::string>();
+  std::sort(job_names.begin(), job_names.end());
+  for (const std::string& job : job_names) {
+    if (!ValidateName(job, "job name").ok()) {
+      report.skipped.push_back(absl::StrCat("segments/", job, ": not a job name"));
+      continue;
+    }
+    auto steps = fs->ListDir(absl::StrCat(root, "/", job));
+    if (!steps.ok()) continue;  // a stray file
+    std::sort(steps->begin(), steps->end());
+    for (const std::string& s : *steps) {
+      int64_t step = 0;
+      if (s.size() != 20 || !absl::SimpleAtoi(s, &step) || step < 0) {
+        report.skipped.push_back(absl::StrCat("segments/", job, "/", s, ": not a step"));
+        continue;
+      }
+      auto c = Examine(fs, absl::StrCat(root, "/", job, "/", s), job, step);
+      if (!c.ok()) {
+        report.skipped.push_back(absl::StrCat(Name(job, step), ": ", c.status().message()));
+        continue;
+      }
+      (c->ckpt.spec.kind == CheckpointKind::kFull ? fulls : deltas).push_back(*std::move(c));
+    }
+  }
+  std::set<std::pair<std::string, int64_t>> rebuilt_fulls;
+  auto install = [&](const Candidate& c) -> absl::Status {
+    const CheckpointSpec& spec = c.ckpt.spec;
+    absl::Status s = Install(engine.get(), c);
+    if (s.ok()) {
+      report.rebuilt.push_back(absl::StrCat(
+          Name(spec.job, spec.step), " (", spec.kind == CheckpointKind::kFull ? "FULL" : "DELTA",
+          ", ", spec.world_size, spec.world_size == 1 ? " shard)" : " shards)"));
+      if (spec.kind == CheckpointKind::kFull) rebuilt_fulls.insert({spec.job, spec.step});
+      return absl::OkStatus();
+    }
+    if (absl::IsDataLoss(s) || absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
+      report.skipped.push_back(absl::StrCat(Name(spec.job, spec.step), ": ", s.message()));
+      return absl::OkStatus();
+    }
+    return s;  // the new catalog itself failed: stop
+  };
+  for (const Candidate& c : fulls) RETURN_IF_ERROR(install(c));
+  for (const Candidate& c : deltas) {
+    const CheckpointSpec& spec = c.ckpt.spec;
+    if (rebuilt_fulls.count({spec.job, spec.base_step}) == 0) {
+      report.skipped.push_back(absl::StrCat(Name(spec.job, spec.step), ": its base FULL step ",
+                                            spec.base_step, " was not rebuilt"));
+      continue;
+    }
+    RETURN_IF_ERROR(install(c));
+  }
+  engine.reset();
+  if (dry_run) {
+    RETURN_IF_ERROR(fs->RemoveAll(tmp));
+    return report;
+  }
+  if (std::filesystem::exists(meta_dir, ec)) {
+    report.old_catalog = absl::StrFormat("%s/meta.old-%013d", dir, NowMs());
+    RETURN_IF_ERROR(fs->Rename(meta_dir, report.old_catalog));
+  }
+  RETURN_IF_ERROR(fs->Rename(tmp, meta_dir));
+  RETURN_IF_ERROR(fs->SyncDir(dir));
+  GS_LOG(INFO) << "catalog of " << dir << " rebuilt: " << report.rebuilt.size()
+               << " checkpoints, " << report.skipped.size() << " skipped";
+  return report;
+}
+
+}  // namespace storage
+}  // namespace gradsnap

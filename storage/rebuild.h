@@ -1,0 +1,39 @@
+// Rebuilding the catalog (RocksDB meta/) from the shard footers in the segments
+// (docs/format.md, "Rebuilding the catalog"). Used by `gradsnap-server --rebuild-catalog` and
+// `gradsnap fsck [--rebuild]`.
+//
+// Every checkpoint directory is examined: a checkpoint is brought back only when every one of
+// its world_size shards has an intact footer naming it, every segment the footers reference is
+// at least as long as its durable end, and a full Verify (every chunk's checksums and every
+// tensor's SHA-256) passes; a DELTA only when its base FULL is brought back too. Everything
+// else is reported as skipped, with the reason, and left on disk (the next Engine::Open moves
+// it to quarantine/). The new catalog is built in meta.rebuild/ and swapped in with renames;
+// an existing meta/ is kept as meta.old-<unix_ms>/, never deleted.
+//
+// The data directory must not be open elsewhere (FAILED_PRECONDITION if meta/ is locked).
+#ifndef GRADSNAP_STORAGE_REBUILD_H_
+#define GRADSNAP_STORAGE_REBUILD_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "storage/engine.h"
+
+namespace gradsnap {
+namespace storage {
+
+struct RebuildReport {
+  std::vector<std::string> rebuilt;  // "job J step S (FULL, 2 shards)"
+  std::vector<std::string> skipped;  // "job J step S: reason"
+  std::string old_catalog;           // where the previous meta/ went ("" when there was none)
+};
+
+// dry_run: build and verify in meta.rebuild/, report, then remove meta.rebuild/ and leave
+// meta/ untouched.
+absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool dry_run);
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_REBUILD_H_

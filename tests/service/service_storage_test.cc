@@ -1,0 +1,514 @@
+// The storage node on an operator's worst day, against real gradsnap-server processes: a lost
+// or broken catalog is refused (directory untouched) and rebuilt with --rebuild-catalog, one
+// server per port and per data dir, a corrupt durable prefix fails the upload and not the
+// server, a full disk is RESOURCE_EXHAUSTED for the writer while reads go on, DELTAs never
+// outlive their base over RPC, and a 2 x 20,000-tensor manifest is shown and restored.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/backends.h"
+#include "client/client.h"
+#include "common/clock.h"
+#include "gtest/gtest.h"
+#include "service/server.h"
+#include "storage/engine.h"
+#include "storage/fault_injection_fs.h"
+#include "tests/service/service_test_util.h"
+
+namespace gradsnap {
+namespace testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs gradsnap-server to its exit (killed after 60 s) and captures stdout and stderr.
+RunResult RunServerToExit(const std::vector<std::string>& args) {
+  RunResult r;
+  char out_tmpl[] = "/tmp/gradsnap-run-out-XXXXXX";
+  char err_tmpl[] = "/tmp/gradsnap-run-err-XXXXXX";
+  int out_fd = mkstemp(out_tmpl);
+  int err_fd = mkstemp(err_tmpl);
+  std::vector<std::string> argv_s = {GRADSNAP_SERVER_BIN};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_fd, 1);
+    dup2(err_fd, 2);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out_fd);
+  close(err_fd);
+  Stopwatch w;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (w.ElapsedSeconds() > 60) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    usleep(10000);
+  }
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto slurp = [](const char* path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  r.out = slurp(out_tmpl);
+  r.err = slurp(err_tmpl);
+  unlink(out_tmpl);
+  unlink(err_tmpl);
+  return r;
+}
+
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file()) {
+      std::ifstream in(it->path(), std::ios::binary);
+      out[it->path().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    } else {
+      out[it->path().string()] = "<dir>";
+    }
+  }
+  return out;
+}
+
+int CountFiles(const std::string& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file()) ++n;
+  }
+  return n;
+}
+
+std::unique_ptr<client::Client> Connect(const std::string& address, int attempts = 3) {
+  client::ClientOptions o;
+  o.endpoints = {address};
+  o.max_attempts = attempts;
+  auto c = client::NewRemoteClient(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+client::CheckpointSpec DeltaSpec(const std::string& job, int64_t step, int64_t base, int32_t w) {
+  client::CheckpointSpec s = FullSpec(job, step, w);
+  s.kind = client::CheckpointKind::kDelta;
+  s.base_step = base;
+  return s;
+}
+
+int Lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
+  TempDir dir;
+  ServerProcess first;
+  ASSERT_TRUE(first.Start({"--data-dir", dir.File("a"), "--listen", "127.0.0.1:0"}).ok());
+  RunResult second = RunServerToExit(
+      {"--data-dir", dir.File("b"), "--listen", absl::StrCat("127.0.0.1:", first.port())});
+  EXPECT_EQ(second.code, 1) << second.err;
+  EXPECT_TRUE(absl::StrContains(second.err, "gradsnap-server: cannot listen on")) << second.err;
+  EXPECT_EQ(second.out, "");
+  // The first server still serves.
+  auto c = Connect(first.address());
+  EXPECT_TRUE(c->Health().ok());
+  EXPECT_EQ(first.Describe(), "running");
+}
+
+TEST(ServiceStorage, SecondServerOnTheSameDataDirIsRefused) {
+  TempDir dir;
+  ServerProcess first;
+  ASSERT_TRUE(first.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  RunResult second =
+      RunServerToExit({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(second.code, 1) << second.err;
+  EXPECT_TRUE(absl::StrContains(second.err, "another process")) << second.err;
+  EXPECT_EQ(first.Describe(), "running");
+}
+
+// FULL 1 and DELTA 2 (two ranks each) committed; FULL 3 with only rank 0 and rank 1 missing.
+struct Written {
+  std::vector<TestShard> shards;
+};
+
+Written WriteCheckpoints(client::Client* c) {
+  Written w;
+  EXPECT_TRUE(c->BeginCheckpoint(FullSpec("job", 1, 2)).ok());
+  EXPECT_TRUE(c->BeginCheckpoint(DeltaSpec("job", 2, 1, 2)).ok());
+  EXPECT_TRUE(c->BeginCheckpoint(FullSpec("job", 3, 2)).ok());
+  for (int64_t step : {1, 2}) {
+    for (int32_t r = 0; r < 2; ++r) {
+      TestShard s = MakeShard("job", step, r, {3 << 20, 1000, 8}, step * 7 + r);
+      EXPECT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+      w.shards.push_back(std::move(s));
+    }
+  }
+  TestShard half = MakeShard("job", 3, 0, {1 << 20}, 99);
+  EXPECT_TRUE(c->SaveShard(half.spec, half.Refs()).ok());
+  return w;
+}
+
+void ExpectRefusedUntouched(const std::string& data_dir, int port) {
+  auto before = Snapshot(data_dir);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a supervisor restarting it
+    RunResult r = RunServerToExit(
+        {"--data-dir", data_dir, "--listen", absl::StrCat("127.0.0.1:", port)});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
+  }
+  EXPECT_TRUE(before == Snapshot(data_dir)) << "a refused start changed " << data_dir;
+}
+
+void RebuildAndExpectBack(const std::string& data_dir, const Written& w) {
+  RunResult r = RunServerToExit({"--data-dir", data_dir, "--rebuild-catalog"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "rebuilt job job step 1 (FULL, 2 shards)")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "rebuilt job job step 2 (DELTA, 2 shards)")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "skipped job job step 3: rank 1 of 2")) << r.out;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", data_dir, "--listen", "127.0.0.1:0"}).ok());
+  auto c = Connect(server.address());
+  auto listed = c->List("job", /*include_pending=*/true);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);  // the half-written FULL 3 is not brought back
+  EXPECT_EQ((*listed)[1].kind, client::CheckpointKind::kDelta);
+  for (const TestShard& s : w.shards) {
+    auto got = RestoreToString(c.get(), s.spec.job, s.spec.step, s.spec.rank);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == s.Payload()) << "step " << s.spec.step << " rank " << s.spec.rank;
+  }
+  EXPECT_TRUE(c->Verify("job", 2).ok());
+}
+
+TEST(ServiceStorage, LostCatalogIsRefusedThenRebuilt) {
+  TempDir dir;
+  const std::string data = dir.File("data");
+  Written w;
+  int port = 0;
+  {
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    port = server.port();
+    auto c = Connect(server.address());
+    w = WriteCheckpoints(c.get());
+    server.Signal(SIGKILL);
+    server.Wait();
+  }
+  int segments = CountFiles(data + "/segments");
+  ASSERT_GT(segments, 0);
+  // Removed, emptied, CURRENT deleted: each refused with the directory untouched.
+  fs::rename(data + "/meta", dir.File("meta.saved"));
+  ExpectRefusedUntouched(data, port);
+  fs::create_directories(data + "/meta");
+  ExpectRefusedUntouched(data, port);
+  fs::remove_all(data + "/meta");
+  fs::rename(dir.File("meta.saved"), data + "/meta");
+  fs::remove(data + "/meta/CURRENT");
+  ExpectRefusedUntouched(data, port);
+  EXPECT_EQ(CountFiles(data + "/segments"), segments);
+  RebuildAndExpectBack(data, w);
+  // Not one segment file deleted: the half-written checkpoint's data is in quarantine.
+  EXPECT_EQ(CountFiles(data + "/segments") + CountFiles(data + "/quarantine"), segments);
+}
+
+TEST(ServiceStorage, CorruptSstIsRefusedThenRebuilt) {
+  TempDir dir;
+  const std::string data = dir.File("data");
+  Written w;
+  int port = 0;
+  for (int start = 0; start < 2; ++start) {  // the restart flushes RocksDB's WAL into an SST
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    port = server.port();
+    if (start == 0) {
+      auto c = Connect(server.address());
+      w = WriteCheckpoints(c.get());
+    }
+    server.Signal(SIGKILL);
+    server.Wait();
+  }
+  int corrupted = 0;
+  for (const auto& e : fs::directory_iterator(data + "/meta")) {
+    if (e.path().extension() != ".sst") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string junk(64, '\x5a');
+    for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
+      f.seekp(static_cast<std::streamoff>(off));
+      f.write(junk.data(), 64);
+    }
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  const int segments = CountFiles(data + "/segments");
+  ExpectRefusedUntouched(data, port);
+  RebuildAndExpectBack(data, w);
+  EXPECT_EQ(CountFiles(data + "/segments") + CountFiles(data + "/quarantine"), segments);
+}
+
+TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
+  TempDir dir;
+  const std::string data = dir.File("data");
+  TestShard shard = MakeShard("prefix", 1, 0, {12 << 20}, 5);
+  {
+    storage::EngineOptions eo;
+    eo.data_dir = data;
+    auto e = storage::Engine::Open(eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE((*e)->BeginCheckpoint(FullSpec("prefix", 1, 1)).ok());
+    auto w = (*e)->OpenShardWriter(shard.spec);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append(shard.data[0].data(), 6 << 20).ok());
+    ASSERT_TRUE((*w)->Flush().ok());
+  }
+  {
+    std::fstream f(data + "/segments/prefix/00000000000000000001/r0000000000-000000.seg",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(100);
+    f.get(c);
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
+  }
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+  auto c = Connect(server.address());
+  absl::Status s = c->SaveShard(shard.spec, shard.Refs());
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_EQ(server.Describe(), "running");
+  // Other jobs are written and read.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("other", 1, 1)).ok());
+  TestShard other = MakeShard("other", 1, 0, {1 << 20}, 6);
+  ASSERT_TRUE(c->SaveShard(other.spec, other.Refs()).ok());
+  auto got = RestoreToString(c.get(), "other", 1, 0);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(*got == other.Payload());
+  // The broken upload can be abandoned and redone.
+  ASSERT_TRUE(c->AbortCheckpoint("prefix", 1).ok());
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("prefix", 1, 1)).ok());
+  EXPECT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+}
+
+TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
+  TempDir dir;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                            "--cache-bytes", "67108864"})
+                  .ok());
+  auto c = Connect(server.address());
+  // Begin FULL 10, Begin + Write DELTA 11 (base 10), Abort 10.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 10, 1)).ok());
+  ASSERT_TRUE(c->BeginCheckpoint(DeltaSpec("j", 11, 10, 1)).ok());
+  TestShard d = MakeShard("j", 11, 0, {4096}, 1);
+  ASSERT_TRUE(c->SaveShard(d.spec, d.Refs()).ok());
+  auto listed = c->List("j");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty()) << "a DELTA was listed before its base committed";
+  ASSERT_TRUE(c->AbortCheckpoint("j", 10).ok());
+  listed = c->List("j", /*include_pending=*/true);
+  ASSERT_TRUE(listed.ok());
+  EXPECT_TRUE(listed->empty()) << "the DELTA outlived its aborted base";
+  // Step 11 again, as a FULL with other bytes: the aborted DELTA's staged copy in the RAM tier
+  // is never served for it.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 11, 1)).ok());
+  TestShard again = MakeShard("j", 11, 0, {4096}, 77);
+  ASSERT_TRUE(c->SaveShard(again.spec, again.Refs()).ok());
+  auto got = RestoreToString(c.get(), "j", 11, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == again.Payload());
+  // A committed FULL with a committed DELTA: neither Delete nor Abort takes the FULL.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 20, 1)).ok());
+  TestShard f = MakeShard("j", 20, 0, {4096}, 2);
+  ASSERT_TRUE(c->SaveShard(f.spec, f.Refs()).ok());
+  ASSERT_TRUE(c->BeginCheckpoint(DeltaSpec("j", 21, 20, 1)).ok());
+  TestShard d21 = MakeShard("j", 21, 0, {4096}, 3);
+  ASSERT_TRUE(c->SaveShard(d21.spec, d21.Refs()).ok());
+  EXPECT_EQ(c->Delete("j", 20).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->AbortCheckpoint("j", 20).code(), absl::StatusCode::kFailedPrecondition);
+  listed = c->List("j");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 3u);  // 11 (the FULL), 20, 21
+  EXPECT_EQ(server.Describe(), "running");
+}
+
+TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
+  TempDir dir;
+  storage::FaultInjectionFileSystem ffs;
+  service::ServerOptions o;
+  o.engine.data_dir = dir.File("data");
+  o.engine.fs = &ffs;
+  auto server = service::Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = Connect((*server)->address(), /*attempts=*/2);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
+  TestShard old = MakeShard("old", 1, 0, {2 << 20}, 1);
+  ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
+  storage::FaultInjectionFileSystem::Faults f;
+  f.fail_write_at = 2;
+  f.enospc = true;
+  f.crash_on_fault = false;
+  ffs.Reset();
+  ffs.SetFaults(f);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
+  TestShard fresh = MakeShard("new", 1, 0, {8 << 20}, 2);
+  absl::Status s = c->SaveShard(fresh.spec, fresh.Refs());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Other jobs are written (the failed write was that upload's only) and read.
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("other", 1, 1)).ok());
+  TestShard other = MakeShard("other", 1, 0, {1 << 20}, 3);
+  EXPECT_TRUE(c->SaveShard(other.spec, other.Refs()).ok());
+  EXPECT_TRUE(c->Verify("other", 1).ok());
+  // Reads keep being served; the old checkpoint verifies.
+  EXPECT_TRUE(c->Verify("old", 1).ok());
+  auto got = RestoreToString(c.get(), "old", 1, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == old.Payload());
+  // Space back: the upload resumes and commits.
+  ffs.Reset();
+  EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
+  EXPECT_TRUE(c->Verify("new", 1).ok());
+}
+
+// A small tmpfs made by the test (skipped where mounting is not permitted).
+class Tmpfs {
+ public:
+  explicit Tmpfs(const std::string& dir) : dir_(dir) {
+    fs::create_directories(dir);
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64m") == 0;
+  }
+  ~Tmpfs() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// Writes zeros to `path` until the file system is full.
+void FillUp(const std::string& path) {
+  std::ofstream f(path, std::ios::binary);
+  std::string block(1 << 16, '\0');
+  while (f.write(block.data(), block.size())) {
+  }
+}
+
+TEST(ServiceStorage, RealFullFileSystem) {
+  TempDir dir;
+  Tmpfs tmpfs(dir.File("mnt"));
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string data = dir.File("mnt") + "/data";
+  TestShard fresh = MakeShard("new", 1, 0, {8 << 20}, 2);
+  TestShard old = MakeShard("old", 1, 0, {2 << 20}, 1);
+  {
+    ServerProcess server;
+    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    auto c = Connect(server.address(), /*attempts=*/2);
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
+    ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
+    FillUp(dir.File("mnt") + "/fill");
+    absl::Status s = c->BeginCheckpoint(FullSpec("new", 1, 1));
+    if (s.ok()) s = c->SaveShard(fresh.spec, fresh.Refs());
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(server.Describe(), "running");
+    EXPECT_TRUE(c->Verify("old", 1).ok());
+    auto got = RestoreToString(c.get(), "old", 1, 0);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == old.Payload());
+    c.reset();
+    server.Signal(SIGTERM);
+    EXPECT_EQ(server.Wait(), 0);
+  }
+  // A restart on the full disk is one line and exit 1, not an abort.
+  RunResult restart = RunServerToExit({"--data-dir", data, "--listen", "127.0.0.1:0"});
+  EXPECT_EQ(restart.code, 1) << restart.err;
+  EXPECT_TRUE(absl::StrContains(restart.err, "not enough free space")) << restart.err;
+  // Read-only opens work on the full file system; a read-write one is RESOURCE_EXHAUSTED.
+  storage::EngineOptions eo;
+  eo.data_dir = data;
+  eo.read_only = true;
+  {
+    auto e = storage::Engine::Open(eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_TRUE((*e)->Verify("old", 1).ok());
+  }
+  eo.read_only = false;
+  EXPECT_EQ(storage::Engine::Open(eo).status().code(), absl::StatusCode::kResourceExhausted);
+  // Space back: the server starts and the upload completes.
+  fs::remove(dir.File("mnt") + "/fill");
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+  auto c = Connect(server.address());
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
+  EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
+  EXPECT_TRUE(c->Verify("new", 1).ok());
+  c.reset();
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0);
+}
+
+TEST(ServiceStorage, ManifestOf2x20000TensorsIsShownAndRestored) {
+  TempDir dir;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                            "--zstd-level", "0"})
+                  .ok());
+  auto c = Connect(server.address());
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("wide", 1, 2)).ok());
+  std::vector<uint64_t> sizes(20000, 16);
+  std::vector<TestShard> shards;
+  for (int32_t r = 0; r < 2; ++r) {
+    shards.push_back(MakeShard("wide", 1, r, sizes, 40 + r));
+    for (size_t i = 0; i < shards.back().spec.tensors.size(); ++i) {
+      // Long names make the manifest well over the 4 MiB message limit.
+      shards.back().spec.tensors[i].name =
+          absl::StrCat("model.layers.", i, ".self_attention.query_key_value.weight.shard_",
+                       std::string(40, 'x'));
+    }
+    std::vector<client::TensorRef> refs = shards.back().Refs();
+    for (size_t i = 0; i < refs.size(); ++i) refs[i].spec = shards.back().spec.tensors[i];
+    ASSERT_TRUE(c->SaveShard(shards.back().spec, refs).ok());
+  }
+  auto m = c->Show("wide", 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards.size(), 2u);
+  for (int32_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(m->shards[r].tensors.size(), 20000u);
+    EXPECT_EQ(m->shards[r].tensors[19999].spec.name, shards[r].spec.tensors[19999].name);
+    EXPECT_EQ(m->shards[r].metadata, shards[r].spec.metadata);
+    auto got = RestoreToString(c.get(), "wide", 1, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == shards[r].Payload());
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsnap
