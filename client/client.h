@@ -96,6 +96,10 @@ class Client {
     return SaveShardAsync(spec, std::move(tensors)).get();
   }
   virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
+  // Takes the job's next writer epoch (docs/protocol.md, "Epochs"). Saves and begins whose spec
+  // carries an older non-zero epoch are refused from then on (FAILED_PRECONDITION "superseded by
+  // attempt N"). Remote: the largest epoch over all nodes, every node told.
+  virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
 
   virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
   virtual absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,

@@ -12,6 +12,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/epoch.h"
 
 namespace gradsnap {
 namespace storage {
@@ -219,12 +220,9 @@ absl::StatusOr<std::vector<ChunkRecord>> EngineImpl::LoadChunks(const std::strin
 absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
   RETURN_IF_ERROR(ValidateCheckpointSpec(spec));
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), spec.job, spec.epoch));
   auto existing = LoadCheckpoint(spec.job, spec.step);
   if (existing.ok()) {
-    if (existing->state == CheckpointState::kCommitted) {
-      return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
-                                                   spec.step, " is already committed"));
-    }
     if (!SameCheckpointSpec(existing->spec, spec)) {
       return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
                                                    spec.step, " exists with another spec"));
@@ -256,6 +254,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenShardWriter(const S
 }
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const ShardSpec& spec) {
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), spec.job, spec.epoch));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(spec.job, spec.step));
   RETURN_IF_ERROR(ValidateShardSpec(spec, ckpt));
   std::string key = ShardKey(spec.job, spec.step, spec.rank);
@@ -294,6 +293,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenWriterLocked(const 
     RETURN_IF_ERROR(meta_->Commit(b));
   }
   active_writers_.insert(key);
+  rec.spec.epoch = spec.epoch;  // checked again when the writer commits
   auto w = NewShardWriter(this, std::move(rec));
   if (!w.ok()) active_writers_.erase(key);
   return w;
@@ -309,6 +309,7 @@ absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
                                              bool finish) {
   const ShardSpec& s = shard.spec;
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), s.job, s.epoch));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(s.job, s.step));
   MetaStore::Batch b;
   uint32_t idx = shard.chunk_count - static_cast<uint32_t>(new_chunks.size());
@@ -384,6 +385,13 @@ absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
   }
   uint64_t reclaimed = 0;
   return DeleteLocked(job, step, &reclaimed);
+}
+
+absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+  return AcquireJobEpoch(meta_.get(), job);
 }
 
 absl::StatusOr<std::vector<std::string>> EngineImpl::ListJobs() {

@@ -92,6 +92,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     args.push_back(absl::StrCat("--world_size=", world));
     args.push_back(absl::StrCat("--attempt=", attempt));
     args.push_back(absl::StrCat("--rdzv_dir=", rdzv_dir));
+    args.push_back(absl::StrCat("--launcher_pid=", getpid()));
     if (attempt > 0 && o.resume_on_restart) args.push_back("--resume=latest");
     pids[i] = Spawn(args);  // NOLINT: fork per rank
     if (pids[i] < 0) {

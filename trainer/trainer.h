@@ -64,6 +64,12 @@ absl::Status RunRank(const TrainOptions& options);
 // no rank runs, so the restarted ranks can write those steps anew. Returns how many it removed.
 absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& options);
 
+// The launcher's check before it starts any rank: with checkpointing or resume on, opens the
+// store and lists the job. A permanent refusal (UNAUTHENTICATED, PERMISSION_DENIED,
+// INVALID_ARGUMENT) is returned; anything else (e.g. a server still starting) is left to the
+// ranks and their restarts.
+absl::Status CheckStoreAccess(const TrainOptions& options);
+
 }  // namespace trainer
 }  // namespace gradsnap
 
