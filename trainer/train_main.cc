@@ -66,6 +66,7 @@ ABSL_FLAG(bool, gockpt_overlap, true, "gockpt -O: gradient copies overlap the up
 ABSL_FLAG(std::string, ckpt_on_failure, "continue", "What a checkpoint persist that fails after its retries does: continue (count it, keep training; the recovery point gets older) or stop (the rank fails like any error). Permanent errors (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, superseded) always stop the job. Default: continue");
 ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 10000, "A checkpoint persist failing with a transient error is retried with backoff for this long before it counts as failed. Default: 10000");
 ABSL_FLAG(bool, test_ignore_parent_death, false, "(testing) ranks survive their launcher, to drill zombie fencing. Default: false");
+ABSL_FLAG(int64_t, test_step_delay_ms, 0, "(testing) sleep this long before every step, so fault drills have a job that lasts. Default: 0 (off)");
 ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");
 // Set by the launcher for its children.
 ABSL_FLAG(int, rank, -1, "(internal) global rank of this process");
@@ -126,6 +127,7 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.ckpt.persist_timeout_ms = absl::GetFlag(FLAGS_ckpt_persist_timeout_ms);
   o.ckpt.stop_on_failure = absl::GetFlag(FLAGS_ckpt_on_failure) == "stop";
   o.test_skip_step = absl::GetFlag(FLAGS_test_skip_step);
+  o.test_step_delay_ms = std::max<int64_t>(0, absl::GetFlag(FLAGS_test_step_delay_ms));
   const std::string storage = absl::GetFlag(FLAGS_storage);
   if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);

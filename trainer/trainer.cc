@@ -281,6 +281,7 @@ absl::Status RankRunner::Step(int64_t s) {
     GS_LOG(WARNING) << "failure drill: rank " << o_.rank << " kills itself at step " << s;
     raise(SIGKILL);
   }
+  if (o_.test_step_delay_ms > 0) usleep(static_cast<useconds_t>(o_.test_step_delay_ms) * 1000);
   Stopwatch step_sw;
   double stall = 0;
   {

@@ -53,6 +53,8 @@ struct TrainOptions {
   int fail_rank = 0;
   // Test hook: the update of this step is skipped as if its gradient norm were not finite.
   int64_t test_skip_step = -1;
+  // Test hook: every step sleeps this long first (fault drills need a job that lasts). 0 = off.
+  int64_t test_step_delay_ms = 0;
 };
 
 // Runs this rank to completion. Errors: INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION for
