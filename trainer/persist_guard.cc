@@ -100,11 +100,13 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   }
   s = Annotate(s, absl::StrCat("persist ", full ? "FULL " : "DELTA ", step));
   cut_[chain] = true;
-  RollBack(step);
-  GS_LOG(WARNING) << "checkpointing degraded (training continues): " << s;
+  // A superseded attempt leaves the store alone: the newer attempt may be writing this step.
+  if (!IsSuperseded(s)) RollBack(step);
+  const bool fatal = IsPermanentStoreError(s) || options_.stop_on_failure;
+  if (!fatal) GS_LOG(WARNING) << "checkpointing degraded (training continues): " << s;
   absl::MutexLock lock(&mu_);
   ++failures_;
-  if (fatal_.ok() && (IsPermanentStoreError(s) || options_.stop_on_failure)) fatal_ = s;
+  if (fatal && fatal_.ok()) fatal_ = s;
   return s;
 }
 
