@@ -72,6 +72,10 @@ void PersistGuard::RetryRollBacks() {
   for (int64_t step : steps) RollBack(step);
 }
 
+void PersistGuard::QueueRollBack(int64_t step) {
+  if (rank_ == 0 && store_->client() != nullptr) pending_aborts_.push_back(step);
+}
+
 absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, int64_t base,
                                    const std::function<absl::Status()>& work) {
   const bool full = kind == client::CheckpointKind::kFull;
@@ -82,11 +86,12 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
     return absl::CancelledError(absl::StrCat("DELTA ", step, " skipped: the chain on FULL ",
                                              base, " was cut by an earlier failure"));
   }
-  if (!pending_aborts_.empty()) RetryRollBacks();
   absl::Status s = RunWithRetry(work);
   absl::StatusOr<bool> all = store_->AllAgree(s.ok());
   const bool ok = all.ok() && *all;
   if (ok) {
+    // The store answers again: roll back what failed while it did not.
+    if (!pending_aborts_.empty()) RetryRollBacks();
     absl::MutexLock lock(&mu_);
     if (step > recovery_point_) {
       recovery_point_ = step;
@@ -101,7 +106,13 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   s = Annotate(s, absl::StrCat("persist ", full ? "FULL " : "DELTA ", step));
   cut_[chain] = true;
   // A superseded attempt leaves the store alone: the newer attempt may be writing this step.
-  if (!IsSuperseded(s)) RollBack(step);
+  // While the store does not answer, the roll-back waits for the next successful persist
+  // instead of adding another round of retries to this one.
+  if (IsTransient(s)) {
+    QueueRollBack(step);
+  } else if (!IsSuperseded(s)) {
+    RollBack(step);
+  }
   const bool fatal = IsPermanentStoreError(s) || options_.stop_on_failure;
   if (!fatal) GS_LOG(WARNING) << "checkpointing degraded (training continues): " << s;
   absl::MutexLock lock(&mu_);

@@ -12,8 +12,8 @@
 //     - cuts the DELTA chain: a failed FULL F makes every DELTA on F skipped, a failed DELTA on
 //       F every later DELTA on F, until the next FULL, so nothing committed has a hole and no
 //       DELTA commits without its FULL;
-//     - makes rank 0 roll back the checkpoint's PENDING shards (retried before later persists
-//       while the store is unreachable).
+//     - makes rank 0 roll back the checkpoint's PENDING shards (at once when the store answered
+//       the failure, else after the next persist that succeeds).
 //   The recovery point (newest checkpoint committed on every rank, FULL plus its chain) and its
 //   age are tracked for the step lines.
 //   Fatal instead of degraded: UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, a write
@@ -65,6 +65,7 @@ class PersistGuard {
  private:
   absl::Status RunWithRetry(const std::function<absl::Status()>& work);
   void RollBack(int64_t step);
+  void QueueRollBack(int64_t step);
   void RetryRollBacks();
 
   ShardStore* const store_;

@@ -156,6 +156,36 @@ TEST(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
   EXPECT_EQ(SummaryField(again.output, "params_sha256"), Reference());
 }
 
+// The server dies for good mid-run: with --ckpt-on-failure continue (the default) the job
+// trains to the end with the uninterrupted parameters and counts its failed persists; with stop
+// the first failed persist stops it.
+TEST(TrainerFaultTest, ServerGoneForGoodContinueOrStop) {
+  for (const std::string policy : {"continue", "stop"}) {
+    const std::string d = FreshDir("gone_" + policy);
+    ServerProcess server;
+    std::string error;
+    ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
+    Launcher l = StartLauncher(kJob + " --storage " + server.address() +
+                                   " --test-step-delay-ms 30 --ckpt-persist-timeout-ms 200"
+                                   " --ckpt-on-failure " + policy,
+                               d + "/job.log");
+    ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(l.log, 6); })) << Slurp(l.log);
+    server.Kill();
+    int st = 0;
+    waitpid(l.pid, &st, 0);
+    const std::string out = Slurp(l.log);
+    if (policy == "continue") {
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+      EXPECT_EQ(SummaryField(out, "params_sha256"), Reference()) << out;
+      EXPECT_GT(std::stoi(SummaryField(out, "ckpt_failures")), 0) << out;
+    } else {
+      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
+      EXPECT_NE(out.find("UNAVAILABLE: persist "), std::string::npos) << out;
+      EXPECT_EQ(out.find("\nsummary "), std::string::npos) << out;
+    }
+  }
+}
+
 TEST(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
   const std::string d = FreshDir("secured");
   { std::ofstream(d + "/secret") << "0123456789abcdef0123456789abcdef"; }
