@@ -306,6 +306,9 @@ int main(int argc, char** argv) {
       return Fail("--rank must be in [0, --world_size) and --world_size in [1, 65536]");
     }
     if (o.world_size > 1 && o.rdzv_dir.empty()) return Fail("--rdzv_dir is required");
+    if (o.world_size > 1) {
+      if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
+    }
     const absl::Status s = gradsnap::trainer::RunRank(o);
     if (s.ok()) return 0;
     std::fprintf(stderr, "gradsnap-train: rank %d: %s\n", o.rank, s.ToString().c_str());

@@ -34,6 +34,19 @@ std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::stri
   return a;
 }
 
+// The largest (step - recovery_point) over the step lines once a recovery point exists: the
+// steps a failure at that moment would have lost.
+int64_t MaxRecoveryLag(const std::string& output) {
+  static const std::regex re(R"((^|\n)step (\d+) .* recovery_point (-?\d+) )");
+  int64_t worst = 0;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    const int64_t step = std::stoll((*it)[2]), rp = std::stoll((*it)[3]);
+    if (rp >= 0) worst = std::max(worst, step - rp);
+  }
+  return worst;
+}
+
 // Highest "step N" line printed so far.
 int64_t LastStep(const std::string& output) {
   static const std::regex re(R"((^|\n)step (\d+) )");
@@ -146,7 +159,8 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   // counted here from "fall back" lines, 0 when none is printed.
   (*kv)["fallbacks"] = absl::StrCat(CountLines(resumed, "fall back") +
                                     CountLines(out, "fall back"));
-  (*kv)["steps_lost_max"] = absl::StrCat(from >= 0 ? c.steps - from : c.steps);
+  (*kv)["steps_lost_max"] = absl::StrCat(MaxRecoveryLag(out));
+  (*kv)["steps_lost_resume"] = absl::StrCat(from >= 0 ? c.steps - from : c.steps);
   return absl::OkStatus();
 }
 

@@ -6,9 +6,11 @@
 // while only the server failed; target 0), ckpt_failures (the job's summary), lost_data,
 // partial_listed, orphan_deltas_listed, chain_holes_listed (all target 0), params_match (1:
 // the job's params_sha256 equals an uninterrupted run's), resume_ok (1: `--resume latest` right
-// after finished with the same params_sha256), fallbacks (resume fallbacks the trainer printed),
-// steps_lost_max (steps between the end of the job and the step the resume started from),
-// train_exit (the job's exit status).
+// after finished with the same params_sha256), fallbacks (resume fallbacks the trainer printed,
+// lines starting "fall back"), steps_lost_max (the most steps between a step and the recovery
+// point its step line reported: what a failure at the worst moment of the storm would have lost
+// on resume), steps_lost_resume (steps between the job's end and the step the resume right after
+// started from), train_exit (the job's exit status).
 #ifndef GRADSNAP_BENCHMARKS_FAULT_DRILL_TRAINING_SCENARIO_H_
 #define GRADSNAP_BENCHMARKS_FAULT_DRILL_TRAINING_SCENARIO_H_
 
