@@ -113,7 +113,15 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   } else if (!IsSuperseded(s)) {
     RollBack(step);
   }
-  const bool fatal = IsPermanentStoreError(s) || options_.stop_on_failure;
+  bool fatal = IsPermanentStoreError(s) || options_.stop_on_failure;
+  // A permanent error on one rank stops every rank the same way (exit 2, no restart), not by
+  // the collectives failing after the first one exits.
+  absl::StatusOr<bool> none_fatal = store_->AllAgree(!fatal);
+  if (!fatal && none_fatal.ok() && !*none_fatal) {
+    fatal = true;
+    s = absl::FailedPreconditionError(
+        absl::StrCat(s.message(), "; another rank hit a permanent error and stops the job"));
+  }
   if (!fatal) GS_LOG(WARNING) << "checkpointing degraded (training continues): " << s;
   absl::MutexLock lock(&mu_);
   ++failures_;

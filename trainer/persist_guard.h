@@ -18,7 +18,9 @@
 //   age are tracked for the step lines.
 //   Fatal instead of degraded: UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, a write
 //   refused as superseded by a newer attempt (storage/epoch.h), and any failure with
-//   --ckpt_on_failure stop. fatal() then holds the error and the checkpointer returns it.
+//   --ckpt_on_failure stop. After a failure the ranks agree (a second small collective) whether
+//   it is fatal anywhere; then fatal() holds the error on every rank (FAILED_PRECONDITION on the
+//   ranks that only heard of it) and the checkpointer returns it.
 //
 // THREAD SAFETY
 //   Persist runs on one thread at a time (the checkpointer's persist thread or the training
