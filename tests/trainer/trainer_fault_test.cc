@@ -115,6 +115,23 @@ void LauncherKillThenResume(const std::string& store, const std::string& dir) {
   EXPECT_EQ(SummaryField(r.output, "params_sha256"), Reference()) << r.output;
 }
 
+// An attempt resumed from an older checkpoint persists steps that are already committed (the
+// same bytes, training being deterministic): that is idempotent, not an ALREADY_EXISTS wedge.
+void RePersistIsIdempotent(const std::string& store) {
+  const RunResult first = RunCommand(kTrain + kJob + store);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const RunResult again = RunCommand(kTrain + kJob + store + " --resume 9");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(SummaryField(again.output, "resumed_from"), "9") << again.output;
+  EXPECT_EQ(SummaryField(again.output, "ckpt_failures"), "0") << again.output;
+  EXPECT_EQ(SummaryField(again.output, "params_sha256"), Reference()) << again.output;
+}
+
+TEST(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentEmbedded) {
+  const std::string d = FreshDir("repersist_embedded");
+  RePersistIsIdempotent(" --ckpt-dir " + d + "/ckpt");
+}
+
 TEST(TrainerFaultTest, LauncherKilledRanksDieResumeEmbedded) {
   const std::string d = FreshDir("lkill_embedded");
   LauncherKillThenResume(" --ckpt-dir " + d + "/ckpt", d);
@@ -127,6 +144,14 @@ TEST(TrainerFaultTest, LauncherKilledRanksDieResumeServer) {
   std::string error;
   ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
   LauncherKillThenResume(" --storage " + server.address(), d);
+}
+
+TEST(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentServer) {
+  const std::string d = FreshDir("repersist_server");
+  ServerProcess server;
+  std::string error;
+  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
+  RePersistIsIdempotent(" --storage " + server.address());
 }
 
 TEST(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
