@@ -64,7 +64,9 @@ struct ClientOptions {
   // Attempts for an operation that fails with UNAVAILABLE or RESOURCE_EXHAUSTED-by-backpressure.
   // Default: 8.
   int max_attempts = 8;
-  // Deadline for unary calls, in milliseconds. Default: 30000.
+  // Deadline for unary calls, in milliseconds; an upload stream gets this plus the time its
+  // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever.
+  // Default: 30000.
   int rpc_timeout_ms = 30000;
 };
 

@@ -220,7 +220,12 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
         node.endpoint, ": server holds ", offset, " bytes of a ", total, "-byte shard"));
   }
   grpc::ClientContext ctx;
-  PrepareContext(&ctx, options_, 0);
+  // A server that hangs (stopped, wedged) must not hold an upload forever: the stream gets the
+  // unary deadline plus the time the remaining bytes take at a floor of 8 MiB/s.
+  const uint64_t stream_ms = (total - offset) / ((8u << 20) / 1000);
+  PrepareContext(&ctx, options_,
+                 static_cast<int>(std::min<uint64_t>(options_.rpc_timeout_ms + stream_ms,
+                                                     24ull * 3600 * 1000)));
   v1::WriteResponse resp;
   auto stub = node.stub();  // keeps the channel alive while the stream runs
   std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = stub->Write(&ctx, &resp);

@@ -88,7 +88,7 @@ struct CheckpointerOptions {
   std::string trace_file;
   // A persist failing with a transient error is retried with backoff for this long before it
   // counts as failed (trainer/persist_guard.h). Default: 10000
-  int64_t persist_timeout_ms = 10000;
+  int64_t persist_timeout_ms = 5000;
   // false (--ckpt_on_failure continue): a failed persist is counted and training goes on; true
   // (stop): it stops the rank like any error. Default: false
   bool stop_on_failure = false;

@@ -64,7 +64,7 @@ ABSL_FLAG(std::string, trace, "", "Write a Chrome/Perfetto trace-event JSON (com
 ABSL_FLAG(int, gockpt_window, 0, "gockpt window K in steps; 0 = automatic (docs/gockpt.md). Default: 0");
 ABSL_FLAG(bool, gockpt_overlap, true, "gockpt -O: gradient copies overlap the update instead of blocking. Default: true");
 ABSL_FLAG(std::string, ckpt_on_failure, "continue", "What a checkpoint persist that fails after its retries does: continue (count it, keep training; the recovery point gets older) or stop (the rank fails like any error). Permanent errors (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, superseded) always stop the job. Default: continue");
-ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 10000, "A checkpoint persist failing with a transient error is retried with backoff for this long before it counts as failed. Default: 10000");
+ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 5000, "A checkpoint persist failing with a transient error is retried with backoff for this long before it counts as failed. Default: 5000");
 ABSL_FLAG(bool, test_ignore_parent_death, false, "(testing) ranks survive their launcher, to drill zombie fencing. Default: false");
 ABSL_FLAG(int64_t, test_step_delay_ms, 0, "(testing) sleep this long before every step, so fault drills have a job that lasts. Default: 0 (off)");
 ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");

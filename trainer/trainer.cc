@@ -46,7 +46,7 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   // Each store call gives up after a few quick retries; the persist policy
   // (persist_guard.h) retries whole persists within --ckpt_persist_timeout_ms.
   co.max_attempts = 4;
-  co.rpc_timeout_ms = 10000;
+  co.rpc_timeout_ms = 5000;
   return co;
 }
 
