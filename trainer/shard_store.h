@@ -27,11 +27,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "trainer/comm.h"
 
 namespace gradsnap {
 namespace trainer {
 
-class Comm;
 
 // One tensor of a shard to restore into caller memory.
 struct TensorOut {
