@@ -30,7 +30,7 @@ class PersistGuardTest : public ::testing::Test {
     auto c = client::Client::Connect(co);
     ASSERT_TRUE(c.ok()) << c.status();
     store_ = NewDirectShardStore(std::move(*c));
-    options_.job = "j";
+    options_.job = std::string("j");
     options_.persist_timeout_ms = 2000;
   }
   void TearDown() override {
