@@ -52,6 +52,7 @@ void ExpectSurvived(const std::map<std::string, std::string>& kv) {
   EXPECT_EQ(kv.at("partial_listed"), "0");
   EXPECT_EQ(kv.at("orphan_deltas_listed"), "0");
   EXPECT_EQ(kv.at("chain_holes_listed"), "0");
+  EXPECT_EQ(kv.at("spec_conflicts"), "0");
   EXPECT_GT(std::stoi(kv.at("listed_fulls")), 0);
   EXPECT_EQ(kv.at("resume_ok"), "1");
 }

@@ -150,6 +150,14 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   (*kv)["orphan_deltas_listed"] = absl::StrCat(rep.orphan_deltas_listed);
   (*kv)["chain_holes_listed"] = absl::StrCat(rep.chain_holes_listed);
   (*kv)["verify_errors"] = absl::StrCat(rep.verify_errors);
+  // Ranks that disagreed on a checkpoint's spec (e.g. a DELTA's base_step) would show up as
+  // "exists with another spec" refusals.
+  size_t spec_conflicts = 0;
+  for (size_t at = out.find("another spec"); at != std::string::npos;
+       at = out.find("another spec", at + 1)) {
+    ++spec_conflicts;
+  }
+  (*kv)["spec_conflicts"] = absl::StrCat(spec_conflicts);
   (*kv)["listed_fulls"] = absl::StrCat(rep.fulls);
   (*kv)["listed_deltas"] = absl::StrCat(rep.deltas);
   (*kv)["params_match"] = SummaryField(out, "params_sha256") == want_sha ? "1" : "0";

@@ -4,7 +4,9 @@
 //
 // Keys (RunTrainingScenario): server_kills, train_restarts_caused_by_storage (launcher restarts
 // while only the server failed; target 0), ckpt_failures (the job's summary), lost_data,
-// partial_listed, orphan_deltas_listed, chain_holes_listed (all target 0), params_match (1:
+// partial_listed, orphan_deltas_listed, chain_holes_listed, verify_errors, spec_conflicts
+// (refusals of a checkpoint "with another spec", as ranks diverging on base_step cause) (all
+// target 0), listed_fulls, listed_deltas, params_match (1:
 // the job's params_sha256 equals an uninterrupted run's), resume_ok (1: `--resume latest` right
 // after finished with the same params_sha256), fallbacks (resume fallbacks the trainer printed,
 // lines starting "fall back"), steps_lost_max (the most steps between a step and the recovery
