@@ -2,6 +2,8 @@
 #include "trainer/shard_store.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +59,30 @@ absl::StatusOr<std::vector<client::CheckpointInfo>> ListFromClient(client::Clien
   return out;
 }
 
+// Reads of a resume wait out a server outage, bounded (kReadWaitMs): an attempt that starts
+// while the server restarts must not fail and burn another launcher restart. The client has
+// already retried each call a few times; this covers outages of seconds.
+constexpr int64_t kReadWaitMs = 30000;
+
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+template <typename F>
+auto WaitOutOutage(F call) -> decltype(call()) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kReadWaitMs);
+  for (int64_t backoff_ms = 100;; backoff_ms = std::min<int64_t>(2000, 2 * backoff_ms)) {
+    auto r = call();
+    if (!absl::IsUnavailable(StatusOf(r)) ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms) > deadline) {
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+  }
+}
+
 class DirectShardStore : public ShardStore {
  public:
   DirectShardStore(std::unique_ptr<client::Client> c, std::unique_ptr<Comm> comm)
@@ -85,11 +111,11 @@ class DirectShardStore : public ShardStore {
   bool collective_saves() const override { return false; }
   absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
       const std::string& job) override {
-    return ListFromClient(*client_, job);
+    return WaitOutOutage([&] { return ListFromClient(*client_, job); });
   }
   absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step, int32_t rank,
                                              const std::vector<TensorOut>& tensors) override {
-    return RestoreShardTensors(*client_, job, step, rank, tensors);
+    return WaitOutOutage([&] { return RestoreShardTensors(*client_, job, step, rank, tensors); });
   }
   client::Client* client() override { return client_.get(); }
 

@@ -1,7 +1,8 @@
 // The training fault drills of issue 9 as tests, against the real gradsnap-server and
 // gradsnap-train (2 ranks, gockpt + gradient log, tiny model):
-//  - the server SIGKILLed >= 20 times at random moments and restarted after an outage: the job
-//    finishes without a launcher restart, with the params_sha256 of an uninterrupted run,
+//  - the server SIGKILLed >= 20 times at random moments and restarted after an outage (and one
+//    rank killed mid-storm by the drill): the job finishes without a launcher restart caused by
+//    storage, with the params_sha256 of an uninterrupted run,
 //    reports ckpt_failures > 0; every listed checkpoint verifies, none is partial, no DELTA is
 //    listed without its FULL or with a hole before it; `--resume latest` right after is exact;
 //  - the server down longer than the backlog holds (many persists fail in a row): the same.
@@ -62,6 +63,9 @@ TEST(GRADSNAP_DRILL_SUITE, ServerKilledTwentyTimesWhileTraining) {
   std::map<std::string, std::string> kv;
   ASSERT_TRUE(RunTrainingScenario(o, &kv).ok());
   EXPECT_GE(std::stoi(kv.at("server_kills")), 20);
+  // The drill's own rank kill mid-storm: one restart, resumed from a recovery point.
+  EXPECT_EQ(kv.at("train_restarts"), "1");
+  EXPECT_GE(std::stoi(kv.at("steps_lost_max")), 0);
   ExpectSurvived(kv);
 }
 
@@ -74,6 +78,7 @@ TEST(GRADSNAP_DRILL_SUITE, ServerDownLongerThanTheBacklogHolds) {
   c.down_ms_min = c.down_ms_max = kLong ? 20000 : 4000;
   c.up_ms_min = c.up_ms_max = 200;
   c.steps = kLong ? 400 : 90;
+  c.fail_at_step = 0;
   std::map<std::string, std::string> kv;
   ASSERT_TRUE(RunTrainingDrill(c, &kv).ok());
   EXPECT_EQ(kv.at("server_kills"), "1");

@@ -22,7 +22,8 @@ void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds
 
 // The job's flags; `storage` empty: no checkpointing (the uninterrupted reference).
 std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::string& storage,
-                                   int64_t delay_ms, const std::string& resume) {
+                                   int64_t delay_ms, const std::string& resume,
+                                   int64_t fail_at_step = 0) {
   std::vector<std::string> a = {c.bin_dir + "/gradsnap-train", "--model=tiny",
                                 absl::StrCat("--steps=", c.steps), "--nproc=2", "--batch=4",
                                 "--seq=16", "--blas_threads=1"};
@@ -31,6 +32,9 @@ std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::stri
                      "--ckpt_every=8", "--gockpt_window=2", "--grad_log", "--max_restarts=3",
                      absl::StrCat("--ckpt_persist_timeout_ms=", c.persist_timeout_ms),
                      absl::StrCat("--test_step_delay_ms=", delay_ms), "--resume=" + resume});
+  if (fail_at_step > 0) {
+    a.insert(a.end(), {absl::StrCat("--fail_at_step=", fail_at_step), "--fail_rank=1"});
+  }
   return a;
 }
 
@@ -84,6 +88,7 @@ TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
   } else {
     c.steps = std::max<int64_t>(100, c.kills * 30);
   }
+  c.fail_at_step = c.steps / 3;
   return c;
 }
 
@@ -106,7 +111,8 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   RETURN_IF_ERROR(server.Start());
   Child job;
   const std::string log = dir + "/job.log";
-  RETURN_IF_ERROR(job.Start(TrainArgs(c, server.address(), c.step_delay_ms, "none"), log));
+  RETURN_IF_ERROR(
+      job.Start(TrainArgs(c, server.address(), c.step_delay_ms, "none", c.fail_at_step), log));
   // Kill only once the job trains (its start-up, resume check and epoch need the server).
   while (job.Poll() < 0 && LastStep(Slurp(log)) < 3) SleepMs(20);
 
@@ -142,7 +148,20 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
 
   (*kv)["server_kills"] = absl::StrCat(kills);
   (*kv)["train_exit"] = absl::StrCat(train_exit);
-  (*kv)["train_restarts_caused_by_storage"] = absl::StrCat(CountLines(out, "restart "));
+  const int restarts = CountLines(out, "restart ");
+  // The drill's own rank kill; the attempt after it resumes from the recovery point of that
+  // moment (its "resumed job" line), or from scratch when none had committed yet.
+  const size_t kill_at = out.find("restart 1 of 3: rank 1 killed by signal 9");
+  const bool drill_restart = c.fail_at_step > 0 && kill_at != std::string::npos;
+  int64_t resumed_step = 0;
+  static const std::regex resumed_re(R"(resumed job \S+ from step (\d+))");
+  std::smatch m;
+  const std::string after = drill_restart ? out.substr(kill_at) : "";
+  if (std::regex_search(after, m, resumed_re)) resumed_step = std::stoll(m[1]);
+  (*kv)["train_restarts"] = absl::StrCat(restarts);
+  (*kv)["train_restarts_caused_by_storage"] = absl::StrCat(restarts - (drill_restart ? 1 : 0));
+  (*kv)["steps_lost_max"] =
+      absl::StrCat(drill_restart ? c.fail_at_step - 1 - resumed_step : 0);
   const std::string failures = SummaryField(out, "ckpt_failures");
   (*kv)["ckpt_failures"] = failures.empty() ? "-1" : failures;
   (*kv)["lost_data"] = absl::StrCat(rep.lost_data);
@@ -167,7 +186,7 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   // counted here from "fall back" lines, 0 when none is printed.
   (*kv)["fallbacks"] = absl::StrCat(CountLines(resumed, "fall back") +
                                     CountLines(out, "fall back"));
-  (*kv)["steps_lost_max"] = absl::StrCat(MaxRecoveryLag(out));
+  (*kv)["recovery_lag_max"] = absl::StrCat(MaxRecoveryLag(out));
   (*kv)["steps_lost_resume"] = absl::StrCat(from >= 0 ? c.steps - from : c.steps);
   return absl::OkStatus();
 }

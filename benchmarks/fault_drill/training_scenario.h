@@ -2,17 +2,19 @@
 // gradsnap-train trains while its gradsnap-server is SIGKILLed at random moments and restarted
 // after a random outage; then the store is checked and the job is resumed right away.
 //
-// Keys (RunTrainingScenario): server_kills, train_restarts_caused_by_storage (launcher restarts
-// while only the server failed; target 0), ckpt_failures (the job's summary), lost_data,
+// Keys (RunTrainingScenario): server_kills, train_restarts (all launcher restarts),
+// train_restarts_caused_by_storage (restarts beyond the one the drill causes by killing a rank
+// mid-storm; target 0), ckpt_failures (the job's summary), lost_data,
 // partial_listed, orphan_deltas_listed, chain_holes_listed, verify_errors, spec_conflicts
 // (refusals of a checkpoint "with another spec", as ranks diverging on base_step cause) (all
 // target 0), listed_fulls, listed_deltas, params_match (1:
 // the job's params_sha256 equals an uninterrupted run's), resume_ok (1: `--resume latest` right
 // after finished with the same params_sha256), fallbacks (resume fallbacks the trainer printed,
-// lines starting "fall back"), steps_lost_max (the most steps between a step and the recovery
-// point its step line reported: what a failure at the worst moment of the storm would have lost
-// on resume), steps_lost_resume (steps between the job's end and the step the resume right after
-// started from), train_exit (the job's exit status).
+// lines starting "fall back"), steps_lost_max (steps between the rank kill and the step the
+// restarted job resumed from), recovery_lag_max (the most steps between a step and the recovery
+// point its step line reported: what a failure at the worst moment would have lost),
+// steps_lost_resume (steps between the job's end and the step the resume right after started
+// from), train_exit (the job's exit status).
 #ifndef GRADSNAP_BENCHMARKS_FAULT_DRILL_TRAINING_SCENARIO_H_
 #define GRADSNAP_BENCHMARKS_FAULT_DRILL_TRAINING_SCENARIO_H_
 
@@ -36,6 +38,9 @@ struct TrainingDrillConfig {
   int64_t steps = 300;            // the job's steps; it must outlast the kills
   int64_t step_delay_ms = 100;    // --test_step_delay_ms, so the job lasts
   int64_t persist_timeout_ms = 300;  // --ckpt_persist_timeout_ms of the job
+  // Rank 1 SIGKILLs itself at this step of the first attempt (--fail_at_step), so the job also
+  // restarts and resumes in the middle of the storm; 0 = no rank kill.
+  int64_t fail_at_step = 0;
 };
 TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts);
 
