@@ -67,7 +67,9 @@ struct ClientOptions {
   // Attempts for an operation that fails with UNAVAILABLE or RESOURCE_EXHAUSTED-by-backpressure.
   // Default: 8.
   int max_attempts = 8;
-  // Deadline for unary calls, in milliseconds. Default: 30000.
+  // Deadline for unary calls, in milliseconds; an upload stream gets this plus the time its
+  // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever.
+  // Default: 30000.
   int rpc_timeout_ms = 30000;
 };
 
@@ -99,6 +101,10 @@ class Client {
     return SaveShardAsync(spec, std::move(tensors)).get();
   }
   virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
+  // Takes the job's next writer epoch (docs/protocol.md, "Epochs"). Saves and begins whose spec
+  // carries an older non-zero epoch are refused from then on (FAILED_PRECONDITION "superseded by
+  // attempt N"). Remote: the largest epoch over all nodes, every node told.
+  virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
 
   virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
   virtual absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,

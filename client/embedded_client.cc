@@ -61,6 +61,9 @@ class EmbeddedClient : public Client {
     DropReaders();
     return engine_->AbortCheckpoint(job, step);
   }
+  absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
+    return engine_->AcquireEpoch(job);
+  }
   absl::StatusOr<std::vector<std::string>> ListJobs() override { return engine_->ListJobs(); }
   absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
                                                    bool include_pending) override {
@@ -169,6 +172,17 @@ std::future<absl::Status> EmbeddedClient::SaveShardAsync(const ShardSpec& spec,
 absl::Status EmbeddedClient::WriteShard(const ShardSpec& spec,
                                         const std::vector<TensorRef>& tensors) {
   ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardWriter> writer, engine_->OpenShardWriter(spec));
+  if (writer->committed_size() == writer->total_size()) {
+    // Maybe committed by an earlier attempt: idempotent only for the same content.
+    absl::StatusOr<Manifest> m = engine_->GetManifest(spec.job, spec.step);
+    if (m.ok()) {
+      for (const ShardInfo& s : m->shards) {
+        if (s.rank == spec.rank && s.committed) {
+          RETURN_IF_ERROR(CheckCommittedContent(spec, s, tensors));
+        }
+      }
+    }
+  }
   // A resumed writer already holds committed_size() bytes: skip them.
   uint64_t skip = writer->written_size();
   for (const TensorRef& t : tensors) {

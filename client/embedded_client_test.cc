@@ -321,3 +321,39 @@ TEST(ResolveShardSpecTest, FillsAndChecks) {
 }  // namespace
 }  // namespace client
 }  // namespace gradsnap
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+// A restarted attempt persisting a committed step again: the same content is idempotent, other
+// content is a reported conflict (ALREADY_EXISTS), and the stored checkpoint stays as it was.
+TEST(EmbeddedClientIdempotenceTest, RePersistSameContentOkOtherContentConflict) {
+  const std::string dir = testing::MakeTempDir("idem");
+  ClientOptions o;
+  o.local_dir = dir;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto first = testing::SaveTestCheckpoint(**c, "j", 7, 1, 11, 64 << 10);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE((*c)->BeginCheckpoint(first->spec).ok());
+  ShardSpec spec;
+  spec.job = "j";
+  spec.step = 7;
+  spec.rank = 0;
+  spec.metadata = first->shards[0].metadata;
+  EXPECT_TRUE((*c)->SaveShard(spec, first->shards[0].Refs()).ok());
+  testing::TestShard other = testing::MakeShard(12, 0, 64 << 10);
+  other.metadata = first->shards[0].metadata;
+  absl::Status conflict = (*c)->SaveShard(spec, other.Refs());
+  EXPECT_EQ(conflict.code(), absl::StatusCode::kAlreadyExists) << conflict;
+  EXPECT_NE(conflict.message().find("different content"), absl::string_view::npos) << conflict;
+  EXPECT_TRUE((*c)->Verify("j", 7).ok());
+  ExpectRestores(**c, *first);
+  c->reset();
+  testing::RemoveDir(dir);
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace gradsnap

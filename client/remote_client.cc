@@ -70,6 +70,23 @@ absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step)
   });
 }
 
+absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
+  v1::AcquireEpochRequest req;
+  req.set_job(job);
+  absl::Mutex mu;
+  uint64_t newest = 0;
+  RETURN_IF_ERROR(ForAllNodes([&](Node& node) {
+    v1::AcquireEpochResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AcquireEpochResponse* r) {
+      return node.stub()->AcquireEpoch(ctx, req, r);
+    }));
+    absl::MutexLock lock(&mu);
+    newest = std::max<uint64_t>(newest, resp.epoch());
+    return absl::OkStatus();
+  }));
+  return newest;
+}
+
 std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
                                                        std::vector<TensorRef> tensors) {
   absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
@@ -179,7 +196,23 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
     RETURN_IF_ERROR(Annotate(proto::FromGrpc(node.stub()->QueryWriteStatus(&ctx, query, &status)),
                              node.endpoint));
   }
-  if (status.complete()) return absl::OkStatus();  // committed earlier: idempotent
+  if (status.complete()) {
+    // Committed earlier (a restarted attempt): idempotent for the same content only.
+    v1::GetManifestRequest mreq;
+    mreq.set_job(spec.job);
+    mreq.set_step(spec.step);
+    v1::GetManifestResponse mresp;
+    RETURN_IF_ERROR(Unary(node, &mresp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
+      return node.stub()->GetManifest(ctx, mreq, r);
+    }));
+    ASSIGN_OR_RETURN(Manifest m, proto::FromProto(mresp.manifest()));
+    for (const ShardInfo& s : m.shards) {
+      if (s.rank == spec.rank && s.committed && !IsPlaceholder(s)) {
+        return CheckCommittedContent(spec, s, tensors);
+      }
+    }
+    return absl::OkStatus();
+  }
   uint64_t offset = status.committed_size();
   *committed = offset;
   if (offset > total) {
@@ -187,7 +220,12 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
         node.endpoint, ": server holds ", offset, " bytes of a ", total, "-byte shard"));
   }
   grpc::ClientContext ctx;
-  PrepareContext(&ctx, options_, 0);
+  // A server that hangs (stopped, wedged) must not hold an upload forever: the stream gets the
+  // unary deadline plus the time the remaining bytes take at a floor of 8 MiB/s.
+  const uint64_t stream_ms = (total - offset) / ((8u << 20) / 1000);
+  PrepareContext(&ctx, options_,
+                 static_cast<int>(std::min<uint64_t>(options_.rpc_timeout_ms + stream_ms,
+                                                     24ull * 3600 * 1000)));
   v1::WriteResponse resp;
   auto stub = node.stub();  // keeps the channel alive while the stream runs
   std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = stub->Write(&ctx, &resp);

@@ -58,6 +58,7 @@ class RemoteClient final : public Client {
   std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
                                            std::vector<TensorRef> tensors) override;
   absl::Status AbortCheckpoint(const std::string& job, int64_t step) override;
+  absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
                                                    bool include_pending) override;

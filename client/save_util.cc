@@ -1,5 +1,7 @@
 #include "client/save_util.h"
 
+#include "common/sha256.h"
+
 #include <algorithm>
 #include <string>
 
@@ -63,6 +65,22 @@ absl::StatusOr<ShardSpec> ResolveShardSpec(const ShardSpec& spec,
     }
   }
   return out;
+}
+
+absl::Status CheckCommittedContent(const ShardSpec& spec, const ShardInfo& stored,
+                                   const std::vector<TensorRef>& tensors) {
+  for (const TensorRef& t : tensors) {
+    std::string want;
+    for (const TensorInfo& i : stored.tensors) {
+      if (i.spec.name == t.spec.name) want = i.spec.sha256;
+    }
+    if (want != Sha256Hex(t.data, t.spec.byte_length)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "conflict: job ", spec.job, " step ", spec.step, " rank ", spec.rank, " tensor ",
+          t.spec.name, " is already committed with different content"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 uint64_t ShardBytes(const ShardSpec& spec) {

@@ -28,6 +28,12 @@ namespace client {
 absl::StatusOr<ShardSpec> ResolveShardSpec(const ShardSpec& spec,
                                            const std::vector<TensorRef>& tensors);
 
+// For a save of a shard that the store already holds committed (a restarted attempt persisting
+// the same step again): OK when every tensor's SHA-256 equals the stored one (the save is then
+// idempotent), ALREADY_EXISTS "conflict: ..." naming the first tensor whose content differs.
+absl::Status CheckCommittedContent(const ShardSpec& spec, const ShardInfo& stored,
+                                   const std::vector<TensorRef>& tensors);
+
 // Sum of byte_length over a shard's tensors.
 uint64_t ShardBytes(const ShardSpec& spec);
 

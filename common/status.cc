@@ -47,4 +47,14 @@ absl::Status Annotate(const absl::Status& s, absl::string_view context) {
   return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
+absl::Status SupersededError(absl::string_view job, uint64_t newest, uint64_t request) {
+  return absl::FailedPreconditionError(absl::StrCat("job ", job, ": superseded by attempt ",
+                                                    newest, " (request epoch ", request, ")"));
+}
+
+bool IsSuperseded(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) &&
+         s.message().find("superseded by attempt") != absl::string_view::npos;
+}
+
 }  // namespace gradsnap

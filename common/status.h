@@ -9,6 +9,7 @@
 #ifndef GRADSNAP_COMMON_STATUS_H_
 #define GRADSNAP_COMMON_STATUS_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -25,6 +26,11 @@ absl::Status PosixError(absl::string_view context, int error_number);
 
 // Prefixes the message of a non-OK status with `context`, keeping its code.
 absl::Status Annotate(const absl::Status& s, absl::string_view context);
+
+// Writer fencing (storage/epoch.h): FAILED_PRECONDITION "job J: superseded by attempt N
+// (request epoch E)", and whether a status (possibly annotated) is that refusal.
+absl::Status SupersededError(absl::string_view job, uint64_t newest, uint64_t request);
+bool IsSuperseded(const absl::Status& s);
 
 }  // namespace gradsnap
 

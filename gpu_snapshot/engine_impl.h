@@ -113,7 +113,6 @@ class EngineImpl : public SnapshotEngine {
   void ReplayChunk(const EngineEvent& e);
   void EmitDelta(int64_t step, int log_buf);
   void EmitFull(const EngineEvent& e);
-  void NoteError(const absl::Status& s);
 
   // Constant after Init.
   Device* const device_;

@@ -92,12 +92,6 @@ void EngineImpl::ReplayChunk(const EngineEvent& e) {
   if (e.pool_chunk != nullptr) pool_->Release(e.pool_chunk);
 }
 
-void EngineImpl::NoteError(const absl::Status& s) {
-  GS_LOG(ERROR) << "snapshot engine: " << s;
-  absl::MutexLock lock(&mu_);
-  if (counters_.first_error.ok()) counters_.first_error = s;
-}
-
 void EngineImpl::EmitDelta(int64_t step, int log_buf) {
   int64_t base = -1;
   {
@@ -130,9 +124,16 @@ void EngineImpl::EmitDelta(int64_t step, int log_buf) {
       opt_.trace->Complete("persist", absl::StrCat("delta ", step), start_us,
                            opt_.trace->NowMicros() - start_us);
     }
-    if (!s.ok()) NoteError(Annotate(s, absl::StrCat("persist DELTA ", step)));
+    // A failed persist degrades checkpointing, never the engine (the sink decides what is
+    // fatal); CANCELLED: the sink skipped the record on purpose (its chain was cut).
     absl::MutexLock lock(&mu_);
-    if (s.ok()) ++counters_.deltas_persisted;
+    if (s.ok()) {
+      ++counters_.deltas_persisted;
+    } else if (absl::IsCancelled(s)) {
+      ++counters_.deltas_skipped_cut;
+    } else {
+      ++counters_.persist_failures;
+    }
     log_free_[log_buf] = true;
   });
 }
@@ -152,13 +153,14 @@ void EngineImpl::EmitFull(const EngineEvent& e) {
       opt_.trace->Complete("persist", absl::StrCat("full ", step), start_us,
                            opt_.trace->NowMicros() - start_us);
     }
-    if (!s.ok()) NoteError(Annotate(s, absl::StrCat("persist FULL ", step)));
     absl::MutexLock lock(&mu_);
     if (s.ok()) {
       ++counters_.fulls_persisted;
       completed_.push_back(step);
     } else {
-      full_targets_.erase(step);
+      // The step stays in full_targets_: the base of later DELTAs is a function of the step
+      // numbers alone, equal on every rank. The sink skips the DELTAs of a failed FULL.
+      ++counters_.persist_failures;
     }
     full_in_flight_ = false;
   });

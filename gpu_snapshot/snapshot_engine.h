@@ -129,6 +129,11 @@ struct DeltaRecord {
   size_t elem_offset = 0;
 };
 
+// done(OK): durable. done(CANCELLED): the sink skipped the record on purpose (e.g. a DELTA
+// whose chain was cut). Any other status: the persist failed. Failures are counted
+// (EngineCounters::persist_failures) and never stop the engine; the sink decides what is fatal
+// for training (trainer/persist_guard.h). The base of a DELTA is always the latest FULL started
+// before it, whether or not that FULL's persist succeeds, so it is the same on every rank.
 using DoneFn = std::function<void(absl::Status)>;
 class SnapshotSink {
  public:
@@ -156,6 +161,8 @@ struct StepStats {
 struct EngineCounters {
   int64_t fulls_started = 0, fulls_persisted = 0, deferred = 0;
   int64_t deltas_persisted = 0, deltas_skipped_no_base = 0;
+  int64_t deltas_skipped_cut = 0;  // the sink skipped them (done(CANCELLED))
+  int64_t persist_failures = 0;    // FULL and DELTA persists that reported a failure
   int64_t abandoned = 0;  // windows open at Finish with the gradient log on (docs/gockpt.md)
   double stall_ms_total = 0, replay_ms_total = 0;
   uint64_t copied_bytes = 0;

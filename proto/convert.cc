@@ -74,6 +74,7 @@ void ToProto(const storage::CheckpointSpec& in, v1::CheckpointSpec* out) {
   out->set_base_step(in.base_step);
   out->set_world_size(in.world_size);
   out->set_metadata(in.metadata);
+  out->set_epoch(in.epoch);
 }
 
 void ToProto(const storage::ShardSpec& in, v1::ShardSpec* out) {
@@ -82,6 +83,7 @@ void ToProto(const storage::ShardSpec& in, v1::ShardSpec* out) {
   out->set_rank(in.rank);
   for (const auto& t : in.tensors) ToProto(t, out->add_tensors());
   out->set_metadata(in.metadata);
+  out->set_epoch(in.epoch);
 }
 
 void ToProto(const storage::ShardInfo& in, v1::ShardInfo* out) {
@@ -188,6 +190,7 @@ absl::StatusOr<storage::CheckpointSpec> FromProto(const v1::CheckpointSpec& in) 
   c.base_step = in.base_step();
   c.world_size = in.world_size();
   c.metadata = in.metadata();
+  c.epoch = in.epoch();
   return c;
 }
 
@@ -215,6 +218,7 @@ absl::StatusOr<storage::ShardSpec> FromProto(const v1::ShardSpec& in) {
   s.step = in.step();
   s.rank = in.rank();
   s.metadata = in.metadata();
+  s.epoch = in.epoch();
   return s;
 }
 

@@ -75,6 +75,21 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
   return Done(run());
 }
 
+grpc::Status StorageService::AcquireEpoch(grpc::ServerContext* ctx,
+                                          const v1::AcquireEpochRequest* req,
+                                          v1::AcquireEpochResponse* resp) {
+  ScopedLatency t(metrics_->unary_seconds);
+  auto run = [&]() -> absl::Status {
+    if (!serving_) return absl::UnavailableError("server is shutting down");
+    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
+    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    ASSIGN_OR_RETURN(uint64_t epoch, engine_->AcquireEpoch(req->job()));
+    resp->set_epoch(epoch);
+    return absl::OkStatus();
+  };
+  return Done(run());
+}
+
 grpc::Status StorageService::QueryWriteStatus(grpc::ServerContext* ctx,
                                               const v1::QueryWriteStatusRequest* req,
                                               v1::QueryWriteStatusResponse* resp) {

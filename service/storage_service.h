@@ -75,6 +75,8 @@ class StorageService final : public gradsnap::v1::Storage::Service {
                                v1::BeginCheckpointResponse* resp) override;
   grpc::Status AbortCheckpoint(grpc::ServerContext* ctx, const v1::AbortCheckpointRequest* req,
                                v1::AbortCheckpointResponse* resp) override;
+  grpc::Status AcquireEpoch(grpc::ServerContext* ctx, const v1::AcquireEpochRequest* req,
+                            v1::AcquireEpochResponse* resp) override;
   grpc::Status Write(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRequest>* reader,
                      v1::WriteResponse* resp) override;
   grpc::Status QueryWriteStatus(grpc::ServerContext* ctx,

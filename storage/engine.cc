@@ -12,6 +12,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/epoch.h"
 #include "storage/quarantine.h"
 
 namespace gradsnap {
@@ -321,12 +322,9 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
   RETURN_IF_ERROR(ValidateCheckpointSpec(spec));
   RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), spec.job, spec.epoch));
   auto existing = LoadCheckpoint(spec.job, spec.step);
   if (existing.ok()) {
-    if (existing->state == CheckpointState::kCommitted) {
-      return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
-                                                   spec.step, " is already committed"));
-    }
     if (!SameCheckpointSpec(existing->spec, spec)) {
       return absl::AlreadyExistsError(absl::StrCat("checkpoint job ", spec.job, " step ",
                                                    spec.step, " exists with another spec"));
@@ -373,6 +371,7 @@ absl::Status EngineImpl::CheckWritable() const {
 }
 
 absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spec) {
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), spec.job, spec.epoch));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(spec.job, spec.step));
   RETURN_IF_ERROR(ValidateShardSpec(spec, ckpt));
   std::string key = ShardKey(spec.job, spec.step, spec.rank);
@@ -413,6 +412,7 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
   }
   absl::MutexLock lock(&writers_mu_);
   active_writers_.insert(key);
+  rec.spec.epoch = spec.epoch;  // checked again when the writer commits
   return rec;
 }
 
@@ -433,6 +433,7 @@ absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
                                              bool finish) {
   const ShardSpec& s = shard.spec;
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), s.job, s.epoch));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(s.job, s.step));
   MetaStore::Batch b;
   uint32_t idx = shard.chunk_count - static_cast<uint32_t>(new_chunks.size());
@@ -551,6 +552,13 @@ absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
   uint64_t reclaimed = 0;
   for (int64_t d : deltas) RETURN_IF_ERROR(DeleteLocked(job, d, &reclaimed));
   return DeleteLocked(job, step, &reclaimed);
+}
+
+absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+  return AcquireJobEpoch(meta_.get(), job);
 }
 
 absl::StatusOr<std::vector<std::string>> EngineImpl::ListJobs() {

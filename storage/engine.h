@@ -155,8 +155,9 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options);
   virtual ~Engine() = default;
 
-  // Starts a checkpoint (state PENDING). Idempotent for an identical spec; ALREADY_EXISTS if a
-  // checkpoint with this (job, step) exists with a different spec or is committed.
+  // Starts a checkpoint (state PENDING). Idempotent for an identical spec, also once it is
+  // committed (a restarted attempt re-persisting a step); ALREADY_EXISTS if a checkpoint with
+  // this (job, step) exists with a different spec.
   virtual absl::Status BeginCheckpoint(const CheckpointSpec& spec) = 0;
   // Opens a writer for one shard of a begun checkpoint. If the same shard was partly written
   // before (same spec), the writer resumes at its committed_size(); if it is already
@@ -170,6 +171,10 @@ class Engine {
   // QueryWriteStatus.
   virtual absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
                                                       int32_t rank) = 0;
+  // Takes the next writer epoch of `job` (storage/epoch.h): every later request of the job
+  // carrying an older non-zero epoch is refused with FAILED_PRECONDITION "superseded by attempt
+  // N". Durable before it returns.
+  virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
   // Abandons a PENDING checkpoint and frees its space. A PENDING FULL takes its PENDING DELTAs
   // with it; one with a committed DELTA (written by an older version) is FAILED_PRECONDITION.
   virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;

@@ -40,6 +40,7 @@ class EngineImpl : public Engine {
   absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
                                               int32_t rank) override;
   absl::Status AbortCheckpoint(const std::string& job, int64_t step) override;
+  absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job,
                                                               bool include_pending) override;

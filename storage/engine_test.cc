@@ -74,7 +74,11 @@ TEST_P(EngineTest, WriteListReadVerify) {
   EXPECT_TRUE(e->Verify("job1", 10).ok());
   ExpectRestores(e.get(), s0);
   ExpectRestores(e.get(), s1);
-  EXPECT_EQ(e->BeginCheckpoint(c).code(), absl::StatusCode::kAlreadyExists);
+  // A restarted attempt beginning the committed step again: idempotent for the same spec.
+  EXPECT_TRUE(e->BeginCheckpoint(c).ok());
+  CheckpointSpec other = c;
+  other.metadata = "other";
+  EXPECT_EQ(e->BeginCheckpoint(other).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_GE(StorageStats::Get().chunks_written->Value() - chunks_before,
             m->shards[0].tensors[0].chunks + m->shards[1].tensors[0].chunks);
   // A second engine on the same directory is refused while this one is open.

@@ -42,6 +42,8 @@ struct CheckpointSpec {
   int64_t base_step = -1;         // DELTA: the FULL checkpoint it applies to; FULL: -1
   int32_t world_size = 1;         // 1..65536
   std::string metadata;           // opaque bytes (<= 1 MiB) stored with the checkpoint
+  // Writer epoch of the request (storage/epoch.h); 0 = unfenced. Not part of the stored spec.
+  uint64_t epoch = 0;
 };
 
 struct ShardSpec {
@@ -50,6 +52,8 @@ struct ShardSpec {
   int32_t rank = 0;
   std::vector<TensorSpec> tensors;  // <= 100000 tensors
   std::string metadata;             // opaque per-shard bytes (<= 1 MiB)
+  // Writer epoch of the request (storage/epoch.h); 0 = unfenced. Not part of the stored spec.
+  uint64_t epoch = 0;
 };
 
 struct TensorInfo {

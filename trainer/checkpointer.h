@@ -34,6 +34,8 @@
 //
 // ERRORS
 //   A non-OK status from any hook stops the rank with that error (the launcher restarts the job).
+//   A failed persist is not such an error: it is counted and training goes on
+//   (trainer/persist_guard.h), unless it is permanent or --ckpt_on_failure is stop.
 //
 // THREAD SAFETY
 //   Hooks are called from the training thread only, in the order above. Implementations may run
@@ -88,6 +90,20 @@ struct CheckpointerOptions {
   bool gockpt_overlap = true;
   // Chrome trace-event JSON of compute phases, copies, replay and persists. Default: empty
   std::string trace_file;
+  // A persist failing with a transient error is retried with backoff for this long before it
+  // counts as failed (trainer/persist_guard.h). Default: 10000
+  int64_t persist_timeout_ms = 5000;
+  // false (--ckpt_on_failure continue): a failed persist is counted and training goes on; true
+  // (stop): it stops the rank like any error. Default: false
+  bool stop_on_failure = false;
+};
+
+// How checkpointing is doing, for the step lines (docs/trainer.md).
+struct CheckpointHealth {
+  int64_t failures = 0;         // persists that failed on some rank (after their retries)
+  int64_t skipped = 0;          // DELTAs skipped because their chain was cut
+  int64_t recovery_point = -1;  // newest step a resume would restore; -1: none
+  double recovery_age_s = 0;    // seconds since that step ended (0 when none)
 };
 
 class Checkpointer {
@@ -105,6 +121,8 @@ class Checkpointer {
   virtual absl::Status EndStep(int64_t step, const ReplicatedState& state) = 0;
   // After the last step: drain in-flight checkpoints (their time counts in the summary).
   virtual absl::Status Finish() = 0;
+  // Any thread. Default: nothing to report.
+  virtual CheckpointHealth Health() const { return CheckpointHealth(); }
 };
 
 }  // namespace trainer

@@ -22,19 +22,24 @@ absl::Status ReadFileAppend(const std::string& path, std::vector<uint8_t>* out) 
   if (std::filesystem::is_directory(path, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("data file ", path, " is a directory"));
   }
-  // A device or FIFO (/dev/zero) would be read forever; a corpus must fit in memory.
+  // Only regular files of bounded size: a device (/dev/zero), FIFO or socket never ends.
   if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path,
-                                                   " is not a regular file"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data file ", path, " is not a regular file (token data is a file of bytes)"));
   }
-  uintmax_t size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxCorpusBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, " is larger than ",
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", ec.message()));
+  if (size + out->size() > kMaxCorpusBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("data file ", path, " has ", size,
+                                                   " bytes; the corpus is limited to ",
                                                    kMaxCorpusBytes, " bytes"));
   }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open data file ", path));
-  out->insert(out->end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot open data file ", path));
+  const size_t start = out->size();
+  out->resize(start + size);
+  in.read(reinterpret_cast<char*>(out->data() + start), static_cast<std::streamsize>(size));
+  out->resize(start + static_cast<size_t>(in.gcount()));  // a file that shrank meanwhile
   if (in.bad()) return absl::DataLossError(absl::StrCat("error reading data file ", path));
   return absl::OkStatus();
 }

@@ -31,8 +31,13 @@ struct Corpus {
   std::string fingerprint;      // "<bytes>:<sha256 hex>"
 };
 
+// The largest corpus loaded: it is held in memory by every rank. 4 GiB.
+inline constexpr uint64_t kMaxCorpusBytes = 4ull << 30;
+
 // Reads `path` (empty: the default corpus). NOT_FOUND for a missing file, INVALID_ARGUMENT for
-// an empty one or one too short for a sequence of `seq_len` + 1 tokens.
+// an empty one, one too short for a sequence of `seq_len` + 1 tokens, one that is not a regular
+// file (a device, FIFO...) or larger than kMaxCorpusBytes.
+
 absl::StatusOr<Corpus> LoadCorpus(const std::string& path, int seq_len);
 
 class DataLoader {

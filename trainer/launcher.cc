@@ -102,6 +102,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     args.push_back(absl::StrCat("--world_size=", world));
     args.push_back(absl::StrCat("--attempt=", attempt));
     args.push_back(absl::StrCat("--rdzv_dir=", rdzv_dir));
+    args.push_back(absl::StrCat("--launcher_pid=", getpid()));
     if (attempt > 0 && o.resume_on_restart) args.push_back("--resume=latest");
     if (attempt > 0 && failed_at_ms >= 0) {  // rank 0 prints the recovery time split
       args.push_back(absl::StrCat("--recovery_failed_at_ms=", failed_at_ms));

@@ -2,6 +2,8 @@
 #include "trainer/shard_store.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -57,32 +59,74 @@ absl::StatusOr<std::vector<client::CheckpointInfo>> ListFromClient(client::Clien
   return out;
 }
 
+// Reads of a resume wait out a server outage, bounded (kReadWaitMs): an attempt that starts
+// while the server restarts must not fail and burn another launcher restart. The client has
+// already retried each call a few times; this covers outages of seconds.
+constexpr int64_t kReadWaitMs = 30000;
+
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+template <typename F>
+auto WaitOutOutage(F call) -> decltype(call()) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kReadWaitMs);
+  for (int64_t backoff_ms = 100;; backoff_ms = std::min<int64_t>(2000, 2 * backoff_ms)) {
+    auto r = call();
+    if (!absl::IsUnavailable(StatusOf(r)) ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms) > deadline) {
+      return r;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+  }
+}
+
 class DirectShardStore : public ShardStore {
  public:
-  explicit DirectShardStore(std::unique_ptr<client::Client> c) : client_(std::move(c)) {}
+  DirectShardStore(std::unique_ptr<client::Client> c, std::unique_ptr<Comm> comm)
+      : client_(std::move(c)), comm_(std::move(comm)) {}
   absl::Status BeginCheckpoint(const client::CheckpointSpec& spec) override {
-    return client_->BeginCheckpoint(spec);
+    client::CheckpointSpec fenced = spec;
+    fenced.epoch = epoch_;
+    return client_->BeginCheckpoint(fenced);
   }
   absl::Status SaveShard(const client::ShardSpec& spec,
                          std::vector<client::TensorRef> tensors) override {
-    return client_->SaveShard(spec, std::move(tensors));
+    client::ShardSpec fenced = spec;
+    fenced.epoch = epoch_;
+    return client_->SaveShard(fenced, std::move(tensors));
   }
+  absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
+    return client_->AcquireEpoch(job);
+  }
+  void SetEpoch(uint64_t epoch) override { epoch_ = epoch; }
+  absl::StatusOr<bool> AllAgree(bool ok) override {
+    if (comm_ == nullptr) return ok;
+    double failed = ok ? 0 : 1;
+    RETURN_IF_ERROR(comm_->AllReduceSum(&failed, 1));
+    return failed == 0;
+  }
+  bool collective_saves() const override { return false; }
   absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
       const std::string& job) override {
-    return ListFromClient(*client_, job);
+    return WaitOutOutage([&] { return ListFromClient(*client_, job); });
   }
   absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step, int32_t rank,
                                              const std::vector<TensorOut>& tensors) override {
-    return RestoreShardTensors(*client_, job, step, rank, tensors);
+    return WaitOutOutage([&] { return RestoreShardTensors(*client_, job, step, rank, tensors); });
   }
   client::Client* client() override { return client_.get(); }
 
  private:
   std::unique_ptr<client::Client> client_;
+  std::unique_ptr<Comm> comm_;
+  uint64_t epoch_ = 0;
 };
 
 // Message tags of the funnel protocol (each a header + payload pair, see wire.h).
-enum Tag : uint32_t { kSave = 1, kSaveAck, kList, kRestoreReq, kRestoreResp };
+enum Tag : uint32_t { kSave = 1, kSaveAck, kList, kRestoreReq, kRestoreResp, kAgree, kAgreed };
 
 class FunnelShardStore : public ShardStore {
  public:
@@ -91,8 +135,36 @@ class FunnelShardStore : public ShardStore {
 
   absl::Status BeginCheckpoint(const client::CheckpointSpec& spec) override {
     if (comm_->rank() != 0) return absl::OkStatus();  // rank 0 begins it for everyone
-    return client_->BeginCheckpoint(spec);
+    client::CheckpointSpec fenced = spec;
+    fenced.epoch = epoch_;
+    return client_->BeginCheckpoint(fenced);
   }
+
+  absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
+    if (comm_->rank() != 0) return 0;
+    return client_->AcquireEpoch(job);
+  }
+  void SetEpoch(uint64_t epoch) override { epoch_ = epoch; }
+
+  absl::StatusOr<bool> AllAgree(bool ok) override {
+    if (comm_->rank() != 0) {
+      RETURN_IF_ERROR(SendMessage(*comm_, 0, kAgree, ok ? "1" : "0"));
+      absl::StatusOr<std::string> all = RecvMessage(*comm_, 0, kAgreed);
+      if (!all.ok()) return all.status();
+      return all->size() == 1 && all->front() == '1';
+    }
+    bool all = ok;
+    for (int r = 1; r < comm_->world_size(); ++r) {
+      absl::StatusOr<std::string> msg = RecvMessage(*comm_, r, kAgree);
+      if (!msg.ok()) return msg.status();
+      all = all && msg->size() == 1 && msg->front() == '1';
+    }
+    for (int r = 1; r < comm_->world_size(); ++r) {
+      RETURN_IF_ERROR(SendMessage(*comm_, r, kAgreed, all ? "1" : "0"));
+    }
+    return all;
+  }
+  bool collective_saves() const override { return true; }
 
   absl::Status SaveShard(const client::ShardSpec& spec,
                          std::vector<client::TensorRef> tensors) override {
@@ -101,7 +173,9 @@ class FunnelShardStore : public ShardStore {
       ASSIGN_OR_RETURN(std::string ack, RecvMessage(*comm_, 0, kSaveAck));
       return DecodeStatus(ack);
     }
-    absl::Status result = client_->SaveShard(spec, std::move(tensors));
+    client::ShardSpec fenced = spec;
+    fenced.epoch = epoch_;
+    absl::Status result = client_->SaveShard(fenced, std::move(tensors));
     for (int r = 1; r < comm_->world_size(); ++r) {
       ASSIGN_OR_RETURN(std::string msg, RecvMessage(*comm_, r, kSave));
       absl::Status s = SaveEncoded(msg);
@@ -148,17 +222,20 @@ class FunnelShardStore : public ShardStore {
     client::ShardSpec spec;
     std::vector<client::TensorRef> refs;
     RETURN_IF_ERROR(DecodeShard(msg, &spec, &refs));
+    spec.epoch = epoch_;
     return client_->SaveShard(spec, std::move(refs));
   }
 
   std::unique_ptr<client::Client> client_;
   std::unique_ptr<Comm> comm_;
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client) {
-  return std::make_unique<DirectShardStore>(std::move(client));
+std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client,
+                                                std::unique_ptr<Comm> comm) {
+  return std::make_unique<DirectShardStore>(std::move(client), std::move(comm));
 }
 
 std::unique_ptr<ShardStore> NewFunnelShardStore(std::unique_ptr<client::Client> client,

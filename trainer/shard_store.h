@@ -27,11 +27,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "trainer/comm.h"
 
 namespace gradsnap {
 namespace trainer {
 
-class Comm;
 
 // One tensor of a shard to restore into caller memory.
 struct TensorOut {
@@ -59,6 +59,17 @@ class ShardStore {
                                                      const std::vector<TensorOut>& tensors) = 0;
   // The underlying client on this rank, or nullptr where this rank funnels through rank 0.
   virtual client::Client* client() = 0;
+
+  // Writer fencing (docs/protocol.md, "Epochs"). AcquireEpoch takes the job's next epoch from
+  // the store (rank 0; funneled ranks get 0); SetEpoch makes every later begin and save of this
+  // store carry `epoch`, so a store of an older attempt is refused as superseded.
+  virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
+  virtual void SetEpoch(uint64_t epoch) = 0;
+  // True on every rank of the job when `ok` is true on every rank. Collective, on the store's
+  // own communicator (not the training one), so a persist thread may call it.
+  virtual absl::StatusOr<bool> AllAgree(bool ok) = 0;
+  // Saves are collective (funneled): a rank must not retry one on its own.
+  virtual bool collective_saves() const = 0;
 };
 
 // Restores tensors of shard (job, step, rank) straight from a client: checks each tensor exists
@@ -68,8 +79,9 @@ absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::st
                                                 int64_t step, int32_t rank,
                                                 const std::vector<TensorOut>& tensors);
 
-// Each rank talks to `client` directly.
-std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client);
+// Each rank talks to `client` directly; `comm` (nullptr for one rank) carries AllAgree only.
+std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client,
+                                                std::unique_ptr<Comm> comm = nullptr);
 // Rank 0 owns `client` (nullptr on other ranks); shards travel over `comm`, which the store
 // uses exclusively.
 std::unique_ptr<ShardStore> NewFunnelShardStore(std::unique_ptr<client::Client> client,

@@ -24,6 +24,7 @@
 #include "gpu_snapshot/snapshot_engine.h"
 #include "trainer/full_shard.h"
 #include "trainer/grad_log_store.h"
+#include "trainer/persist_guard.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -32,10 +33,13 @@ namespace {
 using gpu_snapshot::DoneFn;
 
 // Persists FULL snapshots and DELTA records through the store, in submission order.
+// Every persist runs under the PersistGuard (retries, the ranks' agreement on its outcome,
+// chain cuts), so a failure degrades checkpointing and never stops the engine.
 class StoreSink : public gpu_snapshot::SnapshotSink {
  public:
-  StoreSink(ShardStore* store, std::string job, const TrainStateView& view)
-      : store_(store), job_(std::move(job)), view_(view), thread_([this] { Run(); }) {}
+  StoreSink(ShardStore* store, std::string job, const TrainStateView& view, PersistGuard* guard)
+      : store_(store), job_(std::move(job)), view_(view), guard_(guard),
+        thread_([this] { Run(); }) {}
   ~StoreSink() override {
     {
       absl::MutexLock lock(&mu_);
@@ -45,13 +49,18 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   }
   void PersistFull(const gpu_snapshot::HostSnapshot& s, DoneFn done) override {
     Enqueue([this, s] {
-      ASSIGN_OR_RETURN(ReplicatedState st, ReplicatedState::Parse(s.small_state));
-      return SaveFullShard(*store_, job_, s.step, view_, s.state.params, s.state.m, s.state.v,
-                           st);
+      return guard_->Persist(client::CheckpointKind::kFull, s.step, -1, [&] {
+        ASSIGN_OR_RETURN(ReplicatedState st, ReplicatedState::Parse(s.small_state));
+        return SaveFullShard(*store_, job_, s.step, view_, s.state.params, s.state.m, s.state.v,
+                             st);
+      });
     }, std::move(done));
   }
   void PersistDelta(const gpu_snapshot::DeltaRecord& r, DoneFn done) override {
-    Enqueue([this, r] { return SaveDeltaShard(*store_, job_, view_, r); }, std::move(done));
+    Enqueue([this, r] {
+      return guard_->Persist(client::CheckpointKind::kDelta, r.step, r.base_step,
+                             [&] { return SaveDeltaShard(*store_, job_, view_, r); });
+    }, std::move(done));
   }
 
  private:
@@ -84,6 +93,7 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   ShardStore* const store_;
   const std::string job_;
   const TrainStateView view_;
+  PersistGuard* const guard_;
   absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -106,6 +116,7 @@ class SnapshotCheckpointer : public Checkpointer {
   ~SnapshotCheckpointer() override {
     engine_.reset();  // drains into the sink before the sink goes
     sink_.reset();
+    guard_.reset();
   }
 
   absl::Status Start(const ReplicatedState& state) override {
@@ -117,7 +128,9 @@ class SnapshotCheckpointer : public Checkpointer {
     } else {
       device_ = gpu_snapshot::NewHostDevice();
     }
-    sink_ = std::make_unique<StoreSink>(store_, o_.job, view_);
+    guard_ = std::make_unique<PersistGuard>(store_, o_, view_.rank,
+                                            state.step > 0 ? state.step : -1);
+    sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get());
     gpu_snapshot::EngineOptions eo;
     eo.mode = ModeOf(o_.mode);
     eo.grad_log = o_.grad_log;
@@ -175,6 +188,8 @@ class SnapshotCheckpointer : public Checkpointer {
     const bool due = o_.every > 0 && step % o_.every == 0 &&
                      o_.mode != std::string("none");
     RETURN_IF_ERROR(engine_->AfterUpdate(u, due));
+    guard_->NoteStepEnd(step);
+    RETURN_IF_ERROR(guard_->fatal());
     gpu_snapshot::StepStats st = engine_->TakeStepStats();
     if (view_.rank == 0 && (st.started || st.deferred)) {
       if (st.started) {
@@ -191,19 +206,27 @@ class SnapshotCheckpointer : public Checkpointer {
 
   absl::Status Finish() override {
     absl::Status s = engine_->Finish();
+    if (s.ok()) s = guard_->fatal();
     gpu_snapshot::EngineCounters c = engine_->counters();
     if (view_.rank == 0) {
+      const CheckpointHealth h = guard_->health();
       std::printf(
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
+          "failures=%lld deltas_skipped=%lld "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
           o_.mode.c_str(), o_.grad_log ? 1 : 0, static_cast<long long>(c.fulls_persisted),
           static_cast<long long>(c.deferred), static_cast<long long>(c.deltas_persisted),
+          static_cast<long long>(h.failures), static_cast<long long>(h.skipped),
           c.replay_ms_total, engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /
               static_cast<double>(engine_->state_bytes()));
       std::fflush(stdout);
     }
     return s;
+  }
+
+  CheckpointHealth Health() const override {
+    return guard_ != nullptr ? guard_->health() : CheckpointHealth();
   }
 
  private:
@@ -215,6 +238,7 @@ class SnapshotCheckpointer : public Checkpointer {
   ShardStore* const store_;
   gpu_snapshot::TraceWriter* const trace_;
   std::unique_ptr<gpu_snapshot::Device> device_;
+  std::unique_ptr<PersistGuard> guard_;
   std::unique_ptr<StoreSink> sink_;
   std::unique_ptr<gpu_snapshot::SnapshotEngine> engine_;
   UpdateInfo pending_;
@@ -257,6 +281,7 @@ class TracingCheckpointer : public Checkpointer {
     return Hook("ckpt end_step", absl::StrCat("allgather ", s),
                 [&] { return inner_->EndStep(s, st); });
   }
+  CheckpointHealth Health() const override { return inner_->Health(); }
   absl::Status Finish() override {
     absl::Status s = Hook("ckpt finish", "", [&] { return inner_->Finish(); });
     absl::Status f = trace_->Flush();

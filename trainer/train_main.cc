@@ -3,6 +3,13 @@
 // Without --rank it is the launcher: it validates the flags, then starts --nproc ranks of itself
 // and restarts them on failure (launcher.h). With the hidden --rank flag it is one rank.
 // Flags may be spelled with dashes or underscores (--ckpt-mode or --ckpt_mode).
+#include <netdb.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -10,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_join.h"
@@ -18,6 +26,7 @@
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
 #include "recovery/state_source.h"
+#include "common/names.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
 #include "trainer/full_shard.h"
@@ -64,6 +73,10 @@ ABSL_FLAG(bool, test_fail_after_commit, false, "(testing) the failure drill firs
 ABSL_FLAG(std::string, trace, "", "Write a Chrome/Perfetto trace-event JSON (compute phases, copies, replay, persists) to this file; each rank > 0 appends .rankR. Default: empty (off)");
 ABSL_FLAG(int, gockpt_window, 0, "gockpt window K in steps; 0 = automatic (docs/gockpt.md). Default: 0");
 ABSL_FLAG(bool, gockpt_overlap, true, "gockpt -O: gradient copies overlap the update instead of blocking. Default: true");
+ABSL_FLAG(std::string, ckpt_on_failure, "continue", "What a checkpoint persist that fails after its retries does: continue (count it, keep training; the recovery point gets older) or stop (the rank fails like any error). Permanent errors (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, superseded) always stop the job. Default: continue");
+ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 5000, "A checkpoint persist failing with a transient error is retried with backoff for this long before it counts as failed. Default: 5000");
+ABSL_FLAG(bool, test_ignore_parent_death, false, "(testing) ranks survive their launcher, to drill zombie fencing. Default: false");
+ABSL_FLAG(int64_t, test_step_delay_ms, 0, "(testing) sleep this long before every step, so fault drills have a job that lasts. Default: 0 (off)");
 ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");
 // Set by the launcher for its children.
 ABSL_FLAG(int, rank, -1, "(internal) global rank of this process");
@@ -73,6 +86,7 @@ ABSL_FLAG(int, local_rank, 0, "(internal) the rank's index on its node");
 ABSL_FLAG(std::string, rdzv_dir, "", "(internal) rendezvous directory of this attempt");
 ABSL_FLAG(int64_t, recovery_failed_at_ms, -1, "(internal) when the launcher saw the previous attempt fail (Unix ms)");
 ABSL_FLAG(int64_t, recovery_spawned_at_ms, -1, "(internal) when the launcher started this attempt (Unix ms)");
+ABSL_FLAG(int, launcher_pid, 0, "(internal) pid of the launcher that started this rank");
 
 namespace {
 
@@ -128,7 +142,10 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.ckpt.gockpt_window = absl::GetFlag(FLAGS_gockpt_window);
   o.ckpt.gockpt_overlap = absl::GetFlag(FLAGS_gockpt_overlap);
   o.ckpt.trace_file = absl::GetFlag(FLAGS_trace);
+  o.ckpt.persist_timeout_ms = absl::GetFlag(FLAGS_ckpt_persist_timeout_ms);
+  o.ckpt.stop_on_failure = absl::GetFlag(FLAGS_ckpt_on_failure) == "stop";
   o.test_skip_step = absl::GetFlag(FLAGS_test_skip_step);
+  o.test_step_delay_ms = std::max<int64_t>(0, absl::GetFlag(FLAGS_test_step_delay_ms));
   const std::string storage = absl::GetFlag(FLAGS_storage);
   if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
@@ -172,13 +189,106 @@ int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
   return 0;
 }
 
+// absl's parser answers a bad flag with several lines and exit 1; the contract is one line and
+// exit 2. Checks every --flag[=value] (and --flag value) against the registered flags, parsing
+// each value with the flag's own parser. Returns the problem, or "" when all is well.
+std::string CheckFlagSyntax(const std::vector<char*>& args) {
+  static const char* const kBuiltins[] = {"help",    "helpfull",  "helpshort",      "helppackage",
+                                          "version", "helpon",    "helpmatch",      "only_check_args"};
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string a = args[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-') continue;  // positional: reported after parsing
+    std::string body = a.substr(a[1] == '-' ? 2 : 1);
+    const size_t eq = body.find('=');
+    const bool has_value = eq != std::string::npos;
+    const std::string name = body.substr(0, eq);
+    std::string value = has_value ? body.substr(eq + 1) : "";
+    if (std::find(std::begin(kBuiltins), std::end(kBuiltins), name) != std::end(kBuiltins)) {
+      continue;
+    }
+    absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+    if (f == nullptr && name.rfind("no", 0) == 0) {
+      absl::CommandLineFlag* b = absl::FindCommandLineFlag(name.substr(2));
+      if (b != nullptr && b->IsOfType<bool>()) {
+        if (has_value) return "--" + name + " takes no value";
+        continue;
+      }
+    }
+    if (f == nullptr) return "unknown flag --" + name + " (see --help)";
+    if (!has_value) {
+      if (f->IsOfType<bool>()) continue;
+      if (i + 1 >= args.size()) return "missing value for --" + name;
+      value = args[++i];
+    }
+    std::string err;
+    if (!f->ParseFrom(value, &err)) {
+      return "bad value '" + value + "' for --" + name + (err.empty() ? "" : ": " + err);
+    }
+  }
+  return "";
+}
+
+// The address this node's ranks listen on must resolve and be bindable here (Gloo's device
+// setup is not safe to feed a bad one).
+std::string CheckHostname(const std::string& host) {
+  if (host.empty() || host.size() > 253) return "--hostname must be a host name or address";
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0) {
+    return "--hostname " + host + ": cannot resolve (" + gai_strerror(rc) + ")";
+  }
+  std::string problem = "--hostname " + host + ": not an address of this machine";
+  for (addrinfo* p = res; p != nullptr; p = p->ai_next) {
+    const int fd = socket(p->ai_family, p->ai_socktype, p->ai_protocol);
+    if (fd < 0) continue;
+    const bool ok = bind(fd, p->ai_addr, p->ai_addrlen) == 0;
+    close(fd);
+    if (ok) {
+      problem.clear();
+      break;
+    }
+  }
+  freeaddrinfo(res);
+  return problem;
+}
+
 // Launcher-side checks, so bad input fails once with one clear line instead of in every rank.
 int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, int node_rank) {
   namespace t = gradsnap::trainer;
-  if (nproc < 1) return Fail("--nproc must be at least 1");
-  if (nnodes < 1 || node_rank < 0 || node_rank >= nnodes) {
+  if (nproc < 1 || nproc > 1024) return Fail("--nproc must be in [1, 1024]");
+  if (nnodes < 1 || nnodes > 65536 || static_cast<int64_t>(nproc) * nnodes > 65536) {
+    return Fail("--nnodes must be >= 1 and nproc * nnodes at most 65536");
+  }
+  if (node_rank < 0 || node_rank >= nnodes) {
     return Fail("--node_rank must be in [0, --nnodes)");
   }
+  if (absl::GetFlag(FLAGS_max_restarts) < 0) return Fail("--max_restarts must be >= 0");
+  if (o.blas_threads < 1) return Fail("--blas_threads must be at least 1");
+  if (o.seq_len < 0) return Fail("--seq must be >= 0 (0 = the model's context)");
+  if (o.ckpt.every < 0) return Fail("--ckpt_every must be >= 0");
+  if (o.ckpt.gockpt_window < 0) return Fail("--gockpt_window must be >= 0");
+  if (o.ckpt.persist_timeout_ms < 0) return Fail("--ckpt_persist_timeout_ms must be >= 0");
+  const std::string on_failure = absl::GetFlag(FLAGS_ckpt_on_failure);
+  if (on_failure != "continue" && on_failure != "stop") {
+    return Fail("--ckpt_on_failure must be continue or stop");
+  }
+  if (o.fail_at_step >= 0 && (o.fail_rank < 0 || o.fail_rank >= nproc * nnodes)) {
+    return Fail("--fail_rank must be a rank of the job");
+  }
+  if (absl::Status s = gradsnap::ValidateName(o.ckpt.job, "--job"); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  for (const std::string& e : o.storage) {
+    const size_t colon = e.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == e.size() ||
+        e.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
+      return Fail("--storage endpoint '" + e + "' is not HOST:PORT");
+    }
+  }
+  if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
   if (nnodes > 1 && absl::GetFlag(FLAGS_rdzv).empty()) {
     return Fail("--rdzv DIR (shared by all nodes) is required when --nnodes > 1");
   }
@@ -235,17 +345,33 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   std::vector<std::string> arg_storage;
   std::vector<char*> args = NormalizeFlags(argc, argv, &arg_storage);
+  if (std::string bad = CheckFlagSyntax(args); !bad.empty()) return Fail(bad);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
   const gradsnap::trainer::TrainOptions o = OptionsFromFlags();
 
   if (o.rank >= 0) {  // one rank
+    // A rank dies with its launcher (no zombie keeps writing), also if the launcher died
+    // before this line ran.
+    const int launcher = absl::GetFlag(FLAGS_launcher_pid);
+    if (!absl::GetFlag(FLAGS_test_ignore_parent_death)) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (launcher > 0 && getppid() != launcher) return Fail("the launcher is gone");
+    }
+    if (o.world_size < 1 || o.world_size > 65536 || o.rank >= o.world_size) {
+      return Fail("--rank must be in [0, --world_size) and --world_size in [1, 65536]");
+    }
+    if (o.world_size > 1 && o.rdzv_dir.empty()) return Fail("--rdzv_dir is required");
+    if (o.world_size > 1) {
+      if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
+    }
     const absl::Status s = gradsnap::trainer::RunRank(o);
     if (s.ok()) return 0;
     std::fprintf(stderr, "gradsnap-train: rank %d: %s\n", o.rank, s.ToString().c_str());
     const bool permanent = absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||
                            absl::IsFailedPrecondition(s) || absl::IsUnimplemented(s) ||
-                           absl::IsAlreadyExists(s);
+                           absl::IsAlreadyExists(s) || absl::IsUnauthenticated(s) ||
+                           absl::IsPermissionDenied(s);
     return permanent ? kExitNoRestart : 1;
   }
 
@@ -269,6 +395,11 @@ int main(int argc, char** argv) {
     };
   }
   if (int rc = Validate(o, lo.nproc, lo.nnodes, lo.node_rank); rc != 0) return rc;
+  // A store that refuses this job for good (no or a wrong token, a bad directory) stops it here,
+  // once, instead of in every rank of every attempt.
+  if (absl::Status s = gradsnap::trainer::CheckStoreAccess(o); !s.ok()) {
+    return Fail(s.ToString());
+  }
   for (int i = 1; i < static_cast<int>(args.size()); ++i) lo.rank_args.push_back(args[i]);
   return gradsnap::trainer::Launch(lo);
 }

@@ -23,6 +23,7 @@
 #include "trainer/grad_log_store.h"
 #include "trainer/model_layout.h"
 #include "trainer/resume.h"
+#include "trainer/persist_guard.h"
 #include "trainer/shard_store.h"
 #include "trainer/sim_backend.h"
 
@@ -45,22 +46,63 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   co.endpoints = o.storage;
   co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
   co.token = o.token;
+  // Each store call gives up after a few quick retries; the persist policy
+  // (persist_guard.h) retries whole persists within --ckpt_persist_timeout_ms.
+  co.max_attempts = 4;
+  co.rpc_timeout_ms = 5000;
   return co;
+}
+
+// The embedded engine's directory is locked by one process (RocksDB LOCK, an fcntl lock the
+// kernel drops when its owner dies). A rank of the previous attempt may still be dying when this
+// one starts: wait for the lock a bounded time (kLockWaitMs) instead of failing.
+constexpr int64_t kLockWaitMs = 10000;
+
+absl::StatusOr<std::unique_ptr<client::Client>> ConnectStore(const client::ClientOptions& co) {
+  const int64_t deadline = MonotonicNanos() / 1000000 + kLockWaitMs;
+  for (;;) {
+    absl::StatusOr<std::unique_ptr<client::Client>> c = Connect(co);
+    const bool locked = !c.ok() && !co.local_dir.empty() &&
+                        absl::IsFailedPrecondition(c.status()) &&
+                        c.status().message().find("another process") != absl::string_view::npos;
+    if (!locked || MonotonicNanos() / 1000000 > deadline) return c;
+    usleep(100 * 1000);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
   const client::ClientOptions co = StoreClientOptions(o);
-  if (!o.storage.empty() || o.world_size == 1) {
-    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(co));
-    return NewDirectShardStore(std::move(c));
+  std::unique_ptr<Comm> comm;
+  if (o.world_size > 1) {
+    // The store's own group: the funnel protocol, or the ranks' agreement on persist outcomes.
+    GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
+    ASSIGN_OR_RETURN(comm, NewGlooComm(g));
   }
-  GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
-  ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, NewGlooComm(g));
+  if (!o.storage.empty() || o.world_size == 1) {
+    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, ConnectStore(co));
+    return NewDirectShardStore(std::move(c), std::move(comm));
+  }
   std::unique_ptr<client::Client> c;
   if (o.rank == 0) {
-    ASSIGN_OR_RETURN(c, Connect(co));
+    ASSIGN_OR_RETURN(c, ConnectStore(co));
   }
   return NewFunnelShardStore(std::move(c), std::move(comm));
+}
+
+// The first call of an attempt to the store: a restart that lands in a server outage waits
+// for the server (bounded, kStartupWaitMs) instead of failing and burning another restart.
+constexpr int64_t kStartupWaitMs = 30000;
+
+absl::StatusOr<uint64_t> AcquireEpochPatiently(ShardStore& store, const std::string& job) {
+  const int64_t deadline = MonotonicNanos() / 1000000 + kStartupWaitMs;
+  for (;;) {
+    absl::StatusOr<uint64_t> e = store.AcquireEpoch(job);
+    if (e.ok() || !absl::IsUnavailable(e.status()) ||
+        MonotonicNanos() / 1000000 > deadline) {
+      return e;
+    }
+    usleep(200 * 1000);
+  }
 }
 
 ReplicatedState InitialState(const TrainOptions& o, const ModelConfig& config,
@@ -139,6 +181,15 @@ absl::Status RankRunner::Setup() {
   }
   if (o_.ckpt.mode != "none" || o_.resume != "none") {  // --init-from alone needs no store
     ASSIGN_OR_RETURN(store_, OpenStore(o_));
+    // One writer per job: this attempt takes a new epoch (rank 0), every rank writes with it,
+    // and the store refuses the writes of every older attempt (docs/protocol.md, "Epochs").
+    double epoch = 0;
+    if (o_.rank == 0) {
+      ASSIGN_OR_RETURN(uint64_t e, AcquireEpochPatiently(*store_, o_.ckpt.job));
+      epoch = static_cast<double>(e);
+    }
+    RETURN_IF_ERROR(comm_->AllReduceSum(&epoch, 1));
+    store_->SetEpoch(static_cast<uint64_t>(epoch));
   }
   const int local_batch = o_.global_batch / o_.world_size;
   // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
@@ -165,8 +216,17 @@ absl::Status RankRunner::Setup() {
 
 }  // namespace
 
+absl::Status CheckStoreAccess(const TrainOptions& o) {
+  if (o.ckpt.mode == "none" && !o.ckpt.grad_log && o.resume == "none") return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<client::Client>> c = ConnectStore(StoreClientOptions(o));
+  absl::Status s = c.status();
+  if (c.ok()) s = (*c)->List(o.ckpt.job).status();
+  if (IsPermanentStoreError(s) && !IsSuperseded(s)) return s;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
-  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(StoreClientOptions(o)));
+  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, ConnectStore(StoreClientOptions(o)));
   ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> all,
                    c->List(o.ckpt.job, /*include_pending=*/true));
   int removed = 0;
@@ -269,6 +329,7 @@ absl::Status RankRunner::Step(int64_t s) {
     GS_LOG(WARNING) << "failure drill: rank " << o_.rank << " kills itself at step " << s;
     raise(SIGKILL);
   }
+  if (o_.test_step_delay_ms > 0) usleep(static_cast<useconds_t>(o_.test_step_delay_ms) * 1000);
   Stopwatch step_sw;
   double stall = 0;
   {
@@ -325,8 +386,15 @@ absl::Status RankRunner::Step(int64_t s) {
   total_stall_ms_ += stall;
   ++steps_run_;
   if (o_.rank == 0) {
-    std::printf("step %lld loss %.6f step_ms %.1f stall_ms %.1f%s\n", static_cast<long long>(s),
-                sums[0] / tokens, step_ms, stall, info.skipped ? " skipped" : "");
+    std::string health;
+    if (store_ != nullptr && o_.ckpt.mode != "none") {
+      const CheckpointHealth h = ckpt_->Health();
+      health = absl::StrFormat(" ckpt_failures %d recovery_point %d recovery_age_s %.1f",
+                               h.failures, h.recovery_point, h.recovery_age_s);
+    }
+    std::printf("step %lld loss %.6f step_ms %.1f stall_ms %.1f%s%s\n",
+                static_cast<long long>(s), sums[0] / tokens, step_ms, stall,
+                info.skipped ? " skipped" : "", health.c_str());
     std::fflush(stdout);
   }
   return absl::OkStatus();
@@ -338,14 +406,17 @@ absl::Status RankRunner::Summary() {
   if (o_.rank != 0) return absl::OkStatus();
   const std::string sha = Sha256Hex(params.data(), params.size() * sizeof(float));
   const double tokens = static_cast<double>(steps_run_) * o_.global_batch * seq_len_;
+  const CheckpointHealth h = ckpt_->Health();
   std::printf(
       "summary model=%s nproc=%d step=%lld steps_run=%lld tokens=%.0f tokens_per_s=%.1f "
-      "mean_step_ms=%.1f stall_ms_total=%.1f resumed_from=%lld params=%zu params_sha256=%s\n",
+      "mean_step_ms=%.1f stall_ms_total=%.1f resumed_from=%lld ckpt_failures=%lld "
+      "recovery_point=%lld recovery_age_s=%.1f params=%zu params_sha256=%s\n",
       o_.model.c_str(), o_.world_size, static_cast<long long>(state_.step),
       static_cast<long long>(steps_run_), tokens,
       total_ms_ > 0 ? tokens / (total_ms_ / 1000.0) : 0.0,
       steps_run_ > 0 ? total_ms_ / steps_run_ : 0.0, total_stall_ms_,
-      static_cast<long long>(resumed_from_), params.size(), sha.c_str());
+      static_cast<long long>(resumed_from_), static_cast<long long>(h.failures),
+      static_cast<long long>(h.recovery_point), h.recovery_age_s, params.size(), sha.c_str());
   std::fflush(stdout);
   return absl::OkStatus();
 }

@@ -69,6 +69,8 @@ struct TrainOptions {
   bool test_fail_after_commit = false;
   // Test hook: the update of this step is skipped as if its gradient norm were not finite.
   int64_t test_skip_step = -1;
+  // Test hook: every step sleeps this long first (fault drills need a job that lasts). 0 = off.
+  int64_t test_step_delay_ms = 0;
 };
 
 // Runs this rank to completion. Errors: INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION for
@@ -79,6 +81,12 @@ absl::Status RunRank(const TrainOptions& options);
 // DELTA some ranks had saved when another died). The launcher calls it between attempts, while
 // no rank runs, so the restarted ranks can write those steps anew. Returns how many it removed.
 absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& options);
+
+// The launcher's check before it starts any rank: with checkpointing or resume on, opens the
+// store and lists the job. A permanent refusal (UNAUTHENTICATED, PERMISSION_DENIED,
+// INVALID_ARGUMENT) is returned; anything else (e.g. a server still starting) is left to the
+// ranks and their restarts.
+absl::Status CheckStoreAccess(const TrainOptions& options);
 
 }  // namespace trainer
 }  // namespace gradsnap

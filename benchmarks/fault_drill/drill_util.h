@@ -26,6 +26,10 @@ struct DrillOptions {
   uint64_t shard_bytes = 8 << 20;
   uint64_t seed = 1;
   bool keep = false;       // keep the temporary directories (for a post-mortem)
+  // Training scenario (training_scenario.h):
+  std::string bin_dir;     // holds gradsnap-server and gradsnap-train
+  int kills = 20;          // server SIGKILLs while the job trains
+  bool quick = false;      // CI-sized: shorter outages and runs
 };
 
 // A fresh directory under `parent`, removed (with its contents) on destruction unless kept.

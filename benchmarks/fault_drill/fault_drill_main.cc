@@ -3,10 +3,15 @@
 //   fault_drill [--scenario storage|training|all] [--rounds N] [--shard_bytes B] [--check]
 //
 // Scenarios (each in its own file): storage (storage_scenario.h: catalog loss and rebuild,
-// SIGKILL mid-upload, orphan DELTAs, a second server on the port). The last line of the output
+// SIGKILL mid-upload, orphan DELTAs, a second server on the port) and training
+// (training_scenario.h: a 2-rank gockpt + gradient-log job of gradsnap-train while its
+// gradsnap-server is SIGKILLed --kills times at random moments). Keys both scenarios report
+// (orphan_deltas_listed) are summed. The last line of the output
 // is the name=value pairs of every scenario that ran, merged. With --check the exit status is 1
 // when a result misses its target (the ctest `fault_drill_storage` runs a short drill so).
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -15,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "benchmarks/fault_drill/drill_util.h"
 #include "benchmarks/fault_drill/storage_scenario.h"
+#include "benchmarks/fault_drill/training_scenario.h"
 #include "common/logging.h"
 
 ABSL_FLAG(std::string, scenario, "all", "storage, training or all. Default: all.");
@@ -28,6 +34,47 @@ ABSL_FLAG(bool, check, false, "Exit 1 when a result misses its target. Default: 
 ABSL_FLAG(std::string, server_bin, GRADSNAP_SERVER_BIN, "gradsnap-server binary. Default: the build's.");
 ABSL_FLAG(std::string, cli_bin, GRADSNAP_CLI_BIN, "gradsnap binary. Default: the build's.");
 ABSL_FLAG(std::string, train_bin, GRADSNAP_TRAIN_BIN, "gradsnap-train binary. Default: the build's.");
+ABSL_FLAG(int, kills, 20, "Training: server SIGKILLs while the job trains. Default: 20.");
+ABSL_FLAG(bool, quick, false, "Training: CI-sized, shortest outages (0.5-0.8 s) and a shorter job. Default: false.");
+
+namespace {
+
+// Training targets: the job survived every server kill without a storage-caused restart, and
+// the store lists nothing partial, orphaned or damaged.
+bool TrainingTargetsMet(const std::map<std::string, std::string>& kv, std::string* why) {
+  static const std::pair<const char*, const char*> kTargets[] = {
+      {"train_restarts_caused_by_storage", "0"}, {"lost_data", "0"}, {"partial_listed", "0"},
+      {"chain_holes_listed", "0"}, {"spec_conflicts", "0"}, {"params_match", "1"},
+      {"resume_ok", "1"}, {"train_exit", "0"}};
+  bool met = true;
+  for (const auto& [key, want] : kTargets) {
+    auto it = kv.find(key);
+    if (it == kv.end() || it->second != want) {
+      met = false;
+      *why += std::string(" ") + key + "=" + (it == kv.end() ? "?" : it->second);
+    }
+  }
+  return met;
+}
+
+// Adds `from` to `into`; a key both hold is summed (integers) or kept from `into`.
+void MergeKv(const std::map<std::string, std::string>& from,
+             std::map<std::string, std::string>* into) {
+  for (const auto& [k, v] : from) {
+    auto it = into->find(k);
+    if (it == into->end()) {
+      (*into)[k] = v;
+      continue;
+    }
+    char* e1 = nullptr;
+    char* e2 = nullptr;
+    const long long a = std::strtoll(it->second.c_str(), &e1, 10);
+    const long long b = std::strtoll(v.c_str(), &e2, 10);
+    if (*e1 == '\0' && *e2 == '\0') it->second = std::to_string(a + b);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("fault_drill [--scenario storage|training|all] [--check]");
@@ -44,6 +91,13 @@ int main(int argc, char** argv) {
   o.shard_bytes = absl::GetFlag(FLAGS_shard_bytes);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.keep = absl::GetFlag(FLAGS_keep);
+  o.kills = absl::GetFlag(FLAGS_kills);
+  o.quick = absl::GetFlag(FLAGS_quick);
+  o.bin_dir = std::filesystem::path(o.train_bin).parent_path().string();
+  if (std::filesystem::path(o.server_bin).parent_path().string() != o.bin_dir) {
+    std::fprintf(stderr, "fault_drill: --server_bin and --train_bin must be in one directory\n");
+    return 2;
+  }
   const std::string scenario = absl::GetFlag(FLAGS_scenario);
   if (scenario != "storage" && scenario != "training" && scenario != "all") {
     std::fprintf(stderr, "fault_drill: --scenario must be storage, training or all\n");
@@ -61,12 +115,17 @@ int main(int argc, char** argv) {
     met = gradsnap::drill::StorageTargetsMet(kv, &why) && met;
   }
   if (scenario == "training" || scenario == "all") {
-    // MERGE POINT (issue 9): call RunTrainingScenario(o, &kv) from
-    // benchmarks/fault_drill/training_scenario.h here, with its targets in `met`/`why`.
-    if (scenario == "training") {
-      std::fprintf(stderr, "fault_drill: the training scenario is not part of this build\n");
-      return 2;
+    gradsnap::drill::TempTree tree(o.work_dir, "training", o.keep);
+    gradsnap::drill::DrillOptions t = o;
+    t.work_dir = tree.path();
+    std::map<std::string, std::string> tkv;
+    absl::Status s = gradsnap::drill::RunTrainingScenario(t, &tkv);
+    if (!s.ok()) {
+      std::fprintf(stderr, "fault_drill: training scenario: %s\n", s.ToString().c_str());
+      return 1;
     }
+    met = TrainingTargetsMet(tkv, &why) && met;
+    MergeKv(tkv, &kv);
   }
   std::printf("%s\n", gradsnap::drill::FormatKv(kv).c_str());
   std::fflush(stdout);

@@ -97,6 +97,53 @@ TEST(ServiceE2E, SaveListShowVerifyRestore) {
   EXPECT_EQ(server.Wait(), 0);
 }
 
+// A restarted attempt re-persisting a committed step through the server (issue 9): begin and
+// the same bytes are idempotent; other bytes are an ALREADY_EXISTS conflict and change nothing;
+// an older writer epoch is refused as superseded once a newer one was acquired.
+TEST(ServiceE2E, RePersistIdempotentConflictAndEpochs) {
+  TempDir dir;
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  auto c = Connect({server.address()});
+  ASSERT_NE(c, nullptr);
+  auto e1 = c->AcquireEpoch("re");
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  client::CheckpointSpec spec = FullSpec("re", 4, 1);
+  spec.epoch = *e1;
+  TestShard shard = MakeShard("re", 4, 0, {1 << 20, 4096}, 3);
+  shard.spec.epoch = *e1;
+  ASSERT_TRUE(c->BeginCheckpoint(spec).ok());
+  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+
+  auto e2 = c->AcquireEpoch("re");
+  ASSERT_TRUE(e2.ok());
+  EXPECT_EQ(*e2, *e1 + 1);
+  spec.epoch = shard.spec.epoch = *e2;
+  EXPECT_TRUE(c->BeginCheckpoint(spec).ok());  // committed, same spec
+  EXPECT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  TestShard other = MakeShard("re", 4, 0, {1 << 20, 4096}, 4);
+  other.spec.epoch = *e2;
+  absl::Status conflict = c->SaveShard(other.spec, other.Refs());
+  EXPECT_EQ(conflict.code(), absl::StatusCode::kAlreadyExists) << conflict;
+  auto back = RestoreToString(c.get(), "re", 4, 0);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(*back == shard.Payload());
+
+  // The older attempt can no longer begin or write anything.
+  client::CheckpointSpec old_spec = FullSpec("re", 8, 1);
+  old_spec.epoch = *e1;
+  absl::Status refused = c->BeginCheckpoint(old_spec);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("superseded by attempt 2"), absl::string_view::npos);
+  client::CheckpointSpec new_spec = FullSpec("re", 8, 1);
+  new_spec.epoch = *e2;
+  ASSERT_TRUE(c->BeginCheckpoint(new_spec).ok());
+  TestShard late = MakeShard("re", 8, 0, {4096}, 5);
+  late.spec.epoch = *e1;
+  EXPECT_EQ(c->SaveShard(late.spec, late.Refs()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(c->List("re")->size(), 1u);
+}
+
 TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
   TempDir dir;
   ServerProcess server;

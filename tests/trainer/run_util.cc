@@ -56,8 +56,19 @@ ServerProcess::~ServerProcess() {
   if (out_ != nullptr) fclose(out_);
 }
 
+void ServerProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  if (out_ != nullptr) fclose(out_);
+  out_ = nullptr;
+}
+
 bool ServerProcess::Start(const std::string& binary, const std::string& data_dir,
-                          std::string* error) {
+                          std::string* error, const std::string& listen,
+                          const std::vector<std::string>& extra) {
   int fds[2];
   if (pipe(fds) != 0) {
     *error = "pipe failed";
@@ -68,8 +79,12 @@ bool ServerProcess::Start(const std::string& binary, const std::string& data_dir
     dup2(fds[1], STDOUT_FILENO);
     close(fds[0]);
     close(fds[1]);
-    execl(binary.c_str(), binary.c_str(), "--data-dir", data_dir.c_str(), "--listen",
-          "127.0.0.1:0", static_cast<char*>(nullptr));
+    std::vector<std::string> args = {binary, "--data-dir", data_dir, "--listen", listen};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(binary.c_str(), argv.data());
     _exit(127);
   }
   close(fds[1]);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace gradsnap {
 namespace testing {
@@ -32,7 +33,13 @@ class ServerProcess {
   ~ServerProcess();
   // Starts `binary --data-dir data_dir --listen 127.0.0.1:0` and waits for its
   // "gradsnap-server listening on HOST:PORT" line. Returns false (with `error`) on failure.
-  bool Start(const std::string& binary, const std::string& data_dir, std::string* error);
+  // `listen` (default a free port) and `extra` flags let a drill restart a killed server on the
+  // same address.
+  bool Start(const std::string& binary, const std::string& data_dir, std::string* error,
+             const std::string& listen = "127.0.0.1:0",
+             const std::vector<std::string>& extra = {});
+  // SIGKILLs the server and reaps it (no-op when not running).
+  void Kill();
   const std::string& address() const { return address_; }
 
  private:

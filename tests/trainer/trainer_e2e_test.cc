@@ -107,7 +107,7 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
       {"--data " + d + "/missing.txt", "does not exist"},
       {"--data " + d + "/empty.txt", "is empty"},
       {"--model gpt9", "unknown model 'gpt9'"},
-      {"--nproc 0", "--nproc must be at least 1"},
+      {"--nproc 0", "--nproc must be in [1, 1024]"},
       {"--ckpt-mode bogus --ckpt-every 1", "unknown --ckpt_mode"},
       {"--resume yesterday", "--resume must be"},
       {"--batch 3 --nproc 2", "--batch must be"},

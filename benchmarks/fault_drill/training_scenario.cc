@@ -1,0 +1,200 @@
+#include "benchmarks/fault_drill/training_scenario.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace drill {
+namespace {
+
+constexpr char kJob[] = "drill";
+
+void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+// The job's flags; `storage` empty: no checkpointing (the uninterrupted reference).
+std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::string& storage,
+                                   int64_t delay_ms, const std::string& resume,
+                                   int64_t fail_at_step = 0) {
+  std::vector<std::string> a = {c.bin_dir + "/gradsnap-train", "--model=tiny",
+                                absl::StrCat("--steps=", c.steps), "--nproc=2", "--batch=4",
+                                "--seq=16", "--blas_threads=1"};
+  if (storage.empty()) return a;
+  a.insert(a.end(), {"--storage=" + storage, absl::StrCat("--job=", kJob), "--ckpt_mode=gockpt",
+                     "--ckpt_every=8", "--gockpt_window=2", "--grad_log", "--max_restarts=3",
+                     absl::StrCat("--ckpt_persist_timeout_ms=", c.persist_timeout_ms),
+                     absl::StrCat("--test_step_delay_ms=", delay_ms), "--resume=" + resume});
+  if (fail_at_step > 0) {
+    a.insert(a.end(), {absl::StrCat("--fail_at_step=", fail_at_step), "--fail_rank=1"});
+  }
+  return a;
+}
+
+// The largest (step - recovery_point) over the step lines once a recovery point exists: the
+// steps a failure at that moment would have lost.
+int64_t MaxRecoveryLag(const std::string& output) {
+  static const std::regex re(R"((^|\n)step (\d+) .* recovery_point (-?\d+) )");
+  int64_t worst = 0;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    const int64_t step = std::stoll((*it)[2]), rp = std::stoll((*it)[3]);
+    if (rp >= 0) worst = std::max(worst, step - rp);
+  }
+  return worst;
+}
+
+// Highest "step N" line printed so far.
+int64_t LastStep(const std::string& output) {
+  static const std::regex re(R"((^|\n)step (\d+) )");
+  int64_t last = 0;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    last = std::max<int64_t>(last, std::stoll((*it)[2]));
+  }
+  return last;
+}
+
+absl::StatusOr<std::string> RunToEnd(const std::vector<std::string>& argv, const std::string& log,
+                                     int* exit_code) {
+  Child c;
+  RETURN_IF_ERROR(c.Start(argv, log));
+  *exit_code = c.Wait();
+  return Slurp(log);
+}
+
+}  // namespace
+
+TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
+  TrainingDrillConfig c;
+  c.bin_dir = opts.bin_dir;
+  c.work_dir = opts.work_dir;
+  c.seed = opts.seed;
+  c.kills = opts.kills;
+  if (opts.quick) {  // CI: the shortest outages the issue allows, a job that just outlasts them
+    c.down_ms_min = 500;
+    c.down_ms_max = 800;
+    c.up_ms_min = 50;
+    c.up_ms_max = 300;
+    c.step_delay_ms = 100;
+    c.steps = std::max<int64_t>(60, c.kills * 8);
+  } else {
+    c.steps = std::max<int64_t>(100, c.kills * 30);
+  }
+  c.fail_at_step = c.steps / 3;
+  return c;
+}
+
+absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
+                              std::map<std::string, std::string>* kv) {
+  std::error_code ec;
+  std::filesystem::remove_all(c.work_dir + "/train", ec);
+  std::filesystem::create_directories(c.work_dir + "/train", ec);
+  const std::string dir = c.work_dir + "/train";
+
+  int ref_exit = -1;
+  ASSIGN_OR_RETURN(std::string ref, RunToEnd(TrainArgs(c, "", 0, "none"), dir + "/ref.log",
+                                             &ref_exit));
+  const std::string want_sha = SummaryField(ref, "params_sha256");
+  if (ref_exit != 0 || want_sha.empty()) {
+    return absl::InternalError("the uninterrupted reference run failed: " + ref);
+  }
+
+  Server server(c.bin_dir + "/gradsnap-server", dir + "/server");
+  RETURN_IF_ERROR(server.Start());
+  Child job;
+  const std::string log = dir + "/job.log";
+  RETURN_IF_ERROR(
+      job.Start(TrainArgs(c, server.address(), c.step_delay_ms, "none", c.fail_at_step), log));
+  // Kill only once the job trains (its start-up, resume check and epoch need the server).
+  while (job.Poll() < 0 && LastStep(Slurp(log)) < 3) SleepMs(20);
+
+  std::mt19937_64 rng(c.seed);
+  auto uniform = [&](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, std::max(lo, hi))(rng);
+  };
+  int kills = 0;
+  while (kills < c.kills && job.Poll() < 0) {
+    SleepMs(uniform(c.up_ms_min, c.up_ms_max));
+    server.Kill();
+    ++kills;
+    SleepMs(uniform(c.down_ms_min, c.down_ms_max));
+    RETURN_IF_ERROR(server.Start());
+  }
+  const int train_exit = job.Wait();
+  const std::string out = Slurp(log);
+
+  // What the store lists after the storm.
+  client::ClientOptions co;
+  co.endpoints = {server.address()};
+  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> cl, client::Client::Connect(co));
+  ASSIGN_OR_RETURN(StoreReport rep, CheckStore(*cl, kJob));
+  cl.reset();
+
+  // --resume latest right after, the server up: finishes with the uninterrupted parameters.
+  int resume_exit = -1;
+  ASSIGN_OR_RETURN(std::string resumed,
+                   RunToEnd(TrainArgs(c, server.address(), 0, "latest"), dir + "/resume.log",
+                            &resume_exit));
+  const std::string resumed_from = SummaryField(resumed, "resumed_from");
+  const int64_t from = resumed_from.empty() ? -1 : std::stoll(resumed_from);
+
+  (*kv)["server_kills"] = absl::StrCat(kills);
+  (*kv)["train_exit"] = absl::StrCat(train_exit);
+  const int restarts = CountLines(out, "restart ");
+  // The drill's own rank kill; the attempt after it resumes from the recovery point of that
+  // moment (its "resumed job" line), or from scratch when none had committed yet.
+  const size_t kill_at = out.find("restart 1 of 3: rank 1 killed by signal 9");
+  const bool drill_restart = c.fail_at_step > 0 && kill_at != std::string::npos;
+  int64_t resumed_step = 0;
+  static const std::regex resumed_re(R"(resumed job \S+ from step (\d+))");
+  std::smatch m;
+  const std::string after = drill_restart ? out.substr(kill_at) : "";
+  if (std::regex_search(after, m, resumed_re)) resumed_step = std::stoll(m[1]);
+  (*kv)["train_restarts"] = absl::StrCat(restarts);
+  (*kv)["train_restarts_caused_by_storage"] = absl::StrCat(restarts - (drill_restart ? 1 : 0));
+  (*kv)["steps_lost_max"] =
+      absl::StrCat(drill_restart ? c.fail_at_step - 1 - resumed_step : 0);
+  const std::string failures = SummaryField(out, "ckpt_failures");
+  (*kv)["ckpt_failures"] = failures.empty() ? "-1" : failures;
+  (*kv)["lost_data"] = absl::StrCat(rep.lost_data);
+  (*kv)["partial_listed"] = absl::StrCat(rep.partial_listed);
+  (*kv)["orphan_deltas_listed"] = absl::StrCat(rep.orphan_deltas_listed);
+  (*kv)["chain_holes_listed"] = absl::StrCat(rep.chain_holes_listed);
+  (*kv)["verify_errors"] = absl::StrCat(rep.verify_errors);
+  // Ranks that disagreed on a checkpoint's spec (e.g. a DELTA's base_step) would show up as
+  // "exists with another spec" refusals.
+  size_t spec_conflicts = 0;
+  for (size_t at = out.find("another spec"); at != std::string::npos;
+       at = out.find("another spec", at + 1)) {
+    ++spec_conflicts;
+  }
+  (*kv)["spec_conflicts"] = absl::StrCat(spec_conflicts);
+  (*kv)["listed_fulls"] = absl::StrCat(rep.fulls);
+  (*kv)["listed_deltas"] = absl::StrCat(rep.deltas);
+  (*kv)["params_match"] = SummaryField(out, "params_sha256") == want_sha ? "1" : "0";
+  (*kv)["resume_ok"] =
+      resume_exit == 0 && SummaryField(resumed, "params_sha256") == want_sha ? "1" : "0";
+  // Resume fallbacks past damaged records, as rank 0 prints them ("recovery point fell back
+  // from step N to step S: ...", docs/gockpt.md).
+  (*kv)["fallbacks"] = absl::StrCat(CountLines(resumed, "recovery point fell back") +
+                                    CountLines(out, "recovery point fell back"));
+  (*kv)["recovery_lag_max"] = absl::StrCat(MaxRecoveryLag(out));
+  (*kv)["steps_lost_resume"] = absl::StrCat(from >= 0 ? c.steps - from : c.steps);
+  return absl::OkStatus();
+}
+
+absl::Status RunTrainingScenario(const DrillOptions& opts,
+                                 std::map<std::string, std::string>* kv) {
+  return RunTrainingDrill(TrainingDrillFor(opts), kv);
+}
+
+}  // namespace drill
+}  // namespace gradsnap

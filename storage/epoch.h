@@ -1,0 +1,39 @@
+// Writer epochs ("one writer per job", DESIGN.md section 3, docs/protocol.md "Epochs").
+//
+// Every attempt of a training job takes a new epoch from the store (AcquireEpoch), a counter
+// per job kept in RocksDB under key e/<job> (8 bytes, little-endian). Requests that carry an
+// epoch (CheckpointSpec::epoch, ShardSpec::epoch; 0 = not fenced, e.g. the CLI) are refused
+// with FAILED_PRECONDITION "superseded by attempt N" when a newer epoch of the job exists, so
+// a zombie rank of an older attempt can never begin, write or commit anything.
+//
+// THREAD SAFETY: the functions read and write the MetaStore; callers serialize the
+// read-modify-write of AcquireJobEpoch (the engine holds its mutex).
+#ifndef GRADSNAP_STORAGE_EPOCH_H_
+#define GRADSNAP_STORAGE_EPOCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "storage/metadata.h"
+
+namespace gradsnap {
+namespace storage {
+
+std::string EpochKey(const std::string& job);
+
+// The job's newest epoch (0 when none was ever acquired).
+absl::StatusOr<uint64_t> CurrentJobEpoch(MetaStore* meta, const std::string& job);
+
+// Increments and durably stores the job's epoch; returns the new value (>= 1).
+absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job);
+
+// OK when `epoch` is 0 (unfenced) or not older than the job's newest epoch; else
+// FAILED_PRECONDITION "job J: superseded by attempt N (request epoch E)".
+absl::Status CheckJobEpoch(MetaStore* meta, const std::string& job, uint64_t epoch);
+
+}  // namespace storage
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_STORAGE_EPOCH_H_
