@@ -1,6 +1,7 @@
 #include "client/save_util.h"
 
 #include "common/sha256.h"
+#include "common/digest.h"
 
 #include <algorithm>
 #include <string>
@@ -70,11 +71,19 @@ absl::StatusOr<ShardSpec> ResolveShardSpec(const ShardSpec& spec,
 absl::Status CheckCommittedContent(const ShardSpec& spec, const ShardInfo& stored,
                                    const std::vector<TensorRef>& tensors) {
   for (const TensorRef& t : tensors) {
-    std::string want;
+    const TensorInfo* info = nullptr;
     for (const TensorInfo& i : stored.tensors) {
-      if (i.spec.name == t.spec.name) want = i.spec.sha256;
+      if (i.spec.name == t.spec.name) info = &i;
     }
-    if (want != Sha256Hex(t.data, t.spec.byte_length)) {
+    // Compared with the algorithm that wrote the stored shard; a manifest from a server that
+    // predates digest_algorithm carries the SHA-256 in spec.sha256 (docs/protocol.md).
+    std::string want;
+    DigestAlgo algo = DigestAlgo::kSha256;
+    if (info != nullptr) {
+      want = info->digest.empty() ? info->spec.sha256 : info->digest;
+      if (!info->digest.empty()) algo = info->digest_algo;
+    }
+    if (want.empty() || want != DigestHex(algo, t.data, t.spec.byte_length)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "conflict: job ", spec.job, " step ", spec.step, " rank ", spec.rank, " tensor ",
           t.spec.name, " is already committed with different content"));
