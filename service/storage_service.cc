@@ -165,6 +165,7 @@ absl::Status StorageService::ManifestPage(const storage::Manifest& m,
     ps->set_committed(s.committed);
     ps->set_raw_bytes(s.raw_bytes);
     ps->set_stored_bytes(s.stored_bytes);
+    ps->set_digest_algorithm(static_cast<v1::DigestAlgorithm>(s.digest_algo));
     if (ti == 0) ps->set_metadata(s.metadata);
     bytes += 16 + s.metadata.size();
     for (; ti < s.tensors.size(); ++ti) {
@@ -178,6 +179,7 @@ absl::Status StorageService::ManifestPage(const storage::Manifest& m,
       proto::ToProto(s.tensors[ti].spec, t->mutable_spec());
       t->set_stored_bytes(s.tensors[ti].stored_bytes);
       t->set_chunks(s.tensors[ti].chunks);
+      t->set_digest(s.tensors[ti].digest);
       bytes += t->ByteSizeLong() + 8;
       any = true;
     }
