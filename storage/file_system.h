@@ -39,9 +39,6 @@ class File {
   virtual absl::Status Sync() = 0;
   virtual absl::Status Truncate(uint64_t size) = 0;
   virtual absl::StatusOr<uint64_t> Size() = 0;
-  // Tells the file system that writes through fd() (io_uring) reached `end`; the POSIX file
-  // system ignores it, a fault-injecting one uses it to know what a crash may drop.
-  virtual void NoteExternalWrite(uint64_t end) { (void)end; }
 };
 
 struct OpenOptions {

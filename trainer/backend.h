@@ -50,7 +50,7 @@ std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batc
                                        Comm* comm);
 
 // CUDA (cuda_backend.cu). UNIMPLEMENTED when built without CUDA; FAILED_PRECONDITION when no
-// GPU is present. `rdzv_dir` is used for the NCCL unique-id exchange.
+// GPU is present. With several ranks, rank 0 sends the NCCL unique id to the others over `comm`.
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig& config,
                                                         int local_batch, int seq_len,
                                                         Comm* comm);

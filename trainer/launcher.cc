@@ -150,6 +150,11 @@ int Launch(const LaunchOptions& o) {
     const std::string dir = absl::StrCat(rdzv, "/attempt-", attempt);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "gradsnap-train: cannot create the rendezvous directory %s: %s\n",
+                   dir.c_str(), ec.message().c_str());
+      break;  // exit_code stays 1
+    }
     const AttemptResult r = RunAttempt(o, attempt, dir);
     if (r.ok) {
       exit_code = 0;

@@ -1,6 +1,6 @@
 // snapshot_bench: runs gradsnap-train on the same model and data in each checkpoint mode
 // (none, sync, async, gockpt, gockpt + gradient log), a FULL checkpoint every N steps, in
-// interleaved rounds, and prints the ratios of issue 5 / DESIGN.md section 7:
+// interleaved rounds, and prints the ratios of DESIGN.md section 7:
 //   throughput_ratio_gockpt          tokens/s of gockpt / none (best round of each mode: on a
 //                                    shared machine outside load only ever slows a run down,
 //                                    so the best round is the least disturbed; medians are

@@ -109,6 +109,7 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
       {"--ckpt-mode bogus --ckpt-every 1", "unknown --ckpt_mode"},
       {"--resume yesterday", "--resume must be"},
       {"--batch 3 --nproc 2", "--batch must be"},
+      {"--rdzv " + d + "/empty.txt/rdzv", "cannot create the rendezvous directory"},
   };
   for (const Case& c : cases) {
     const RunResult r = Train("--steps 2 " + c.args);
