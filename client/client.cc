@@ -14,13 +14,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.replicas < 1) {
     return absl::InvalidArgumentError("ClientOptions.replicas must be >= 1");
   }
-  if (!options.endpoints.empty()) {
-#ifdef GRADSNAP_HAVE_REMOTE
-    return NewRemoteClient(options);
-#else
-    return absl::UnimplementedError("this build has no remote back end");
-#endif
-  }
+  if (!options.endpoints.empty()) return NewRemoteClient(options);
   if (!options.local_dir.empty()) return NewEmbeddedClient(options);
   return absl::InvalidArgumentError(
       "ClientOptions needs endpoints (remote servers) or local_dir (embedded engine)");

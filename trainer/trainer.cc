@@ -27,16 +27,6 @@ namespace gradsnap {
 namespace trainer {
 namespace {
 
-// Opens the store for checkpoints and resume (shard_store.h explains the two kinds).
-absl::StatusOr<std::unique_ptr<client::Client>> Connect(const client::ClientOptions& co) {
-#if defined(GRADSNAP_TRAINER_HAVE_CLIENT)
-  return client::Client::Connect(co);
-#else
-  (void)co;
-  return absl::UnimplementedError("checkpointing: this build has no client library");
-#endif
-}
-
 client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
@@ -48,14 +38,14 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
   const client::ClientOptions co = StoreClientOptions(o);
   if (!o.storage.empty() || o.world_size == 1) {
-    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(co));
+    ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(co));
     return NewDirectShardStore(std::move(c));
   }
   GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
   ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, NewGlooComm(g));
   std::unique_ptr<client::Client> c;
   if (o.rank == 0) {
-    ASSIGN_OR_RETURN(c, Connect(co));
+    ASSIGN_OR_RETURN(c, client::Client::Connect(co));
   }
   return NewFunnelShardStore(std::move(c), std::move(comm));
 }
@@ -173,7 +163,8 @@ absl::Status RankRunner::Setup() {
 }  // namespace
 
 absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
-  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, Connect(StoreClientOptions(o)));
+  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c,
+                   client::Client::Connect(StoreClientOptions(o)));
   ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> all,
                    c->List(o.ckpt.job, /*include_pending=*/true));
   int removed = 0;
