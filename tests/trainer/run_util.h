@@ -32,7 +32,8 @@ class ServerProcess {
   ~ServerProcess();
   // Starts `binary --data-dir data_dir --listen 127.0.0.1:0` and waits for its
   // "gradsnap-server listening on HOST:PORT" line. Returns false (with `error`) on failure.
-  bool Start(const std::string& binary, const std::string& data_dir, std::string* error);
+  [[nodiscard]] bool Start(const std::string& binary, const std::string& data_dir,
+                           std::string* error);
   const std::string& address() const { return address_; }
 
  private:
