@@ -21,7 +21,8 @@ set_target_properties(gradsnap_shared PROPERTIES
   EXPORT_NAME gradsnap
   VERSION ${PROJECT_VERSION}
   SOVERSION ${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}
-  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib)
+  LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib
+  GRADSNAP_SHARED_LIBRARY ON)  # storage/CMakeLists.txt: link RocksDB's shared library
 target_link_libraries(gradsnap_shared
   PRIVATE "$<LINK_LIBRARY:WHOLE_ARCHIVE,gradsnap_client>"
   PUBLIC absl::status absl::statusor absl::strings)
