@@ -48,7 +48,8 @@ configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/gradsnapConfig.cmake.in
 # 0.x: a minor version may break the interface.
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/gradsnapConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
-install(FILES ${CMAKE_BINARY_DIR}/gradsnapConfig.cmake ${CMAKE_BINARY_DIR}/gradsnapConfigVersion.cmake
+install(FILES
+  ${CMAKE_BINARY_DIR}/gradsnapConfig.cmake ${CMAKE_BINARY_DIR}/gradsnapConfigVersion.cmake
   DESTINATION ${_gradsnap_cmakedir})
 
 # gradsnap.pc finds the prefix from its own location, so the installed tree can be moved (and

@@ -10,7 +10,10 @@ build_dir=${1:-${BUILD_DIR:-build}}
 work=$(mktemp -d)
 server_pid=
 cleanup() {
-  if [ -n "$server_pid" ]; then kill -TERM "$server_pid" 2>/dev/null || true; wait "$server_pid" || true; fi
+  if [ -n "$server_pid" ]; then
+    kill -TERM "$server_pid" 2>/dev/null || true
+    wait "$server_pid" || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -11,8 +11,8 @@
 //   gradsnap/types.h.
 //
 // ERRORS
-//   Every call returns an absl::Status (or StatusOr) whose message is one line naming the job,
-//   step, rank or tensor concerned. The codes mean the same for every call and back end:
+//   Every call returns an absl::Status (or StatusOr) with a one-line message. The codes mean the
+//   same for every call and back end:
 //     INVALID_ARGUMENT     a bad name ([A-Za-z0-9._-]{1,128}), size, dtype, shape or option
 //     NOT_FOUND            unknown job, step, rank or tensor
 //     ALREADY_EXISTS       a checkpoint or shard exists with a different spec
@@ -22,7 +22,8 @@
 //     DATA_LOSS            a checksum or SHA-256 mismatch: stored bytes are damaged
 //     RESOURCE_EXHAUSTED   out of disk, or the server's memory limit
 //     UNAUTHENTICATED, PERMISSION_DENIED   remote only: no token, or a token for another job
-//     UNAVAILABLE          remote only: no node answers
+//     UNAVAILABLE          a node does not answer (remote), or the same shard is being saved
+//                          by another call right now
 //   Remote mode retries UNAVAILABLE, ABORTED and a busy server's RESOURCE_EXHAUSTED internally
 //   with backoff (50 ms doubling to 2 s, up to ClientOptions::max_attempts); uploads and
 //   downloads resume from the last byte a node holds or sent. Only the last failure is
