@@ -23,6 +23,10 @@ const ByteBudget* EmbeddedSaveBudget(const Client& client);
 // gRPC to gradsnap-server nodes in options.endpoints (client/remote_client.cc).
 absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options);
 
+// The checks of options every back end shares: INVALID_ARGUMENT when max_attempts or replicas
+// is below 1 (client/connect_remote.cc).
+absl::Status ValidateClientOptions(const ClientOptions& options);
+
 }  // namespace client
 }  // namespace gradsnap
 

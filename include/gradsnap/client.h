@@ -108,6 +108,10 @@ class Client {
   // twice, replicas or max_attempts below 1. FAILED_PRECONDITION: local_dir is open in another
   // process. Other codes: the engine could not open local_dir (e.g. PERMISSION_DENIED, DATA_LOSS).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Remote mode only: as Connect with options.endpoints set; INVALID_ARGUMENT when it is empty.
+  // The entry point of the CMake target gradsnap::client_remote, the client library without
+  // the embedded back end (no storage engine, no RocksDB), which has no Connect.
+  static absl::StatusOr<std::unique_ptr<Client>> ConnectRemote(const ClientOptions& options);
   // Waits for every queued asynchronous save to resolve, then closes the back end.
   virtual ~Client() = default;
 
