@@ -10,11 +10,22 @@
 namespace gradsnap {
 namespace client {
 
+class ByteBudget;
+
 // The storage engine in options.local_dir, in this process (client/embedded_client.cc).
 absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& options);
 
+// For tests: the budget bounding the asynchronous saves of `client` when it is an embedded
+// client (its peak() counts that client's saves only), nullptr for any other Client. Valid while
+// `client` lives.
+const ByteBudget* EmbeddedSaveBudget(const Client& client);
+
 // gRPC to gradsnap-server nodes in options.endpoints (client/remote_client.cc).
 absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options);
+
+// The checks of options every back end shares: INVALID_ARGUMENT when max_attempts or replicas
+// is below 1 (client/connect_remote.cc).
+absl::Status ValidateClientOptions(const ClientOptions& options);
 
 }  // namespace client
 }  // namespace gradsnap

@@ -49,6 +49,8 @@ class EmbeddedClient : public Client {
   // Finishes queued saves before the engine goes.
   ~EmbeddedClient() override { saves_.reset(); }
 
+  const ByteBudget& budget() const { return budget_; }
+
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
     DropReaders();
     return engine_->BeginCheckpoint(spec);
@@ -299,6 +301,11 @@ absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& o
   ASSIGN_OR_RETURN(std::unique_ptr<storage::Engine> engine, storage::Engine::Open(eo));
   return std::unique_ptr<Client>(
       new EmbeddedClient(std::move(engine), options.max_inflight_bytes));
+}
+
+const ByteBudget* EmbeddedSaveBudget(const Client& client) {
+  const auto* embedded = dynamic_cast<const EmbeddedClient*>(&client);
+  return embedded == nullptr ? nullptr : &embedded->budget();
 }
 
 }  // namespace client

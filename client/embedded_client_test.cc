@@ -6,13 +6,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/backends.h"
 #include "client/client.h"
 #include "client/safetensors.h"
 #include "client/save_util.h"
 #include "client/test_util.h"
 #include "common/digest.h"
 #include "common/sha256.h"
-#include "common/stats.h"
 #include "gtest/gtest.h"
 
 namespace gradsnap {
@@ -244,12 +244,12 @@ TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
   for (auto& f : futures) EXPECT_TRUE(f.get().ok());
 
   uint64_t shard_bytes = shards[0].Payload().size();
-  int64_t peak = Registry::Global()
-                     ->GetCounter("gradsnap_client_inflight_peak_bytes", "", true)
-                     ->Value();
-  EXPECT_GT(peak, 0);
-  EXPECT_LE(static_cast<uint64_t>(peak), std::max<uint64_t>(kBudget, huge.Payload().size()));
-  EXPECT_GE(static_cast<uint64_t>(peak), shard_bytes);
+  const ByteBudget* budget = EmbeddedSaveBudget(*client_);
+  ASSERT_NE(budget, nullptr);
+  const uint64_t peak = budget->peak();  // this client's saves only
+  EXPECT_LE(peak, std::max<uint64_t>(kBudget, huge.Payload().size()));
+  EXPECT_GE(peak, shard_bytes);
+  EXPECT_EQ(budget->in_flight(), 0u);
   auto listed = client_->List("conc");
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 2u);

@@ -74,7 +74,7 @@ class SaveQueue {
   SaveQueue& operator=(const SaveQueue&) = delete;
 
   // Queues the save of `spec` (already resolved with ResolveShardSpec) and `tensors`.
-  std::future<absl::Status> Push(ShardSpec spec, std::vector<TensorRef> tensors);
+  [[nodiscard]] std::future<absl::Status> Push(ShardSpec spec, std::vector<TensorRef> tensors);
 
  private:
   struct Task {

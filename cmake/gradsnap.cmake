@@ -1,11 +1,33 @@
 # Small helpers so each folder's CMakeLists.txt is a list of sources and dependencies.
 
-# gradsnap_library(NAME SRCS a.cc b.cc DEPS x y)  ->  target gradsnap_NAME, alias gradsnap::NAME
+# Include paths follow the dependency arrows of DESIGN.md section 2. There is no global include
+# path: code includes "storage/engine.h" as before, but the directory that resolves it is the
+# include root of the part storage/ (build/include_roots/storage/, holding one symlink, storage ->
+# the source folder), and only targets of that folder and targets linking gradsnap::storage see
+# it. Including a part one does not link is a compile error. The public headers
+# (include/gradsnap/) come with gradsnap::common, generated protobuf code with gradsnap::proto.
+# gradsnap_part_root(OUT) sets OUT to the include root of the current folder's top-level part
+# (for tests/service: the part tests/).
+function(gradsnap_part_root out)
+  file(RELATIVE_PATH rel ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  string(REGEX REPLACE "/.*" "" part "${rel}")
+  set(root ${CMAKE_BINARY_DIR}/include_roots/${part})
+  if(NOT IS_SYMLINK ${root}/${part})
+    file(MAKE_DIRECTORY ${root})
+    file(CREATE_LINK ${CMAKE_SOURCE_DIR}/${part} ${root}/${part} SYMBOLIC)
+  endif()
+  set(${out} ${root} PARENT_SCOPE)
+endfunction()
+
+# gradsnap_library(NAME SRCS a.cc b.cc DEPS x y)  ->  target gradsnap_NAME, alias gradsnap::NAME;
+# its folder's headers are part of its interface.
 function(gradsnap_library name)
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
   add_library(gradsnap_${name} STATIC ${ARG_SRCS})
   add_library(gradsnap::${name} ALIAS gradsnap_${name})
   target_link_libraries(gradsnap_${name} PUBLIC ${ARG_DEPS})
+  gradsnap_part_root(root)
+  target_include_directories(gradsnap_${name} PUBLIC ${root})
 endfunction()
 
 # gradsnap_binary(NAME SRCS ... DEPS ...)  ->  build/bin/NAME
@@ -13,6 +35,8 @@ function(gradsnap_binary name)
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  gradsnap_part_root(root)
+  target_include_directories(${name} PRIVATE ${root})
 endfunction()
 
 # gradsnap_test(NAME SRCS ... DEPS ... [LABELS l1 l2] [TIMEOUT s])
@@ -21,6 +45,8 @@ function(gradsnap_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  gradsnap_part_root(root)
+  target_include_directories(${name} PRIVATE ${root})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)

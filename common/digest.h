@@ -16,14 +16,11 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "gradsnap/digest_algo.h"  // IWYU pragma: export
 
 namespace gradsnap {
 
-// The values are stored on disk: never renumber.
-enum class DigestAlgo : uint8_t { kSha256 = 1, kXxh3_128 = 2 };
-
-// "sha256" or "xxh3-128".
-const char* DigestAlgoName(DigestAlgo algo);
+// DigestAlgo and DigestAlgoName: include/gradsnap/digest_algo.h (public).
 // Accepts "sha256", "xxh3" and "xxh3-128". False for anything else.
 bool ParseDigestAlgo(absl::string_view name, DigestAlgo* out);
 // True when `v` is the stored value of a known algorithm.

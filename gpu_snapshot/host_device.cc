@@ -57,7 +57,9 @@ class HostStream : public CopyStream {
     std::pair<HostStream*, uint64_t> arg{this, seq};
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](std::pair<HostStream*, uint64_t>* a) { return a->first->completed_ >= a->second; },
+        +[](std::pair<HostStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return a->first->completed_ >= a->second;
+        },
         &arg));
   }
 
@@ -74,7 +76,10 @@ class HostStream : public CopyStream {
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
-            +[](HostStream* s) { return s->stop_ || !s->jobs_.empty(); }, this));
+            +[](HostStream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return s->stop_ || !s->jobs_.empty();
+            },
+            this));
         if (jobs_.empty()) return;  // stop_ and drained
         job = jobs_.front();
         jobs_.pop_front();

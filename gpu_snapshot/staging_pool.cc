@@ -49,10 +49,5 @@ void StagingPool::Release(void* chunk) {
   free_.push_back(chunk);
 }
 
-size_t StagingPool::free_count() const {
-  absl::MutexLock lock(&mu_);
-  return free_.size();
-}
-
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

@@ -67,13 +67,12 @@ class StagingPool {
   // Blocks until a chunk is free and returns it.
   void* Acquire();
   void Release(void* chunk);
-  size_t free_count() const;
 
  private:
   explicit StagingPool(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
   const size_t chunk_bytes_;
   std::vector<std::unique_ptr<PinnedBuffer>> buffers_;  // constant after Create
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   std::vector<void*> free_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/support/status.h"
 #include "proto/gradsnap.pb.h"
-#include "storage/types.h"
+#include "gradsnap/types.h"
 
 namespace gradsnap {
 namespace proto {

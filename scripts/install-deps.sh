@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git python3
+  clang  # Debian 12's clang 14: the -Wthread-safety build of scripts/test.sh (system libstdc++)
   liburing-dev librocksdb-dev libzstd-dev libxxhash-dev libssl-dev libabsl-dev
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgtest-dev libgmock-dev

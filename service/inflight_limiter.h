@@ -27,7 +27,7 @@ class InflightLimiter {
 
   // Reserves n bytes, waiting up to `timeout`. False when the budget stayed full (or n exceeds
   // the whole budget).
-  bool Acquire(uint64_t n, absl::Duration timeout);
+  [[nodiscard]] bool Acquire(uint64_t n, absl::Duration timeout);
   void Release(uint64_t n);
   uint64_t in_use() const;
   uint64_t budget() const { return budget_; }

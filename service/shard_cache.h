@@ -52,7 +52,7 @@ class ShardCache {
 
   // Reserves `size` bytes for staging a shard of (job, step), evicting LRU entries of other
   // jobs or older steps. False when it cannot fit (the upload then simply is not cached).
-  bool Reserve(const std::string& job, int64_t step, uint64_t size);
+  [[nodiscard]] bool Reserve(const std::string& job, int64_t step, uint64_t size);
   // Returns a reservation that was not published (failed upload).
   void Unreserve(uint64_t size);
   // Publishes a staged shard (its reservation becomes the entry).

@@ -24,7 +24,6 @@ constexpr size_t kIoAlignment = 4096;
 inline constexpr uint64_t AlignUp(uint64_t v, uint64_t a = kIoAlignment) {
   return (v + a - 1) / a * a;
 }
-inline constexpr uint64_t AlignDown(uint64_t v, uint64_t a = kIoAlignment) { return v / a * a; }
 
 class AlignedBuffer {
  public:

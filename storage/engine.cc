@@ -645,7 +645,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> EngineImpl::OpenShardReader(const s
   if (!v.ok()) return v.status();
   ShardRecord r;
   RETURN_IF_ERROR(DecodeShard(*v, &r));
-  return NewShardReader(this, ckpt, std::move(r));
+  return NewShardReader(this, std::move(r));
 }
 
 absl::Status EngineImpl::Verify(const std::string& job, int64_t step) {

@@ -120,7 +120,6 @@ absl::Status ReadChunk(EngineImpl* engine, const std::string& job, int64_t step,
 absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(EngineImpl* engine,
                                                             ShardRecord record);
 absl::StatusOr<std::unique_ptr<ShardReader>> NewShardReader(EngineImpl* engine,
-                                                            const CheckpointRecord& ckpt,
                                                             ShardRecord record);
 
 }  // namespace storage

@@ -5,7 +5,8 @@
 //   construction or Reset()), with EIO or ENOSPC for writes.
 // - Tracks, per file, how many bytes were made durable by the last Sync(). SimulateCrash()
 //   truncates every written file back to that size, i.e. drops unsynced data, and then fails
-//   every later operation until Reset(), as a dead process would.
+//   every later operation until Reset(), as a dead process would. A truncate that fails (other
+//   than for a file already removed) is fatal: the crash could not be simulated.
 // - By default files have no descriptor (fd() == -1), so the engine writes them through Write
 //   (pwrite). With set_real_descriptors(true) files expose their real descriptor, the engine
 //   writes them through io_uring, and every io_uring completion counts as a write: the Nth

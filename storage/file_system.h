@@ -39,9 +39,6 @@ class File {
   virtual absl::Status Sync() = 0;
   virtual absl::Status Truncate(uint64_t size) = 0;
   virtual absl::StatusOr<uint64_t> Size() = 0;
-  // Tells the file system that writes through fd() (io_uring) reached `end`; the POSIX file
-  // system ignores it, a fault-injecting one uses it to know what a crash may drop.
-  virtual void NoteExternalWrite(uint64_t end) { (void)end; }
   // Called by the io_uring writer for each completion of a write through fd() of n bytes at
   // `offset`, with the kernel's result; returns the result to act on. The POSIX file system
   // returns `res`; a fault-injecting one may turn it into an error (-ENOSPC, -EIO) or a short

@@ -330,7 +330,6 @@ absl::Status ReadChunk(EngineImpl* engine, const std::string& job, int64_t step,
 }
 
 absl::StatusOr<std::unique_ptr<ShardReader>> NewShardReader(EngineImpl* engine,
-                                                            const CheckpointRecord& ckpt,
                                                             ShardRecord rec) {
   ASSIGN_OR_RETURN(std::vector<ChunkRecord> chunks,
                    engine->LoadChunks(rec.spec.job, rec.spec.step, rec.spec.rank,
@@ -339,7 +338,6 @@ absl::StatusOr<std::unique_ptr<ShardReader>> NewShardReader(EngineImpl* engine,
     return a.header.stream_offset < b.header.stream_offset;
   });
   ASSIGN_OR_RETURN(ShardInfo info, EngineImpl::MakeShardInfo(rec, chunks));
-  (void)ckpt;
   auto r = std::make_unique<ShardReaderImpl>(engine, std::move(info), std::move(chunks),
                                              rec.spec.job, rec.spec.step);
   RETURN_IF_ERROR(r->Open());

@@ -25,7 +25,8 @@
 //
 // MODES (MakeCheckpointer in trainer/checkpointer_factory.cc)
 //   none: no-op. sync: stop-the-world, copy + persist a FULL shard through the client in
-//   EndStep(s) when s % every == 0. async and gockpt: gpu_snapshot/ (issue 5).
+//   EndStep(s) when s % every == 0. async and gockpt: the snapshot engine of gpu_snapshot/
+//   (trainer/snapshot_checkpointer.h, docs/gockpt.md).
 //
 // FULL SHARD FORMAT (docs/trainer.md): tensors "params", "adam_m", "adam_v" (f32, shape
 //   {hi - lo}, flat_name = the same, flat_offset = lo, flat_total = flat_total) and
@@ -80,7 +81,7 @@ struct UpdateInfo {
 struct CheckpointerOptions {
   std::string mode = "none";  // none | sync | async | gockpt. Default: none
   int64_t every = 0;          // FULL checkpoint when step % every == 0; 0 = never. Default: 0
-  bool grad_log = false;      // also stream per-step DELTA records (issue 5). Default: false
+  bool grad_log = false;      // also stream per-step DELTA records (docs/gockpt.md). Default: false
   std::string job = "job";    // job name in the store. Default: "job"
   // gockpt (docs/gockpt.md): the window K in steps; 0 = from measured copy bandwidth and step
   // time (single rank) or min(4, every / 2) (several ranks, which must agree). Default: 0

@@ -1,5 +1,6 @@
-// Makes the Checkpointer for --ckpt-mode. The snapshot engineer extends MakeCheckpointer with
-// the async and gockpt modes (gpu_snapshot/); the trainer only calls this function.
+// Makes the Checkpointer for --ckpt-mode: none and sync here in trainer/, async, gockpt and
+// --grad_log through the snapshot engine (gpu_snapshot/, trainer/snapshot_checkpointer.h). The
+// trainer only calls this function.
 #ifndef GRADSNAP_TRAINER_CHECKPOINTER_FACTORY_H_
 #define GRADSNAP_TRAINER_CHECKPOINTER_FACTORY_H_
 
@@ -15,11 +16,12 @@
 namespace gradsnap {
 namespace trainer {
 
-// The modes this build knows how to parse, available or not.
+// The modes --ckpt-mode accepts: none, sync, async, gockpt.
 std::vector<std::string> CheckpointModeNames();
-// INVALID_ARGUMENT for an unknown mode; UNIMPLEMENTED ("not available in this build") for a
-// known mode not built yet. `store` may be null only for mode "none"; it must outlive the
-// checkpointer. `view` stays valid for the run.
+// INVALID_ARGUMENT for an unknown mode; FAILED_PRECONDITION when `store` is null for a mode that
+// writes (every mode but "none" without grad_log). `store` must outlive the checkpointer. `view`
+// stays valid for the run. With options.trace_file set, the checkpointer is wrapped so that it
+// writes a trace there (rank r > 0 appends ".rank<r>").
 absl::StatusOr<std::unique_ptr<Checkpointer>> MakeCheckpointer(const CheckpointerOptions& options,
                                                                const TrainStateView& view,
                                                                ShardStore* store);

@@ -167,6 +167,11 @@ int Launch(const LaunchOptions& o) {
     const std::string dir = absl::StrCat(rdzv, "/attempt-", attempt);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "gradsnap-train: cannot create the rendezvous directory %s: %s\n",
+                   dir.c_str(), ec.message().c_str());
+      break;  // exit_code stays 1
+    }
     const AttemptResult r = RunAttempt(o, attempt, dir, failed_at_ms);
     failed_at_ms = r.failed_at_ms;
     if (r.ok) {

@@ -31,16 +31,6 @@ namespace gradsnap {
 namespace trainer {
 namespace {
 
-// Opens the store for checkpoints and resume (shard_store.h explains the two kinds).
-absl::StatusOr<std::unique_ptr<client::Client>> Connect(const client::ClientOptions& co) {
-#if defined(GRADSNAP_TRAINER_HAVE_CLIENT)
-  return client::Client::Connect(co);
-#else
-  (void)co;
-  return absl::UnimplementedError("checkpointing: this build has no client library");
-#endif
-}
-
 client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;

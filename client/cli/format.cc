@@ -20,7 +20,9 @@ std::string HumanBytes(uint64_t n) {
     v /= 1024.0;
     ++u;
   }
-  return absl::StrFormat(v < 10 ? "%.2f %s" : "%.1f %s", v, kUnits[u]);
+  // Two calls: absl checks a format string at compile time (under clang), so it is a literal.
+  return v < 10 ? absl::StrFormat("%.2f %s", v, kUnits[u])
+                : absl::StrFormat("%.1f %s", v, kUnits[u]);
 }
 
 std::string HumanAge(int64_t now_ms, int64_t then_ms) {

@@ -1,5 +1,5 @@
 // Where the CLI end-to-end tests keep their checkpoints: an embedded engine directory, or a real
-// gradsnap-server process on 127.0.0.1 (only when this build has one).
+// gradsnap-server process on 127.0.0.1.
 #ifndef GRADSNAP_TESTS_CLIENT_CLI_TARGET_H_
 #define GRADSNAP_TESTS_CLIENT_CLI_TARGET_H_
 
@@ -22,9 +22,9 @@ class CliTarget {
   virtual std::unique_ptr<client::Client> OpenClient(const std::string& token = "") const = 0;
 };
 
-// "embedded", plus "server" when this build has gradsnap-server.
+// "embedded" and "server".
 std::vector<std::string> CliTargetNames();
-// Sets up the target `name` under `scratch`; UNIMPLEMENTED when not available in this build.
+// Sets up the target `name` under `scratch`; INVALID_ARGUMENT for an unknown name.
 // `server_args` are extra gradsnap-server flags (e.g. --auth-secret-file F).
 absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(
     const std::string& name, const std::string& scratch,

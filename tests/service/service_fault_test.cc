@@ -163,15 +163,25 @@ TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
   q.set_job("dropped");
   q.set_step(3);
   v1::QueryWriteStatusResponse qr;
-  for (int i = 0; i < 100; ++i) {  // the server notices the cancel asynchronously
+  Stopwatch w;
+  while (w.ElapsedSeconds() < 60) {  // the server notices the cancel asynchronously
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub->QueryWriteStatus(&ctx, q, &qr).ok());
     if (qr.committed_size() > 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  ASSERT_GT(qr.committed_size(), 0u) << "the server dropped what arrived before the disconnect";
   EXPECT_LE(qr.committed_size(), 5u << 20);
   EXPECT_FALSE(qr.complete());
+  auto before = HttpGet(server.metrics_port());
+  ASSERT_TRUE(before.ok()) << before.status();
+  const double received = MetricValue(*before, "gradsnap_bytes_in_total");
   ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  // The retry sent only what lay past the committed offset (the offset can only have grown).
+  auto after = HttpGet(server.metrics_port());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_LE(MetricValue(*after, "gradsnap_bytes_in_total") - received,
+            static_cast<double>(shard.Payload().size() - qr.committed_size()));
   EXPECT_TRUE(c->Verify("dropped", 3).ok());
   auto got = RestoreToString(c.get(), "dropped", 3, 0);
   ASSERT_TRUE(got.ok());

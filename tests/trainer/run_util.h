@@ -35,9 +35,9 @@ class ServerProcess {
   // "gradsnap-server listening on HOST:PORT" line. Returns false (with `error`) on failure.
   // `listen` (default a free port) and `extra` flags let a drill restart a killed server on the
   // same address.
-  bool Start(const std::string& binary, const std::string& data_dir, std::string* error,
-             const std::string& listen = "127.0.0.1:0",
-             const std::vector<std::string>& extra = {});
+  [[nodiscard]] bool Start(const std::string& binary, const std::string& data_dir, std::string* error,
+                           const std::string& listen = "127.0.0.1:0",
+                           const std::vector<std::string>& extra = {});
   // SIGKILLs the server and reaps it (no-op when not running).
   void Kill();
   const std::string& address() const { return address_; }

@@ -85,7 +85,6 @@ TEST(TrainerE2eTest, ResumeIsExactEmbeddedTwoRanks) {
   ExpectExactResume(2, "--ckpt-dir " + d + "/a", "--ckpt-dir " + d + "/b");
 }
 
-#if defined(GRADSNAP_SERVER_BIN)
 // The same drill with checkpoints on a real gradsnap-server process (remote back end).
 TEST(TrainerE2eTest, ResumeIsExactWithServer) {
   const std::string d = FreshDir("server");
@@ -95,7 +94,6 @@ TEST(TrainerE2eTest, ResumeIsExactWithServer) {
   ExpectExactResume(2, "--job full --storage " + server.address(),
                     "--job drill --storage " + server.address());
 }
-#endif
 
 TEST(TrainerE2eTest, BadInputIsAClearError) {
   const std::string d = FreshDir("bad");
@@ -111,6 +109,7 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
       {"--ckpt-mode bogus --ckpt-every 1", "unknown --ckpt_mode"},
       {"--resume yesterday", "--resume must be"},
       {"--batch 3 --nproc 2", "--batch must be"},
+      {"--rdzv " + d + "/empty.txt/rdzv", "cannot create the rendezvous directory"},
   };
   for (const Case& c : cases) {
     const RunResult r = Train("--steps 2 " + c.args);

@@ -1,0 +1,31 @@
+// Client::ConnectRemote, the entry point of gradsnap::client_remote (the remote back end alone:
+// no storage engine, no RocksDB), and the option checks both entry points share.
+// Client::Connect (client.cc, gradsnap::client) calls ConnectRemote when endpoints are given.
+#include "absl/status/status.h"
+#include "client/backends.h"
+#include "client/client.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace client {
+
+absl::Status ValidateClientOptions(const ClientOptions& options) {
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError("ClientOptions.max_attempts must be >= 1");
+  }
+  if (options.replicas < 1) {
+    return absl::InvalidArgumentError("ClientOptions.replicas must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::ConnectRemote(const ClientOptions& options) {
+  RETURN_IF_ERROR(ValidateClientOptions(options));
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError("ClientOptions needs endpoints (HOST:PORT of the servers)");
+  }
+  return NewRemoteClient(options);
+}
+
+}  // namespace client
+}  // namespace gradsnap

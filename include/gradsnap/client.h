@@ -1,0 +1,206 @@
+// gradsnap client library: the public interface a trainer links (DESIGN.md sections 1, 2, 6).
+// Installed as <gradsnap/client.h> with <gradsnap/types.h> and <gradsnap/dtype.h>; link
+// gradsnap::gradsnap (CMake, find_package(gradsnap)) or `pkg-config gradsnap` (docs/build.md).
+//
+// OVERVIEW
+//   A Client talks either to one or more gradsnap-server nodes over gRPC (endpoints set) or to
+//   an embedded storage engine in a local directory (local_dir set). Both back ends behave the
+//   same: the trainer saves each rank's shard from host memory, the checkpoint commits when all
+//   world_size shards are durable, and a shard restores into caller-provided memory.
+//   This header has no gRPC, protobuf or CUDA types; the data model structs come from
+//   gradsnap/types.h.
+//
+// ERRORS
+//   Every call returns an absl::Status (or StatusOr) with a one-line message. The codes mean the
+//   same for every call and back end:
+//     INVALID_ARGUMENT     a bad name ([A-Za-z0-9._-]{1,128}), size, dtype, shape or option
+//     NOT_FOUND            unknown job, step, rank or tensor
+//     ALREADY_EXISTS       a checkpoint or shard exists with a different spec
+//     FAILED_PRECONDITION  the checkpoint is in the wrong state (restoring a PENDING one,
+//                          deleting a FULL that a DELTA needs, aborting a committed one), or
+//                          local_dir is open in another process
+//     DATA_LOSS            a checksum or SHA-256 mismatch: stored bytes are damaged
+//     RESOURCE_EXHAUSTED   out of disk, or the server's memory limit
+//     UNAUTHENTICATED, PERMISSION_DENIED   remote only: no token, or a token for another job
+//     UNAVAILABLE          a node does not answer (remote), or the same shard is being saved
+//                          by another call right now
+//   Remote mode retries UNAVAILABLE, ABORTED and a busy server's RESOURCE_EXHAUSTED internally
+//   with backoff (50 ms doubling to 2 s, up to ClientOptions::max_attempts); uploads and
+//   downloads resume from the last byte a node holds or sent. Only the last failure is
+//   returned. The embedded back end does not retry.
+//
+// THREAD SAFETY
+//   Client is thread-safe; several shards may be saved concurrently. A RestoreShard sink runs on
+//   the calling thread; see ProgressFn for progress callbacks.
+#ifndef GRADSNAP_INCLUDE_GRADSNAP_CLIENT_H_
+#define GRADSNAP_INCLUDE_GRADSNAP_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gradsnap/types.h"
+
+namespace gradsnap {
+namespace client {
+
+using storage::CheckpointInfo;
+using storage::CheckpointKind;
+using storage::CheckpointSpec;
+using storage::CheckpointState;
+using storage::GcPolicy;
+using storage::GcResult;
+using storage::Manifest;
+using storage::ShardInfo;
+using storage::ShardSpec;
+using storage::TensorInfo;
+using storage::TensorSpec;
+
+struct ClientOptions {
+  // Remote mode: "host:port" of each storage node. Default: empty.
+  std::vector<std::string> endpoints;
+  // Embedded mode (used when endpoints is empty): the engine's data directory, created if
+  // missing. Default: empty (one of the two must be set).
+  std::string local_dir;
+  // Embedded mode: open the engine read-only (storage::EngineOptions::read_only); saves,
+  // deletes and GC then fail with FAILED_PRECONDITION. Default: false.
+  bool read_only = false;
+  // Bearer token for the job (gradsnap token JOB). Default: empty (server runs open).
+  std::string token;
+  // PEM CA certificate: when set, connect with TLS. Default: empty (plaintext).
+  std::string tls_ca_file;
+  // Client certificate and key for mutual TLS. Default: empty.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Copies of every shard across endpoints (rendezvous hashing). Default: 1.
+  int replicas = 1;
+  // Upper bound on bytes buffered by asynchronous saves in this client. Default: 256 MiB.
+  size_t max_inflight_bytes = 256u << 20;
+  // Remote mode: attempts for an operation that fails with UNAVAILABLE, ABORTED or
+  // RESOURCE_EXHAUSTED from a busy server; an upload that makes progress between failures
+  // starts counting again. Default: 8.
+  int max_attempts = 8;
+  // Deadline for unary calls, in milliseconds; an upload stream gets this plus the time its
+  // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever.
+  // Default: 30000.
+  int rpc_timeout_ms = 30000;
+};
+
+// One tensor's bytes in caller memory, for saving.
+struct TensorRef {
+  TensorSpec spec;
+  const void* data = nullptr;  // spec.byte_length bytes; must stay valid until the save resolves
+};
+
+// Progress callback of RestoreShard and Verify: `done` of `total` units so far, called several
+// times while the call runs, with `done` never decreasing; calls never overlap. The units are
+// payload bytes, except for Verify against servers (remote mode), where they are storage nodes:
+// each node verifies its copy and answers once (with several nodes the callback then runs on a
+// helper thread). A callback must not call back into the Client.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+class Client {
+ public:
+  // Opens the back end: remote when options.endpoints is set (no RPC is made yet), else the
+  // embedded engine in options.local_dir (opened and recovered now).
+  // INVALID_ARGUMENT: neither endpoints nor local_dir, an endpoint not HOST:PORT or listed
+  // twice, replicas or max_attempts below 1. FAILED_PRECONDITION: local_dir is open in another
+  // process. Other codes: the engine could not open local_dir (e.g. PERMISSION_DENIED, DATA_LOSS).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Remote mode only: as Connect with options.endpoints set; INVALID_ARGUMENT when it is empty.
+  // The entry point of the CMake target gradsnap::client_remote, the client library without
+  // the embedded back end (no storage engine, no RocksDB), which has no Connect.
+  static absl::StatusOr<std::unique_ptr<Client>> ConnectRemote(const ClientOptions& options);
+  // Waits for every queued asynchronous save to resolve, then closes the back end.
+  virtual ~Client() = default;
+
+  // Starts a checkpoint (state PENDING); every rank may call it with the identical spec
+  // (idempotent). INVALID_ARGUMENT: a bad job name, step < 0, world_size outside 1..65536, a
+  // FULL with base_step != -1, a DELTA with base_step outside [0, step), metadata over 1 MiB.
+  // ALREADY_EXISTS: the (job, step) is committed, or exists with a different spec.
+  // FAILED_PRECONDITION: a
+  // DELTA's base_step is not a FULL checkpoint.
+  virtual absl::Status BeginCheckpoint(const CheckpointSpec& spec) = 0;
+  // Saves one shard. The returned future resolves once the shard is durable on every replica
+  // (and the checkpoint committed, if this was its last shard). Tensor memory must stay valid
+  // until then. Several saves may be in flight; memory use stays under max_inflight_bytes.
+  // spec.tensors may be left empty (it is taken from `tensors`, in order) or must equal the
+  // specs in `tensors`; the payload is the tensors' bytes in that order. A mismatch, a bad name,
+  // or a byte_length other than product(shape) * DTypeSize(dtype) is INVALID_ARGUMENT.
+  // NOT_FOUND: BeginCheckpoint was not called. ALREADY_EXISTS: the rank was saved with a
+  // different spec. DATA_LOSS: a tensor's bytes do not match its spec.sha256. Saving a shard
+  // that is already committed with the same spec is OK (idempotent).
+  [[nodiscard]] virtual std::future<absl::Status> SaveShardAsync(
+      const ShardSpec& spec, std::vector<TensorRef> tensors) = 0;
+  // SaveShardAsync(spec, tensors).get(): blocks until the shard is durable.
+  absl::Status SaveShard(const ShardSpec& spec, std::vector<TensorRef> tensors) {
+    return SaveShardAsync(spec, std::move(tensors)).get();
+  }
+  // Abandons a PENDING checkpoint and frees its space. NOT_FOUND: no such checkpoint.
+  // FAILED_PRECONDITION: it is committed (use Delete).
+  virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
+  // Takes the job's next writer epoch (docs/protocol.md, "Epochs"). Saves and begins whose spec
+  // carries an older non-zero epoch are refused from then on (FAILED_PRECONDITION "superseded by
+  // attempt N"). Remote: the largest epoch over all nodes, every node told.
+  virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
+
+  // Names of the jobs with at least one checkpoint (pending ones included), sorted. With a
+  // token, only the token's job. Remote: the union over every node that answers.
+  virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
+  // The checkpoints of `job` by ascending step: committed ones only, PENDING ones too with
+  // include_pending. An unknown job gives an empty list. INVALID_ARGUMENT: a bad job name.
+  // PERMISSION_DENIED: the token is for another job.
+  virtual absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
+                                                           bool include_pending = false) = 0;
+  // The manifest of one checkpoint, PENDING or committed: its info and every shard begun so far
+  // (by rank) with its tensors, sizes and SHA-256s. NOT_FOUND: no such checkpoint.
+  // DATA_LOSS: its metadata is damaged.
+  virtual absl::StatusOr<Manifest> Show(const std::string& job, int64_t step) = 0;
+  // Restores one tensor of a committed shard into out[0, out_len), verified (chunk checksums
+  // and the tensor's SHA-256). NOT_FOUND: no such checkpoint, rank or tensor.
+  // INVALID_ARGUMENT: out_len differs from the tensor's byte_length. FAILED_PRECONDITION: the
+  // checkpoint is PENDING. DATA_LOSS: the stored bytes are damaged (`out` then holds garbage).
+  virtual absl::Status RestoreTensor(const std::string& job, int64_t step, int32_t rank,
+                                     const std::string& tensor, void* out, size_t out_len) = 0;
+  // Streams a shard's whole payload (tensors in manifest order) through `sink`, verified as it
+  // goes; a non-OK status from `sink` stops the restore and is returned. Progress is in payload
+  // bytes. Errors as RestoreTensor; on DATA_LOSS some bytes may already have reached `sink`.
+  virtual absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
+                                    const std::function<absl::Status(const void*, size_t)>& sink,
+                                    const ProgressFn& progress = nullptr) = 0;
+  // Reads payload bytes [offset, offset + length) of a committed shard (its tensors back to back
+  // in manifest order) into out[0, length): a ranged read, for resharding. Every chunk the range
+  // touches is checked against its checksum (DATA_LOSS on a mismatch); a tensor's SHA-256 is
+  // checked only by whole-tensor reads. A range past the payload is OUT_OF_RANGE. Thread-safe:
+  // several ranges may be read at once.
+  virtual absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                                      uint64_t offset, uint64_t length, void* out) = 0;
+  // Re-reads every chunk of every shard of a checkpoint and checks checksums and SHA-256s
+  // (remote: on every node that holds it). NOT_FOUND: no such checkpoint. DATA_LOSS: damage,
+  // naming the shard and tensor. Progress: see ProgressFn.
+  virtual absl::Status Verify(const std::string& job, int64_t step,
+                              const ProgressFn& progress = nullptr) = 0;
+  // Deletes one checkpoint (committed or PENDING) and frees its space. NOT_FOUND: no such
+  // checkpoint. FAILED_PRECONDITION: it is a FULL that a remaining DELTA is based on.
+  virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
+  // Retention for `job`: keeps the newest policy.keep_last committed FULLs and every FULL whose
+  // step is a multiple of policy.keep_every, deletes the other FULLs with the DELTAs based on
+  // them, and returns the deleted steps (ascending) and the bytes freed. keep_last == 0 deletes
+  // nothing. PENDING checkpoints are never touched. INVALID_ARGUMENT: a bad job name or a
+  // negative keep_last / keep_every.
+  virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
+  // OK when every endpoint answers and is serving (or the local engine is open).
+  // UNAVAILABLE: a node does not answer or is stopping, naming it.
+  virtual absl::Status Health() = 0;
+};
+
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_INCLUDE_GRADSNAP_CLIENT_H_

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs a built tree into a temporary prefix, builds examples/ against the installed package
+# twice (CMake find_package(gradsnap), then pkg-config gradsnap) and runs both programs against
+# a fresh embedded data directory, then the first one against the installed gradsnap-server on
+# 127.0.0.1. Nothing of the source tree is on the examples' include path.
+# Usage: bash scripts/check-install.sh [BUILD_DIR]   (default: $BUILD_DIR or build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-${BUILD_DIR:-build}}
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+  if [ -n "$server_pid" ]; then
+    kill -TERM "$server_pid" 2>/dev/null || true
+    wait "$server_pid" || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+prefix=$work/prefix
+
+cmake --install "$build_dir" --prefix "$prefix" >/dev/null
+for h in client.h types.h dtype.h; do
+  test -f "$prefix/include/gradsnap/$h" || { echo "check-install: $h not installed" >&2; exit 1; }
+done
+
+# CMake consumer.
+cmake -S examples -B "$work/cmake-build" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/cmake-build" >/dev/null
+"$work/cmake-build/save_restore" "$work/data-cmake"
+
+# pkg-config consumer.
+pc=$(find "$prefix" -name gradsnap.pc)
+libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir gradsnap)
+# shellcheck disable=SC2046
+c++ -std=c++17 examples/save_restore.cc -o "$work/save_restore_pc" \
+  $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs gradsnap)
+LD_LIBRARY_PATH=$libdir "$work/save_restore_pc" "$work/data-pc"
+# Remote back end: the installed server on a free port.
+"$prefix/bin/gradsnap-server" --data-dir "$work/server-data" --listen 127.0.0.1:0 \
+  >"$work/server.log" 2>&1 &
+server_pid=$!
+address=
+for _ in $(seq 600); do  # up to 60 s
+  address=$(sed -n 's/^gradsnap-server listening on //p' "$work/server.log")
+  if [ -n "$address" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
+  sleep 0.1
+done
+if [ -z "$address" ]; then
+  echo "check-install: gradsnap-server did not start:" >&2
+  cat "$work/server.log" >&2
+  exit 1
+fi
+"$work/cmake-build/save_restore" --server "$address"
+kill -TERM "$server_pid"
+wait "$server_pid"
+server_pid=
+echo "check-install: installed headers, library, CMake package, pkg-config file and binaries work"
