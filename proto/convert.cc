@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/digest.h"
 #include "common/dtype.h"
 #include "common/names.h"
 #include "common/status.h"

@@ -51,7 +51,7 @@ constexpr int64_t kLockWaitMs = 10000;
 absl::StatusOr<std::unique_ptr<client::Client>> ConnectStore(const client::ClientOptions& co) {
   const int64_t deadline = MonotonicNanos() / 1000000 + kLockWaitMs;
   for (;;) {
-    absl::StatusOr<std::unique_ptr<client::Client>> c = Connect(co);
+    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(co);
     const bool locked = !c.ok() && !co.local_dir.empty() &&
                         absl::IsFailedPrecondition(c.status()) &&
                         c.status().message().find("another process") != absl::string_view::npos;
