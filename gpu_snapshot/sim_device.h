@@ -164,7 +164,6 @@ class SimGpu {
   std::map<uintptr_t, size_t> device_ ABSL_GUARDED_BY(mem_mu_);  // base -> bytes
   std::map<uintptr_t, size_t> pinned_ ABSL_GUARDED_BY(mem_mu_);
   absl::Mutex engine_mu_;  // held while a copy runs: one copy at a time
-  int64_t engine_free_ns_ ABSL_GUARDED_BY(engine_mu_) = 0;
 };
 
 // The snapshot engine's view of simulated device `ordinal` (opened by the trainer's sim back

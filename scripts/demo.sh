@@ -2,7 +2,9 @@
 # The main job, end to end on one machine: installs what is missing, builds gradsnap, starts a
 # gradsnap-server on loopback, trains the `small` GPT on 2 CPU ranks with GoCkpt checkpoints
 # and the per-step gradient log streamed to the server, kills rank 1 mid-run, lets the launcher
-# restart and resume the job, then lists and verifies the checkpoints with the gradsnap CLI.
+# restart and resume the job, then lists and verifies the checkpoints with the gradsnap CLI,
+# restores the recovery point (as rank files and as named weights) and resumes the job with
+# another number of ranks (exact resharding).
 # Environment: BUILD_DIR (default: build), DEMO_DIR (default: a fresh temp dir),
 # DEMO_MODEL (default: small), DEMO_STEPS (default: 20).
 set -euo pipefail
@@ -38,11 +40,17 @@ echo "== training $MODEL on 2 ranks, gockpt every 5 steps + gradient log; rank 1
 
 echo "== checkpoints of job demo"
 "$BIN/gradsnap" --server "$ADDR" ls demo
-echo "== verifying every checkpoint (re-reads all chunks, checks CRCs and SHA-256s)"
+echo "== verifying every checkpoint (re-reads all chunks, checks CRC-32Cs and tensor digests)"
 "$BIN/gradsnap" --server "$ADDR" verify demo --all
-echo "== restoring the latest checkpoint to $DEMO_DIR/restore"
+echo "== restoring the recovery point (FULL + its DELTA chain replayed) to $DEMO_DIR/restore"
 "$BIN/gradsnap" --server "$ADDR" restore demo latest --out "$DEMO_DIR/restore"
 ls -l "$DEMO_DIR/restore"
-grep -E '^(restart|resumed)' "$DEMO_DIR/train.log" || true
+echo "== the same state as named weights (model.safetensors, optimizer.safetensors, trainer_state.json)"
+"$BIN/gradsnap" --server "$ADDR" restore demo latest --consolidate --out "$DEMO_DIR/consolidated"
+ls -l "$DEMO_DIR/consolidated"
+grep -E '^(restart|resumed|recovery)' "$DEMO_DIR/train.log" || true
 grep -E '^summary' "$DEMO_DIR/train.log" | tail -1
+echo "== resuming job demo with 1 rank instead of 2 (exact resharding) for 5 more steps"
+"$BIN/gradsnap-train" --model "$MODEL" --seq 64 --batch 8 --steps $((STEPS + 5)) --nproc 1 \
+  --storage "$ADDR" --job demo --resume latest | grep -E '^(resumed|step|summary)'
 echo "demo done: files in $DEMO_DIR"
