@@ -43,7 +43,7 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
       }
       std::vector<std::string> f3 = absl::StrSplit(slice->text, ':');
       uint64_t off = 0;
-      absl::SimpleAtoi(f3[1], &off);
+      if (f3.size() < 2 || !absl::SimpleAtoi(f3[1], &off)) return {};  // not a slice: no match
       pieces[f3[0]][off] = bytes;
     }
   }
