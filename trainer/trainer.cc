@@ -417,8 +417,9 @@ absl::Status RankRunner::Run() {
   RETURN_IF_ERROR(Resume());
   ASSIGN_OR_RETURN(ckpt_, MakeCheckpointer(o_.ckpt, backend_->View(), store_.get()));
   RETURN_IF_ERROR(ckpt_->Start(state_));
-  for (int64_t s = state_.step + 1; s <= o_.steps; ++s) {
-    if (s == state_.step + 1 && resumed_from_ >= 0) PrintRecoveryTime();
+  const int64_t first = state_.step + 1;  // state_.step advances with every step
+  for (int64_t s = first; s <= o_.steps; ++s) {
+    if (s == first && resumed_from_ >= 0) PrintRecoveryTime();
     RETURN_IF_ERROR(Step(s));
   }
   {

@@ -119,6 +119,13 @@ TEST(FallbackTest, RestartPrintsRecoveryTimeSplit) {
                           " process_start_ms=", " fetch_ms=", " replay_ms="}) {
     EXPECT_TRUE(absl::StrContains(failed.output, key)) << key << "\n" << failed.output;
   }
+  // Once, at the first resumed step, not at every step after it.
+  size_t lines = 0;
+  for (size_t p = failed.output.find("recovery failure_to_first_step_ms=");
+       p != std::string::npos; p = failed.output.find("recovery failure_to_first_step_ms=", p + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << failed.output;
   EXPECT_EQ(SummaryField(whole.output, "params_sha256"),
             SummaryField(failed.output, "params_sha256"));
 }
