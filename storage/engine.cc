@@ -22,12 +22,6 @@ namespace {
 constexpr size_t kMaxMetadataBytes = 1 << 20;
 constexpr size_t kMaxTensors = 100000;
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 CheckpointInfo ToInfo(const CheckpointRecord& r) {
   CheckpointInfo i;
   i.job = r.spec.job;
@@ -179,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     }
     // No segment data: such a catalog (e.g. from an older version killed while creating it)
     // can describe nothing. It is kept aside, never deleted, and a new store is made.
-    const std::string aside = absl::StrFormat("%s/meta.broken-%013d", dir, NowMs());
+    const std::string aside = absl::StrFormat("%s/meta.broken-%013d", dir, UnixMillis());
     RETURN_IF_ERROR(fs->Rename(dir + "/meta", aside));
     GS_LOG(WARNING) << "storage: " << dir << "/meta had no CURRENT and there is no segment "
                     << "data; kept it as " << aside << " and made a new catalog";
@@ -342,7 +336,7 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
   }
   CheckpointRecord r;
   r.spec = spec;
-  r.created_unix_ms = NowMs();
+  r.created_unix_ms = UnixMillis();
   MetaStore::Batch b;
   b.puts.emplace_back(CheckpointKey(spec.job, spec.step), EncodeCheckpoint(r));
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
@@ -472,11 +466,11 @@ absl::Status EngineImpl::CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStor
     ASSIGN_OR_RETURN(CheckpointRecord base, LoadCheckpoint(job, ckpt->spec.base_step));
     if (base.state != CheckpointState::kCommitted) return absl::OkStatus();
     ckpt->state = CheckpointState::kCommitted;
-    ckpt->committed_unix_ms = NowMs();
+    ckpt->committed_unix_ms = UnixMillis();
     return absl::OkStatus();
   }
   ckpt->state = CheckpointState::kCommitted;
-  ckpt->committed_unix_ms = NowMs();
+  ckpt->committed_unix_ms = UnixMillis();
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   for (const auto& [k, v] : kvs) {
     CheckpointRecord d;
@@ -731,7 +725,7 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
   RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
-                                  NowMs())
+                                  UnixMillis())
                       .status());
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   std::vector<CheckpointRecord> all;

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "storage/storage_stats.h"
@@ -13,12 +14,6 @@
 namespace gradsnap {
 namespace storage {
 namespace {
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Parent(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -34,9 +29,9 @@ absl::Status QuarantinePath(FileSystem* fs, const std::string& data_dir, const s
     return absl::InternalError(absl::StrCat("quarantine: ", path, " is not below ", data_dir));
   }
   std::string rel = path.substr(prefix.size());
-  std::string target = absl::StrFormat("%s/quarantine/%013d/%s", data_dir, NowMs(), rel);
+  std::string target = absl::StrFormat("%s/quarantine/%013d/%s", data_dir, UnixMillis(), rel);
   std::error_code ec;
-  if (std::filesystem::exists(target, ec)) absl::StrAppend(&target, ".", NowMs());
+  if (std::filesystem::exists(target, ec)) absl::StrAppend(&target, ".", UnixMillis());
   RETURN_IF_ERROR(fs->CreateDirs(Parent(target)));
   RETURN_IF_ERROR(fs->Rename(path, target));
   RETURN_IF_ERROR(fs->SyncDir(Parent(path)));

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "common/status.h"
@@ -23,12 +24,6 @@
 namespace gradsnap {
 namespace storage {
 namespace {
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // Holds RocksDB's LOCK file of meta/ (an fcntl write lock, as RocksDB takes it), so no engine
 // opens the directory while the catalog is rebuilt.
@@ -276,7 +271,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
     return report;
   }
   if (std::filesystem::exists(meta_dir, ec)) {
-    report.old_catalog = absl::StrFormat("%s/meta.old-%013d", dir, NowMs());
+    report.old_catalog = absl::StrFormat("%s/meta.old-%013d", dir, UnixMillis());
     RETURN_IF_ERROR(fs->Rename(meta_dir, report.old_catalog));
   }
   RETURN_IF_ERROR(fs->Rename(tmp, meta_dir));

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/digest.h"
 #include "common/status.h"
@@ -442,9 +443,7 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
   ASSIGN_OR_RETURN(f.checkpoint, engine_->LoadCheckpoint(sp.job, sp.step));
   ASSIGN_OR_RETURN(f.chunks, engine_->LoadChunks(sp.job, sp.step, sp.rank, rec_.chunk_count));
   f.chunks.insert(f.chunks.end(), chunks.begin(), chunks.end());
-  f.written_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
+  f.written_unix_ms = UnixMillis();
   f.shard = next;
   SegmentWriter* w = nullptr;
   uint64_t off = 0;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -83,12 +84,6 @@ struct AttemptResult {
   int64_t failed_at_ms = -1;  // when the failed rank was reaped (Unix ms)
 };
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // failed_at_ms: when the previous attempt's failure was seen (-1 for the first attempt).
 AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string& rdzv_dir,
                          int64_t failed_at_ms) {
@@ -106,7 +101,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     if (attempt > 0 && o.resume_on_restart) args.push_back("--resume=latest");
     if (attempt > 0 && failed_at_ms >= 0) {  // rank 0 prints the recovery time split
       args.push_back(absl::StrCat("--recovery_failed_at_ms=", failed_at_ms));
-      args.push_back(absl::StrCat("--recovery_spawned_at_ms=", NowUnixMs()));
+      args.push_back(absl::StrCat("--recovery_spawned_at_ms=", UnixMillis()));
     }
     pids[i] = Spawn(args);  // NOLINT: fork per rank
     if (pids[i] < 0) {
@@ -135,7 +130,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     if (rank < 0) continue;
     --running;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    result.failed_at_ms = NowUnixMs();
+    result.failed_at_ms = UnixMillis();
     result.ok = false;
     result.no_restart = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart;
     result.reason =
