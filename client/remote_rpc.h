@@ -37,11 +37,6 @@ namespace gradsnap {
 namespace client {
 namespace remote {
 
-
-inline absl::StatusOr<std::string> ReadFileBytes(const std::string& path, const char* what) {
-  return ReadSmallFile(path, what);
-}
-
 inline absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ClientOptions& o) {
   if (o.tls_ca_file.empty()) {
@@ -51,13 +46,13 @@ inline absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCred
     return grpc::InsecureChannelCredentials();
   }
   grpc::SslCredentialsOptions ssl;
-  auto ca = ReadFileBytes(o.tls_ca_file, "TLS CA");
+  auto ca = ReadSmallFile(o.tls_ca_file, "TLS CA");
   if (!ca.ok()) return ca.status();
   ssl.pem_root_certs = *std::move(ca);
   if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
-    auto cert = ReadFileBytes(o.tls_cert_file, "TLS client certificate");
+    auto cert = ReadSmallFile(o.tls_cert_file, "TLS client certificate");
     if (!cert.ok()) return cert.status();
-    auto key = ReadFileBytes(o.tls_key_file, "TLS client key");
+    auto key = ReadSmallFile(o.tls_key_file, "TLS client key");
     if (!key.ok()) return key.status();
     ssl.pem_cert_chain = *std::move(cert);
     ssl.pem_private_key = *std::move(key);

@@ -5,15 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/sha256.h"
+#include "common/small_file.h"
 #include "common/status.h"
 #include "recovery/json_value.h"
 #include "recovery/layout.h"
@@ -141,16 +140,6 @@ absl::Status VerifyTensors(const StFile& f) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  if (s.size() > kMaxSmallFile) return absl::DataLossError(absl::StrCat(path, ": too large"));
-  return s;
-}
-
 class DirSource : public StateSource {
  public:
   DirSource(std::string dir, bool verify_all) : dir_(std::move(dir)), verify_all_(verify_all) {}
@@ -160,7 +149,7 @@ class DirSource : public StateSource {
     if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return absl::NotFoundError(absl::StrCat("no restore directory ", dir_));
     }
-    absl::StatusOr<std::string> manifest = ReadSmallFile(dir_ + "/manifest.json");
+    absl::StatusOr<std::string> manifest = ReadSmallFile(dir_ + "/manifest.json", "restore manifest", kMaxSmallFile);
     if (!manifest.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           dir_,
