@@ -14,35 +14,6 @@
 namespace gradsnap {
 namespace trainer {
 
-absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job,
-                                                int64_t step, int32_t rank,
-                                                const std::vector<TensorOut>& tensors) {
-  ASSIGN_OR_RETURN(client::Manifest manifest, c.Show(job, step));
-  const client::ShardInfo* shard = nullptr;
-  for (const client::ShardInfo& s : manifest.shards) {
-    if (s.rank == rank) shard = &s;
-  }
-  if (shard == nullptr || !shard->committed) {
-    return absl::NotFoundError(absl::StrCat("checkpoint ", job, "@", step, " has no shard ", rank));
-  }
-  for (const TensorOut& t : tensors) {
-    auto it = std::find_if(shard->tensors.begin(), shard->tensors.end(),
-                           [&](const storage::TensorInfo& i) { return i.spec.name == t.name; });
-    if (it == shard->tensors.end()) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", job, "@", step, " rank ",
-                                                        rank, " has no tensor ", t.name));
-    }
-    if (it->spec.byte_length != t.byte_length) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint ", job, "@", step, " rank ", rank, " tensor ", t.name, " has ",
-          it->spec.byte_length, " bytes, this run expects ", t.byte_length,
-          " (different model or world size?)"));
-    }
-    RETURN_IF_ERROR(c.RestoreTensor(job, step, rank, t.name, t.data, t.byte_length));
-  }
-  return shard->metadata;
-}
-
 namespace {
 
 absl::StatusOr<std::vector<client::CheckpointInfo>> ListFromClient(client::Client& c,
@@ -113,10 +84,6 @@ class DirectShardStore : public ShardStore {
       const std::string& job) override {
     return WaitOutOutage([&] { return ListFromClient(*client_, job); });
   }
-  absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step, int32_t rank,
-                                             const std::vector<TensorOut>& tensors) override {
-    return WaitOutOutage([&] { return RestoreShardTensors(*client_, job, step, rank, tensors); });
-  }
   client::Client* client() override { return client_.get(); }
 
  private:
@@ -126,7 +93,7 @@ class DirectShardStore : public ShardStore {
 };
 
 // Message tags of the funnel protocol (each a header + payload pair, see wire.h).
-enum Tag : uint32_t { kSave = 1, kSaveAck, kList, kRestoreReq, kRestoreResp, kAgree, kAgreed };
+enum Tag : uint32_t { kSave = 1, kSaveAck, kList, kAgree, kAgreed };
 
 class FunnelShardStore : public ShardStore {
  public:
@@ -197,22 +164,6 @@ class FunnelShardStore : public ShardStore {
       RETURN_IF_ERROR(SendMessage(*comm_, r, kList, msg));
     }
     return list;
-  }
-
-  absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step, int32_t rank,
-                                             const std::vector<TensorOut>& tensors) override {
-    if (comm_->rank() != 0) {
-      RETURN_IF_ERROR(
-          SendMessage(*comm_, 0, kRestoreReq, EncodeRestoreRequest(job, step, rank, tensors)));
-      ASSIGN_OR_RETURN(std::string resp, RecvMessage(*comm_, 0, kRestoreResp));
-      return DecodeRestoreResponse(resp, tensors);
-    }
-    absl::StatusOr<std::string> own = RestoreShardTensors(*client_, job, step, rank, tensors);
-    for (int r = 1; r < comm_->world_size(); ++r) {
-      ASSIGN_OR_RETURN(std::string req, RecvMessage(*comm_, r, kRestoreReq));
-      RETURN_IF_ERROR(SendMessage(*comm_, r, kRestoreResp, ServeRestore(*client_, req)));
-    }
-    return own;
   }
 
   client::Client* client() override { return client_.get(); }

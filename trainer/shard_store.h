@@ -4,12 +4,12 @@
 // OVERVIEW
 //   Remote mode (--storage): every rank has its own Client to the servers (DirectShardStore).
 //   Embedded mode (--ckpt-dir): the engine's RocksDB can be opened by one process only, so with
-//   several ranks rank 0 alone opens the Client and the others funnel their shards to it (and
-//   receive restored bytes from it) over a dedicated communicator (FunnelShardStore). With one
-//   rank, embedded mode is a DirectShardStore too.
+//   several ranks rank 0 alone opens the Client and the others funnel their shards to it over a
+//   dedicated communicator (FunnelShardStore). With one rank, embedded mode is a DirectShardStore
+//   too. Restores go through recovery/ (trainer/resume.h).
 //
 // COLLECTIVE CALLS
-//   SaveShard, ListCommitted and RestoreTensors are collective in the funneled store: every rank
+//   SaveShard, ListCommitted and AllAgree are collective in the funneled store: every rank
 //   calls them for the same checkpoints in the same order (rank 0 serves the others inside its
 //   own call). Code written against ShardStore must keep to that rule in every mode.
 //
@@ -32,14 +32,6 @@
 namespace gradsnap {
 namespace trainer {
 
-
-// One tensor of a shard to restore into caller memory.
-struct TensorOut {
-  std::string name;
-  void* data = nullptr;
-  size_t byte_length = 0;
-};
-
 class ShardStore {
  public:
   virtual ~ShardStore() = default;
@@ -52,11 +44,6 @@ class ShardStore {
   // Committed checkpoints of `job`, oldest first. Collective; the same answer on every rank.
   virtual absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
       const std::string& job) = 0;
-  // Restores tensors of shard (job, step, rank) into caller memory, verified, and returns the
-  // shard's metadata. Collective (each rank asks for its own rank's shard).
-  virtual absl::StatusOr<std::string> RestoreTensors(const std::string& job, int64_t step,
-                                                     int32_t rank,
-                                                     const std::vector<TensorOut>& tensors) = 0;
   // The underlying client on this rank, or nullptr where this rank funnels through rank 0.
   virtual client::Client* client() = 0;
 
@@ -71,13 +58,6 @@ class ShardStore {
   // Saves are collective (funneled): a rank must not retry one on its own.
   virtual bool collective_saves() const = 0;
 };
-
-// Restores tensors of shard (job, step, rank) straight from a client: checks each tensor exists
-// with the expected byte length (FAILED_PRECONDITION otherwise), then reads it verified.
-// Returns the shard's metadata.
-absl::StatusOr<std::string> RestoreShardTensors(client::Client& c, const std::string& job,
-                                                int64_t step, int32_t rank,
-                                                const std::vector<TensorOut>& tensors);
 
 // Each rank talks to `client` directly; `comm` (nullptr for one rank) carries AllAgree only.
 std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> client,

@@ -32,14 +32,6 @@ absl::Status DecodeShard(const std::string& msg, client::ShardSpec* spec,
 std::string EncodeInfos(const absl::StatusOr<std::vector<client::CheckpointInfo>>& infos);
 absl::StatusOr<std::vector<client::CheckpointInfo>> DecodeInfos(const std::string& msg);
 
-std::string EncodeRestoreRequest(const std::string& job, int64_t step, int32_t rank,
-                                 const std::vector<TensorOut>& tensors);
-// Rank 0: runs the request against `c` and encodes status, shard metadata and tensor bytes.
-std::string ServeRestore(client::Client& c, const std::string& request);
-// Copies the tensor bytes into `tensors`; returns the shard metadata.
-absl::StatusOr<std::string> DecodeRestoreResponse(const std::string& msg,
-                                                  const std::vector<TensorOut>& tensors);
-
 }  // namespace trainer
 }  // namespace gradsnap
 
