@@ -6,6 +6,7 @@
 #include "common/crc32c.h"
 #include "common/digest.h"
 #include "common/dtype.h"
+#include "common/flag_names.h"
 #include "common/names.h"
 #include "common/sha256.h"
 #include "common/stats.h"
@@ -168,3 +169,18 @@ TEST(Token, MintAndCheck) {
 
 }  // namespace
 }  // namespace gradsnap
+
+TEST(FlagNames, DashesBecomeUnderscoresInNamesOnly) {
+  const char* in[] = {"prog", "--data-dir=/a-b", "--listen", "127.0.0.1:1", "-x-y", "--ckpt-mode",
+                      "gockpt", "--", "--not-a-flag"};
+  std::vector<char*> argv;
+  for (const char* a : in) argv.push_back(const_cast<char*>(a));
+  gradsnap::UnderscoredArgv u(static_cast<int>(argv.size()), argv.data());
+  ASSERT_EQ(u.argc(), 9);
+  EXPECT_STREQ(u.argv()[0], "prog");
+  EXPECT_STREQ(u.argv()[1], "--data_dir=/a-b");  // the value keeps its dash
+  EXPECT_STREQ(u.argv()[2], "--listen");
+  EXPECT_STREQ(u.argv()[4], "-x-y");             // single-dash arguments are not rewritten
+  EXPECT_STREQ(u.argv()[5], "--ckpt_mode");
+  EXPECT_STREQ(u.argv()[8], "--not-a-flag");     // after "--", nothing is a flag
+}

@@ -17,6 +17,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
+#include "common/flag_names.h"
 #include "common/logging.h"
 #include "common/token.h"
 #include "service/server.h"
@@ -46,22 +47,6 @@ ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
 
 namespace {
 
-// The documented flags use dashes (--data-dir); Abseil's names use underscores. Rewrites the
-// name part of every "--flag[=value]" argument before "--".
-std::vector<std::string> UnderscoreFlagNames(int argc, char** argv) {
-  std::vector<std::string> args(argv, argv + argc);
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string& a = args[i];
-    if (a == "--") break;
-    if (a.size() < 3 || a[0] != '-' || a[1] != '-') continue;
-    size_t end = std::min(a.find('='), a.size());
-    for (size_t k = 2; k < end; ++k) {
-      if (a[k] == '-') a[k] = '_';
-    }
-  }
-  return args;
-}
-
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "gradsnap-server: %s\n", msg.c_str());
   return 1;
@@ -84,10 +69,8 @@ int main(int argc, char** argv) {
     return file.find("server_main") != absl::string_view::npos;
   };
   absl::SetFlagsUsageConfig(usage);
-  std::vector<std::string> args = UnderscoreFlagNames(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (auto& a : args) arg_ptrs.push_back(a.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  gradsnap::UnderscoredArgv args(argc, argv);  // --data-dir is --data_dir
+  absl::ParseCommandLine(args.argc(), args.argv());
   // Block the stop signals in every thread (gRPC's included); main waits for them below.
   sigset_t stop;
   sigemptyset(&stop);

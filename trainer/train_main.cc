@@ -22,11 +22,12 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/flag_names.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
 #include "recovery/state_source.h"
-#include "common/names.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
 #include "trainer/full_shard.h"
@@ -91,24 +92,6 @@ ABSL_FLAG(int, launcher_pid, 0, "(internal) pid of the launcher that started thi
 namespace {
 
 using gradsnap::trainer::kExitNoRestart;
-
-// Accepts --foo-bar as --foo_bar: DESIGN.md spells flags with dashes, absl with underscores.
-std::vector<char*> NormalizeFlags(int argc, char** argv, std::vector<std::string>* storage) {
-  storage->reserve(argc);
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    if (i > 0 && a.rfind("--", 0) == 0) {
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t j = 2; j < end; ++j) {
-        if (a[j] == '-') a[j] = '_';
-      }
-    }
-    storage->push_back(a);
-  }
-  std::vector<char*> out;
-  for (std::string& s : *storage) out.push_back(s.data());
-  return out;
-}
 
 gradsnap::trainer::TrainOptions OptionsFromFlags() {
   gradsnap::trainer::TrainOptions o;
@@ -343,8 +326,8 @@ int main(int argc, char** argv) {
     return file.find("train_main") != absl::string_view::npos;
   };
   absl::SetFlagsUsageConfig(usage);
-  std::vector<std::string> arg_storage;
-  std::vector<char*> args = NormalizeFlags(argc, argv, &arg_storage);
+  gradsnap::UnderscoredArgv underscored(argc, argv);  // --ckpt-mode is --ckpt_mode
+  std::vector<char*> args = underscored.args();
   if (std::string bad = CheckFlagSyntax(args); !bad.empty()) return Fail(bad);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);

@@ -42,6 +42,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
+#include "common/flag_names.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
 
@@ -214,19 +215,8 @@ int main(int argc, char** argv) {
       "[--rounds 2]: the checkpoint modes of gradsnap-train side by side; last line name=value "
       "ratios");
   // --sim-copy-gbps is --sim_copy_gbps (gradsnap-train accepts both spellings too).
-  std::vector<std::string> arg_storage(argv, argv + argc);
-  std::vector<char*> args;
-  for (size_t i = 0; i < arg_storage.size(); ++i) {
-    std::string& a = arg_storage[i];
-    if (i > 0 && a.rfind("--", 0) == 0) {
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t j = 2; j < end; ++j) {
-        if (a[j] == '-') a[j] = '_';
-      }
-    }
-    args.push_back(a.data());
-  }
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  gradsnap::UnderscoredArgv args(argc, argv);
+  absl::ParseCommandLine(args.argc(), args.argv());
   if (int rc = ValidateDevice(); rc != 0) return rc;
   std::string train = absl::GetFlag(FLAGS_train);
   if (train.empty()) {
