@@ -8,6 +8,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "storage/damage_util.h"
 #include "storage/engine.h"
 #include "storage/fault_injection_fs.h"
 #include "storage/metadata.h"
@@ -208,18 +209,7 @@ TEST(CatalogTest, CorruptSstRefusesAndKeepsSegments) {
   Store st = WriteStore(dir.path());
   { auto e = OpenOk(dir.path()); }  // recovery flushes the WAL into an SST
   int segs = CountFiles(dir.path() + "/segments");
-  int corrupted = 0;
-  for (const auto& e : fs::directory_iterator(dir.path() + "/meta")) {
-    if (e.path().extension() != ".sst") continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    std::string junk(64, '\x5a');
-    for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
-      f.seekp(static_cast<std::streamoff>(off));
-      f.write(junk.data(), 64);
-    }
-    ++corrupted;
-  }
-  ASSERT_GT(corrupted, 0);
+  ASSERT_GT(CorruptSstFiles(dir.path() + "/meta"), 0);
   absl::Status s = OpenStatus(dir.path());
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("--rebuild-catalog"), std::string::npos) << s;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "common/status.h"
+#include "storage/damage_util.h"
 
 namespace gradsnap {
 namespace drill {
@@ -122,18 +123,7 @@ absl::Status Damage(const std::string& data, int mode) {
       fs::remove(meta + "/CURRENT", ec);
       break;
     default: {
-      int corrupted = 0;
-      for (const auto& e : fs::directory_iterator(meta)) {
-        if (e.path().extension() != ".sst") continue;
-        std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-        std::string junk(64, '\x5a');
-        for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
-          f.seekp(static_cast<std::streamoff>(off));
-          f.write(junk.data(), 64);
-        }
-        ++corrupted;
-      }
-      if (corrupted == 0) fs::remove(meta + "/CURRENT", ec);  // no SST yet: still unreadable
+      if (storage::CorruptSstFiles(meta) == 0) fs::remove(meta + "/CURRENT", ec);  // no SST yet: still unreadable
     }
   }
   return ec ? absl::InternalError(absl::StrCat("damaging ", meta, ": ", ec.message()))

@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "service/server.h"
+#include "storage/damage_util.h"
 #include "storage/engine.h"
 #include "storage/fault_injection_fs.h"
 #include "tests/service/service_test_util.h"
@@ -254,18 +255,7 @@ TEST(ServiceStorage, CorruptSstIsRefusedThenRebuilt) {
     server.Signal(SIGKILL);
     server.Wait();
   }
-  int corrupted = 0;
-  for (const auto& e : fs::directory_iterator(data + "/meta")) {
-    if (e.path().extension() != ".sst") continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    std::string junk(64, '\x5a');
-    for (uint64_t off = 0; off + 64 < fs::file_size(e.path()); off += 512) {
-      f.seekp(static_cast<std::streamoff>(off));
-      f.write(junk.data(), 64);
-    }
-    ++corrupted;
-  }
-  ASSERT_GT(corrupted, 0);
+  ASSERT_GT(gradsnap::storage::CorruptSstFiles(data + "/meta"), 0);
   const int segments = CountFiles(data + "/segments");
   ExpectRefusedUntouched(data, port);
   RebuildAndExpectBack(data, w);
