@@ -4,41 +4,27 @@
 //  - FULL + DELTAs replayed to a logged step equal that step's state;
 //  - a rank killed while a gockpt checkpoint is in flight resumes from the previous checkpoint
 //    or its gradient log, with the same losses and final params_sha256 as an uninterrupted run.
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <regex>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gtest/gtest.h"
+#include "tests/snapshot/e2e_util.h"
 
 namespace gradsnap {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TrainRun {
-  int rc = -1;
-  std::string out;
-  std::map<int64_t, std::string> losses;  // step -> loss text
-  std::string sha;
-  int64_t resumed_from = -1;
-};
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using e2e::Scratch;
+using e2e::Store;
+using e2e::TrainRun;
 
 // Common flags: tiny model, LR warmup 3 then cosine, clipping active, a skipped step.
 std::vector<std::string> Base(const std::string& dir, int steps) {
@@ -47,77 +33,9 @@ std::vector<std::string> Base(const std::string& dir, int steps) {
 }
 
 TrainRun Train(const std::string& scratch, const std::string& name,
-               std::vector<std::string> args) {
-  std::string out = scratch + "/" + name + ".out";
-  std::string cmd = absl::StrCat(GRADSNAP_TRAIN_PATH, " ", absl::StrJoin(args, " "), " >", out,
-                                 " 2>&1");
-  TrainRun r;
-  int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = Slurp(out);
-  std::regex step_re(R"(^step (\d+) loss (\S+))");
-  std::regex sha_re(R"(params_sha256=([0-9a-f]+))");
-  std::regex res_re(R"(resumed_from=(-?\d+))");
-  std::istringstream lines(r.out);
-  for (std::string line; std::getline(lines, line);) {
-    std::smatch m;
-    if (std::regex_search(line, m, step_re)) r.losses[std::stoll(m[1])] = m[2];
-    if (std::regex_search(line, m, sha_re)) r.sha = m[1];
-    if (std::regex_search(line, m, res_re)) r.resumed_from = std::stoll(m[1]);
-  }
-  return r;
+               const std::vector<std::string>& args) {
+  return e2e::Train(GRADSNAP_TRAIN_PATH, scratch, name, args);
 }
-
-std::string Scratch(const std::string& name) {
-  std::string d = (fs::temp_directory_path() /
-                   absl::StrCat("gs_snap_e2e_", name, "_", getpid())).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// The committed checkpoints of a job in an embedded store, with all shards' tensors.
-class Store {
- public:
-  explicit Store(const std::string& dir) {
-    client::ClientOptions o;
-    o.local_dir = dir;
-    auto c = client::Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    if (c.ok()) client_ = std::move(*c);
-  }
-  std::map<int64_t, client::CheckpointInfo> List(const std::string& job) {
-    std::map<int64_t, client::CheckpointInfo> out;
-    auto l = client_->List(job);
-    EXPECT_TRUE(l.ok()) << l.status();
-    if (l.ok()) {
-      for (auto& c : *l) out[c.step] = c;
-    }
-    return out;
-  }
-  std::string Tensor(const std::string& job, int64_t step, int rank, const std::string& name) {
-    auto m = client_->Show(job, step);
-    EXPECT_TRUE(m.ok()) << m.status();
-    if (!m.ok()) return "";
-    for (const auto& t : m->shards.at(rank).tensors) {
-      if (t.spec.name != name) continue;
-      std::string out(t.spec.byte_length, '\0');
-      absl::Status s = client_->RestoreTensor(job, step, rank, name, out.data(), out.size());
-      EXPECT_TRUE(s.ok()) << s;
-      return out;
-    }
-    ADD_FAILURE() << "no tensor " << name << " in " << job << "@" << step;
-    return "";
-  }
-  // params | adam_m | adam_v of a FULL shard.
-  std::string State(const std::string& job, int64_t step, int rank = 0) {
-    return Tensor(job, step, rank, "params") + Tensor(job, step, rank, "adam_m") +
-           Tensor(job, step, rank, "adam_v");
-  }
-
- private:
-  std::unique_ptr<client::Client> client_;
-};
 
 class SnapshotE2E : public ::testing::Test {
  protected:
