@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "gpu_snapshot/device.h"
 
@@ -19,21 +20,12 @@ namespace gradsnap {
 namespace gpu_snapshot {
 namespace {
 
-// The one place a cudaError_t becomes a Status.
-absl::Status CudaError(cudaError_t err, const char* what, const char* file, int line) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  std::string msg = absl::StrCat(what, ": ", cudaGetErrorString(err), " (", file, ":", line, ")");
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
-#define GS_CUDA(expr) CudaError((expr), #expr, __FILE__, __LINE__)
-
 // Makes `ordinal` the calling thread's current device; restores the previous one on exit.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int ordinal) {
-    status_ = GS_CUDA(cudaGetDevice(&prev_));
-    if (status_.ok() && prev_ != ordinal) status_ = GS_CUDA(cudaSetDevice(ordinal));
+    status_ = GS_CUDA_STATUS(cudaGetDevice(&prev_));
+    if (status_.ok() && prev_ != ordinal) status_ = GS_CUDA_STATUS(cudaSetDevice(ordinal));
     if (!status_.ok()) prev_ = -1;
   }
   ~DeviceGuard() {
@@ -50,6 +42,19 @@ class DeviceGuard {
 #define GS_DEVICE_GUARD(ordinal)        \
   DeviceGuard guard_(ordinal);          \
   RETURN_IF_ERROR(guard_.status())
+
+// A new event (without timing) recorded on `stream`; the caller owns it. The caller holds a
+// DeviceGuard.
+absl::StatusOr<cudaEvent_t> NewRecordedEvent(cudaStream_t stream) {
+  cudaEvent_t e;
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  absl::Status s = GS_CUDA_STATUS(cudaEventRecord(e, stream));
+  if (!s.ok()) {
+    cudaEventDestroy(e);
+    return s;
+  }
+  return e;
+}
 
 class CudaComputeEvent : public ComputeEvent {
  public:
@@ -78,7 +83,7 @@ class CudaEvent : public CopyEvent {
   }
   absl::Status Wait() override {
     GS_DEVICE_GUARD(device_);
-    return GS_CUDA(cudaEventSynchronize(event_));
+    return GS_CUDA_STATUS(cudaEventSynchronize(event_));
   }
 
  private:
@@ -96,27 +101,22 @@ class CudaStream : public CopyStream {
   }
   absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
     GS_DEVICE_GUARD(device_);
-    return GS_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+    return GS_CUDA_STATUS(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
   }
   absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override {
     GS_DEVICE_GUARD(device_);
-    cudaEvent_t e;
-    RETURN_IF_ERROR(GS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
-    absl::Status s = GS_CUDA(cudaEventRecord(e, stream_));
-    if (!s.ok()) {
-      cudaEventDestroy(e);
-      return s;
-    }
+    ASSIGN_OR_RETURN(cudaEvent_t e, NewRecordedEvent(stream_));
     return std::unique_ptr<CopyEvent>(new CudaEvent(device_, e));
   }
   absl::Status WaitForEvent(ComputeEvent* event) override {
     if (event == nullptr) return absl::OkStatus();
     GS_DEVICE_GUARD(device_);
-    return GS_CUDA(cudaStreamWaitEvent(stream_, static_cast<CudaComputeEvent*>(event)->get(), 0));
+    const cudaEvent_t e = static_cast<CudaComputeEvent*>(event)->get();
+    return GS_CUDA_STATUS(cudaStreamWaitEvent(stream_, e, 0));
   }
   absl::Status Synchronize() override {
     GS_DEVICE_GUARD(device_);
-    return GS_CUDA(cudaStreamSynchronize(stream_));
+    return GS_CUDA_STATUS(cudaStreamSynchronize(stream_));
   }
 
  private:
@@ -132,7 +132,7 @@ class CudaDevice : public Device {
   absl::StatusOr<void*> AllocPinned(size_t bytes) override {
     GS_DEVICE_GUARD(ordinal_);
     void* p = nullptr;
-    RETURN_IF_ERROR(GS_CUDA(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable)));
+    CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable));
     std::memset(p, 0, bytes);  // pre-touch
     return p;
   }
@@ -143,28 +143,22 @@ class CudaDevice : public Device {
   absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool high_priority) override {
     GS_DEVICE_GUARD(ordinal_);
     int least = 0, greatest = 0;
-    RETURN_IF_ERROR(GS_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest)));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s;
-    RETURN_IF_ERROR(GS_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
-                                                         high_priority ? greatest : least)));
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
+                                                      high_priority ? greatest : least));
     return std::unique_ptr<CopyStream>(new CudaStream(ordinal_, s));
   }
   absl::StatusOr<std::shared_ptr<ComputeEvent>> RecordComputeEvent(void* native_stream) override {
     if (native_stream == nullptr) return std::shared_ptr<ComputeEvent>();
     GS_DEVICE_GUARD(ordinal_);
-    cudaEvent_t e;
-    RETURN_IF_ERROR(GS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming)));
-    absl::Status s = GS_CUDA(cudaEventRecord(e, static_cast<cudaStream_t>(native_stream)));
-    if (!s.ok()) {
-      cudaEventDestroy(e);
-      return s;
-    }
+    ASSIGN_OR_RETURN(cudaEvent_t e, NewRecordedEvent(static_cast<cudaStream_t>(native_stream)));
     return std::shared_ptr<ComputeEvent>(new CudaComputeEvent(ordinal_, e));
   }
   absl::StatusOr<void*> AllocDevice(size_t bytes) override {
     GS_DEVICE_GUARD(ordinal_);
     void* p = nullptr;
-    RETURN_IF_ERROR(GS_CUDA(cudaMalloc(&p, bytes == 0 ? 1 : bytes)));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
     return p;
   }
   void FreeDevice(void* p) override {
@@ -173,11 +167,11 @@ class CudaDevice : public Device {
   }
   absl::Status CopyToDeviceSync(void* dst, const void* src, size_t n) override {
     GS_DEVICE_GUARD(ordinal_);
-    return GS_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    return GS_CUDA_STATUS(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
   }
   absl::Status CopyToHostSync(void* dst, const void* src, size_t n) override {
     GS_DEVICE_GUARD(ordinal_);
-    return GS_CUDA(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    return GS_CUDA_STATUS(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
   }
 
  private:
@@ -192,9 +186,7 @@ absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return 0;
-  if (err != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaGetDeviceCount: ", cudaGetErrorString(err)));
-  }
+  RETURN_IF_ERROR(CudaStatus(err, "cudaGetDeviceCount", __FILE__, __LINE__));
   return count;
 }
 

@@ -64,7 +64,7 @@ class CudaBackend : public Backend {
 
   absl::Status Init(int device_ordinal) {
     int count = 0;
-    CUDA_RETURN(cudaGetDeviceCount(&count));
+    CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
     if (device_ordinal < 0 || device_ordinal >= count) {
       return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device_ordinal,
                                                      " does not exist (", count, " present)"));
@@ -72,12 +72,13 @@ class CudaBackend : public Backend {
     device_ = device_ordinal;
     // The training thread's current device for the whole run (every launch, cuBLAS and NCCL
     // call of this back end; the snapshot engine's calls restore it).
-    CUDA_RETURN(cudaSetDevice(device_));
-    CUDA_RETURN(cudaStreamCreate(&stream_));
-    CUDA_RETURN(cudaEventCreateWithFlags(&sums_ready_, cudaEventDisableTiming));
-    CUDA_RETURN(cudaEventCreateWithFlags(&work_done_, cudaEventDisableTiming));
-    CUDA_RETURN(cudaMallocHost(&host_sums_, (cuda::kNormBlocks + 1) * sizeof(double)));
-    CUDA_RETURN(cudaMallocHost(&host_losses_, static_cast<size_t>(B_) * T_ * sizeof(float)));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&sums_ready_, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&work_done_, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(&host_sums_, (cuda::kNormBlocks + 1) * sizeof(double)));
+    CUDA_RETURN_IF_ERROR(
+        cudaMallocHost(&host_losses_, static_cast<size_t>(B_) * T_ * sizeof(float)));
     CUBLAS_RETURN(cublasCreate(&cublas_));
     CUBLAS_RETURN(cublasSetStream(cublas_, stream_));
     RETURN_IF_ERROR(InitNccl());
@@ -141,33 +142,36 @@ class CudaBackend : public Backend {
   absl::Status SetParams(const float* host) override {
     DeviceArray<float> full;
     RETURN_IF_ERROR(full.Alloc(layout_.total()));
-    CUDA_RETURN(cudaMemcpy(full.get(), host, layout_.total() * 4, cudaMemcpyHostToDevice));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(full.get(), host, layout_.total() * 4, cudaMemcpyHostToDevice));
     cuda::FloatToBf16(stream_, params_bf16_.get(), full.get(), layout_.total());
-    CUDA_RETURN(cudaGetLastError());
-    CUDA_RETURN(cudaMemcpyAsync(master_.get(), full.get() + slice_.lo, slice_.size() * 4,
-                                cudaMemcpyDeviceToDevice, stream_));
-    CUDA_RETURN(cudaMemsetAsync(m_.get(), 0, slice_.size() * 4, stream_));
-    CUDA_RETURN(cudaMemsetAsync(v_.get(), 0, slice_.size() * 4, stream_));
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(master_.get(), full.get() + slice_.lo,
+                                         slice_.size() * 4, cudaMemcpyDeviceToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m_.get(), 0, slice_.size() * 4, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(v_.get(), 0, slice_.size() * 4, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
   absl::Status SliceToHost(float* master, float* m, float* v) override {
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
-    CUDA_RETURN(cudaMemcpy(master, master_.get(), slice_.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_RETURN(cudaMemcpy(m, m_.get(), slice_.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_RETURN(cudaMemcpy(v, v_.get(), slice_.size() * 4, cudaMemcpyDeviceToHost));
+    const size_t bytes = slice_.size() * 4;
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(master, master_.get(), bytes, cudaMemcpyDeviceToHost));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(m, m_.get(), bytes, cudaMemcpyDeviceToHost));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(v, v_.get(), bytes, cudaMemcpyDeviceToHost));
     return absl::OkStatus();
   }
 
   absl::Status SliceFromHost(const float* master, const float* m, const float* v) override {
-    CUDA_RETURN(cudaMemcpy(master_.get(), master, slice_.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_RETURN(cudaMemcpy(m_.get(), m, slice_.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_RETURN(cudaMemcpy(v_.get(), v, slice_.size() * 4, cudaMemcpyHostToDevice));
+    const size_t bytes = slice_.size() * 4;
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(master_.get(), master, bytes, cudaMemcpyHostToDevice));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(m_.get(), m, bytes, cudaMemcpyHostToDevice));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(v_.get(), v, bytes, cudaMemcpyHostToDevice));
     cuda::FloatToBf16(stream_, params_bf16_.get() + slice_.lo, master_.get(), slice_.size());
-    CUDA_RETURN(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
     RETURN_IF_ERROR(GatherParams());
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
@@ -176,15 +180,17 @@ class CudaBackend : public Backend {
                                float dloss) override {
     const size_t BT = static_cast<size_t>(B_) * T_;
     // From pageable memory: returns once the source was staged, so the caller may reuse it.
-    CUDA_RETURN(cudaMemcpyAsync(inputs_.get(), inputs, BT * 4, cudaMemcpyHostToDevice, stream_));
-    CUDA_RETURN(cudaMemcpyAsync(targets_.get(), targets, BT * 4, cudaMemcpyHostToDevice, stream_));
-    CUDA_RETURN(cudaMemsetAsync(grads_.get(), 0, layout_.total() * 4, stream_));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(inputs_.get(), inputs, BT * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(targets_.get(), targets, BT * 4, cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(grads_.get(), 0, layout_.total() * 4, stream_));
     Forward();
     Backward(dloss);
-    CUDA_RETURN(cudaMemcpyAsync(host_losses_, losses_.get(), BT * 4, cudaMemcpyDeviceToHost,
-                                stream_));
-    CUDA_RETURN(cudaGetLastError());
-    CUDA_RETURN(cudaEventRecord(work_done_, stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_losses_, losses_.get(), BT * 4,
+                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(work_done_, stream_));
     return TakeLaunchStatus();
   }
 
@@ -209,13 +215,14 @@ class CudaBackend : public Backend {
     }
     cuda::SquaredNormPartials(stream_, partials_.get(), grads_bf16_.get() + slice_.lo,
                               slice_.size());
-    CUDA_RETURN(cudaMemcpyAsync(host_sums_, partials_.get(), cuda::kNormBlocks * sizeof(double),
-                                cudaMemcpyDeviceToHost, stream_));
-    CUDA_RETURN(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_sums_, partials_.get(),
+                                         cuda::kNormBlocks * sizeof(double),
+                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
     // The step's one wait for the device: the losses and the norm, for the loss print and the
     // clip coefficient. An event, not a stream synchronization.
-    CUDA_RETURN(cudaEventRecord(sums_ready_, stream_));
-    CUDA_RETURN(cudaEventSynchronize(sums_ready_));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(sums_ready_, stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(sums_ready_));
     double sq = 0.0;
     for (int i = 0; i < cuda::kNormBlocks; ++i) sq += host_sums_[i];
     double loss = 0.0;
@@ -247,8 +254,8 @@ class CudaBackend : public Backend {
                       reinterpret_cast<const uint16_t*>(grads_bf16_.get() + slice_.lo),
                       reinterpret_cast<uint16_t*>(params_bf16_.get() + slice_.lo),
                       slice_.size(), p);
-    CUDA_RETURN(cudaGetLastError());
-    CUDA_RETURN(cudaEventRecord(work_done_, stream_));
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(work_done_, stream_));
     return absl::OkStatus();
   }
 
@@ -269,16 +276,16 @@ class CudaBackend : public Backend {
       RETURN_IF_ERROR(NcclAsyncError());
 #endif
     }
-    CUDA_RETURN(cudaGetLastError());
-    CUDA_RETURN(cudaEventRecord(work_done_, stream_));
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(work_done_, stream_));
     return absl::OkStatus();
   }
 
   absl::Status FullMasterParams(std::vector<float>* out) override {
     out->assign(layout_.total(), 0.0f);
-    CUDA_RETURN(cudaStreamSynchronize(stream_));
-    CUDA_RETURN(cudaMemcpy(out->data() + slice_.lo, master_.get(), slice_.size() * 4,
-                           cudaMemcpyDeviceToHost));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(out->data() + slice_.lo, master_.get(), slice_.size() * 4,
+                                    cudaMemcpyDeviceToHost));
     return comm_->AllGather(out->data(), out->size());
   }
 
@@ -313,10 +320,7 @@ class CudaBackend : public Backend {
 
   // Launch errors of the void helpers (cuBLAS, cudaMemsetAsync), first one wins.
   void Blas(cublasStatus_t st) {
-    if (st != CUBLAS_STATUS_SUCCESS) {
-      launch_status_.Update(absl::InternalError(
-          absl::StrCat("cuBLAS error ", static_cast<int>(st), " in the forward/backward")));
-    }
+    launch_status_.Update(CublasStatus(st, "the forward/backward"));
   }
   absl::Status TakeLaunchStatus() { return std::exchange(launch_status_, absl::OkStatus()); }
 
@@ -368,8 +372,7 @@ class CudaBackend : public Backend {
   }
 
   void Zero(DeviceArray<float>& a) {
-    const cudaError_t e = cudaMemsetAsync(a.get(), 0, a.size() * 4, stream_);
-    if (e != cudaSuccess) launch_status_.Update(CudaError(e, __FILE__, __LINE__));
+    launch_status_.Update(GS_CUDA_STATUS(cudaMemsetAsync(a.get(), 0, a.size() * 4, stream_)));
   }
 
   void Backward(float dloss) {
@@ -473,15 +476,15 @@ absl::Status DeviceAdamWForTest(float* param, float* m, float* v, const uint16_t
   RETURN_IF_ERROR(dv.Alloc(n));
   RETURN_IF_ERROR(dg.Alloc(n));
   RETURN_IF_ERROR(dbf.Alloc(n));
-  CUDA_RETURN(cudaMemcpy(dp.get(), param, n * 4, cudaMemcpyHostToDevice));
-  CUDA_RETURN(cudaMemcpy(dm.get(), m, n * 4, cudaMemcpyHostToDevice));
-  CUDA_RETURN(cudaMemcpy(dv.get(), v, n * 4, cudaMemcpyHostToDevice));
-  CUDA_RETURN(cudaMemcpy(dg.get(), grad, n * 2, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dp.get(), param, n * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dm.get(), m, n * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dv.get(), v, n * 4, cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(dg.get(), grad, n * 2, cudaMemcpyHostToDevice));
   cuda::AdamWUpdate(nullptr, dp.get(), dm.get(), dv.get(), dg.get(), dbf.get(), n, p);
-  CUDA_RETURN(cudaGetLastError());
-  CUDA_RETURN(cudaMemcpy(param, dp.get(), n * 4, cudaMemcpyDeviceToHost));
-  CUDA_RETURN(cudaMemcpy(m, dm.get(), n * 4, cudaMemcpyDeviceToHost));
-  CUDA_RETURN(cudaMemcpy(v, dv.get(), n * 4, cudaMemcpyDeviceToHost));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(param, dp.get(), n * 4, cudaMemcpyDeviceToHost));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(m, dm.get(), n * 4, cudaMemcpyDeviceToHost));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(v, dv.get(), n * 4, cudaMemcpyDeviceToHost));
   return absl::OkStatus();
 }
 

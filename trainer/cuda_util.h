@@ -1,5 +1,6 @@
-// CUDA helpers of the trainer: the CUDA/cuBLAS error-to-Status conversion and a device array
-// that frees itself. Only included by .cu files. Thread safety: DeviceArray is not shared.
+// CUDA helpers of the trainer: the cuBLAS error-to-Status conversion (CUDA runtime errors go
+// through common/cuda_status.h), the device check and a device array that frees itself. Only
+// included by .cu files. Thread safety: DeviceArray is not shared.
 #ifndef GRADSNAP_TRAINER_CUDA_UTIL_H_
 #define GRADSNAP_TRAINER_CUDA_UTIL_H_
 
@@ -11,43 +12,29 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
+#include "common/status.h"
+#include "gpu_snapshot/device.h"
 
 namespace gradsnap {
 namespace trainer {
 
-// The one place per error source where CUDA, cuBLAS and NCCL errors become a Status.
-inline absl::Status CudaError(cudaError_t e, const char* file, int line) {
-  return absl::InternalError(absl::StrCat("CUDA error at ", file, ":", line, ": ",
-                                          cudaGetErrorString(e)));
+// OK for CUBLAS_STATUS_SUCCESS, else INTERNAL "cuBLAS error <n> in <where>".
+inline absl::Status CublasStatus(cublasStatus_t s, absl::string_view where) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuBLAS error ", static_cast<int>(s), " in ", where));
 }
-#define CUDA_RETURN(expr)                                               \
-  do {                                                                  \
-    cudaError_t e_ = (expr);                                            \
-    if (e_ != cudaSuccess) return CudaError(e_, __FILE__, __LINE__);    \
-  } while (0)
-#define CUBLAS_RETURN(expr)                                                              \
-  do {                                                                                   \
-    cublasStatus_t s_ = (expr);                                                          \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
-      return absl::InternalError(absl::StrCat("cuBLAS error ", static_cast<int>(s_),    \
-                                              " at ", __FILE__, ":", __LINE__));         \
-    }                                                                                    \
-  } while (0)
+#define CUBLAS_RETURN(expr) RETURN_IF_ERROR(CublasStatus((expr), #expr))
 
 // FAILED_PRECONDITION only when the runtime reports no device or no driver; any other error of
 // cudaGetDeviceCount is INTERNAL (a broken GPU is not "no GPU").
 inline absl::Status RequireDevice() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
-      (e == cudaSuccess && count == 0)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--device cuda: no CUDA device available (cudaGetDeviceCount: ",
-        e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
-  }
-  if (e != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("--device cuda: cudaGetDeviceCount: ", cudaGetErrorString(e)));
+  absl::StatusOr<int> count = gpu_snapshot::CudaDeviceCount();
+  if (!count.ok()) return Annotate(count.status(), "--device cuda");
+  if (*count == 0) {
+    return absl::FailedPreconditionError(
+        "--device cuda: no CUDA device available (cudaGetDeviceCount reports no device or "
+        "no driver)");
   }
   return absl::OkStatus();
 }
@@ -64,8 +51,8 @@ class DeviceArray {
   }
   absl::Status Alloc(size_t n) {
     n_ = n;
-    CUDA_RETURN(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
-    CUDA_RETURN(cudaMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T)));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)));
+    CUDA_RETURN_IF_ERROR(cudaMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T)));
     return absl::OkStatus();
   }
   void Swap(DeviceArray& o) {

@@ -2,10 +2,8 @@
 
 #include <cstring>
 
-#include "absl/strings/str_cat.h"
-
 #if defined(GRADSNAP_HAVE_CUDA)
-#include <cuda_runtime_api.h>
+#include "common/cuda_status.h"
 #endif
 
 namespace gradsnap {
@@ -17,11 +15,7 @@ absl::Status CopyToHost(void* dst, const void* src, size_t bytes, bool on_device
     return absl::OkStatus();
   }
 #if defined(GRADSNAP_HAVE_CUDA)
-  const cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaMemcpy: ", cudaGetErrorString(e)));
-  }
-  return absl::OkStatus();
+  return GS_CUDA_STATUS(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 #else
   return absl::UnimplementedError("device memory in a build without CUDA");
 #endif
