@@ -184,3 +184,65 @@ TEST(FlagNames, DashesBecomeUnderscoresInNamesOnly) {
   EXPECT_STREQ(u.argv()[5], "--ckpt_mode");
   EXPECT_STREQ(u.argv()[8], "--not-a-flag");     // after "--", nothing is a flag
 }
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "common/small_file.h"
+
+namespace gradsnap {
+namespace {
+
+// A file under the test's temporary directory, removed on destruction.
+class ScratchFile {
+ public:
+  ScratchFile(const char* name, const std::string& bytes)
+      : path_(std::string(::testing::TempDir()) + "/" + name + "." + std::to_string(getpid())) {
+    std::ofstream(path_, std::ios::binary) << bytes;
+  }
+  ~ScratchFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(SmallFile, ReadsBoundedRegularFilesOnly) {
+  ScratchFile f("small", "abc");
+  absl::StatusOr<std::string> s = ReadSmallFile(f.path(), "token file");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, "abc");
+  EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile(f.path(), "token file", 2).status()));
+  EXPECT_TRUE(absl::IsNotFound(ReadSmallFile("/nonexistent/x", "token file").status()));
+  absl::Status dir = ReadSmallFile("/", "token file").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(dir));
+  EXPECT_NE(dir.message().find("is a directory"), std::string::npos) << dir;
+  EXPECT_TRUE(absl::IsInvalidArgument(ReadSmallFile("/dev/zero", "token file").status()));
+}
+
+TEST(SmallFile, AppendFileKeepsWhatWasThereAndChecksTheTotalFirst) {
+  ScratchFile a("append_a", "hello ");
+  ScratchFile b("append_b", "world");
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(AppendFile(a.path(), "data file", 11, &out).ok());
+  ASSERT_TRUE(AppendFile(b.path(), "data file", 11, &out).ok());
+  EXPECT_EQ(std::string(out.begin(), out.end()), "hello world");
+  // One byte over the total: refused before reading, *out untouched.
+  absl::Status over = AppendFile(a.path(), "data file", 16, &out);
+  EXPECT_TRUE(absl::IsInvalidArgument(over)) << over;
+  EXPECT_NE(over.message().find("data file"), std::string::npos) << over;
+  EXPECT_EQ(out.size(), 11u);
+  EXPECT_TRUE(absl::IsNotFound(AppendFile("/nonexistent/x", "data file", 100, &out)));
+  EXPECT_TRUE(absl::IsInvalidArgument(AppendFile("/dev/zero", "data file", 100, &out)));
+  const std::string fifo = std::string(::testing::TempDir()) + "/fifo." + std::to_string(getpid());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  EXPECT_TRUE(absl::IsInvalidArgument(AppendFile(fifo, "data file", 100, &out)));  // no hang
+  std::remove(fifo.c_str());
+  EXPECT_EQ(out.size(), 11u);
+}
+
+}  // namespace
+}  // namespace gradsnap

@@ -2,49 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
+#include "common/small_file.h"
+#include "common/status.h"
 
 namespace gradsnap {
 namespace trainer {
-namespace {
-
-constexpr uint64_t kMaxCorpusBytes = 4ull << 30;
-
-absl::Status ReadFileAppend(const std::string& path, std::vector<uint8_t>* out) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("data file ", path, " does not exist"));
-  }
-  if (std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, " is a directory"));
-  }
-  // Only regular files of bounded size: a device (/dev/zero), FIFO or socket never ends.
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data file ", path, " is not a regular file (token data is a file of bytes)"));
-  }
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  if (ec) return absl::InvalidArgumentError(absl::StrCat("data file ", path, ": ", ec.message()));
-  if (size + out->size() > kMaxCorpusBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("data file ", path, " has ", size,
-                                                   " bytes; the corpus is limited to ",
-                                                   kMaxCorpusBytes, " bytes"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot open data file ", path));
-  const size_t start = out->size();
-  out->resize(start + size);
-  in.read(reinterpret_cast<char*>(out->data() + start), static_cast<std::streamsize>(size));
-  out->resize(start + static_cast<size_t>(in.gcount()));  // a file that shrank meanwhile
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading data file ", path));
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -68,13 +33,11 @@ absl::StatusOr<Corpus> LoadCorpus(const std::string& path, int seq_len) {
                                               " is missing; pass --data FILE"));
     }
     for (const std::string& f : files) {
-      absl::Status s = ReadFileAppend(f, &c.tokens);
-      if (!s.ok()) return s;
+      RETURN_IF_ERROR(AppendFile(f, "data file", kMaxCorpusBytes, &c.tokens));
     }
   } else {
     c.source = path;
-    absl::Status s = ReadFileAppend(path, &c.tokens);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(AppendFile(path, "data file", kMaxCorpusBytes, &c.tokens));
   }
   if (c.tokens.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("data file ", c.source, " is empty"));
