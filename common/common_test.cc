@@ -246,3 +246,21 @@ TEST(SmallFile, AppendFileKeepsWhatWasThereAndChecksTheTotalFirst) {
 
 }  // namespace
 }  // namespace gradsnap
+
+#include "absl/flags/flag.h"
+#include "common/command_line.h"
+
+ABSL_FLAG(int, command_line_test_value, 0, "a flag for CommandLine's test");
+
+TEST(CommandLine, DashSpellingsAndPositionalArguments) {
+  const char* in[] = {"prog", "--command-line-test-value=7", "pos-1"};
+  std::vector<char*> argv;
+  for (const char* a : in) argv.push_back(const_cast<char*>(a));
+  gradsnap::CommandLine cl(static_cast<int>(argv.size()), argv.data(), "prog [--flags]",
+                           "common_test");
+  EXPECT_STREQ(cl.args()[1], "--command_line_test_value=7");
+  std::vector<char*> positional = cl.Parse();
+  EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_value), 7);
+  ASSERT_EQ(positional.size(), 2u);
+  EXPECT_STREQ(positional[1], "pos-1");
+}

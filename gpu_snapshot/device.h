@@ -102,6 +102,14 @@ absl::StatusOr<int> CudaDeviceCount();
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();
 
+// Checks the command-line choice of devices: `kind` ("cpu", "sim" or "cuda") and the device
+// ordinals [first, first + count) of one node's ranks. "cpu" always passes. INVALID_ARGUMENT for
+// another kind or ordinals beyond the devices present ("--device_id 7 with 2 ranks needs sim
+// devices 7..8; 8 present"); UNIMPLEMENTED for cuda in a build without CUDA;
+// FAILED_PRECONDITION when there is no CUDA device or driver; INTERNAL for other runtime errors.
+// Messages name the flags (--device, --device_id).
+absl::Status CheckDevices(const std::string& kind, int first, int count);
+
 }  // namespace gpu_snapshot
 }  // namespace gradsnap
 

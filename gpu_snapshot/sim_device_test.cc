@@ -227,6 +227,24 @@ TEST(SimDeviceTest, BadOrdinalsAndBandwidth) {
   EXPECT_TRUE(absl::IsFailedPrecondition(NewSimDevice(-3).status()));
 }
 
+TEST(SimDeviceTest, CheckDevicesNamesTheRangeAndTheFlags) {
+  EXPECT_TRUE(CheckDevices("cpu", 0, 64).ok());
+  EXPECT_TRUE(CheckDevices("sim", 0, kSimDeviceCount).ok());
+  const absl::Status over = CheckDevices("sim", 7, 2);
+  EXPECT_TRUE(absl::IsInvalidArgument(over));
+  EXPECT_NE(over.message().find("needs sim devices 7..8; 8 present"), std::string::npos) << over;
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckDevices("sim", -1, 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckDevices("tpu", 0, 1)));
+  // cuda: UNIMPLEMENTED without CUDA, FAILED_PRECONDITION without a device, never a crash.
+  const absl::Status cuda = CheckDevices("cuda", 0, 1);
+  if (!CudaCompiledIn()) {
+    EXPECT_TRUE(absl::IsUnimplemented(cuda)) << cuda;
+  }
+  if (!cuda.ok()) {
+    EXPECT_EQ(cuda.message().rfind("--device cuda", 0), 0u) << cuda;
+  }
+}
+
 }  // namespace
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

@@ -12,12 +12,9 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
-#include "common/flag_names.h"
+#include "common/command_line.h"
 #include "common/logging.h"
 #include "common/token.h"
 #include "service/server.h"
@@ -55,22 +52,18 @@ int Fail(const std::string& msg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gradsnap::CommandLine command_line(  // --data-dir is --data_dir
+      argc, argv,
       "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.");
+      "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
+      "server_main");
   // Memory stays near what is in use: a fixed mmap threshold (glibc otherwise raises it after
   // the first large free, and freed 1-4 MiB buffers then linger in per-thread arenas) and few
   // arenas for the many gRPC threads.
   mallopt(M_MMAP_THRESHOLD, 2 << 20);
   mallopt(M_ARENA_MAX, 4);
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("server_main") != absl::string_view::npos;
-  };
-  absl::SetFlagsUsageConfig(usage);
-  gradsnap::UnderscoredArgv args(argc, argv);  // --data-dir is --data_dir
-  absl::ParseCommandLine(args.argc(), args.argv());
+  command_line.Parse();
   // Block the stop signals in every thread (gRPC's included); main waits for them below.
   sigset_t stop;
   sigemptyset(&stop);

@@ -16,17 +16,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/flag_names.h"
+#include "common/command_line.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "gpu_snapshot/device.h"
-#include "gpu_snapshot/sim_device.h"
 #include "recovery/state_source.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
@@ -151,25 +147,9 @@ int Fail(const std::string& msg) {
 
 // --device cuda|sim: this node's ranks use devices device_id .. device_id + nproc - 1.
 int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
-  if (o.device == "cpu") return 0;
   if (o.device == "sim" && !(o.sim.copy_gbps > 0)) return Fail("--sim_copy_gbps must be > 0");
-  int count = gradsnap::gpu_snapshot::kSimDeviceCount;
-  if (o.device == "cuda") {
-    if (!gradsnap::gpu_snapshot::CudaCompiledIn()) {
-      return Fail("--device cuda: this gradsnap-train was built without CUDA");
-    }
-    absl::StatusOr<int> n = gradsnap::gpu_snapshot::CudaDeviceCount();
-    if (!n.ok()) return Fail("--device cuda: " + std::string(n.status().message()));
-    if (*n == 0) return Fail("--device cuda: no CUDA device or driver (cudaGetDeviceCount)");
-    count = *n;
-  }
-  if (o.device_id < 0 || o.device_id + nproc > count) {
-    return Fail("--device_id " + std::to_string(o.device_id) + " with --nproc " +
-                std::to_string(nproc) + " needs " + o.device + " devices " +
-                std::to_string(o.device_id) + ".." + std::to_string(o.device_id + nproc - 1) +
-                "; " + std::to_string(count) + " present");
-  }
-  return 0;
+  const absl::Status s = gradsnap::gpu_snapshot::CheckDevices(o.device, o.device_id, nproc);
+  return s.ok() ? 0 : Fail(std::string(s.message()));
 }
 
 // absl's parser answers a bad flag with several lines and exit 1; the contract is one line and
@@ -278,9 +258,6 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (o.steps < 1) return Fail("--steps must be at least 1");
   auto config = t::ModelConfigByName(o.model);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  if (o.device != "cpu" && o.device != "cuda" && o.device != "sim") {
-    return Fail("--device must be cpu, cuda or sim");
-  }
   if (int rc = ValidateDevice(o, nproc); rc != 0) return rc;
   const int world = nproc * nnodes;
   if (o.global_batch < 1 || o.global_batch % world != 0) {
@@ -314,22 +291,17 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gradsnap::CommandLine command_line(  // --ckpt-mode is --ckpt_mode
+      argc, argv,
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
       "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
       "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
-      "See docs/trainer.md and docs/gockpt.md.");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return file.find("train_main") != absl::string_view::npos;
-  };
-  absl::SetFlagsUsageConfig(usage);
-  gradsnap::UnderscoredArgv underscored(argc, argv);  // --ckpt-mode is --ckpt_mode
-  std::vector<char*> args = underscored.args();
-  if (std::string bad = CheckFlagSyntax(args); !bad.empty()) return Fail(bad);
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+      "See docs/trainer.md and docs/gockpt.md.",
+      "train_main");
+  if (std::string bad = CheckFlagSyntax(command_line.args()); !bad.empty()) return Fail(bad);
+  std::vector<char*> positional = command_line.Parse();
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
   const gradsnap::trainer::TrainOptions o = OptionsFromFlags();
 
@@ -383,6 +355,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = gradsnap::trainer::CheckStoreAccess(o); !s.ok()) {
     return Fail(s.ToString());
   }
-  for (int i = 1; i < static_cast<int>(args.size()); ++i) lo.rank_args.push_back(args[i]);
+  const std::vector<char*>& args = command_line.args();
+  lo.rank_args.assign(args.begin() + 1, args.end());
   return gradsnap::trainer::Launch(lo);
 }

@@ -37,14 +37,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
-#include "common/flag_names.h"
+#include "common/command_line.h"
 #include "gpu_snapshot/device.h"
-#include "gpu_snapshot/sim_device.h"
 
 ABSL_FLAG(std::string, model, "small", "gradsnap-train model. Default: small (~10.8M parameters)");
 ABSL_FLAG(int, steps, 30, "Training steps per run. Default: 30");
@@ -183,40 +180,25 @@ int BadInput(const std::string& msg) {
 // --device and its options, checked before any run.
 int ValidateDevice() {
   const std::string device = absl::GetFlag(FLAGS_device);
-  const int id = absl::GetFlag(FLAGS_device_id);
-  int count = 1;
-  if (device == "cpu") return 0;
-  if (device == "sim") {
-    if (!(absl::GetFlag(FLAGS_sim_copy_gbps) > 0)) return BadInput("--sim_copy_gbps must be > 0");
-    count = gradsnap::gpu_snapshot::kSimDeviceCount;
-  } else if (device == "cuda") {
-    absl::StatusOr<int> n = gradsnap::gpu_snapshot::CudaDeviceCount();
-    if (!n.ok()) return BadInput("--device cuda: " + std::string(n.status().message()));
-    if (!gradsnap::gpu_snapshot::CudaCompiledIn()) {
-      return BadInput("--device cuda: this build has no CUDA");
-    }
-    if (*n == 0) return BadInput("--device cuda: no CUDA device or driver (cudaGetDeviceCount)");
-    count = *n;
-  } else {
-    return BadInput("--device must be cpu, sim or cuda");
+  if (device == "sim" && !(absl::GetFlag(FLAGS_sim_copy_gbps) > 0)) {
+    return BadInput("--sim_copy_gbps must be > 0");
   }
-  if (id < 0 || id >= count) {
-    return BadInput(absl::StrCat("--device_id ", id, " does not exist (", count, " ", device,
-                                 " devices)"));
-  }
-  return 0;
+  const absl::Status s =
+      gradsnap::gpu_snapshot::CheckDevices(device, absl::GetFlag(FLAGS_device_id), 1);
+  return s.ok() ? 0 : BadInput(std::string(s.message()));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  // --sim-copy-gbps is --sim_copy_gbps (gradsnap-train accepts both spellings too).
+  gradsnap::CommandLine(
+      argc, argv,
       "snapshot_bench [--device cpu|sim|cuda] [--model small] [--steps 30] [--every 10] "
       "[--rounds 2]: the checkpoint modes of gradsnap-train side by side; last line name=value "
-      "ratios");
-  // --sim-copy-gbps is --sim_copy_gbps (gradsnap-train accepts both spellings too).
-  gradsnap::UnderscoredArgv args(argc, argv);
-  absl::ParseCommandLine(args.argc(), args.argv());
+      "ratios",
+      "snapshot_bench")
+      .Parse();
   if (int rc = ValidateDevice(); rc != 0) return rc;
   std::string train = absl::GetFlag(FLAGS_train);
   if (train.empty()) {

@@ -1,0 +1,39 @@
+// CheckDevices: the device kinds and how many of each a process can open.
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/sim_device.h"
+
+namespace gradsnap {
+namespace gpu_snapshot {
+namespace {
+
+// How many devices of `kind` this process can open.
+absl::StatusOr<int> DevicesPresent(const std::string& kind) {
+  if (kind == "sim") return kSimDeviceCount;
+  if (kind != "cuda") return absl::InvalidArgumentError("--device must be cpu, cuda or sim");
+  if (!CudaCompiledIn()) return absl::UnimplementedError("--device cuda: this build has no CUDA");
+  absl::StatusOr<int> n = CudaDeviceCount();
+  if (!n.ok()) return Annotate(n.status(), "--device cuda");
+  if (*n == 0) {
+    return absl::FailedPreconditionError(
+        "--device cuda: no CUDA device or driver (cudaGetDeviceCount)");
+  }
+  return *n;
+}
+
+}  // namespace
+
+absl::Status CheckDevices(const std::string& kind, int first, int count) {
+  if (kind == "cpu") return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int present, DevicesPresent(kind));
+  if (first < 0 || count < 1 || first > present - count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device_id ", first, " with ", count, count == 1 ? " rank" : " ranks", " needs ", kind,
+        " devices ", first, "..", first + count - 1, "; ", present, " present"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gpu_snapshot
+}  // namespace gradsnap
