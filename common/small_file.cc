@@ -29,6 +29,9 @@ class InputFile {
     path_ = path;
     what_ = what;
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0 && errno == ENOENT) {
+      return absl::NotFoundError(absl::StrCat(what, " ", path, " does not exist"));
+    }
     if (fd_ < 0) {
       return absl::NotFoundError(absl::StrCat("cannot read ", what, " ", path, ": ",
                                               std::strerror(errno)));
