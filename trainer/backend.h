@@ -61,6 +61,31 @@ class Backend {
   virtual absl::Status FullMasterParams(std::vector<float>* out) = 0;
 };
 
+// The views the back ends hand out for this rank's `slice` of flat buffers of `flat_total`
+// elements: master, m and v hold slice.size() floats each, grads slice.size() of `dtype`. On a
+// device the caller adds on_device and, for the state, the stream and device.
+inline TrainStateView SliceStateView(const Comm& comm, uint64_t flat_total, const Slice& slice,
+                                     float* master, float* m, float* v) {
+  TrainStateView view;
+  view.rank = comm.rank();
+  view.world_size = comm.world_size();
+  view.flat_total = flat_total;
+  view.lo = slice.lo;
+  view.hi = slice.hi;
+  view.master = master;
+  view.m = m;
+  view.v = v;
+  return view;
+}
+inline GradSliceView SliceGradView(const Slice& slice, const void* grads, DType dtype) {
+  GradSliceView view;
+  view.data = grads;
+  view.dtype = dtype;
+  view.lo = slice.lo;
+  view.hi = slice.hi;
+  return view;
+}
+
 // `comm` must outlive the back end. local_batch sequences of seq_len tokens per step.
 std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batch, int seq_len,
                                        Comm* comm);

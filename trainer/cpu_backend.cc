@@ -25,16 +25,8 @@ class CpuBackend : public Backend {
   }
 
   TrainStateView View() override {
-    TrainStateView v;
-    v.rank = comm_->rank();
-    v.world_size = comm_->world_size();
-    v.flat_total = params_.size();
-    v.lo = slice_.lo;
-    v.hi = slice_.hi;
-    v.master = params_.data() + slice_.lo;
-    v.m = m_.data();
-    v.v = v_.data();
-    return v;
+    return SliceStateView(*comm_, params_.size(), slice_, params_.data() + slice_.lo, m_.data(),
+                          v_.data());
   }
 
   absl::Status SetParams(const float* host) override {
@@ -78,12 +70,7 @@ class CpuBackend : public Backend {
   bool ReduceOverwritesGrads() const override { return false; }
 
   GradSliceView Grads() override {
-    GradSliceView g;
-    g.data = grads_.data() + slice_.lo;
-    g.dtype = DType::kF32;
-    g.lo = slice_.lo;
-    g.hi = slice_.hi;
-    return g;
+    return SliceGradView(slice_, grads_.data() + slice_.lo, DType::kF32);
   }
 
   absl::Status Update(const AdamWStepParams& p) override {

@@ -123,15 +123,8 @@ class CudaBackend : public Backend {
   }
 
   TrainStateView View() override {
-    TrainStateView v;
-    v.rank = comm_->rank();
-    v.world_size = comm_->world_size();
-    v.flat_total = layout_.total();
-    v.lo = slice_.lo;
-    v.hi = slice_.hi;
-    v.master = master_.get();
-    v.m = m_.get();
-    v.v = v_.get();
+    TrainStateView v =
+        SliceStateView(*comm_, layout_.total(), slice_, master_.get(), m_.get(), v_.get());
     v.on_device = true;
     v.stream = stream_;
     v.device = "cuda";
@@ -198,19 +191,9 @@ class CudaBackend : public Backend {
     cuda::FloatToBf16(stream_, grads_bf16_.get(), grads_.get(), layout_.total());
     if (comm_->world_size() > 1) {
 #if defined(GRADSNAP_HAVE_NCCL)
-      // Every call of the group is checked, the group is always closed, and errors that NCCL
-      // reports only asynchronously are polled after it.
-      NCCL_RETURN(ncclGroupStart());
-      ncclResult_t first = ncclSuccess;
-      for (int r = 0; r < comm_->world_size() && first == ncclSuccess; ++r) {
-        const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
-        bf16* p = grads_bf16_.get() + s.lo;
-        first = ncclReduce(p, p, s.size(), ncclBfloat16, ncclSum, r, nccl_, stream_);
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      NCCL_RETURN(first);
-      NCCL_RETURN(end);
-      RETURN_IF_ERROR(NcclAsyncError());
+      RETURN_IF_ERROR(EveryRankSlice(grads_bf16_.get(), [this](bf16* p, size_t n, int r) {
+        return ncclReduce(p, p, n, ncclBfloat16, ncclSum, r, nccl_, stream_);
+      }));
 #endif
     }
     cuda::SquaredNormPartials(stream_, partials_.get(), grads_bf16_.get() + slice_.lo,
@@ -240,11 +223,7 @@ class CudaBackend : public Backend {
   }
 
   GradSliceView Grads() override {
-    GradSliceView g;
-    g.data = grads_bf16_.get() + slice_.lo;
-    g.dtype = DType::kBF16;
-    g.lo = slice_.lo;
-    g.hi = slice_.hi;
+    GradSliceView g = SliceGradView(slice_, grads_bf16_.get() + slice_.lo, DType::kBF16);
     g.on_device = true;
     return g;
   }
@@ -263,17 +242,9 @@ class CudaBackend : public Backend {
   absl::Status GatherParams() override {
     if (comm_->world_size() > 1) {
 #if defined(GRADSNAP_HAVE_NCCL)
-      NCCL_RETURN(ncclGroupStart());
-      ncclResult_t first = ncclSuccess;
-      for (int r = 0; r < comm_->world_size() && first == ncclSuccess; ++r) {
-        const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
-        bf16* p = params_bf16_.get() + s.lo;
-        first = ncclBroadcast(p, p, s.size(), ncclBfloat16, r, nccl_, stream_);
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      NCCL_RETURN(first);
-      NCCL_RETURN(end);
-      RETURN_IF_ERROR(NcclAsyncError());
+      RETURN_IF_ERROR(EveryRankSlice(params_bf16_.get(), [this](bf16* p, size_t n, int r) {
+        return ncclBroadcast(p, p, n, ncclBfloat16, r, nccl_, stream_);
+      }));
 #endif
     }
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -310,6 +281,23 @@ class CudaBackend : public Backend {
   }
 
 #if defined(GRADSNAP_HAVE_NCCL)
+  // One NCCL group of op(p, n, r) over every rank r's slice [p, p + n) of the flat buffer
+  // `buf`. Every call of the group is checked, the group is always closed, and errors that NCCL
+  // reports only asynchronously are polled after it.
+  template <typename Op>
+  absl::Status EveryRankSlice(bf16* buf, Op op) {
+    NCCL_RETURN(ncclGroupStart());
+    ncclResult_t first = ncclSuccess;
+    for (int r = 0; r < comm_->world_size() && first == ncclSuccess; ++r) {
+      const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
+      first = op(buf + s.lo, s.size(), r);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    NCCL_RETURN(first);
+    NCCL_RETURN(end);
+    return NcclAsyncError();
+  }
+
   absl::Status NcclAsyncError() {
     ncclResult_t async = ncclSuccess;
     NCCL_RETURN(ncclCommGetAsyncError(nccl_, &async));

@@ -44,15 +44,7 @@ class SimBackend : public Backend {
   }
 
   TrainStateView View() override {
-    TrainStateView v;
-    v.rank = comm_->rank();
-    v.world_size = comm_->world_size();
-    v.flat_total = total_;
-    v.lo = slice_.lo;
-    v.hi = slice_.hi;
-    v.master = params_ + slice_.lo;
-    v.m = m_;
-    v.v = v_;
+    TrainStateView v = SliceStateView(*comm_, total_, slice_, params_ + slice_.lo, m_, v_);
     v.on_device = true;
     v.stream = stream_.get();
     v.device = "sim";
@@ -124,11 +116,7 @@ class SimBackend : public Backend {
   }
 
   GradSliceView Grads() override {
-    GradSliceView g;
-    g.data = gslice_;
-    g.dtype = DType::kF32;
-    g.lo = slice_.lo;
-    g.hi = slice_.hi;
+    GradSliceView g = SliceGradView(slice_, gslice_, DType::kF32);
     g.on_device = true;
     return g;
   }
