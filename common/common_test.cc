@@ -264,3 +264,16 @@ TEST(CommandLine, DashSpellingsAndPositionalArguments) {
   ASSERT_EQ(positional.size(), 2u);
   EXPECT_STREQ(positional[1], "pos-1");
 }
+
+#include "common/key_value_text.h"
+
+TEST(KeyValueText, VersionLineThenKeyValueLines) {
+  auto kv = gradsnap::ParseKeyValueText("fmt v1\na=1\nb=x=y\n\nc\n", "fmt v1");
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  EXPECT_EQ(kv->at("a"), "1");
+  EXPECT_EQ(kv->at("b"), "x=y");  // the value is everything after the first '='
+  EXPECT_EQ(kv->at("c"), "");
+  EXPECT_EQ(kv->size(), 3u);
+  EXPECT_TRUE(absl::IsDataLoss(gradsnap::ParseKeyValueText("fmt v2\na=1\n", "fmt v1").status()));
+  EXPECT_TRUE(absl::IsDataLoss(gradsnap::ParseKeyValueText("", "fmt v1").status()));
+}

@@ -5,19 +5,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/key_value_text.h"
 
 namespace gradsnap {
 namespace recovery {
 
 absl::StatusOr<std::map<std::string, std::string>> ParseStateText(absl::string_view text) {
-  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
-  if (lines.empty() || lines[0] != kStateVersionLine) {
+  absl::StatusOr<std::map<std::string, std::string>> kv = ParseKeyValueText(text, kStateVersionLine);
+  if (!kv.ok()) {
     return absl::DataLossError("not a gradsnap-train checkpoint (no train state version line)");
-  }
-  std::map<std::string, std::string> kv;
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::pair<std::string, std::string> p = absl::StrSplit(lines[i], absl::MaxSplits('=', 1));
-    kv[p.first] = p.second;
   }
   return kv;
 }

@@ -3,10 +3,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/key_value_text.h"
+#include "common/status.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -14,93 +17,79 @@ namespace {
 
 constexpr absl::string_view kVersionLine = "gradsnap-train-state v1";
 
-std::string FloatBits(float f) {
+// Floats as the hex bit pattern: exact, and the same text on every machine.
+std::string FieldText(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
   return absl::StrCat("0x", absl::Hex(u, absl::kZeroPad8));
 }
+template <typename T>
+std::string FieldText(const T& v) {
+  return absl::StrCat(v);
+}
 
-bool ParseFloatBits(absl::string_view s, float* f) {
+bool ParseField(absl::string_view s, float* f) {
   uint32_t u;
   if (!absl::ConsumePrefix(&s, "0x") || !absl::SimpleHexAtoi(s, &u)) return false;
   std::memcpy(f, &u, sizeof(u));
   return true;
+}
+bool ParseField(absl::string_view s, std::string* v) {
+  *v = std::string(s);
+  return true;
+}
+template <typename Int>
+bool ParseField(absl::string_view s, Int* v) {
+  return absl::SimpleAtoi(s, v);
+}
+
+// The required fields in file order, as fn(key, field): the one list Serialize writes and Parse
+// reads. `State` is ReplicatedState or const ReplicatedState.
+template <typename State, typename Fn>
+void ForEachField(State& s, Fn&& fn) {
+  fn("step", s.step);
+  fn("opt_t", s.opt_t);
+  fn("skipped_steps", s.skipped_steps);
+  fn("seed", s.seed);
+  fn("loader_seed", s.loader.seed);
+  fn("loader_batch_index", s.loader.batch_index);
+  fn("max_lr", s.max_lr);
+  fn("min_lr", s.min_lr);
+  fn("warmup_steps", s.warmup_steps);
+  fn("total_steps", s.total_steps);
+  fn("grad_clip", s.grad_clip);
+  fn("beta1", s.adamw.beta1);
+  fn("beta2", s.adamw.beta2);
+  fn("eps", s.adamw.eps);
+  fn("weight_decay", s.adamw.weight_decay);
+  fn("model_config", s.model_config);
+  fn("world_size", s.world_size);
+  fn("global_batch", s.global_batch);
+  fn("seq_len", s.seq_len);
+  fn("data_fingerprint", s.data_fingerprint);
 }
 
 }  // namespace
 
 std::string ReplicatedState::Serialize() const {
   std::string out = absl::StrCat(kVersionLine, "\n");
-  auto kv = [&out](absl::string_view k, const auto& v) { absl::StrAppend(&out, k, "=", v, "\n"); };
-  kv("step", step);
-  kv("opt_t", opt_t);
-  kv("skipped_steps", skipped_steps);
-  kv("seed", seed);
-  kv("loader_seed", loader.seed);
-  kv("loader_batch_index", loader.batch_index);
-  kv("max_lr", FloatBits(max_lr));
-  kv("min_lr", FloatBits(min_lr));
-  kv("warmup_steps", warmup_steps);
-  kv("total_steps", total_steps);
-  kv("grad_clip", FloatBits(grad_clip));
-  kv("beta1", FloatBits(adamw.beta1));
-  kv("beta2", FloatBits(adamw.beta2));
-  kv("eps", FloatBits(adamw.eps));
-  kv("weight_decay", FloatBits(adamw.weight_decay));
-  kv("model_config", model_config);
-  kv("world_size", world_size);
-  kv("global_batch", global_batch);
-  kv("seq_len", seq_len);
-  kv("data_fingerprint", data_fingerprint);
-  if (!param_layout.empty()) kv("param_layout", param_layout);
+  ForEachField(*this, [&out](absl::string_view key, const auto& value) {
+    absl::StrAppend(&out, key, "=", FieldText(value), "\n");
+  });
+  if (!param_layout.empty()) absl::StrAppend(&out, "param_layout=", param_layout, "\n");
   return out;
 }
 
 absl::StatusOr<ReplicatedState> ReplicatedState::Parse(absl::string_view bytes) {
-  std::vector<absl::string_view> lines = absl::StrSplit(bytes, '\n', absl::SkipEmpty());
-  if (lines.empty() || lines[0] != kVersionLine) {
-    return absl::DataLossError("replicated state: missing or unknown version line");
-  }
-  std::map<std::string, std::string> kv;
-  for (size_t i = 1; i < lines.size(); ++i) {
-    std::pair<std::string, std::string> p = absl::StrSplit(lines[i], absl::MaxSplits('=', 1));
-    kv[p.first] = p.second;
-  }
+  absl::StatusOr<std::map<std::string, std::string>> kv = ParseKeyValueText(bytes, kVersionLine);
+  if (!kv.ok()) return Annotate(kv.status(), "replicated state");
   ReplicatedState s;
   bool ok = true;
-  auto get = [&](const char* k) -> std::string {
-    auto it = kv.find(k);
-    if (it == kv.end()) {
-      ok = false;
-      return "";
-    }
-    return it->second;
-  };
-  auto i64 = [&](const char* k, int64_t* v) { ok = absl::SimpleAtoi(get(k), v) && ok; };
-  auto i32 = [&](const char* k, int32_t* v) { ok = absl::SimpleAtoi(get(k), v) && ok; };
-  auto u64 = [&](const char* k, uint64_t* v) { ok = absl::SimpleAtoi(get(k), v) && ok; };
-  auto f32 = [&](const char* k, float* v) { ok = ParseFloatBits(get(k), v) && ok; };
-  i64("step", &s.step);
-  i64("opt_t", &s.opt_t);
-  i64("skipped_steps", &s.skipped_steps);
-  u64("seed", &s.seed);
-  u64("loader_seed", &s.loader.seed);
-  i64("loader_batch_index", &s.loader.batch_index);
-  f32("max_lr", &s.max_lr);
-  f32("min_lr", &s.min_lr);
-  i64("warmup_steps", &s.warmup_steps);
-  i64("total_steps", &s.total_steps);
-  f32("grad_clip", &s.grad_clip);
-  f32("beta1", &s.adamw.beta1);
-  f32("beta2", &s.adamw.beta2);
-  f32("eps", &s.adamw.eps);
-  f32("weight_decay", &s.adamw.weight_decay);
-  s.model_config = get("model_config");
-  i32("world_size", &s.world_size);
-  i32("global_batch", &s.global_batch);
-  i32("seq_len", &s.seq_len);
-  s.data_fingerprint = get("data_fingerprint");
-  if (auto it = kv.find("param_layout"); it != kv.end()) s.param_layout = it->second;
+  ForEachField(s, [&](absl::string_view key, auto& value) {
+    auto it = kv->find(std::string(key));
+    ok = ok && it != kv->end() && ParseField(it->second, &value);
+  });
+  if (auto it = kv->find("param_layout"); it != kv->end()) s.param_layout = it->second;
   if (!ok) return absl::DataLossError("replicated state: a field is missing or malformed");
   return s;
 }
