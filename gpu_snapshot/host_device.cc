@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
+#include "common/worker_queue.h"
 #include "gpu_snapshot/device.h"
 
 namespace gradsnap {
@@ -75,14 +76,7 @@ class HostStream : public CopyStream {
       Job job;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](HostStream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return s->stop_ || !s->jobs_.empty();
-            },
-            this));
-        if (jobs_.empty()) return;  // stop_ and drained
-        job = jobs_.front();
-        jobs_.pop_front();
+        if (!AwaitNextJob(mu_, jobs_, stop_, &job)) return;  // stopped and drained
       }
       std::memcpy(job.dst, job.src, job.n);
       absl::MutexLock lock(&mu_);

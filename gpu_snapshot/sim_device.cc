@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/worker_queue.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
@@ -88,14 +89,7 @@ void SimStream::Run() {
     Item item;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](SimStream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return s->stop_ || !s->queue_.empty();
-          },
-          this));
-      if (queue_.empty()) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
+      if (!AwaitNextJob(mu_, queue_, stop_, &item)) return;  // stopped and drained
     }
     absl::Status s = absl::OkStatus();
     {
@@ -303,14 +297,7 @@ class SimCopyStream : public CopyStream {
       Job job;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](SimCopyStream* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return s->stop_ || !s->jobs_.empty();
-            },
-            this));
-        if (jobs_.empty()) return;
-        job = jobs_.front();
-        jobs_.pop_front();
+        if (!AwaitNextJob(mu_, jobs_, stop_, &job)) return;  // stopped and drained
       }
       absl::Status s = absl::OkStatus();
       if (job.wait != nullptr) {

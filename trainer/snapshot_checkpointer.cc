@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/worker_queue.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
 #include "gpu_snapshot/snapshot_engine.h"
@@ -77,14 +78,7 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
       Job job;
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](StoreSink* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return s->stop_ || !s->jobs_.empty();
-            },
-            this));
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
+        if (!AwaitNextJob(mu_, jobs_, stop_, &job)) return;  // stopped and drained
       }
       job.done(job.work());
     }
