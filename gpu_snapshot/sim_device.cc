@@ -146,39 +146,34 @@ absl::StatusOr<SimGpu*> SimGpu::Find(int ordinal) {
       absl::StrCat("simulated device ", ordinal, " was not opened"));
 }
 
-absl::StatusOr<void*> SimGpu::Malloc(size_t bytes) {
-  void* p = AlignedZeroed(bytes);
-  if (p == nullptr) return absl::ResourceExhaustedError("simulated device memory exhausted");
+absl::StatusOr<void*> SimGpu::Register(bool pinned, size_t bytes, const char* what) {
+  void* p = AlignedZeroed(bytes);  // pre-touched
+  if (p == nullptr) return absl::ResourceExhaustedError(what);
   absl::MutexLock lock(&mem_mu_);
-  device_[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
+  (pinned ? pinned_ : device_)[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
   return p;
 }
 
-void SimGpu::Free(void* p) {
+void SimGpu::Unregister(bool pinned, void* p) {
   if (p == nullptr) return;
   {
     absl::MutexLock lock(&mem_mu_);
-    device_.erase(reinterpret_cast<uintptr_t>(p));
+    (pinned ? pinned_ : device_).erase(reinterpret_cast<uintptr_t>(p));
   }
   std::free(p);
 }
+
+absl::StatusOr<void*> SimGpu::Malloc(size_t bytes) {
+  return Register(/*pinned=*/false, bytes, "simulated device memory exhausted");
+}
+
+void SimGpu::Free(void* p) { Unregister(/*pinned=*/false, p); }
 
 absl::StatusOr<void*> SimGpu::HostAlloc(size_t bytes) {
-  void* p = AlignedZeroed(bytes);  // pre-touched
-  if (p == nullptr) return absl::ResourceExhaustedError("pinned host allocation failed");
-  absl::MutexLock lock(&mem_mu_);
-  pinned_[reinterpret_cast<uintptr_t>(p)] = std::max<size_t>(bytes, 1);
-  return p;
+  return Register(/*pinned=*/true, bytes, "pinned host allocation failed");
 }
 
-void SimGpu::HostFree(void* p) {
-  if (p == nullptr) return;
-  {
-    absl::MutexLock lock(&mem_mu_);
-    pinned_.erase(reinterpret_cast<uintptr_t>(p));
-  }
-  std::free(p);
-}
+void SimGpu::HostFree(void* p) { Unregister(/*pinned=*/true, p); }
 
 bool SimGpu::Within(const std::map<uintptr_t, size_t>& m, const void* p, size_t n) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);

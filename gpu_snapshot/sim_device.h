@@ -157,6 +157,11 @@ class SimGpu {
  private:
   SimGpu(int ordinal, const SimOptions& options) : ordinal_(ordinal), options_(options) {}
   static bool Within(const std::map<uintptr_t, size_t>& m, const void* p, size_t n);
+  // Zeroed memory of `bytes`, registered as device memory or pinned host memory (device_ or
+  // pinned_); RESOURCE_EXHAUSTED `what` when the allocation fails. Unregistering frees it.
+  absl::StatusOr<void*> Register(bool pinned, size_t bytes, const char* what)
+      ABSL_LOCKS_EXCLUDED(mem_mu_);
+  void Unregister(bool pinned, void* p) ABSL_LOCKS_EXCLUDED(mem_mu_);
 
   const int ordinal_;
   const SimOptions options_;
