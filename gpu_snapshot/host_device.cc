@@ -2,14 +2,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <thread>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "common/status.h"
-#include "common/worker_queue.h"
 #include "gpu_snapshot/device.h"
+#include "gpu_snapshot/worker_stream.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
@@ -17,99 +13,28 @@ namespace {
 
 constexpr size_t kAlign = 4096;
 
-// A FIFO of memcpy jobs drained by one thread. Events are sequence numbers.
-class HostStream : public CopyStream {
+struct HostCopy {
+  void* dst;
+  const void* src;
+  size_t n;
+};
+
+// A FIFO of memcpy jobs drained by one thread.
+class HostStream : public WorkerCopyStream<HostCopy> {
  public:
-  HostStream() : thread_([this] { Run(); }) {}
-  ~HostStream() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
+  HostStream() : WorkerCopyStream(&Copy) {}
 
   absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
-    absl::MutexLock lock(&mu_);
-    jobs_.push_back({dst, src, n});
-    ++enqueued_;
-    return absl::OkStatus();
+    return jobs_.Enqueue({dst, src, n});
   }
-
-  absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override;
-
   absl::Status WaitForEvent(ComputeEvent*) override { return absl::OkStatus(); }
 
-  absl::Status Synchronize() override {
-    uint64_t target;
-    {
-      absl::MutexLock lock(&mu_);
-      target = enqueued_;
-    }
-    WaitFor(target);
+ private:
+  static absl::Status Copy(const HostCopy& job) {
+    std::memcpy(job.dst, job.src, job.n);
     return absl::OkStatus();
   }
-
-  bool Reached(uint64_t seq) {
-    absl::MutexLock lock(&mu_);
-    return completed_ >= seq;
-  }
-  void WaitFor(uint64_t seq) {
-    std::pair<HostStream*, uint64_t> arg{this, seq};
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](std::pair<HostStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return a->first->completed_ >= a->second;
-        },
-        &arg));
-  }
-
- private:
-  struct Job {
-    void* dst;
-    const void* src;
-    size_t n;
-  };
-
-  void Run() {
-    for (;;) {
-      Job job;
-      {
-        absl::MutexLock lock(&mu_);
-        if (!AwaitNextJob(mu_, jobs_, stop_, &job)) return;  // stopped and drained
-      }
-      std::memcpy(job.dst, job.src, job.n);
-      absl::MutexLock lock(&mu_);
-      ++completed_;
-    }
-  }
-
-  absl::Mutex mu_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
 };
-
-class HostEvent : public CopyEvent {
- public:
-  HostEvent(HostStream* stream, uint64_t seq) : stream_(stream), seq_(seq) {}
-  bool Done() override { return stream_->Reached(seq_); }
-  absl::Status Wait() override {
-    stream_->WaitFor(seq_);
-    return absl::OkStatus();
-  }
-
- private:
-  HostStream* stream_;
-  uint64_t seq_;
-};
-
-absl::StatusOr<std::unique_ptr<CopyEvent>> HostStream::RecordEvent() {
-  absl::MutexLock lock(&mu_);
-  return std::unique_ptr<CopyEvent>(new HostEvent(this, enqueued_));
-}
 
 void* AlignedTouched(size_t bytes) {
   size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status.h"
-#include "common/worker_queue.h"
+#include "gpu_snapshot/worker_stream.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
@@ -35,15 +35,10 @@ SimDeviceGuard::~SimDeviceGuard() { t_current = prev_; }
 
 // ---- SimStream ----
 
-SimStream::SimStream(SimGpu* gpu) : gpu_(gpu), thread_([this] { Run(); }) {}
+SimStream::SimStream(SimGpu* gpu)
+    : gpu_(gpu), kernels_([this](Item& item) { return Run(item); }) {}
 
-SimStream::~SimStream() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  thread_.join();
-}
+SimStream::~SimStream() = default;
 
 absl::Status SimStream::Launch(Kernel kernel, std::vector<Range> writes) {
   if (CurrentSimGpu() != gpu_) {
@@ -53,67 +48,34 @@ absl::Status SimStream::Launch(Kernel kernel, std::vector<Range> writes) {
                                    : absl::StrCat("sim:", CurrentSimGpu()->ordinal()),
         " is current (invalid resource handle)"));
   }
-  absl::MutexLock lock(&mu_);
-  if (!status_.ok()) return status_;
-  queue_.push_back({std::move(kernel), std::move(writes)});
-  ++launched_;
-  return absl::OkStatus();
+  return kernels_.Enqueue({std::move(kernel), std::move(writes)});
 }
 
-uint64_t SimStream::Record() {
-  absl::MutexLock lock(&mu_);
-  return launched_;
-}
+uint64_t SimStream::Record() { return kernels_.Record(); }
 
-absl::Status SimStream::Wait(uint64_t seq) {
-  std::pair<SimStream*, uint64_t> arg{this, seq};
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](std::pair<SimStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return a->first->completed_ >= a->second;
-      },
-      &arg));
-  return status_;
-}
+absl::Status SimStream::Wait(uint64_t seq) { return kernels_.Wait(seq); }
 
-absl::Status SimStream::Synchronize() { return Wait(Record()); }
+absl::Status SimStream::Synchronize() { return kernels_.Synchronize(); }
 
-int64_t SimStream::IdleNanos() {
-  absl::MutexLock lock(&mu_);
-  if (completed_ < launched_) return 0;
-  return MonotonicNanos() - idle_since_ns_;
-}
+int64_t SimStream::IdleNanos() { return kernels_.IdleNanos(); }
 
-void SimStream::Run() {
-  for (;;) {
-    Item item;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!AwaitNextJob(mu_, queue_, stop_, &item)) return;  // stopped and drained
+absl::Status SimStream::Run(Item& item) {
+  SimDeviceGuard guard(gpu_);
+  if (gpu_->options().poison && !item.writes.empty()) {
+    // The kernel "runs" for poison_hold_ms with its outputs in flux: poisoned bytes.
+    std::vector<std::string> saved;
+    for (const Range& r : item.writes) {
+      saved.emplace_back(static_cast<const char*>(r.p), r.bytes);
+      std::memset(r.p, 0xFF, r.bytes);
     }
-    absl::Status s = absl::OkStatus();
-    {
-      SimDeviceGuard guard(gpu_);
-      if (gpu_->options().poison && !item.writes.empty()) {
-        // The kernel "runs" for poison_hold_ms with its outputs in flux: poisoned bytes.
-        std::vector<std::string> saved;
-        for (const Range& r : item.writes) {
-          saved.emplace_back(static_cast<const char*>(r.p), r.bytes);
-          std::memset(r.p, 0xFF, r.bytes);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(gpu_->options().poison_hold_ms));
-        for (size_t i = 0; i < item.writes.size(); ++i) {
-          std::memcpy(item.writes[i].p, saved[i].data(), saved[i].size());
-        }
-      }
-      s = item.kernel();
+    std::this_thread::sleep_for(std::chrono::milliseconds(gpu_->options().poison_hold_ms));
+    for (size_t i = 0; i < item.writes.size(); ++i) {
+      std::memcpy(item.writes[i].p, saved[i].data(), saved[i].size());
     }
-    absl::MutexLock lock(&mu_);
-    if (!s.ok() && status_.ok()) status_ = Annotate(s, absl::StrCat("sim:", gpu_->ordinal(),
-                                                                    " kernel"));
-    ++completed_;
-    idle_since_ns_ = MonotonicNanos();
   }
+  absl::Status s = item.kernel();
+  if (!s.ok()) return Annotate(s, absl::StrCat("sim:", gpu_->ordinal(), " kernel"));
+  return s;
 }
 
 // ---- SimGpu ----
@@ -217,17 +179,19 @@ class SimComputeEvent : public ComputeEvent {
   const uint64_t seq;
 };
 
+// A job of a copy stream: a copy, or a wait for a compute event.
+struct SimCopy {
+  void* dst;
+  const void* src;
+  size_t n;
+  SimComputeEvent* wait;  // a compute-event wait instead of a copy
+};
+
 // A copy stream: copies and compute-event waits run in order on one thread.
-class SimCopyStream : public CopyStream {
+class SimCopyStream : public WorkerCopyStream<SimCopy> {
  public:
-  explicit SimCopyStream(SimGpu* gpu) : gpu_(gpu), thread_([this] { Run(); }) {}
-  ~SimCopyStream() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
+  explicit SimCopyStream(SimGpu* gpu)
+      : WorkerCopyStream([gpu](const SimCopy& job) { return Run(gpu, job); }), gpu_(gpu) {}
 
   absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
     if (!gpu_->OwnsDevice(src, n)) {
@@ -239,103 +203,32 @@ class SimCopyStream : public CopyStream {
       return absl::InvalidArgumentError(absl::StrCat(
           "copy destination is not pinned host memory of sim:", gpu_->ordinal()));
     }
-    return Enqueue({dst, src, n, nullptr});
+    return jobs_.Enqueue({dst, src, n, nullptr});
   }
-
-  absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override;
 
   absl::Status WaitForEvent(ComputeEvent* event) override {
     if (event == nullptr || gpu_->options().unordered_copies) return absl::OkStatus();
     auto* e = static_cast<SimComputeEvent*>(event);
-    return Enqueue({nullptr, nullptr, 0, e});
-  }
-
-  absl::Status Synchronize() override { return WaitFor(Enqueued()); }
-
-  uint64_t Enqueued() {
-    absl::MutexLock lock(&mu_);
-    return enqueued_;
-  }
-  bool Reached(uint64_t seq) {
-    absl::MutexLock lock(&mu_);
-    return completed_ >= seq;
-  }
-  absl::Status WaitFor(uint64_t seq) {
-    std::pair<SimCopyStream*, uint64_t> arg{this, seq};
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](std::pair<SimCopyStream*, uint64_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return a->first->completed_ >= a->second;
-        },
-        &arg));
-    return status_;
+    return jobs_.Enqueue({nullptr, nullptr, 0, e});
   }
 
  private:
-  struct Job {
-    void* dst;
-    const void* src;
-    size_t n;
-    SimComputeEvent* wait;  // a compute-event wait instead of a copy
-  };
-
-  absl::Status Enqueue(Job job) {
-    absl::MutexLock lock(&mu_);
-    if (!status_.ok()) return status_;
-    jobs_.push_back(job);
-    ++enqueued_;
-    return absl::OkStatus();
-  }
-
-  void Run() {
-    for (;;) {
-      Job job;
-      {
-        absl::MutexLock lock(&mu_);
-        if (!AwaitNextJob(mu_, jobs_, stop_, &job)) return;  // stopped and drained
-      }
-      absl::Status s = absl::OkStatus();
-      if (job.wait != nullptr) {
-        s = job.wait->stream->Wait(job.wait->seq);
-        if (gpu_->options().poison) {
-          // The copy starts late (two kernels' time), so a copy the host did not wait for
-          // before launching the next kernel that writes its source is still running then.
-          std::this_thread::sleep_for(
-              std::chrono::milliseconds(2 * gpu_->options().poison_hold_ms));
-        }
-      } else {
-        gpu_->EngineCopy(job.dst, job.src, job.n);
-      }
-      absl::MutexLock lock(&mu_);
-      if (!s.ok() && status_.ok()) status_ = s;
-      ++completed_;
+  static absl::Status Run(SimGpu* gpu, const SimCopy& job) {
+    if (job.wait == nullptr) {
+      gpu->EngineCopy(job.dst, job.src, job.n);
+      return absl::OkStatus();
     }
+    absl::Status s = job.wait->stream->Wait(job.wait->seq);
+    if (gpu->options().poison) {
+      // The copy starts late (two kernels' time), so a copy the host did not wait for before
+      // launching the next kernel that writes its source is still running then.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * gpu->options().poison_hold_ms));
+    }
+    return s;
   }
 
   SimGpu* const gpu_;
-  absl::Mutex mu_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
 };
-
-class SimCopyEvent : public CopyEvent {
- public:
-  SimCopyEvent(SimCopyStream* stream, uint64_t seq) : stream_(stream), seq_(seq) {}
-  bool Done() override { return stream_->Reached(seq_); }
-  absl::Status Wait() override { return stream_->WaitFor(seq_); }
-
- private:
-  SimCopyStream* stream_;
-  uint64_t seq_;
-};
-
-absl::StatusOr<std::unique_ptr<CopyEvent>> SimCopyStream::RecordEvent() {
-  return std::unique_ptr<CopyEvent>(new SimCopyEvent(this, Enqueued()));
-}
 
 class SimDevice : public Device {
  public:

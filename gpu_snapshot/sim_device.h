@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/ordered_worker.h"
 #include "gpu_snapshot/device.h"
 
 namespace gradsnap {
@@ -110,21 +111,14 @@ class SimStream {
  private:
   friend class SimGpu;
   explicit SimStream(SimGpu* gpu);
-  void Run();
   struct Item {
     Kernel kernel;
     std::vector<Range> writes;
   };
+  absl::Status Run(Item& item);
 
   SimGpu* const gpu_;
-  absl::Mutex mu_;
-  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t launched_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t idle_since_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  OrderedWorker<Item> kernels_;  // last: runs Run, which uses gpu_
 };
 
 class SimGpu {

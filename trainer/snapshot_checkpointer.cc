@@ -12,14 +12,11 @@
 #include "trainer/snapshot_checkpointer.h"
 
 #include <cstdio>
-#include <deque>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/ordered_worker.h"
 #include "common/status.h"
-#include "common/worker_queue.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
 #include "gpu_snapshot/snapshot_engine.h"
@@ -40,14 +37,10 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
  public:
   StoreSink(ShardStore* store, std::string job, const TrainStateView& view, PersistGuard* guard)
       : store_(store), job_(std::move(job)), view_(view), guard_(guard),
-        thread_([this] { Run(); }) {}
-  ~StoreSink() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    thread_.join();
-  }
+        jobs_([](Job& j) {
+          j.done(j.work());
+          return absl::OkStatus();  // a failed save is reported to `done`, not kept
+        }) {}
   void PersistFull(const gpu_snapshot::HostSnapshot& s, DoneFn done) override {
     Enqueue([this, s] {
       return guard_->Persist(client::CheckpointKind::kFull, s.step, -1, [&] {
@@ -70,28 +63,14 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     DoneFn done;
   };
   void Enqueue(std::function<absl::Status()> work, DoneFn done) {
-    absl::MutexLock lock(&mu_);
-    jobs_.push_back({std::move(work), std::move(done)});
-  }
-  void Run() {
-    for (;;) {
-      Job job;
-      {
-        absl::MutexLock lock(&mu_);
-        if (!AwaitNextJob(mu_, jobs_, stop_, &job)) return;  // stopped and drained
-      }
-      job.done(job.work());
-    }
+    jobs_.Enqueue({std::move(work), std::move(done)}).IgnoreError();  // never fails (above)
   }
 
   ShardStore* const store_;
   const std::string job_;
   const TrainStateView view_;
   PersistGuard* const guard_;
-  absl::Mutex mu_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  OrderedWorker<Job> jobs_;  // last: its destructor runs the queued saves, which use the above
 };
 
 gpu_snapshot::SnapshotMode ModeOf(const std::string& mode) {
