@@ -7,39 +7,47 @@
 
 namespace gradsnap {
 
+namespace {
+
+// The code of each errno value a caller can act on; any other is UNKNOWN.
+struct ErrnoCode {
+  int error_number;
+  absl::StatusCode code;
+};
+constexpr ErrnoCode kErrnoCodes[] = {
+    // Out of space or memory.
+    {ENOSPC, absl::StatusCode::kResourceExhausted},
+    {EDQUOT, absl::StatusCode::kResourceExhausted},
+    {ENOMEM, absl::StatusCode::kResourceExhausted},
+    {EMFILE, absl::StatusCode::kResourceExhausted},
+    {ENFILE, absl::StatusCode::kResourceExhausted},
+    {ENOENT, absl::StatusCode::kNotFound},
+    {EEXIST, absl::StatusCode::kAlreadyExists},
+    {EACCES, absl::StatusCode::kPermissionDenied},
+    {EPERM, absl::StatusCode::kPermissionDenied},
+    {EROFS, absl::StatusCode::kPermissionDenied},
+    // Transient: retried.
+    {EINTR, absl::StatusCode::kUnavailable},
+    {EAGAIN, absl::StatusCode::kUnavailable},
+    {ECONNREFUSED, absl::StatusCode::kUnavailable},
+    {ECONNRESET, absl::StatusCode::kUnavailable},
+    {EPIPE, absl::StatusCode::kUnavailable},
+    {EINVAL, absl::StatusCode::kInvalidArgument},
+    {ENAMETOOLONG, absl::StatusCode::kInvalidArgument},
+    {EISDIR, absl::StatusCode::kInvalidArgument},
+    {ENOTDIR, absl::StatusCode::kInvalidArgument},
+    // The device failed to read or write: the data may be gone.
+    {EIO, absl::StatusCode::kDataLoss},
+};
+
+}  // namespace
+
 absl::Status PosixError(absl::string_view context, int error_number) {
-  std::string msg = absl::StrCat(context, ": ", std::strerror(error_number));
-  switch (error_number) {
-    case ENOSPC:
-    case EDQUOT:
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-      return absl::ResourceExhaustedError(msg);
-    case ENOENT:
-      return absl::NotFoundError(msg);
-    case EEXIST:
-      return absl::AlreadyExistsError(msg);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(msg);
-    case EINTR:
-    case EAGAIN:
-    case ECONNREFUSED:
-    case ECONNRESET:
-    case EPIPE:
-      return absl::UnavailableError(msg);
-    case EINVAL:
-    case ENAMETOOLONG:
-    case EISDIR:
-    case ENOTDIR:
-      return absl::InvalidArgumentError(msg);
-    case EIO:
-      return absl::DataLossError(msg);
-    default:
-      return absl::UnknownError(msg);
+  absl::StatusCode code = absl::StatusCode::kUnknown;
+  for (const ErrnoCode& e : kErrnoCodes) {
+    if (e.error_number == error_number) code = e.code;
   }
+  return absl::Status(code, absl::StrCat(context, ": ", std::strerror(error_number)));
 }
 
 absl::Status Annotate(const absl::Status& s, absl::string_view context) {
