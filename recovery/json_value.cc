@@ -1,6 +1,9 @@
 #include "recovery/json_value.h"
 
+#include <algorithm>
 #include <cctype>
+#include <iterator>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +13,10 @@ namespace recovery {
 namespace {
 
 constexpr int kMaxDepth = 64;
+
+// The one-character escapes of JSON strings: "\\n" stands for kEscapes[index of 'n' in kEscaped].
+constexpr char kEscaped[] = {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'};
+constexpr char kEscapes[] = {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'};
 
 class Parser {
  public:
@@ -116,69 +123,49 @@ class Parser {
       }
       if (pos_ >= s_.size()) return false;
       const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-          out->push_back('"');
-          break;
-        case '\\':
-          out->push_back('\\');
-          break;
-        case '/':
-          out->push_back('/');
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
-        case 'u': {
-          uint32_t cp;
-          if (!Hex4(&cp)) return false;
-          if (cp >= 0xd800 && cp < 0xdc00) {  // surrogate pair
-            uint32_t lo;
-            if (!Literal("\\u") || !Hex4(&lo) || lo < 0xdc00 || lo >= 0xe000) return false;
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          Utf8(cp, out);
-          break;
-        }
-        default:
-          return false;
+      if (e != 'u') {
+        const char* k = std::find(std::begin(kEscaped), std::end(kEscaped), e);
+        if (k == std::end(kEscaped)) return false;
+        out->push_back(kEscapes[k - std::begin(kEscaped)]);
+        continue;
       }
+      uint32_t cp;
+      if (!Hex4(&cp)) return false;
+      if (cp >= 0xd800 && cp < 0xdc00) {  // surrogate pair
+        uint32_t lo;
+        if (!Literal("\\u") || !Hex4(&lo) || lo < 0xdc00 || lo >= 0xe000) return false;
+        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+      }
+      Utf8(cp, out);
     }
     return false;
   }
-  bool Array(JsonValue* out, int depth) {
-    ++pos_;
-    out->type = JsonValue::Type::kArray;
+  // The elements of an array or object, from its opening bracket through `close`, each read by
+  // element() (false: malformed).
+  template <typename Element>
+  bool List(char close, Element element) {
+    ++pos_;  // the opening bracket
     Space();
-    if (pos_ < s_.size() && s_[pos_] == ']') return ++pos_, true;
+    if (pos_ < s_.size() && s_[pos_] == close) return ++pos_, true;
     for (;;) {
-      out->array.emplace_back();
-      if (!Value(&out->array.back(), depth + 1)) return false;
+      if (!element()) return false;
       Space();
       if (pos_ >= s_.size()) return false;
       const char c = s_[pos_++];
-      if (c == ']') return true;
+      if (c == close) return true;
       if (c != ',') return false;
     }
   }
+  bool Array(JsonValue* out, int depth) {
+    out->type = JsonValue::Type::kArray;
+    return List(']', [&] {
+      out->array.emplace_back();
+      return Value(&out->array.back(), depth + 1);
+    });
+  }
   bool Object(JsonValue* out, int depth) {
-    ++pos_;
     out->type = JsonValue::Type::kObject;
-    Space();
-    if (pos_ < s_.size() && s_[pos_] == '}') return ++pos_, true;
-    for (;;) {
+    return List('}', [&] {
       Space();
       std::string key;
       if (pos_ >= s_.size() || s_[pos_] != '"' || !String(&key)) return false;
@@ -186,13 +173,9 @@ class Parser {
       if (pos_ >= s_.size() || s_[pos_++] != ':') return false;
       JsonValue v;
       if (!Value(&v, depth + 1)) return false;
-      out->object[key] = std::move(v);
-      Space();
-      if (pos_ >= s_.size()) return false;
-      const char c = s_[pos_++];
-      if (c == '}') return true;
-      if (c != ',') return false;
-    }
+      out->object[key] = std::move(v);  // a repeated key: the last one wins
+      return true;
+    });
   }
 
   absl::string_view s_;

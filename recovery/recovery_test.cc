@@ -383,6 +383,15 @@ TEST(JsonTest, ParsesWhatWeWriteAndRefusesGarbage) {
   EXPECT_FALSE(ParseJson(std::string(1000, '['), "t").ok());  // nesting bound
 }
 
+TEST(JsonTest, EveryEscapeAndEmptyContainers) {
+  auto v = ParseJson(R"({"s":"\"\\\/\b\f\n\r\t\ud83d\ude00","a":[],"o":{}})", "t");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->Find("s")->text, "\"\\/\b\f\n\r\t\xf0\x9f\x98\x80");
+  EXPECT_TRUE(v->Find("a")->array.empty());
+  EXPECT_EQ(v->Find("o")->type, JsonValue::Type::kObject);
+  EXPECT_TRUE(v->Find("o")->object.empty());
+}
+
 TEST(StateTextTest, ReadsAndRewritesFields) {
   auto kv = ParseStateText(StateText(7, 2));
   ASSERT_TRUE(kv.ok());
