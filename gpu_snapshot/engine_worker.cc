@@ -36,15 +36,12 @@ void EngineImpl::Handle(EngineEvent& e) {
       HandleRecord(e);
       return;
     case EngineEvent::kChunk:
-      if (records_.count(e.step) == 0) {
-        parked_.push_back(std::move(e));
-      } else {
-        ReplayChunk(e);
-      }
-      return;
     case EngineEvent::kGradDone:
+      // Both need the step's update record: parked until it arrives.
       if (records_.count(e.step) == 0) {
         parked_.push_back(std::move(e));
+      } else if (e.kind == EngineEvent::kChunk) {
+        ReplayChunk(e);
       } else {
         EmitDelta(e.step, e.log_buf);
       }
@@ -118,12 +115,9 @@ void EngineImpl::EmitDelta(int64_t step, int log_buf) {
   rec.grad_dtype = opt_.grad_dtype;
   rec.numel = dev_.numel;
   rec.elem_offset = dev_.elem_offset;
-  int64_t start_us = opt_.trace ? opt_.trace->NowMicros() : 0;
-  sink_->PersistDelta(rec, [this, log_buf, step, start_us](absl::Status s) {
-    if (opt_.trace) {
-      opt_.trace->Complete("persist", absl::StrCat("delta ", step), start_us,
-                           opt_.trace->NowMicros() - start_us);
-    }
+  const TraceSpan span(opt_.trace);
+  sink_->PersistDelta(rec, [this, log_buf, step, span](absl::Status s) {
+    span.End("persist", absl::StrCat("delta ", step));
     // A failed persist degrades checkpointing, never the engine (the sink decides what is
     // fatal); CANCELLED: the sink skipped the record on purpose (its chain was cut).
     absl::MutexLock lock(&mu_);
@@ -146,13 +140,10 @@ void EngineImpl::EmitFull(const EngineEvent& e) {
   if (it != records_.end()) snap.small_state = it->second->small_state;
   snap.window = e.window;
   snap.start_step = e.start_step;
-  int64_t start_us = opt_.trace ? opt_.trace->NowMicros() : 0;
+  const TraceSpan span(opt_.trace);
   const int64_t step = e.step;
-  sink_->PersistFull(snap, [this, step, start_us](absl::Status s) {
-    if (opt_.trace) {
-      opt_.trace->Complete("persist", absl::StrCat("full ", step), start_us,
-                           opt_.trace->NowMicros() - start_us);
-    }
+  sink_->PersistFull(snap, [this, step, span](absl::Status s) {
+    span.End("persist", absl::StrCat("full ", step));
     absl::MutexLock lock(&mu_);
     if (s.ok()) {
       ++counters_.fulls_persisted;

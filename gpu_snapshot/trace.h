@@ -60,6 +60,20 @@ class TraceWriter {
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A complete event begun at construction and recorded by End, for work that ends elsewhere (a
+// callback): copyable. A null writer records nothing.
+class TraceSpan {
+ public:
+  explicit TraceSpan(TraceWriter* w) : w_(w), start_(w ? w->NowMicros() : 0) {}
+  void End(const std::string& track, const std::string& name) const {
+    if (w_) w_->Complete(track, name, start_, w_->NowMicros() - start_);
+  }
+
+ private:
+  TraceWriter* w_;
+  int64_t start_;
+};
+
 // Records a complete event from construction to destruction.
 class TraceScope {
  public:
