@@ -292,19 +292,22 @@ TEST_F(RecoveryTest, DamagedDeltaCutsTheChainDamagedFullFallsBack) {
   auto src = NewClientSource(client_.get(), "j");
   std::vector<float> p(kTotal), m(kTotal), v(kTotal);
   std::vector<std::string> damage;
+  // The recovery point after the damage so far, with this round's damage reports.
+  auto restore = [&] {
+    damage.clear();
+    return RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), RestoreOptions(),
+                                &damage);
+  };
   // The newest DELTA of rank 1: the chain stops one step earlier.
   FlipMiddle(10, 1);
-  auto r = RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), RestoreOptions(),
-                                &damage);
+  auto r = restore();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 9);
   ASSERT_EQ(damage.size(), 1u);
   EXPECT_NE(damage[0].find("job j step 10 rank 1 tensor grad"), std::string::npos) << damage[0];
   // A damaged FULL: the previous FULL and its whole chain.
   FlipMiddle(8, 0);
-  damage.clear();
-  r = RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), RestoreOptions(),
-                           &damage);
+  r = restore();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->full_step, 5);
   EXPECT_EQ(r->step, 7);
@@ -313,15 +316,11 @@ TEST_F(RecoveryTest, DamagedDeltaCutsTheChainDamagedFullFallsBack) {
   EXPECT_NE(damage[0].find("job j step 8 rank 0"), std::string::npos) << damage[0];
   // A middle DELTA of that chain: stops before it.
   FlipMiddle(7, 0);
-  damage.clear();
-  r = RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), RestoreOptions(),
-                           &damage);
+  r = restore();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->step, 6);
   FlipMiddle(5, 1);
-  damage.clear();
-  r = RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), RestoreOptions(),
-                           &damage);
+  r = restore();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
 }
 
