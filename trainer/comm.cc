@@ -101,77 +101,84 @@ class GlooComm : public Comm {
     return absl::OkStatus();
   }
 
-  absl::Status DoReduceScatter(float* buf, size_t total) {
-    const int P = world_size(), me = rank();
+  // Memory to send or receive; an empty region is not posted.
+  struct Region {
+    void* p;
+    size_t bytes;
+  };
+
+  // Posts, for every other rank j, a send of send(j) and a receive into recv(j) under one new
+  // slot, and appends what it posted to *sends and *recvs.
+  template <typename SendFn, typename RecvFn>
+  void PostExchange(SendFn send, RecvFn recv, std::vector<Buffer>* sends,
+                    std::vector<Buffer>* recvs) {
     const uint64_t slot = next_slot_++;
-    const Slice mine = RankSlice(total, me, P);
-    std::vector<float> recv(mine.size() * P);
-    std::vector<Buffer> sends, recvs;
-    for (int j = 0; j < P; ++j) {
-      if (j == me) continue;
-      const Slice s = RankSlice(total, j, P);
-      sends.push_back(ctx_->createUnboundBuffer(buf + s.lo, s.size() * sizeof(float)));
-      if (s.size() > 0) sends.back()->send(j, slot);
-      recvs.push_back(
-          ctx_->createUnboundBuffer(recv.data() + j * mine.size(), mine.size() * sizeof(float)));
-      if (mine.size() > 0) recvs.back()->recv(j, slot);
+    for (int j = 0; j < world_size(); ++j) {
+      if (j == rank()) continue;
+      const Region out = send(j), in = recv(j);
+      if (out.bytes > 0) {
+        sends->push_back(ctx_->createUnboundBuffer(out.p, out.bytes));
+        sends->back()->send(j, slot);
+      }
+      if (in.bytes > 0) {
+        recvs->push_back(ctx_->createUnboundBuffer(in.p, in.bytes));
+        recvs->back()->recv(j, slot);
+      }
     }
-    if (mine.size() > 0) {
-      for (Buffer& b : recvs) RETURN_IF_ERROR(Wait(b, false));
-    }
-    std::memcpy(recv.data() + me * mine.size(), buf + mine.lo, mine.size() * sizeof(float));
-    // Sum in rank order, independent of arrival order.
-    float* out = buf + mine.lo;
-    for (size_t i = 0; i < mine.size(); ++i) out[i] = recv[i];
-    for (int j = 1; j < P; ++j) {
-      const float* c = recv.data() + j * mine.size();
-      for (size_t i = 0; i < mine.size(); ++i) out[i] += c[i];
-    }
-    for (int k = 0, j = 0; j < P; ++j) {
-      if (j == me) continue;
-      if (RankSlice(total, j, P).size() > 0) RETURN_IF_ERROR(Wait(sends[k], true));
-      ++k;
-    }
+  }
+  absl::Status WaitAll(std::vector<Buffer>& buffers, bool send) {
+    for (Buffer& b : buffers) RETURN_IF_ERROR(Wait(b, send));
     return absl::OkStatus();
   }
 
-  absl::Status DoAllGather(float* buf, size_t total) {
+  absl::Status DoReduceScatter(float* buf, size_t total) {
     const int P = world_size(), me = rank();
-    const uint64_t slot = next_slot_++;
     const Slice mine = RankSlice(total, me, P);
+    const size_t n = mine.size();
+    std::vector<float> recv(n * P);
     std::vector<Buffer> sends, recvs;
-    for (int j = 0; j < P; ++j) {
-      if (j == me) continue;
-      const Slice s = RankSlice(total, j, P);
-      sends.push_back(ctx_->createUnboundBuffer(buf + mine.lo, mine.size() * sizeof(float)));
-      if (mine.size() > 0) sends.back()->send(j, slot);
-      recvs.push_back(ctx_->createUnboundBuffer(buf + s.lo, s.size() * sizeof(float)));
-      if (s.size() > 0) recvs.back()->recv(j, slot);
+    PostExchange(
+        [&](int j) {
+          const Slice s = RankSlice(total, j, P);
+          return Region{buf + s.lo, s.size() * sizeof(float)};
+        },
+        [&](int j) { return Region{recv.data() + j * n, n * sizeof(float)}; }, &sends, &recvs);
+    RETURN_IF_ERROR(WaitAll(recvs, /*send=*/false));
+    std::memcpy(recv.data() + me * n, buf + mine.lo, n * sizeof(float));
+    // Sum in rank order, independent of arrival order.
+    float* out = buf + mine.lo;
+    for (size_t i = 0; i < n; ++i) out[i] = recv[i];
+    for (int j = 1; j < P; ++j) {
+      const float* c = recv.data() + j * n;
+      for (size_t i = 0; i < n; ++i) out[i] += c[i];
     }
-    for (int k = 0, j = 0; j < P; ++j) {
-      if (j == me) continue;
-      if (RankSlice(total, j, P).size() > 0) RETURN_IF_ERROR(Wait(recvs[k], false));
-      if (mine.size() > 0) RETURN_IF_ERROR(Wait(sends[k], true));
-      ++k;
-    }
-    return absl::OkStatus();
+    return WaitAll(sends, /*send=*/true);
+  }
+
+  absl::Status DoAllGather(float* buf, size_t total) {
+    const int P = world_size();
+    const Slice mine = RankSlice(total, rank(), P);
+    std::vector<Buffer> sends, recvs;
+    PostExchange([&](int) { return Region{buf + mine.lo, mine.size() * sizeof(float)}; },
+                 [&](int j) {
+                   const Slice s = RankSlice(total, j, P);
+                   return Region{buf + s.lo, s.size() * sizeof(float)};
+                 },
+                 &sends, &recvs);
+    RETURN_IF_ERROR(WaitAll(recvs, /*send=*/false));
+    return WaitAll(sends, /*send=*/true);
   }
 
   absl::Status DoAllReduce(double* vals, size_t n) {
     const int P = world_size(), me = rank();
-    const uint64_t slot = next_slot_++;
     std::vector<double> all(n * P);
     std::memcpy(all.data() + me * n, vals, n * sizeof(double));
     std::vector<Buffer> sends, recvs;
-    for (int j = 0; j < P; ++j) {
-      if (j == me) continue;
-      sends.push_back(ctx_->createUnboundBuffer(vals, n * sizeof(double)));
-      sends.back()->send(j, slot);
-      recvs.push_back(ctx_->createUnboundBuffer(all.data() + j * n, n * sizeof(double)));
-      recvs.back()->recv(j, slot);
-    }
-    for (Buffer& b : recvs) RETURN_IF_ERROR(Wait(b, false));
-    for (Buffer& b : sends) RETURN_IF_ERROR(Wait(b, true));
+    PostExchange([&](int) { return Region{vals, n * sizeof(double)}; },
+                 [&](int j) { return Region{all.data() + j * n, n * sizeof(double)}; }, &sends,
+                 &recvs);
+    RETURN_IF_ERROR(WaitAll(recvs, /*send=*/false));
+    RETURN_IF_ERROR(WaitAll(sends, /*send=*/true));
     for (size_t i = 0; i < n; ++i) {
       double acc = all[i];
       for (int j = 1; j < P; ++j) acc += all[j * n + i];

@@ -14,10 +14,12 @@ namespace gradsnap {
 namespace trainer {
 namespace {
 
-TEST(GlooCommTest, CollectivesAndPointToPoint) {
+// Three ranks on threads: reduce-scatter, all-gather, all-reduce, send/recv and a barrier over
+// flat buffers of `total` floats.
+void RunCollectives(size_t total) {
   const int P = 3;
-  const size_t total = 1001;
-  const std::string dir = ::testing::TempDir() + "/comm_test_" + std::to_string(getpid());
+  const std::string dir = ::testing::TempDir() + "/comm_test_" + std::to_string(getpid()) + "_" +
+                          std::to_string(total);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::vector<std::vector<float>> reduced(P), gathered(P);
@@ -65,6 +67,11 @@ TEST(GlooCommTest, CollectivesAndPointToPoint) {
   EXPECT_EQ(received[1], "hello");
   std::filesystem::remove_all(dir);
 }
+
+TEST(GlooCommTest, CollectivesAndPointToPoint) { RunCollectives(1001); }
+
+// Fewer elements than ranks: some slices are empty, and nothing is posted for them.
+TEST(GlooCommTest, EmptySlices) { RunCollectives(2); }
 
 }  // namespace
 }  // namespace trainer
