@@ -6,6 +6,8 @@
 #include "gpu_snapshot/sim_device.h"
 
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -29,15 +31,39 @@ class NullSink : public SnapshotSink {
   void PersistDelta(const DeltaRecord&, DoneFn done) override { done(absl::OkStatus()); }
 };
 
-TEST(SimDeviceTest, LaunchReturnsAtOnceAndCopiesWaitForTheirComputeEvent) {
-  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(0, Fast());
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  SimDeviceGuard current(*gpu);
-  auto stream = (*gpu)->NewStream();
-  auto dev = NewSimDevice(0);
-  ASSERT_TRUE(dev.ok()) << dev.status();
-  float* d = static_cast<float*>(*(*dev)->AllocDevice(64 * sizeof(float)));
-  float* h = static_cast<float*>(*(*dev)->AllocPinned(64 * sizeof(float)));
+// Simulated device `ordinal` opened with `options`, as the snapshot engine's Device; null (and a
+// test failure) when it cannot be opened.
+std::unique_ptr<Device> OpenSim(int ordinal, const SimOptions& options = Fast()) {
+  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(ordinal, options);
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<std::unique_ptr<Device>> dev = NewSimDevice(ordinal);
+  EXPECT_TRUE(dev.ok()) << dev.status();
+  return gpu.ok() && dev.ok() ? std::move(*dev) : nullptr;
+}
+
+// Tests that call Open get simulated device `ordinal`, current on the test's thread, with a
+// compute stream and the snapshot engine's Device of it.
+class SimDeviceTest : public ::testing::Test {
+ protected:
+  void Open(int ordinal, const SimOptions& options) {
+    dev_ = OpenSim(ordinal, options);
+    ASSERT_NE(dev_, nullptr);
+    SimGpu* gpu = *SimGpu::Find(ordinal);
+    current_.emplace(gpu);
+    stream_ = gpu->NewStream();
+  }
+
+  std::optional<SimDeviceGuard> current_;  // destroyed last
+  std::unique_ptr<SimStream> stream_;
+  std::unique_ptr<Device> dev_;
+};
+
+TEST_F(SimDeviceTest, LaunchReturnsAtOnceAndCopiesWaitForTheirComputeEvent) {
+  ASSERT_NO_FATAL_FAILURE(Open(0, Fast()));
+  SimStream* stream = stream_.get();
+  Device* dev = dev_.get();
+  float* d = static_cast<float*>(*dev->AllocDevice(64 * sizeof(float)));
+  float* h = static_cast<float*>(*dev->AllocPinned(64 * sizeof(float)));
   absl::Notification release;
   // The kernel blocks until released: Launch must return before it ran.
   ASSERT_TRUE(stream
@@ -47,9 +73,9 @@ TEST(SimDeviceTest, LaunchReturnsAtOnceAndCopiesWaitForTheirComputeEvent) {
                     return absl::OkStatus();
                   })
                   .ok());
-  auto ev = (*dev)->RecordComputeEvent(stream.get());
+  auto ev = dev->RecordComputeEvent(stream);
   ASSERT_TRUE(ev.ok()) << ev.status();
-  auto copies = (*dev)->NewStream(false);
+  auto copies = dev->NewStream(false);
   ASSERT_TRUE(copies.ok());
   ASSERT_TRUE((*copies)->WaitForEvent(ev->get()).ok());
   ASSERT_TRUE((*copies)->CopyToHost(h, d, 64 * sizeof(float)).ok());
@@ -60,24 +86,21 @@ TEST(SimDeviceTest, LaunchReturnsAtOnceAndCopiesWaitForTheirComputeEvent) {
   ASSERT_TRUE((*landed)->Wait().ok());
   for (int i = 0; i < 64; ++i) ASSERT_EQ(h[i], 1.0f + i);
   ASSERT_TRUE(stream->Synchronize().ok());
-  (*dev)->FreeDevice(d);
-  (*dev)->FreePinned(h, 64 * sizeof(float));
+  dev->FreeDevice(d);
+  dev->FreePinned(h, 64 * sizeof(float));
 }
 
 // A copy waits for the compute event recorded when it was requested, not for the stream as it
 // is when the copy queue gets around to dispatching it: here the request is dispatched only
 // after a later kernel (blocked) was launched, and it must still land without that kernel.
-TEST(SimDeviceTest, CopyQueueWaitsForTheEventOfTheRequestNotOfTheDispatch) {
-  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(0, Fast());
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  SimDeviceGuard current(*gpu);
-  auto stream = (*gpu)->NewStream();
-  auto dev = NewSimDevice(0);
-  ASSERT_TRUE(dev.ok());
+TEST_F(SimDeviceTest, CopyQueueWaitsForTheEventOfTheRequestNotOfTheDispatch) {
+  ASSERT_NO_FATAL_FAILURE(Open(0, Fast()));
+  SimStream* stream = stream_.get();
+  Device* dev = dev_.get();
   const size_t n = 4096;
-  char* d = static_cast<char*>(*(*dev)->AllocDevice(n));
-  char* h = static_cast<char*>(*(*dev)->AllocPinned(2 * n));
-  auto q = CopyQueue::Create(dev->get(), n, 1, nullptr);
+  char* d = static_cast<char*>(*dev->AllocDevice(n));
+  char* h = static_cast<char*>(*dev->AllocPinned(2 * n));
+  auto q = CopyQueue::Create(dev, n, 1, nullptr);
   ASSERT_TRUE(q.ok()) << q.status();
   ASSERT_TRUE(stream->Launch([&] {
                       std::memset(d, 7, n);
@@ -97,7 +120,7 @@ TEST(SimDeviceTest, CopyQueueWaitsForTheEventOfTheRequestNotOfTheDispatch) {
   b.src = d;
   b.bytes = n;
   b.dst = [&](size_t, size_t) { return h + n; };
-  auto ev = (*dev)->RecordComputeEvent(stream.get());
+  auto ev = dev->RecordComputeEvent(stream);
   ASSERT_TRUE(ev.ok());
   b.after = *ev;  // after the memset, before the kernel below
   (*q)->Submit(std::move(a));
@@ -114,21 +137,18 @@ TEST(SimDeviceTest, CopyQueueWaitsForTheEventOfTheRequestNotOfTheDispatch) {
   release.Notify();
   ASSERT_TRUE(stream->Synchronize().ok());
   q->reset();
-  (*dev)->FreeDevice(d);
-  (*dev)->FreePinned(h, 2 * n);
+  dev->FreeDevice(d);
+  dev->FreePinned(h, 2 * n);
 }
 
-TEST(SimDeviceTest, UnorderedCopiesHookIgnoresComputeEvents) {
+TEST_F(SimDeviceTest, UnorderedCopiesHookIgnoresComputeEvents) {
   SimOptions o = Fast();
   o.unordered_copies = true;
-  absl::StatusOr<SimGpu*> gpu = SimGpu::Open(5, o);
-  ASSERT_TRUE(gpu.ok()) << gpu.status();
-  SimDeviceGuard current(*gpu);
-  auto stream = (*gpu)->NewStream();
-  auto dev = NewSimDevice(5);
-  ASSERT_TRUE(dev.ok());
-  float* d = static_cast<float*>(*(*dev)->AllocDevice(sizeof(float)));
-  float* h = static_cast<float*>(*(*dev)->AllocPinned(sizeof(float)));
+  ASSERT_NO_FATAL_FAILURE(Open(5, o));
+  SimStream* stream = stream_.get();
+  Device* dev = dev_.get();
+  float* d = static_cast<float*>(*dev->AllocDevice(sizeof(float)));
+  float* h = static_cast<float*>(*dev->AllocPinned(sizeof(float)));
   absl::Notification release;
   ASSERT_TRUE(stream
                   ->Launch([&] {
@@ -137,8 +157,8 @@ TEST(SimDeviceTest, UnorderedCopiesHookIgnoresComputeEvents) {
                     return absl::OkStatus();
                   })
                   .ok());
-  auto ev = (*dev)->RecordComputeEvent(stream.get());
-  auto copies = (*dev)->NewStream(false);
+  auto ev = dev->RecordComputeEvent(stream);
+  auto copies = dev->NewStream(false);
   ASSERT_TRUE((*copies)->WaitForEvent(ev->get()).ok());
   ASSERT_TRUE((*copies)->CopyToHost(h, d, sizeof(float)).ok());
   ASSERT_TRUE((*copies)->Synchronize().ok());  // lands while the kernel is still blocked
@@ -148,45 +168,39 @@ TEST(SimDeviceTest, UnorderedCopiesHookIgnoresComputeEvents) {
   EXPECT_EQ(d[0], 42.0f);
 }
 
-TEST(SimDeviceTest, CopiesNeedThisDevicesMemoryAndPinnedStaging) {
-  ASSERT_TRUE(SimGpu::Open(1, Fast()).ok());
-  ASSERT_TRUE(SimGpu::Open(2, Fast()).ok());
-  auto dev1 = NewSimDevice(1);
-  auto dev2 = NewSimDevice(2);
-  ASSERT_TRUE(dev1.ok() && dev2.ok());
-  void* on2 = *(*dev2)->AllocDevice(256);
-  void* pinned1 = *(*dev1)->AllocPinned(256);
+TEST_F(SimDeviceTest, CopiesNeedThisDevicesMemoryAndPinnedStaging) {
+  std::unique_ptr<Device> dev1 = OpenSim(1), dev2 = OpenSim(2);
+  ASSERT_TRUE(dev1 && dev2);
+  void* on2 = *dev2->AllocDevice(256);
+  void* pinned1 = *dev1->AllocPinned(256);
   std::vector<char> pageable(256);
-  auto s = (*dev1)->NewStream(true);
+  auto s = dev1->NewStream(true);
   ASSERT_TRUE(s.ok());
   EXPECT_TRUE(absl::IsInvalidArgument((*s)->CopyToHost(pinned1, on2, 256)));
-  void* on1 = *(*dev1)->AllocDevice(256);
+  void* on1 = *dev1->AllocDevice(256);
   EXPECT_TRUE(absl::IsInvalidArgument((*s)->CopyToHost(pageable.data(), on1, 256)));
   EXPECT_TRUE((*s)->CopyToHost(pinned1, on1, 256).ok());
   EXPECT_TRUE((*s)->Synchronize().ok());
-  (*dev2)->FreeDevice(on2);
-  (*dev1)->FreeDevice(on1);
-  (*dev1)->FreePinned(pinned1, 256);
+  dev2->FreeDevice(on2);
+  dev1->FreeDevice(on1);
+  dev1->FreePinned(pinned1, 256);
 }
 
 // A rank that hands its snapshot engine another device (the bug of a fixed device 0) fails at
 // once with a clear error instead of copying from the wrong place.
-TEST(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
-  ASSERT_TRUE(SimGpu::Open(3, Fast()).ok());
-  ASSERT_TRUE(SimGpu::Open(4, Fast()).ok());
-  auto mine = NewSimDevice(3);
-  auto other = NewSimDevice(4);
-  ASSERT_TRUE(mine.ok() && other.ok());
+TEST_F(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
+  std::unique_ptr<Device> mine = OpenSim(3), other = OpenSim(4);
+  ASSERT_TRUE(mine && other);
   const size_t n = 4096;
   DeviceState st;
-  st.params = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
-  st.m = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
-  st.v = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
+  st.params = static_cast<float*>(*mine->AllocDevice(n * 4));
+  st.m = static_cast<float*>(*mine->AllocDevice(n * 4));
+  st.v = static_cast<float*>(*mine->AllocDevice(n * 4));
   st.numel = n;
   NullSink sink;
   EngineOptions eo;
   eo.mode = SnapshotMode::kGoCkpt;
-  auto bad = SnapshotEngine::Create(other->get(), st, eo, &sink);
+  auto bad = SnapshotEngine::Create(other.get(), st, eo, &sink);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("not device memory of sim:4"), std::string::npos)
       << bad.status();
@@ -194,14 +208,14 @@ TEST(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
   absl::StatusOr<SimGpu*> gpu3 = SimGpu::Find(3);
   ASSERT_TRUE(gpu3.ok());
   auto stream3 = (*gpu3)->NewStream();
-  EXPECT_TRUE(absl::IsInvalidArgument((*other)->RecordComputeEvent(stream3.get()).status()));
-  auto good = SnapshotEngine::Create(mine->get(), st, eo, &sink);
+  EXPECT_TRUE(absl::IsInvalidArgument(other->RecordComputeEvent(stream3.get()).status()));
+  auto good = SnapshotEngine::Create(mine.get(), st, eo, &sink);
   EXPECT_TRUE(good.ok()) << good.status();
   good->reset();
-  for (float* p : {st.params, st.m, st.v}) (*mine)->FreeDevice(p);
+  for (float* p : {st.params, st.m, st.v}) mine->FreeDevice(p);
 }
 
-TEST(SimDeviceTest, LaunchNeedsTheStreamsDeviceCurrent) {
+TEST_F(SimDeviceTest, LaunchNeedsTheStreamsDeviceCurrent) {
   absl::StatusOr<SimGpu*> a = SimGpu::Open(6, Fast());
   absl::StatusOr<SimGpu*> b = SimGpu::Open(7, Fast());
   ASSERT_TRUE(a.ok() && b.ok());
@@ -218,7 +232,7 @@ TEST(SimDeviceTest, LaunchNeedsTheStreamsDeviceCurrent) {
   EXPECT_TRUE(stream->Synchronize().ok());
 }
 
-TEST(SimDeviceTest, BadOrdinalsAndBandwidth) {
+TEST_F(SimDeviceTest, BadOrdinalsAndBandwidth) {
   EXPECT_TRUE(absl::IsInvalidArgument(SimGpu::Open(kSimDeviceCount, Fast()).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(SimGpu::Open(-1, Fast()).status()));
   SimOptions zero;
@@ -227,7 +241,7 @@ TEST(SimDeviceTest, BadOrdinalsAndBandwidth) {
   EXPECT_TRUE(absl::IsFailedPrecondition(NewSimDevice(-3).status()));
 }
 
-TEST(SimDeviceTest, CheckDevicesNamesTheRangeAndTheFlags) {
+TEST_F(SimDeviceTest, CheckDevicesNamesTheRangeAndTheFlags) {
   EXPECT_TRUE(CheckDevices("cpu", 0, 64).ok());
   EXPECT_TRUE(CheckDevices("sim", 0, kSimDeviceCount).ok());
   const absl::Status over = CheckDevices("sim", 7, 2);
