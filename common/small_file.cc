@@ -34,8 +34,9 @@ absl::StatusOr<InputFile> OpenRegular(const std::string& path, const char* what)
   struct stat st = {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ", path, S_ISDIR(st.st_mode) ? " is a directory" : " is not a regular file"));
+    const char* kind = S_ISDIR(st.st_mode) ? " (it is a directory)" : "";
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, " is not a regular file", kind));
   }
   return InputFile{fd, static_cast<uint64_t>(st.st_size)};
 }
