@@ -69,7 +69,7 @@ struct EngineOptions {
   bool use_io_uring = true;
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
   bool use_direct_io = true;
-  // io_uring queue depth per segment writer. A shard writer keeps at most
+  // io_uring queue depth per segment writer and per shard reader. A shard writer keeps at most
   // J = min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
   // at most J times 2 * chunk_bytes (128-256 MiB with the defaults); chunks of at most 256 KiB
   // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory.

@@ -1,29 +1,39 @@
 // ShardReaderImpl: reads a committed shard chunk by chunk.
 //
 // OVERVIEW
-//   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
-//   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
-//   so several reads are in flight while the caller copies and hashes in order (one pass: each
-//   cache-sized block is hashed right after it is copied out). Every chunk is checked against
-//   its metadata and both CRCs; every tensor's digest (with the algorithm that wrote the shard)
-//   is checked before the call that hands out the tensor's last bytes returns.
+//   Chunks are read ahead of the consumer, up to 128 MiB of them, with O_DIRECT reads (every
+//   record starts on a 4 KiB boundary). With io_uring (UringReader) all of them are in flight
+//   at once, up to EngineOptions::queue_depth, into registered slot buffers from registered
+//   segment files; each completion hands its chunk to a decode pool sized to the cores (CRC
+//   checks, decompression), so the disk never waits for the CPU. Without io_uring (disabled,
+//   or a File without a descriptor) the pool threads read with pread, then decode. The caller
+//   copies and hashes in order (one pass: each cache-sized block is hashed right after it is
+//   copied out). Every chunk is checked against its metadata and both CRCs; every tensor's
+//   digest (with the algorithm that wrote the shard) is checked before the call that hands out
+//   the tensor's last bytes returns.
 //
 // ERROR HANDLING
-//   Any failure is DATA_LOSS naming job, step, rank and tensor; no byte of a failed chunk is
-//   returned.
+//   Corruption (CRC, digest, header or length mismatch, a truncated or missing segment) is
+//   DATA_LOSS naming job, step, rank and tensor; an I/O error keeps its code (EIO: INTERNAL)
+//   with the same prefix. No byte of a failed chunk is returned. Short io_uring reads are read
+//   again for the rest.
 //
 // THREAD SAFETY
-//   One caller thread at a time; pool threads only touch their own slot.
+//   One caller thread at a time; pool and ring threads only touch their own slot.
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/storage_stats.h"
 #include "storage/task_pool.h"
+#include "storage/uring_reader.h"
 
 namespace gradsnap {
 namespace storage {
@@ -41,16 +51,24 @@ absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std:
   return engine->fs()->Open(engine->SegmentPath(job, step, rank, seq), oo);
 }
 
+void LogPreadOnce(const std::string& why) {
+  static std::once_flag once;
+  std::call_once(once, [&] { GS_LOG(WARNING) << "storage: reading with pread, not io_uring: " << why; });
+}
+
+// DATA_LOSS unless `got` bytes hold the whole record of `c`.
+absl::Status CheckLength(const ChunkRecord& c, size_t got) {
+  if (got >= c.header.record_len()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("segment truncated: chunk at offset ", c.offset,
+                                          " needs ", c.header.record_len(), " bytes, found ",
+                                          got));
+}
+
 absl::Status ReadRecord(File* file, const ChunkRecord& c, AlignedBuffer* buf) {
   size_t len = AlignUp(c.header.record_len());
   if (buf->capacity() < len) *buf = AlignedBuffer(len);
   ASSIGN_OR_RETURN(size_t got, file->Read(c.offset, buf->data(), len));
-  if (got < c.header.record_len()) {
-    return absl::DataLossError(absl::StrCat("segment truncated: chunk at offset ", c.offset,
-                                            " needs ", c.header.record_len(), " bytes, found ",
-                                            got));
-  }
-  return absl::OkStatus();
+  return CheckLength(c, got);
 }
 
 struct ReaderContext {
@@ -59,6 +77,7 @@ struct ReaderContext {
 
 // One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
+  int index = 0;                  // its fixed-buffer slot in the ring
   size_t chunk = 0;
   AlignedBuffer record;           // the record as read (O_DIRECT)
   std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
@@ -87,19 +106,30 @@ class ShardReaderImpl : public ShardReader {
     }
     window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
                                        kMaxWindow);
-    pool_ = std::make_unique<TaskPool<ReaderContext>>(
-        std::min<int>(kMaxReaderThreads, static_cast<int>(window_limit_)),
-        [] { return std::make_unique<ReaderContext>(); });
   }
   ~ShardReaderImpl() override { Cancel(); }
 
   absl::Status Open() {
+    std::vector<File*> files;
+    std::vector<std::string> names;
     for (const ChunkRecord& c : chunks_) {
       if (files_.count(c.segment) != 0) continue;
       auto f = OpenSegment(engine_, job_, step_, info_.rank, c.segment);
       if (!f.ok()) return Loss(c.tensor, f.status());
+      file_index_[c.segment] = static_cast<int>(files.size());
+      files.push_back(f->get());
+      names.push_back(absl::StrCat("segment ", c.segment));
       files_[c.segment] = std::move(*f);
     }
+    StartRing(std::move(files), std::move(names));
+    // With the ring the pool only decodes: one thread per core. Without it, its threads also
+    // wait in pread, so more of them keep several reads in flight.
+    int threads = ring_ != nullptr
+                      ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                      : kMaxReaderThreads;
+    pool_ = std::make_unique<TaskPool<ReaderContext>>(
+        std::min<int>(threads, static_cast<int>(window_limit_)),
+        [] { return std::make_unique<ReaderContext>(); });
     return absl::OkStatus();
   }
 
@@ -115,11 +145,22 @@ class ShardReaderImpl : public ShardReader {
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
+  // An I/O error keeps its code (EIO is not corruption); everything else is DATA_LOSS.
+  absl::Status Failure(uint32_t tensor, const absl::Status& s) const {
+    if (absl::IsDataLoss(s)) return Loss(tensor, s);
+    std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
+    return absl::Status(s.code(),
+                        absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
+  }
   absl::Status DigestMismatch() const {
     return absl::DataLossError(
         absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
   }
+  void StartRing(std::vector<File*> files, std::vector<std::string> names);
   void Schedule(size_t chunk);
+  void ReadWithRing(const std::shared_ptr<Slot>& slot);
+  void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
+  void Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s);
   absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
   void Cancel();
@@ -134,6 +175,7 @@ class ShardReaderImpl : public ShardReader {
   std::vector<uint64_t> tensor_start_;     // plus the total at the end
   std::vector<size_t> first_chunk_;        // per tensor, plus chunks_.size()
   std::map<uint32_t, std::unique_ptr<File>> files_;
+  std::map<uint32_t, int> file_index_;     // segment -> its index in the ring
 
   size_t window_limit_ = 4;
   uint64_t read_end_ = UINT64_MAX;  // SetReadEnd: no read-ahead of chunks starting past it
@@ -145,13 +187,27 @@ class ShardReaderImpl : public ShardReader {
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Digester digest_;
+  int slots_made_ = 0;
   std::unique_ptr<TaskPool<ReaderContext>> pool_;
+  // Declared after pool_: destroyed first, so no ring callback runs into a dead pool.
+  std::unique_ptr<UringReader> ring_;
 };
+
+void ShardReaderImpl::StartRing(std::vector<File*> files, std::vector<std::string> names) {
+  const EngineOptions& o = engine_->options();
+  if (!o.use_io_uring) return LogPreadOnce("disabled by options");
+  // One buffer per slot: the window plus the one the caller holds.
+  auto ring = UringReader::Create(std::move(files), std::move(names), o.queue_depth,
+                                  static_cast<int>(window_limit_ + 1));
+  if (!ring.ok()) return LogPreadOnce(std::string(ring.status().message()));
+  ring_ = std::move(*ring);
+}
 
 void ShardReaderImpl::Schedule(size_t chunk) {
   std::shared_ptr<Slot> slot;
   if (spare_.empty()) {
     slot = std::make_shared<Slot>();
+    slot->index = slots_made_++;
   } else {
     slot = std::move(spare_.back());
     spare_.pop_back();
@@ -160,18 +216,46 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   slot->done = false;
   slot->status = absl::OkStatus();
   window_.push_back(slot);
+  if (ring_ != nullptr) return ReadWithRing(slot);
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
     absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &slot->record);
-    if (s.ok()) {
-      s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
-                                  &slot->decoded, &slot->data);
-      slot->size = c.header.raw_len;
-    }
-    absl::MutexLock lock(&mu_);
-    slot->status = s;
-    slot->done = true;
+    if (!s.ok()) return Finish(slot, s);
+    Decode(slot, ctx);
   });
+}
+
+// The record goes out on the ring; its completion queues the decode on the pool.
+void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
+  const ChunkRecord& c = chunks_[slot->chunk];
+  size_t len = AlignUp(c.header.record_len());
+  int fixed = slot->index;
+  if (slot->record.capacity() < len) {
+    slot->record = AlignedBuffer(len);
+    if (!ring_->RegisterBuffer(slot->index, slot->record.data(), slot->record.capacity())) {
+      fixed = -1;
+    }
+  }
+  ring_->Read(file_index_.at(c.segment), c.offset, slot->record.data(), len, fixed,
+              [this, slot](absl::StatusOr<size_t> got) {
+                absl::Status s = got.ok() ? CheckLength(chunks_[slot->chunk], *got) : got.status();
+                if (!s.ok()) return Finish(slot, s);
+                pool_->Run([this, slot](ReaderContext* ctx) { Decode(slot, ctx); });
+              });
+}
+
+void ShardReaderImpl::Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx) {
+  const ChunkRecord& c = chunks_[slot->chunk];
+  absl::Status s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
+                                           &slot->decoded, &slot->data);
+  slot->size = c.header.raw_len;
+  Finish(slot, s);
+}
+
+void ShardReaderImpl::Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s) {
+  absl::MutexLock lock(&mu_);
+  slot->status = s;
+  slot->done = true;
 }
 
 // Returns the decoded chunk `chunk`, keeping up to window_limit_ later chunks in flight.
@@ -194,7 +278,7 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
   }
-  if (!s->status.ok()) return Loss(chunks_[chunk].tensor, s->status);
+  if (!s->status.ok()) return Failure(chunks_[chunk].tensor, s->status);
   *out = std::move(s);
   return absl::OkStatus();
 }
