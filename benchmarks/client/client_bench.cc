@@ -7,7 +7,6 @@
 // client_restore_gbps= restore_ratio= export_gbps= export_ratio= (safetensors export ÷ client
 // restore throughput) save_cpu_s_per_gb= restore_cpu_s_per_gb= (process CPU seconds per GB of
 // the client save and restore) (GB = 1e9 bytes).
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "benchmarks/common/bench_util.h"
 #include "client/client.h"
 #include "client/safetensors.h"
 #include "common/clock.h"
@@ -44,12 +44,7 @@ int Fail(const absl::Status& s, const char* what) {
   return 1;
 }
 
-double CpuSeconds() {
-  struct rusage ru;
-  ::getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
+using bench::CpuSeconds;
 
 int Run() {
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes) / 4 * 4;
