@@ -50,6 +50,22 @@ class ReadFaultTest : public testing::TestWithParam<bool> {
     return absl::OkStatus();
   }
 
+  // Streams the payload with ReadView; the first error.
+  absl::Status ViewAll() {
+    auto r = engine_->OpenShardReader("rf", 1, 0);
+    if (!r.ok()) return r.status();
+    std::vector<uint8_t> got;
+    for (;;) {
+      const uint8_t* p = nullptr;
+      auto n = (*r)->ReadView(got.size(), 100000, &p);
+      if (!n.ok()) return n.status();
+      if (*n == 0) break;
+      got.insert(got.end(), p, p + *n);
+    }
+    if (got != data_.stream()) return absl::InternalError("different bytes returned as OK");
+    return absl::OkStatus();
+  }
+
   TempDir dir_;
   FaultInjectionFileSystem ffs_;
   std::unique_ptr<Engine> engine_;
@@ -67,6 +83,7 @@ TEST_P(ReadFaultTest, ShortReadAtEveryCompletionReturnsExactData) {
   ffs_.SetFaults(f);
   ExpectRestores(engine_.get(), data_);
   ASSERT_TRUE(ReadAll().ok());
+  ASSERT_TRUE(ViewAll().ok());
   if (GetParam()) {
     // Every 64 KiB record needs several completions (halved down to one 4 KiB block): the
     // reader went through the ring and read the rest again each time.
@@ -91,8 +108,10 @@ TEST_P(ReadFaultTest, EioAtEveryReadIsAClearError) {
   std::vector<uint8_t> buf(1 << 20);
   auto n = (*r)->Read(0, buf.data(), buf.size());
   EXPECT_TRUE(absl::IsDataLoss(n.status())) << n.status();
+  EXPECT_TRUE(absl::IsDataLoss(ViewAll())) << ViewAll();
   ffs_.Reset();
   EXPECT_TRUE(ReadAll().ok());
+  EXPECT_TRUE(ViewAll().ok());
 }
 
 TEST_P(ReadFaultTest, EioAtEachSingleReadIsAClearError) {

@@ -136,6 +136,7 @@ class ShardReaderImpl : public ShardReader {
   const ShardInfo& info() const override { return info_; }
   absl::Status ReadTensor(size_t index, void* out, size_t out_len) override;
   absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override;
+  absl::StatusOr<size_t> ReadView(uint64_t offset, size_t n, const uint8_t** data) override;
   void SetReadEnd(uint64_t end) override { read_end_ = end; }
 
  private:
@@ -166,6 +167,7 @@ class ShardReaderImpl : public ShardReader {
   void Cancel();
   absl::Status CopyOut(size_t chunk, const uint8_t* src, uint64_t offset, uint8_t* dst,
                        size_t n);
+  absl::Status Seek(uint64_t offset);
 
   EngineImpl* const engine_;
   const ShardInfo info_;
@@ -335,9 +337,10 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   return absl::OkStatus();
 }
 
-// Copies chunk bytes to `dst` for the stream at `offset`, one cache-sized block at a time,
-// hashing each block right after copying it while the stream runs through a tensor from its
-// start; checks the tensor's digest when the stream reaches its end (before Read returns).
+// Copies chunk bytes to `dst` (nullptr: hashes them in place) for the stream at `offset`, one
+// cache-sized block at a time, hashing each block right after copying it while the stream runs
+// through a tensor from its start; checks the tensor's digest when the stream reaches its end
+// (before Read or ReadView returns).
 absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t offset,
                                       uint8_t* dst, size_t n) {
   const uint32_t tensor = chunks_[chunk].tensor;
@@ -348,10 +351,14 @@ absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t
   }
   const bool hashing = hash_tensor_ == static_cast<int64_t>(tensor) && hash_next_ == offset;
   if (!hashing) hash_tensor_ = -1;  // the stream started mid-tensor or jumped: CRCs only
-  for (size_t done = 0; done < n; done += kFuseBlock) {
-    size_t len = std::min(kFuseBlock, n - done);
-    std::memcpy(dst + done, src + done, len);
-    if (hashing) digest_.Update(dst + done, len);
+  if (dst == nullptr) {
+    if (hashing) digest_.Update(src, n);
+  } else {
+    for (size_t done = 0; done < n; done += kFuseBlock) {
+      size_t len = std::min(kFuseBlock, n - done);
+      std::memcpy(dst + done, src + done, len);
+      if (hashing) digest_.Update(dst + done, len);
+    }
   }
   if (!hashing) return absl::OkStatus();
   hash_next_ += n;
@@ -362,29 +369,34 @@ absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t
   return absl::OkStatus();
 }
 
+// Makes cur_ the decoded chunk holding stream byte `offset` (< the payload size).
+absl::Status ShardReaderImpl::Seek(uint64_t offset) {
+  if (cur_ != nullptr && offset >= chunks_[cur_->chunk].header.stream_offset &&
+      offset < chunks_[cur_->chunk].header.stream_offset + cur_->size) {
+    return absl::OkStatus();
+  }
+  // Find the chunk holding `offset` (chunks are in stream order).
+  size_t lo = 0, hi = chunks_.size();
+  while (hi - lo > 1) {
+    size_t mid = (lo + hi) / 2;
+    (chunks_[mid].header.stream_offset <= offset ? lo : hi) = mid;
+  }
+  if (chunks_.empty() || chunks_[lo].header.stream_offset > offset) {
+    return absl::DataLossError(absl::StrCat(Where(job_, step_, info_.rank),
+                                            ": no chunk holds offset ", offset));
+  }
+  Recycle(std::move(cur_));
+  return Take(lo, &cur_);
+}
+
 absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t n) {
   uint64_t total = tensor_start_.back();
   if (offset >= total || n == 0) return 0;
   uint8_t* dst = static_cast<uint8_t*>(out);
   size_t copied = 0;
   while (copied < n && offset < total) {
-    if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
-        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
-      // Find the chunk holding `offset` (chunks are in stream order).
-      size_t lo = 0, hi = chunks_.size();
-      while (hi - lo > 1) {
-        size_t mid = (lo + hi) / 2;
-        (chunks_[mid].header.stream_offset <= offset ? lo : hi) = mid;
-      }
-      if (chunks_.empty() || chunks_[lo].header.stream_offset > offset) {
-        return absl::DataLossError(absl::StrCat(Where(job_, step_, info_.rank),
-                                                ": no chunk holds offset ", offset));
-      }
-      Recycle(std::move(cur_));
-      RETURN_IF_ERROR(Take(lo, &cur_));
-    }
-    uint64_t start = chunks_[cur_->chunk].header.stream_offset;
-    size_t in_chunk = static_cast<size_t>(offset - start);
+    RETURN_IF_ERROR(Seek(offset));
+    size_t in_chunk = static_cast<size_t>(offset - chunks_[cur_->chunk].header.stream_offset);
     size_t take = std::min(n - copied, cur_->size - in_chunk);
     RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, dst + copied, take));
     copied += take;
@@ -392,6 +404,18 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   }
   StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
+}
+
+absl::StatusOr<size_t> ShardReaderImpl::ReadView(uint64_t offset, size_t n,
+                                                 const uint8_t** data) {
+  if (offset >= tensor_start_.back() || n == 0) return 0;
+  RETURN_IF_ERROR(Seek(offset));
+  size_t in_chunk = static_cast<size_t>(offset - chunks_[cur_->chunk].header.stream_offset);
+  size_t take = std::min(n, cur_->size - in_chunk);
+  RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, nullptr, take));
+  *data = cur_->data + in_chunk;
+  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(take));
+  return take;
 }
 
 }  // namespace
