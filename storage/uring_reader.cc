@@ -43,6 +43,7 @@ absl::Status UringReader::Setup(int queue_depth, int buffers) {
   fixed_files_ = !fds.empty() &&
                  io_uring_register_files(ring_, fds.data(), static_cast<unsigned>(fds.size())) == 0;
   if (buffers > 0 && io_uring_register_buffers_sparse(ring_, static_cast<unsigned>(buffers)) == 0) {
+    absl::MutexLock lock(&mu_);
     fixed_buffer_.assign(static_cast<size_t>(buffers), false);
   }
   return absl::OkStatus();

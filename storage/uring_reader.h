@@ -88,7 +88,7 @@ class UringReader {
   const std::vector<std::string> names_;
   io_uring* ring_ = nullptr;
   bool fixed_files_ = false;
-  std::vector<bool> fixed_buffer_;  // per slot: registered
+  std::vector<bool> fixed_buffer_ ABSL_GUARDED_BY(mu_);  // per slot: registered
   std::thread reaper_;
 
   absl::Mutex mu_;
