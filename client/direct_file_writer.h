@@ -5,8 +5,9 @@
 //   is handed to one of kWriters writer threads that pwrite()s it with O_DIRECT at its offset
 //   while the producer fills the next one, so the disk works while the caller restores the next
 //   bytes, several writes are in flight (one O_DIRECT write at a time reaches about a third of
-//   what the disk takes), and no page cache write-back is involved. Finish() writes the last partial buffer (zero-padded to 4 KiB),
-//   truncates the file to the exact length and fdatasyncs it. Where O_DIRECT is not supported
+//   what the disk takes), and no page cache write-back is involved. Finish() writes the last
+//   partial buffer (zero-padded to 4 KiB), truncates the file to the exact length and
+//   fdatasyncs it. Where O_DIRECT is not supported
 //   (e.g. tmpfs) the same path runs with buffered writes.
 //
 // ERROR HANDLING
@@ -42,7 +43,7 @@ class DirectFileWriter {
 
   // Creates (or truncates) `path`, mode 0644.
   static absl::StatusOr<std::unique_ptr<DirectFileWriter>> Create(const std::string& path);
-  ~DirectFileWriter();  // stops the writer thread and closes the file (does not remove it)
+  ~DirectFileWriter();  // stops the writer threads and closes the file (does not remove it)
   DirectFileWriter(const DirectFileWriter&) = delete;
   DirectFileWriter& operator=(const DirectFileWriter&) = delete;
 

@@ -53,7 +53,8 @@ absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std:
 
 void LogPreadOnce(const std::string& why) {
   static std::once_flag once;
-  std::call_once(once, [&] { GS_LOG(WARNING) << "storage: reading with pread, not io_uring: " << why; });
+  std::call_once(once,
+                 [&] { GS_LOG(WARNING) << "storage: reading with pread, not io_uring: " << why; });
 }
 
 // DATA_LOSS unless `got` bytes hold the whole record of `c`.
