@@ -1,6 +1,7 @@
 #include "benchmarks/common/bench_util.h"
 
 #include <fcntl.h>
+#include <liburing.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -59,6 +60,47 @@ uint64_t ParseBytes(const std::string& s) {
     return 0;
   }
   return v > 0 ? static_cast<uint64_t>(v * mult) : 0;
+}
+
+bool RawDirectIo(const std::string& path, const std::vector<IoPiece>& pieces, bool write,
+                 int queue_depth) {
+  const int flags = O_DIRECT | O_CLOEXEC | (write ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY);
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return false;
+  io_uring ring;
+  if (io_uring_queue_init(static_cast<unsigned>(queue_depth), &ring, 0) < 0) {
+    ::close(fd);
+    return false;
+  }
+  size_t next = 0, inflight = 0;
+  bool ok = true;
+  while (ok && (next < pieces.size() || inflight > 0)) {
+    while (inflight < static_cast<size_t>(queue_depth) && next < pieces.size()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      const IoPiece& pc = pieces[next++];
+      if (write) {
+        io_uring_prep_write(sqe, fd, pc.p, static_cast<unsigned>(pc.n), pc.offset);
+      } else {
+        io_uring_prep_read(sqe, fd, pc.p, static_cast<unsigned>(pc.n), pc.offset);
+      }
+      ++inflight;
+    }
+    io_uring_submit(&ring);
+    io_uring_cqe* cqe;
+    if (io_uring_wait_cqe(&ring, &cqe) < 0) {
+      ok = false;
+      break;
+    }
+    do {
+      if (cqe->res < 0) ok = false;
+      io_uring_cqe_seen(&ring, cqe);
+      --inflight;
+    } while (io_uring_peek_cqe(&ring, &cqe) == 0);
+  }
+  if (write && ::fdatasync(fd) != 0) ok = false;
+  io_uring_queue_exit(&ring);
+  ::close(fd);
+  return ok;
 }
 
 }  // namespace bench

@@ -19,7 +19,6 @@
 // stored_ratio_* (raw ÷ stored bytes the adaptive engine actually wrote), and GB/s of raw
 // bytes per second for each run ("effective" throughput for the compressed one).
 #include <fcntl.h>
-#include <liburing.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -148,18 +147,10 @@ RankState MakeRank(int rank, uint64_t bytes, size_t tensor_bytes) {
   return st;
 }
 
-// Writes or reads every tensor buffer to/from one file with io_uring, O_DIRECT, QD `qd`.
+// Writes or reads every tensor buffer to/from one file with io_uring, O_DIRECT, QD `qd`, in
+// kRawBlock requests straight from the buffers.
 bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
-  int fd = ::open(path.c_str(), O_DIRECT | O_CLOEXEC | (write ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY),
-                  0644);
-  if (fd < 0) return false;
-  io_uring ring;
-  if (io_uring_queue_init(qd, &ring, 0) < 0) {
-    ::close(fd);
-    return false;
-  }
-  struct Piece { uint8_t* p; size_t n; uint64_t off; };
-  std::vector<Piece> pieces;
+  std::vector<bench::IoPiece> pieces;
   uint64_t off = 0;
   for (AlignedBuffer& b : st->tensors) {
     size_t len = AlignUp(b.capacity());
@@ -168,29 +159,7 @@ bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
       off += pieces.back().n;
     }
   }
-  size_t next = 0, inflight = 0;
-  bool ok = true;
-  while ((next < pieces.size() || inflight > 0) && ok) {
-    while (inflight < static_cast<size_t>(qd) && next < pieces.size()) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      Piece& pc = pieces[next++];
-      if (write) io_uring_prep_write(sqe, fd, pc.p, pc.n, pc.off);
-      else io_uring_prep_read(sqe, fd, pc.p, pc.n, pc.off);
-      ++inflight;
-    }
-    io_uring_submit(&ring);
-    io_uring_cqe* cqe;
-    if (io_uring_wait_cqe(&ring, &cqe) < 0) { ok = false; break; }
-    do {
-      if (cqe->res < 0) ok = false;
-      io_uring_cqe_seen(&ring, cqe);
-      --inflight;
-    } while (io_uring_peek_cqe(&ring, &cqe) == 0);
-  }
-  if (write && ::fdatasync(fd) != 0) ok = false;
-  io_uring_queue_exit(&ring);
-  ::close(fd);
-  return ok;
+  return bench::RawDirectIo(path, pieces, write, qd);
 }
 
 // Reads the file RawIo wrote with plain buffered pread in 4 MiB pieces (kernel read-ahead).
