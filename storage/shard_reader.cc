@@ -1,25 +1,27 @@
 // ShardReaderImpl: reads a committed shard chunk by chunk.
 //
 // OVERVIEW
-//   Chunks are read ahead of the consumer, up to 128 MiB of them, with O_DIRECT reads (every
-//   record starts on a 4 KiB boundary). With io_uring (UringReader) all of them are in flight
-//   at once, up to EngineOptions::queue_depth, into registered slot buffers from registered
-//   segment files; each completion hands its chunk to a decode pool sized to the cores (CRC
-//   checks, decompression), so the disk never waits for the CPU. Without io_uring (disabled,
-//   or a File without a descriptor) the pool threads read with pread, then decode. The caller
-//   copies and hashes in order (one pass: each cache-sized block is hashed right after it is
-//   copied out). Every chunk is checked against its metadata and both CRCs; every tensor's
-//   digest (with the algorithm that wrote the shard) is checked before the call that hands out
-//   the tensor's last bytes returns.
+//   Chunks are read with O_DIRECT reads (every record starts on a 4 KiB boundary; see I/O below)
+//   and decoded on a pool of threads, up to 128 MiB of chunks ahead of the consumer,
+//   so several reads are in flight while the caller copies and hashes in order (one pass: each
+//   cache-sized block is hashed right after it is copied out). Every chunk is checked against
+//   its metadata and both CRCs; every tensor's digest (with the algorithm that wrote the shard)
+//   is checked before the call that hands out the tensor's last bytes returns.
 //
 // ERROR HANDLING
-//   Corruption (CRC, digest, header or length mismatch, a truncated or missing segment) is
-//   DATA_LOSS naming job, step, rank and tensor; an I/O error keeps its code (EIO: INTERNAL)
-//   with the same prefix. No byte of a failed chunk is returned. Short io_uring reads are read
-//   again for the rest.
+//   Any failure is DATA_LOSS naming job, step, rank and tensor; no byte of a failed chunk is
+//   returned.
 //
 // THREAD SAFETY
-//   One caller thread at a time; pool and ring threads only touch their own slot.
+//   One caller thread at a time; pool threads only touch their own slot.
+//
+// I/O
+//   With io_uring (UringReader) every chunk of the window is in flight at once, up to
+//   EngineOptions::queue_depth, read into registered slot buffers from registered segment
+//   files; each completion hands its record to the decode pool (one thread per core: CRC
+//   checks, decompression), so the disk never waits for the CPU. A short read is resubmitted
+//   for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
+//   (disabled, or a File without a descriptor) the pool threads (up to 16) pread, then decode.
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -147,28 +149,20 @@ class ShardReaderImpl : public ShardReader {
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
-  // An I/O error keeps its code (EIO is not corruption); everything else is DATA_LOSS.
-  absl::Status Failure(uint32_t tensor, const absl::Status& s) const {
-    if (absl::IsDataLoss(s)) return Loss(tensor, s);
-    std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
-    return absl::Status(s.code(),
-                        absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
-  }
   absl::Status DigestMismatch() const {
     return absl::DataLossError(
         absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
   }
-  void StartRing(std::vector<File*> files, std::vector<std::string> names);
   void Schedule(size_t chunk);
+  absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
+  void Recycle(std::shared_ptr<Slot> slot);
+  void StartRing(std::vector<File*> files, std::vector<std::string> names);
   void ReadWithRing(const std::shared_ptr<Slot>& slot);
   void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
   void Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s);
-  absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
-  void Recycle(std::shared_ptr<Slot> slot);
   void Cancel();
   absl::Status CopyOut(size_t chunk, const uint8_t* src, uint64_t offset, uint8_t* dst,
                        size_t n);
-  absl::Status Seek(uint64_t offset);
 
   EngineImpl* const engine_;
   const ShardInfo info_;
@@ -178,7 +172,6 @@ class ShardReaderImpl : public ShardReader {
   std::vector<uint64_t> tensor_start_;     // plus the total at the end
   std::vector<size_t> first_chunk_;        // per tensor, plus chunks_.size()
   std::map<uint32_t, std::unique_ptr<File>> files_;
-  std::map<uint32_t, int> file_index_;     // segment -> its index in the ring
 
   size_t window_limit_ = 4;
   uint64_t read_end_ = UINT64_MAX;  // SetReadEnd: no read-ahead of chunks starting past it
@@ -190,6 +183,7 @@ class ShardReaderImpl : public ShardReader {
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Digester digest_;
+  std::map<uint32_t, int> file_index_;  // segment -> its index in the ring
   int slots_made_ = 0;
   std::unique_ptr<TaskPool<ReaderContext>> pool_;
   // Declared after pool_: destroyed first, so no ring callback runs into a dead pool.
@@ -241,7 +235,8 @@ void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
   }
   ring_->Read(file_index_.at(c.segment), c.offset, slot->record.data(), len, fixed,
               [this, slot](absl::StatusOr<size_t> got) {
-                absl::Status s = got.ok() ? CheckLength(chunks_[slot->chunk], *got) : got.status();
+                absl::Status s =
+                    got.ok() ? CheckLength(chunks_[slot->chunk], *got) : got.status();
                 if (!s.ok()) return Finish(slot, s);
                 pool_->Run([this, slot](ReaderContext* ctx) { Decode(slot, ctx); });
               });
@@ -281,7 +276,7 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
   }
-  if (!s->status.ok()) return Failure(chunks_[chunk].tensor, s->status);
+  if (!s->status.ok()) return Loss(chunks_[chunk].tensor, s->status);
   *out = std::move(s);
   return absl::OkStatus();
 }
@@ -338,10 +333,9 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   return absl::OkStatus();
 }
 
-// Copies chunk bytes to `dst` (nullptr: hashes them in place) for the stream at `offset`, one
-// cache-sized block at a time, hashing each block right after copying it while the stream runs
-// through a tensor from its start; checks the tensor's digest when the stream reaches its end
-// (before Read or ReadView returns).
+// Copies chunk bytes to `dst` for the stream at `offset`, one cache-sized block at a time,
+// hashing each block right after copying it while the stream runs through a tensor from its
+// start; checks the tensor's digest when the stream reaches its end (before Read returns).
 absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t offset,
                                       uint8_t* dst, size_t n) {
   const uint32_t tensor = chunks_[chunk].tensor;
@@ -352,14 +346,13 @@ absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t
   }
   const bool hashing = hash_tensor_ == static_cast<int64_t>(tensor) && hash_next_ == offset;
   if (!hashing) hash_tensor_ = -1;  // the stream started mid-tensor or jumped: CRCs only
-  if (dst == nullptr) {
+  if (dst == nullptr) {  // ReadView: hashed where they lie
     if (hashing) digest_.Update(src, n);
-  } else {
-    for (size_t done = 0; done < n; done += kFuseBlock) {
-      size_t len = std::min(kFuseBlock, n - done);
-      std::memcpy(dst + done, src + done, len);
-      if (hashing) digest_.Update(dst + done, len);
-    }
+  }
+  for (size_t done = 0; dst != nullptr && done < n; done += kFuseBlock) {
+    size_t len = std::min(kFuseBlock, n - done);
+    std::memcpy(dst + done, src + done, len);
+    if (hashing) digest_.Update(dst + done, len);
   }
   if (!hashing) return absl::OkStatus();
   hash_next_ += n;
@@ -370,53 +363,46 @@ absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t
   return absl::OkStatus();
 }
 
-// Makes cur_ the decoded chunk holding stream byte `offset` (< the payload size).
-absl::Status ShardReaderImpl::Seek(uint64_t offset) {
-  if (cur_ != nullptr && offset >= chunks_[cur_->chunk].header.stream_offset &&
-      offset < chunks_[cur_->chunk].header.stream_offset + cur_->size) {
-    return absl::OkStatus();
-  }
-  // Find the chunk holding `offset` (chunks are in stream order).
-  size_t lo = 0, hi = chunks_.size();
-  while (hi - lo > 1) {
-    size_t mid = (lo + hi) / 2;
-    (chunks_[mid].header.stream_offset <= offset ? lo : hi) = mid;
-  }
-  if (chunks_.empty() || chunks_[lo].header.stream_offset > offset) {
-    return absl::DataLossError(absl::StrCat(Where(job_, step_, info_.rank),
-                                            ": no chunk holds offset ", offset));
-  }
-  Recycle(std::move(cur_));
-  return Take(lo, &cur_);
-}
-
 absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t n) {
   uint64_t total = tensor_start_.back();
   if (offset >= total || n == 0) return 0;
   uint8_t* dst = static_cast<uint8_t*>(out);
   size_t copied = 0;
   while (copied < n && offset < total) {
-    RETURN_IF_ERROR(Seek(offset));
-    size_t in_chunk = static_cast<size_t>(offset - chunks_[cur_->chunk].header.stream_offset);
+    if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
+        offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
+      // Find the chunk holding `offset` (chunks are in stream order).
+      size_t lo = 0, hi = chunks_.size();
+      while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        (chunks_[mid].header.stream_offset <= offset ? lo : hi) = mid;
+      }
+      if (chunks_.empty() || chunks_[lo].header.stream_offset > offset) {
+        return absl::DataLossError(absl::StrCat(Where(job_, step_, info_.rank),
+                                                ": no chunk holds offset ", offset));
+      }
+      Recycle(std::move(cur_));
+      RETURN_IF_ERROR(Take(lo, &cur_));
+    }
+    uint64_t start = chunks_[cur_->chunk].header.stream_offset;
+    size_t in_chunk = static_cast<size_t>(offset - start);
     size_t take = std::min(n - copied, cur_->size - in_chunk);
     RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, dst + copied, take));
     copied += take;
     offset += take;
+    if (dst == nullptr) break;  // ReadView: the bytes stay in cur_, one chunk at a time
   }
   StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
 }
 
+// Read with no destination: it positions cur_ on the chunk holding `offset`, hashes the bytes
+// in place and stops at the chunk's end.
 absl::StatusOr<size_t> ShardReaderImpl::ReadView(uint64_t offset, size_t n,
                                                  const uint8_t** data) {
-  if (offset >= tensor_start_.back() || n == 0) return 0;
-  RETURN_IF_ERROR(Seek(offset));
-  size_t in_chunk = static_cast<size_t>(offset - chunks_[cur_->chunk].header.stream_offset);
-  size_t take = std::min(n, cur_->size - in_chunk);
-  RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, nullptr, take));
-  *data = cur_->data + in_chunk;
-  StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(take));
-  return take;
+  ASSIGN_OR_RETURN(size_t got, Read(offset, nullptr, n));
+  if (got > 0) *data = cur_->data + (offset - chunks_[cur_->chunk].header.stream_offset);
+  return got;
 }
 
 }  // namespace
