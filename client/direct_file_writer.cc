@@ -41,7 +41,7 @@ DirectFileWriter::DirectFileWriter(int fd, bool direct, std::string path)
   }
   cur_.data = storage_[0].get();
   for (int i = 1; i < kBuffers; ++i) free_.push_back(storage_[i].get());
-  thread_ = std::thread([this] { Loop(); });
+  for (int i = 0; i < kWriters; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
 DirectFileWriter::~DirectFileWriter() {
@@ -49,7 +49,7 @@ DirectFileWriter::~DirectFileWriter() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  thread_.join();
+  for (std::thread& t : threads_) t.join();
   if (!closed_) ::close(fd_);
 }
 
@@ -81,14 +81,14 @@ void DirectFileWriter::Loop() {
       if (queue_.empty()) return;  // stopping and drained
       b = queue_.front();
       queue_.pop_front();
-      busy_ = true;
+      ++busy_;
       failed = !error_.ok();
     }
     absl::Status s = failed ? absl::OkStatus() : WriteBuffer(b);
     absl::MutexLock lock(&mu_);
     if (!s.ok() && error_.ok()) error_ = s;
     free_.push_back(b.data);
-    busy_ = false;
+    --busy_;
   }
 }
 
@@ -136,7 +136,7 @@ absl::Status DirectFileWriter::Finish() {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](DirectFileWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
-          return w->queue_.empty() && !w->busy_;
+          return w->queue_.empty() && w->busy_ == 0;
         },
         this));
     RETURN_IF_ERROR(error_);

@@ -29,7 +29,7 @@ namespace {
 constexpr int kSaveThreads = 4;
 // Appends are cut to this size so the engine never has to take one huge buffer at once.
 constexpr size_t kAppendBytes = 8u << 20;
-// Read buffer of RestoreShard and of verification with progress.
+// Most bytes handed to a RestoreShard sink at once (at most a chunk: it sees the chunk itself).
 constexpr size_t kReadBytes = 4u << 20;
 
 class EmbeddedClient : public Client {
@@ -226,15 +226,17 @@ absl::Status EmbeddedClient::RestoreShard(
   ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
                    engine_->OpenShardReader(job, step, rank));
   const uint64_t total = reader->info().raw_bytes;
-  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(kReadBytes, std::max<uint64_t>(total, 1))));
   uint64_t offset = 0;
   while (offset < total) {
-    ASSIGN_OR_RETURN(size_t n, reader->Read(offset, buf.data(), buf.size()));
+    // The sink sees the reader's decoded chunk itself: no copy on the way (an export copies
+    // once, into its file buffers).
+    const uint8_t* data = nullptr;
+    ASSIGN_OR_RETURN(size_t n, reader->ReadView(offset, kReadBytes, &data));
     if (n == 0) {
       return absl::DataLossError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
                                               ": payload ends at ", offset, " of ", total));
     }
-    RETURN_IF_ERROR(sink(buf.data(), n));
+    RETURN_IF_ERROR(sink(data, n));
     offset += n;
     if (progress) progress(offset, total);
   }

@@ -20,8 +20,9 @@ namespace {
 
 const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "delta" : "full"; }
 
-// Header, then the payload as it is restored, through O_DIRECT staging buffers written by a
-// background thread (DirectFileWriter): the disk writes while the next bytes are restored.
+// Header, then the payload as it is restored (each decoded chunk as the reader holds it), through
+// O_DIRECT staging buffers written by background threads (DirectFileWriter): the disk writes
+// while the next bytes are restored.
 absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard,
                          DirectFileWriter* out, const ProgressFn& progress) {
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, shard));

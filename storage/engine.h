@@ -69,7 +69,7 @@ struct EngineOptions {
   bool use_io_uring = true;
   // Open segment files with O_DIRECT (falls back to buffered I/O where unsupported). Default: true.
   bool use_direct_io = true;
-  // io_uring queue depth per segment writer. A shard writer keeps at most
+  // io_uring queue depth per segment writer and per shard reader. A shard writer keeps at most
   // J = min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
   // at most J times 2 * chunk_bytes (128-256 MiB with the defaults); chunks of at most 256 KiB
   // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory.
@@ -139,6 +139,10 @@ class ShardReader {
   // passes its end (when the stream started at or before the tensor's start): the call that
   // hands out its last bytes returns DATA_LOSS on a mismatch.
   virtual absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) = 0;
+  // Read without the copy: points *data at up to n payload bytes from `offset` inside the
+  // reader's decoded chunk (at most to the chunk's end) and returns their count (0 at the end),
+  // verified as Read verifies them. *data stays valid until the next call on this reader.
+  virtual absl::StatusOr<size_t> ReadView(uint64_t offset, size_t n, const uint8_t** data) = 0;
   // A ranged reader: no Read will go past payload byte `end`, so read-ahead stops at the chunk
   // holding it instead of fetching up to 128 MiB the caller will not ask for. Default: none.
   virtual void SetReadEnd(uint64_t end) { (void)end; }

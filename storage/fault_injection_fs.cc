@@ -29,7 +29,12 @@ class FaultFile : public File {
     return base_->Write(offset, data, n);
   }
   absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override {
+    RETURN_IF_ERROR(fs_->OnRead(path_, offset));
     return base_->Read(offset, out, n);
+  }
+  int OnUringRead(uint64_t offset, uint8_t* buf, size_t n, int res) override {
+    (void)offset;
+    return fs_->OnUringRead(buf, n, res, base_->direct());
   }
   absl::Status Sync() override {
     ASSIGN_OR_RETURN(uint64_t size, base_->Size());
@@ -82,6 +87,30 @@ int FaultInjectionFileSystem::OnUringWrite(const std::string& path, size_t n, in
   return res;
 }
 
+absl::Status FaultInjectionFileSystem::OnRead(const std::string& path, uint64_t offset) {
+  absl::MutexLock lock(&mu_);
+  ++reads_;
+  if (!ReadHit(faults_.fail_read_at)) return absl::OkStatus();
+  return PosixError(absl::StrCat("injected read fault ", path, " at offset ", offset), EIO);
+}
+
+int FaultInjectionFileSystem::OnUringRead(uint8_t* buf, size_t n, int res, bool direct) {
+  absl::MutexLock lock(&mu_);
+  if (res < 0) return res;
+  ++reads_;
+  if (ReadHit(faults_.fail_read_at)) return -EIO;
+  if (ReadHit(faults_.short_read_at) && static_cast<size_t>(res) == n) {
+    // Half, kept 4 KiB aligned for O_DIRECT (a direct read of one block stays whole). The
+    // bytes past it are garbage until read again.
+    size_t half = direct ? n / 2 / 4096 * 4096 : n / 2;
+    if (half > 0) {
+      std::memset(buf + half, 0xA5, n - half);
+      return static_cast<int>(half);
+    }
+  }
+  return res;
+}
+
 void FaultInjectionFileSystem::SetFaults(const Faults& f) {
   absl::MutexLock lock(&mu_);
   faults_ = f;
@@ -90,7 +119,7 @@ void FaultInjectionFileSystem::SetFaults(const Faults& f) {
 void FaultInjectionFileSystem::Reset() {
   absl::MutexLock lock(&mu_);
   faults_ = Faults();
-  writes_ = syncs_ = commits_ = 0;
+  writes_ = syncs_ = commits_ = reads_ = 0;
   crashed_ = false;
   synced_size_.clear();
 }
@@ -99,18 +128,14 @@ bool FaultInjectionFileSystem::crashed() {
   absl::MutexLock lock(&mu_);
   return crashed_;
 }
-int64_t FaultInjectionFileSystem::writes() {
+int64_t FaultInjectionFileSystem::Count(const int64_t* counter) {
   absl::MutexLock lock(&mu_);
-  return writes_;
+  return *counter;
 }
-int64_t FaultInjectionFileSystem::syncs() {
-  absl::MutexLock lock(&mu_);
-  return syncs_;
-}
-int64_t FaultInjectionFileSystem::commits() {
-  absl::MutexLock lock(&mu_);
-  return commits_;
-}
+int64_t FaultInjectionFileSystem::writes() { return Count(&writes_); }
+int64_t FaultInjectionFileSystem::syncs() { return Count(&syncs_); }
+int64_t FaultInjectionFileSystem::commits() { return Count(&commits_); }
+int64_t FaultInjectionFileSystem::reads() { return Count(&reads_); }
 
 void FaultInjectionFileSystem::SimulateCrash() {
   absl::MutexLock lock(&mu_);
@@ -131,6 +156,11 @@ void FaultInjectionFileSystem::CrashLocked() {
 
 absl::Status FaultInjectionFileSystem::Dead() const {
   return absl::UnavailableError("fault injection: simulated crash");
+}
+
+absl::Status FaultInjectionFileSystem::Alive() {
+  absl::MutexLock lock(&mu_);
+  return crashed_ ? Dead() : absl::OkStatus();
 }
 
 absl::Status FaultInjectionFileSystem::OnWrite(const std::string& path, uint64_t end) {
@@ -180,18 +210,12 @@ absl::StatusOr<std::unique_ptr<File>> FaultInjectionFileSystem::Open(const std::
 }
 
 absl::Status FaultInjectionFileSystem::CreateDirs(const std::string& path) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (crashed_) return Dead();
-  }
+  RETURN_IF_ERROR(Alive());
   return base_->CreateDirs(path);
 }
 
 absl::Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (crashed_) return Dead();
-  }
+  RETURN_IF_ERROR(Alive());
   return base_->SyncDir(path);
 }
 
@@ -235,10 +259,7 @@ absl::Status FaultInjectionFileSystem::Rename(const std::string& from, const std
 
 absl::StatusOr<std::vector<std::string>> FaultInjectionFileSystem::ListDir(
     const std::string& path) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (crashed_) return Dead();
-  }
+  RETURN_IF_ERROR(Alive());
   return base_->ListDir(path);
 }
 

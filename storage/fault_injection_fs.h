@@ -12,6 +12,11 @@
 //   writes them through io_uring, and every io_uring completion counts as a write: the Nth
 //   fails (ENOSPC or EIO) or, with short_write_at, completes short (the writer must requeue
 //   the rest).
+// - Fails the Nth read (pread or io_uring completion; 1-based, -1: every read) with EIO, and
+//   shortens the Nth io_uring read completion (-1: every one) to half its bytes, scribbling
+//   over the bytes past the half so a reader that does not read them again returns garbage.
+//   Read faults never SimulateCrash(). With set_real_descriptors(true) the shard reader reads
+//   through io_uring and every completion goes through these faults.
 //
 // THREAD SAFETY: thread-safe.
 #ifndef GRADSNAP_STORAGE_FAULT_INJECTION_FS_H_
@@ -38,6 +43,8 @@ class FaultInjectionFileSystem : public FileSystem {
     int64_t fail_commit_at = 0;   // BeforeMetadataCommit
     bool enospc = false;          // write failures are ENOSPC instead of EIO
     int64_t short_write_at = 0;   // io_uring: the Nth write completes with half its bytes
+    int64_t fail_read_at = 0;     // the Nth read fails with EIO (-1: every read)
+    int64_t short_read_at = 0;    // io_uring: the Nth read completes with half (-1: every one)
     bool crash_on_fault = true;   // a fault also SimulateCrash()es
   };
 
@@ -54,6 +61,7 @@ class FaultInjectionFileSystem : public FileSystem {
   int64_t writes();
   int64_t syncs();
   int64_t commits();
+  int64_t reads();
 
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
                                              const OpenOptions& options) override;
@@ -69,9 +77,18 @@ class FaultInjectionFileSystem : public FileSystem {
   absl::Status OnWrite(const std::string& path, uint64_t end);
   absl::Status OnSync(const std::string& path, uint64_t size);
   int OnUringWrite(const std::string& path, size_t n, int res, bool direct);
+  absl::Status OnRead(const std::string& path, uint64_t offset);
+  int OnUringRead(uint8_t* buf, size_t n, int res, bool direct);
 
  private:
   absl::Status Dead() const;
+  // Dead() after a simulated crash, else OK.
+  absl::Status Alive();
+  int64_t Count(const int64_t* counter);
+  // Whether the read just counted (reads_) is the one `at` names.
+  bool ReadHit(int64_t at) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return at == -1 || (at > 0 && at == reads_);
+  }
   void CrashLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   FileSystem* const base_;
@@ -80,6 +97,7 @@ class FaultInjectionFileSystem : public FileSystem {
   int64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t commits_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
   bool real_descriptors_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, uint64_t> synced_size_ ABSL_GUARDED_BY(mu_);  // files written to

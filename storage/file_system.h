@@ -2,8 +2,9 @@
 //
 // Everything the engine does to segment files goes through a FileSystem, so tests can swap in
 // FaultInjectionFileSystem (fault_injection_fs.h), which fails chosen operations and drops
-// unsynced data on a simulated crash. The io_uring writer needs a real descriptor: a File whose
-// fd() is -1 is written through File::Write (the pwrite path) instead.
+// unsynced data on a simulated crash. The io_uring writer and reader need a real descriptor: a
+// File whose fd() is -1 is written through File::Write (the pwrite path) and read through
+// File::Read (pread) instead.
 // RocksDB keeps its own Env; the engine calls BeforeMetadataCommit() right before each synced
 // metadata batch so a fault-injecting file system can also "crash" at that step.
 //
@@ -45,6 +46,15 @@ class File {
   // write, so the io_uring completion paths are tested like the pwrite ones.
   virtual int OnUringCompletion(uint64_t offset, size_t n, int res) {
     (void)offset;
+    (void)n;
+    return res;
+  }
+  // The same for each completion of an io_uring read through fd() of n bytes at `offset` into
+  // buf[0, n) (UringReader). A fault-injecting file system may turn it into -EIO or a short
+  // read (and scribble over the bytes past it, which the reader must then read again).
+  virtual int OnUringRead(uint64_t offset, uint8_t* buf, size_t n, int res) {
+    (void)offset;
+    (void)buf;
     (void)n;
     return res;
   }

@@ -1,8 +1,8 @@
 // ShardReaderImpl: reads a committed shard chunk by chunk.
 //
 // OVERVIEW
-//   Chunks are read with positional O_DIRECT reads (every record starts on a 4 KiB boundary)
-//   and decoded on a pool of reader threads, up to 128 MiB of chunks ahead of the consumer,
+//   Chunks are read with O_DIRECT reads (every record starts on a 4 KiB boundary; see I/O below)
+//   and decoded on a pool of threads, up to 128 MiB of chunks ahead of the consumer,
 //   so several reads are in flight while the caller copies and hashes in order (one pass: each
 //   cache-sized block is hashed right after it is copied out). Every chunk is checked against
 //   its metadata and both CRCs; every tensor's digest (with the algorithm that wrote the shard)
@@ -14,16 +14,28 @@
 //
 // THREAD SAFETY
 //   One caller thread at a time; pool threads only touch their own slot.
+//
+// I/O
+//   With io_uring (UringReader) every chunk of the window is in flight at once, up to
+//   EngineOptions::queue_depth, read into registered slot buffers from registered segment
+//   files; each completion hands its record to the decode pool (one thread per core: CRC
+//   checks, decompression), so the disk never waits for the CPU. A short read is resubmitted
+//   for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
+//   (disabled, or a File without a descriptor) the pool threads (up to 16) pread, then decode.
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/digest.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/storage_stats.h"
 #include "storage/task_pool.h"
+#include "storage/uring_reader.h"
 
 namespace gradsnap {
 namespace storage {
@@ -41,16 +53,25 @@ absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std:
   return engine->fs()->Open(engine->SegmentPath(job, step, rank, seq), oo);
 }
 
+void LogPreadOnce(const std::string& why) {
+  static std::once_flag once;
+  std::call_once(once,
+                 [&] { GS_LOG(WARNING) << "storage: reading with pread, not io_uring: " << why; });
+}
+
+// DATA_LOSS unless `got` bytes hold the whole record of `c`.
+absl::Status CheckLength(const ChunkRecord& c, size_t got) {
+  if (got >= c.header.record_len()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("segment truncated: chunk at offset ", c.offset,
+                                          " needs ", c.header.record_len(), " bytes, found ",
+                                          got));
+}
+
 absl::Status ReadRecord(File* file, const ChunkRecord& c, AlignedBuffer* buf) {
   size_t len = AlignUp(c.header.record_len());
   if (buf->capacity() < len) *buf = AlignedBuffer(len);
   ASSIGN_OR_RETURN(size_t got, file->Read(c.offset, buf->data(), len));
-  if (got < c.header.record_len()) {
-    return absl::DataLossError(absl::StrCat("segment truncated: chunk at offset ", c.offset,
-                                            " needs ", c.header.record_len(), " bytes, found ",
-                                            got));
-  }
-  return absl::OkStatus();
+  return CheckLength(c, got);
 }
 
 struct ReaderContext {
@@ -59,6 +80,7 @@ struct ReaderContext {
 
 // One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
+  int index = 0;                  // its fixed-buffer slot in the ring
   size_t chunk = 0;
   AlignedBuffer record;           // the record as read (O_DIRECT)
   std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
@@ -87,25 +109,37 @@ class ShardReaderImpl : public ShardReader {
     }
     window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
                                        kMaxWindow);
-    pool_ = std::make_unique<TaskPool<ReaderContext>>(
-        std::min<int>(kMaxReaderThreads, static_cast<int>(window_limit_)),
-        [] { return std::make_unique<ReaderContext>(); });
   }
   ~ShardReaderImpl() override { Cancel(); }
 
   absl::Status Open() {
+    std::vector<File*> files;
+    std::vector<std::string> names;
     for (const ChunkRecord& c : chunks_) {
       if (files_.count(c.segment) != 0) continue;
       auto f = OpenSegment(engine_, job_, step_, info_.rank, c.segment);
       if (!f.ok()) return Loss(c.tensor, f.status());
+      file_index_[c.segment] = static_cast<int>(files.size());
+      files.push_back(f->get());
+      names.push_back(absl::StrCat("segment ", c.segment));
       files_[c.segment] = std::move(*f);
     }
+    StartRing(std::move(files), std::move(names));
+    // With the ring the pool only decodes: one thread per core. Without it, its threads also
+    // wait in pread, so more of them keep several reads in flight.
+    int threads = ring_ != nullptr
+                      ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))
+                      : kMaxReaderThreads;
+    pool_ = std::make_unique<TaskPool<ReaderContext>>(
+        std::min<int>(threads, static_cast<int>(window_limit_)),
+        [] { return std::make_unique<ReaderContext>(); });
     return absl::OkStatus();
   }
 
   const ShardInfo& info() const override { return info_; }
   absl::Status ReadTensor(size_t index, void* out, size_t out_len) override;
   absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override;
+  absl::StatusOr<size_t> ReadView(uint64_t offset, size_t n, const uint8_t** data) override;
   void SetReadEnd(uint64_t end) override { read_end_ = end; }
 
  private:
@@ -122,6 +156,10 @@ class ShardReaderImpl : public ShardReader {
   void Schedule(size_t chunk);
   absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
+  void StartRing(std::vector<File*> files, std::vector<std::string> names);
+  void ReadWithRing(const std::shared_ptr<Slot>& slot);
+  void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
+  void Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s);
   void Cancel();
   absl::Status CopyOut(size_t chunk, const uint8_t* src, uint64_t offset, uint8_t* dst,
                        size_t n);
@@ -145,13 +183,28 @@ class ShardReaderImpl : public ShardReader {
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Digester digest_;
+  std::map<uint32_t, int> file_index_;  // segment -> its index in the ring
+  int slots_made_ = 0;
   std::unique_ptr<TaskPool<ReaderContext>> pool_;
+  // Declared after pool_: destroyed first, so no ring callback runs into a dead pool.
+  std::unique_ptr<UringReader> ring_;
 };
+
+void ShardReaderImpl::StartRing(std::vector<File*> files, std::vector<std::string> names) {
+  const EngineOptions& o = engine_->options();
+  if (!o.use_io_uring) return LogPreadOnce("disabled by options");
+  // One buffer per slot: the window plus the one the caller holds.
+  auto ring = UringReader::Create(std::move(files), std::move(names), o.queue_depth,
+                                  static_cast<int>(window_limit_ + 1));
+  if (!ring.ok()) return LogPreadOnce(std::string(ring.status().message()));
+  ring_ = std::move(*ring);
+}
 
 void ShardReaderImpl::Schedule(size_t chunk) {
   std::shared_ptr<Slot> slot;
   if (spare_.empty()) {
     slot = std::make_shared<Slot>();
+    slot->index = slots_made_++;
   } else {
     slot = std::move(spare_.back());
     spare_.pop_back();
@@ -160,18 +213,47 @@ void ShardReaderImpl::Schedule(size_t chunk) {
   slot->done = false;
   slot->status = absl::OkStatus();
   window_.push_back(slot);
+  if (ring_ != nullptr) return ReadWithRing(slot);
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
     absl::Status s = ReadRecord(files_.at(c.segment).get(), c, &slot->record);
-    if (s.ok()) {
-      s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
-                                  &slot->decoded, &slot->data);
-      slot->size = c.header.raw_len;
-    }
-    absl::MutexLock lock(&mu_);
-    slot->status = s;
-    slot->done = true;
+    if (!s.ok()) return Finish(slot, s);
+    Decode(slot, ctx);
   });
+}
+
+// The record goes out on the ring; its completion queues the decode on the pool.
+void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
+  const ChunkRecord& c = chunks_[slot->chunk];
+  size_t len = AlignUp(c.header.record_len());
+  int fixed = slot->index;
+  if (slot->record.capacity() < len) {
+    slot->record = AlignedBuffer(len);
+    if (!ring_->RegisterBuffer(slot->index, slot->record.data(), slot->record.capacity())) {
+      fixed = -1;
+    }
+  }
+  ring_->Read(file_index_.at(c.segment), c.offset, slot->record.data(), len, fixed,
+              [this, slot](absl::StatusOr<size_t> got) {
+                absl::Status s =
+                    got.ok() ? CheckLength(chunks_[slot->chunk], *got) : got.status();
+                if (!s.ok()) return Finish(slot, s);
+                pool_->Run([this, slot](ReaderContext* ctx) { Decode(slot, ctx); });
+              });
+}
+
+void ShardReaderImpl::Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx) {
+  const ChunkRecord& c = chunks_[slot->chunk];
+  absl::Status s = ctx->decoder.DecodeView(slot->record.data(), c.header.record_len(), &c.header,
+                                           &slot->decoded, &slot->data);
+  slot->size = c.header.raw_len;
+  Finish(slot, s);
+}
+
+void ShardReaderImpl::Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s) {
+  absl::MutexLock lock(&mu_);
+  slot->status = s;
+  slot->done = true;
 }
 
 // Returns the decoded chunk `chunk`, keeping up to window_limit_ later chunks in flight.
@@ -264,7 +346,10 @@ absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t
   }
   const bool hashing = hash_tensor_ == static_cast<int64_t>(tensor) && hash_next_ == offset;
   if (!hashing) hash_tensor_ = -1;  // the stream started mid-tensor or jumped: CRCs only
-  for (size_t done = 0; done < n; done += kFuseBlock) {
+  if (dst == nullptr) {  // ReadView: hashed where they lie
+    if (hashing) digest_.Update(src, n);
+  }
+  for (size_t done = 0; dst != nullptr && done < n; done += kFuseBlock) {
     size_t len = std::min(kFuseBlock, n - done);
     std::memcpy(dst + done, src + done, len);
     if (hashing) digest_.Update(dst + done, len);
@@ -305,9 +390,19 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
     RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, dst + copied, take));
     copied += take;
     offset += take;
+    if (dst == nullptr) break;  // ReadView: the bytes stay in cur_, one chunk at a time
   }
   StorageStats::Get().raw_bytes_read->Add(static_cast<int64_t>(copied));
   return copied;
+}
+
+// Read with no destination: it positions cur_ on the chunk holding `offset`, hashes the bytes
+// in place and stops at the chunk's end.
+absl::StatusOr<size_t> ShardReaderImpl::ReadView(uint64_t offset, size_t n,
+                                                 const uint8_t** data) {
+  ASSIGN_OR_RETURN(size_t got, Read(offset, nullptr, n));
+  if (got > 0) *data = cur_->data + (offset - chunks_[cur_->chunk].header.stream_offset);
+  return got;
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "benchmarks/common/bench_util.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
@@ -61,6 +62,8 @@ ABSL_FLAG(bool, probe, false, "(internal) exit at once: the process start measur
 namespace gs = gradsnap;
 namespace {
 
+using gs::bench::DropPageCache;
+
 constexpr const char* kJob = "bench";
 
 uint64_t DiskReadBytes() {
@@ -71,18 +74,6 @@ uint64_t DiskReadBytes() {
     if (key == "read_bytes:") return v;
   }
   return 0;
-}
-
-void DropPageCache(const std::string& dir) {
-  std::error_code ec;
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (!e.is_regular_file()) continue;
-    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
 }
 
 double ProcessStartSeconds() {

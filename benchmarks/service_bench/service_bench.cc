@@ -17,7 +17,6 @@
 // process CPU seconds per GB of the service save and disk restore (server and client are in
 // this process): save_cpu_s_per_gb, restore_cpu_s_per_gb.
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -34,6 +33,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "benchmarks/common/bench_util.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
@@ -53,6 +53,9 @@ ABSL_FLAG(int, repeat, 1, "Runs of each phase; the best is reported. Default: 1.
 
 namespace gs = gradsnap;
 namespace {
+
+using gs::bench::CpuSeconds;
+using gs::bench::DropPageCache;
 
 struct Data {
   std::vector<gs::storage::ShardSpec> specs;   // per rank
@@ -101,13 +104,6 @@ Data MakeData(uint64_t bytes, int ranks) {
   return d;
 }
 
-double CpuSeconds() {
-  struct rusage ru;
-  ::getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
-         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
 // Runs fn(rank) on every rank concurrently; seconds, or a failure.
 absl::StatusOr<double> Parallel(int ranks, const std::function<absl::Status(int)>& fn) {
   gs::Stopwatch w;
@@ -120,18 +116,6 @@ absl::StatusOr<double> Parallel(int ranks, const std::function<absl::Status(int)
   }
   if (!first.ok()) return first;
   return w.ElapsedSeconds();
-}
-
-void DropPageCache(const std::string& dir) {
-  std::error_code ec;
-  for (auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
-    if (!e.is_regular_file()) continue;
-    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
 }
 
 gs::storage::CheckpointSpec Spec(int64_t step, int ranks) {

@@ -19,8 +19,6 @@
 // stored_ratio_* (raw ÷ stored bytes the adaptive engine actually wrote), and GB/s of raw
 // bytes per second for each run ("effective" throughput for the compressed one).
 #include <fcntl.h>
-#include <sys/resource.h>
-#include <liburing.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,6 +36,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "benchmarks/common/bench_util.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "storage/aligned_buffer.h"
@@ -65,6 +64,10 @@ ABSL_FLAG(bool, use_io_uring, true, "Engine uses io_uring (false: pwrite). Defau
 namespace gradsnap {
 namespace storage {
 namespace {
+
+using bench::CpuSeconds;
+using bench::DropPageCache;
+using bench::ParseBytes;
 
 constexpr size_t kRawBlock = 4 << 20;
 
@@ -144,18 +147,10 @@ RankState MakeRank(int rank, uint64_t bytes, size_t tensor_bytes) {
   return st;
 }
 
-// Writes or reads every tensor buffer to/from one file with io_uring, O_DIRECT, QD `qd`.
+// Writes or reads every tensor buffer to/from one file with io_uring, O_DIRECT, QD `qd`, in
+// kRawBlock requests straight from the buffers.
 bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
-  int fd = ::open(path.c_str(), O_DIRECT | O_CLOEXEC | (write ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY),
-                  0644);
-  if (fd < 0) return false;
-  io_uring ring;
-  if (io_uring_queue_init(qd, &ring, 0) < 0) {
-    ::close(fd);
-    return false;
-  }
-  struct Piece { uint8_t* p; size_t n; uint64_t off; };
-  std::vector<Piece> pieces;
+  std::vector<bench::IoPiece> pieces;
   uint64_t off = 0;
   for (AlignedBuffer& b : st->tensors) {
     size_t len = AlignUp(b.capacity());
@@ -164,29 +159,7 @@ bool RawIo(const std::string& path, RankState* st, bool write, int qd) {
       off += pieces.back().n;
     }
   }
-  size_t next = 0, inflight = 0;
-  bool ok = true;
-  while ((next < pieces.size() || inflight > 0) && ok) {
-    while (inflight < static_cast<size_t>(qd) && next < pieces.size()) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      Piece& pc = pieces[next++];
-      if (write) io_uring_prep_write(sqe, fd, pc.p, pc.n, pc.off);
-      else io_uring_prep_read(sqe, fd, pc.p, pc.n, pc.off);
-      ++inflight;
-    }
-    io_uring_submit(&ring);
-    io_uring_cqe* cqe;
-    if (io_uring_wait_cqe(&ring, &cqe) < 0) { ok = false; break; }
-    do {
-      if (cqe->res < 0) ok = false;
-      io_uring_cqe_seen(&ring, cqe);
-      --inflight;
-    } while (io_uring_peek_cqe(&ring, &cqe) == 0);
-  }
-  if (write && ::fdatasync(fd) != 0) ok = false;
-  io_uring_queue_exit(&ring);
-  ::close(fd);
-  return ok;
+  return bench::RawDirectIo(path, pieces, write, qd);
 }
 
 // Reads the file RawIo wrote with plain buffered pread in 4 MiB pieces (kernel read-ahead).
@@ -231,12 +204,6 @@ RankState MakeSmallRank(int count, uint64_t max_bytes) {
   return st;
 }
 
-double CpuSeconds() {
-  struct rusage ru;
-  ::getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
-
 // Runs f(0..n-1) on n threads; returns wall seconds and prints (and stores in *cpu) the CPU
 // seconds it took.
 template <typename F>
@@ -251,46 +218,6 @@ double Parallel(int n, F f, const char* what = nullptr, double* cpu = nullptr) {
   if (cpu != nullptr) *cpu = used;
   if (what != nullptr) std::printf("  %-24s wall %6.2f s  cpu %6.2f s\n", what, wall, used);
   return wall;
-}
-
-// "256M", "8G", "1073741824" -> bytes (binary suffixes); 0 when malformed.
-uint64_t ParseBytes(const std::string& s) {
-  if (s.empty()) return 0;
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (...) {
-    return 0;
-  }
-  std::string suffix = s.substr(used);
-  double mult = 1;
-  if (suffix == "K" || suffix == "KiB") mult = 1ull << 10;
-  else if (suffix == "M" || suffix == "MiB") mult = 1ull << 20;
-  else if (suffix == "G" || suffix == "GiB") mult = 1ull << 30;
-  else if (suffix == "T" || suffix == "TiB") mult = 1ull << 40;
-  else if (!suffix.empty()) return 0;
-  return v > 0 ? static_cast<uint64_t>(v * mult) : 0;
-}
-
-// Drops the page cache: the whole cache as root (what a cold torch.load sees), else the
-// files under `dir`.
-void DropCache(const std::string& dir) {
-  ::sync();
-  int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    bool ok = ::write(fd, "3", 1) == 1;
-    ::close(fd);
-    if (ok) return;
-  }
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
 }
 
 // The first error of any phase; Run() stops after the phase and main() exits non-zero.
@@ -415,18 +342,18 @@ int Run() {
     }
   }
 
-  DropCache(dir);
+  DropPageCache(dir);
   double raw_r_direct = Parallel(ranks, [&](int r) {
     if (!RawIo(absl::StrFormat("%s/raw%d", dir, r), &st[r], false, qd)) Fail("raw read failed");
   }, "raw read (O_DIRECT)");
-  DropCache(dir);
+  DropPageCache(dir);
   double raw_r_buffered = Parallel(ranks, [&](int r) {
     if (!BufferedRead(absl::StrFormat("%s/raw%d", dir, r), &st[r])) Fail("raw read failed");
   }, "raw read (buffered)");
   if (Failed()) return 1;
   const double raw_r = std::min(raw_r_direct, raw_r_buffered);
   auto read_ckpt = [&](int64_t step) {
-    DropCache(dir);
+    DropPageCache(dir);
     return Parallel(ranks, [&](int r) {
       auto rd = e->OpenShardReader("bench", step, r);
       if (!rd.ok()) {

@@ -1,0 +1,107 @@
+#include "benchmarks/common/bench_util.h"
+
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <system_error>
+
+namespace gradsnap {
+namespace bench {
+
+double CpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+void DropPageCache(const std::string& dir) {
+  ::sync();
+  int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    bool ok = ::write(fd, "3", 1) == 1;
+    ::close(fd);
+    if (ok) return;
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    int f = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (f < 0) continue;
+    ::fdatasync(f);
+    ::posix_fadvise(f, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(f);
+  }
+}
+
+uint64_t ParseBytes(const std::string& s) {
+  if (s.empty()) return 0;
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (...) {
+    return 0;
+  }
+  const std::string suffix = s.substr(used);
+  double mult = 1;
+  if (suffix == "K" || suffix == "KiB") {
+    mult = 1ull << 10;
+  } else if (suffix == "M" || suffix == "MiB") {
+    mult = 1ull << 20;
+  } else if (suffix == "G" || suffix == "GiB") {
+    mult = 1ull << 30;
+  } else if (suffix == "T" || suffix == "TiB") {
+    mult = 1ull << 40;
+  } else if (!suffix.empty()) {
+    return 0;
+  }
+  return v > 0 ? static_cast<uint64_t>(v * mult) : 0;
+}
+
+bool RawDirectIo(const std::string& path, const std::vector<IoPiece>& pieces, bool write,
+                 int queue_depth) {
+  const int flags = O_DIRECT | O_CLOEXEC | (write ? O_RDWR | O_CREAT | O_TRUNC : O_RDONLY);
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) return false;
+  io_uring ring;
+  if (io_uring_queue_init(static_cast<unsigned>(queue_depth), &ring, 0) < 0) {
+    ::close(fd);
+    return false;
+  }
+  size_t next = 0, inflight = 0;
+  bool ok = true;
+  while (ok && (next < pieces.size() || inflight > 0)) {
+    while (inflight < static_cast<size_t>(queue_depth) && next < pieces.size()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      const IoPiece& pc = pieces[next++];
+      if (write) {
+        io_uring_prep_write(sqe, fd, pc.p, static_cast<unsigned>(pc.n), pc.offset);
+      } else {
+        io_uring_prep_read(sqe, fd, pc.p, static_cast<unsigned>(pc.n), pc.offset);
+      }
+      ++inflight;
+    }
+    io_uring_submit(&ring);
+    io_uring_cqe* cqe;
+    if (io_uring_wait_cqe(&ring, &cqe) < 0) {
+      ok = false;
+      break;
+    }
+    do {
+      if (cqe->res < 0) ok = false;
+      io_uring_cqe_seen(&ring, cqe);
+      --inflight;
+    } while (io_uring_peek_cqe(&ring, &cqe) == 0);
+  }
+  if (write && ::fdatasync(fd) != 0) ok = false;
+  io_uring_queue_exit(&ring);
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace bench
+}  // namespace gradsnap

@@ -1,0 +1,44 @@
+// Helpers shared by the benchmarks (storage_bench, restore_bench, service_bench, client_bench):
+// CPU accounting, dropping the page cache before a cold read, and byte-size flags.
+//
+// THREAD SAFETY: stateless functions.
+#ifndef GRADSNAP_BENCHMARKS_COMMON_BENCH_UTIL_H_
+#define GRADSNAP_BENCHMARKS_COMMON_BENCH_UTIL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gradsnap {
+namespace bench {
+
+// User + system CPU seconds of this process so far (all threads).
+double CpuSeconds();
+
+// Drops the page cache before a cold read: the whole cache when this process may write
+// /proc/sys/vm/drop_caches (root; what a cold torch.load sees), else every file under `dir`
+// (fdatasync + POSIX_FADV_DONTNEED).
+void DropPageCache(const std::string& dir);
+
+// "256M", "8G", "1073741824" -> bytes (binary K/M/G/T suffixes, also KiB/MiB/GiB/TiB); 0 when
+// malformed or not positive.
+uint64_t ParseBytes(const std::string& s);
+
+// One request of RawDirectIo: n bytes at file offset `offset` from/into p (all 4 KiB aligned).
+struct IoPiece {
+  uint8_t* p;
+  size_t n;
+  uint64_t offset;
+};
+
+// The disk's speed without the engine: writes (creating or truncating `path`, then fdatasync)
+// or reads every piece with io_uring and O_DIRECT, `queue_depth` requests in flight. False on
+// any error.
+bool RawDirectIo(const std::string& path, const std::vector<IoPiece>& pieces, bool write,
+                 int queue_depth);
+
+}  // namespace bench
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_BENCHMARKS_COMMON_BENCH_UTIL_H_
