@@ -15,6 +15,8 @@
 #include "storage/rebuild.h"
 #include "storage/storage_stats.h"
 #include "storage/test_util.h"
+#include "tests/testing/gtest_util.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace storage {
@@ -54,23 +56,13 @@ void ExpectSameTree(const std::map<std::string, std::string>& a,
   }
 }
 
-// Regular files below dir.
-int CountFiles(const std::string& dir) {
-  int n = 0;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file()) ++n;
-  }
-  return n;
-}
+using testing::CountFiles;
 
 std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false) {
   EngineOptions o;
   o.data_dir = dir;
   o.read_only = read_only;
-  auto e = Engine::Open(o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? *std::move(e) : nullptr;
+  return gradsnap::testing::ValueOrNull(Engine::Open(o));
 }
 
 absl::Status OpenStatus(const std::string& dir) {
@@ -80,14 +72,8 @@ absl::Status OpenStatus(const std::string& dir) {
 }
 
 CheckpointSpec Spec(const std::string& job, int64_t step, int32_t world, int64_t base = -1) {
-  CheckpointSpec s;
-  s.job = job;
-  s.step = step;
-  s.world_size = world;
-  s.kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
-  s.base_step = base;
-  s.metadata = "m" + std::to_string(step);
-  return s;
+  const CheckpointKind kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
+  return {job, step, kind, base, world, "m" + std::to_string(step)};
 }
 
 // A store with: FULL 10 (2 ranks), DELTA 20 on 10 (1 rank... world 2), job b FULL 5, and a
@@ -222,14 +208,7 @@ TEST(CatalogTest, RebuildSkipsCorruptShardAndDryRunChangesNothing) {
   Store st = WriteStore(dir.path());
   // Flip a byte in the first chunk of job b's only shard.
   std::string seg = dir.path() + "/segments/b/00000000000000000005/r0000000000-000000.seg";
-  {
-    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(5000);
-    f.get(c);
-    f.seekp(5000);
-    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
-  }
+  ASSERT_TRUE(testing::FlipByte(seg, 5000, 0x40).ok());
   EngineOptions o;
   o.data_dir = dir.path();
   auto before = Snapshot(dir.path());
@@ -364,15 +343,9 @@ TEST(CatalogTest, CorruptDurablePrefixFailsResumeWithDataLoss) {
     ASSERT_TRUE((*w)->Append(d.bytes[0].data(), 6000000).ok());
     ASSERT_TRUE((*w)->Flush().ok());
   }
-  {
-    std::fstream f(dir.path() + "/segments/j/00000000000000000001/r0000000000-000000.seg",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(100);
-    f.get(c);
-    f.seekp(100);
-    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
-  }
+  ASSERT_TRUE(testing::FlipByte(
+                  dir.path() + "/segments/j/00000000000000000001/r0000000000-000000.seg", 100, 0x40)
+                  .ok());
   auto e = OpenOk(dir.path());
   for (int i = 0; i < 3; ++i) {  // the reservation is given back every time
     auto w = e->OpenShardWriter(d.spec);

@@ -22,6 +22,7 @@
 #include "benchmarks/fault_drill/storage_scenario.h"
 #include "benchmarks/fault_drill/training_scenario.h"
 #include "common/logging.h"
+#include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(std::string, scenario, "all", "storage, training or all. Default: all.");
 ABSL_FLAG(int, rounds, 4, "Storage: damage-and-rebuild rounds (catalog removed, emptied, "
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
     met = gradsnap::drill::StorageTargetsMet(kv, &why) && met;
   }
   if (scenario == "training" || scenario == "all") {
-    gradsnap::drill::TempTree tree(o.work_dir, "training", o.keep);
+    gradsnap::testing::TempDir tree("drill-training", o.work_dir, o.keep);
     gradsnap::drill::DrillOptions t = o;
     t.work_dir = tree.path();
     std::map<std::string, std::string> tkv;

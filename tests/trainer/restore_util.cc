@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "recovery/json_value.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -51,25 +52,6 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
     for (const auto& [off, bytes] : by_offset) out[flat] += bytes;
   }
   return out;
-}
-
-int FlipStoredByte(const std::string& ckpt_dir, const std::string& job, int64_t step, int rank) {
-  const std::string dir = absl::StrFormat("%s/segments/%s/%020d", ckpt_dir, job, step);
-  const std::string prefix = absl::StrFormat("r%010d-", rank);
-  int flipped = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().filename().string().rfind(prefix, 0) != 0) continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(std::filesystem::file_size(e.path()) / 2);
-    char b = 0;
-    f.seekg(at);
-    f.read(&b, 1);
-    b ^= 0x10;
-    f.seekp(at);
-    f.write(&b, 1);
-    ++flipped;
-  }
-  return flipped;
 }
 
 std::string WithoutWorldSize(const std::string& state) {
