@@ -207,13 +207,15 @@ int ValidateDevice() {
   return 0;
 }
 
+constexpr char kUsage[] =
+    "snapshot_bench [--device cpu|sim|cuda] [--model small] [--steps 30] [--every 10] "
+    "[--rounds 2]: the checkpoint modes of gradsnap-train side by side; last line name=value "
+    "ratios";
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "snapshot_bench [--device cpu|sim|cuda] [--model small] [--steps 30] [--every 10] "
-      "[--rounds 2]: the checkpoint modes of gradsnap-train side by side; last line name=value "
-      "ratios");
+  absl::SetProgramUsageMessage(kUsage);
   // --sim-copy-gbps is --sim_copy_gbps (gradsnap-train accepts both spellings too).
   gradsnap::UnderscoredArgv args(argc, argv);
   absl::ParseCommandLine(args.argc(), args.argv());
