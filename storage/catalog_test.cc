@@ -24,21 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// path -> (size, content) of every file below dir: "exactly as found".
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string rel = it->path().string().substr(dir.size());
-    if (it->is_regular_file()) {
-      std::ifstream in(it->path(), std::ios::binary);
-      out[rel] = std::string(std::istreambuf_iterator<char>(in), {});
-    } else {
-      out[rel] = "<dir>";
-    }
-  }
-  return out;
-}
+// Every path below a directory -> its bytes: "exactly as found".
+using testing::DirContents;
 
 void ExpectSameTree(const std::map<std::string, std::string>& a,
                     const std::map<std::string, std::string>& b) {
@@ -124,13 +111,13 @@ void ExpectStoreRestores(const std::string& dir, const Store& st) {
 }
 
 void ExpectRefusal(const std::string& dir) {
-  auto before = Snapshot(dir);
+  auto before = DirContents(dir);
   absl::Status s = OpenStatus(dir);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("--rebuild-catalog"), std::string::npos) << s;
   // A supervisor restarting it again and again changes nothing either.
   EXPECT_TRUE(absl::IsFailedPrecondition(OpenStatus(dir)));
-  ExpectSameTree(before, Snapshot(dir));
+  ExpectSameTree(before, DirContents(dir));
 }
 
 void RebuildAndCheck(const std::string& dir, const Store& st) {
@@ -211,12 +198,12 @@ TEST(CatalogTest, RebuildSkipsCorruptShardAndDryRunChangesNothing) {
   ASSERT_TRUE(testing::FlipByte(seg, 5000, 0x40).ok());
   EngineOptions o;
   o.data_dir = dir.path();
-  auto before = Snapshot(dir.path());
+  auto before = DirContents(dir.path());
   auto dry = RebuildCatalog(o, /*dry_run=*/true);
   ASSERT_TRUE(dry.ok()) << dry.status();
   EXPECT_EQ(dry->rebuilt.size(), 2u);
   EXPECT_EQ(dry->skipped.size(), 2u);  // b/5 fails verification, a/30 is incomplete
-  ExpectSameTree(before, Snapshot(dir.path()));
+  ExpectSameTree(before, DirContents(dir.path()));
   auto report = RebuildCatalog(o, /*dry_run=*/false);
   ASSERT_TRUE(report.ok());
   auto e = OpenOk(dir.path());
@@ -358,7 +345,7 @@ TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
   TempDir dir;
   Store st = WriteStore(dir.path());
   { auto e = OpenOk(dir.path()); }
-  auto before = Snapshot(dir.path());
+  auto before = DirContents(dir.path());
   {
     auto e = OpenOk(dir.path(), /*read_only=*/true);
     ASSERT_NE(e, nullptr);
@@ -374,9 +361,9 @@ TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
     EXPECT_NE(rw, nullptr);
   }
   // (the read-write open above may legitimately add RocksDB files; compare segments only)
-  auto after = Snapshot(dir.path());
+  auto after = DirContents(dir.path());
   for (const auto& [k, v] : before) {
-    if (k.rfind("/segments", 0) == 0) {
+    if (k.rfind(dir.path() + "/segments", 0) == 0) {
       EXPECT_EQ(after[k], v) << k;
     }
   }
@@ -400,9 +387,9 @@ TEST(CatalogTest, FailedCreateLeavesNothingBehind) {
   // An existing, empty directory stays exactly as it was.
   fs::create_directories(dir.path() + "/empty/meta");
   o.data_dir = dir.path() + "/empty";
-  auto before = Snapshot(o.data_dir);
+  auto before = DirContents(o.data_dir);
   EXPECT_FALSE(Engine::Open(o).ok());
-  ExpectSameTree(before, Snapshot(o.data_dir));
+  ExpectSameTree(before, DirContents(o.data_dir));
   // No free space for the catalog: RESOURCE_EXHAUSTED, nothing created.
   o.fs = nullptr;
   o.data_dir = dir.path() + "/full";

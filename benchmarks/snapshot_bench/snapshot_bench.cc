@@ -23,7 +23,6 @@
 // (the per-step stall_ms), excluding the final drain; stall per FULL divides it by the FULL
 // checkpoints the run started. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +44,7 @@
 #include "common/flag_names.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
+#include "tests/testing/process.h"
 
 ABSL_FLAG(std::string, model, "small", "gradsnap-train model. Default: small (~10.8M parameters)");
 ABSL_FLAG(int, steps, 30, "Training steps per run. Default: 30");
@@ -78,13 +78,6 @@ struct RunStats {
   int window = 0;        // K of the first FULL checkpoint (gockpt)
   std::string err;
 };
-
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 RunStats Parse(const std::string& out, const std::string& mode) {
   RunStats r;
@@ -123,19 +116,19 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
     args.push_back(absl::StrCat("--sim_copy_gbps=", absl::GetFlag(FLAGS_sim_copy_gbps)));
   }
   args.insert(args.end(), mode.flags.begin(), mode.flags.end());
-  std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
-  std::string cmd = absl::StrCat(absl::StrJoin(args, " "), " >", out, " 2>&1");
+  const std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
   auto cpu = [] {
     rusage u;
     getrusage(RUSAGE_CHILDREN, &u);
     return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
   };
   const double cpu0 = cpu();
-  int st = std::system(cmd.c_str());
-  std::string text = Slurp(out);
+  const gradsnap::testing::RunResult run = gradsnap::testing::RunCommand(absl::StrJoin(args, " "));
+  const std::string& text = run.out;
+  std::ofstream(out) << text;  // kept in the scratch directory with the run's store
   RunStats r = Parse(text, mode.name);
   r.cpu_s = cpu() - cpu0;
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r.ok) {
+  if (run.exit_code != 0 || !r.ok) {
     r.ok = false;
     r.err = text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
   }

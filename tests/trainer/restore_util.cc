@@ -1,14 +1,10 @@
 #include "tests/trainer/restore_util.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "recovery/json_value.h"
 #include "tests/testing/util.h"
@@ -20,10 +16,7 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
   std::map<std::string, std::string> out;
   std::map<std::string, std::map<uint64_t, std::string>> pieces;
   for (int r = 0; r < n; ++r) {
-    std::ifstream f(absl::StrCat(dir, "/rank", r, ".safetensors"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string blob = ss.str();
+    const std::string blob = ReadFileOrEmpty(absl::StrCat(dir, "/rank", r, ".safetensors"));
     if (blob.size() < 8) return {};
     uint64_t len = 0;
     for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
