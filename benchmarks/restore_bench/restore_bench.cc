@@ -32,11 +32,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "benchmarks/common/bench_util.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "gpu_snapshot/grad_log.h"
 #include "recovery/recovery_point.h"
@@ -61,8 +63,27 @@ namespace {
 
 constexpr const char* kJob = "bench";
 
-using gs::bench::DiskReadBytes;
-using gs::bench::DropPageCache;
+uint64_t DiskReadBytes() {
+  std::ifstream f("/proc/self/io");
+  std::string key;
+  uint64_t v = 0;
+  while (f >> key >> v) {
+    if (key == "read_bytes:") return v;
+  }
+  return 0;
+}
+
+void DropPageCache(const std::string& dir) {
+  std::error_code ec;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
 
 double ProcessStartSeconds() {
   double best = 1e9;
@@ -299,9 +320,10 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
 }  // namespace
 
 int main(int argc, char** argv) {
-  gs::bench::InitBenchmark(argc, argv,
-                           "restore_bench [--model small] [--ranks 2] [--to 3] [--dir D]");
+  absl::SetProgramUsageMessage("restore_bench [--model small] [--ranks 2] [--to 3] [--dir D]");
+  absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_probe)) return 0;
+  gs::SetLogLevel(gs::LogLevel::kWarning);
   auto config = gs::trainer::ModelConfigByName(absl::GetFlag(FLAGS_model));
   if (!config.ok()) {
     std::fprintf(stderr, "restore_bench: %s\n", config.status().ToString().c_str());

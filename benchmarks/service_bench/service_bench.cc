@@ -31,11 +31,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "benchmarks/common/bench_util.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
@@ -120,7 +122,17 @@ absl::StatusOr<double> Parallel(int ranks, const std::function<absl::Status(int)
   return w.ElapsedSeconds();
 }
 
-using gs::bench::DropPageCache;
+void DropPageCache(const std::string& dir) {
+  std::error_code ec;
+  for (auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
 
 gs::storage::CheckpointSpec Spec(int64_t step, int ranks) {
   gs::storage::CheckpointSpec c;
@@ -289,7 +301,9 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  gs::bench::InitBenchmark(argc, argv, "service_bench [--bytes N] [--ranks R] [--dir D]");
+  absl::SetProgramUsageMessage("service_bench [--bytes N] [--ranks R] [--dir D]");
+  absl::ParseCommandLine(argc, argv);
+  gs::SetLogLevel(gs::LogLevel::kWarning);
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes);
   const int ranks = std::max(1, absl::GetFlag(FLAGS_ranks));
   char tmpl[4096];

@@ -38,7 +38,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "benchmarks/common/bench_util.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "storage/aligned_buffer.h"
@@ -284,7 +283,14 @@ void DropCache(const std::string& dir) {
     ::close(fd);
     if (ok) return;
   }
-  gradsnap::bench::DropPageCache(dir);
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
 }
 
 // The first error of any phase; Run() stops after the phase and main() exits non-zero.
