@@ -15,7 +15,6 @@
 #include "storage/rebuild.h"
 #include "storage/storage_stats.h"
 #include "storage/test_util.h"
-#include "tests/testing/gtest_util.h"
 #include "tests/testing/util.h"
 
 namespace gradsnap {
@@ -49,7 +48,9 @@ std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false) {
   EngineOptions o;
   o.data_dir = dir;
   o.read_only = read_only;
-  return gradsnap::testing::ValueOrNull(Engine::Open(o));
+  auto e = Engine::Open(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? *std::move(e) : nullptr;
 }
 
 absl::Status OpenStatus(const std::string& dir) {
