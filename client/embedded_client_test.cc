@@ -32,7 +32,9 @@ class EmbeddedClientTest : public ::testing::Test {
     dir_ = tmp_.path();
     client_ = Open();
   }
-  void TearDown() override { client_.reset(); }
+  void TearDown() override {
+    client_.reset();
+  }
   std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20) {
     ClientOptions o;
     o.local_dir = dir_;
