@@ -8,21 +8,15 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 
-#include "client/test_util.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace client {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 
 // Sets *direct to whether the writer used O_DIRECT there (the file system decides).
 void RoundTrip(const std::string& dir, bool* direct) {
@@ -47,27 +41,24 @@ void RoundTrip(const std::string& dir, bool* direct) {
     EXPECT_EQ((*w)->Finish().code(), absl::StatusCode::kFailedPrecondition);
     w->reset();
     EXPECT_EQ(std::filesystem::file_size(path), len);
-    EXPECT_TRUE(ReadFile(path) == want);
+    EXPECT_TRUE(gradsnap::testing::ReadFileOrEmpty(path) == want);
   }
 }
 
 TEST(DirectFileWriter, ExactBytesInTmpdir) {
-  std::string dir = testing::MakeTempDir("dfw");
+  gradsnap::testing::TempDir dir("dfw");
   // A disk-backed $TMPDIR takes O_DIRECT (ext4, xfs, btrfs); tmpfs takes the fallback.
   bool direct = false;
-  RoundTrip(dir, &direct);
+  RoundTrip(dir.path(), &direct);
   ::testing::Test::RecordProperty("direct", direct ? "yes" : "no");
-  testing::RemoveDir(dir);
 }
 
 TEST(DirectFileWriter, ExactBytesOnTmpfs) {
   struct stat st;
   if (::stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
-  std::string dir = "/dev/shm/gradsnap-dfw-" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
+  gradsnap::testing::TempDir dir("dfw", "/dev/shm");
   bool direct = false;
-  RoundTrip(dir, &direct);
-  testing::RemoveDir(dir);
+  RoundTrip(dir.path(), &direct);
 }
 
 TEST(DirectFileWriter, MissingDirectoryIsNotFound) {

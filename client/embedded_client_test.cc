@@ -14,6 +14,8 @@
 #include "common/digest.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
+#include "tests/testing/gtest_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gradsnap {
 namespace client {
@@ -27,20 +29,17 @@ using testing::TestShard;
 class EmbeddedClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::MakeTempDir("client");
+    dir_ = tmp_.path();
     client_ = Open();
   }
   void TearDown() override {
     client_.reset();
-    testing::RemoveDir(dir_);
   }
   std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20) {
     ClientOptions o;
     o.local_dir = dir_;
     o.max_inflight_bytes = max_inflight;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : nullptr;
+    return gradsnap::testing::ValueOrNull(Client::Connect(o));
   }
   ShardSpec Spec(const std::string& job, int64_t step, int32_t rank) {
     ShardSpec s;
@@ -50,6 +49,7 @@ class EmbeddedClientTest : public ::testing::Test {
     return s;
   }
 
+  gradsnap::testing::TempDir tmp_{"client"};
   std::string dir_;
   std::unique_ptr<Client> client_;
 };
@@ -329,9 +329,9 @@ namespace {
 // A restarted attempt persisting a committed step again: the same content is idempotent, other
 // content is a reported conflict (ALREADY_EXISTS), and the stored checkpoint stays as it was.
 TEST(EmbeddedClientIdempotenceTest, RePersistSameContentOkOtherContentConflict) {
-  const std::string dir = testing::MakeTempDir("idem");
+  gradsnap::testing::TempDir dir("idem");
   ClientOptions o;
-  o.local_dir = dir;
+  o.local_dir = dir.path();
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status();
   auto first = testing::SaveTestCheckpoint(**c, "j", 7, 1, 11, 64 << 10);
@@ -351,7 +351,6 @@ TEST(EmbeddedClientIdempotenceTest, RePersistSameContentOkOtherContentConflict) 
   EXPECT_TRUE((*c)->Verify("j", 7).ok());
   ExpectRestores(**c, *first);
   c->reset();
-  testing::RemoveDir(dir);
 }
 
 }  // namespace

@@ -1,14 +1,7 @@
 #include "client/test_util.h"
 
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <future>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/sha256.h"
@@ -76,6 +69,12 @@ TestShard MakeShard(uint64_t seed, int32_t rank, uint64_t big_bytes) {
   return s;
 }
 
+absl::StatusOr<std::unique_ptr<Client>> ConnectLocal(const std::string& dir) {
+  ClientOptions o;
+  o.local_dir = dir;
+  return Client::Connect(o);
+}
+
 absl::StatusOr<TestCheckpoint> SaveTestCheckpoint(Client& client, const std::string& job,
                                                   int64_t step, int32_t world_size, uint64_t seed,
                                                   uint64_t big_bytes) {
@@ -102,33 +101,6 @@ absl::StatusOr<TestCheckpoint> SaveTestCheckpoint(Client& client, const std::str
   }
   RETURN_IF_ERROR(first);
   return c;
-}
-
-std::string MakeTempDir(const std::string& tag) {
-  static std::atomic<int> counter{0};
-  const char* base = std::getenv("TMPDIR");
-  std::string dir = absl::StrCat(base && *base ? base : "/tmp", "/gradsnap-", tag, "-", getpid(),
-                                 "-", counter++);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-void RemoveDir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-}
-
-bool ReadFile(const std::string& path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    out->clear();
-    return false;
-  }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
 }
 
 }  // namespace testing

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct TestShard {
 // random and compressible data. Deterministic in (seed, rank).
 TestShard MakeShard(uint64_t seed, int32_t rank, uint64_t big_bytes = 5u << 20);
 
+// A client of the embedded engine in `dir` (created if missing).
+absl::StatusOr<std::unique_ptr<Client>> ConnectLocal(const std::string& dir);
+
 struct TestCheckpoint {
   CheckpointSpec spec;
   std::vector<TestShard> shards;  // by rank
@@ -43,13 +47,6 @@ struct TestCheckpoint {
 absl::StatusOr<TestCheckpoint> SaveTestCheckpoint(Client& client, const std::string& job,
                                                   int64_t step, int32_t world_size, uint64_t seed,
                                                   uint64_t big_bytes = 5u << 20);
-
-// A fresh empty directory under $TMPDIR (or /tmp), unique per process and call.
-std::string MakeTempDir(const std::string& tag);
-// rm -rf `dir` (best effort).
-void RemoveDir(const std::string& dir);
-// Whole file contents ("" and false when unreadable).
-bool ReadFile(const std::string& path, std::string* out);
 
 }  // namespace testing
 }  // namespace client

@@ -41,10 +41,12 @@ endfunction()
 
 # gradsnap_test(NAME SRCS ... DEPS ... [LABELS l1 l2] [TIMEOUT s])
 # A GoogleTest binary registered with ctest test by test. Tests run from the build directory.
+# Every test links gradsnap::testing (tests/testing/: temporary directories, child processes).
 function(gradsnap_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} gradsnap::testing GTest::gtest
+                        GTest::gtest_main)
   gradsnap_part_root(root)
   target_include_directories(${name} PRIVATE ${root})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)

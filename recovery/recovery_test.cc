@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "client/test_util.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gpu_snapshot/host_replay.h"
 #include "gtest/gtest.h"
@@ -22,6 +21,8 @@
 #include "recovery/restore_state.h"
 #include "recovery/state_source.h"
 #include "recovery/state_text.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace recovery {
@@ -87,7 +88,7 @@ TensorSpec Bytes(const std::string& name, size_t n) {
 class RecoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    scratch_ = client::testing::MakeTempDir("recovery");
+    scratch_ = tmp_.path();
     client::ClientOptions o;
     o.local_dir = scratch_ + "/ckpt";
     auto c = client::Client::Connect(o);
@@ -98,9 +99,11 @@ class RecoveryTest : public ::testing::Test {
     v_ = Random(3, kTotal, 0.0001f);
     for (float& x : v_) x = std::abs(x);
   }
+  // Empties the scratch directory too: a test calls TearDown() and SetUp() for a fresh store.
   void TearDown() override {
     client_.reset();
-    client::testing::RemoveDir(scratch_);
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(scratch_, ec)) fs::remove_all(e.path(), ec);
   }
 
   // FULL `step` of the current reference state, written by `world` ranks.
@@ -165,26 +168,11 @@ class RecoveryTest : public ::testing::Test {
   }
 
   void FlipMiddle(int64_t step, int rank) {
-    const std::string dir = absl::StrCat(scratch_, "/ckpt/segments/j/",
-                                         std::string(20 - std::to_string(step).size(), '0'), step);
-    int flipped = 0;
-    for (const auto& e : fs::directory_iterator(dir)) {
-      if (e.path().filename().string().rfind(
-              absl::StrCat("r", std::string(10 - std::to_string(rank).size(), '0'), rank), 0) != 0)
-        continue;
-      int fd = ::open(e.path().c_str(), O_RDWR);
-      ASSERT_GE(fd, 0);
-      const off_t at = static_cast<off_t>(fs::file_size(e.path()) / 2);
-      char b;
-      ASSERT_EQ(::pread(fd, &b, 1, at), 1);
-      b ^= 0x10;
-      ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
-      ::close(fd);
-      ++flipped;
-    }
-    ASSERT_GT(flipped, 0);
+    ASSERT_GT(gradsnap::testing::FlipSegmentBytes(scratch_ + "/ckpt", "j", step, rank), 0)
+        << "no segment file of step " << step << " rank " << rank;
   }
 
+  gradsnap::testing::TempDir tmp_{"recovery"};
   std::string scratch_;
   std::unique_ptr<client::Client> client_;
   std::vector<float> p_, m_, v_;
@@ -242,16 +230,7 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
     ExpectResharded(**d, RecoveryPoint{11, {}}, 2, 11);
     // A byte flipped in a written file: refused, never read as state.
     const std::string file = dir + (consolidated ? "/optimizer.safetensors" : "/rank1.safetensors");
-    {
-      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-      const auto at = static_cast<std::streamoff>(fs::file_size(file) - 100);
-      char b = 0;
-      f.seekg(at);
-      f.read(&b, 1);
-      b ^= 1;
-      f.seekp(at);
-      f.write(&b, 1);
-    }
+    ASSERT_TRUE(gradsnap::testing::FlipByte(file, fs::file_size(file) - 100, 1).ok());
     auto damaged = OpenDirSource(dir, /*verify_all=*/true);
     EXPECT_EQ(damaged.status().code(), absl::StatusCode::kDataLoss) << damaged.status();
     EXPECT_NE(damaged.status().message().find("SHA-256"), std::string::npos);

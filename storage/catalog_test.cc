@@ -15,6 +15,7 @@
 #include "storage/rebuild.h"
 #include "storage/storage_stats.h"
 #include "storage/test_util.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace storage {
@@ -22,21 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// path -> (size, content) of every file below dir: "exactly as found".
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string rel = it->path().string().substr(dir.size());
-    if (it->is_regular_file()) {
-      std::ifstream in(it->path(), std::ios::binary);
-      out[rel] = std::string(std::istreambuf_iterator<char>(in), {});
-    } else {
-      out[rel] = "<dir>";
-    }
-  }
-  return out;
-}
+// Every path below a directory -> its bytes: "exactly as found".
+using testing::DirContents;
 
 void ExpectSameTree(const std::map<std::string, std::string>& a,
                     const std::map<std::string, std::string>& b) {
@@ -54,15 +42,7 @@ void ExpectSameTree(const std::map<std::string, std::string>& a,
   }
 }
 
-// Regular files below dir.
-int CountFiles(const std::string& dir) {
-  int n = 0;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file()) ++n;
-  }
-  return n;
-}
+using testing::CountFiles;
 
 std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false) {
   EngineOptions o;
@@ -80,14 +60,8 @@ absl::Status OpenStatus(const std::string& dir) {
 }
 
 CheckpointSpec Spec(const std::string& job, int64_t step, int32_t world, int64_t base = -1) {
-  CheckpointSpec s;
-  s.job = job;
-  s.step = step;
-  s.world_size = world;
-  s.kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
-  s.base_step = base;
-  s.metadata = "m" + std::to_string(step);
-  return s;
+  const CheckpointKind kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
+  return {job, step, kind, base, world, "m" + std::to_string(step)};
 }
 
 // A store with: FULL 10 (2 ranks), DELTA 20 on 10 (1 rank... world 2), job b FULL 5, and a
@@ -138,13 +112,13 @@ void ExpectStoreRestores(const std::string& dir, const Store& st) {
 }
 
 void ExpectRefusal(const std::string& dir) {
-  auto before = Snapshot(dir);
+  auto before = DirContents(dir);
   absl::Status s = OpenStatus(dir);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find("--rebuild-catalog"), std::string::npos) << s;
   // A supervisor restarting it again and again changes nothing either.
   EXPECT_TRUE(absl::IsFailedPrecondition(OpenStatus(dir)));
-  ExpectSameTree(before, Snapshot(dir));
+  ExpectSameTree(before, DirContents(dir));
 }
 
 void RebuildAndCheck(const std::string& dir, const Store& st) {
@@ -222,22 +196,15 @@ TEST(CatalogTest, RebuildSkipsCorruptShardAndDryRunChangesNothing) {
   Store st = WriteStore(dir.path());
   // Flip a byte in the first chunk of job b's only shard.
   std::string seg = dir.path() + "/segments/b/00000000000000000005/r0000000000-000000.seg";
-  {
-    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(5000);
-    f.get(c);
-    f.seekp(5000);
-    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
-  }
+  ASSERT_TRUE(testing::FlipByte(seg, 5000, 0x40).ok());
   EngineOptions o;
   o.data_dir = dir.path();
-  auto before = Snapshot(dir.path());
+  auto before = DirContents(dir.path());
   auto dry = RebuildCatalog(o, /*dry_run=*/true);
   ASSERT_TRUE(dry.ok()) << dry.status();
   EXPECT_EQ(dry->rebuilt.size(), 2u);
   EXPECT_EQ(dry->skipped.size(), 2u);  // b/5 fails verification, a/30 is incomplete
-  ExpectSameTree(before, Snapshot(dir.path()));
+  ExpectSameTree(before, DirContents(dir.path()));
   auto report = RebuildCatalog(o, /*dry_run=*/false);
   ASSERT_TRUE(report.ok());
   auto e = OpenOk(dir.path());
@@ -364,15 +331,9 @@ TEST(CatalogTest, CorruptDurablePrefixFailsResumeWithDataLoss) {
     ASSERT_TRUE((*w)->Append(d.bytes[0].data(), 6000000).ok());
     ASSERT_TRUE((*w)->Flush().ok());
   }
-  {
-    std::fstream f(dir.path() + "/segments/j/00000000000000000001/r0000000000-000000.seg",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(100);
-    f.get(c);
-    f.seekp(100);
-    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
-  }
+  ASSERT_TRUE(testing::FlipByte(
+                  dir.path() + "/segments/j/00000000000000000001/r0000000000-000000.seg", 100, 0x40)
+                  .ok());
   auto e = OpenOk(dir.path());
   for (int i = 0; i < 3; ++i) {  // the reservation is given back every time
     auto w = e->OpenShardWriter(d.spec);
@@ -385,7 +346,7 @@ TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
   TempDir dir;
   Store st = WriteStore(dir.path());
   { auto e = OpenOk(dir.path()); }
-  auto before = Snapshot(dir.path());
+  auto before = DirContents(dir.path());
   {
     auto e = OpenOk(dir.path(), /*read_only=*/true);
     ASSERT_NE(e, nullptr);
@@ -401,9 +362,9 @@ TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
     EXPECT_NE(rw, nullptr);
   }
   // (the read-write open above may legitimately add RocksDB files; compare segments only)
-  auto after = Snapshot(dir.path());
+  auto after = DirContents(dir.path());
   for (const auto& [k, v] : before) {
-    if (k.rfind("/segments", 0) == 0) {
+    if (k.rfind(dir.path() + "/segments", 0) == 0) {
       EXPECT_EQ(after[k], v) << k;
     }
   }
@@ -427,9 +388,9 @@ TEST(CatalogTest, FailedCreateLeavesNothingBehind) {
   // An existing, empty directory stays exactly as it was.
   fs::create_directories(dir.path() + "/empty/meta");
   o.data_dir = dir.path() + "/empty";
-  auto before = Snapshot(o.data_dir);
+  auto before = DirContents(o.data_dir);
   EXPECT_FALSE(Engine::Open(o).ok());
-  ExpectSameTree(before, Snapshot(o.data_dir));
+  ExpectSameTree(before, DirContents(o.data_dir));
   // No free space for the catalog: RESOURCE_EXHAUSTED, nothing created.
   o.fs = nullptr;
   o.data_dir = dir.path() + "/full";

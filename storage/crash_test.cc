@@ -61,7 +61,7 @@ TEST(GRADSNAP_CRASH_SUITE, SigkillAtRandomMoments) {
       next_step = std::max(next_step, c.step + 1);
       if (c.state != CheckpointState::kCommitted) continue;
       ++committed_seen;
-      SCOPED_TRACE(testing::Message() << "iteration " << iter << " step " << c.step);
+      SCOPED_TRACE(::testing::Message() << "iteration " << iter << " step " << c.step);
       absl::Status v = (*e)->Verify("crash", c.step);
       ASSERT_TRUE(v.ok()) << v;
       auto m = (*e)->GetManifest("crash", c.step);

@@ -14,6 +14,7 @@
 #include "storage/engine.h"
 #include "storage/metadata.h"
 #include "storage/test_util.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace storage {
@@ -88,14 +89,8 @@ class DigestTest : public ::testing::Test {
               std::string::npos) << s;
     EXPECT_NE(s.message().find(what), std::string::npos) << s;
   }
-  std::vector<fs::path> Segments(int64_t step) {
-    std::vector<fs::path> out;
-    char name[32];
-    std::snprintf(name, sizeof(name), "%020ld", static_cast<long>(step));
-    for (const auto& e : fs::directory_iterator(dir_.path() + "/segments/dj/" + name)) {
-      out.push_back(e.path());
-    }
-    return out;
+  std::vector<std::string> Segments(int64_t step) {
+    return testing::SegmentFiles(dir_.path(), "dj", step);
   }
 
   TempDir dir_;

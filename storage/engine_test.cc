@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "storage/storage_stats.h"
 #include "storage/test_util.h"
+#include "tests/testing/gtest_util.h"
 
 namespace gradsnap {
 namespace storage {
@@ -32,9 +33,7 @@ class EngineTest : public ::testing::TestWithParam<Param> {
     return o;
   }
   std::unique_ptr<Engine> OpenEngine() {
-    auto e = Engine::Open(Options());
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(*e) : nullptr;
+    return gradsnap::testing::ValueOrNull(Engine::Open(Options()));
   }
   TempDir dir_;
 };

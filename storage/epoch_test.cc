@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "storage/engine.h"
 #include "storage/test_util.h"
+#include "tests/testing/gtest_util.h"
 
 namespace gradsnap {
 namespace storage {
@@ -17,9 +18,7 @@ class EpochTest : public ::testing::Test {
   std::unique_ptr<Engine> Open() {
     EngineOptions o;
     o.data_dir = dir_.path();
-    auto e = Engine::Open(o);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return e.ok() ? std::move(*e) : nullptr;
+    return gradsnap::testing::ValueOrNull(Engine::Open(o));
   }
   static CheckpointSpec Ckpt(int64_t step, uint64_t epoch) {
     CheckpointSpec c;

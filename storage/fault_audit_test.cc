@@ -87,8 +87,8 @@ void Audit(bool uring) {
                     : fault == Fault::kCommit ? clean.commits
                                               : clean.writes;
     for (int64_t at = 1; at <= sites; ++at) {
-      SCOPED_TRACE(testing::Message() << Name(fault) << " at " << at
-                                      << (uring ? " (io_uring)" : " (pwrite)"));
+      SCOPED_TRACE(::testing::Message()
+                   << Name(fault) << " at " << at << (uring ? " (io_uring)" : " (pwrite)"));
       TempDir dir;
       FaultInjectionFileSystem ffs;
       ffs.set_real_descriptors(uring);

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "storage/engine.h"
 #include "storage/test_util.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace storage {
@@ -32,23 +33,11 @@ class IntegrityTest : public ::testing::Test {
     ShardData d = MakeShard("ij", step, 0, step, 20000);
     ASSERT_TRUE(engine_->WriteShard(d.spec, d.ptrs()).ok());
   }
-  std::vector<fs::path> Segments(int64_t step) {
-    std::vector<fs::path> out;
-    char name[32];
-    std::snprintf(name, sizeof(name), "%020ld", static_cast<long>(step));
-    for (const auto& e : fs::directory_iterator(dir_.path() + "/segments/ij/" + name)) {
-      out.push_back(e.path());
-    }
-    return out;
+  std::vector<std::string> Segments(int64_t step) {
+    return testing::SegmentFiles(dir_.path(), "ij", step);
   }
   static void FlipByte(const fs::path& p, uint64_t offset) {
-    int fd = ::open(p.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    uint8_t b = 0;
-    ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(offset)), 1);
-    b ^= 0x10;
-    ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
-    ::close(fd);
+    ASSERT_TRUE(testing::FlipByte(p.string(), offset, 0x10).ok());
   }
   // Every read path reports DATA_LOSS with the location, and never hands out the tensor.
   void ExpectDataLoss(int64_t step) {

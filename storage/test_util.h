@@ -1,10 +1,8 @@
-// Helpers shared by the storage tests: a unique temporary directory and random tensors.
+// Helpers shared by the storage tests: random tensors and shards, and their restore check.
 #ifndef GRADSNAP_STORAGE_TEST_UTIL_H_
 #define GRADSNAP_STORAGE_TEST_UTIL_H_
 
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,27 +12,12 @@
 #include "gtest/gtest.h"
 #include "storage/engine.h"
 #include "storage/types.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gradsnap {
 namespace storage {
 
-// mkdtemp under $TMPDIR (or /tmp); removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr ? base : "/tmp") + "/gradsnap-test-XXXXXX";
-    path_ = ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::gradsnap::testing::TempDir;  // tests/testing/temp_dir.h
 
 inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

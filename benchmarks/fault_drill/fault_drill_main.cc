@@ -22,6 +22,7 @@
 #include "benchmarks/fault_drill/storage_scenario.h"
 #include "benchmarks/fault_drill/training_scenario.h"
 #include "common/logging.h"
+#include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(std::string, scenario, "all", "storage, training or all. Default: all.");
 ABSL_FLAG(int, rounds, 4, "Storage: damage-and-rebuild rounds (catalog removed, emptied, "
@@ -82,18 +83,19 @@ int main(int argc, char** argv) {
   if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) {
     gradsnap::SetLogLevel(gradsnap::LogLevel::kWarning);
   }
-  gradsnap::drill::DrillOptions o;
-  o.server_bin = absl::GetFlag(FLAGS_server_bin);
-  o.cli_bin = absl::GetFlag(FLAGS_cli_bin);
-  o.train_bin = absl::GetFlag(FLAGS_train_bin);
-  o.work_dir = absl::GetFlag(FLAGS_work_dir);
-  o.rounds = absl::GetFlag(FLAGS_rounds);
-  o.shard_bytes = absl::GetFlag(FLAGS_shard_bytes);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.keep = absl::GetFlag(FLAGS_keep);
-  o.kills = absl::GetFlag(FLAGS_kills);
-  o.quick = absl::GetFlag(FLAGS_quick);
-  o.bin_dir = std::filesystem::path(o.train_bin).parent_path().string();
+  const std::string train_bin = absl::GetFlag(FLAGS_train_bin);
+  const gradsnap::drill::DrillOptions o{
+      .server_bin = absl::GetFlag(FLAGS_server_bin),
+      .cli_bin = absl::GetFlag(FLAGS_cli_bin),
+      .train_bin = train_bin,
+      .work_dir = absl::GetFlag(FLAGS_work_dir),
+      .rounds = absl::GetFlag(FLAGS_rounds),
+      .shard_bytes = absl::GetFlag(FLAGS_shard_bytes),
+      .seed = absl::GetFlag(FLAGS_seed),
+      .keep = absl::GetFlag(FLAGS_keep),
+      .bin_dir = std::filesystem::path(train_bin).parent_path().string(),
+      .kills = absl::GetFlag(FLAGS_kills),
+      .quick = absl::GetFlag(FLAGS_quick)};
   if (std::filesystem::path(o.server_bin).parent_path().string() != o.bin_dir) {
     std::fprintf(stderr, "fault_drill: --server_bin and --train_bin must be in one directory\n");
     return 2;
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
     met = gradsnap::drill::StorageTargetsMet(kv, &why) && met;
   }
   if (scenario == "training" || scenario == "all") {
-    gradsnap::drill::TempTree tree(o.work_dir, "training", o.keep);
+    gradsnap::testing::TempDir tree("drill-training", o.work_dir, o.keep);
     gradsnap::drill::DrillOptions t = o;
     t.work_dir = tree.path();
     std::map<std::string, std::string> tkv;

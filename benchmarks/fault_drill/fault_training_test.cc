@@ -7,13 +7,13 @@
 //    listed without its FULL or with a hole before it; `--resume latest` right after is exact;
 //  - the server down longer than the backlog holds (many persists fail in a row): the same.
 // GRADSNAP_DRILL_LONG builds the long variant (outages of 0.5-3 s, a longer job).
-#include <filesystem>
 #include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "benchmarks/fault_drill/training_scenario.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gradsnap {
 namespace drill {
@@ -29,11 +29,10 @@ constexpr bool kLong = false;
 #define GRADSNAP_DRILL_SUITE FaultTrainingTest
 #endif
 
-DrillOptions Options(const std::string& name, int kills) {
+DrillOptions Options(const testing::TempDir& work_dir, int kills) {
   DrillOptions o;
   o.bin_dir = GRADSNAP_BIN_DIR;
-  o.work_dir = ::testing::TempDir() + "/gs_drill_" + name + "_" + std::to_string(getpid());
-  std::filesystem::create_directories(o.work_dir);
+  o.work_dir = work_dir.path();
   o.kills = kills;
   o.seed = 20261130;
   o.quick = !kLong;
@@ -59,9 +58,11 @@ void ExpectSurvived(const std::map<std::string, std::string>& kv) {
 }
 
 TEST(GRADSNAP_DRILL_SUITE, ServerKilledTwentyTimesWhileTraining) {
-  const DrillOptions o = Options("kills", 20);
+  const testing::TempDir dir("drill-kills");
+  const DrillOptions o = Options(dir, 20);
   std::map<std::string, std::string> kv;
-  ASSERT_TRUE(RunTrainingScenario(o, &kv).ok());
+  const absl::Status st = RunTrainingScenario(o, &kv);
+  ASSERT_TRUE(st.ok()) << st;
   EXPECT_GE(std::stoi(kv.at("server_kills")), 20);
   // The drill's own rank kill mid-storm: one restart, resumed from a recovery point.
   EXPECT_EQ(kv.at("train_restarts"), "1");
@@ -73,14 +74,16 @@ TEST(GRADSNAP_DRILL_SUITE, ServerDownLongerThanTheBacklogHolds) {
   // One outage of several seconds: every persist in it fails after its 300 ms of retries, the
   // one DELTA buffer and the one FULL in flight cannot hold it, so work is dropped; the job
   // goes on, and checkpoints resume once the server is back.
-  TrainingDrillConfig c = TrainingDrillFor(Options("outage", 1));
+  const testing::TempDir dir("drill-outage");
+  TrainingDrillConfig c = TrainingDrillFor(Options(dir, 1));
   c.kills = 1;
   c.down_ms_min = c.down_ms_max = kLong ? 20000 : 4000;
   c.up_ms_min = c.up_ms_max = 200;
   c.steps = kLong ? 400 : 90;
   c.fail_at_step = 0;
   std::map<std::string, std::string> kv;
-  ASSERT_TRUE(RunTrainingDrill(c, &kv).ok());
+  const absl::Status st = RunTrainingDrill(c, &kv);
+  ASSERT_TRUE(st.ok()) << st;
   EXPECT_EQ(kv.at("server_kills"), "1");
   ExpectSurvived(kv);
 }

@@ -18,6 +18,10 @@
 #include "client/client.h"
 #include "common/status.h"
 #include "storage/damage_util.h"
+#include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace drill {
@@ -65,13 +69,7 @@ Shard MakeShard(int64_t step, int32_t rank, uint64_t big, std::mt19937_64* rng) 
 }
 
 CheckpointSpec Spec(int64_t step, int32_t world, int64_t base = -1) {
-  CheckpointSpec c;
-  c.job = kJob;
-  c.step = step;
-  c.world_size = world;
-  c.kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
-  c.base_step = base;
-  return c;
+  return {kJob, step, base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta, base, world, ""};
 }
 
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const std::string& address) {
@@ -143,15 +141,15 @@ void CountExit(int code, bool killed, Totals* t) {
 }
 
 absl::Status Round(const DrillOptions& o, int round, Totals* t) {
-  TempTree tree(o.work_dir, "storage", o.keep);
+  testing::TempDir tree("drill-storage", o.work_dir, o.keep);
   if (tree.path().empty()) return absl::InternalError("cannot create a temp dir");
   const std::string data = tree.path() + "/data";
   const std::vector<std::string> args = {"--data-dir", data, "--listen", "127.0.0.1:0",
                                          "--zstd-level", "0"};
   std::mt19937_64 rng(o.seed * 1000 + static_cast<uint64_t>(round));
   {
-    ServerProc server;
-    RETURN_IF_ERROR(server.Start(o.server_bin, args));
+    testing::ServerProcess server(o.server_bin);
+    RETURN_IF_ERROR(server.Start(args));
     ASSIGN_OR_RETURN(auto c, Connect(server.address()));
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(10, 2)));
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(11, 2, 10)));
@@ -175,9 +173,9 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     ASSIGN_OR_RETURN(auto listed, c->List(kJob, true));
     t->orphans += Orphans(listed);
     if (round == 0) {
-      ExitResult second = RunToExit(o.server_bin, {"--data-dir", tree.path() + "/other",
-                                                   "--listen", server.address()}, 20);
-      t->second_refused = second.code == 1 && absl::StrContains(second.err, "cannot listen");
+      testing::RunResult second = testing::RunProgram(
+          o.server_bin, {"--data-dir", tree.path() + "/other", "--listen", server.address()}, 20);
+      t->second_refused = second.exit_code == 1 && absl::StrContains(second.err, "cannot listen");
     }
     // SIGKILL in the middle of an upload.
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(50, 1)));
@@ -190,8 +188,9 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
   }
   std::set<int64_t> before;
   {
-    ServerProc server;  // restart: recovery also flushes RocksDB's WAL into an SST
-    RETURN_IF_ERROR(server.Start(o.server_bin, args));
+    // A restart: recovery also flushes RocksDB's WAL into an SST.
+    testing::ServerProcess server(o.server_bin);
+    RETURN_IF_ERROR(server.Start(args));
     ASSIGN_OR_RETURN(auto c, Connect(server.address()));
     ASSIGN_OR_RETURN(auto listed, c->List(kJob, false));
     before = Committed(listed);
@@ -200,18 +199,19 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     server.Signal(SIGTERM);
     CountExit(server.Wait(), /*killed=*/false, t);
   }
-  const int segments = CountFiles(data + "/segments");
+  const int segments = testing::CountFiles(data + "/segments");
   RETURN_IF_ERROR(Damage(data, round));
-  ExitResult refused = RunToExit(o.server_bin, args, 20);
-  if (refused.code != 1 || !absl::StrContains(refused.err, "--rebuild-catalog")) {
+  testing::RunResult refused = testing::RunProgram(o.server_bin, args, 20);
+  if (refused.exit_code != 1 || !absl::StrContains(refused.err, "--rebuild-catalog")) {
     ++t->refusals_missed;
   }
-  t->deleted += std::max(0, segments - CountFiles(data + "/segments"));
+  t->deleted += std::max(0, segments - testing::CountFiles(data + "/segments"));
   auto rebuild_start = std::chrono::steady_clock::now();
-  ExitResult rebuilt = RunToExit(o.server_bin, {"--data-dir", data, "--rebuild-catalog"}, 120);
+  testing::RunResult rebuilt =
+      testing::RunProgram(o.server_bin, {"--data-dir", data, "--rebuild-catalog"}, 120);
   t->rebuild_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - rebuild_start).count();
-  if (rebuilt.code != 0) {
+  if (rebuilt.exit_code != 0) {
     // Counted, and the round goes on: a server without the flag (an older build) is measured
     // by the same drill.
     ++t->rebuild_failures;
@@ -224,8 +224,8 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
   }
   t->rebuilt += n;
   {
-    ServerProc server;
-    if (!server.Start(o.server_bin, args).ok()) {
+    testing::ServerProcess server(o.server_bin);
+    if (!server.Start(args).ok()) {
       // Still no usable store after the rebuild: everything committed before is lost.
       ++t->rebuild_failures;
       t->lost += static_cast<int>(before.size());
@@ -244,8 +244,8 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     server.Signal(SIGTERM);
     CountExit(server.Wait(), /*killed=*/false, t);
   }
-  t->deleted += std::max(0, segments - CountFiles(data + "/segments") -
-                                CountFiles(data + "/quarantine"));
+  t->deleted += std::max(0, segments - testing::CountFiles(data + "/segments") -
+                                testing::CountFiles(data + "/quarantine"));
   return absl::OkStatus();
 }
 
@@ -262,7 +262,7 @@ void FillUp(const std::string& path) {
 // Returns "ran" or "skipped".
 absl::StatusOr<std::string> FullDisk(const DrillOptions& o, Totals* t, int* exhausted,
                                      int* reads) {
-  TempTree tree(o.work_dir, "full", o.keep);
+  testing::TempDir tree("drill-full", o.work_dir, o.keep);
   const std::string mnt = tree.path() + "/mnt";
   fs::create_directories(mnt);
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) return std::string("skipped");
@@ -274,8 +274,8 @@ absl::StatusOr<std::string> FullDisk(const DrillOptions& o, Totals* t, int* exha
   const std::vector<std::string> args = {"--data-dir", data, "--listen", "127.0.0.1:0"};
   std::mt19937_64 rng(o.seed);
   {
-    ServerProc server;
-    RETURN_IF_ERROR(server.Start(o.server_bin, args));
+    testing::ServerProcess server(o.server_bin);
+    RETURN_IF_ERROR(server.Start(args));
     ASSIGN_OR_RETURN(auto c, Connect(server.address()));
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(1, 1)));
     Shard old = MakeShard(1, 0, 1 << 20, &rng);
@@ -290,8 +290,8 @@ absl::StatusOr<std::string> FullDisk(const DrillOptions& o, Totals* t, int* exha
     server.Signal(SIGTERM);
     CountExit(server.Wait(), /*killed=*/false, t);
   }
-  ExitResult restart = RunToExit(o.server_bin, args, 20);
-  if (restart.code != 1) ++t->aborts;  // refused with one line, never an abort (or a start)
+  testing::RunResult restart = testing::RunProgram(o.server_bin, args, 20);
+  if (restart.exit_code != 1) ++t->aborts;  // refused with one line, never an abort (or a start)
   return std::string("ran");
 }
 

@@ -11,10 +11,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/trainer.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace drill {
 namespace {
+
+using ::gradsnap::testing::CountLines;
+using ::gradsnap::testing::FreePort;
+using ::gradsnap::testing::SummaryField;
 
 constexpr char kJob[] = "drill";
 
@@ -38,36 +46,40 @@ std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::stri
   return a;
 }
 
+// The largest value of `value(match)` over the matches of `re` in `output` (0 when none).
+template <typename F>
+int64_t MaxOverMatches(const std::string& output, const std::regex& re, F value) {
+  int64_t best = 0;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    best = std::max(best, value(*it));
+  }
+  return best;
+}
+
 // The largest (step - recovery_point) over the step lines once a recovery point exists: the
 // steps a failure at that moment would have lost.
 int64_t MaxRecoveryLag(const std::string& output) {
   static const std::regex re(R"((^|\n)step (\d+) .* recovery_point (-?\d+) )");
-  int64_t worst = 0;
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
-       it != std::sregex_iterator(); ++it) {
-    const int64_t step = std::stoll((*it)[2]), rp = std::stoll((*it)[3]);
-    if (rp >= 0) worst = std::max(worst, step - rp);
-  }
-  return worst;
+  return MaxOverMatches(output, re, [](const std::smatch& m) -> int64_t {
+    const int64_t step = std::stoll(m[2]), rp = std::stoll(m[3]);
+    return rp >= 0 ? step - rp : 0;
+  });
 }
 
 // Highest "step N" line printed so far.
 int64_t LastStep(const std::string& output) {
   static const std::regex re(R"((^|\n)step (\d+) )");
-  int64_t last = 0;
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
-       it != std::sregex_iterator(); ++it) {
-    last = std::max<int64_t>(last, std::stoll((*it)[2]));
-  }
-  return last;
+  return MaxOverMatches(output, re,
+                        [](const std::smatch& m) -> int64_t { return std::stoll(m[2]); });
 }
 
 absl::StatusOr<std::string> RunToEnd(const std::vector<std::string>& argv, const std::string& log,
                                      int* exit_code) {
-  Child c;
+  testing::ChildProcess c;
   RETURN_IF_ERROR(c.Start(argv, log));
   *exit_code = c.Wait();
-  return Slurp(log);
+  return c.Output();
 }
 
 }  // namespace
@@ -107,14 +119,16 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
     return absl::InternalError("the uninterrupted reference run failed: " + ref);
   }
 
-  Server server(c.bin_dir + "/gradsnap-server", dir + "/server");
-  RETURN_IF_ERROR(server.Start());
-  Child job;
+  // A fixed port: the restarts after each kill come back on the job's --storage address.
+  testing::ServerProcess server(c.bin_dir + "/gradsnap-server");
+  ASSIGN_OR_RETURN(const int port, FreePort());
+  RETURN_IF_ERROR(server.StartOn(dir + "/server", absl::StrCat("127.0.0.1:", port)));
+  testing::ChildProcess job;
   const std::string log = dir + "/job.log";
   RETURN_IF_ERROR(
       job.Start(TrainArgs(c, server.address(), c.step_delay_ms, "none", c.fail_at_step), log));
   // Kill only once the job trains (its start-up, resume check and epoch need the server).
-  while (job.Poll() < 0 && LastStep(Slurp(log)) < 3) SleepMs(20);
+  while (job.Poll() < 0 && LastStep(job.Output()) < 3) SleepMs(20);
 
   std::mt19937_64 rng(c.seed);
   auto uniform = [&](int lo, int hi) {
@@ -126,10 +140,10 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
     server.Kill();
     ++kills;
     SleepMs(uniform(c.down_ms_min, c.down_ms_max));
-    RETURN_IF_ERROR(server.Start());
+    RETURN_IF_ERROR(server.Restart());
   }
   const int train_exit = job.Wait();
-  const std::string out = Slurp(log);
+  const std::string out = job.Output();
 
   // What the store lists after the storm.
   client::ClientOptions co;

@@ -19,7 +19,7 @@
 #include "tests/client/cli_test_util.h"
 
 namespace gradsnap {
-namespace clitest {
+namespace testing {
 namespace {
 
 using client::testing::SaveTestCheckpoint;
@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 class CliTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    scratch_ = client::testing::MakeTempDir("cli");
+    scratch_ = tmp_.path();
     auto target = MakeTarget(GetParam(), scratch_);
     ASSERT_TRUE(target.ok()) << target.status();
     target_ = *std::move(target);
@@ -45,21 +45,19 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     solo_ = *std::move(solo);
     // c closes here: the embedded engine directory is then free for the CLI process.
   }
-  void TearDown() override {
-    target_.reset();
-    client::testing::RemoveDir(scratch_);
-  }
+  void TearDown() override { target_.reset(); }
 
   // Runs gradsnap with the target's global flags first, then `args`.
   RunResult Cli(const std::vector<std::string>& args) {
     std::vector<std::string> all = target_->Flags();
     all.insert(all.end(), args.begin(), args.end());
-    return RunProgram(GRADSNAP_CLI_PATH, all, scratch_);
+    return RunProgram(GRADSNAP_CLI_PATH, all);
   }
   RunResult Python(const std::string& file, const std::string& expected) {
-    return RunProgram("python3", {GRADSNAP_SAFETENSORS_READER, file, expected}, scratch_);
+    return RunProgram("python3", {GRADSNAP_SAFETENSORS_READER, file, expected});
   }
 
+  const TempDir tmp_{"cli"};
   std::string scratch_;
   std::unique_ptr<CliTarget> target_;
   std::map<int64_t, TestCheckpoint> demo_;
@@ -68,7 +66,7 @@ class CliTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(CliTest, LsShowVerify) {
   RunResult r = Cli({"ls"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "demo")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "solo")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "CHECKPOINTS")) << r.out;
@@ -76,37 +74,37 @@ TEST_P(CliTest, LsShowVerify) {
   // Global flags after the command work too.
   std::vector<std::string> args = {"ls", "demo"};
   for (const std::string& f : target_->Flags()) args.push_back(f);
-  r = RunProgram(GRADSNAP_CLI_PATH, args, scratch_);
-  ASSERT_EQ(r.rc, 0) << r.err;
+  r = RunProgram(GRADSNAP_CLI_PATH, args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "STEP")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "committed")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "just now") || absl::StrContains(r.out, "ago")) << r.out;
 
   r = Cli({"show", "demo", "20"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const auto& t : demo_[20].shards[1].tensors) {
     EXPECT_TRUE(absl::StrContains(r.out, t.spec.name)) << t.spec.name << "\n" << r.out;
   }
   EXPECT_TRUE(absl::StrContains(r.out, "bf16")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "digest      xxh3-128")) << r.out;  // the default
   r = Cli({"show", "demo", "20", "--json"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "\"digest_algorithm\":\"xxh3-128\"")) << r.out;
   r = Cli({"verify", "demo", "10"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   r = Cli({"verify", "demo", "--all"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "step 10  ok")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "step 20  ok")) << r.out;
   r = Cli({"health"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StartsWith(r.out, "ok")) << r.out;
 }
 
 TEST_P(CliTest, RestoreIsByteIdentical) {
   std::string out = scratch_ + "/restored";
   RunResult r = Cli({"restore", "demo", "latest", "--out", out});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const auto& shard : demo_[20].shards) {
     std::string file = absl::StrCat(out, "/rank", shard.rank, ".safetensors");
     std::string payload;
@@ -115,63 +113,63 @@ TEST_P(CliTest, RestoreIsByteIdentical) {
     EXPECT_FALSE(fs::exists(file + ".tmp"));
   }
   EXPECT_TRUE(fs::exists(out + "/manifest.json"));
-  std::string manifest;
-  ASSERT_TRUE(client::testing::ReadFile(out + "/manifest.json", &manifest));
-  EXPECT_TRUE(PythonParsesJson(manifest, scratch_));
+  const absl::StatusOr<std::string> manifest = ReadFile(out + "/manifest.json");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_TRUE(PythonParsesJson(*manifest));
 
   std::string one = scratch_ + "/one";
   r = Cli({"restore", "demo", "10", "--out", one, "--rank", "1"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(fs::exists(one + "/rank0.safetensors"));
   std::string payload;
   ASSERT_TRUE(SafetensorsPayload(one + "/rank1.safetensors", &payload));
   EXPECT_TRUE(payload == demo_[10].shards[1].Payload());
   r = Cli({"restore", "demo", "10", "--out", one, "--rank", "2"});
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
 TEST_P(CliTest, ExportReadByIndependentPythonReader) {
   std::string file = scratch_ + "/model.safetensors";
   RunResult r = Cli({"export", "demo", "10", "--format", "safetensors", "--out", file});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(fs::exists(file)) << "world size 2 names files per rank";
   for (const auto& shard : demo_[10].shards) {
     std::string f = absl::StrCat(scratch_, "/model.rank", shard.rank, ".safetensors");
     std::string exp = WriteExpectation(shard, "demo", 10,
                                        absl::StrCat(scratch_, "/exp", shard.rank, ".json"));
     RunResult py = Python(f, exp);
-    EXPECT_EQ(py.rc, 0) << py.out << py.err;
+    EXPECT_EQ(py.exit_code, 0) << py.out << py.err;
     EXPECT_TRUE(absl::StartsWith(py.out, "ok ")) << py.out;
   }
   std::string solo = scratch_ + "/solo.safetensors";
   r = Cli({"export", "solo", "5", "--out", solo, "--json"});
-  ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_TRUE(PythonParsesJson(r.out, scratch_)) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(PythonParsesJson(r.out)) << r.out;
   RunResult py = Python(solo, WriteExpectation(solo_.shards[0], "solo", 5, scratch_ + "/e.json"));
-  EXPECT_EQ(py.rc, 0) << py.out << py.err;
+  EXPECT_EQ(py.exit_code, 0) << py.out << py.err;
   // The reader really checks: another step's expectation must fail.
   py = Python(solo, WriteExpectation(demo_[10].shards[0], "solo", 5, scratch_ + "/bad.json"));
-  EXPECT_NE(py.rc, 0) << py.out;
+  EXPECT_NE(py.exit_code, 0) << py.out;
   r = Cli({"export", "solo", "5", "--format", "npz", "--out", solo});
-  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(r.exit_code, 2);
 }
 
 TEST_P(CliTest, RmAndGc) {
   RunResult r = Cli({"rm", "demo", "10"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   r = Cli({"show", "demo", "10"});
-  EXPECT_EQ(r.rc, 4) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: NOT_FOUND")) << r.err;
   std::unique_ptr<client::Client> c = target_->OpenClient();
   ASSERT_NE(c, nullptr);
   for (int64_t step : {30, 40}) ASSERT_TRUE(SaveTestCheckpoint(*c, "demo", step, 2, 1, 0).ok());
   c.reset();
   r = Cli({"gc", "demo", "--keep-last", "2", "--json"});
-  ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_TRUE(PythonParsesJson(r.out, scratch_)) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(PythonParsesJson(r.out)) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "\"deleted_steps\":[20]")) << r.out;
   r = Cli({"ls", "demo", "--json"});
-  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(absl::StrContains(r.out, "\"step\":20,")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "\"step\":40,")) << r.out;
 }
@@ -183,8 +181,8 @@ TEST_P(CliTest, JsonOutputsParse) {
     std::vector<std::string> a = {"--json"};
     a.insert(a.end(), args.begin(), args.end());
     RunResult r = Cli(a);
-    ASSERT_EQ(r.rc, 0) << args[0] << ": " << r.err;
-    EXPECT_TRUE(PythonParsesJson(r.out, scratch_)) << args[0] << ": " << r.out;
+    ASSERT_EQ(r.exit_code, 0) << args[0] << ": " << r.err;
+    EXPECT_TRUE(PythonParsesJson(r.out)) << args[0] << ": " << r.out;
   }
   RunResult r = Cli({"--json", "ls"});
   EXPECT_TRUE(absl::StrContains(r.out, "{\"job\":\"demo\",\"checkpoints\":2,\"latest_step\":20"))
@@ -212,43 +210,40 @@ TEST_P(CliTest, ErrorsAreOneLineWithExitCodes) {
   };
   for (const Case& c : cases) {
     RunResult r = Cli(c.args);
-    EXPECT_EQ(r.rc, c.rc) << c.args[0] << " " << (c.args.size() > 1 ? c.args[1] : "") << ": "
-                          << r.err;
+    EXPECT_EQ(r.exit_code, c.rc) << c.args[0] << " " << (c.args.size() > 1 ? c.args[1] : "") << ": "
+                                 << r.err;
     EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: ")) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
-  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", scratch_ + "/none", "ls"}, scratch_);
-  EXPECT_EQ(r.rc, 4) << r.err;
+  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", scratch_ + "/none", "ls"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
   r = Cli({"restore", "--help"});
-  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(r.out, "--rank R")) << r.out;
-  r = RunProgram(GRADSNAP_CLI_PATH, {}, scratch_);
-  EXPECT_EQ(r.rc, 2);
+  r = RunProgram(GRADSNAP_CLI_PATH, {});
+  EXPECT_EQ(r.exit_code, 2);
 }
 
 TEST_P(CliTest, TokenMatchesLibrary) {
   std::string secret_file = scratch_ + "/secret";
   std::ofstream(secret_file) << "0123456789abcdef0123456789abcdef\n";
-  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"token", "demo", "--secret-file", secret_file},
-                           scratch_);
-  ASSERT_EQ(r.rc, 0) << r.err;
+  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"token", "demo", "--secret-file", secret_file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   auto want = MintJobToken("0123456789abcdef0123456789abcdef", "demo");
   ASSERT_TRUE(want.ok());
   EXPECT_EQ(r.out, *want + "\n");
-  r = RunProgram(GRADSNAP_CLI_PATH, {"token", "demo", "--secret-file", scratch_ + "/missing"},
-                 scratch_);
-  EXPECT_NE(r.rc, 0);
+  r = RunProgram(GRADSNAP_CLI_PATH, {"token", "demo", "--secret-file", scratch_ + "/missing"});
+  EXPECT_NE(r.exit_code, 0);
 }
 
 // A corrupted chunk on disk: verify and restore report DATA_LOSS (exit 3) and write nothing;
 // other checkpoints still verify. Embedded only: the test edits the engine's segment files.
 TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
-  std::string scratch = client::testing::MakeTempDir("cli-corrupt");
+  const TempDir tmp("cli-corrupt");
+  const std::string scratch = tmp.path();
   std::string dir = scratch + "/ckpt";
   {
-    client::ClientOptions o;
-    o.local_dir = dir;
-    auto c = client::Client::Connect(o);
+    auto c = client::testing::ConnectLocal(dir);
     ASSERT_TRUE(c.ok()) << c.status();
     for (int64_t step : {1, 2}) {
       ASSERT_TRUE(SaveTestCheckpoint(**c, "bad", step, 2, 3, 256 << 10).ok());
@@ -259,68 +254,60 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
     if (!e.is_regular_file() || !absl::StrContains(e.path().string(), "/00000000000000000002")) {
       continue;
     }
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    uint64_t size = fs::file_size(e.path());
+    const uint64_t size = fs::file_size(e.path());
     for (uint64_t off = 100; off < size; off += 4096) {
-      f.seekg(static_cast<std::streamoff>(off));
-      char b = 0;
-      f.read(&b, 1);
-      b ^= 0x5a;
-      f.seekp(static_cast<std::streamoff>(off));
-      f.write(&b, 1);
+      ASSERT_TRUE(FlipByte(e.path().string(), off, 0x5a).ok());
       ++flipped;
     }
   }
   ASSERT_GT(flipped, 0) << "no segment files of step 2 under " << dir;
   auto cli = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {"--ckpt-dir", dir});
-    return RunProgram(GRADSNAP_CLI_PATH, args, scratch);
+    return RunProgram(GRADSNAP_CLI_PATH, args);
   };
   RunResult r = cli({"verify", "bad", "2"});
-  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: DATA_LOSS")) << r.err;
   r = cli({"verify", "bad", "--all", "--json"});
-  EXPECT_EQ(r.rc, 3) << r.err;
-  EXPECT_TRUE(PythonParsesJson(r.out, scratch)) << r.out;
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(PythonParsesJson(r.out)) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "\"step\":1,\"ok\":true")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "\"step\":2,\"ok\":false")) << r.out;
   r = cli({"restore", "bad", "2", "--out", scratch + "/out"});
-  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_FALSE(fs::exists(scratch + "/out/rank0.safetensors") &&
                fs::exists(scratch + "/out/rank1.safetensors"));
   EXPECT_FALSE(fs::exists(scratch + "/out/rank0.safetensors.tmp"));
   EXPECT_FALSE(fs::exists(scratch + "/out/manifest.json"));
   r = cli({"verify", "bad", "1"});
-  EXPECT_EQ(r.rc, 0) << r.err;
-  client::testing::RemoveDir(scratch);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 // A directory held open by another engine (a trainer) is reported as in use, not as a crash.
 TEST(CliLockTest, DirectoryInUseIsOneLineUnavailable) {
-  std::string scratch = client::testing::MakeTempDir("cli-lock");
-  client::ClientOptions o;
-  o.local_dir = scratch + "/ckpt";
-  auto holder = client::Client::Connect(o);
+  const TempDir tmp("cli-lock");
+  const std::string scratch = tmp.path();
+  const std::string dir = scratch + "/ckpt";
+  auto holder = client::testing::ConnectLocal(dir);
   ASSERT_TRUE(holder.ok()) << holder.status();
   // A writing command needs the directory to itself; reading commands open it read-only and
   // work next to the holder.
-  RunResult r =
-      RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "rm", "j", "1"}, scratch);
-  EXPECT_EQ(r.rc, 1);
+  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", dir, "rm", "j", "1"});
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: UNAVAILABLE: checkpoint directory")) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "in use")) << r.err;
-  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
-  EXPECT_EQ(r.rc, 0) << r.err;
+  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", dir, "ls"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   holder->reset();
-  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", o.local_dir, "ls"}, scratch);
-  EXPECT_EQ(r.rc, 0) << r.err;
-  client::testing::RemoveDir(scratch);
+  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", dir, "ls"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 // With --auth-secret-file on the server: the CLI needs the job's token (--token or
 // --token-file), and another job's token is refused.
 TEST(CliServerAuthTest, TokensFromFlagsAndFiles) {
-  std::string scratch = client::testing::MakeTempDir("cli-auth");
+  const TempDir tmp("cli-auth");
+  const std::string scratch = tmp.path();
   std::string secret = scratch + "/secret";
   std::ofstream(secret) << "an-auth-secret-of-32-bytes-long!\n";
   auto target = MakeTarget("server", scratch, {"--auth-secret-file", secret});
@@ -328,40 +315,40 @@ TEST(CliServerAuthTest, TokensFromFlagsAndFiles) {
   auto cli = [&](std::vector<std::string> args) {
     std::vector<std::string> all = (*target)->Flags();
     all.insert(all.end(), args.begin(), args.end());
-    return RunProgram(GRADSNAP_CLI_PATH, all, scratch);
+    return RunProgram(GRADSNAP_CLI_PATH, all);
   };
   RunResult tok = cli({"token", "demo", "--secret-file", secret});
-  ASSERT_EQ(tok.rc, 0) << tok.err;
+  ASSERT_EQ(tok.exit_code, 0) << tok.err;
   std::string token = tok.out.substr(0, tok.out.find('\n'));
   std::ofstream(scratch + "/demo.token") << token << "\n";
   RunResult other = cli({"token", "other", "--secret-file", secret});
-  ASSERT_EQ(other.rc, 0) << other.err;
+  ASSERT_EQ(other.exit_code, 0) << other.err;
   {
     std::unique_ptr<client::Client> c = (*target)->OpenClient(token);
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(SaveTestCheckpoint(*c, "demo", 7, 1, 5, 64 << 10).ok());
   }
   RunResult r = cli({"ls", "demo"});
-  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: UNAUTHENTICATED")) << r.err;
   r = cli({"--token", other.out.substr(0, other.out.find('\n')), "show", "demo", "7"});
-  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: PERMISSION_DENIED")) << r.err;
   r = cli({"--token-file", scratch + "/demo.token", "verify", "demo", "7"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   r = cli({"show", "demo", "7", "--token", token});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   r = cli({"restore", "demo", "--out", scratch + "/out", "--token", token});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(fs::exists(scratch + "/out/rank0.safetensors"));
   target->reset();
-  client::testing::RemoveDir(scratch);
 }
 
 // TLS through the CLI's --tls-ca (and mutual TLS with --tls-cert/--tls-key) against a server
 // with a certificate from a throwaway CA made with the openssl command.
 TEST(CliServerTlsTest, TlsCaAndMutualTls) {
-  std::string scratch = client::testing::MakeTempDir("cli-tls");
+  const TempDir tmp("cli-tls");
+  const std::string scratch = tmp.path();
   std::string openssl = absl::StrCat(
       "cd '", scratch, "' && (set -e; "
       "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=cli-test-ca "
@@ -381,7 +368,7 @@ TEST(CliServerTlsTest, TlsCaAndMutualTls) {
   auto cli = [&](std::vector<std::string> args) {
     std::vector<std::string> all = (*target)->Flags();
     all.insert(all.end(), args.begin(), args.end());
-    return RunProgram(GRADSNAP_CLI_PATH, all, scratch);
+    return RunProgram(GRADSNAP_CLI_PATH, all);
   };
   const std::vector<std::string> kMutual = {"--tls-ca", scratch + "/ca.pem", "--tls-cert",
                                             scratch + "/client.pem", "--tls-key",
@@ -389,25 +376,24 @@ TEST(CliServerTlsTest, TlsCaAndMutualTls) {
   std::vector<std::string> args = kMutual;
   args.push_back("health");
   RunResult r = cli(args);
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   args = kMutual;
   args.insert(args.end(), {"ls", "--json"});
   r = cli(args);
-  EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_TRUE(PythonParsesJson(r.out, scratch)) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(PythonParsesJson(r.out)) << r.out;
   // Plaintext against a TLS server, and TLS without the client certificate, both fail.
   r = cli({"health"});
-  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: ")) << r.err;
   r = cli({"--tls-ca", scratch + "/ca.pem", "health"});
-  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.exit_code, 0) << r.out;
   target->reset();
-  client::testing::RemoveDir(scratch);
 }
 
 INSTANTIATE_TEST_SUITE_P(Targets, CliTest, ::testing::ValuesIn(CliTargetNames()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
-}  // namespace clitest
+}  // namespace testing
 }  // namespace gradsnap

@@ -16,33 +16,30 @@
 #include "tests/client/cli_test_util.h"
 
 namespace gradsnap {
-namespace clitest {
+namespace testing {
 namespace {
 
 namespace fs = std::filesystem;
-using client::testing::MakeTempDir;
-using client::testing::RemoveDir;
 
 class CliStorageTest : public ::testing::Test {
  protected:
-  void SetUp() override { scratch_ = MakeTempDir("cli-storage"); }
-  void TearDown() override { RemoveDir(scratch_); }
+  void SetUp() override { scratch_ = tmp_.path(); }
   RunResult Cli(const std::vector<std::string>& args) {
-    return RunProgram(GRADSNAP_CLI_PATH, args, scratch_);
+    return RunProgram(GRADSNAP_CLI_PATH, args);
   }
+  // Runs each of `commands` on the store `dir`; every one must exit 0.
+  void ExpectAllSucceed(const std::string& dir,
+                        const std::vector<std::vector<std::string>>& commands) {
+    for (const std::vector<std::string>& cmd : commands) {
+      std::vector<std::string> args = {"--ckpt-dir", dir};
+      args.insert(args.end(), cmd.begin(), cmd.end());
+      RunResult r = Cli(args);
+      EXPECT_EQ(r.exit_code, 0) << cmd[0] << ": " << r.err;
+    }
+  }
+  const TempDir tmp_{"cli-storage"};
   std::string scratch_;
 };
-
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::string v = "<dir>";
-    if (it->is_regular_file()) client::testing::ReadFile(it->path().string(), &v);
-    out[it->path().string()] = v;
-  }
-  return out;
-}
 
 int Lines(const std::string& s) {
   int n = 0;
@@ -52,9 +49,7 @@ int Lines(const std::string& s) {
 
 // Two committed checkpoints of job "j" in an embedded store at `dir`.
 void SaveTwo(const std::string& dir) {
-  client::ClientOptions o;
-  o.local_dir = dir;
-  auto c = client::Client::Connect(o);
+  auto c = client::testing::ConnectLocal(dir);
   ASSERT_TRUE(c.ok()) << c.status();
   for (int64_t step : {1, 2}) {
     auto saved = client::testing::SaveTestCheckpoint(**c, "j", step, 2, step, 1 << 20);
@@ -66,14 +61,14 @@ TEST_F(CliStorageTest, LsOfAnEmptyOrMissingDirectoryCreatesNothing) {
   const std::string empty = scratch_ + "/empty";
   fs::create_directories(empty);
   RunResult r = Cli({"--ckpt-dir", empty, "ls"});
-  EXPECT_EQ(r.rc, 4) << r.err;
+  EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_TRUE(fs::is_empty(empty)) << "ls created files in " << empty;
   r = Cli({"--ckpt-dir", empty, "verify", "j"});
-  EXPECT_EQ(r.rc, 4) << r.err;
+  EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_TRUE(fs::is_empty(empty));
   r = Cli({"--ckpt-dir", scratch_ + "/missing", "ls"});
-  EXPECT_EQ(r.rc, 4) << r.err;
+  EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_FALSE(fs::exists(scratch_ + "/missing"));
 }
 
@@ -81,15 +76,15 @@ TEST_F(CliStorageTest, TokenFileIsReadWithABound) {
   const std::string dir = scratch_ + "/store";
   fs::create_directories(dir);
   RunResult r = Cli({"--ckpt-dir", dir, "--token-file", scratch_, "ls"});
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "not a regular file")) << r.err;
   r = Cli({"--ckpt-dir", dir, "--token-file", "/dev/zero", "ls"});
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "not a regular file")) << r.err;
   const std::string big = scratch_ + "/big";
   { std::ofstream(big) << std::string(200 << 10, 'a'); }
   r = Cli({"--ckpt-dir", dir, "--token-file", big, "ls"});
-  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "larger than")) << r.err;
   EXPECT_EQ(Lines(r.err), 1);
 }
@@ -97,29 +92,21 @@ TEST_F(CliStorageTest, TokenFileIsReadWithABound) {
 TEST_F(CliStorageTest, ReadOnlyCommandsChangeNothingAndRunNextToAWriter) {
   const std::string dir = scratch_ + "/store";
   SaveTwo(dir);
-  const auto before = Snapshot(dir);
-  for (const std::vector<std::string>& cmd :
-       std::vector<std::vector<std::string>>{{"ls"},
-                                             {"ls", "j"},
-                                             {"show", "j", "2"},
-                                             {"verify", "j", "--all"},
-                                             {"restore", "j", "1", "--out", scratch_ + "/out"}}) {
-    std::vector<std::string> args = {"--ckpt-dir", dir};
-    args.insert(args.end(), cmd.begin(), cmd.end());
-    RunResult r = Cli(args);
-    EXPECT_EQ(r.rc, 0) << cmd[0] << ": " << r.err;
-  }
-  EXPECT_TRUE(before == Snapshot(dir)) << "a read-only command changed " << dir;
+  const auto before = DirContents(dir);
+  ExpectAllSucceed(dir, {{"ls"},
+                         {"ls", "j"},
+                         {"show", "j", "2"},
+                         {"verify", "j", "--all"},
+                         {"restore", "j", "1", "--out", scratch_ + "/out"}});
+  EXPECT_TRUE(before == DirContents(dir)) << "a read-only command changed " << dir;
   // A writer holds the store open: reading commands still work.
-  client::ClientOptions o;
-  o.local_dir = dir;
-  auto writer = client::Client::Connect(o);
+  auto writer = client::testing::ConnectLocal(dir);
   ASSERT_TRUE(writer.ok()) << writer.status();
   RunResult r = Cli({"--ckpt-dir", dir, "ls", "j"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "2")) << r.out;
   r = Cli({"--ckpt-dir", dir, "verify", "j", "2"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 // A store on a read-only file system (a tmpfs remounted read-only; skipped where this process
@@ -137,18 +124,12 @@ TEST_F(CliStorageTest, ReadOnlyFileSystem) {
   const std::string dir = mnt + "/store";
   SaveTwo(dir);
   ASSERT_EQ(::mount("tmpfs", mnt.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "size=64m"), 0);
-  for (const std::vector<std::string>& cmd :
-       std::vector<std::vector<std::string>>{{"ls"},
-                                             {"show", "j", "latest"},
-                                             {"verify", "j", "--all"},
-                                             {"restore", "j", "2", "--out", scratch_ + "/out"}}) {
-    std::vector<std::string> args = {"--ckpt-dir", dir};
-    args.insert(args.end(), cmd.begin(), cmd.end());
-    RunResult r = Cli(args);
-    EXPECT_EQ(r.rc, 0) << cmd[0] << ": " << r.err;
-  }
+  ExpectAllSucceed(dir, {{"ls"},
+                         {"show", "j", "latest"},
+                         {"verify", "j", "--all"},
+                         {"restore", "j", "2", "--out", scratch_ + "/out"}});
   RunResult r = Cli({"--ckpt-dir", dir, "rm", "j", "1"});
-  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "the file system is read-only")) << r.err;
 }
@@ -158,23 +139,23 @@ TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
   SaveTwo(dir);
   fs::remove_all(dir + "/meta");
   RunResult r = Cli({"--ckpt-dir", dir, "ls", "j"});
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
-  const auto before = Snapshot(dir);
+  const auto before = DirContents(dir);
   r = Cli({"--ckpt-dir", dir, "fsck"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "restorable job j step 1 (FULL, 2 shards)")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "restorable job j step 2 (FULL, 2 shards)")) << r.out;
-  EXPECT_TRUE(before == Snapshot(dir)) << "fsck without --rebuild changed " << dir;
+  EXPECT_TRUE(before == DirContents(dir)) << "fsck without --rebuild changed " << dir;
   r = Cli({"--ckpt-dir", dir, "fsck", "--rebuild"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "catalog rebuilt: 2 checkpoints")) << r.out;
   r = Cli({"--ckpt-dir", dir, "verify", "j", "--all"});
-  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   r = Cli({"--json", "--ckpt-dir", dir, "fsck"});
-  EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_TRUE(PythonParsesJson(r.out, scratch_)) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(PythonParsesJson(r.out)) << r.out;
 }
 
 TEST_F(CliStorageTest, FsckFindsACheckpointTheSegmentsCannotRestore) {
@@ -183,20 +164,13 @@ TEST_F(CliStorageTest, FsckFindsACheckpointTheSegmentsCannotRestore) {
   // Flip a byte in the header of the first chunk record of step 1, rank 0 (a record's tail
   // may be padding, its header never is).
   std::string seg = dir + "/segments/j/00000000000000000001/r0000000000-000000.seg";
-  {
-    std::fstream f(seg, std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(20);
-    f.get(c);
-    f.seekp(20);
-    f.put(static_cast<char>(c ^ 0x40));
-  }
+  ASSERT_TRUE(FlipByte(seg, 20, 0x40).ok());
   RunResult r = Cli({"--ckpt-dir", dir, "fsck"});
-  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "LOST       job j step 1")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "restorable job j step 2")) << r.out;
 }
 
 }  // namespace
-}  // namespace clitest
+}  // namespace testing
 }  // namespace gradsnap

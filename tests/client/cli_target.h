@@ -11,7 +11,7 @@
 #include "client/client.h"
 
 namespace gradsnap {
-namespace clitest {
+namespace testing {
 
 class CliTarget {
  public:
@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(
     const std::string& name, const std::string& scratch,
     const std::vector<std::string>& server_args = {});
 
-}  // namespace clitest
+}  // namespace testing
 }  // namespace gradsnap
 
 #endif  // GRADSNAP_TESTS_CLIENT_CLI_TARGET_H_

@@ -1,9 +1,5 @@
 #include "tests/client/cli_test_util.h"
 
-#include <sys/wait.h>
-
-#include <atomic>
-#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -13,40 +9,11 @@
 #include "common/sha256.h"
 
 namespace gradsnap {
-namespace clitest {
-namespace {
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out.push_back(c);
-  }
-  return out + "'";
-}
-
-}  // namespace
-
-RunResult RunProgram(const std::string& program, const std::vector<std::string>& args,
-                     const std::string& scratch) {
-  static std::atomic<int> counter{0};
-  int id = counter++;
-  std::string out = absl::StrCat(scratch, "/run", id, ".out");
-  std::string err = absl::StrCat(scratch, "/run", id, ".err");
-  std::string cmd = ShellQuote(program);
-  for (const std::string& a : args) absl::StrAppend(&cmd, " ", ShellQuote(a));
-  absl::StrAppend(&cmd, " >", ShellQuote(out), " 2>", ShellQuote(err), " </dev/null");
-  RunResult r;
-  int status = std::system(cmd.c_str());
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  client::testing::ReadFile(out, &r.out);
-  client::testing::ReadFile(err, &r.err);
-  return r;
-}
+namespace testing {
 
 bool SafetensorsPayload(const std::string& file, std::string* payload) {
-  std::string blob;
-  if (!client::testing::ReadFile(file, &blob) || blob.size() < 8) return false;
+  const std::string blob = ::gradsnap::testing::ReadFileOrEmpty(file);
+  if (blob.size() < 8) return false;
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(blob[i])) << (8 * i);
   if (n > blob.size() - 8) return false;
@@ -70,14 +37,14 @@ std::string WriteExpectation(const client::testing::TestShard& shard, const std:
   return path;
 }
 
-bool PythonParsesJson(const std::string& json, const std::string& scratch) {
-  static std::atomic<int> counter{0};
-  std::string path = absl::StrCat(scratch, "/doc", counter++, ".json");
+bool PythonParsesJson(const std::string& json) {
+  const TempDir dir("json");
+  const std::string path = dir.File("doc.json");
   std::ofstream(path, std::ios::binary | std::ios::trunc) << json;
-  RunResult r = RunProgram("python3", {"-c", "import json,sys; json.load(open(sys.argv[1]))", path},
-                           scratch);
-  return r.rc == 0;
+  const RunResult r =
+      RunProgram("python3", {"-c", "import json,sys; json.load(open(sys.argv[1]))", path});
+  return r.exit_code == 0;
 }
 
-}  // namespace clitest
+}  // namespace testing
 }  // namespace gradsnap

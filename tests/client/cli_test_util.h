@@ -1,5 +1,6 @@
-// Helpers of the gradsnap CLI end-to-end tests: run build/bin/gradsnap as a subprocess, read
-// safetensors payloads, write the expectations the independent Python reader checks.
+// Helpers of the gradsnap CLI end-to-end tests: read safetensors payloads, write the
+// expectations the independent Python reader checks. Processes and temporary directories come
+// from tests/testing/.
 #ifndef GRADSNAP_TESTS_CLIENT_CLI_TEST_UTIL_H_
 #define GRADSNAP_TESTS_CLIENT_CLI_TEST_UTIL_H_
 
@@ -7,19 +8,12 @@
 #include <vector>
 
 #include "client/test_util.h"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
-namespace clitest {
-
-struct RunResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs `program args...` with stdout and stderr captured (files in `scratch`).
-RunResult RunProgram(const std::string& program, const std::vector<std::string>& args,
-                     const std::string& scratch);
+namespace testing {
 
 // The data section of a safetensors file (after the header); false if malformed.
 bool SafetensorsPayload(const std::string& file, std::string* payload);
@@ -29,9 +23,9 @@ std::string WriteExpectation(const client::testing::TestShard& shard, const std:
                              int64_t step, const std::string& path);
 
 // True when `json` parses as JSON according to python3's json module.
-bool PythonParsesJson(const std::string& json, const std::string& scratch);
+bool PythonParsesJson(const std::string& json);
 
-}  // namespace clitest
+}  // namespace testing
 }  // namespace gradsnap
 
 #endif  // GRADSNAP_TESTS_CLIENT_CLI_TEST_UTIL_H_

@@ -10,6 +10,7 @@
 #include "common/digest.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
+#include "tests/testing/gtest_util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -22,18 +23,14 @@ std::unique_ptr<Client> Connect(const std::vector<std::string>& endpoints, int r
   ClientOptions o;
   o.endpoints = endpoints;
   o.replicas = replicas;
-  auto c = client::NewRemoteClient(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return ValueOrNull(client::NewRemoteClient(o));
 }
 
 TEST(ServiceE2E, SaveListShowVerifyRestore) {
   TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                            "--cache-bytes", "0", "--metrics-listen", "127.0.0.1:0"})
-                  .ok());
-  auto c = Connect({server.address()});
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  auto c = ValueOrNull(StartAndConnect(&server, dir.File("data"),
+                                       {"--cache-bytes", "0", "--metrics-listen", "127.0.0.1:0"}));
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->Health().ok());
   constexpr int kRanks = 3;
@@ -102,8 +99,8 @@ TEST(ServiceE2E, SaveListShowVerifyRestore) {
 // an older writer epoch is refused as superseded once a newer one was acquired.
 TEST(ServiceE2E, RePersistIdempotentConflictAndEpochs) {
   TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir.File("data")).ok());
   auto c = Connect({server.address()});
   ASSERT_NE(c, nullptr);
   auto e1 = c->AcquireEpoch("re");
@@ -146,11 +143,9 @@ TEST(ServiceE2E, RePersistIdempotentConflictAndEpochs) {
 
 TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
   TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                            "--cache-bytes", "64000000", "--metrics-listen", "127.0.0.1:0"})
-                  .ok());
-  auto c = Connect({server.address()});
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  auto c = ValueOrNull(StartAndConnect(
+      &server, dir.File("data"), {"--cache-bytes", "64000000", "--metrics-listen", "127.0.0.1:0"}));
   ASSERT_NE(c, nullptr);
   std::vector<TestShard> shards;
   for (int step : {1, 2}) {
@@ -191,7 +186,7 @@ TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
   std::vector<TestShard> shards = {MakeShard("dg", 1, 0, {1 << 20, 4096}, 5),
                                    MakeShard("dg", 2, 0, {1 << 20, 4096}, 6)};
   for (int i = 0; i < 2; ++i) {
-    ServerProcess server;
+    ServerProcess server(GRADSNAP_SERVER_BIN);
     std::vector<std::string> args = {"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"};
     if (i == 0) args.insert(args.end(), {"--digest", "sha256"});
     ASSERT_TRUE(server.Start(args).ok()) << server.Log();
@@ -219,21 +214,20 @@ TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
     server.Signal(SIGTERM);
     EXPECT_EQ(server.Wait(), 0);
   }
-  ServerProcess bad;
-  EXPECT_FALSE(bad.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                          "--digest", "md5"}).ok());
+  ServerProcess bad(GRADSNAP_SERVER_BIN);
+  EXPECT_FALSE(bad.StartOn(dir.File("data"), "127.0.0.1:0", {"--digest", "md5"}).ok());
   EXPECT_NE(bad.Wait(), 0);
-  ServerProcess bad_interval;
-  EXPECT_FALSE(bad_interval.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                                   "--durable-every-mib", "0"}).ok());
+  ServerProcess bad_interval(GRADSNAP_SERVER_BIN);
+  EXPECT_FALSE(
+      bad_interval.StartOn(dir.File("data"), "127.0.0.1:0", {"--durable-every-mib", "0"}).ok());
   EXPECT_NE(bad_interval.Wait(), 0);
 }
 
 TEST(ServiceE2E, TwoNodesWithPlacementAndReplicaFailover) {
   TempDir dir;
-  ServerProcess a, b;
-  ASSERT_TRUE(a.Start({"--data-dir", dir.File("a"), "--listen", "127.0.0.1:0"}).ok());
-  ASSERT_TRUE(b.Start({"--data-dir", dir.File("b"), "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(a.StartOn(dir.File("a")).ok());
+  ASSERT_TRUE(b.StartOn(dir.File("b")).ok());
   constexpr int kRanks = 4;
   std::vector<TestShard> shards;
   {

@@ -15,6 +15,7 @@
 #include "proto/convert.h"
 #include "proto/gradsnap.grpc.pb.h"
 #include "tests/service/service_test_util.h"
+#include "tests/testing/gtest_util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -26,9 +27,7 @@ std::unique_ptr<client::Client> Connect(const std::string& address) {
   client::ClientOptions o;
   o.endpoints = {address};
   o.max_attempts = 40;  // backoff reaches 2 s: rides out a restart of several seconds
-  auto c = client::NewRemoteClient(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return ValueOrNull(client::NewRemoteClient(o));
 }
 
 // Waits (up to 60 s) until the server has received more than `bytes` upload bytes.
@@ -63,7 +62,7 @@ void ExpectNothingListedOrVerified(client::Client* c, const std::string& job) {
 
 TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   TempDir dir;
-  auto server = std::make_unique<ServerProcess>();
+  auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, 0)).ok());
   const int port = server->port();
   auto c = Connect(server->address());
@@ -74,7 +73,7 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   ASSERT_TRUE(WaitForBytesIn(*server, 100 << 20));
   server->Signal(SIGKILL);
   EXPECT_EQ(server->Wait(), 128 + SIGKILL);
-  server = std::make_unique<ServerProcess>();
+  server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, port)).ok()) << "restart on port " << port;
   // After the restart nothing partial is listed.
   {
@@ -98,7 +97,7 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
 
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
-  auto server = std::make_unique<ServerProcess>();
+  auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, 0, "100")).ok());
   const int port = server->port();
   auto c = Connect(server->address());
@@ -110,7 +109,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   ASSERT_TRUE(WaitForBytesIn(*server, 40 << 20));
   server->Signal(SIGTERM);
   EXPECT_EQ(server->Wait(), 0) << server->Log();  // clean exit within the grace period
-  server = std::make_unique<ServerProcess>();
+  server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, port)).ok());
   {
     auto other = Connect(server->address());
@@ -133,7 +132,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
 
 TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
   TempDir dir;
-  ServerProcess server;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
   auto c = Connect(server.address());
   TestShard shard = MakeShard("dropped", 3, 0, {8u << 20}, 8);

@@ -25,9 +25,10 @@ constexpr uint64_t kOverhead = 128u << 20;
 
 TEST(ServiceLoad, SixteenClientsBoundedMemory) {
   TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                            "--max-inflight-bytes", std::to_string(kInflight), "--cache-bytes",
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server
+                  .StartOn(dir.File("data"), "127.0.0.1:0",
+                           {"--max-inflight-bytes", std::to_string(kInflight), "--cache-bytes",
                             std::to_string(kCache), "--metrics-listen", "127.0.0.1:0"})
                   .ok());
   const uint64_t rest_rss = server.RssBytes();

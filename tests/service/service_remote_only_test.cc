@@ -14,8 +14,8 @@ namespace {
 
 TEST(RemoteOnlyClient, SavesListsVerifiesAndRestoresThroughAServer) {
   TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir.File("data")).ok());
   client::ClientOptions o;
   o.endpoints = {server.address()};
   auto c = client::Client::ConnectRemote(o);

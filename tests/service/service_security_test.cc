@@ -9,6 +9,7 @@
 #include "common/token.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
+#include "tests/testing/gtest_util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -21,9 +22,7 @@ constexpr char kSecret[] = "0123456789abcdef-test-secret";
 std::unique_ptr<client::Client> Connect(ClientOptions o) {
   o.max_attempts = 2;
   o.rpc_timeout_ms = 10000;
-  auto c = client::NewRemoteClient(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return ValueOrNull(client::NewRemoteClient(o));
 }
 
 // Saves a 1-rank checkpoint; the status of the first failing step.
@@ -40,18 +39,26 @@ class SecureServer : public ::testing::Test {
     ASSERT_TRUE(MakeTlsMaterial(dir_.path()).ok());
     std::ofstream(dir_.File("secret")) << kSecret << "\n";
   }
+  // Starts `server` with TLS (server.pem, server.key) and `extra` flags; returns client options
+  // for it that trust ca.pem.
+  ClientOptions StartTls(ServerProcess* server, const std::vector<std::string>& extra) {
+    std::vector<std::string> flags = {"--tls-cert", dir_.File("server.pem"), "--tls-key",
+                                      dir_.File("server.key")};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    const absl::Status st = server->StartOn(dir_.File("data"), "127.0.0.1:0", flags);
+    EXPECT_TRUE(st.ok()) << st;
+    ClientOptions o;
+    o.endpoints = {server->address()};
+    o.tls_ca_file = dir_.File("ca.pem");
+    return o;
+  }
   TempDir dir_;
 };
 
 TEST_F(SecureServer, TlsAndTokens) {
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir_.File("data"), "--listen", "127.0.0.1:0",
-                            "--tls-cert", dir_.File("server.pem"), "--tls-key",
-                            dir_.File("server.key"), "--auth-secret-file", dir_.File("secret")})
-                  .ok());
-  ClientOptions o;
-  o.endpoints = {server.address()};
-  o.tls_ca_file = dir_.File("ca.pem");
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ClientOptions o = StartTls(&server, {"--auth-secret-file", dir_.File("secret")});
+  ASSERT_TRUE(server.running());
   std::string token_a = *MintJobToken(kSecret, "job-a");
   std::string token_b = *MintJobToken(kSecret, "job-b");
 
@@ -110,14 +117,9 @@ TEST_F(SecureServer, TlsAndTokens) {
 }
 
 TEST_F(SecureServer, MutualTls) {
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir_.File("data"), "--listen", "127.0.0.1:0",
-                            "--tls-cert", dir_.File("server.pem"), "--tls-key",
-                            dir_.File("server.key"), "--tls-client-ca", dir_.File("ca.pem")})
-                  .ok());
-  ClientOptions o;
-  o.endpoints = {server.address()};
-  o.tls_ca_file = dir_.File("ca.pem");
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ClientOptions o = StartTls(&server, {"--tls-client-ca", dir_.File("ca.pem")});
+  ASSERT_TRUE(server.running());
   // Without a client certificate the handshake fails.
   EXPECT_EQ(Connect(o)->Health().code(), absl::StatusCode::kUnavailable);
   o.tls_cert_file = dir_.File("client.pem");
@@ -130,8 +132,8 @@ TEST_F(SecureServer, MutualTls) {
 
 TEST(ServiceSecurity, PathTraversalNamesAreRejected) {
   TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir.File("data")).ok());
   ClientOptions o;
   o.endpoints = {server.address()};
   auto c = Connect(o);

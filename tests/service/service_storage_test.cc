@@ -4,10 +4,7 @@
 // server, a full disk is RESOURCE_EXHAUSTED for the writer while reads go on, DELTAs never
 // outlive their base over RPC, and a 2 x 20,000-tensor manifest is shown and restored.
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/mount.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -26,6 +23,9 @@
 #include "storage/engine.h"
 #include "storage/fault_injection_fs.h"
 #include "tests/service/service_test_util.h"
+#include "tests/testing/gtest_util.h"
+#include "tests/testing/process.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -33,85 +33,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct RunResult {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs gradsnap-server to its exit (killed after 60 s) and captures stdout and stderr.
+// Runs gradsnap-server to its exit (killed after 60 s), stdout and stderr captured.
 RunResult RunServerToExit(const std::vector<std::string>& args) {
-  RunResult r;
-  char out_tmpl[] = "/tmp/gradsnap-run-out-XXXXXX";
-  char err_tmpl[] = "/tmp/gradsnap-run-err-XXXXXX";
-  int out_fd = mkstemp(out_tmpl);
-  int err_fd = mkstemp(err_tmpl);
-  std::vector<std::string> argv_s = {GRADSNAP_SERVER_BIN};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out_fd, 1);
-    dup2(err_fd, 2);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out_fd);
-  close(err_fd);
-  Stopwatch w;
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (w.ElapsedSeconds() > 60) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      break;
-    }
-    usleep(10000);
-  }
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  auto slurp = [](const char* path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
-  r.out = slurp(out_tmpl);
-  r.err = slurp(err_tmpl);
-  unlink(out_tmpl);
-  unlink(err_tmpl);
-  return r;
-}
-
-std::map<std::string, std::string> Snapshot(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file()) {
-      std::ifstream in(it->path(), std::ios::binary);
-      out[it->path().string()] = std::string(std::istreambuf_iterator<char>(in), {});
-    } else {
-      out[it->path().string()] = "<dir>";
-    }
-  }
-  return out;
-}
-
-int CountFiles(const std::string& dir) {
-  int n = 0;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file()) ++n;
-  }
-  return n;
+  return RunProgram(GRADSNAP_SERVER_BIN, args, 60);
 }
 
 std::unique_ptr<client::Client> Connect(const std::string& address, int attempts = 3) {
   client::ClientOptions o;
   o.endpoints = {address};
   o.max_attempts = attempts;
-  auto c = client::NewRemoteClient(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return ValueOrNull(client::NewRemoteClient(o));
 }
 
 client::CheckpointSpec DeltaSpec(const std::string& job, int64_t step, int64_t base, int32_t w) {
@@ -129,11 +60,11 @@ int Lines(const std::string& s) {
 
 TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
   TempDir dir;
-  ServerProcess first;
-  ASSERT_TRUE(first.Start({"--data-dir", dir.File("a"), "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess first(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(first.StartOn(dir.File("a")).ok());
   RunResult second = RunServerToExit(
       {"--data-dir", dir.File("b"), "--listen", absl::StrCat("127.0.0.1:", first.port())});
-  EXPECT_EQ(second.code, 1) << second.err;
+  EXPECT_EQ(second.exit_code, 1) << second.err;
   EXPECT_TRUE(absl::StrContains(second.err, "gradsnap-server: cannot listen on")) << second.err;
   EXPECT_EQ(second.out, "");
   // The first server still serves.
@@ -144,11 +75,11 @@ TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
 
 TEST(ServiceStorage, SecondServerOnTheSameDataDirIsRefused) {
   TempDir dir;
-  ServerProcess first;
-  ASSERT_TRUE(first.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess first(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(first.StartOn(dir.File("data")).ok());
   RunResult second =
       RunServerToExit({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"});
-  EXPECT_EQ(second.code, 1) << second.err;
+  EXPECT_EQ(second.exit_code, 1) << second.err;
   EXPECT_TRUE(absl::StrContains(second.err, "another process")) << second.err;
   EXPECT_EQ(first.Describe(), "running");
 }
@@ -176,25 +107,25 @@ Written WriteCheckpoints(client::Client* c) {
 }
 
 void ExpectRefusedUntouched(const std::string& data_dir, int port) {
-  auto before = Snapshot(data_dir);
+  auto before = DirContents(data_dir);
   for (int attempt = 0; attempt < 2; ++attempt) {  // a supervisor restarting it
     RunResult r = RunServerToExit(
         {"--data-dir", data_dir, "--listen", absl::StrCat("127.0.0.1:", port)});
-    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_EQ(Lines(r.err), 1) << r.err;
     EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
   }
-  EXPECT_TRUE(before == Snapshot(data_dir)) << "a refused start changed " << data_dir;
+  EXPECT_TRUE(before == DirContents(data_dir)) << "a refused start changed " << data_dir;
 }
 
 void RebuildAndExpectBack(const std::string& data_dir, const Written& w) {
   RunResult r = RunServerToExit({"--data-dir", data_dir, "--rebuild-catalog"});
-  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "rebuilt job job step 1 (FULL, 2 shards)")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "rebuilt job job step 2 (DELTA, 2 shards)")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "skipped job job step 3: rank 1 of 2")) << r.out;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", data_dir, "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(data_dir).ok());
   auto c = Connect(server.address());
   auto listed = c->List("job", /*include_pending=*/true);
   ASSERT_TRUE(listed.ok()) << listed.status();
@@ -214,8 +145,8 @@ TEST(ServiceStorage, LostCatalogIsRefusedThenRebuilt) {
   Written w;
   int port = 0;
   {
-    ServerProcess server;
-    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    ServerProcess server(GRADSNAP_SERVER_BIN);
+    ASSERT_TRUE(server.StartOn(data).ok());
     port = server.port();
     auto c = Connect(server.address());
     w = WriteCheckpoints(c.get());
@@ -245,8 +176,8 @@ TEST(ServiceStorage, CorruptSstIsRefusedThenRebuilt) {
   Written w;
   int port = 0;
   for (int start = 0; start < 2; ++start) {  // the restart flushes RocksDB's WAL into an SST
-    ServerProcess server;
-    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    ServerProcess server(GRADSNAP_SERVER_BIN);
+    ASSERT_TRUE(server.StartOn(data).ok());
     port = server.port();
     if (start == 0) {
       auto c = Connect(server.address());
@@ -277,17 +208,11 @@ TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
     ASSERT_TRUE((*w)->Append(shard.data[0].data(), 6 << 20).ok());
     ASSERT_TRUE((*w)->Flush().ok());
   }
-  {
-    std::fstream f(data + "/segments/prefix/00000000000000000001/r0000000000-000000.seg",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    char c = 0;
-    f.seekg(100);
-    f.get(c);
-    f.seekp(100);
-    f.put(static_cast<char>(c ^ 0x40));  // always a different byte
-  }
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+  ASSERT_TRUE(
+      FlipByte(data + "/segments/prefix/00000000000000000001/r0000000000-000000.seg", 100, 0x40)
+          .ok());
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(data).ok());
   auto c = Connect(server.address());
   absl::Status s = c->SaveShard(shard.spec, shard.Refs());
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
@@ -306,12 +231,9 @@ TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
 }
 
 TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
-  TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                            "--cache-bytes", "67108864"})
-                  .ok());
-  auto c = Connect(server.address());
+  TestNode node({"--cache-bytes", "67108864"});
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
   // Begin FULL 10, Begin + Write DELTA 11 (base 10), Abort 10.
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 10, 1)).ok());
   ASSERT_TRUE(c->BeginCheckpoint(DeltaSpec("j", 11, 10, 1)).ok());
@@ -329,7 +251,7 @@ TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("j", 11, 1)).ok());
   TestShard again = MakeShard("j", 11, 0, {4096}, 77);
   ASSERT_TRUE(c->SaveShard(again.spec, again.Refs()).ok());
-  auto got = RestoreToString(c.get(), "j", 11, 0);
+  auto got = RestoreToString(c, "j", 11, 0);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got == again.Payload());
   // A committed FULL with a committed DELTA: neither Delete nor Abort takes the FULL.
@@ -344,7 +266,7 @@ TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   listed = c->List("j");
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 3u);  // 11 (the FULL), 20, 21
-  EXPECT_EQ(server.Describe(), "running");
+  EXPECT_EQ(node.server.Describe(), "running");
 }
 
 TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
@@ -418,8 +340,8 @@ TEST(ServiceStorage, RealFullFileSystem) {
   TestShard fresh = MakeShard("new", 1, 0, {8 << 20}, 2);
   TestShard old = MakeShard("old", 1, 0, {2 << 20}, 1);
   {
-    ServerProcess server;
-    ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+    ServerProcess server(GRADSNAP_SERVER_BIN);
+    ASSERT_TRUE(server.StartOn(data).ok());
     auto c = Connect(server.address(), /*attempts=*/2);
     ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
     ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
@@ -438,7 +360,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   }
   // A restart on the full disk is one line and exit 1, not an abort.
   RunResult restart = RunServerToExit({"--data-dir", data, "--listen", "127.0.0.1:0"});
-  EXPECT_EQ(restart.code, 1) << restart.err;
+  EXPECT_EQ(restart.exit_code, 1) << restart.err;
   EXPECT_TRUE(absl::StrContains(restart.err, "not enough free space")) << restart.err;
   // Read-only opens work on the full file system; a read-write one is RESOURCE_EXHAUSTED.
   storage::EngineOptions eo;
@@ -453,8 +375,8 @@ TEST(ServiceStorage, RealFullFileSystem) {
   EXPECT_EQ(storage::Engine::Open(eo).status().code(), absl::StatusCode::kResourceExhausted);
   // Space back: the server starts and the upload completes.
   fs::remove(dir.File("mnt") + "/fill");
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", data, "--listen", "127.0.0.1:0"}).ok());
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(data).ok());
   auto c = Connect(server.address());
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
   EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
@@ -465,12 +387,9 @@ TEST(ServiceStorage, RealFullFileSystem) {
 }
 
 TEST(ServiceStorage, ManifestOf2x20000TensorsIsShownAndRestored) {
-  TempDir dir;
-  ServerProcess server;
-  ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
-                            "--zstd-level", "0"})
-                  .ok());
-  auto c = Connect(server.address());
+  TestNode node({"--zstd-level", "0"});
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("wide", 1, 2)).ok());
   std::vector<uint64_t> sizes(20000, 16);
   std::vector<TestShard> shards;
@@ -493,7 +412,7 @@ TEST(ServiceStorage, ManifestOf2x20000TensorsIsShownAndRestored) {
     ASSERT_EQ(m->shards[r].tensors.size(), 20000u);
     EXPECT_EQ(m->shards[r].tensors[19999].spec.name, shards[r].spec.tensors[19999].name);
     EXPECT_EQ(m->shards[r].metadata, shards[r].spec.metadata);
-    auto got = RestoreToString(c.get(), "wide", 1, r);
+    auto got = RestoreToString(c, "wide", 1, r);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(*got == shards[r].Payload());
   }

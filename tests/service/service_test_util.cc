@@ -1,170 +1,57 @@
 #include "tests/service/service_test_util.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/clock.h"
 #include "common/status.h"
-
-#ifndef GRADSNAP_SERVER_BIN
-#error "GRADSNAP_SERVER_BIN must name the gradsnap-server binary"
-#endif
 
 namespace gradsnap {
 namespace testing {
 
-TempDir::TempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(base ? base : "/tmp", "/gradsnap-svc-XXXXXX");
-  char* made = mkdtemp(tmpl.data());
-  path_ = made ? made : "";
+absl::StatusOr<std::unique_ptr<client::Client>> StartAndConnect(
+    ServerProcess* server, const std::string& data_dir, const std::vector<std::string>& flags) {
+  RETURN_IF_ERROR(server->StartOn(data_dir, "127.0.0.1:0", flags));
+  client::ClientOptions o;
+  o.endpoints = {server->address()};
+  return client::Client::ConnectRemote(o);
 }
 
-TempDir::~TempDir() {
-  std::error_code ec;
-  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+TestNode::TestNode(const std::vector<std::string>& flags) {
+  absl::StatusOr<std::unique_ptr<client::Client>> c =
+      StartAndConnect(&server, dir.File("data"), flags);
+  status = c.status();
+  if (c.ok()) client = *std::move(c);
 }
 
-ServerProcess::~ServerProcess() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    Wait();
-  }
-}
-
-absl::Status ServerProcess::Start(const std::vector<std::string>& args) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return PosixError("pipe", errno);
-  char tmpl[] = "/tmp/gradsnap-server-log-XXXXXX";
-  int log_fd = mkstemp(tmpl);
-  if (log_fd < 0) return PosixError("mkstemp", errno);
-  log_path_ = tmpl;
-  std::vector<std::string> argv_s = {GRADSNAP_SERVER_BIN};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return PosixError("fork", errno);
-  if (pid == 0) {
-    dup2(out[1], 1);
-    dup2(log_fd, 2);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(out[1]);
-  close(log_fd);
-  pid_ = pid;
-  std::string line;
-  Stopwatch watch;
-  while (line.find('\n') == std::string::npos) {
-    if (watch.ElapsedSeconds() > 30) break;
-    pollfd p{out[0], POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    char buf[256];
-    ssize_t n = read(out[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    line.append(buf, static_cast<size_t>(n));
-  }
-  close(out[0]);
-  const std::string prefix = "gradsnap-server listening on ";
-  if (line.rfind(prefix, 0) != 0 || line.find('\n') == std::string::npos) {
-    return absl::InternalError(absl::StrCat("server did not get ready; stdout \"", line,
-                                            "\"; log:\n", Log()));
-  }
-  address_ = line.substr(prefix.size(), line.find('\n') - prefix.size());
-  std::string port = address_.substr(address_.rfind(':') + 1);
-  if (!absl::SimpleAtoi(port, &port_)) return absl::InternalError("bad readiness line " + line);
-  return absl::OkStatus();
-}
-
-void ServerProcess::Signal(int sig) {
-  if (pid_ > 0) kill(pid_, sig);
-}
-
-int ServerProcess::Wait() {
-  if (pid_ <= 0) return -1;
-  int status = 0;
-  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-  }
-  pid_ = -1;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return -1;
-}
-
-std::string ServerProcess::Describe() {
-  if (pid_ <= 0) return "not running";
-  int status = 0;
-  pid_t r = waitpid(pid_, &status, WNOHANG);
-  if (r == 0) return "running";
-  pid_ = -1;
-  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
-  return "gone";
-}
-
-uint64_t ServerProcess::RssBytes() const {
-  std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      std::istringstream ss(line.substr(6));
-      uint64_t kb = 0;
-      ss >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
-
-int ServerProcess::metrics_port() const {
-  std::string log = Log();
-  const std::string key = "metrics on port ";
-  size_t at = log.find(key);
-  if (at == std::string::npos) return 0;
-  return std::atoi(log.c_str() + at + key.size());
-}
-
-std::string ServerProcess::Log() const {
-  std::ifstream in(log_path_);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-absl::StatusOr<std::string> HttpGet(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+absl::StatusOr<int> ConnectLoopback(int port, int recv_timeout_s) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return PosixError("socket", errno);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
+  timeval tv{recv_timeout_s, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    int e = errno;
+    const int e = errno;
     close(fd);
-    return PosixError("connect", e);
+    return PosixError(absl::StrCat("connect 127.0.0.1:", port), e);
   }
+  return fd;
+}
+
+absl::StatusOr<std::string> HttpGet(int port) {
+  ASSIGN_OR_RETURN(const int fd, ConnectLoopback(port, 5));
   const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
   if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) < 0) {
     close(fd);

@@ -1,12 +1,10 @@
-// Helpers for the service tests: a real gradsnap-server child process (readiness line, signals,
-// resident memory, metrics scrape), temp directories, TLS material made with the openssl
-// command line, and deterministic shard data.
+// Helpers for the service tests: a metrics scrape, TLS material made with the openssl command
+// line, and deterministic shard data. The gradsnap-server child process and temporary
+// directories come from tests/testing/ (GRADSNAP_SERVER_BIN names the server binary).
 //
 // Not thread-safe per object; each test owns its helpers.
 #ifndef GRADSNAP_TESTS_SERVICE_SERVICE_TEST_UTIL_H_
 #define GRADSNAP_TESTS_SERVICE_SERVICE_TEST_UTIL_H_
-
-#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -16,53 +14,30 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gradsnap {
 namespace testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
+// Starts `server` on `data_dir` (127.0.0.1, a free port) with `flags`, and connects a remote
+// client to it.
+absl::StatusOr<std::unique_ptr<client::Client>> StartAndConnect(
+    ServerProcess* server, const std::string& data_dir, const std::vector<std::string>& flags);
 
- private:
-  std::string path_;
+// A gradsnap-server on a fresh directory (its data in dir/data) started with `flags`, and a
+// remote client of it (nullptr when either failed; StartAndConnect's status says why).
+struct TestNode {
+  explicit TestNode(const std::vector<std::string>& flags = {});
+  TempDir dir;
+  ServerProcess server{GRADSNAP_SERVER_BIN};
+  absl::Status status;
+  std::unique_ptr<client::Client> client;
 };
 
-// A gradsnap-server child process.
-class ServerProcess {
- public:
-  ServerProcess() = default;
-  ~ServerProcess();  // SIGKILLs a still-running child
-
-  // Starts build/bin/gradsnap-server with `args` (e.g. {"--data-dir", d, "--listen",
-  // "127.0.0.1:0"}) and waits up to 30 s for its readiness line.
-  absl::Status Start(const std::vector<std::string>& args);
-  // Sends a signal; Wait() reaps and returns the exit status (or 128 + signal).
-  void Signal(int sig);
-  int Wait();
-  // "running", or how the child ended (reaps it), for failure messages.
-  std::string Describe();
-  pid_t pid() const { return pid_; }
-  const std::string& address() const { return address_; }
-  int port() const { return port_; }
-  // The --metrics-listen port the server logged at start (0 if none).
-  int metrics_port() const;
-  // VmRSS of the child in bytes (0 if unknown).
-  uint64_t RssBytes() const;
-  // The child's stderr so far (its log).
-  std::string Log() const;
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-  int port_ = 0;
-  std::string log_path_;
-};
-
+// A TCP connection to 127.0.0.1:port whose reads time out after `recv_timeout_s`; the caller
+// closes the descriptor.
+absl::StatusOr<int> ConnectLoopback(int port, int recv_timeout_s);
 // GET http://127.0.0.1:port/metrics, the body.
 absl::StatusOr<std::string> HttpGet(int port);
 // The value of metric `name` (full name with labels) in a Prometheus text body, or -1.

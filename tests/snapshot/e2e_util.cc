@@ -1,10 +1,5 @@
 #include "tests/snapshot/e2e_util.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -13,51 +8,31 @@
 #include "absl/strings/str_join.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gtest/gtest.h"
+#include "tests/testing/trainer.h"
 
 namespace gradsnap {
 namespace e2e {
 
-namespace fs = std::filesystem;
-
-namespace {
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-}  // namespace
+testing::TempDir* ScratchSuite::tmp_ = nullptr;
 
 TrainRun Train(const std::string& train_bin, const std::string& scratch, const std::string& name,
                const std::vector<std::string>& args) {
-  std::string out = scratch + "/" + name + ".out";
-  std::string cmd =
-      absl::StrCat(train_bin, " ", absl::StrJoin(args, " "), " >", out, " 2>&1");
+  const testing::RunResult run = testing::RunTrainer(train_bin, absl::StrJoin(args, " "));
   TrainRun r;
-  int st = std::system(cmd.c_str());
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = Slurp(out);
-  std::regex step_re(R"(^step (\d+) loss (\S+))");
-  std::regex sha_re(R"(params_sha256=([0-9a-f]+))");
-  std::regex res_re(R"(resumed_from=(-?\d+))");
-  std::regex start_re(R"(^ckpt step (\d+) \S+ start)");
+  r.rc = run.exit_code;
+  r.out = run.out;
+  std::ofstream(scratch + "/" + name + ".out") << r.out;  // kept next to the run's store
+  r.losses = testing::ParseLosses(r.out);
+  r.sha = testing::SummaryField(r.out, "params_sha256");
+  const std::string from = testing::SummaryField(r.out, "resumed_from");
+  r.resumed_from = from.empty() ? -1 : std::stoll(from);
+  const std::regex start_re(R"(^ckpt step (\d+) \S+ start)");
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
-    if (std::regex_search(line, m, step_re)) r.losses[std::stoll(m[1])] = m[2];
-    if (std::regex_search(line, m, sha_re)) r.sha = m[1];
-    if (std::regex_search(line, m, res_re)) r.resumed_from = std::stoll(m[1]);
     if (std::regex_search(line, m, start_re)) r.started.push_back(std::stoll(m[1]));
   }
   return r;
-}
-
-std::string Scratch(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / absl::StrCat("gs_", name, "_", getpid())).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
 }
 
 Store::Store(const std::string& dir) {

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "client/client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gradsnap {
 namespace e2e {
@@ -24,12 +26,25 @@ struct TrainRun {
   std::vector<int64_t> started;  // steps at which a FULL checkpoint started ("ckpt step S ...")
 };
 
-// Runs `train_bin args...` with output in scratch/name.out and parses it.
+// Runs `train_bin args...`, parses its output and keeps it in scratch/name.out.
 TrainRun Train(const std::string& train_bin, const std::string& scratch, const std::string& name,
                const std::vector<std::string>& args);
 
-// A fresh directory under the temp dir.
-std::string Scratch(const std::string& name);
+// A test suite whose tests share one scratch directory (and the reference runs in it): made
+// before the suite's first test, removed after its last. A derived SetUpTestSuite calls
+// ScratchSuite::SetUpTestSuite first.
+class ScratchSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tmp_ = new testing::TempDir("e2e"); }
+  static void TearDownTestSuite() {
+    delete tmp_;
+    tmp_ = nullptr;
+  }
+  static const std::string& scratch() { return tmp_->path(); }
+
+ private:
+  static testing::TempDir* tmp_;
+};
 
 // The committed checkpoints of a job in an embedded store.
 class Store {

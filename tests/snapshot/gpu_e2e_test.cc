@@ -3,12 +3,11 @@
 // same job: every FULL and every FULL + DELTA replay byte-identical to the sync snapshot of its
 // step, same losses and params_sha256. Skips only when cudaGetDeviceCount reports no device or
 // no driver; any other CUDA error fails.
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "gpu_snapshot/device.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/e2e_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace gradsnap {
 namespace {
@@ -23,7 +22,8 @@ TEST(GpuE2E, CudaGockptGradLogOverlapEqualsSync) {
   absl::StatusOr<int> devices = gpu_snapshot::CudaDeviceCount();
   ASSERT_TRUE(devices.ok()) << devices.status();
   if (*devices == 0) GTEST_SKIP() << "no CUDA device";
-  const std::string scratch = e2e::Scratch("gpu_e2e");
+  const testing::TempDir tmp("gpu_e2e");
+  const std::string scratch = tmp.path();
   std::vector<std::string> a = Base(scratch + "/ref");
   a.insert(a.end(), {"--ckpt_mode=sync", "--ckpt_every=1", "--job=ref"});
   e2e::TrainRun ref = e2e::Train(GRADSNAP_TRAIN_PATH, scratch, "ref", a);
@@ -39,7 +39,6 @@ TEST(GpuE2E, CudaGockptGradLogOverlapEqualsSync) {
   const e2e::Checked c = e2e::ExpectEqualsReference(got, "g", ref_store, "ref", 1, "cuda gockpt");
   EXPECT_GE(c.fulls, 1) << g.out;
   EXPECT_GE(c.deltas, 3) << g.out;
-  std::filesystem::remove_all(scratch);
 }
 
 }  // namespace

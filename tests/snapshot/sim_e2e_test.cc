@@ -13,8 +13,6 @@
 //  - bad device flags (also --device cuda without a GPU) are one clear line and exit status 2.
 #include <sstream>
 
-#include <filesystem>
-
 #include "absl/strings/str_cat.h"
 #include "gpu_snapshot/device.h"
 #include "gtest/gtest.h"
@@ -37,24 +35,19 @@ TrainRun RunTrain(const std::string& scratch, const std::string& name, std::vect
   return e2e::Train(GRADSNAP_TRAIN_PATH, scratch, name, a);
 }
 
-class SimE2E : public ::testing::Test {
+class SimE2E : public e2e::ScratchSuite {
  protected:
-  static void SetUpTestSuite() { scratch_ = new std::string(e2e::Scratch("sim_e2e")); }
   // The reference of `nproc` ranks, run on first use: a stop-the-world FULL after every step, on
   // sim (pinned staging).
   static const TrainRun& Reference(int nproc) {
     if (refs_.count(nproc) == 0) {
       std::vector<std::string> a = Base(Ref(nproc), nproc);
       a.insert(a.end(), {"--ckpt_mode=sync", "--ckpt_every=1", "--job=ref"});
-      refs_[nproc] = RunTrain(*scratch_, absl::StrCat("ref", nproc), a);
+      refs_[nproc] = RunTrain(scratch(), absl::StrCat("ref", nproc), a);
     }
     return refs_[nproc];
   }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*scratch_);
-    delete scratch_;
-  }
-  static std::string Ref(int nproc) { return absl::StrCat(*scratch_, "/ref", nproc); }
+  static std::string Ref(int nproc) { return absl::StrCat(scratch(), "/ref", nproc); }
 
   // gockpt with window k, -O on/off, gradient log on/off, against the sync reference.
   void CheckGockpt(int k, int nproc) {
@@ -65,14 +58,14 @@ class SimE2E : public ::testing::Test {
       for (bool grad_log : {false, true}) {
         const std::string name =
             absl::StrCat("k", k, "_np", nproc, overlap ? "_O" : "", grad_log ? "_gl" : "");
-        const std::string dir = *scratch_ + "/" + name;
+        const std::string dir = scratch() + "/" + name;
         std::vector<std::string> a = Base(dir, nproc);
         a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=4",
                            absl::StrCat("--gockpt_window=", k),
                            absl::StrCat("--gockpt_overlap=", overlap ? "true" : "false"),
                            "--job=g"});
         if (grad_log) a.push_back("--grad_log");
-        TrainRun r = RunTrain(*scratch_, name, a);
+        TrainRun r = RunTrain(scratch(), name, a);
         ASSERT_EQ(r.rc, 0) << name << "\n" << r.out;
         EXPECT_EQ(r.sha, ref.sha) << name << ": checkpointing changed training";
         EXPECT_EQ(r.losses, ref.losses) << name;
@@ -88,26 +81,25 @@ class SimE2E : public ::testing::Test {
     }
   }
 
-  static std::string* scratch_;
   static std::map<int, TrainRun> refs_;
 };
-std::string* SimE2E::scratch_ = nullptr;
 std::map<int, TrainRun> SimE2E::refs_;
 
 TEST_F(SimE2E, SimEqualsCpuBitForBit) {
   ASSERT_EQ(Reference(1).rc, 0) << refs_[1].out;
   ASSERT_NE(refs_[1].out.find(" skipped"), std::string::npos) << "step 6 was not skipped";
-  std::vector<std::string> a = {"--model=tiny",     "--steps=12",         "--batch=4",
-                                "--warmup=3",       "--grad_clip=0.5",    "--test_skip_step=6",
-                                "--device=cpu",     absl::StrCat("--ckpt_dir=", *scratch_, "/cpu")};
-  TrainRun cpu = RunTrain(*scratch_, "cpu", a);
+  std::vector<std::string> a = {"--model=tiny",    "--steps=12",
+                                "--batch=4",       "--warmup=3",
+                                "--grad_clip=0.5", "--test_skip_step=6",
+                                "--device=cpu",    absl::StrCat("--ckpt_dir=", scratch(), "/cpu")};
+  TrainRun cpu = RunTrain(scratch(), "cpu", a);
   ASSERT_EQ(cpu.rc, 0) << cpu.out;
   EXPECT_EQ(cpu.sha, refs_[1].sha);
   EXPECT_EQ(cpu.losses, refs_[1].losses);
   // Two ranks on two simulated devices match one rank too.
   ASSERT_EQ(Reference(2).rc, 0) << refs_[2].out;
   a.push_back("--nproc=2");
-  TrainRun cpu2 = RunTrain(*scratch_, "cpu2", a);
+  TrainRun cpu2 = RunTrain(scratch(), "cpu2", a);
   ASSERT_EQ(cpu2.rc, 0) << cpu2.out;
   EXPECT_EQ(cpu2.sha, refs_[2].sha);
 }
@@ -127,11 +119,11 @@ TEST_F(SimE2E, PoisonDetectsCopiesNotOrderedAfterTheUpdate) {
   Store ref_store(Ref(1));
   for (const std::string mode : {"sync", "gockpt"}) {
     const std::string name = "unordered_" + mode;
-    const std::string dir = *scratch_ + "/" + name;
+    const std::string dir = scratch() + "/" + name;
     std::vector<std::string> a = Base(dir, 1);
     a.insert(a.end(), {"--ckpt_mode=" + mode, "--ckpt_every=2", "--gockpt_window=2",
                        "--sim_unordered_copies", "--job=u"});
-    TrainRun r = RunTrain(*scratch_, name, a);
+    TrainRun r = RunTrain(scratch(), name, a);
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.sha, refs_[1].sha) << "training itself must be unaffected";
     Store got(dir);
@@ -145,12 +137,12 @@ TEST_F(SimE2E, PoisonDetectsCopiesNotOrderedAfterTheUpdate) {
 // restores a checkpoint (resumed_from is a real step) and continues exactly.
 TEST_F(SimE2E, KilledRankResumesFromACheckpoint) {
   ASSERT_EQ(Reference(1).rc, 0) << refs_[1].out;
-  const std::string dir = *scratch_ + "/kill";
+  const std::string dir = scratch() + "/kill";
   std::vector<std::string> a = Base(dir, 1);
   a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=3", "--gockpt_window=3", "--grad_log",
                      "--fail_at_step=8", "--fail_rank=0", "--test_fail_after_commit",
                      "--max_restarts=1", "--job=k"});
-  TrainRun r = RunTrain(*scratch_, "kill", a);
+  TrainRun r = RunTrain(scratch(), "kill", a);
   ASSERT_EQ(r.rc, 0) << r.out;
   ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
   EXPECT_GE(r.resumed_from, 5) << r.out;
@@ -182,8 +174,8 @@ TEST_F(SimE2E, BadDeviceFlagsAreOneClearLine) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string name = absl::StrCat("bad", i);
     std::vector<std::string> a = {"--model=tiny", "--steps=2", "--batch=4", cases[i].flags,
-                                  absl::StrCat("--ckpt_dir=", *scratch_, "/", name)};
-    TrainRun r = RunTrain(*scratch_, name, a);
+                                  absl::StrCat("--ckpt_dir=", scratch(), "/", name)};
+    TrainRun r = RunTrain(scratch(), name, a);
     EXPECT_EQ(r.rc, 2) << cases[i].flags << "\n" << r.out;
     EXPECT_NE(r.out.find(cases[i].expect), std::string::npos) << r.out;
     std::istringstream lines(r.out);

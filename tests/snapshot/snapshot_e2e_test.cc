@@ -7,7 +7,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -20,9 +19,6 @@
 namespace gradsnap {
 namespace {
 
-namespace fs = std::filesystem;
-
-using e2e::Scratch;
 using e2e::Store;
 using e2e::TrainRun;
 
@@ -37,33 +33,27 @@ TrainRun Train(const std::string& scratch, const std::string& name,
   return e2e::Train(GRADSNAP_TRAIN_PATH, scratch, name, args);
 }
 
-class SnapshotE2E : public ::testing::Test {
+class SnapshotE2E : public e2e::ScratchSuite {
  protected:
   static void SetUpTestSuite() {
-    scratch_ = new std::string(Scratch("suite"));
+    ScratchSuite::SetUpTestSuite();
     // The reference: stop-the-world FULL after every step.
-    std::vector<std::string> a = Base(*scratch_ + "/sync", 12);
+    std::vector<std::string> a = Base(scratch() + "/sync", 12);
     a.insert(a.end(), {"--ckpt_mode=sync", "--ckpt_every=1", "--job=ref"});
-    *sync_ = Train(*scratch_, "sync", a);
+    *sync_ = Train(scratch(), "sync", a);
   }
-  static void TearDownTestSuite() {
-    fs::remove_all(*scratch_);
-    delete scratch_;
-  }
-  static std::string* scratch_;
   static TrainRun* sync_;
 };
-std::string* SnapshotE2E::scratch_ = nullptr;
 TrainRun* SnapshotE2E::sync_ = new TrainRun;
 
 TEST_F(SnapshotE2E, GockptCheckpointEqualsSyncSnapshotForSeveralWindows) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
   ASSERT_NE(sync_->out.find(" skipped"), std::string::npos) << "step 6 was not skipped";
-  Store ref(*scratch_ + "/sync");
+  Store ref(scratch() + "/sync");
   // K = 0 stands for --ckpt_mode=async (a blocking copy of step 4, persisted in the background).
   for (int k : {0, 2, 3, 5}) {
     std::string name = k == 0 ? "async" : absl::StrCat("gockpt", k);
-    std::string dir = absl::StrCat(*scratch_, "/", name);
+    std::string dir = absl::StrCat(scratch(), "/", name);
     std::vector<std::string> a = Base(dir, 12);
     a.insert(a.end(), {"--ckpt_every=4", "--job=g"});
     if (k == 0) {
@@ -71,7 +61,7 @@ TEST_F(SnapshotE2E, GockptCheckpointEqualsSyncSnapshotForSeveralWindows) {
     } else {
       a.insert(a.end(), {"--ckpt_mode=gockpt", absl::StrCat("--gockpt_window=", k)});
     }
-    TrainRun r = Train(*scratch_, name, a);
+    TrainRun r = Train(scratch(), name, a);
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.sha, sync_->sha) << "checkpointing changed training";
     EXPECT_EQ(r.losses, sync_->losses);
@@ -92,14 +82,14 @@ TEST_F(SnapshotE2E, GockptCheckpointEqualsSyncSnapshotForSeveralWindows) {
 
 TEST_F(SnapshotE2E, GradLogReplayReachesEveryLoggedStep) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
-  std::string dir = *scratch_ + "/gl";
+  std::string dir = scratch() + "/gl";
   std::vector<std::string> a = Base(dir, 12);
   a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=4", "--gockpt_window=2",
                      "--grad_log", "--job=gl"});
-  TrainRun r = Train(*scratch_, "gl", a);
+  TrainRun r = Train(scratch(), "gl", a);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(r.sha, sync_->sha);
-  Store got(dir), ref(*scratch_ + "/sync");
+  Store got(dir), ref(scratch() + "/sync");
   auto list = got.List("gl");
   ASSERT_EQ(list.count(5), 1u) << r.out;  // FULL 5 = 4 + 2 - 1
   gpu_snapshot::ReplayPool pool(2);
@@ -161,23 +151,23 @@ void KillDuringWindow(const std::string& scratch, const TrainRun& reference, boo
 
 TEST_F(SnapshotE2E, KilledRankResumesFromPreviousCheckpoint) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
-  KillDuringWindow(*scratch_, *sync_, /*grad_log=*/false, 1);
+  KillDuringWindow(scratch(), *sync_, /*grad_log=*/false, 1);
 }
 
 TEST_F(SnapshotE2E, KilledRankResumesFromGradLog) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
-  KillDuringWindow(*scratch_, *sync_, /*grad_log=*/true, 1);
+  KillDuringWindow(scratch(), *sync_, /*grad_log=*/true, 1);
 }
 
 TEST_F(SnapshotE2E, KilledRankOfTwoResumesFromGradLog) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
   // Two ranks: the saves are collective (funneled through rank 0 in embedded mode).
-  std::string dir = *scratch_ + "/ref2";
+  std::string dir = scratch() + "/ref2";
   std::vector<std::string> a = Base(dir, 12);
   a.insert(a.end(), {"--nproc=2"});
-  TrainRun ref2 = Train(*scratch_, "ref2", a);
+  TrainRun ref2 = Train(scratch(), "ref2", a);
   ASSERT_EQ(ref2.rc, 0) << ref2.out;
-  KillDuringWindow(*scratch_, ref2, /*grad_log=*/true, 2);
+  KillDuringWindow(scratch(), ref2, /*grad_log=*/true, 2);
 }
 
 }  // namespace
@@ -192,18 +182,18 @@ namespace {
 // attempt began a FULL. The launcher must roll the PENDING FULL back before it restarts, else
 // the restarted ranks fail with ALREADY_EXISTS. Runs the drill a few times to hit the window.
 TEST_F(SnapshotE2E, RestartAfterPendingFullWritesTheStepAnew) {
-  std::string dir = *scratch_ + "/ref14";
+  std::string dir = scratch() + "/ref14";
   std::vector<std::string> a = Base(dir, 14);
   a.insert(a.end(), {"--nproc=2"});
-  TrainRun ref = Train(*scratch_, "ref14", a);
+  TrainRun ref = Train(scratch(), "ref14", a);
   ASSERT_EQ(ref.rc, 0) << ref.out;
   bool saw_rollback = false;
   for (int round = 0; round < 3; ++round) {
     std::string name = absl::StrCat("pending_full_", round);
-    std::vector<std::string> b = Base(*scratch_ + "/" + name, 14);
+    std::vector<std::string> b = Base(scratch() + "/" + name, 14);
     b.insert(b.end(), {"--nproc=2", "--ckpt_mode=gockpt", "--ckpt_every=5", "--grad_log",
                        "--fail_at_step=12", "--fail_rank=1", "--max_restarts=1", "--job=p"});
-    TrainRun r = Train(*scratch_, name, b);
+    TrainRun r = Train(scratch(), name, b);
     ASSERT_EQ(r.rc, 0) << r.out;
     ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
     // FULL 6 (K = 2 after update 5) committed before the ranks started the window after update

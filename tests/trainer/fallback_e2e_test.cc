@@ -5,13 +5,18 @@
 // uninterrupted run from that point (gradsnap-train --init-from the CLI's restore of that step).
 // Embedded (rank 0 restores for all) and through a real server (every rank reads its own slice
 // and the ranks agree on the step).
+#include <signal.h>
+
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
+#include "tests/testing/util.h"
 #include "tests/trainer/restore_util.h"
-#include "tests/trainer/run_util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -21,13 +26,13 @@ const std::string kTrain = GRADSNAP_TRAIN_BIN;
 const std::string kCli = GRADSNAP_CLI_BIN;
 const std::string kFlags = " --model tiny --batch 12 --seed 5 --nproc 2";
 
-RunResult Train(const std::string& args) { return RunCommand(kTrain + kFlags + " " + args); }
+RunResult Train(const std::string& args) { return RunTrainer(kTrain, kFlags + " " + args); }
 
 // FULLs 5 and 10, DELTAs 6..9 on 5 and 11..13 on 10: the recovery point is step 13.
 void TrainJob(const std::string& store) {
   const RunResult r = Train(
       "--steps 13 --ckpt-mode gockpt --ckpt-every 5 --gockpt-window 1 --grad-log --job j" + store);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
 }
 
 // Resumes the damaged job to step 15 and checks it fell back to `expect_step`, naming the
@@ -35,120 +40,114 @@ void TrainJob(const std::string& store) {
 void ExpectFallback(const std::string& dir, const std::string& store, const std::string& cli_store,
                     int64_t expect_step, const std::string& damage) {
   const RunResult resumed = Train("--steps 15 --resume latest --job j" + store);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_EQ(SummaryField(resumed.output, "resumed_from"), std::to_string(expect_step))
-      << resumed.output;
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), std::to_string(expect_step)) << resumed.out;
   EXPECT_TRUE(absl::StrContains(
-      resumed.output, absl::StrCat("recovery point fell back from step 13 to step ", expect_step,
-                                   ": ", 13 - expect_step, " step(s) lost")))
-      << resumed.output;
-  EXPECT_TRUE(absl::StrContains(resumed.output, damage)) << resumed.output;
+      resumed.out, absl::StrCat("recovery point fell back from step 13 to step ", expect_step, ": ",
+                                13 - expect_step, " step(s) lost")))
+      << resumed.out;
+  EXPECT_TRUE(absl::StrContains(resumed.out, damage)) << resumed.out;
   // The uninterrupted run from that point: the same state restored by the CLI.
   const std::string clean = absl::StrCat(dir, "/clean", expect_step);
   const RunResult restored =
       RunCommand(absl::StrCat(kCli, cli_store, " restore j ", expect_step, " --out ", clean));
-  ASSERT_EQ(restored.exit_code, 0) << restored.output;
+  ASSERT_EQ(restored.exit_code, 0) << restored.out;
   const RunResult reference = Train("--steps 15 --init-from " + clean);
-  ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
-            SummaryField(reference.output, "params_sha256"));
-  EXPECT_EQ(ParseLosses(resumed.output), ParseLosses(reference.output));
+  ASSERT_EQ(reference.exit_code, 0) << reference.out;
+  EXPECT_EQ(SummaryField(resumed.out, "params_sha256"),
+            SummaryField(reference.out, "params_sha256"));
+  EXPECT_EQ(ParseLosses(resumed.out), ParseLosses(reference.out));
 }
 
 TEST(FallbackTest, EmbeddedNewestDeltaMiddleDeltaNewestFull) {
-  const std::string dir = FreshDir("fallback");
+  const TempDir tmp("fallback");
+  const std::string dir = tmp.path();
   const std::string ckpt = dir + "/ckpt";
   const std::string store = " --ckpt-dir " + ckpt;
   TrainJob(store);
-  ASSERT_EQ(FlipStoredByte(ckpt, "j", 13, 1), 1);
+  ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 13, 1), 1);
   ExpectFallback(dir, store, store, 12, "job j step 13 rank 1 tensor grad");
-  ASSERT_EQ(FlipStoredByte(ckpt, "j", 12, 0), 1);
+  ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 12, 0), 1);
   ExpectFallback(dir, store, store, 11, "job j step 12 rank 0 tensor grad");
-  ASSERT_EQ(FlipStoredByte(ckpt, "j", 10, 1), 1);
+  ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 10, 1), 1);
   ExpectFallback(dir, store, store, 9, "job j step 10 rank 1 tensor");
   // The CLI's latest falls back the same way, with a warning.
   const RunResult cli = RunCommand(kCli + store + " restore j latest --out " + dir + "/latest");
-  EXPECT_EQ(cli.exit_code, 0) << cli.output;
-  EXPECT_TRUE(absl::StrContains(cli.output, "damaged record skipped")) << cli.output;
-  EXPECT_TRUE(absl::StrContains(cli.output, "job j step 9 (full 5 + 4 deltas -> step 9)"))
-      << cli.output;
+  EXPECT_EQ(cli.exit_code, 0) << cli.out;
+  EXPECT_TRUE(absl::StrContains(cli.out, "damaged record skipped")) << cli.out;
+  EXPECT_TRUE(absl::StrContains(cli.out, "job j step 9 (full 5 + 4 deltas -> step 9)")) << cli.out;
 }
 
 // A job of FULLs only: a damaged newest FULL falls back to the previous one, in the CLI (whose
 // `latest` then streams nothing raw from the damaged record) and in the trainer.
 TEST(FallbackTest, DamagedNewestFullWithoutChain) {
-  const std::string dir = FreshDir("fallback_full");
+  const TempDir tmp("fallback_full");
+  const std::string dir = tmp.path();
   const std::string ckpt = dir + "/ckpt";
   const std::string store = " --ckpt-dir " + ckpt;
   const RunResult trained =
       Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --job j" + store);
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  ASSERT_EQ(FlipStoredByte(ckpt, "j", 8, 0), 1);
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 8, 0), 1);
   const RunResult cli = RunCommand(kCli + store + " restore j latest --out " + dir + "/latest");
-  EXPECT_EQ(cli.exit_code, 0) << cli.output;
-  EXPECT_TRUE(absl::StrContains(cli.output, "damaged record skipped: job j step 8 rank 0"))
-      << cli.output;
-  EXPECT_TRUE(absl::StrContains(cli.output, "job j step 4 (full 4)")) << cli.output;
+  EXPECT_EQ(cli.exit_code, 0) << cli.out;
+  EXPECT_TRUE(absl::StrContains(cli.out, "damaged record skipped: job j step 8 rank 0")) << cli.out;
+  EXPECT_TRUE(absl::StrContains(cli.out, "job j step 4 (full 4)")) << cli.out;
   const RunResult resumed = Train("--steps 8 --resume latest --job j" + store);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_EQ(SummaryField(resumed.output, "resumed_from"), "4") << resumed.output;
-  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
-            SummaryField(trained.output, "params_sha256"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), "4") << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "params_sha256"), SummaryField(trained.out, "params_sha256"));
   const RunResult from_dir = Train("--steps 8 --init-from " + dir + "/latest");
-  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.output;
-  EXPECT_EQ(SummaryField(from_dir.output, "params_sha256"),
-            SummaryField(trained.output, "params_sha256"));
+  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.out;
+  EXPECT_EQ(SummaryField(from_dir.out, "params_sha256"),
+            SummaryField(trained.out, "params_sha256"));
 }
 
 // After a rank failure the launcher restarts the job; rank 0 prints the time from the failure to
 // the first resumed step, split into detection, process start, fetch and replay, and the run
 // ends exactly like an uninterrupted one.
 TEST(FallbackTest, RestartPrintsRecoveryTimeSplit) {
-  const std::string dir = FreshDir("recovery_time");
+  const TempDir tmp("recovery_time");
+  const std::string dir = tmp.path();
   const std::string flags =
       "--steps 9 --ckpt-mode gockpt --ckpt-every 5 --gockpt-window 1 --grad-log";
   const RunResult whole = Train(flags + " --ckpt-dir " + dir + "/a");
   const RunResult failed = Train(flags + " --ckpt-dir " + dir + "/b" +
                                  " --fail-at-step 8 --fail-rank 1 --max-restarts 1");
-  ASSERT_EQ(whole.exit_code, 0) << whole.output;
-  ASSERT_EQ(failed.exit_code, 0) << failed.output;
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  ASSERT_EQ(failed.exit_code, 0) << failed.out;
   // FULL 5 and whichever of the DELTAs 6, 7 were durable when rank 1 died.
-  const std::string from = SummaryField(failed.output, "resumed_from");
-  EXPECT_TRUE(from == "5" || from == "6" || from == "7") << failed.output;
+  const std::string from = SummaryField(failed.out, "resumed_from");
+  EXPECT_TRUE(from == "5" || from == "6" || from == "7") << failed.out;
   for (const char* key : {"recovery failure_to_first_step_ms=", " detection_ms=",
                           " process_start_ms=", " fetch_ms=", " replay_ms="}) {
-    EXPECT_TRUE(absl::StrContains(failed.output, key)) << key << "\n" << failed.output;
+    EXPECT_TRUE(absl::StrContains(failed.out, key)) << key << "\n" << failed.out;
   }
   // Once, at the first resumed step, not at every step after it.
   size_t lines = 0;
-  for (size_t p = failed.output.find("recovery failure_to_first_step_ms=");
-       p != std::string::npos; p = failed.output.find("recovery failure_to_first_step_ms=", p + 1)) {
+  for (size_t p = failed.out.find("recovery failure_to_first_step_ms="); p != std::string::npos;
+       p = failed.out.find("recovery failure_to_first_step_ms=", p + 1)) {
     ++lines;
   }
-  EXPECT_EQ(lines, 1u) << failed.output;
-  EXPECT_EQ(SummaryField(whole.output, "params_sha256"),
-            SummaryField(failed.output, "params_sha256"));
+  EXPECT_EQ(lines, 1u) << failed.out;
+  EXPECT_EQ(SummaryField(whole.out, "params_sha256"), SummaryField(failed.out, "params_sha256"));
 }
 
-#if defined(GRADSNAP_SERVER_BIN)
 // Through a server every rank restores its own slice: only rank 1 reads the damaged part of
 // DELTA 13, and both ranks agree to resume from step 12.
 TEST(FallbackTest, ServerRanksAgreeOnTheStep) {
-  const std::string dir = FreshDir("fallback_server");
-  std::string error;
-  std::string address;
-  {
-    ServerProcess server;
-    ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, dir + "/server", &error)) << error;
-    TrainJob(" --storage " + server.address());
-  }
-  ASSERT_EQ(FlipStoredByte(dir + "/server", "j", 13, 1), 1);
-  ServerProcess server;
-  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, dir + "/server", &error)) << error;
+  const TempDir tmp("fallback_server");
+  const std::string dir = tmp.path();
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir + "/server").ok()) << server.Log();
+  TrainJob(" --storage " + server.address());
+  server.Signal(SIGTERM);
+  ASSERT_EQ(server.Wait(), 0) << server.Log();
+  ASSERT_EQ(FlipSegmentBytes(dir + "/server", "j", 13, 1), 1);
+  ASSERT_TRUE(server.Restart().ok()) << server.Log();
   ExpectFallback(dir, " --storage " + server.address(), " --server " + server.address(), 12,
                  "a damaged record on another rank");
 }
-#endif
 
 }  // namespace
 }  // namespace testing

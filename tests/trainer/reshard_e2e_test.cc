@@ -22,8 +22,11 @@
 #include "common/sha256.h"
 #include "gpu_snapshot/adamw.h"
 #include "gtest/gtest.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
+#include "tests/testing/util.h"
 #include "tests/trainer/restore_util.h"
-#include "tests/trainer/run_util.h"
 #include "trainer/model_config.h"
 #include "trainer/model_layout.h"
 
@@ -37,7 +40,7 @@ const std::string kTrain = GRADSNAP_TRAIN_BIN;
 const std::string kCli = GRADSNAP_CLI_BIN;
 const std::string kTiny = " --model tiny --batch 12 --seed 5";
 
-RunResult Train(const std::string& args) { return RunCommand(kTrain + kTiny + " " + args); }
+RunResult Train(const std::string& args) { return RunTrainer(kTrain, kTiny + " " + args); }
 
 struct Case {
   int from;
@@ -54,16 +57,11 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& i) {
 class ReshardTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    dir_ = FreshDir(CaseName({GetParam(), 0}));
+    dir_ = tmp_.path();
     if (GetParam().server) {
-#if defined(GRADSNAP_SERVER_BIN)
-      std::string error;
-      ASSERT_TRUE(server_.Start(GRADSNAP_SERVER_BIN, dir_ + "/server", &error)) << error;
+      ASSERT_TRUE(server_.StartOn(dir_ + "/server").ok()) << server_.Log();
       store_ = " --storage " + server_.address();
       cli_store_ = " --server " + server_.address();
-#else
-      GTEST_SKIP() << "this build has no gradsnap-server";
-#endif
     } else {
       store_ = " --ckpt-dir " + dir_ + "/ckpt";
       cli_store_ = " --ckpt-dir " + dir_ + "/ckpt";
@@ -71,8 +69,9 @@ class ReshardTest : public ::testing::TestWithParam<Case> {
   }
   RunResult Cli(const std::string& args) { return RunCommand(kCli + cli_store_ + " " + args); }
 
+  const TempDir tmp_{"reshard"};
   std::string dir_;
-  ServerProcess server_;
+  ServerProcess server_{GRADSNAP_SERVER_BIN};
   std::string store_, cli_store_;
 };
 
@@ -85,32 +84,31 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
                                : " --ckpt-mode sync --ckpt-every 4";
   const RunResult trained =
       Train(absl::StrCat("--steps ", steps, " --nproc ", c.from, ckpt, store_, " --job j"));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
 
   const RunResult ls = Cli("ls j");
-  ASSERT_EQ(ls.exit_code, 0) << ls.output;
-  EXPECT_TRUE(absl::StrContains(ls.output, c.chain ? "recovery point: full 8 + 2 deltas -> step 10"
-                                                   : "recovery point: full 8"))
-      << ls.output;
+  ASSERT_EQ(ls.exit_code, 0) << ls.out;
+  EXPECT_TRUE(absl::StrContains(
+      ls.out, c.chain ? "recovery point: full 8 + 2 deltas -> step 10" : "recovery point: full 8"))
+      << ls.out;
 
   RunResult r = Cli("--json ls j");
   if (c.chain) {  // latest everywhere in the CLI is the recovery point
-    EXPECT_TRUE(absl::StrContains(r.output,
-                                  "\"recovery_point\":{\"full_step\":8,\"deltas\":2,\"step\":10}"))
-        << r.output;
+    EXPECT_TRUE(
+        absl::StrContains(r.out, "\"recovery_point\":{\"full_step\":8,\"deltas\":2,\"step\":10}"))
+        << r.out;
     r = Cli("show j latest");
-    EXPECT_TRUE(absl::StrContains(r.output, "recovery    full 8 + 2 deltas -> step 10"))
-        << r.output;
+    EXPECT_TRUE(absl::StrContains(r.out, "recovery    full 8 + 2 deltas -> step 10")) << r.out;
     r = Cli("verify j");
-    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.exit_code, 0) << r.out;
     for (const char* line : {"step 8  ok", "step 9  ok", "step 10  ok"}) {
-      EXPECT_TRUE(absl::StrContains(r.output, line)) << line << "\n" << r.output;
+      EXPECT_TRUE(absl::StrContains(r.out, line)) << line << "\n" << r.out;
     }
     const std::string exported = dir_ + "/export.safetensors";
     r = Cli("export j latest --out " + exported);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(r.exit_code, 0) << r.out;
     r = Cli("export j 10 --no-replay --out " + dir_ + "/raw10.safetensors");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ASSERT_EQ(r.exit_code, 0) << r.out;
     fs::create_directories(dir_ + "/exp");
     for (int k = 0; k < c.from; ++k) {
       const std::string name =
@@ -122,10 +120,10 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
   // The CLI's state for N ranks and for M ranks: the same logical state.
   const std::string dn = dir_ + "/dn", dm = dir_ + "/dm";
   r = Cli("restore j latest --out " + dn);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   r = Cli(absl::StrCat("restore j latest --world-size ", c.to, " --out ", dm, " --json"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(absl::StrContains(r.output, absl::StrCat("\"step\":", steps))) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, absl::StrCat("\"step\":", steps))) << r.out;
   const auto a = ReadRankDir(dn, c.from), b = ReadRankDir(dm, c.to);
   for (const char* t : {"params", "adam_m", "adam_v"}) {
     ASSERT_EQ(a.count(t), 1u) << t;
@@ -146,25 +144,25 @@ TEST_P(ReshardTest, RestoredAndResumedWithAnotherWorldSizeExactly) {
   // M-rank run from the same restored state.
   const std::string more = absl::StrCat(" --steps ", steps + 2, " --nproc ", c.to);
   const RunResult resumed = Train("--resume latest --job j" + store_ + more);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_TRUE(absl::StrContains(resumed.output, absl::StrCat("resumed job j from step ", steps)))
-      << resumed.output;
-  EXPECT_TRUE(absl::StrContains(resumed.output, absl::StrCat("written by ", c.from, " rank")))
-      << resumed.output;
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_TRUE(absl::StrContains(resumed.out, absl::StrCat("resumed job j from step ", steps)))
+      << resumed.out;
+  EXPECT_TRUE(absl::StrContains(resumed.out, absl::StrCat("written by ", c.from, " rank")))
+      << resumed.out;
   const RunResult reference = Train("--init-from " + dm + more);
-  ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  EXPECT_EQ(SummaryField(resumed.output, "params_sha256"),
-            SummaryField(reference.output, "params_sha256"));
-  const auto l1 = ParseLosses(resumed.output), l2 = ParseLosses(reference.output);
-  ASSERT_EQ(l1.size(), 2u) << resumed.output;
+  ASSERT_EQ(reference.exit_code, 0) << reference.out;
+  EXPECT_EQ(SummaryField(resumed.out, "params_sha256"),
+            SummaryField(reference.out, "params_sha256"));
+  const auto l1 = ParseLosses(resumed.out), l2 = ParseLosses(reference.out);
+  ASSERT_EQ(l1.size(), 2u) << resumed.out;
   EXPECT_EQ(l1, l2);
 
   // The CLI's `latest` holds the parameters the trainer resumes from (no step left to run).
   const RunResult at =
       Train(absl::StrCat("--resume latest --job j --steps ", steps, " --nproc ", c.to, store_));
-  ASSERT_EQ(at.exit_code, 0) << at.output;
-  EXPECT_EQ(SummaryField(at.output, "steps_run"), "0");
-  EXPECT_EQ(SummaryField(at.output, "params_sha256"),
+  ASSERT_EQ(at.exit_code, 0) << at.out;
+  EXPECT_EQ(SummaryField(at.out, "steps_run"), "0");
+  EXPECT_EQ(SummaryField(at.out, "params_sha256"),
             Sha256Hex(a.at("params").data(), a.at("params").size()));
 }
 
@@ -180,21 +178,21 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ReshardTest,
 // A run resumed with another world size goes on logging DELTAs on the same FULL: the chain then
 // mixes slices of 2 and 3 ranks, and replays exactly for any reader.
 TEST(ReshardChainTest, ChainWrittenByTwoWorldSizesReplaysExactly) {
-  const std::string dir = FreshDir("mixed_chain");
+  const TempDir tmp("mixed_chain");
+  const std::string dir = tmp.path();
   const std::string flags =
       " --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log --job j --ckpt-dir " +
       dir + "/ckpt";
   ASSERT_EQ(Train("--steps 10 --nproc 2" + flags).exit_code, 0);
   const RunResult three = Train("--steps 11 --nproc 3 --resume latest" + flags);
-  ASSERT_EQ(three.exit_code, 0) << three.output;
+  ASSERT_EQ(three.exit_code, 0) << three.out;
   const RunResult ls = RunCommand(kCli + " --ckpt-dir " + dir + "/ckpt ls j");
-  EXPECT_TRUE(absl::StrContains(ls.output, "recovery point: full 8 + 3 deltas -> step 11"))
-      << ls.output;
+  EXPECT_TRUE(absl::StrContains(ls.out, "recovery point: full 8 + 3 deltas -> step 11")) << ls.out;
   const RunResult one = Train("--steps 11 --nproc 1 --resume latest --job j --ckpt-dir " + dir +
                               "/ckpt");
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  EXPECT_EQ(SummaryField(one.output, "resumed_from"), "11");
-  EXPECT_EQ(SummaryField(one.output, "params_sha256"), SummaryField(three.output, "params_sha256"));
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  EXPECT_EQ(SummaryField(one.out, "resumed_from"), "11");
+  EXPECT_EQ(SummaryField(one.out, "params_sha256"), SummaryField(three.out, "params_sha256"));
 }
 
 // trainer/model_layout.h: every named parameter of the trainer's flat buffer.
@@ -214,17 +212,18 @@ std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>&
 // The consolidated export, read by tests/client/read_safetensors.py, holds every parameter and
 // both moments by name, equal to the trainer's own saved state (its raw shards).
 TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
-  const std::string dir = FreshDir("consolidate");
+  const TempDir tmp("consolidate");
+  const std::string dir = tmp.path();
   const std::string store = " --ckpt-dir " + dir + "/ckpt";
   const RunResult trained =
       Train("--steps 4 --nproc 2 --ckpt-mode sync --ckpt-every 4 --job j" + store);
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
   const std::string cli = kCli + store;
   ASSERT_EQ(RunCommand(cli + " restore j 4 --no-replay --out " + dir + "/raw").exit_code, 0);
   RunResult r = RunCommand(cli + " restore j latest --consolidate --out " + dir + "/c");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   r = RunCommand(cli + " restore j latest --consolidate --dtype bf16 --out " + dir + "/cb");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_EQ(r.exit_code, 0) << r.out;
   const auto raw = ReadRankDir(dir + "/raw", 2);  // exactly what the trainer saved
   ASSERT_EQ(raw.count("params"), 1u);
   const auto params = trainer::NamedParams(*trainer::ModelConfigByName("tiny"));
@@ -255,36 +254,37 @@ TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
     const std::string want = file + ".expected.json";
     std::ofstream(want) << expected;
     const RunResult py = RunCommand("python3 " GRADSNAP_SAFETENSORS_READER " " + file + " " + want);
-    EXPECT_EQ(py.exit_code, 0) << file << ": " << py.output;
+    EXPECT_EQ(py.exit_code, 0) << file << ": " << py.out;
   }
   const RunResult state = RunCommand(
       "python3 -c \"import json,sys; d=json.load(open(sys.argv[1])); "
       "print(d['step'], d['optimizer_step'], d['loader']['batch_index'], "
       "d['lr_schedule']['total_steps'], d['config']['model_config'])\" " +
       dir + "/c/trainer_state.json");
-  EXPECT_EQ(state.exit_code, 0) << state.output;
-  EXPECT_TRUE(absl::StartsWith(state.output, "4 4 4 4 name=tiny")) << state.output;
+  EXPECT_EQ(state.exit_code, 0) << state.out;
+  EXPECT_TRUE(absl::StartsWith(state.out, "4 4 4 4 name=tiny")) << state.out;
   // A consolidated directory starts a run exactly like the store does.
   const RunResult a = Train("--steps 6 --nproc 1 --init-from " + dir + "/c");
   const RunResult b = Train("--steps 6 --nproc 1 --resume latest --job j" + store);
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_EQ(SummaryField(a.output, "params_sha256"), SummaryField(b.output, "params_sha256"));
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(SummaryField(a.out, "params_sha256"), SummaryField(b.out, "params_sha256"));
   // bf16 weights are not exact enough to continue: refused with one line, exit 2.
   const RunResult bf = Train("--steps 6 --init-from " + dir + "/cb");
-  EXPECT_EQ(bf.exit_code, 2) << bf.output;
-  EXPECT_TRUE(absl::StrContains(bf.output, "bf16")) << bf.output;
+  EXPECT_EQ(bf.exit_code, 2) << bf.out;
+  EXPECT_TRUE(absl::StrContains(bf.out, "bf16")) << bf.out;
 }
 
 // Bad input: one clear line, the documented exit status, nothing written.
 TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
-  const std::string dir = FreshDir("badinput");
+  const TempDir tmp("badinput");
+  const std::string dir = tmp.path();
   const std::string store = " --ckpt-dir " + dir + "/ckpt";
   const RunResult trained = Train(
       "--steps 6 --nproc 2 --ckpt-mode gockpt --ckpt-every 4 --gockpt-window 1 --grad-log "
       "--job j" +
       store);
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
   const std::string cli = kCli + store;
   struct Bad {
     std::string args;
@@ -293,9 +293,7 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   };
   // A checkpoint of another writer (the client's test shards): no model, no slices.
   {
-    client::ClientOptions o;
-    o.local_dir = dir + "/ckpt";
-    auto c = client::Client::Connect(o);
+    auto c = client::testing::ConnectLocal(dir + "/ckpt");
     ASSERT_TRUE(c.ok()) << c.status();
     ASSERT_TRUE(client::testing::SaveTestCheckpoint(**c, "foreign", 3, 2, 7, 64 << 10).ok());
   }
@@ -311,15 +309,15 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   };
   for (const Bad& b : bad) {
     const RunResult r = RunCommand(cli + " " + b.args);
-    EXPECT_EQ(r.exit_code, b.exit_code) << b.args << "\n" << r.output;
-    EXPECT_TRUE(absl::StrContains(r.output, b.says)) << b.args << "\n" << r.output;
+    EXPECT_EQ(r.exit_code, b.exit_code) << b.args << "\n" << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, b.says)) << b.args << "\n" << r.out;
     EXPECT_FALSE(fs::exists(out)) << b.args;
   }
   // A DELTA whose chain lost a record: DELTA 6 needs 5.
   ASSERT_EQ(RunCommand(cli + " rm j 5").exit_code, 0);
   RunResult r = RunCommand(cli + " restore j 6 --out " + out);
-  EXPECT_EQ(r.exit_code, 4) << r.output;
-  EXPECT_TRUE(absl::StrContains(r.output, "DELTA 5 of its chain is not committed")) << r.output;
+  EXPECT_EQ(r.exit_code, 4) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "DELTA 5 of its chain is not committed")) << r.out;
   EXPECT_FALSE(fs::exists(out));
   // The trainer: directories that are not complete restore outputs, a raw DELTA record, a
   // checkpoint of another shape.
@@ -328,17 +326,8 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   ASSERT_EQ(RunCommand(cli + " restore j 6 --no-replay --out " + dir + "/delta").exit_code, 0);
   ASSERT_EQ(RunCommand(cli + " restore foreign 3 --out " + dir + "/foreign").exit_code, 0);
   ASSERT_EQ(RunCommand(cli + " restore j 4 --world-size 3 --out " + dir + "/flip").exit_code, 0);
-  {
-    const std::string file = dir + "/flip/rank1.safetensors";
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(fs::file_size(file) / 2);
-    char b = 0;
-    f.seekg(at);
-    f.read(&b, 1);
-    b ^= 1;
-    f.seekp(at);
-    f.write(&b, 1);
-  }
+  const std::string flipped = dir + "/flip/rank1.safetensors";
+  ASSERT_TRUE(FlipByte(flipped, fs::file_size(flipped) / 2, 1).ok());
   const std::vector<Bad> train_bad = {
       {"--steps 8 --init-from " + dir + "/half", 2, "not a complete restore output"},
       {"--steps 8 --init-from " + dir + "/nothing", 2, "no restore directory"},
@@ -351,15 +340,15 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   };
   for (const Bad& b : train_bad) {
     const RunResult t = Train(b.args);
-    EXPECT_EQ(t.exit_code, b.exit_code) << b.args << "\n" << t.output;
-    EXPECT_TRUE(absl::StrContains(t.output, b.says)) << b.args << "\n" << t.output;
-    EXPECT_FALSE(absl::StrContains(t.output, "\nstep ")) << b.args;
+    EXPECT_EQ(t.exit_code, b.exit_code) << b.args << "\n" << t.out;
+    EXPECT_TRUE(absl::StrContains(t.out, b.says)) << b.args << "\n" << t.out;
+    EXPECT_FALSE(absl::StrContains(t.out, "\nstep ")) << b.args;
   }
   // A changed global batch is allowed when asked for.
   const RunResult changed =
       Train("--steps 8 --resume latest --job j --batch 6 --allow-batch-change" + store);
-  EXPECT_EQ(changed.exit_code, 0) << changed.output;
-  EXPECT_EQ(SummaryField(changed.output, "resumed_from"), "4") << changed.output;
+  EXPECT_EQ(changed.exit_code, 0) << changed.out;
+  EXPECT_EQ(SummaryField(changed.out, "resumed_from"), "4") << changed.out;
 }
 
 }  // namespace

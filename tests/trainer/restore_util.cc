@@ -1,16 +1,13 @@
 #include "tests/trainer/restore_util.h"
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "recovery/json_value.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -19,10 +16,7 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
   std::map<std::string, std::string> out;
   std::map<std::string, std::map<uint64_t, std::string>> pieces;
   for (int r = 0; r < n; ++r) {
-    std::ifstream f(absl::StrCat(dir, "/rank", r, ".safetensors"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string blob = ss.str();
+    const std::string blob = ReadFileOrEmpty(absl::StrCat(dir, "/rank", r, ".safetensors"));
     if (blob.size() < 8) return {};
     uint64_t len = 0;
     for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
@@ -51,25 +45,6 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
     for (const auto& [off, bytes] : by_offset) out[flat] += bytes;
   }
   return out;
-}
-
-int FlipStoredByte(const std::string& ckpt_dir, const std::string& job, int64_t step, int rank) {
-  const std::string dir = absl::StrFormat("%s/segments/%s/%020d", ckpt_dir, job, step);
-  const std::string prefix = absl::StrFormat("r%010d-", rank);
-  int flipped = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().filename().string().rfind(prefix, 0) != 0) continue;
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(std::filesystem::file_size(e.path()) / 2);
-    char b = 0;
-    f.seekg(at);
-    f.read(&b, 1);
-    b ^= 0x10;
-    f.seekp(at);
-    f.write(&b, 1);
-    ++flipped;
-  }
-  return flipped;
 }
 
 std::string WithoutWorldSize(const std::string& state) {

@@ -1,5 +1,6 @@
 // Helpers for the restore, resharding and fallback end-to-end tests: read the rank files of a
-// `gradsnap restore` directory back into flat buffers, flip a stored byte.
+// `gradsnap restore` directory back into flat buffers. (A stored byte is flipped with
+// tests/testing/util.h's FlipSegmentBytes.)
 #ifndef GRADSNAP_TESTS_TRAINER_RESTORE_UTIL_H_
 #define GRADSNAP_TESTS_TRAINER_RESTORE_UTIL_H_
 
@@ -14,10 +15,6 @@ namespace testing {
 // buffer ("params", "adam_m", "adam_v") put together from its slices (by the "slice.<tensor>"
 // metadata), and rank 0's "replicated_state" text under that name. Empty map on a bad file.
 std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n);
-
-// XORs one byte in the middle of every segment file of (job, step, rank) in an embedded
-// engine directory. Returns the number of files changed.
-int FlipStoredByte(const std::string& ckpt_dir, const std::string& job, int64_t step, int rank);
 
 // "key=value" lines of a train state text without the world_size line (it changes on a reshard).
 std::string WithoutWorldSize(const std::string& state);

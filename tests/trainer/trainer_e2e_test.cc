@@ -7,8 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "client/test_util.h"
 #include "gtest/gtest.h"
-#include "tests/trainer/run_util.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
 
 namespace gradsnap {
 namespace testing {
@@ -17,28 +20,28 @@ namespace {
 const std::string kTrain = GRADSNAP_TRAIN_BIN;
 const std::string kTiny = " --model tiny --batch 8 --seed 5";
 
-RunResult Train(const std::string& args) { return RunCommand(kTrain + kTiny + " " + args); }
+RunResult Train(const std::string& args) { return RunTrainer(kTrain, kTiny + " " + args); }
 
 TEST(TrainerE2eTest, LossFallsOnDefaultCorpus) {
   const RunResult r = Train("--steps 40 --lr 2e-3");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto losses = ParseLosses(r.output);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto losses = ParseLosses(r.out);
   ASSERT_EQ(losses.size(), 40u);
   const double first = std::stod(losses.at(1));
   double last5 = 0;
   for (int s = 36; s <= 40; ++s) last5 += std::stod(losses.at(s)) / 5;
   EXPECT_GT(first, 5.0);        // ~ln(256) = 5.55 at initialization
-  EXPECT_LT(last5, first - 1.5) << r.output;
-  EXPECT_EQ(SummaryField(r.output, "params_sha256").size(), 64u);
+  EXPECT_LT(last5, first - 1.5) << r.out;
+  EXPECT_EQ(SummaryField(r.out, "params_sha256").size(), 64u);
 }
 
 TEST(TrainerE2eTest, DeterministicForSameSeedAndWorldSize) {
   const RunResult a = Train("--steps 5"), b = Train("--steps 5");
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_EQ(SummaryField(a.output, "params_sha256"), SummaryField(b.output, "params_sha256"));
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(SummaryField(a.out, "params_sha256"), SummaryField(b.out, "params_sha256"));
   const RunResult c = Train("--steps 5 --seed 6");
-  EXPECT_NE(SummaryField(a.output, "params_sha256"), SummaryField(c.output, "params_sha256"));
+  EXPECT_NE(SummaryField(a.out, "params_sha256"), SummaryField(c.out, "params_sha256"));
 }
 
 // Same global batch, different reduction order: losses agree to 1e-4 (stated tolerance;
@@ -46,9 +49,9 @@ TEST(TrainerE2eTest, DeterministicForSameSeedAndWorldSize) {
 TEST(TrainerE2eTest, TwoRanksMatchOneRank) {
   const RunResult one = Train("--steps 12 --nproc 1");
   const RunResult two = Train("--steps 12 --nproc 2");
-  ASSERT_EQ(one.exit_code, 0) << one.output;
-  ASSERT_EQ(two.exit_code, 0) << two.output;
-  const auto l1 = ParseLosses(one.output), l2 = ParseLosses(two.output);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  ASSERT_EQ(two.exit_code, 0) << two.out;
+  const auto l1 = ParseLosses(one.out), l2 = ParseLosses(two.out);
   ASSERT_EQ(l1.size(), 12u);
   ASSERT_EQ(l2.size(), 12u);
   for (const auto& [step, loss] : l1) {
@@ -63,40 +66,40 @@ void ExpectExactResume(int nproc, const std::string& store_args_a,
   const std::string common = absl::StrCat("--steps 8 --nproc ", nproc,
                                           " --ckpt-mode sync --ckpt-every 2 ");
   const RunResult full = Train(common + store_args_a);
-  ASSERT_EQ(full.exit_code, 0) << full.output;
+  ASSERT_EQ(full.exit_code, 0) << full.out;
   const RunResult failed = Train(common + store_args_b + absl::StrCat(
       " --fail-at-step 5 --fail-rank ", nproc - 1, " --max-restarts 2"));
-  ASSERT_EQ(failed.exit_code, 0) << failed.output;
-  EXPECT_NE(failed.output.find("restart 1 of 2"), std::string::npos) << failed.output;
-  EXPECT_EQ(SummaryField(failed.output, "resumed_from"), "4") << failed.output;
-  EXPECT_EQ(SummaryField(full.output, "params_sha256"),
-            SummaryField(failed.output, "params_sha256"));
-  const auto a = ParseLosses(full.output), b = ParseLosses(failed.output);
-  for (int s = 5; s <= 8; ++s) EXPECT_EQ(a.at(s), b.at(s)) << "step " << s;
+  ASSERT_EQ(failed.exit_code, 0) << failed.out;
+  EXPECT_NE(failed.out.find("restart 1 of 2"), std::string::npos) << failed.out;
+  const absl::Status exact = ResumedExactly(full.out, failed.out, 4);
+  EXPECT_TRUE(exact.ok()) << exact << "\n" << failed.out;
 }
 
 TEST(TrainerE2eTest, ResumeIsExactEmbeddedOneRank) {
-  const std::string d = FreshDir("resume1");
+  const TempDir tmp("resume1");
+  const std::string d = tmp.path();
   ExpectExactResume(1, "--ckpt-dir " + d + "/a", "--ckpt-dir " + d + "/b");
 }
 
 TEST(TrainerE2eTest, ResumeIsExactEmbeddedTwoRanks) {
-  const std::string d = FreshDir("resume2");
+  const TempDir tmp("resume2");
+  const std::string d = tmp.path();
   ExpectExactResume(2, "--ckpt-dir " + d + "/a", "--ckpt-dir " + d + "/b");
 }
 
 // The same drill with checkpoints on a real gradsnap-server process (remote back end).
 TEST(TrainerE2eTest, ResumeIsExactWithServer) {
-  const std::string d = FreshDir("server");
-  ServerProcess server;
-  std::string error;
-  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
+  const TempDir tmp("server");
+  const std::string d = tmp.path();
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(d + "/data").ok()) << server.Log();
   ExpectExactResume(2, "--job full --storage " + server.address(),
                     "--job drill --storage " + server.address());
 }
 
 TEST(TrainerE2eTest, BadInputIsAClearError) {
-  const std::string d = FreshDir("bad");
+  const TempDir tmp("bad");
+  const std::string d = tmp.path();
   struct Case {
     std::string args, message;
   };
@@ -114,16 +117,16 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
   for (const Case& c : cases) {
     const RunResult r = Train("--steps 2 " + c.args);
     EXPECT_NE(r.exit_code, 0) << c.args;
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << ": " << r.output;
-    EXPECT_EQ(r.output.find("step 1 "), std::string::npos) << c.args;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
+    EXPECT_EQ(r.out.find("step 1 "), std::string::npos) << c.args;
   }
 }
 
 TEST(TrainerE2eTest, HelpListsTheFlags) {
-  const RunResult r = RunCommand(kTrain + " --help");  // absl's --help exits 1, like the server
-  EXPECT_EQ(r.output.find("step 1 "), std::string::npos);
+  const RunResult r = RunTrainer(kTrain, " --help");  // absl's --help exits 1, like the server
+  EXPECT_EQ(r.out.find("step 1 "), std::string::npos);
   for (const char* flag : {"--ckpt_mode", "--nproc", "--fail_at_step", "--resume", "--storage"}) {
-    EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
 
@@ -131,19 +134,18 @@ TEST(TrainerE2eTest, HelpListsTheFlags) {
 TEST(TrainerE2eTest, CudaWithoutGpuIsAClearError) {
   const RunResult r = Train("--steps 2 --device cuda");
   if (r.exit_code == 0) GTEST_SKIP() << "a GPU is present";
-  EXPECT_NE(r.output.find("--device cuda"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("step 1 "), std::string::npos);
+  EXPECT_NE(r.out.find("--device cuda"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1 "), std::string::npos);
 }
 
 TEST(TrainerE2eTest, CheckpointOfAnotherModelIsRefusedAndKept) {
-  const std::string d = FreshDir("othermodel");
+  const TempDir tmp("othermodel");
+  const std::string d = tmp.path();
   const std::string store = " --ckpt-mode sync --ckpt-every 2 --ckpt-dir " + d + "/ck";
   const RunResult first = Train("--steps 4" + store);
-  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_EQ(first.exit_code, 0) << first.out;
   auto manifest_of = [&](int64_t step) {
-    client::ClientOptions o;
-    o.local_dir = d + "/ck";
-    auto c = client::Client::Connect(o);
+    auto c = client::testing::ConnectLocal(d + "/ck");
     EXPECT_TRUE(c.ok()) << c.status();
     auto list = (*c)->List("job");
     std::string out;
@@ -156,22 +158,24 @@ TEST(TrainerE2eTest, CheckpointOfAnotherModelIsRefusedAndKept) {
   };
   const std::string before = manifest_of(4);
   // Same job, a different model: refused before any step, exit non-zero, nothing written.
-  const RunResult other = RunCommand(kTrain + " --model small --seq 32 --batch 8 --steps 6 "
-                                     "--resume latest" + store);
-  EXPECT_NE(other.exit_code, 0) << other.output;
-  EXPECT_NE(other.output.find("checkpoint does not match this run: model"), std::string::npos)
-      << other.output;
-  EXPECT_EQ(other.output.find("step 5 "), std::string::npos);
+  const RunResult other = RunTrainer(kTrain,
+                                     " --model small --seq 32 --batch 8 --steps 6 "
+                                     "--resume latest" +
+                                         store);
+  EXPECT_NE(other.exit_code, 0) << other.out;
+  EXPECT_NE(other.out.find("checkpoint does not match this run: model"), std::string::npos)
+      << other.out;
+  EXPECT_EQ(other.out.find("step 5 "), std::string::npos);
   EXPECT_EQ(manifest_of(4), before);
   // A fresh run of the same job is refused too, before any step.
   const RunResult fresh = Train("--steps 6" + store);
-  EXPECT_NE(fresh.exit_code, 0) << fresh.output;
-  EXPECT_NE(fresh.output.find("already has checkpoints"), std::string::npos) << fresh.output;
+  EXPECT_NE(fresh.exit_code, 0) << fresh.out;
+  EXPECT_NE(fresh.out.find("already has checkpoints"), std::string::npos) << fresh.out;
   EXPECT_EQ(manifest_of(4), before);
   // The right model still resumes from it.
   const RunResult same = Train("--steps 6 --resume latest" + store);
-  ASSERT_EQ(same.exit_code, 0) << same.output;
-  EXPECT_EQ(SummaryField(same.output, "resumed_from"), "4");
+  ASSERT_EQ(same.exit_code, 0) << same.out;
+  EXPECT_EQ(SummaryField(same.out, "resumed_from"), "4");
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 //  - bad input: exit status 2 and one line, never a crash;
 //  - a job without a token on a secured server stops at once with one line.
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,7 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "tests/trainer/run_util.h"
+#include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -31,36 +34,12 @@ const std::string kJob = absl::StrCat(" --model tiny --batch 4 --seq 16 --steps 
                                       " --nproc 2 --ckpt-mode gockpt --ckpt-every 4"
                                       " --gockpt-window 2 --grad-log --job j");
 
-std::string Slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// A launcher started in the background, its output in a file.
-struct Launcher {
-  pid_t pid = -1;
-  std::string log;
-};
-
-Launcher StartLauncher(const std::string& args, const std::string& log) {
-  Launcher l;
-  l.log = log;
+// Starts gradsnap-train `args` (shell words) in the background, its output in `log`.
+void StartLauncher(ChildProcess* launcher, const std::string& args, const std::string& log) {
   std::vector<std::string> argv = {kTrain};
   for (absl::string_view a : absl::StrSplit(args, ' ', absl::SkipEmpty())) argv.emplace_back(a);
-  l.pid = fork();
-  if (l.pid == 0) {
-    FILE* f = freopen(log.c_str(), "w", stdout);
-    (void)f;
-    dup2(STDOUT_FILENO, STDERR_FILENO);
-    std::vector<char*> a;
-    for (std::string& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    execv(kTrain.c_str(), a.data());
-    _exit(127);
-  }
-  return l;
+  const absl::Status st = launcher->Start(argv, log);
+  ASSERT_TRUE(st.ok()) << st;
 }
 
 bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
@@ -68,7 +47,7 @@ bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
 // The launcher's children (its ranks), from /proc.
 std::vector<pid_t> Children(pid_t pid) {
   std::vector<pid_t> out;
-  std::istringstream in(Slurp(absl::StrCat("/proc/", pid, "/task/", pid, "/children")));
+  std::istringstream in(ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/task/", pid, "/children")));
   for (pid_t c; in >> c;) out.push_back(c);
   return out;
 }
@@ -84,157 +63,164 @@ bool WaitFor(double seconds, F done) {
   return true;
 }
 
-bool PrintedStep(const std::string& log, int step) {
-  return Slurp(log).find(absl::StrCat("\nstep ", step, " ")) != std::string::npos;
+bool PrintedStep(const ChildProcess& launcher, int step) {
+  return launcher.Output().find(absl::StrCat("\nstep ", step, " ")) != std::string::npos;
+}
+
+// Runs the job `args` in the background until it printed step `step`, then SIGKILLs its
+// launcher alone. Returns the launcher's ranks as they were just before.
+std::vector<pid_t> KillLauncherAtStep(ChildProcess* launcher, const std::string& args,
+                                      const std::string& log, int step) {
+  StartLauncher(launcher, args, log);
+  const bool printed = WaitFor(60, [&] { return PrintedStep(*launcher, step); });
+  EXPECT_TRUE(printed) << "no step " << step << ": " << launcher->Output();
+  const std::vector<pid_t> ranks = printed ? Children(launcher->pid()) : std::vector<pid_t>{};
+  launcher->Kill();
+  return ranks;
 }
 
 std::string Reference() {
   static const std::string sha = [] {
-    const RunResult r = RunCommand(kTrain + absl::StrCat(" --model tiny --batch 4 --seq 16 "
-                                                         "--steps ", kSteps, " --nproc 2"));
-    return SummaryField(r.output, "params_sha256");
+    const RunResult r = RunTrainer(kTrain, absl::StrCat(" --model tiny --batch 4 --seq 16 "
+                                                        "--steps ",
+                                                        kSteps, " --nproc 2"));
+    return SummaryField(r.out, "params_sha256");
   }();
   return sha;
 }
 
 // Kills the launcher of a running job mid-training, checks its ranks are gone, resumes at once.
 void LauncherKillThenResume(const std::string& store, const std::string& dir) {
-  Launcher l = StartLauncher(kJob + store + " --test-step-delay-ms 40", dir + "/first.log");
-  ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(l.log, 12); })) << Slurp(l.log);
-  const std::vector<pid_t> ranks = Children(l.pid);
+  ChildProcess launcher;
+  const std::vector<pid_t> ranks = KillLauncherAtStep(
+      &launcher, kJob + store + " --test-step-delay-ms 40", dir + "/first.log", 12);
   ASSERT_EQ(ranks.size(), 2u);
-  kill(l.pid, SIGKILL);
-  int st;
-  waitpid(l.pid, &st, 0);
   // PR_SET_PDEATHSIG: the kernel kills them with their parent (the bound is generous only for
   // a loaded machine; they normally go within milliseconds).
   EXPECT_TRUE(WaitFor(10, [&] { return !Alive(ranks[0]) && !Alive(ranks[1]); }));
-  const RunResult r = RunCommand(kTrain + kJob + store + " --resume latest");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("resumed job j from step "), std::string::npos) << r.output;
-  EXPECT_EQ(SummaryField(r.output, "params_sha256"), Reference()) << r.output;
+  const RunResult r = RunTrainer(kTrain, kJob + store + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("resumed job j from step "), std::string::npos) << r.out;
+  EXPECT_EQ(SummaryField(r.out, "params_sha256"), Reference()) << r.out;
 }
 
 // An attempt resumed from an older checkpoint persists steps that are already committed (the
 // same bytes, training being deterministic): that is idempotent, not an ALREADY_EXISTS wedge.
 void RePersistIsIdempotent(const std::string& store) {
-  const RunResult first = RunCommand(kTrain + kJob + store);
-  ASSERT_EQ(first.exit_code, 0) << first.output;
-  const RunResult again = RunCommand(kTrain + kJob + store + " --resume 9");
-  ASSERT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_EQ(SummaryField(again.output, "resumed_from"), "9") << again.output;
-  EXPECT_EQ(SummaryField(again.output, "ckpt_failures"), "0") << again.output;
-  EXPECT_EQ(SummaryField(again.output, "params_sha256"), Reference()) << again.output;
+  const RunResult first = RunTrainer(kTrain, kJob + store);
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  const RunResult again = RunTrainer(kTrain, kJob + store + " --resume 9");
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(SummaryField(again.out, "resumed_from"), "9") << again.out;
+  EXPECT_EQ(SummaryField(again.out, "ckpt_failures"), "0") << again.out;
+  EXPECT_EQ(SummaryField(again.out, "params_sha256"), Reference()) << again.out;
 }
 
-TEST(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentEmbedded) {
-  const std::string d = FreshDir("repersist_embedded");
-  RePersistIsIdempotent(" --ckpt-dir " + d + "/ckpt");
+// Each test gets a directory and, when it starts it, a gradsnap-server on dir_/data.
+class TrainerFaultTest : public ::testing::Test {
+ protected:
+  // Starts the server with `extra` flags; the job flags that point at it (" --storage ADDR").
+  std::string StartServer(const std::vector<std::string>& extra = {}) {
+    const absl::Status st = server_.StartOn(dir_ + "/data", "127.0.0.1:0", extra);
+    EXPECT_TRUE(st.ok()) << st;
+    return " --storage " + server_.address();
+  }
+
+  const TempDir tmp_{"trainer_fault"};
+  const std::string dir_ = tmp_.path();
+  ServerProcess server_{GRADSNAP_SERVER_BIN};
+};
+
+TEST_F(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentEmbedded) {
+  RePersistIsIdempotent(" --ckpt-dir " + dir_ + "/ckpt");
 }
 
-TEST(TrainerFaultTest, LauncherKilledRanksDieResumeEmbedded) {
-  const std::string d = FreshDir("lkill_embedded");
-  LauncherKillThenResume(" --ckpt-dir " + d + "/ckpt", d);
+TEST_F(TrainerFaultTest, LauncherKilledRanksDieResumeEmbedded) {
+  LauncherKillThenResume(" --ckpt-dir " + dir_ + "/ckpt", dir_);
 }
 
-#if defined(GRADSNAP_SERVER_BIN)
-TEST(TrainerFaultTest, LauncherKilledRanksDieResumeServer) {
-  const std::string d = FreshDir("lkill_server");
-  ServerProcess server;
-  std::string error;
-  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
-  LauncherKillThenResume(" --storage " + server.address(), d);
+TEST_F(TrainerFaultTest, LauncherKilledRanksDieResumeServer) {
+  const std::string store = StartServer();
+  ASSERT_TRUE(server_.running());
+  LauncherKillThenResume(store, dir_);
 }
 
-TEST(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentServer) {
-  const std::string d = FreshDir("repersist_server");
-  ServerProcess server;
-  std::string error;
-  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
-  RePersistIsIdempotent(" --storage " + server.address());
+TEST_F(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentServer) {
+  const std::string store = StartServer();
+  ASSERT_TRUE(server_.running());
+  RePersistIsIdempotent(store);
 }
 
-TEST(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
-  const std::string d = FreshDir("zombie");
-  ServerProcess server;
-  std::string error;
-  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
-  const std::string store = " --storage " + server.address();
-  Launcher l = StartLauncher(kJob + store + " --test-step-delay-ms 60 --test-ignore-parent-death",
-                             d + "/zombie.log");
-  ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(l.log, 10); })) << Slurp(l.log);
-  const std::vector<pid_t> zombies = Children(l.pid);
+TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
+  const std::string store = StartServer();
+  ASSERT_TRUE(server_.running());
+  ChildProcess launcher;
+  const std::vector<pid_t> zombies = KillLauncherAtStep(
+      &launcher, kJob + store + " --test-step-delay-ms 60 --test-ignore-parent-death",
+      dir_ + "/zombie.log", 10);
   ASSERT_EQ(zombies.size(), 2u);
-  kill(l.pid, SIGKILL);
-  int st;
-  waitpid(l.pid, &st, 0);
   ASSERT_TRUE(Alive(zombies[0]) && Alive(zombies[1]));  // kept alive on purpose
   // The next attempt takes a newer epoch: the zombies' next writes are refused and they exit.
-  const RunResult r = RunCommand(kTrain + kJob + store + " --resume latest");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(SummaryField(r.output, "params_sha256"), Reference()) << r.output;
+  const RunResult r = RunTrainer(kTrain, kJob + store + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(SummaryField(r.out, "params_sha256"), Reference()) << r.out;
   EXPECT_TRUE(WaitFor(60, [&] { return !Alive(zombies[0]) && !Alive(zombies[1]); }));
-  EXPECT_NE(Slurp(l.log).find("superseded by attempt"), std::string::npos) << Slurp(l.log);
+  EXPECT_NE(launcher.Output().find("superseded by attempt"), std::string::npos)
+      << launcher.Output();
   // Nothing the zombies did leaves a broken store: resuming once more is still exact.
-  const RunResult again = RunCommand(kTrain + kJob + store + " --resume latest");
-  ASSERT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_EQ(SummaryField(again.output, "params_sha256"), Reference());
+  const RunResult again = RunTrainer(kTrain, kJob + store + " --resume latest");
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(SummaryField(again.out, "params_sha256"), Reference());
 }
 
 // The server dies for good mid-run: with --ckpt-on-failure continue (the default) the job
 // trains to the end with the uninterrupted parameters and counts its failed persists; with stop
 // the first failed persist stops it.
-TEST(TrainerFaultTest, ServerGoneForGoodContinueOrStop) {
+TEST_F(TrainerFaultTest, ServerGoneForGoodContinueOrStop) {
   for (const std::string policy : {"continue", "stop"}) {
-    const std::string d = FreshDir("gone_" + policy);
-    ServerProcess server;
-    std::string error;
-    ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error)) << error;
-    Launcher l = StartLauncher(kJob + " --storage " + server.address() +
-                                   " --test-step-delay-ms 30 --ckpt-persist-timeout-ms 200"
-                                   " --ckpt-on-failure " + policy,
-                               d + "/job.log");
-    ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(l.log, 6); })) << Slurp(l.log);
+    const std::string d = tmp_.Sub(policy);
+    ServerProcess server(GRADSNAP_SERVER_BIN);
+    ASSERT_TRUE(server.StartOn(d + "/data").ok()) << server.Log();
+    ChildProcess job;
+    StartLauncher(&job,
+                  kJob + " --storage " + server.address() +
+                      " --test-step-delay-ms 30 --ckpt-persist-timeout-ms 200"
+                      " --ckpt-on-failure " +
+                      policy,
+                  d + "/job.log");
+    ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(job, 6); })) << job.Output();
     server.Kill();
-    int st = 0;
-    waitpid(l.pid, &st, 0);
-    const std::string out = Slurp(l.log);
+    const int exit_code = job.Wait();
+    const std::string out = job.Output();
     if (policy == "continue") {
-      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << out;
+      EXPECT_EQ(exit_code, 0) << out;
       EXPECT_EQ(SummaryField(out, "params_sha256"), Reference()) << out;
       EXPECT_GT(std::stoi(SummaryField(out, "ckpt_failures")), 0) << out;
     } else {
-      EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << out;
+      EXPECT_EQ(exit_code, 1) << out;
       EXPECT_NE(out.find("UNAVAILABLE: persist "), std::string::npos) << out;
       EXPECT_EQ(out.find("\nsummary "), std::string::npos) << out;
     }
   }
 }
 
-TEST(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
-  const std::string d = FreshDir("secured");
-  { std::ofstream(d + "/secret") << "0123456789abcdef0123456789abcdef"; }
-  ServerProcess server;
-  std::string error;
-  ASSERT_TRUE(server.Start(GRADSNAP_SERVER_BIN, d + "/data", &error, "127.0.0.1:0",
-                           {"--auth-secret-file", d + "/secret"}))
-      << error;
-  const RunResult r = RunCommand(kTrain + kJob + " --max-restarts 3 --storage " +
-                                 server.address());
-  EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
-  EXPECT_NE(r.output.find("UNAUTHENTICATED"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("restart "), std::string::npos) << r.output;
+TEST_F(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
+  { std::ofstream(dir_ + "/secret") << "0123456789abcdef0123456789abcdef"; }
+  const std::string store = StartServer({"--auth-secret-file", dir_ + "/secret"});
+  ASSERT_TRUE(server_.running());
+  const RunResult r = RunTrainer(kTrain, kJob + " --max-restarts 3" + store);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find("UNAUTHENTICATED"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("restart "), std::string::npos) << r.out;
 }
-#endif
 
-TEST(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
-  const std::string d = FreshDir("badinput");
+TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
   const std::vector<std::string> cases = {
       "--nproc 2 --hostname 999.1.1.1",
       "--nproc 2 --hostname 192.0.2.1",  // a valid address, but not this machine's
       "--data /dev/zero",
-      "--data " + d,
+      "--data " + dir_,
       "--rank 0 --world-size 0",
       "--rank 3 --world-size 2",
       "--no-such-flag 1",
@@ -249,10 +235,10 @@ TEST(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--grad-log=maybe",
   };
   for (const std::string& c : cases) {
-    const RunResult r = RunCommand(kTrain + " --model tiny --steps 2 " + c);
-    EXPECT_EQ(r.exit_code, 2) << c << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << c << ": " << r.output;
-    EXPECT_EQ(r.output.rfind("gradsnap-train: ", 0), 0u) << c << ": " << r.output;
+    const RunResult r = RunTrainer(kTrain, " --model tiny --steps 2 " + c);
+    EXPECT_EQ(r.exit_code, 2) << c << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c << ": " << r.out;
+    EXPECT_EQ(r.out.rfind("gradsnap-train: ", 0), 0u) << c << ": " << r.out;
   }
 }
 

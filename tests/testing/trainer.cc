@@ -1,0 +1,72 @@
+#include "tests/testing/trainer.h"
+
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace gradsnap {
+namespace testing {
+
+RunResult RunTrainer(const std::string& binary, const std::string& args) {
+  return RunCommand(binary + " " + args);
+}
+
+std::map<int64_t, std::string> ParseLosses(const std::string& output) {
+  std::map<int64_t, std::string> losses;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string w1, w3, loss;
+    int64_t step;
+    if (ls >> w1 >> step >> w3 >> loss && w1 == "step" && w3 == "loss") losses[step] = loss;
+  }
+  return losses;
+}
+
+std::string SummaryField(const std::string& output, const std::string& key) {
+  std::string summary;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("summary ", 0) == 0) summary = line;
+  }
+  const std::string want = " " + key + "=";
+  const size_t at = summary.find(want);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + want.size();
+  return summary.substr(begin, summary.find(' ', begin) - begin);
+}
+
+absl::Status ResumedExactly(const std::string& reference, const std::string& resumed,
+                            int64_t from) {
+  const std::string resumed_from = SummaryField(resumed, "resumed_from");
+  if (resumed_from != std::to_string(from)) {
+    return absl::InternalError(absl::StrCat("resumed_from=", resumed_from, ", not ", from));
+  }
+  const std::string want = SummaryField(reference, "params_sha256");
+  const std::string got = SummaryField(resumed, "params_sha256");
+  if (want.empty() || want != got) {
+    return absl::InternalError("params_sha256 " + got + " where the reference has " + want);
+  }
+  const std::map<int64_t, std::string> a = ParseLosses(reference), b = ParseLosses(resumed);
+  int compared = 0;
+  for (auto it = a.upper_bound(from); it != a.end(); ++it, ++compared) {
+    auto other = b.find(it->first);
+    if (other == b.end() || other->second != it->second) {
+      return absl::InternalError(absl::StrCat("step ", it->first, " loss ",
+                                              other == b.end() ? "missing" : other->second,
+                                              " where the reference has ", it->second));
+    }
+  }
+  if (compared == 0) return absl::InternalError(absl::StrCat("no step after ", from));
+  return absl::OkStatus();
+}
+
+int CountLines(const std::string& output, const std::string& prefix) {
+  std::istringstream in(output);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.rfind(prefix, 0) == 0 ? 1 : 0;
+  return n;
+}
+
+}  // namespace testing
+}  // namespace gradsnap

@@ -1,0 +1,34 @@
+// gradsnap-train for the tests and drills: run it, read its output ("step S loss L ..." lines
+// and the final "summary k=v ..." line, docs/trainer.md).
+#ifndef GRADSNAP_TESTS_TESTING_TRAINER_H_
+#define GRADSNAP_TESTS_TESTING_TRAINER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "tests/testing/process.h"
+
+namespace gradsnap {
+namespace testing {
+
+// Runs `binary args` (args: shell words) to its exit; out holds stdout and stderr interleaved.
+RunResult RunTrainer(const std::string& binary, const std::string& args);
+
+// "step S loss L ..." lines: step -> loss text (exact, as printed).
+std::map<int64_t, std::string> ParseLosses(const std::string& output);
+// The value of `key=` in the last line starting "summary ", or "" if absent.
+std::string SummaryField(const std::string& output, const std::string& key);
+// OK when the run that printed `resumed` resumed from step `from` (its summary's resumed_from;
+// never a restart from scratch), ended with the parameters of the uninterrupted run that
+// printed `reference` (their params_sha256, present), and printed the same loss for every step
+// after `from` that `reference` printed (one at least); otherwise what differs.
+absl::Status ResumedExactly(const std::string& reference, const std::string& resumed, int64_t from);
+// The number of lines of `output` starting with `prefix`.
+int CountLines(const std::string& output, const std::string& prefix);
+
+}  // namespace testing
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_TESTS_TESTING_TRAINER_H_

@@ -1,0 +1,112 @@
+#include "tests/testing/util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "common/status.h"
+
+namespace gradsnap {
+namespace testing {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return PosixError("open " + path, errno);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::InternalError("read " + path + " failed");
+  return data;
+}
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  absl::StatusOr<std::string> data = ReadFile(path);
+  return data.ok() ? *std::move(data) : "";
+}
+
+absl::Status FlipByte(const std::string& path, uint64_t offset, uint8_t mask) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  char b = 0;
+  f.seekg(static_cast<std::streamoff>(offset));
+  f.read(&b, 1);
+  b = static_cast<char>(b ^ static_cast<char>(mask));
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&b, 1);
+  f.flush();
+  if (!f) return absl::InternalError("cannot flip byte " + std::to_string(offset) + " of " + path);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> SegmentFiles(const std::string& data_dir, const std::string& job,
+                                      int64_t step, int rank) {
+  char step_dir[32], prefix[32];
+  std::snprintf(step_dir, sizeof(step_dir), "%020lld", static_cast<long long>(step));
+  std::snprintf(prefix, sizeof(prefix), "r%010d-", rank);
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(data_dir + "/segments/" + job + "/" + step_dir, ec),
+       end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (rank < 0 || name.rfind(prefix, 0) == 0) out.push_back(it->path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+int FlipSegmentBytes(const std::string& data_dir, const std::string& job, int64_t step, int rank) {
+  int flipped = 0;
+  for (const std::string& file : SegmentFiles(data_dir, job, step, rank)) {
+    std::error_code ec;
+    const uint64_t size = std::filesystem::file_size(file, ec);
+    if (!ec && FlipByte(file, size / 2, 0x10).ok()) ++flipped;
+  }
+  return flipped;
+}
+
+std::map<std::string, std::string> DirContents(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string path = it->path().string();
+    out[path] = it->is_regular_file(ec) ? ReadFileOrEmpty(path) : "<dir>";
+  }
+  return out;
+}
+
+int CountFiles(const std::string& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) ++n;
+  }
+  return n;
+}
+
+absl::StatusOr<int> FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return PosixError("socket", errno);
+  sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return PosixError("bind 127.0.0.1:0", e);
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace testing
+}  // namespace gradsnap
