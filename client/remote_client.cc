@@ -10,6 +10,10 @@
 #include "client/remote_placement.h"
 #include "client/save_util.h"
 #include "proto/convert.h"
+#include "proto/raw_message.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
+#include "grpcpp/support/byte_buffer.h"
 
 namespace gradsnap {
 namespace client {
@@ -89,13 +93,7 @@ absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
 
 std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
                                                        std::vector<TensorRef> tensors) {
-  absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
-  if (!resolved.ok()) {
-    std::promise<absl::Status> failed;
-    failed.set_value(resolved.status());
-    return failed.get_future();
-  }
-  return saves_->Push(*std::move(resolved), std::move(tensors));
+  return saves_->Push(spec, std::move(tensors));
 }
 
 absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
@@ -130,9 +128,41 @@ absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
 
 namespace {
 
-// Copies payload bytes [offset, offset + n) of the concatenated tensors into out.
-void Gather(const std::vector<TensorRef>& tensors, const std::vector<uint64_t>& starts,
-            uint64_t offset, char* out, size_t n) {
+// Counts the caller's memory that gRPC still references through upload slices. An upload waits
+// for zero before it returns, so the transport never reads tensor memory its caller has freed.
+class SlicePins {
+ public:
+  // A slice over p[0, n) (the caller's memory, not copied), counted until gRPC releases it.
+  grpc::Slice Pin(const char* p, size_t n) {
+    {
+      absl::MutexLock lock(&state_->mu);
+      ++state_->count;
+    }
+    std::shared_ptr<State> state = state_;
+    return proto::OwnedSlice(const_cast<char*>(p), n, [state] {
+      absl::MutexLock lock(&state->mu);
+      --state->count;
+    });
+  }
+  void WaitReleased() {
+    absl::MutexLock lock(&state_->mu);
+    state_->mu.Await(absl::Condition(
+        +[](int64_t* count) { return *count == 0; }, &state_->count));
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    int64_t count ABSL_GUARDED_BY(mu) = 0;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// References payload bytes [offset, offset + n) of the concatenated tensors as slices.
+std::vector<grpc::Slice> PayloadSlices(const std::vector<TensorRef>& tensors,
+                                       const std::vector<uint64_t>& starts, uint64_t offset,
+                                       size_t n, SlicePins* pins) {
+  std::vector<grpc::Slice> out;
   size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
                                  starts.begin()) - 1;
   while (n > 0 && i < tensors.size()) {
@@ -140,13 +170,13 @@ void Gather(const std::vector<TensorRef>& tensors, const std::vector<uint64_t>& 
     uint64_t avail = tensors[i].spec.byte_length - in_tensor;
     size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n));
     if (take > 0) {
-      std::memcpy(out, static_cast<const char*>(tensors[i].data) + in_tensor, take);
+      out.push_back(pins->Pin(static_cast<const char*>(tensors[i].data) + in_tensor, take));
     }
-    out += take;
     offset += take;
     n -= take;
     ++i;
   }
+  return out;
 }
 
 }  // namespace
@@ -226,24 +256,37 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   PrepareContext(&ctx, options_,
                  static_cast<int>(std::min<uint64_t>(options_.rpc_timeout_ms + stream_ms,
                                                      24ull * 3600 * 1000)));
+  SlicePins pins;
   v1::WriteResponse resp;
-  auto stub = node.stub();  // keeps the channel alive while the stream runs
-  std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = stub->Write(&ctx, &resp);
-  v1::WriteRequest msg;
-  proto::ToProto(spec, msg.mutable_shard());
-  do {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
-    msg.set_write_offset(offset);
-    std::string* data = msg.mutable_data();
-    data->resize(n);
-    Gather(tensors, starts, offset, data->data(), n);
-    msg.set_finish_write(offset + n == total);
-    if (!stream->Write(msg)) break;  // broken stream: Finish() says why
-    offset += n;
-    msg.clear_shard();
-  } while (offset < total);
-  stream->WritesDone();
-  RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));
+  grpc::Status finished;
+  {
+    // Raw messages (proto/raw_message.h): `data` references the tensors, no copy.
+    std::shared_ptr<grpc::Channel> channel = node.channel();
+    const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Write",
+                                           grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                     &resp));
+    v1::ShardSpec pspec;
+    proto::ToProto(spec, &pspec);
+    const std::string spec_bytes = pspec.SerializeAsString();
+    bool first = true;
+    do {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
+      proto::RawMessageBuilder msg;
+      if (first) msg.AddBytes(proto::field::kWriteShard, spec_bytes);
+      msg.AddVarint(proto::field::kWriteOffset, offset);
+      msg.AddSlices(proto::field::kWriteData, PayloadSlices(tensors, starts, offset, n, &pins), n);
+      msg.AddVarint(proto::field::kWriteFinish, offset + n == total ? 1 : 0);
+      if (!stream->Write(msg.Finish())) break;  // broken stream: Finish() says why
+      offset += n;
+      first = false;
+    } while (offset < total);
+    stream->WritesDone();
+    finished = stream->Finish();
+  }
+  pins.WaitReleased();  // the call is gone: gRPC lets go of the tensors' memory
+  RETURN_IF_ERROR(Annotate(proto::FromGrpc(finished), node.endpoint));
   if (!resp.shard_committed()) {
     return absl::UnavailableError(absl::StrCat(node.endpoint, ": upload ended uncommitted"));
   }

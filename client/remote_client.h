@@ -104,17 +104,23 @@ class RemoteClient final : public Client {
                              const std::vector<uint64_t>& starts, uint64_t total,
                              uint64_t* committed);
   static constexpr uint64_t kToEnd = ~uint64_t{0};
+  // The byte range one Read stream of a parallel restore fetches (docs/protocol.md,
+  // "Parallel restore").
+  static constexpr uint64_t kReadBlockBytes = 16u << 20;
+  // Receives payload bytes as references to received gRPC slices (no copy).
+  using PieceSink = std::function<absl::Status(const grpc::Slice& piece)>;
   // Streams [*offset, end) of a shard from one node through sink, advancing *offset; end may
-  // be kToEnd. *total receives the shard's payload size.
+  // be kToEnd (or past the shard: it stops at its end). *total receives the payload size.
   absl::Status ReadFrom(Node& node, const std::string& job, int64_t step, int32_t rank,
-                        uint64_t* offset, uint64_t end,
-                        const std::function<absl::Status(const void*, size_t)>& sink,
-                        uint64_t* total, const ProgressFn& progress);
+                        uint64_t* offset, uint64_t end, const PieceSink& sink, uint64_t* total);
   // ReadFrom over the shard's replicas in preference order, resuming where the last left off.
+  // total_out (may be null) receives the payload size.
   absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,
-                         uint64_t end,
-                         const std::function<absl::Status(const void*, size_t)>& sink,
-                         const ProgressFn& progress);
+                         uint64_t end, const PieceSink& sink, uint64_t* total_out);
+  // Payload [from, end) over `streams` parallel Read streams, delivered in order.
+  absl::Status ReadBlocksInOrder(const std::string& job, int64_t step, int32_t rank,
+                                 uint64_t from, uint64_t end, size_t streams,
+                                 const PieceSink& deliver);
 
   const ClientOptions options_;
   std::vector<std::unique_ptr<Node>> nodes_;

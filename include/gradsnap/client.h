@@ -90,6 +90,11 @@ struct ClientOptions {
   // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever.
   // Default: 30000.
   int rpc_timeout_ms = 30000;
+  // Remote mode: Read streams one shard's restore (RestoreShard, ReadShardRange) uses at once,
+  // each fetching byte ranges of 16 MiB (docs/protocol.md, "Parallel restore"); 1 reads the
+  // shard over a single stream. A RestoreShard buffers at most 2 x read_streams ranges ahead
+  // of its sink. Must be >= 1. Default: 4.
+  int read_streams = 4;
 };
 
 // One tensor's bytes in caller memory, for saving.
@@ -100,9 +105,9 @@ struct TensorRef {
 
 // Progress callback of RestoreShard and Verify: `done` of `total` units so far, called several
 // times while the call runs, with `done` never decreasing; calls never overlap. The units are
-// payload bytes, except for Verify against servers (remote mode), where they are storage nodes:
-// each node verifies its copy and answers once (with several nodes the callback then runs on a
-// helper thread). A callback must not call back into the Client.
+// payload bytes. Verify against servers (remote mode) counts every node's copy (replicas
+// included) and reports once per node as it answers (with several nodes the callback then runs
+// on a helper thread). A callback must not call back into the Client.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
 class Client {
