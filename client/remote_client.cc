@@ -54,24 +54,14 @@ absl::Status RemoteClient::ForAllNodes(const std::function<absl::Status(Node&)>&
 absl::Status RemoteClient::BeginCheckpoint(const CheckpointSpec& spec) {
   v1::BeginCheckpointRequest req;
   proto::ToProto(spec, req.mutable_spec());
-  return ForAllNodes([&](Node& node) {
-    v1::BeginCheckpointResponse resp;
-    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::BeginCheckpointResponse* r) {
-      return node.stub()->BeginCheckpoint(ctx, req, r);
-    });
-  });
+  return ForAllNodes(
+      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::BeginCheckpoint); });
 }
 
 absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step) {
-  v1::AbortCheckpointRequest req;
-  req.set_job(job);
-  req.set_step(step);
-  return ForAllNodes([&](Node& node) {
-    v1::AbortCheckpointResponse resp;
-    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AbortCheckpointResponse* r) {
-      return node.stub()->AbortCheckpoint(ctx, req, r);
-    });
-  });
+  const auto req = JobStep<v1::AbortCheckpointRequest>(job, step);
+  return ForAllNodes(
+      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::AbortCheckpoint); });
 }
 
 absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
@@ -128,41 +118,15 @@ absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
 
 namespace {
 
-// Counts the caller's memory that gRPC still references through upload slices. An upload waits
-// for zero before it returns, so the transport never reads tensor memory its caller has freed.
-class SlicePins {
- public:
-  // A slice over p[0, n) (the caller's memory, not copied), counted until gRPC releases it.
-  grpc::Slice Pin(const char* p, size_t n) {
-    {
-      absl::MutexLock lock(&state_->mu);
-      ++state_->count;
-    }
-    std::shared_ptr<State> state = state_;
-    return proto::OwnedSlice(const_cast<char*>(p), n, [state] {
-      absl::MutexLock lock(&state->mu);
-      --state->count;
-    });
-  }
-  void WaitReleased() {
-    absl::MutexLock lock(&state_->mu);
-    state_->mu.Await(absl::Condition(
-        +[](int64_t* count) { return *count == 0; }, &state_->count));
-  }
-
- private:
-  struct State {
-    absl::Mutex mu;
-    int64_t count ABSL_GUARDED_BY(mu) = 0;
-  };
-  std::shared_ptr<State> state_ = std::make_shared<State>();
-};
-
-// References payload bytes [offset, offset + n) of the concatenated tensors as slices.
-std::vector<grpc::Slice> PayloadSlices(const std::vector<TensorRef>& tensors,
-                                       const std::vector<uint64_t>& starts, uint64_t offset,
-                                       size_t n, SlicePins* pins) {
-  std::vector<grpc::Slice> out;
+// Copies payload bytes [offset, offset + n) of the concatenated tensors into one slice that gRPC
+// owns. This is the upload's only copy in the client (the message around it is framed by hand,
+// not serialized). The caller's memory is not referenced directly: after a broken stream gRPC
+// may keep its references to sent slices until the connection is torn down, later than the
+// save may return.
+grpc::Slice PayloadSlice(const std::vector<TensorRef>& tensors,
+                         const std::vector<uint64_t>& starts, uint64_t offset, size_t n) {
+  grpc::Slice slice(n);
+  char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
   size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
                                  starts.begin()) - 1;
   while (n > 0 && i < tensors.size()) {
@@ -170,13 +134,14 @@ std::vector<grpc::Slice> PayloadSlices(const std::vector<TensorRef>& tensors,
     uint64_t avail = tensors[i].spec.byte_length - in_tensor;
     size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n));
     if (take > 0) {
-      out.push_back(pins->Pin(static_cast<const char*>(tensors[i].data) + in_tensor, take));
+      std::memcpy(out, static_cast<const char*>(tensors[i].data) + in_tensor, take);
     }
+    out += take;
     offset += take;
     n -= take;
     ++i;
   }
-  return out;
+  return slice;
 }
 
 }  // namespace
@@ -215,9 +180,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
                                          const std::vector<TensorRef>& tensors,
                                          const std::vector<uint64_t>& starts, uint64_t total,
                                          uint64_t* committed) {
-  v1::QueryWriteStatusRequest query;
-  query.set_job(spec.job);
-  query.set_step(spec.step);
+  auto query = JobStep<v1::QueryWriteStatusRequest>(spec.job, spec.step);
   query.set_rank(spec.rank);
   v1::QueryWriteStatusResponse status;
   {
@@ -228,14 +191,8 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   }
   if (status.complete()) {
     // Committed earlier (a restarted attempt): idempotent for the same content only.
-    v1::GetManifestRequest mreq;
-    mreq.set_job(spec.job);
-    mreq.set_step(spec.step);
-    v1::GetManifestResponse mresp;
-    RETURN_IF_ERROR(Unary(node, &mresp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
-      return node.stub()->GetManifest(ctx, mreq, r);
-    }));
-    ASSIGN_OR_RETURN(Manifest m, proto::FromProto(mresp.manifest()));
+    ASSIGN_OR_RETURN(Manifest m,
+                     FetchManifest(node, JobStep<v1::GetManifestRequest>(spec.job, spec.step)));
     for (const ShardInfo& s : m.shards) {
       if (s.rank == spec.rank && s.committed && !IsPlaceholder(s)) {
         return CheckCommittedContent(spec, s, tensors);
@@ -256,37 +213,33 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   PrepareContext(&ctx, options_,
                  static_cast<int>(std::min<uint64_t>(options_.rpc_timeout_ms + stream_ms,
                                                      24ull * 3600 * 1000)));
-  SlicePins pins;
   v1::WriteResponse resp;
-  grpc::Status finished;
-  {
-    // Raw messages (proto/raw_message.h): `data` references the tensors, no copy.
-    std::shared_ptr<grpc::Channel> channel = node.channel();
-    const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Write",
-                                           grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
-                                                                     &resp));
-    v1::ShardSpec pspec;
-    proto::ToProto(spec, &pspec);
-    const std::string spec_bytes = pspec.SerializeAsString();
-    bool first = true;
-    do {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
-      proto::RawMessageBuilder msg;
-      if (first) msg.AddBytes(proto::field::kWriteShard, spec_bytes);
-      msg.AddVarint(proto::field::kWriteOffset, offset);
-      msg.AddSlices(proto::field::kWriteData, PayloadSlices(tensors, starts, offset, n, &pins), n);
-      msg.AddVarint(proto::field::kWriteFinish, offset + n == total ? 1 : 0);
-      if (!stream->Write(msg.Finish())) break;  // broken stream: Finish() says why
-      offset += n;
-      first = false;
-    } while (offset < total);
-    stream->WritesDone();
-    finished = stream->Finish();
-  }
-  pins.WaitReleased();  // the call is gone: gRPC lets go of the tensors' memory
-  RETURN_IF_ERROR(Annotate(proto::FromGrpc(finished), node.endpoint));
+  // Raw messages (proto/raw_message.h): `data` is one slice, framed without serializing.
+  std::shared_ptr<grpc::Channel> channel = node.channel();
+  const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Write",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                   &resp));
+  v1::ShardSpec pspec;
+  proto::ToProto(spec, &pspec);
+  const std::string spec_bytes = pspec.SerializeAsString();
+  bool first = true;
+  do {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
+    proto::RawMessageBuilder msg;
+    if (first) msg.AddBytes(proto::field::kWriteShard, spec_bytes);
+    msg.AddVarint(proto::field::kWriteOffset, offset);
+    std::vector<grpc::Slice> data;
+    if (n > 0) data.push_back(PayloadSlice(tensors, starts, offset, n));
+    msg.AddSlices(proto::field::kWriteData, std::move(data), n);
+    msg.AddVarint(proto::field::kWriteFinish, offset + n == total ? 1 : 0);
+    if (!stream->Write(msg.Finish())) break;  // broken stream: Finish() says why
+    offset += n;
+    first = false;
+  } while (offset < total);
+  stream->WritesDone();
+  RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));
   if (!resp.shard_committed()) {
     return absl::UnavailableError(absl::StrCat(node.endpoint, ": upload ended uncommitted"));
   }

@@ -86,6 +86,24 @@ class RemoteClient final : public Client {
       return Annotate(proto::FromGrpc(call(&ctx, resp)), node.endpoint);
     });
   }
+  // One unary call of `method` (a Stub member) with retries; the answer is dropped.
+  template <typename Req, typename Resp>
+  absl::Status Call(Node& node, const Req& req,
+                    grpc::Status (v1::Storage::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                             Resp*)) {
+    Resp resp;
+    return Unary(node, &resp, [&](grpc::ClientContext* ctx, Resp* r) {
+      return (node.stub().get()->*method)(ctx, req, r);
+    });
+  }
+  // A request naming one checkpoint.
+  template <typename Req>
+  static Req JobStep(const std::string& job, int64_t step) {
+    Req req;
+    req.set_job(job);
+    req.set_step(step);
+    return req;
+  }
   // Runs fn(node) on every node in parallel; the first error in node order, else OK.
   absl::Status ForAllNodes(const std::function<absl::Status(Node&)>& fn);
   // Like ForAllNodes, but NOT_FOUND from some nodes is fine when one node succeeded.

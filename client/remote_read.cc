@@ -128,9 +128,7 @@ absl::StatusOr<Manifest> RemoteClient::FetchManifest(Node& node, v1::GetManifest
 }
 
 absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step) {
-  v1::GetManifestRequest req;
-  req.set_job(job);
-  req.set_step(step);
+  const auto req = JobStep<v1::GetManifestRequest>(job, step);
   absl::Mutex mu;
   std::vector<Manifest> found;
   RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
@@ -192,9 +190,7 @@ absl::Status ParseReadResponse(const grpc::ByteBuffer& bb, OnShard&& on_shard, O
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
                                     int32_t rank, uint64_t* offset, uint64_t end,
                                     const PieceSink& sink, uint64_t* total) {
-  v1::ReadRequest req;
-  req.set_job(job);
-  req.set_step(step);
+  auto req = JobStep<v1::ReadRequest>(job, step);
   req.set_rank(rank);
   req.set_read_offset(*offset);
   if (end != kToEnd) req.set_read_limit(end - *offset);
@@ -434,18 +430,14 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
   // hold (each replica is verified), known from their manifests before verifying starts.
   std::atomic<uint64_t> total{0};
   if (progress) {
-    v1::GetManifestRequest mreq;
-    mreq.set_job(job);
-    mreq.set_step(step);
+    const auto mreq = JobStep<v1::GetManifestRequest>(job, step);
     RETURN_IF_ERROR(ForAllNodesTolerant([&](Node& node) -> absl::Status {
       ASSIGN_OR_RETURN(Manifest m, FetchManifest(node, mreq));
       total += m.info.raw_bytes;
       return absl::OkStatus();
     }));
   }
-  v1::VerifyRequest req;
-  req.set_job(job);
-  req.set_step(step);
+  const auto req = JobStep<v1::VerifyRequest>(job, step);
   absl::Mutex mu;  // progress calls never overlap, and `done` never decreases
   uint64_t done = 0;
   std::atomic<size_t> nodes_done{0};
@@ -468,15 +460,9 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
 }
 
 absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
-  v1::DeleteRequest req;
-  req.set_job(job);
-  req.set_step(step);
-  return ForAllNodesTolerant([&](Node& node) {
-    v1::DeleteResponse resp;
-    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::DeleteResponse* r) {
-      return node.stub()->Delete(ctx, req, r);
-    });
-  });
+  const auto req = JobStep<v1::DeleteRequest>(job, step);
+  return ForAllNodesTolerant(
+      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::Delete); });
 }
 
 absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy) {

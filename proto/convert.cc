@@ -81,6 +81,16 @@ void CheckpointFieldsToProto(const In& in, Out* out) {
   out->set_metadata(in.metadata);
 }
 
+// Wire -> model for the same shared fields (kind is converted with its own check).
+template <typename In, typename Out>
+void CheckpointFieldsFromProto(const In& in, Out* out) {
+  out->job = in.job();
+  out->step = in.step();
+  out->base_step = in.base_step();
+  out->world_size = in.world_size();
+  out->metadata = in.metadata();
+}
+
 }  // namespace
 
 void ToProto(const storage::CheckpointSpec& in, v1::CheckpointSpec* out) {
@@ -192,11 +202,7 @@ absl::StatusOr<storage::CheckpointSpec> FromProto(const v1::CheckpointSpec& in) 
     return Bad(absl::StrCat("world_size ", in.world_size(), " outside [1, 65536]"));
   }
   if (in.metadata().size() > kMaxMetadataBytes) return Bad("checkpoint metadata over 1 MiB");
-  c.job = in.job();
-  c.step = in.step();
-  c.base_step = in.base_step();
-  c.world_size = in.world_size();
-  c.metadata = in.metadata();
+  CheckpointFieldsFromProto(in, &c);
   c.epoch = in.epoch();
   return c;
 }
@@ -257,11 +263,8 @@ absl::StatusOr<storage::ShardInfo> FromProto(const v1::ShardInfo& in) {
 
 absl::StatusOr<storage::CheckpointInfo> FromProto(const v1::CheckpointInfo& in) {
   storage::CheckpointInfo c;
-  c.job = in.job();
-  c.step = in.step();
+  CheckpointFieldsFromProto(in, &c);
   ASSIGN_OR_RETURN(c.kind, KindFromProto(in.kind()));
-  c.base_step = in.base_step();
-  c.world_size = in.world_size();
   if (in.state() == v1::CHECKPOINT_STATE_PENDING) {
     c.state = storage::CheckpointState::kPending;
   } else if (in.state() == v1::CHECKPOINT_STATE_COMMITTED) {
@@ -273,7 +276,6 @@ absl::StatusOr<storage::CheckpointInfo> FromProto(const v1::CheckpointInfo& in) 
   c.stored_bytes = in.stored_bytes();
   c.created_unix_ms = in.created_unix_ms();
   c.committed_unix_ms = in.committed_unix_ms();
-  c.metadata = in.metadata();
   return c;
 }
 

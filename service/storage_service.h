@@ -80,31 +80,27 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   // Health reports serving=false and new uploads get UNAVAILABLE from now on.
   void BeginShutdown() { serving_ = false; }
 
-  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
-                      v1::HealthResponse* resp) override;
-  grpc::Status BeginCheckpoint(grpc::ServerContext* ctx, const v1::BeginCheckpointRequest* req,
-                               v1::BeginCheckpointResponse* resp) override;
-  grpc::Status AbortCheckpoint(grpc::ServerContext* ctx, const v1::AbortCheckpointRequest* req,
-                               v1::AbortCheckpointResponse* resp) override;
-  grpc::Status AcquireEpoch(grpc::ServerContext* ctx, const v1::AcquireEpochRequest* req,
-                            v1::AcquireEpochResponse* resp) override;
-  grpc::Status QueryWriteStatus(grpc::ServerContext* ctx,
-                                const v1::QueryWriteStatusRequest* req,
-                                v1::QueryWriteStatusResponse* resp) override;
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                        v1::ListJobsResponse* resp) override;
-  grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
-                               v1::ListCheckpointsResponse* resp) override;
-  grpc::Status GetManifest(grpc::ServerContext* ctx, const v1::GetManifestRequest* req,
-                           v1::GetManifestResponse* resp) override;
+  // The unary handlers: Name(ctx, const v1::NameRequest*, v1::NameResponse*), overriding the
+  // generated service's (docs/protocol.md for each).
+#define GRADSNAP_UNARY_HANDLER(Name)                                            \
+  grpc::Status Name(grpc::ServerContext* ctx, const v1::Name##Request* req,     \
+                    v1::Name##Response* resp) override
+  GRADSNAP_UNARY_HANDLER(Health);
+  GRADSNAP_UNARY_HANDLER(BeginCheckpoint);
+  GRADSNAP_UNARY_HANDLER(AbortCheckpoint);
+  GRADSNAP_UNARY_HANDLER(AcquireEpoch);
+  GRADSNAP_UNARY_HANDLER(QueryWriteStatus);
+  GRADSNAP_UNARY_HANDLER(ListJobs);
+  GRADSNAP_UNARY_HANDLER(ListCheckpoints);
+  GRADSNAP_UNARY_HANDLER(GetManifest);
+  GRADSNAP_UNARY_HANDLER(Verify);
+  GRADSNAP_UNARY_HANDLER(Delete);
+  GRADSNAP_UNARY_HANDLER(Gc);
+#undef GRADSNAP_UNARY_HANDLER
+
+  // One page of a manifest (docs/protocol.md, "Large manifests").
   static absl::Status ManifestPage(const storage::Manifest& m, const v1::GetManifestRequest& req,
                                    v1::GetManifestResponse* resp);
-  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
-                      v1::VerifyResponse* resp) override;
-  grpc::Status Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
-                      v1::DeleteResponse* resp) override;
-  grpc::Status Gc(grpc::ServerContext* ctx, const v1::GcRequest* req,
-                  v1::GcResponse* resp) override;
 
  private:
   using ShardKey = std::tuple<std::string, int64_t, int32_t>;

@@ -82,8 +82,7 @@ TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
     ASSERT_TRUE(c->BeginCheckpoint(FullSpec("zc", 1, 1)).ok());
     ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
   }
-  // The upload's slices over the caller's tensors are released before the save resolves.
-  EXPECT_EQ(proto::OutstandingOwnedSlices(), 0);
+  EXPECT_EQ(proto::OutstandingOwnedSlices(), 0);  // nothing lent to gRPC before any Read
   Counter* hits = Registry::Global()->GetCounter("gradsnap_cache_hits_total", "");
   const int64_t hits_before = hits->Value();
   ExpectReadsEqual((*server)->address(), s, want);  // from the RAM tier
