@@ -22,7 +22,9 @@ namespace remote {
 namespace v1 = ::gradsnap::v1;
 
 RemoteClient::RemoteClient(ClientOptions options, std::vector<std::unique_ptr<Node>> nodes)
-    : options_(std::move(options)), nodes_(std::move(nodes)) {
+    : options_(std::move(options)),
+      nodes_(std::move(nodes)),
+      upload_buffers_(proto::BufferPool::Create(proto::kMaxDataBytes, /*keep=*/16)) {
   for (const auto& n : nodes_) endpoints_.push_back(n->endpoint);
   replicas_ = std::min<size_t>(std::max(1, options_.replicas), nodes_.size());
   uint64_t per_save = kPerStreamBytes * replicas_;
@@ -118,15 +120,16 @@ absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
 
 namespace {
 
-// Copies payload bytes [offset, offset + n) of the concatenated tensors into one slice that gRPC
-// owns. This is the upload's only copy in the client (the message around it is framed by hand,
-// not serialized). The caller's memory is not referenced directly: after a broken stream gRPC
+// Copies payload bytes [offset, offset + n) of the concatenated tensors into one pooled slice
+// that gRPC holds. This is the upload's only copy in the client (the message around it is framed
+// by hand, not serialized). The caller's memory is not lent to gRPC: after a broken stream gRPC
 // may keep its references to sent slices until the connection is torn down, later than the
 // save may return.
 grpc::Slice PayloadSlice(const std::vector<TensorRef>& tensors,
-                         const std::vector<uint64_t>& starts, uint64_t offset, size_t n) {
-  grpc::Slice slice(n);
-  char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
+                         const std::vector<uint64_t>& starts, uint64_t offset, size_t n,
+                         proto::BufferPool* pool) {
+  char* out = nullptr;
+  grpc::Slice slice = pool->Take(n, &out);
   size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
                                  starts.begin()) - 1;
   while (n > 0 && i < tensors.size()) {
@@ -231,7 +234,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
     if (first) msg.AddBytes(proto::field::kWriteShard, spec_bytes);
     msg.AddVarint(proto::field::kWriteOffset, offset);
     std::vector<grpc::Slice> data;
-    if (n > 0) data.push_back(PayloadSlice(tensors, starts, offset, n));
+    if (n > 0) data.push_back(PayloadSlice(tensors, starts, offset, n, upload_buffers_.get()));
     msg.AddSlices(proto::field::kWriteData, std::move(data), n);
     msg.AddVarint(proto::field::kWriteFinish, offset + n == total ? 1 : 0);
     if (!stream->Write(msg.Finish())) break;  // broken stream: Finish() says why

@@ -37,6 +37,7 @@
 #include "client/remote_rpc.h"
 #include "client/save_util.h"
 #include "common/status.h"
+#include "proto/raw_message.h"
 
 namespace gradsnap {
 namespace client {
@@ -145,6 +146,8 @@ class RemoteClient final : public Client {
   std::vector<std::string> endpoints_;
   size_t replicas_;
 
+  // Message buffers of uploads, reused across streams.
+  const std::shared_ptr<proto::BufferPool> upload_buffers_;
   std::unique_ptr<SaveQueue> saves_;
 };
 

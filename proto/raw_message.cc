@@ -162,6 +162,34 @@ grpc::Slice OwnedSlice(void* buf, size_t len, std::function<void()> release) {
   return grpc::Slice(buf, len, &RunRelease, r);
 }
 
+std::shared_ptr<BufferPool> BufferPool::Create(size_t buffer_bytes, size_t keep) {
+  return std::shared_ptr<BufferPool>(new BufferPool(buffer_bytes, keep));
+}
+
+grpc::Slice BufferPool::Take(size_t n, char** data) {
+  std::unique_ptr<char[]> buf;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      buf = std::move(free_.back());
+      free_.pop_back();
+    }
+  }
+  if (buf == nullptr) buf.reset(new char[buffer_bytes_]);
+  char* p = buf.release();
+  *data = p;
+  std::weak_ptr<BufferPool> self = weak_from_this();
+  return OwnedSlice(p, std::min(n, buffer_bytes_), [self, p] {
+    std::unique_ptr<char[]> owned(p);
+    if (auto pool = self.lock()) pool->Give(std::move(owned));
+  });
+}
+
+void BufferPool::Give(std::unique_ptr<char[]> buf) {
+  absl::MutexLock lock(&mu_);
+  if (free_.size() < keep_) free_.push_back(std::move(buf));
+}
+
 int64_t OutstandingOwnedSlices() { return g_outstanding.load(std::memory_order_relaxed); }
 
 }  // namespace proto

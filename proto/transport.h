@@ -24,10 +24,12 @@ inline std::vector<std::pair<std::string, int>> TransportArgs() {
       // Initial per-stream receive window target: a bulk stream starts at full speed instead of
       // waiting for the BDP probe to grow a 64 KiB window. gRPC default: 64 KiB.
       {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
-      // Socket reads of at least this size once a stream is busy (fewer syscalls and slices per
-      // message). gRPC default: 256 bytes min, 4 MiB max.
+      // Socket reads of at least 256 KiB once a stream is busy (fewer syscalls and slices per
+      // message), at most 1 MiB: gradsnap-server mmaps allocations from 2 MiB up
+      // (server_main.cc), and a read buffer above that would be faulted in afresh every read.
+      // gRPC default: 256 bytes min, 4 MiB max.
       {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 256 << 10},
-      {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 4 << 20},
+      {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 1 << 20},
       // Bytes the transport may queue for writing before it pushes back. gRPC default: 64 KiB.
       {GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 8 << 20},
   };

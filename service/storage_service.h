@@ -42,6 +42,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/gradsnap.grpc.pb.h"
+#include "proto/raw_message.h"
 #include "service/auth.h"
 #include "service/inflight_limiter.h"
 #include "service/metrics.h"
@@ -108,7 +109,6 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   using ReadStream = grpc::ServerSplitStreamer<v1::ReadRequest, grpc::ByteBuffer>;
   class ActiveShard;    // RAII claim on a shard being written
   class StagedPayload;  // RAII RAM-tier reservation of an upload
-  class ReadBuffers;    // pool of Read message buffers
   struct WriteMessage;  // one WriteRequest, parsed without copying its data
 
   // Write and Read with raw messages (registered in the constructor in place of the generated
@@ -162,7 +162,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   ServiceMetrics* const metrics_;
   std::atomic<bool> serving_{true};
 
-  const std::shared_ptr<ReadBuffers> read_buffers_;  // shared with in-flight slices
+  const std::shared_ptr<proto::BufferPool> read_buffers_;
 
   absl::Mutex mu_;
   std::set<ShardKey> active_ ABSL_GUARDED_BY(mu_);

@@ -82,40 +82,6 @@ class StorageService::StagedPayload {
   CachedShard shard_;
 };
 
-// Buffers of Read messages served from disk: the engine decodes into one, gRPC sends it as a
-// slice and gives it back here when the transport is done with it. Kept up to a small number so
-// a steady stream of reads reuses warm memory instead of faulting in fresh pages.
-class StorageService::ReadBuffers : public std::enable_shared_from_this<ReadBuffers> {
- public:
-  static constexpr size_t kKeep = 32;
-  // A buffer of kMaxDataBytes and the function that gives it back (for proto::OwnedSlice).
-  std::pair<char*, std::function<void()>> Get() {
-    std::unique_ptr<char[]> buf;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!free_.empty()) {
-        buf = std::move(free_.back());
-        free_.pop_back();
-      }
-    }
-    if (buf == nullptr) buf.reset(new char[proto::kMaxDataBytes]);
-    char* p = buf.release();
-    std::weak_ptr<ReadBuffers> self = weak_from_this();
-    return {p, [self, p] {
-              std::unique_ptr<char[]> owned(p);
-              if (auto pool = self.lock()) pool->Put(std::move(owned));
-            }};
-  }
-
- private:
-  void Put(std::unique_ptr<char[]> buf) {
-    absl::MutexLock lock(&mu_);
-    if (free_.size() < kKeep) free_.push_back(std::move(buf));
-  }
-  absl::Mutex mu_;
-  std::vector<std::unique_ptr<char[]>> free_ ABSL_GUARDED_BY(mu_);
-};
-
 // One WriteRequest; `data` references the received message's slices.
 struct StorageService::WriteMessage {
   bool has_shard = false;
@@ -136,7 +102,9 @@ StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
       cache_(cache),
       options_(options),
       metrics_(ServiceMetrics::Get()),
-      read_buffers_(std::make_shared<ReadBuffers>()) {
+      // Buffers of Read messages served from disk: the engine decodes into one, gRPC sends it
+      // and gives it back when the transport is done with it.
+      read_buffers_(proto::BufferPool::Create(proto::kMaxDataBytes, /*keep=*/32)) {
   // Raw handlers in place of the generated ones: a streamed (bidirectional) method on the
   // server side serves the same client-streaming / server-streaming calls on the wire.
   MarkMethodStreamed(
@@ -388,8 +356,8 @@ absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cach
     if (cached != nullptr) {
       PayloadSlices(cached, offset, n, &data);
     } else if (n > 0) {
-      auto [buf, release] = read_buffers_->Get();
-      grpc::Slice slice = proto::OwnedSlice(buf, n, std::move(release));
+      char* buf = nullptr;
+      grpc::Slice slice = read_buffers_->Take(n, &buf);
       absl::StatusOr<size_t> got = reader->Read(offset, buf, n);
       if (!got.ok()) return got.status();
       if (*got != n) {
