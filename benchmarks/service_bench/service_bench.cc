@@ -5,7 +5,7 @@
 // --ranks shards saved concurrently):
 //   engine:   Engine::WriteShard per rank; restore with ShardReader::Read into a buffer.
 //   service:  in-process Server (RAM tier off) + remote Client: SaveShardAsync per rank, then
-//             RestoreShard per rank from disk (segment files dropped from the page cache with
+//             RestoreShard per rank (each over --read_streams parallel Read streams) from disk (segment files dropped from the page cache with
 //             posix_fadvise DONTNEED; the engine reads with O_DIRECT anyway).
 //   cached:   Server with --cache-bytes holding the checkpoint: save again, restore from RAM.
 //   bare:     a bare gRPC server (the generated Storage service with only Read, streaming the
