@@ -123,8 +123,8 @@ class RemoteClient final : public Client {
                              const std::vector<uint64_t>& starts, uint64_t total,
                              uint64_t* committed);
   static constexpr uint64_t kToEnd = ~uint64_t{0};
-  // The byte range one Read stream of a parallel restore fetches (docs/protocol.md,
-  // "Parallel restore").
+  // The size one Read stream of a parallel restore fetches: whole tensors up to this much, or
+  // one larger tensor (docs/protocol.md, "Parallel restore").
   static constexpr uint64_t kReadBlockBytes = 16u << 20;
   // Receives payload bytes as references to received gRPC slices (no copy).
   using PieceSink = std::function<absl::Status(const grpc::Slice& piece)>;
@@ -136,9 +136,10 @@ class RemoteClient final : public Client {
   // total_out (may be null) receives the payload size.
   absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,
                          uint64_t end, const PieceSink& sink, uint64_t* total_out);
-  // Payload [from, end) over `streams` parallel Read streams, delivered in order.
-  absl::Status ReadBlocksInOrder(const std::string& job, int64_t step, int32_t rank,
-                                 uint64_t from, uint64_t end, size_t streams,
+  // The payload ranges ending at `cuts` over `streams` parallel Read streams, delivered in
+  // order.
+  absl::Status ReadRangesInOrder(const std::string& job, int64_t step, int32_t rank,
+                                 const std::vector<uint64_t>& cuts, size_t streams,
                                  const PieceSink& deliver);
 
   const ClientOptions options_;

@@ -282,6 +282,39 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
   return last;
 }
 
+namespace {
+
+// Ends of the ranges a parallel restore of `shard` fetches: whole tensors grouped up to
+// `block` bytes (a larger tensor is a range of its own), so every tensor is read by one stream
+// from its start to its end and the server checks its digest.
+std::vector<uint64_t> TensorAlignedCuts(const ShardInfo& shard, uint64_t block) {
+  std::vector<uint64_t> cuts;
+  uint64_t end = 0, start = 0;
+  for (const storage::TensorInfo& t : shard.tensors) {
+    end += t.spec.byte_length;
+    if (end - start >= block) {
+      cuts.push_back(end);
+      start = end;
+    }
+  }
+  if (end > start || cuts.empty()) cuts.push_back(end);
+  return cuts;
+}
+
+// A sink copying the pieces to dst[0, len) in order; *filled counts the bytes so far (a
+// resumed stream continues there).
+std::function<absl::Status(const grpc::Slice&)> CopyInto(char* dst, uint64_t len,
+                                                         uint64_t* filled) {
+  return [dst, len, filled](const grpc::Slice& p) -> absl::Status {
+    if (p.size() > len - *filled) return absl::DataLossError("server sent too many bytes");
+    std::memcpy(dst + *filled, p.begin(), p.size());
+    *filled += p.size();
+    return absl::OkStatus();
+  };
+}
+
+}  // namespace
+
 absl::Status RemoteClient::RestoreShard(const std::string& job, int64_t step, int32_t rank,
                                         const std::function<absl::Status(const void*, size_t)>& sink,
                                         const ProgressFn& progress) {
@@ -294,29 +327,36 @@ absl::Status RemoteClient::RestoreShard(const std::string& job, int64_t step, in
     return absl::OkStatus();
   };
   const size_t streams = static_cast<size_t>(std::max(1, options_.read_streams));
-  // The first range (the whole shard over one stream) tells the shard's size.
-  RETURN_IF_ERROR(ReadRange(job, step, rank, 0, streams == 1 ? kToEnd : kReadBlockBytes, deliver,
-                            &total));
-  if (done >= total) return absl::OkStatus();
-  return ReadBlocksInOrder(job, step, rank, done, total, streams, deliver);
+  std::vector<uint64_t> cuts;
+  if (streams > 1) {
+    // The tensor layout decides the ranges; without a manifest one stream reads (and reports
+    // why the shard cannot be read).
+    absl::StatusOr<Manifest> m = Show(job, step);
+    for (const ShardInfo& s : m.ok() ? m->shards : std::vector<ShardInfo>()) {
+      if (s.rank == rank && s.committed) cuts = TensorAlignedCuts(s, kReadBlockBytes);
+    }
+  }
+  if (cuts.size() <= 1) return ReadRange(job, step, rank, 0, kToEnd, deliver, &total);
+  total = cuts.back();
+  return ReadRangesInOrder(job, step, rank, cuts, streams, deliver);
 }
 
-// The ranges [from + k * kReadBlockBytes, ...) up to `end`, fetched by `streams` threads at
-// most 2 * streams blocks ahead of delivery, handed to deliver in order on this thread. The
-// received slices are held, not copied, until delivered.
-absl::Status RemoteClient::ReadBlocksInOrder(const std::string& job, int64_t step, int32_t rank,
-                                             uint64_t from, uint64_t end, size_t streams,
+// The ranges [cuts[k - 1], cuts[k]) (the first from 0), fetched by `streams` threads at most
+// 2 * streams ranges ahead of delivery, handed to deliver in order on this thread. The received
+// slices are held, not copied, until delivered.
+absl::Status RemoteClient::ReadRangesInOrder(const std::string& job, int64_t step, int32_t rank,
+                                             const std::vector<uint64_t>& cuts, size_t streams,
                                              const PieceSink& deliver) {
   struct Block {
     std::vector<grpc::Slice> pieces;
     absl::Status status;
     bool ready = false;
   };
-  const size_t count = static_cast<size_t>((end - from + kReadBlockBytes - 1) / kReadBlockBytes);
+  const size_t count = cuts.size();
   std::vector<Block> blocks(count);
   absl::Mutex mu;
-  size_t next = 0;        // next block to fetch
-  size_t delivering = 0;  // block being delivered
+  size_t next = 0;        // next range to fetch
+  size_t delivering = 0;  // range being delivered
   bool stop = false;      // delivery failed: fetch no more
   const size_t ahead = 2 * streams;
   auto fetch = [&] {
@@ -329,9 +369,8 @@ absl::Status RemoteClient::ReadBlocksInOrder(const std::string& job, int64_t ste
         if (stop || next >= count) return;
         k = next++;
       }
-      const uint64_t b = from + k * kReadBlockBytes;
       std::vector<grpc::Slice> pieces;
-      absl::Status s = ReadRange(job, step, rank, b, std::min(end, b + kReadBlockBytes),
+      absl::Status s = ReadRange(job, step, rank, k == 0 ? 0 : cuts[k - 1], cuts[k],
                                  [&](const grpc::Slice& p) {
                                    pieces.push_back(p);
                                    return absl::OkStatus();
@@ -382,7 +421,10 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
                                                        t.spec.byte_length, " bytes, buffer ",
                                                        out_len));
       }
-      return ReadShardRange(job, step, rank, offset, out_len, out);
+      // One stream over exactly the tensor: the server then checks its digest.
+      uint64_t filled = 0;
+      return ReadRange(job, step, rank, offset, offset + out_len,
+                       CopyInto(static_cast<char*>(out), out_len, &filled), nullptr);
     }
     return absl::NotFoundError(absl::StrCat("no tensor ", tensor, " in rank ", rank));
   }
@@ -401,19 +443,9 @@ absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, 
     for (size_t k = next++; k < count && results[worker].ok(); k = next++) {
       const uint64_t b = k * kReadBlockBytes;
       const uint64_t e = std::min(length, b + kReadBlockBytes);
-      char* dst = static_cast<char*>(out) + b;
-      uint64_t filled = 0;
-      // ReadRange resumes a broken stream where it stopped, so `filled` tracks its offset.
+      uint64_t filled = 0;  // ReadRange resumes a broken stream where it stopped
       results[worker] = ReadRange(job, step, rank, offset + b, offset + e,
-                                  [&](const grpc::Slice& p) -> absl::Status {
-                                    if (p.size() > e - b - filled) {
-                                      return absl::DataLossError("server sent too many bytes");
-                                    }
-                                    std::memcpy(dst + filled, p.begin(), p.size());
-                                    filled += p.size();
-                                    return absl::OkStatus();
-                                  },
-                                  nullptr);
+                                  CopyInto(static_cast<char*>(out) + b, e - b, &filled), nullptr);
     }
   };
   std::vector<std::thread> threads;
