@@ -50,7 +50,7 @@ ABSL_FLAG(int, ranks, 4, "Shards saved and restored concurrently. Default: 4.");
 ABSL_FLAG(std::string, dir, "/tmp", "Directory for the data directories. Default: /tmp.");
 ABSL_FLAG(int, zstd_level, 1, "Engine zstd level for both paths. Default: 1.");
 ABSL_FLAG(int, read_streams, gradsnap::client::ClientOptions().read_streams,
-          "Parallel Read streams per shard restore (ClientOptions.read_streams). Default: 4.");
+          "Parallel Read streams per shard restore (ClientOptions.read_streams). Default: 1.");
 ABSL_FLAG(int, repeat, 1, "Runs of each phase; the best is reported. Default: 1.");
 
 namespace gs = gradsnap;
