@@ -13,6 +13,9 @@ absl::Status ValidateClientOptions(const ClientOptions& options) {
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError("ClientOptions.max_attempts must be >= 1");
   }
+  if (options.read_streams < 1) {
+    return absl::InvalidArgumentError("ClientOptions.read_streams must be >= 1");
+  }
   if (options.replicas < 1) {
     return absl::InvalidArgumentError("ClientOptions.replicas must be >= 1");
   }

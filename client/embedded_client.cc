@@ -161,14 +161,8 @@ void EmbeddedClient::DropReaders() {
 
 std::future<absl::Status> EmbeddedClient::SaveShardAsync(const ShardSpec& spec,
                                                          std::vector<TensorRef> tensors) {
-  absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
-  if (!resolved.ok()) {
-    std::promise<absl::Status> failed;
-    failed.set_value(resolved.status());
-    return failed.get_future();
-  }
   DropReaders();
-  return saves_->Push(*std::move(resolved), std::move(tensors));
+  return saves_->Push(spec, std::move(tensors));
 }
 
 absl::Status EmbeddedClient::WriteShard(const ShardSpec& spec,

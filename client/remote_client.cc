@@ -10,6 +10,10 @@
 #include "client/remote_placement.h"
 #include "client/save_util.h"
 #include "proto/convert.h"
+#include "proto/raw_message.h"
+#include "grpcpp/impl/codegen/rpc_method.h"
+#include "grpcpp/impl/codegen/sync_stream.h"
+#include "grpcpp/support/byte_buffer.h"
 
 namespace gradsnap {
 namespace client {
@@ -18,7 +22,9 @@ namespace remote {
 namespace v1 = ::gradsnap::v1;
 
 RemoteClient::RemoteClient(ClientOptions options, std::vector<std::unique_ptr<Node>> nodes)
-    : options_(std::move(options)), nodes_(std::move(nodes)) {
+    : options_(std::move(options)),
+      nodes_(std::move(nodes)),
+      upload_buffers_(proto::BufferPool::Create(proto::kMaxDataBytes, /*keep=*/16)) {
   for (const auto& n : nodes_) endpoints_.push_back(n->endpoint);
   replicas_ = std::min<size_t>(std::max(1, options_.replicas), nodes_.size());
   uint64_t per_save = kPerStreamBytes * replicas_;
@@ -50,24 +56,14 @@ absl::Status RemoteClient::ForAllNodes(const std::function<absl::Status(Node&)>&
 absl::Status RemoteClient::BeginCheckpoint(const CheckpointSpec& spec) {
   v1::BeginCheckpointRequest req;
   proto::ToProto(spec, req.mutable_spec());
-  return ForAllNodes([&](Node& node) {
-    v1::BeginCheckpointResponse resp;
-    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::BeginCheckpointResponse* r) {
-      return node.stub()->BeginCheckpoint(ctx, req, r);
-    });
-  });
+  return ForAllNodes(
+      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::BeginCheckpoint); });
 }
 
 absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step) {
-  v1::AbortCheckpointRequest req;
-  req.set_job(job);
-  req.set_step(step);
-  return ForAllNodes([&](Node& node) {
-    v1::AbortCheckpointResponse resp;
-    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AbortCheckpointResponse* r) {
-      return node.stub()->AbortCheckpoint(ctx, req, r);
-    });
-  });
+  const auto req = JobStep<v1::AbortCheckpointRequest>(job, step);
+  return ForAllNodes(
+      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::AbortCheckpoint); });
 }
 
 absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
@@ -89,13 +85,7 @@ absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
 
 std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
                                                        std::vector<TensorRef> tensors) {
-  absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
-  if (!resolved.ok()) {
-    std::promise<absl::Status> failed;
-    failed.set_value(resolved.status());
-    return failed.get_future();
-  }
-  return saves_->Push(*std::move(resolved), std::move(tensors));
+  return saves_->Push(spec, std::move(tensors));
 }
 
 absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
@@ -130,9 +120,16 @@ absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
 
 namespace {
 
-// Copies payload bytes [offset, offset + n) of the concatenated tensors into out.
-void Gather(const std::vector<TensorRef>& tensors, const std::vector<uint64_t>& starts,
-            uint64_t offset, char* out, size_t n) {
+// Copies payload bytes [offset, offset + n) of the concatenated tensors into one pooled slice
+// that gRPC holds. This is the upload's only copy in the client (the message around it is framed
+// by hand, not serialized). The caller's memory is not lent to gRPC: after a broken stream gRPC
+// may keep its references to sent slices until the connection is torn down, later than the
+// save may return.
+grpc::Slice PayloadSlice(const std::vector<TensorRef>& tensors,
+                         const std::vector<uint64_t>& starts, uint64_t offset, size_t n,
+                         proto::BufferPool* pool) {
+  char* out = nullptr;
+  grpc::Slice slice = pool->Take(n, &out);
   size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
                                  starts.begin()) - 1;
   while (n > 0 && i < tensors.size()) {
@@ -147,6 +144,7 @@ void Gather(const std::vector<TensorRef>& tensors, const std::vector<uint64_t>& 
     n -= take;
     ++i;
   }
+  return slice;
 }
 
 }  // namespace
@@ -185,9 +183,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
                                          const std::vector<TensorRef>& tensors,
                                          const std::vector<uint64_t>& starts, uint64_t total,
                                          uint64_t* committed) {
-  v1::QueryWriteStatusRequest query;
-  query.set_job(spec.job);
-  query.set_step(spec.step);
+  auto query = JobStep<v1::QueryWriteStatusRequest>(spec.job, spec.step);
   query.set_rank(spec.rank);
   v1::QueryWriteStatusResponse status;
   {
@@ -198,14 +194,8 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   }
   if (status.complete()) {
     // Committed earlier (a restarted attempt): idempotent for the same content only.
-    v1::GetManifestRequest mreq;
-    mreq.set_job(spec.job);
-    mreq.set_step(spec.step);
-    v1::GetManifestResponse mresp;
-    RETURN_IF_ERROR(Unary(node, &mresp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
-      return node.stub()->GetManifest(ctx, mreq, r);
-    }));
-    ASSIGN_OR_RETURN(Manifest m, proto::FromProto(mresp.manifest()));
+    ASSIGN_OR_RETURN(Manifest m,
+                     FetchManifest(node, JobStep<v1::GetManifestRequest>(spec.job, spec.step)));
     for (const ShardInfo& s : m.shards) {
       if (s.rank == spec.rank && s.committed && !IsPlaceholder(s)) {
         return CheckCommittedContent(spec, s, tensors);
@@ -227,20 +217,29 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
                  static_cast<int>(std::min<uint64_t>(options_.rpc_timeout_ms + stream_ms,
                                                      24ull * 3600 * 1000)));
   v1::WriteResponse resp;
-  auto stub = node.stub();  // keeps the channel alive while the stream runs
-  std::unique_ptr<grpc::ClientWriter<v1::WriteRequest>> stream = stub->Write(&ctx, &resp);
-  v1::WriteRequest msg;
-  proto::ToProto(spec, msg.mutable_shard());
+  // Raw messages (proto/raw_message.h): `data` is one slice, framed without serializing.
+  std::shared_ptr<grpc::Channel> channel = node.channel();
+  const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Write",
+                                         grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                   &resp));
+  v1::ShardSpec pspec;
+  proto::ToProto(spec, &pspec);
+  const std::string spec_bytes = pspec.SerializeAsString();
+  bool first = true;
   do {
     size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
-    msg.set_write_offset(offset);
-    std::string* data = msg.mutable_data();
-    data->resize(n);
-    Gather(tensors, starts, offset, data->data(), n);
-    msg.set_finish_write(offset + n == total);
-    if (!stream->Write(msg)) break;  // broken stream: Finish() says why
+    proto::RawMessageBuilder msg;
+    if (first) msg.AddBytes(proto::field::kWriteShard, spec_bytes);
+    msg.AddVarint(proto::field::kWriteOffset, offset);
+    std::vector<grpc::Slice> data;
+    if (n > 0) data.push_back(PayloadSlice(tensors, starts, offset, n, upload_buffers_.get()));
+    msg.AddSlices(proto::field::kWriteData, std::move(data), n);
+    msg.AddVarint(proto::field::kWriteFinish, offset + n == total ? 1 : 0);
+    if (!stream->Write(msg.Finish())) break;  // broken stream: Finish() says why
     offset += n;
-    msg.clear_shard();
+    first = false;
   } while (offset < total);
   stream->WritesDone();
   RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));

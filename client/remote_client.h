@@ -37,6 +37,7 @@
 #include "client/remote_rpc.h"
 #include "client/save_util.h"
 #include "common/status.h"
+#include "proto/raw_message.h"
 
 namespace gradsnap {
 namespace client {
@@ -86,6 +87,24 @@ class RemoteClient final : public Client {
       return Annotate(proto::FromGrpc(call(&ctx, resp)), node.endpoint);
     });
   }
+  // One unary call of `method` (a Stub member) with retries; the answer is dropped.
+  template <typename Req, typename Resp>
+  absl::Status Call(Node& node, const Req& req,
+                    grpc::Status (v1::Storage::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                             Resp*)) {
+    Resp resp;
+    return Unary(node, &resp, [&](grpc::ClientContext* ctx, Resp* r) {
+      return (node.stub().get()->*method)(ctx, req, r);
+    });
+  }
+  // A request naming one checkpoint.
+  template <typename Req>
+  static Req JobStep(const std::string& job, int64_t step) {
+    Req req;
+    req.set_job(job);
+    req.set_step(step);
+    return req;
+  }
   // Runs fn(node) on every node in parallel; the first error in node order, else OK.
   absl::Status ForAllNodes(const std::function<absl::Status(Node&)>& fn);
   // Like ForAllNodes, but NOT_FOUND from some nodes is fine when one node succeeded.
@@ -104,23 +123,32 @@ class RemoteClient final : public Client {
                              const std::vector<uint64_t>& starts, uint64_t total,
                              uint64_t* committed);
   static constexpr uint64_t kToEnd = ~uint64_t{0};
+  // The size one Read stream of a parallel restore fetches: whole tensors up to this much, or
+  // one larger tensor (docs/protocol.md, "Parallel restore").
+  static constexpr uint64_t kReadBlockBytes = 16u << 20;
+  // Receives payload bytes as references to received gRPC slices (no copy).
+  using PieceSink = std::function<absl::Status(const grpc::Slice& piece)>;
   // Streams [*offset, end) of a shard from one node through sink, advancing *offset; end may
-  // be kToEnd. *total receives the shard's payload size.
+  // be kToEnd (or past the shard: it stops at its end). *total receives the payload size.
   absl::Status ReadFrom(Node& node, const std::string& job, int64_t step, int32_t rank,
-                        uint64_t* offset, uint64_t end,
-                        const std::function<absl::Status(const void*, size_t)>& sink,
-                        uint64_t* total, const ProgressFn& progress);
+                        uint64_t* offset, uint64_t end, const PieceSink& sink, uint64_t* total);
   // ReadFrom over the shard's replicas in preference order, resuming where the last left off.
+  // total_out (may be null) receives the payload size.
   absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,
-                         uint64_t end,
-                         const std::function<absl::Status(const void*, size_t)>& sink,
-                         const ProgressFn& progress);
+                         uint64_t end, const PieceSink& sink, uint64_t* total_out);
+  // The payload ranges ending at `cuts` over `streams` parallel Read streams, delivered in
+  // order.
+  absl::Status ReadRangesInOrder(const std::string& job, int64_t step, int32_t rank,
+                                 const std::vector<uint64_t>& cuts, size_t streams,
+                                 const PieceSink& deliver);
 
   const ClientOptions options_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::string> endpoints_;
   size_t replicas_;
 
+  // Message buffers of uploads, reused across streams.
+  const std::shared_ptr<proto::BufferPool> upload_buffers_;
   std::unique_ptr<SaveQueue> saves_;
 };
 

@@ -1,8 +1,10 @@
 // The remote back end: restore, listing and administrative calls (remote_client.h).
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,7 @@
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
 #include "proto/convert.h"
+#include "proto/raw_message.h"
 
 namespace gradsnap {
 namespace client {
@@ -125,9 +128,7 @@ absl::StatusOr<Manifest> RemoteClient::FetchManifest(Node& node, v1::GetManifest
 }
 
 absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step) {
-  v1::GetManifestRequest req;
-  req.set_job(job);
-  req.set_step(step);
+  const auto req = JobStep<v1::GetManifestRequest>(job, step);
   absl::Mutex mu;
   std::vector<Manifest> found;
   RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
@@ -161,105 +162,35 @@ absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step
 
 namespace {
 
-// Reads protobuf wire format straight out of a ByteBuffer's slices, so a Read message's data
-// reaches the sink without being copied into a std::string first.
-class SliceCursor {
- public:
-  explicit SliceCursor(const std::vector<grpc::Slice>& slices) : slices_(slices) { Skip0(); }
-  bool AtEnd() const { return i_ >= slices_.size(); }
-  bool ReadVarint(uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; shift < 64 && !AtEnd(); shift += 7) {
-      uint8_t b = slices_[i_].begin()[off_];
-      Advance(1);
-      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;
-  }
-  // Hands the next n bytes to fn in contiguous pieces; false if fewer remain or fn fails.
-  template <typename Fn>
-  bool Take(uint64_t n, Fn&& fn) {
-    while (n > 0) {
-      if (AtEnd()) return false;
-      size_t avail = slices_[i_].size() - off_;
-      size_t take = static_cast<size_t>(std::min<uint64_t>(avail, n));
-      if (!fn(reinterpret_cast<const char*>(slices_[i_].begin()) + off_, take)) return false;
-      Advance(take);
-      n -= take;
-    }
-    return true;
-  }
-
- private:
-  void Advance(size_t n) {
-    off_ += n;
-    Skip0();
-  }
-  void Skip0() {
-    while (i_ < slices_.size() && off_ >= slices_[i_].size()) {
-      ++i_;
-      off_ = 0;
-    }
-  }
-  const std::vector<grpc::Slice>& slices_;
-  size_t i_ = 0;
-  size_t off_ = 0;
-};
-
-// One ReadResponse: the shard info bytes go to on_shard(bytes) as soon as they are read (they
-// precede the data: fields are serialized in number order), the data to on_data(offset, p, n)
-// piece by piece. DATA_LOSS for malformed wire bytes.
+// One ReadResponse, parsed without copying its data (proto/raw_message.h): the shard info goes
+// to on_shard(bytes), the data to on_data(offset, piece) as references to the received slices.
+// DATA_LOSS for malformed wire bytes.
 template <typename OnShard, typename OnData>
 absl::Status ParseReadResponse(const grpc::ByteBuffer& bb, OnShard&& on_shard, OnData&& on_data) {
-  std::vector<grpc::Slice> slices;
-  if (!bb.Dump(&slices).ok()) return absl::DataLossError("unreadable Read message");
-  SliceCursor c(slices);
   uint64_t offset = 0;
-  absl::Status sink_status;
-  while (!c.AtEnd()) {
-    uint64_t key = 0, v = 0;
-    if (!c.ReadVarint(&key)) return absl::DataLossError("malformed Read message");
-    const uint64_t field = key >> 3, type = key & 7;
-    bool ok = true;
-    if (type == 0) {
-      ok = c.ReadVarint(&v);
-      if (field == 2) offset = v;
-    } else if (type == 2) {
-      ok = c.ReadVarint(&v);
-      if (ok && field == 1) {
-        std::string shard_bytes;
-        ok = c.Take(v, [&](const char* p, size_t n) { shard_bytes.append(p, n); return true; });
-        if (ok) RETURN_IF_ERROR(on_shard(shard_bytes));
-      } else if (ok && field == 3) {
-        ok = c.Take(v, [&](const char* p, size_t n) {
-          sink_status = on_data(offset, p, n);
-          offset += n;
-          return sink_status.ok();
-        });
-        if (!sink_status.ok()) return sink_status;
-      } else if (ok) {
-        ok = c.Take(v, [](const char*, size_t) { return true; });
-      }
-    } else if (type == 1 || type == 5) {
-      ok = c.Take(type == 1 ? 8 : 4, [](const char*, size_t) { return true; });
-    } else {
-      ok = false;
-    }
-    if (!ok) return absl::DataLossError("malformed Read message");
-  }
-  return absl::OkStatus();
+  return proto::ForEachField(
+      bb, "Read message", absl::StatusCode::kDataLoss, [&](proto::RawField& f) -> absl::Status {
+        const bool bytes = f.wire_type == 2;
+        if (f.number == proto::field::kReadOffset && !bytes) {
+          offset = f.varint;  // precedes data: fields are sent in number order
+        } else if (f.number == proto::field::kReadShard && bytes) {
+          return on_shard(f.Flatten());
+        } else if (f.number == proto::field::kReadData && bytes) {
+          for (const grpc::Slice& piece : f.pieces) {
+            RETURN_IF_ERROR(on_data(offset, piece));
+            offset += piece.size();
+          }
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace
 
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
                                     int32_t rank, uint64_t* offset, uint64_t end,
-                                    const std::function<absl::Status(const void*, size_t)>& sink,
-                                    uint64_t* total, const ProgressFn& progress) {
-  v1::ReadRequest req;
-  req.set_job(job);
-  req.set_step(step);
+                                    const PieceSink& sink, uint64_t* total) {
+  auto req = JobStep<v1::ReadRequest>(job, step);
   req.set_rank(rank);
   req.set_read_offset(*offset);
   if (end != kToEnd) req.set_read_limit(end - *offset);
@@ -292,21 +223,24 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
       first = false;
       return absl::OkStatus();
     };
-    auto on_data = [&](uint64_t at, const char* p, size_t n) -> absl::Status {
+    auto on_data = [&](uint64_t at, const grpc::Slice& piece) -> absl::Status {
       if (first) return absl::DataLossError(absl::StrCat(node.endpoint, ": Read data first"));
       if (at != *offset) {
         return absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent offset ", at,
                                                 ", expected ", *offset));
       }
-      RETURN_IF_ERROR(sink(p, n));
-      *offset += n;
+      if (piece.size() > std::min(end, *total) - *offset) {
+        return absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent bytes past ",
+                                                std::min(end, *total)));
+      }
+      RETURN_IF_ERROR(sink(piece));
+      *offset += piece.size();
       return absl::OkStatus();
     };
     status = ParseReadResponse(bb, on_shard, on_data);
     if (status.ok() && first) {
       status = absl::DataLossError(absl::StrCat(node.endpoint, ": Read without shard info"));
     }
-    if (status.ok() && progress) progress(*offset, end == kToEnd ? *total : end);
   }
   if (!status.ok()) {
     ctx.TryCancel();
@@ -314,7 +248,7 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
     return status;
   }
   RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));
-  uint64_t want = end == kToEnd ? *total : end;
+  const uint64_t want = std::min(end, *total);
   if (*offset != want) {
     return absl::UnavailableError(absl::StrCat(node.endpoint, ": Read ended at ", *offset,
                                                " of ", want));
@@ -323,17 +257,17 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
 }
 
 absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32_t rank,
-                                     uint64_t offset, uint64_t end,
-                                     const std::function<absl::Status(const void*, size_t)>& sink,
-                                     const ProgressFn& progress) {
+                                     uint64_t offset, uint64_t end, const PieceSink& sink,
+                                     uint64_t* total_out) {
   std::vector<size_t> order = RankEndpoints(endpoints_, job, rank);
   absl::Status last = absl::NotFoundError("no node holds the shard");
-  uint64_t total = 0;
+  uint64_t local_total = 0;
+  uint64_t* total = total_out != nullptr ? total_out : &local_total;
   for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
     if (failures > 0) Backoff(failures);
     uint64_t before = offset;
     for (size_t i : order) {
-      absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, &total, progress);
+      absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, total);
       if (s.ok()) return s;
       if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
       // Another replica may have it: move on for missing, unavailable or busy nodes.
@@ -348,10 +282,127 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
   return last;
 }
 
+namespace {
+
+// Ends of the ranges a parallel restore of `shard` fetches: whole tensors grouped up to
+// `block` bytes (a larger tensor is a range of its own), so every tensor is read by one stream
+// from its start to its end and the server checks its digest.
+std::vector<uint64_t> TensorAlignedCuts(const ShardInfo& shard, uint64_t block) {
+  std::vector<uint64_t> cuts;
+  uint64_t end = 0, start = 0;
+  for (const storage::TensorInfo& t : shard.tensors) {
+    end += t.spec.byte_length;
+    if (end - start >= block) {
+      cuts.push_back(end);
+      start = end;
+    }
+  }
+  if (end > start || cuts.empty()) cuts.push_back(end);
+  return cuts;
+}
+
+// A sink copying the pieces to dst[0, len) in order; *filled counts the bytes so far (a
+// resumed stream continues there).
+std::function<absl::Status(const grpc::Slice&)> CopyInto(char* dst, uint64_t len,
+                                                         uint64_t* filled) {
+  return [dst, len, filled](const grpc::Slice& p) -> absl::Status {
+    if (p.size() > len - *filled) return absl::DataLossError("server sent too many bytes");
+    std::memcpy(dst + *filled, p.begin(), p.size());
+    *filled += p.size();
+    return absl::OkStatus();
+  };
+}
+
+}  // namespace
+
 absl::Status RemoteClient::RestoreShard(const std::string& job, int64_t step, int32_t rank,
                                         const std::function<absl::Status(const void*, size_t)>& sink,
                                         const ProgressFn& progress) {
-  return ReadRange(job, step, rank, 0, kToEnd, sink, progress);
+  uint64_t total = 0;
+  uint64_t done = 0;
+  auto deliver = [&](const grpc::Slice& piece) -> absl::Status {
+    RETURN_IF_ERROR(sink(piece.begin(), piece.size()));
+    done += piece.size();
+    if (progress) progress(done, total);
+    return absl::OkStatus();
+  };
+  const size_t streams = static_cast<size_t>(std::max(1, options_.read_streams));
+  std::vector<uint64_t> cuts;
+  if (streams > 1) {
+    // The tensor layout decides the ranges; without a manifest one stream reads (and reports
+    // why the shard cannot be read).
+    absl::StatusOr<Manifest> m = Show(job, step);
+    for (const ShardInfo& s : m.ok() ? m->shards : std::vector<ShardInfo>()) {
+      if (s.rank == rank && s.committed) cuts = TensorAlignedCuts(s, kReadBlockBytes);
+    }
+  }
+  if (cuts.size() <= 1) return ReadRange(job, step, rank, 0, kToEnd, deliver, &total);
+  total = cuts.back();
+  return ReadRangesInOrder(job, step, rank, cuts, streams, deliver);
+}
+
+// The ranges [cuts[k - 1], cuts[k]) (the first from 0), fetched by `streams` threads at most
+// 2 * streams ranges ahead of delivery, handed to deliver in order on this thread. The received
+// slices are held, not copied, until delivered.
+absl::Status RemoteClient::ReadRangesInOrder(const std::string& job, int64_t step, int32_t rank,
+                                             const std::vector<uint64_t>& cuts, size_t streams,
+                                             const PieceSink& deliver) {
+  struct Block {
+    std::vector<grpc::Slice> pieces;
+    absl::Status status;
+    bool ready = false;
+  };
+  const size_t count = cuts.size();
+  std::vector<Block> blocks(count);
+  absl::Mutex mu;
+  size_t next = 0;        // next range to fetch
+  size_t delivering = 0;  // range being delivered
+  bool stop = false;      // delivery failed: fetch no more
+  const size_t ahead = 2 * streams;
+  auto fetch = [&] {
+    for (;;) {
+      size_t k = 0;
+      {
+        absl::MutexLock lock(&mu);
+        auto may_go = [&] { return stop || next >= count || next < delivering + ahead; };
+        mu.Await(absl::Condition(&may_go));
+        if (stop || next >= count) return;
+        k = next++;
+      }
+      std::vector<grpc::Slice> pieces;
+      absl::Status s = ReadRange(job, step, rank, k == 0 ? 0 : cuts[k - 1], cuts[k],
+                                 [&](const grpc::Slice& p) {
+                                   pieces.push_back(p);
+                                   return absl::OkStatus();
+                                 },
+                                 nullptr);
+      absl::MutexLock lock(&mu);
+      blocks[k].pieces = std::move(pieces);
+      blocks[k].status = std::move(s);
+      blocks[k].ready = true;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < std::min(streams, count); ++i) threads.emplace_back(fetch);
+  absl::Status result;
+  for (size_t k = 0; k < count && result.ok(); ++k) {
+    std::vector<grpc::Slice> pieces;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&blocks[k].ready));
+      result = blocks[k].status;
+      pieces = std::move(blocks[k].pieces);
+    }
+    for (size_t i = 0; i < pieces.size() && result.ok(); ++i) result = deliver(pieces[i]);
+    absl::MutexLock lock(&mu);
+    delivering = k + 1;
+  }
+  {
+    absl::MutexLock lock(&mu);
+    stop = true;
+  }
+  for (std::thread& t : threads) t.join();
+  return result;
 }
 
 absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, int32_t rank,
@@ -370,15 +421,10 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
                                                        t.spec.byte_length, " bytes, buffer ",
                                                        out_len));
       }
-      char* dst = static_cast<char*>(out);
-      size_t filled = 0;
-      auto sink = [&](const void* p, size_t n) -> absl::Status {
-        if (n > out_len - filled) return absl::DataLossError("server sent too many bytes");
-        std::memcpy(dst + filled, p, n);
-        filled += n;
-        return absl::OkStatus();
-      };
-      return ReadRange(job, step, rank, offset, offset + t.spec.byte_length, sink, nullptr);
+      // One stream over exactly the tensor: the server then checks its digest.
+      uint64_t filled = 0;
+      return ReadRange(job, step, rank, offset, offset + out_len,
+                       CopyInto(static_cast<char*>(out), out_len, &filled), nullptr);
     }
     return absl::NotFoundError(absl::StrCat("no tensor ", tensor, " in rank ", rank));
   }
@@ -388,27 +434,46 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
 absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, int32_t rank,
                                           uint64_t offset, uint64_t length, void* out) {
   if (length == 0) return absl::OkStatus();
-  char* dst = static_cast<char*>(out);
-  uint64_t filled = 0;
-  auto sink = [&](const void* p, size_t n) -> absl::Status {
-    if (n > length - filled) return absl::DataLossError("server sent too many bytes");
-    std::memcpy(dst + filled, p, n);
-    filled += n;
-    return absl::OkStatus();
+  // Parallel ranges of kReadBlockBytes, each copied straight to its place in out.
+  const size_t count = static_cast<size_t>((length + kReadBlockBytes - 1) / kReadBlockBytes);
+  const size_t streams = std::min<size_t>(std::max(1, options_.read_streams), count);
+  std::atomic<size_t> next{0};
+  std::vector<absl::Status> results(streams);
+  auto fetch = [&](size_t worker) {
+    for (size_t k = next++; k < count && results[worker].ok(); k = next++) {
+      const uint64_t b = k * kReadBlockBytes;
+      const uint64_t e = std::min(length, b + kReadBlockBytes);
+      uint64_t filled = 0;  // ReadRange resumes a broken stream where it stopped
+      results[worker] = ReadRange(job, step, rank, offset + b, offset + e,
+                                  CopyInto(static_cast<char*>(out) + b, e - b, &filled), nullptr);
+    }
   };
-  // ReadRange resumes a broken stream where it stopped, so `filled` tracks its offset.
-  return ReadRange(job, step, rank, offset, offset + length, sink, nullptr);
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < streams; ++i) threads.emplace_back(fetch, i);
+  fetch(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
 }
 
 absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
                                   const ProgressFn& progress) {
-  v1::VerifyRequest req;
-  req.set_job(job);
-  req.set_step(step);
-  std::atomic<uint64_t> done{0};
-  size_t nodes_done = 0;
-  absl::Mutex mu;
-  absl::Status s = ForAllNodes([&](Node& node) -> absl::Status {
+  // Progress counts payload bytes like every other ProgressFn: the total is what the nodes
+  // hold (each replica is verified), known from their manifests before verifying starts.
+  std::atomic<uint64_t> total{0};
+  if (progress) {
+    const auto mreq = JobStep<v1::GetManifestRequest>(job, step);
+    RETURN_IF_ERROR(ForAllNodesTolerant([&](Node& node) -> absl::Status {
+      ASSIGN_OR_RETURN(Manifest m, FetchManifest(node, mreq));
+      total += m.info.raw_bytes;
+      return absl::OkStatus();
+    }));
+  }
+  const auto req = JobStep<v1::VerifyRequest>(job, step);
+  absl::Mutex mu;  // progress calls never overlap, and `done` never decreases
+  uint64_t done = 0;
+  std::atomic<size_t> nodes_done{0};
+  RETURN_IF_ERROR(ForAllNodes([&](Node& node) -> absl::Status {
     v1::VerifyResponse resp;
     absl::Status v = Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::VerifyResponse* r) {
       return node.stub()->Verify(ctx, req, r);
@@ -416,27 +481,20 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
     // A node that never saw this checkpoint is fine when another one has it.
     if (v.code() == absl::StatusCode::kNotFound && nodes_.size() > 1) return absl::OkStatus();
     RETURN_IF_ERROR(v);
-    done += resp.bytes_verified();
-    absl::MutexLock lock(&mu);
     ++nodes_done;
-    if (progress) progress(nodes_done, nodes_.size());
+    absl::MutexLock lock(&mu);
+    done += resp.bytes_verified();
+    if (progress) progress(done, std::max<uint64_t>(done, total.load()));
     return absl::OkStatus();
-  });
-  RETURN_IF_ERROR(s);
+  }));
   if (nodes_done == 0) return absl::NotFoundError(absl::StrCat(job, " step ", step, " not found"));
   return absl::OkStatus();
 }
 
 absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
-  v1::DeleteRequest req;
-  req.set_job(job);
-  req.set_step(step);
-  return ForAllNodesTolerant([&](Node& node) {
-    v1::DeleteResponse resp;
-    return Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::DeleteResponse* r) {
-      return node.stub()->Delete(ctx, req, r);
-    });
-  });
+  const auto req = JobStep<v1::DeleteRequest>(job, step);
+  return ForAllNodesTolerant(
+      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::Delete); });
 }
 
 absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy) {

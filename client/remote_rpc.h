@@ -31,6 +31,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/convert.h"
+#include "proto/transport.h"
 #include "proto/gradsnap.grpc.pb.h"
 
 namespace gradsnap {
@@ -72,6 +73,7 @@ inline std::shared_ptr<grpc::Channel> MakeChannel(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // One connection per node and client object, not shared with other clients in the process.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  for (const auto& [name, value] : proto::TransportArgs()) args.SetInt(name, value);
   return grpc::CreateCustomChannel(endpoint, creds, args);
 }
 

@@ -145,10 +145,17 @@ SaveQueue::~SaveQueue() {
   for (std::thread& t : workers_) t.join();
 }
 
-std::future<absl::Status> SaveQueue::Push(ShardSpec spec, std::vector<TensorRef> tensors) {
+std::future<absl::Status> SaveQueue::Push(const ShardSpec& spec,
+                                          std::vector<TensorRef> tensors) {
+  absl::StatusOr<ShardSpec> resolved = ResolveShardSpec(spec, tensors);
+  if (!resolved.ok()) {
+    std::promise<absl::Status> failed;
+    failed.set_value(resolved.status());
+    return failed.get_future();
+  }
   auto task = std::make_unique<Task>();
   std::future<absl::Status> result = task->done.get_future();
-  task->spec = std::move(spec);
+  task->spec = *std::move(resolved);
   task->tensors = std::move(tensors);
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(task));

@@ -73,8 +73,10 @@ class SaveQueue {
   SaveQueue(const SaveQueue&) = delete;
   SaveQueue& operator=(const SaveQueue&) = delete;
 
-  // Queues the save of `spec` (already resolved with ResolveShardSpec) and `tensors`.
-  [[nodiscard]] std::future<absl::Status> Push(ShardSpec spec, std::vector<TensorRef> tensors);
+  // Queues the save of `spec` and `tensors` (Client::SaveShardAsync): the spec is resolved
+  // with ResolveShardSpec first, and a spec that does not resolve fails the future at once.
+  [[nodiscard]] std::future<absl::Status> Push(const ShardSpec& spec,
+                                               std::vector<TensorRef> tensors);
 
  private:
   struct Task {

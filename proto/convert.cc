@@ -68,13 +68,33 @@ void ToProto(const storage::TensorSpec& in, v1::TensorSpec* out) {
   out->set_sha256(in.sha256);
 }
 
-void ToProto(const storage::CheckpointSpec& in, v1::CheckpointSpec* out) {
+namespace {
+
+// The fields CheckpointSpec and CheckpointInfo share (same names on both sides).
+template <typename In, typename Out>
+void CheckpointFieldsToProto(const In& in, Out* out) {
   out->set_job(in.job);
   out->set_step(in.step);
   out->set_kind(static_cast<v1::CheckpointKind>(in.kind));
   out->set_base_step(in.base_step);
   out->set_world_size(in.world_size);
   out->set_metadata(in.metadata);
+}
+
+// Wire -> model for the same shared fields (kind is converted with its own check).
+template <typename In, typename Out>
+void CheckpointFieldsFromProto(const In& in, Out* out) {
+  out->job = in.job();
+  out->step = in.step();
+  out->base_step = in.base_step();
+  out->world_size = in.world_size();
+  out->metadata = in.metadata();
+}
+
+}  // namespace
+
+void ToProto(const storage::CheckpointSpec& in, v1::CheckpointSpec* out) {
+  CheckpointFieldsToProto(in, out);
   out->set_epoch(in.epoch);
 }
 
@@ -94,27 +114,23 @@ void ToProto(const storage::ShardInfo& in, v1::ShardInfo* out) {
   out->set_stored_bytes(in.stored_bytes);
   out->set_metadata(in.metadata);
   out->set_digest_algorithm(static_cast<v1::DigestAlgorithm>(in.digest_algo));
-  for (const auto& t : in.tensors) {
-    v1::TensorInfo* ti = out->add_tensors();
-    ToProto(t.spec, ti->mutable_spec());
-    ti->set_stored_bytes(t.stored_bytes);
-    ti->set_chunks(t.chunks);
-    ti->set_digest(t.digest);
-  }
+  for (const auto& t : in.tensors) ToProto(t, out->add_tensors());
+}
+
+void ToProto(const storage::TensorInfo& in, v1::TensorInfo* out) {
+  ToProto(in.spec, out->mutable_spec());
+  out->set_stored_bytes(in.stored_bytes);
+  out->set_chunks(in.chunks);
+  out->set_digest(in.digest);
 }
 
 void ToProto(const storage::CheckpointInfo& in, v1::CheckpointInfo* out) {
-  out->set_job(in.job);
-  out->set_step(in.step);
-  out->set_kind(static_cast<v1::CheckpointKind>(in.kind));
-  out->set_base_step(in.base_step);
-  out->set_world_size(in.world_size);
+  CheckpointFieldsToProto(in, out);
   out->set_state(static_cast<v1::CheckpointState>(in.state));
   out->set_raw_bytes(in.raw_bytes);
   out->set_stored_bytes(in.stored_bytes);
   out->set_created_unix_ms(in.created_unix_ms);
   out->set_committed_unix_ms(in.committed_unix_ms);
-  out->set_metadata(in.metadata);
 }
 
 void ToProto(const storage::Manifest& in, v1::Manifest* out) {
@@ -186,11 +202,7 @@ absl::StatusOr<storage::CheckpointSpec> FromProto(const v1::CheckpointSpec& in) 
     return Bad(absl::StrCat("world_size ", in.world_size(), " outside [1, 65536]"));
   }
   if (in.metadata().size() > kMaxMetadataBytes) return Bad("checkpoint metadata over 1 MiB");
-  c.job = in.job();
-  c.step = in.step();
-  c.base_step = in.base_step();
-  c.world_size = in.world_size();
-  c.metadata = in.metadata();
+  CheckpointFieldsFromProto(in, &c);
   c.epoch = in.epoch();
   return c;
 }
@@ -251,11 +263,8 @@ absl::StatusOr<storage::ShardInfo> FromProto(const v1::ShardInfo& in) {
 
 absl::StatusOr<storage::CheckpointInfo> FromProto(const v1::CheckpointInfo& in) {
   storage::CheckpointInfo c;
-  c.job = in.job();
-  c.step = in.step();
+  CheckpointFieldsFromProto(in, &c);
   ASSIGN_OR_RETURN(c.kind, KindFromProto(in.kind()));
-  c.base_step = in.base_step();
-  c.world_size = in.world_size();
   if (in.state() == v1::CHECKPOINT_STATE_PENDING) {
     c.state = storage::CheckpointState::kPending;
   } else if (in.state() == v1::CHECKPOINT_STATE_COMMITTED) {
@@ -267,7 +276,6 @@ absl::StatusOr<storage::CheckpointInfo> FromProto(const v1::CheckpointInfo& in) 
   c.stored_bytes = in.stored_bytes();
   c.created_unix_ms = in.created_unix_ms();
   c.committed_unix_ms = in.committed_unix_ms();
-  c.metadata = in.metadata();
   return c;
 }
 

@@ -46,6 +46,7 @@ absl::Status ValidateRank(int32_t rank);
 void ToProto(const storage::TensorSpec& in, gradsnap::v1::TensorSpec* out);
 void ToProto(const storage::CheckpointSpec& in, gradsnap::v1::CheckpointSpec* out);
 void ToProto(const storage::ShardSpec& in, gradsnap::v1::ShardSpec* out);
+void ToProto(const storage::TensorInfo& in, gradsnap::v1::TensorInfo* out);
 void ToProto(const storage::ShardInfo& in, gradsnap::v1::ShardInfo* out);
 void ToProto(const storage::CheckpointInfo& in, gradsnap::v1::CheckpointInfo* out);
 void ToProto(const storage::Manifest& in, gradsnap::v1::Manifest* out);

@@ -13,6 +13,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "proto/convert.h"
+#include "proto/transport.h"
 
 namespace gradsnap {
 namespace service {
@@ -92,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(s->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(proto::kMaxMessageBytes));
   builder.SetMaxSendMessageSize(static_cast<int>(proto::kMaxMessageBytes));
+  for (const auto& [name, value] : proto::TransportArgs()) builder.AddChannelArgument(name, value);
   // gRPC's own buffers (HTTP/2 windows of streams waiting for the in-flight budget, read
   // slices) are capped too: under pressure gRPC shrinks its windows, so senders stall.
   // Idle sync-server pollers wake this often; a shorter period makes Shutdown() prompt (the

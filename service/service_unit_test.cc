@@ -16,8 +16,9 @@ namespace {
 
 CachedShard Shard(size_t n, char c) {
   CachedShard s;
-  s.Append(std::string(n / 2, c));
-  s.Append(std::string(n - n / 2, static_cast<char>(c + 1)));
+  std::string a(n / 2, c), b(n - n / 2, static_cast<char>(c + 1));
+  s.Append(a.data(), a.size(), n);
+  s.Append(b.data(), b.size(), n);
   return s;
 }
 
@@ -32,8 +33,10 @@ TEST(ShardCache, ServesOnlyCommittedNewestStepAndStaysInBudget) {
   EXPECT_EQ(cache.Lookup("a", 1, 0), nullptr);  // not committed yet
   cache.Committed("a", 1);
   ASSERT_NE(cache.Lookup("a", 1, 0), nullptr);
-  std::string out(4, '\0');
-  cache.Lookup("a", 1, 0)->CopyOut(148, out.data(), 4);  // spans the two pieces
+  std::vector<grpc::Slice> refs;
+  EXPECT_EQ(PayloadSlices(cache.Lookup("a", 1, 0), 148, 4, &refs), 4u);
+  std::string out;
+  for (const grpc::Slice& r : refs) out.append(reinterpret_cast<const char*>(r.begin()), r.size());
   EXPECT_EQ(out, "xxyy");
   Put(&cache, "a", 2, 0, 300);
   EXPECT_NE(cache.Lookup("a", 1, 0), nullptr);  // step 2 still pending: step 1 stays

@@ -5,21 +5,43 @@
 #include <utility>
 #include <vector>
 
+#include "proto/raw_message.h"
+
 namespace gradsnap {
 namespace service {
 
-void CachedShard::CopyOut(uint64_t offset, char* out, size_t n) const {
-  size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), offset) -
-                                 starts.begin()) - 1;
-  while (n > 0 && i < pieces.size()) {
-    uint64_t in_piece = offset - starts[i];
-    size_t take = static_cast<size_t>(std::min<uint64_t>(pieces[i].size() - in_piece, n));
-    std::memcpy(out, pieces[i].data() + in_piece, take);
-    out += take;
-    offset += take;
+void CachedShard::Append(const void* p, size_t n, uint64_t expected_total) {
+  const char* src = static_cast<const char*>(p);
+  while (n > 0) {
+    if (pieces.empty() || pieces.back().size() == kBlockBytes) {
+      pieces.emplace_back();
+      pieces.back().reserve(static_cast<size_t>(
+          std::clamp<uint64_t>(expected_total > size ? expected_total - size : n, 1, kBlockBytes)));
+    }
+    std::string& last = pieces.back();
+    const size_t take = std::min(n, kBlockBytes - last.size());
+    last.append(src, take);
+    src += take;
     n -= take;
-    ++i;
+    size += take;
   }
+}
+
+uint64_t PayloadSlices(const Payload& payload, uint64_t offset, uint64_t n,
+                       std::vector<grpc::Slice>* out) {
+  constexpr uint64_t kBlock = CachedShard::kBlockBytes;
+  uint64_t done = 0;
+  for (size_t i = static_cast<size_t>(offset / kBlock); done < n && i < payload->pieces.size();
+       ++i) {
+    const std::string& piece = payload->pieces[i];
+    const uint64_t in_piece = offset + done - i * kBlock;
+    const uint64_t take = std::min<uint64_t>(piece.size() - in_piece, n - done);
+    Payload keep = payload;
+    out->push_back(proto::OwnedSlice(const_cast<char*>(piece.data() + in_piece),
+                                     static_cast<size_t>(take), [keep] {}));
+    done += take;
+  }
+  return done;
 }
 
 ShardCache::ShardCache(uint64_t budget) : budget_(budget) {

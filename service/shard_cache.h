@@ -24,27 +24,30 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/stats.h"
+#include "grpcpp/support/slice.h"
 #include "storage/types.h"
 
 namespace gradsnap {
 namespace service {
 
-// One cached shard: its manifest entry and its whole payload, kept as the upload's message
-// buffers (moved, not copied, out of the requests).
+// One cached shard: its manifest entry and its whole payload, copied out of the upload's
+// receive buffers into blocks the RAM tier owns (holding gRPC's buffers instead would count
+// against the server's gRPC memory quota, which bounds uploads in flight).
 struct CachedShard {
+  static constexpr size_t kBlockBytes = 4u << 20;
   storage::ShardInfo info;
-  std::vector<std::string> pieces;
-  std::vector<uint64_t> starts;  // payload offset of each piece
-  uint64_t size = 0;             // payload bytes
-  void Append(std::string piece) {
-    starts.push_back(size);
-    size += piece.size();
-    pieces.push_back(std::move(piece));
-  }
-  // Copies payload [offset, offset + n) into out (the range must lie inside the payload).
-  void CopyOut(uint64_t offset, char* out, size_t n) const;
+  std::vector<std::string> pieces;  // blocks of kBlockBytes, the last one partly filled
+  uint64_t size = 0;                // payload bytes
+  // Appends n bytes; expected_total (the payload's final size) sizes the last block.
+  void Append(const void* p, size_t n, uint64_t expected_total);
 };
 using Payload = std::shared_ptr<const CachedShard>;
+
+// Appends slices over payload [offset, offset + n) of `payload` to out (the range must lie
+// inside the payload): the RAM tier's memory itself, kept alive by each slice until gRPC
+// releases it, even if the entry is evicted meanwhile. Returns the bytes referenced.
+uint64_t PayloadSlices(const Payload& payload, uint64_t offset, uint64_t n,
+                       std::vector<grpc::Slice>* out);
 
 class ShardCache {
  public:

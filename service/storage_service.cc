@@ -12,20 +12,26 @@
 namespace gradsnap {
 namespace service {
 
-StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
-                               InflightLimiter* limiter, InflightLimiter* read_limiter,
-                               ShardCache* cache, const StorageServiceOptions& options)
-    : engine_(engine),
-      auth_(auth),
-      limiter_(limiter),
-      read_limiter_(read_limiter),
-      cache_(cache),
-      options_(options),
-      metrics_(ServiceMetrics::Get()) {}
-
 grpc::Status StorageService::Done(const absl::Status& s) {
   if (!s.ok()) metrics_->Error(static_cast<int>(s.code()));
   return proto::ToGrpc(s);
+}
+
+absl::Status StorageService::Admit(const grpc::ServerContext& ctx, const std::string& job) {
+  RETURN_IF_ERROR(proto::ValidateJob(job));
+  return auth_->CheckJob(ctx, job);
+}
+
+absl::Status StorageService::Admit(const grpc::ServerContext& ctx, const std::string& job,
+                                   int64_t step) {
+  RETURN_IF_ERROR(proto::ValidateStep(step));
+  return Admit(ctx, job);
+}
+
+absl::Status StorageService::Admit(const grpc::ServerContext& ctx, const std::string& job,
+                                   int64_t step, int32_t rank) {
+  RETURN_IF_ERROR(proto::ValidateRank(rank));
+  return Admit(ctx, job, step);
 }
 
 grpc::Status StorageService::Health(grpc::ServerContext*, const v1::HealthRequest*,
@@ -39,24 +45,19 @@ grpc::Status StorageService::Health(grpc::ServerContext*, const v1::HealthReques
 grpc::Status StorageService::BeginCheckpoint(grpc::ServerContext* ctx,
                                              const v1::BeginCheckpointRequest* req,
                                              v1::BeginCheckpointResponse*) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
+  return Unary([&]() -> absl::Status {
     if (!serving_) return absl::UnavailableError("server is shutting down");
     ASSIGN_OR_RETURN(storage::CheckpointSpec spec, proto::FromProto(req->spec()));
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
     return engine_->BeginCheckpoint(spec);
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
                                              const v1::AbortCheckpointRequest* req,
                                              v1::AbortCheckpointResponse*) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+  return Unary([&]() -> absl::Status {
+    RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
     // Aborting a PENDING FULL also aborts its PENDING DELTAs: their staged shards leave the
     // RAM tier too.
     std::vector<int64_t> dropped = {req->step()};
@@ -71,34 +72,26 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
     RETURN_IF_ERROR(engine_->AbortCheckpoint(req->job(), req->step()));
     for (int64_t step : dropped) cache_->Drop(req->job(), step);
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::AcquireEpoch(grpc::ServerContext* ctx,
                                           const v1::AcquireEpochRequest* req,
                                           v1::AcquireEpochResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
+  return Unary([&]() -> absl::Status {
     if (!serving_) return absl::UnavailableError("server is shutting down");
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+    RETURN_IF_ERROR(Admit(*ctx, req->job()));
     ASSIGN_OR_RETURN(uint64_t epoch, engine_->AcquireEpoch(req->job()));
     resp->set_epoch(epoch);
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::QueryWriteStatus(grpc::ServerContext* ctx,
                                               const v1::QueryWriteStatusRequest* req,
                                               v1::QueryWriteStatusResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
-    RETURN_IF_ERROR(proto::ValidateRank(req->rank()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+  return Unary([&]() -> absl::Status {
+    RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step(), req->rank()));
     ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
     for (const auto& shard : m.shards) {
       if (shard.rank == req->rank() && shard.committed) {
@@ -111,35 +104,29 @@ grpc::Status StorageService::QueryWriteStatus(grpc::ServerContext* ctx,
                      engine_->ShardCommittedSize(req->job(), req->step(), req->rank()));
     resp->set_committed_size(size);
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
+  return Unary([&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::vector<std::string> jobs, engine_->ListJobs());
     ASSIGN_OR_RETURN(jobs, auth_->FilterJobs(*ctx, std::move(jobs)));
     for (auto& j : jobs) resp->add_jobs(std::move(j));
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::ListCheckpoints(grpc::ServerContext* ctx,
                                              const v1::ListCheckpointsRequest* req,
                                              v1::ListCheckpointsResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+  return Unary([&]() -> absl::Status {
+    RETURN_IF_ERROR(Admit(*ctx, req->job()));
     ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list,
                      engine_->ListCheckpoints(req->job(), req->include_pending()));
     for (const auto& c : list) proto::ToProto(c, resp->add_checkpoints());
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 // One page of a manifest (docs/protocol.md, "Large manifests"): tensors from the cursors on,
@@ -176,10 +163,7 @@ absl::Status StorageService::ManifestPage(const storage::Manifest& m,
         return absl::OkStatus();
       }
       v1::TensorInfo* t = ps->add_tensors();
-      proto::ToProto(s.tensors[ti].spec, t->mutable_spec());
-      t->set_stored_bytes(s.tensors[ti].stored_bytes);
-      t->set_chunks(s.tensors[ti].chunks);
-      t->set_digest(s.tensors[ti].digest);
+      proto::ToProto(s.tensors[ti], t);
       bytes += t->ByteSizeLong() + 8;
       any = true;
     }
@@ -190,11 +174,8 @@ absl::Status StorageService::ManifestPage(const storage::Manifest& m,
 grpc::Status StorageService::GetManifest(grpc::ServerContext* ctx,
                                          const v1::GetManifestRequest* req,
                                          v1::GetManifestResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+  return Unary([&]() -> absl::Status {
+    RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
     ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
     if (req->paged()) return ManifestPage(m, *req, resp);
     proto::ToProto(m, resp->mutable_manifest());
@@ -203,42 +184,32 @@ grpc::Status StorageService::GetManifest(grpc::ServerContext* ctx,
           "manifest larger than the 4 MiB message limit (ask for it paged)");
     }
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
                                     v1::VerifyResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+  return Unary([&]() -> absl::Status {
+    RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
     ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
     RETURN_IF_ERROR(engine_->Verify(req->job(), req->step()));
     resp->set_bytes_verified(m.info.raw_bytes);
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
                                     v1::DeleteResponse*) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
-    RETURN_IF_ERROR(proto::ValidateJob(req->job()));
-    RETURN_IF_ERROR(proto::ValidateStep(req->step()));
-    RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
+  return Unary([&]() -> absl::Status {
+    RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
     cache_->Drop(req->job(), req->step());
     return engine_->Delete(req->job(), req->step());
-  };
-  return Done(run());
+  });
 }
 
 grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* req,
                                 v1::GcResponse* resp) {
-  ScopedLatency t(metrics_->unary_seconds);
-  auto run = [&]() -> absl::Status {
+  return Unary([&]() -> absl::Status {
     RETURN_IF_ERROR(proto::ValidateJob(req->job()));
     if (req->keep_last() < 0 || req->keep_last() > proto::kMaxGcKeep || req->keep_every() < 0 ||
         req->keep_every() > proto::kMaxGcKeep) {
@@ -255,8 +226,7 @@ grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* r
     }
     resp->set_bytes_reclaimed(r.bytes_reclaimed);
     return absl::OkStatus();
-  };
-  return Done(run());
+  });
 }
 
 }  // namespace service

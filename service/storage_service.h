@@ -6,9 +6,16 @@
 //   (proto/convert.h), authorizes it (auth.h), calls the engine, and converts the result at the
 //   edge: absl::Status codes are gRPC codes. Uploads (Write) reserve memory from the in-flight
 //   limiter before reading each message, append to an engine ShardWriter, make the bytes
-//   durable every kFlushBytes (so a resumed upload loses little) and, with a RAM tier, stage the
+//   durable every flush_bytes (so a resumed upload loses little) and, with a RAM tier, stage the
 //   payload so the cache is filled when the checkpoint commits. Downloads (Read) are served from
 //   the RAM tier when it holds the shard, else from the engine.
+//
+//   Zero copy: Write and Read are registered as raw methods (grpc::ByteBuffer in, ByteBuffer
+//   out) and their messages are parsed and built by hand (proto/raw_message.h). A received
+//   `data` field stays in gRPC's receive slices: the engine appends from them (and the RAM tier
+//   copies from them into its own blocks). A Read answer's `data` is a slice over the buffer the
+//   engine decoded into (given back to a pool when gRPC is done with it) or over the RAM tier's
+//   blocks (kept alive by the slice); nothing is copied into a protobuf string.
 //
 // ERROR HANDLING
 //   A bad request fails only its own call; nothing here aborts the process. At most one stream
@@ -23,14 +30,19 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/gradsnap.grpc.pb.h"
+#include "proto/raw_message.h"
 #include "service/auth.h"
 #include "service/inflight_limiter.h"
 #include "service/metrics.h"
@@ -69,47 +81,75 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   // Health reports serving=false and new uploads get UNAVAILABLE from now on.
   void BeginShutdown() { serving_ = false; }
 
-  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest* req,
-                      v1::HealthResponse* resp) override;
-  grpc::Status BeginCheckpoint(grpc::ServerContext* ctx, const v1::BeginCheckpointRequest* req,
-                               v1::BeginCheckpointResponse* resp) override;
-  grpc::Status AbortCheckpoint(grpc::ServerContext* ctx, const v1::AbortCheckpointRequest* req,
-                               v1::AbortCheckpointResponse* resp) override;
-  grpc::Status AcquireEpoch(grpc::ServerContext* ctx, const v1::AcquireEpochRequest* req,
-                            v1::AcquireEpochResponse* resp) override;
-  grpc::Status Write(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRequest>* reader,
-                     v1::WriteResponse* resp) override;
-  grpc::Status QueryWriteStatus(grpc::ServerContext* ctx,
-                                const v1::QueryWriteStatusRequest* req,
-                                v1::QueryWriteStatusResponse* resp) override;
-  grpc::Status Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
-                    grpc::ServerWriter<v1::ReadResponse>* writer) override;
-  grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
-                        v1::ListJobsResponse* resp) override;
-  grpc::Status ListCheckpoints(grpc::ServerContext* ctx, const v1::ListCheckpointsRequest* req,
-                               v1::ListCheckpointsResponse* resp) override;
-  grpc::Status GetManifest(grpc::ServerContext* ctx, const v1::GetManifestRequest* req,
-                           v1::GetManifestResponse* resp) override;
+  // The unary handlers: Name(ctx, const v1::NameRequest*, v1::NameResponse*), overriding the
+  // generated service's (docs/protocol.md for each).
+#define GRADSNAP_UNARY_HANDLER(Name)                                            \
+  grpc::Status Name(grpc::ServerContext* ctx, const v1::Name##Request* req,     \
+                    v1::Name##Response* resp) override
+  GRADSNAP_UNARY_HANDLER(Health);
+  GRADSNAP_UNARY_HANDLER(BeginCheckpoint);
+  GRADSNAP_UNARY_HANDLER(AbortCheckpoint);
+  GRADSNAP_UNARY_HANDLER(AcquireEpoch);
+  GRADSNAP_UNARY_HANDLER(QueryWriteStatus);
+  GRADSNAP_UNARY_HANDLER(ListJobs);
+  GRADSNAP_UNARY_HANDLER(ListCheckpoints);
+  GRADSNAP_UNARY_HANDLER(GetManifest);
+  GRADSNAP_UNARY_HANDLER(Verify);
+  GRADSNAP_UNARY_HANDLER(Delete);
+  GRADSNAP_UNARY_HANDLER(Gc);
+#undef GRADSNAP_UNARY_HANDLER
+
+  // One page of a manifest (docs/protocol.md, "Large manifests").
   static absl::Status ManifestPage(const storage::Manifest& m, const v1::GetManifestRequest& req,
                                    v1::GetManifestResponse* resp);
-  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
-                      v1::VerifyResponse* resp) override;
-  grpc::Status Delete(grpc::ServerContext* ctx, const v1::DeleteRequest* req,
-                      v1::DeleteResponse* resp) override;
-  grpc::Status Gc(grpc::ServerContext* ctx, const v1::GcRequest* req,
-                  v1::GcResponse* resp) override;
 
  private:
   using ShardKey = std::tuple<std::string, int64_t, int32_t>;
-  class ActiveShard;  // RAII claim on a shard being written
+  using WriteStream = grpc::ServerReaderWriter<v1::WriteResponse, grpc::ByteBuffer>;
+  using ReadStream = grpc::ServerSplitStreamer<v1::ReadRequest, grpc::ByteBuffer>;
+  class ActiveShard;    // RAII claim on a shard being written
+  class StagedPayload;  // RAII RAM-tier reservation of an upload
+  struct WriteMessage;  // one WriteRequest, parsed without copying its data
 
-  absl::Status DoWrite(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteRequest>* reader,
-                       v1::WriteResponse* resp);
-  absl::Status DoRead(grpc::ServerContext* ctx, const v1::ReadRequest& req,
-                      grpc::ServerWriter<v1::ReadResponse>* writer);
-  // After a shard's Finish: publishes the staged payload and notes a checkpoint commit.
-  void AfterShardCommit(const storage::ShardSpec& spec, CachedShard* stage, bool staged,
-                        v1::WriteResponse* resp);
+  // Write and Read with raw messages (registered in the constructor in place of the generated
+  // handlers; the wire format is unchanged).
+  grpc::Status RawWrite(grpc::ServerContext* ctx, WriteStream* stream);
+  grpc::Status RawRead(grpc::ServerContext* ctx, ReadStream* stream);
+
+  absl::Status DoWrite(grpc::ServerContext* ctx, WriteStream* stream, v1::WriteResponse* resp);
+  // Reads and parses the next message; false at the end of the stream.
+  absl::StatusOr<bool> NextMessage(WriteStream* stream, WriteMessage* msg);
+  // Appends messages to the writer (the first one is in *msg) until finish_write or the end of
+  // the stream; true when finish_write arrived.
+  absl::StatusOr<bool> ReceivePayload(WriteStream* stream, storage::ShardWriter* writer,
+                                      WriteMessage* msg, StagedPayload* stage);
+  // Appends one message's data past what the writer already has.
+  absl::Status AppendMessage(storage::ShardWriter* writer, const WriteMessage& msg,
+                             uint64_t* unflushed);
+  // The stream ended without finish_write: what arrived is made durable for a resume.
+  absl::Status KeepResumable(grpc::ServerContext* ctx, storage::ShardWriter* writer,
+                             v1::WriteResponse* resp);
+  // finish_write: commits the shard and publishes the staged payload.
+  absl::Status FinishShard(const storage::ShardSpec& spec, storage::ShardWriter* writer,
+                           StagedPayload* stage, v1::WriteResponse* resp);
+  absl::Status DoRead(grpc::ServerContext* ctx, ReadStream* stream);
+  // Streams payload [offset, end) in messages of at most kMaxDataBytes; the first carries the
+  // shard info. From the RAM tier when cached is set, else from reader.
+  absl::Status SendPayload(ReadStream* stream, const Payload& cached,
+                           storage::ShardReader* reader, const storage::ShardInfo& info,
+                           uint64_t offset, uint64_t end);
+
+  // Runs one unary handler body: latency histogram, then Done().
+  template <typename Fn>
+  grpc::Status Unary(Fn&& body) {
+    ScopedLatency t(metrics_->unary_seconds);
+    return Done(body());
+  }
+  // The checks every (job[, step]) request starts with: valid names and steps, then the token.
+  absl::Status Admit(const grpc::ServerContext& ctx, const std::string& job);
+  absl::Status Admit(const grpc::ServerContext& ctx, const std::string& job, int64_t step);
+  absl::Status Admit(const grpc::ServerContext& ctx, const std::string& job, int64_t step,
+                     int32_t rank);
   // Counts and converts a handler's result.
   grpc::Status Done(const absl::Status& s);
 
@@ -121,6 +161,8 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   const StorageServiceOptions options_;
   ServiceMetrics* const metrics_;
   std::atomic<bool> serving_{true};
+
+  const std::shared_ptr<proto::BufferPool> read_buffers_;
 
   absl::Mutex mu_;
   std::set<ShardKey> active_ ABSL_GUARDED_BY(mu_);

@@ -1,18 +1,31 @@
-// The streaming calls of StorageService: Write (resumable upload) and Read (download).
+// The streaming calls of StorageService: Write (resumable upload) and Read (download), both with
+// raw messages so payload bytes are never copied into protobuf strings (storage_service.h,
+// "Zero copy").
 #include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "grpcpp/support/method_handler.h"
 #include "proto/convert.h"
+#include "proto/raw_message.h"
 #include "service/storage_service.h"
 
 namespace gradsnap {
 namespace service {
+namespace {
+
+// Indexes of Write and Read among gradsnap.v1.Storage's methods (their order in
+// gradsnap.proto; checked by every test that writes or reads through a server).
+constexpr int kWriteMethodIndex = 4;
+constexpr int kReadMethodIndex = 6;
+
+}  // namespace
 
 // Claims a shard for one writing stream; a second claim fails until the first is released.
 class StorageService::ActiveShard {
@@ -35,15 +48,131 @@ class StorageService::ActiveShard {
   bool claimed_ = false;
 };
 
-grpc::Status StorageService::Write(grpc::ServerContext* ctx,
-                                   grpc::ServerReader<v1::WriteRequest>* reader,
-                                   v1::WriteResponse* resp) {
-  ScopedLatency t(metrics_->write_seconds);
-  return Done(DoWrite(ctx, reader, resp));
+// The RAM-tier copy of an upload in the making: a cache reservation and the payload so far.
+// Returns the reservation unless Publish() handed it to the cache.
+class StorageService::StagedPayload {
+ public:
+  explicit StagedPayload(ShardCache* cache) : cache_(cache) {}
+  ~StagedPayload() {
+    if (reserved_ > 0) cache_->Unreserve(reserved_);
+  }
+  StagedPayload(const StagedPayload&) = delete;
+  StagedPayload& operator=(const StagedPayload&) = delete;
+
+  // Stages a shard of `total` bytes when the cache can reserve it.
+  void Start(const std::string& job, int64_t step, uint64_t total) {
+    if (total > 0 && cache_->Reserve(job, step, total)) reserved_ = total;
+  }
+  bool active() const { return reserved_ > 0; }
+  void Append(const std::vector<grpc::Slice>& pieces) {
+    if (!active()) return;
+    for (const grpc::Slice& p : pieces) shard_.Append(p.begin(), p.size(), reserved_);
+  }
+  // Hands the payload to the cache (its reservation becomes the entry).
+  void Publish(const storage::ShardSpec& spec, const storage::ShardInfo& info) {
+    if (!active() || shard_.size != reserved_) return;  // incomplete: the destructor unreserves
+    shard_.info = info;
+    reserved_ = 0;
+    cache_->Publish(spec.job, spec.step, spec.rank, std::move(shard_));
+  }
+
+ private:
+  ShardCache* const cache_;
+  uint64_t reserved_ = 0;
+  CachedShard shard_;
+};
+
+// One WriteRequest; `data` references the received message's slices.
+struct StorageService::WriteMessage {
+  bool has_shard = false;
+  v1::ShardSpec shard;
+  uint64_t write_offset = 0;
+  std::vector<grpc::Slice> data;
+  uint64_t size = 0;
+  bool finish_write = false;
+};
+
+StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
+                               InflightLimiter* limiter, InflightLimiter* read_limiter,
+                               ShardCache* cache, const StorageServiceOptions& options)
+    : engine_(engine),
+      auth_(auth),
+      limiter_(limiter),
+      read_limiter_(read_limiter),
+      cache_(cache),
+      options_(options),
+      metrics_(ServiceMetrics::Get()),
+      // Buffers of Read messages served from disk: the engine decodes into one, gRPC sends it
+      // and gives it back when the transport is done with it.
+      read_buffers_(proto::BufferPool::Create(proto::kMaxDataBytes, /*keep=*/32)) {
+  // Raw handlers in place of the generated ones: a streamed (bidirectional) method on the
+  // server side serves the same client-streaming / server-streaming calls on the wire.
+  MarkMethodStreamed(
+      kWriteMethodIndex,
+      new grpc::internal::BidiStreamingHandler<StorageService, grpc::ByteBuffer,
+                                               v1::WriteResponse>(
+          [](StorageService* s, grpc::ServerContext* ctx, WriteStream* stream) {
+            return s->RawWrite(ctx, stream);
+          },
+          this));
+  MarkMethodStreamed(kReadMethodIndex,
+                     new grpc::internal::SplitServerStreamingHandler<v1::ReadRequest,
+                                                                     grpc::ByteBuffer>(
+                         [this](grpc::ServerContext* ctx, ReadStream* stream) {
+                           return RawRead(ctx, stream);
+                         }));
 }
 
-absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
-                                     grpc::ServerReader<v1::WriteRequest>* reader,
+grpc::Status StorageService::RawWrite(grpc::ServerContext* ctx, WriteStream* stream) {
+  ScopedLatency t(metrics_->write_seconds);
+  v1::WriteResponse resp;
+  absl::Status s = DoWrite(ctx, stream, &resp);
+  // A client-streaming call answers exactly one message on success, none on failure.
+  if (s.ok() && !stream->Write(resp)) s = absl::CancelledError("client went away during Write");
+  return Done(s);
+}
+
+absl::StatusOr<bool> StorageService::NextMessage(WriteStream* stream, WriteMessage* msg) {
+  grpc::ByteBuffer bb;
+  if (!stream->Read(&bb)) return false;
+  *msg = WriteMessage();
+  RETURN_IF_ERROR(proto::ForEachField(
+      bb, "Write message", absl::StatusCode::kInvalidArgument,
+      [&](proto::RawField& f) -> absl::Status {
+        const bool bytes = f.wire_type == 2;
+        switch (f.number) {
+          case proto::field::kWriteShard:
+            // A message field met twice merges, as protobuf parsers do.
+            if (!bytes || !msg->shard.MergeFromString(f.Flatten())) {
+              return absl::InvalidArgumentError("malformed shard spec in Write");
+            }
+            msg->has_shard = true;
+            break;
+          case proto::field::kWriteOffset:
+            if (bytes) return absl::InvalidArgumentError("malformed write_offset in Write");
+            msg->write_offset = f.varint;
+            break;
+          case proto::field::kWriteData:
+            if (!bytes) return absl::InvalidArgumentError("malformed data in Write");
+            msg->size = f.size;  // a bytes field met twice: the last one wins, as in protobuf
+            msg->data = std::move(f.pieces);
+            break;
+          case proto::field::kWriteFinish:
+            if (bytes) return absl::InvalidArgumentError("malformed finish_write in Write");
+            msg->finish_write = f.varint != 0;
+            break;
+          default:
+            break;  // unknown fields are ignored, as protobuf does
+        }
+        return absl::OkStatus();
+      }));
+  if (msg->size > proto::kMaxDataBytes) {
+    return absl::InvalidArgumentError("data over 1 MiB in one message");
+  }
+  return true;
+}
+
+absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stream,
                                      v1::WriteResponse* resp) {
   if (!serving_) return absl::UnavailableError("server is shutting down");
   RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers get no memory
@@ -53,143 +182,130 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx,
     metrics_->busy_rejections->Add();
     return absl::ResourceExhaustedError("server busy: in-flight upload budget used up, retry");
   }
-  v1::WriteRequest req;
-  if (!reader->Read(&req)) return absl::InvalidArgumentError("empty Write stream");
-  if (!req.has_shard()) {
+  WriteMessage msg;
+  ASSIGN_OR_RETURN(bool any, NextMessage(stream, &msg));
+  if (!any) return absl::InvalidArgumentError("empty Write stream");
+  if (!msg.has_shard) {
     return absl::InvalidArgumentError("the first Write message must carry the shard spec");
   }
-  ASSIGN_OR_RETURN(storage::ShardSpec spec, proto::FromProto(req.shard()));
+  ASSIGN_OR_RETURN(storage::ShardSpec spec, proto::FromProto(msg.shard));
   RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
   ActiveShard active(this, ShardKey(spec.job, spec.step, spec.rank));
   if (!active.Claim()) {
     return absl::AbortedError("another stream is writing this shard; retry later");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardWriter> writer, engine_->OpenShardWriter(spec));
-  const uint64_t total = writer->total_size();
-  uint64_t offset = req.write_offset();
-  if (offset > writer->written_size()) {
-    return absl::OutOfRangeError(absl::StrCat("write_offset ", offset, " is past the ",
+  if (msg.write_offset > writer->written_size()) {
+    return absl::OutOfRangeError(absl::StrCat("write_offset ", msg.write_offset, " is past the ",
                                               writer->written_size(), " bytes received"));
   }
   // Stage the payload for the RAM tier when it streams from the start and fits.
-  CachedShard stage;
-  bool staged = offset == 0 && writer->written_size() == 0 && total > 0 &&
-                cache_->Reserve(spec.job, spec.step, total);
-  auto unstage = [&] {
-    if (staged) cache_->Unreserve(total);
-    staged = false;
-  };
+  StagedPayload stage(cache_);
+  if (msg.write_offset == 0 && writer->written_size() == 0) {
+    stage.Start(spec.job, spec.step, writer->total_size());
+  }
+  absl::StatusOr<bool> finish = ReceivePayload(stream, writer.get(), &msg, &stage);
+  if (!finish.ok()) {
+    writer->Flush().IgnoreError();  // keep what arrived resumable
+    return finish.status();
+  }
+  if (!*finish) return KeepResumable(ctx, writer.get(), resp);
+  return FinishShard(spec, writer.get(), &stage, resp);
+}
 
-  bool finish = false;
+absl::StatusOr<bool> StorageService::ReceivePayload(WriteStream* stream,
+                                                    storage::ShardWriter* writer,
+                                                    WriteMessage* msg, StagedPayload* stage) {
+  uint64_t offset = msg->write_offset;
   uint64_t unflushed = 0;
-  absl::Status status;
   for (bool first = true;; first = false) {
-    if (!first && req.has_shard()) {
-      status = absl::InvalidArgumentError("only the first Write message may carry the shard");
-      break;
+    if (!first && msg->has_shard) {
+      return absl::InvalidArgumentError("only the first Write message may carry the shard");
     }
-    const std::string& data = req.data();
-    if (data.size() > proto::kMaxDataBytes) {
-      status = absl::InvalidArgumentError("data over 1 MiB in one message");
-      break;
+    if (msg->write_offset != offset) {
+      return absl::OutOfRangeError(
+          absl::StrCat("write_offset ", msg->write_offset, ", expected ", offset));
     }
-    if (req.write_offset() != offset) {
-      status = absl::OutOfRangeError(absl::StrCat("write_offset ", req.write_offset(),
-                                                  ", expected ", offset));
-      break;
+    if (msg->size > writer->total_size() - offset) {
+      return absl::OutOfRangeError(
+          absl::StrCat("data past the shard's ", writer->total_size(), " bytes"));
     }
-    if (data.size() > total - offset) {
-      status = absl::OutOfRangeError(absl::StrCat("data past the shard's ", total, " bytes"));
-      break;
-    }
-    // Skip what the server already has (a resumed stream may overlap).
-    uint64_t have = writer->written_size();
-    uint64_t skip = have > offset ? std::min<uint64_t>(have - offset, data.size()) : 0;
-    if (skip < data.size()) {
-      status = writer->Append(data.data() + skip, data.size() - skip);
-      if (!status.ok()) break;
-      unflushed += data.size() - skip;
-    }
-    const size_t n = data.size();
-    if (staged) stage.Append(std::move(*req.mutable_data()));  // no copy: keep the buffer
-    offset += n;
-    metrics_->bytes_in->Add(static_cast<int64_t>(n));
+    RETURN_IF_ERROR(AppendMessage(writer, *msg, &unflushed));
+    offset += msg->size;
+    metrics_->bytes_in->Add(static_cast<int64_t>(msg->size));
     metrics_->chunks_in->Add();
+    stage->Append(msg->data);
     if (unflushed >= options_.flush_bytes) {
-      status = writer->Flush();
-      if (!status.ok()) break;
+      RETURN_IF_ERROR(writer->Flush());
       unflushed = 0;
     }
-    if (req.finish_write()) {
-      finish = true;
-      break;
-    }
-    if (!reader->Read(&req)) break;
+    if (msg->finish_write) return true;
+    ASSIGN_OR_RETURN(bool more, NextMessage(stream, msg));
+    if (!more) return false;
   }
-  if (!status.ok()) {
-    unstage();
-    writer->Flush().IgnoreError();  // keep what arrived resumable
-    return status;
+}
+
+absl::Status StorageService::AppendMessage(storage::ShardWriter* writer, const WriteMessage& msg,
+                                           uint64_t* unflushed) {
+  // Skip what the server already has (a resumed stream may overlap).
+  const uint64_t have = writer->written_size();
+  uint64_t skip = have > msg.write_offset ? have - msg.write_offset : 0;
+  for (const grpc::Slice& piece : msg.data) {
+    const uint64_t from = std::min<uint64_t>(skip, piece.size());
+    skip -= from;
+    if (from == piece.size()) continue;
+    const size_t n = piece.size() - static_cast<size_t>(from);
+    RETURN_IF_ERROR(writer->Append(piece.begin() + from, n));
+    *unflushed += n;
   }
-  if (!finish) {
-    // The client half-closed or vanished: make what arrived durable so it can resume.
-    unstage();
-    RETURN_IF_ERROR(writer->Flush());
-    resp->set_committed_size(writer->committed_size());
-    if (ctx->IsCancelled()) return absl::CancelledError("client cancelled the upload");
-    return absl::OkStatus();
-  }
-  if (writer->written_size() != total) {
-    unstage();
-    writer->Flush().IgnoreError();
-    return absl::OutOfRangeError(absl::StrCat("finish_write at ", writer->written_size(),
-                                              " of ", total, " bytes"));
-  }
-  absl::Status fin = writer->Finish();
-  if (!fin.ok()) {
-    unstage();
-    return fin;
-  }
-  AfterShardCommit(spec, &stage, staged, resp);
   return absl::OkStatus();
 }
 
-void StorageService::AfterShardCommit(const storage::ShardSpec& spec, CachedShard* stage,
-                                      bool staged, v1::WriteResponse* resp) {
+absl::Status StorageService::KeepResumable(grpc::ServerContext* ctx,
+                                           storage::ShardWriter* writer,
+                                           v1::WriteResponse* resp) {
+  // The client half-closed or vanished: make what arrived durable so it can resume.
+  RETURN_IF_ERROR(writer->Flush());
+  resp->set_committed_size(writer->committed_size());
+  if (ctx->IsCancelled()) return absl::CancelledError("client cancelled the upload");
+  return absl::OkStatus();
+}
+
+absl::Status StorageService::FinishShard(const storage::ShardSpec& spec,
+                                         storage::ShardWriter* writer, StagedPayload* stage,
+                                         v1::WriteResponse* resp) {
+  if (writer->written_size() != writer->total_size()) {
+    writer->Flush().IgnoreError();
+    return absl::OutOfRangeError(absl::StrCat("finish_write at ", writer->written_size(),
+                                              " of ", writer->total_size(), " bytes"));
+  }
+  RETURN_IF_ERROR(writer->Finish());
   metrics_->shard_commits->Add();
   resp->set_committed_size(proto::PayloadSize(spec));
   resp->set_shard_committed(true);
   absl::StatusOr<storage::Manifest> m = engine_->GetManifest(spec.job, spec.step);
-  if (!m.ok()) {
-    if (staged) cache_->Unreserve(stage->size);
-    return;
-  }
-  bool committed = m->info.state == storage::CheckpointState::kCommitted;
+  if (!m.ok()) return absl::OkStatus();  // committed; the RAM tier simply misses this shard
+  const bool committed = m->info.state == storage::CheckpointState::kCommitted;
   resp->set_checkpoint_committed(committed);
-  if (staged) {
-    for (const auto& s : m->shards) {
-      if (s.rank == spec.rank) stage->info = s;
-    }
-    cache_->Publish(spec.job, spec.step, spec.rank, std::move(*stage));
+  for (const auto& s : m->shards) {
+    if (s.rank == spec.rank) stage->Publish(spec, s);
   }
   if (committed) {
     metrics_->checkpoint_commits->Add();
     cache_->Committed(spec.job, spec.step);
   }
+  return absl::OkStatus();
 }
 
-grpc::Status StorageService::Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
-                                  grpc::ServerWriter<v1::ReadResponse>* writer) {
+grpc::Status StorageService::RawRead(grpc::ServerContext* ctx, ReadStream* stream) {
   ScopedLatency t(metrics_->read_seconds);
-  return Done(DoRead(ctx, *req, writer));
+  return Done(DoRead(ctx, stream));
 }
 
-absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequest& req,
-                                    grpc::ServerWriter<v1::ReadResponse>* writer) {
-  RETURN_IF_ERROR(proto::ValidateJob(req.job()));
-  RETURN_IF_ERROR(proto::ValidateStep(req.step()));
-  RETURN_IF_ERROR(proto::ValidateRank(req.rank()));
-  RETURN_IF_ERROR(auth_->CheckJob(*ctx, req.job()));
+absl::Status StorageService::DoRead(grpc::ServerContext* ctx, ReadStream* stream) {
+  v1::ReadRequest req;
+  if (!stream->Read(&req)) return absl::InvalidArgumentError("Read without a valid request");
+  RETURN_IF_ERROR(Admit(*ctx, req.job(), req.step(), req.rank()));
   Payload cached = cache_->Lookup(req.job(), req.step(), req.rank());
   InflightReservation reservation;  // disk reads hold the engine reader's read-ahead window
   // A ranged read's read-ahead stops at its end (SetReadEnd below): it holds at most its
@@ -223,28 +339,42 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, const v1::ReadRequ
     end = req.read_offset() + req.read_limit();
   }
   if (reader != nullptr) reader->SetReadEnd(end);  // a ranged read: no read-ahead past it
-  v1::ReadResponse resp;
-  proto::ToProto(*info, resp.mutable_shard());
-  uint64_t offset = req.read_offset();
+  return SendPayload(stream, cached, reader.get(), *info, req.read_offset(), end);
+}
+
+absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cached,
+                                         storage::ShardReader* reader,
+                                         const storage::ShardInfo& info, uint64_t offset,
+                                         uint64_t end) {
+  v1::ShardInfo pinfo;
+  proto::ToProto(info, &pinfo);
+  const std::string info_bytes = pinfo.SerializeAsString();
+  bool first = true;
   do {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, end - offset));
-    std::string* data = resp.mutable_data();
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, end - offset));
+    std::vector<grpc::Slice> data;
     if (cached != nullptr) {
-      data->resize(n);
-      cached->CopyOut(offset, data->data(), n);
-    } else {
-      data->resize(n);
-      ASSIGN_OR_RETURN(size_t got, reader->Read(offset, data->data(), n));
-      if (got != n) {
-        return absl::DataLossError(absl::StrCat("shard ended at ", offset + got, " of ", total));
+      PayloadSlices(cached, offset, n, &data);
+    } else if (n > 0) {
+      char* buf = nullptr;
+      grpc::Slice slice = read_buffers_->Take(n, &buf);
+      absl::StatusOr<size_t> got = reader->Read(offset, buf, n);
+      if (!got.ok()) return got.status();
+      if (*got != n) {
+        return absl::DataLossError(absl::StrCat("shard ended at ", offset + *got, " of ",
+                                                info.raw_bytes));
       }
+      data.push_back(std::move(slice));
     }
-    resp.set_offset(offset);
-    if (!writer->Write(resp)) return absl::CancelledError("client went away during Read");
+    proto::RawMessageBuilder b;
+    if (first) b.AddBytes(proto::field::kReadShard, info_bytes);
+    b.AddVarint(proto::field::kReadOffset, offset);
+    b.AddSlices(proto::field::kReadData, std::move(data), n);
+    if (!stream->Write(b.Finish())) return absl::CancelledError("client went away during Read");
     offset += n;
+    first = false;
     metrics_->bytes_out->Add(static_cast<int64_t>(n));
     metrics_->chunks_out->Add();
-    resp.clear_shard();
   } while (offset < end);
   return absl::OkStatus();
 }

@@ -5,7 +5,7 @@
 // --ranks shards saved concurrently):
 //   engine:   Engine::WriteShard per rank; restore with ShardReader::Read into a buffer.
 //   service:  in-process Server (RAM tier off) + remote Client: SaveShardAsync per rank, then
-//             RestoreShard per rank from disk (segment files dropped from the page cache with
+//             RestoreShard per rank (each over --read_streams parallel Read streams) from disk (segment files dropped from the page cache with
 //             posix_fadvise DONTNEED; the engine reads with O_DIRECT anyway).
 //   cached:   Server with --cache-bytes holding the checkpoint: save again, restore from RAM.
 //   bare:     a bare gRPC server (the generated Storage service with only Read, streaming the
@@ -49,6 +49,8 @@ ABSL_FLAG(uint64_t, bytes, 1ull << 30, "Total checkpoint bytes. Default: 1 GiB."
 ABSL_FLAG(int, ranks, 4, "Shards saved and restored concurrently. Default: 4.");
 ABSL_FLAG(std::string, dir, "/tmp", "Directory for the data directories. Default: /tmp.");
 ABSL_FLAG(int, zstd_level, 1, "Engine zstd level for both paths. Default: 1.");
+ABSL_FLAG(int, read_streams, gradsnap::client::ClientOptions().read_streams,
+          "Parallel Read streams per shard restore (ClientOptions.read_streams). Default: 1.");
 ABSL_FLAG(int, repeat, 1, "Runs of each phase; the best is reported. Default: 1.");
 
 namespace gs = gradsnap;
@@ -248,6 +250,7 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
   ASSIGN_OR_RETURN(auto server, gs::service::Server::Start(so));
   gs::client::ClientOptions co;
   co.endpoints = {server->address()};
+  co.read_streams = absl::GetFlag(FLAGS_read_streams);
   ASSIGN_OR_RETURN(auto client, gs::client::NewRemoteClient(co));
   RETURN_IF_ERROR(client->BeginCheckpoint(Spec(step, ranks)));
   Times t;

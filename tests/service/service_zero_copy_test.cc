@@ -1,0 +1,157 @@
+// The service's zero-copy data path (docs/protocol.md, "Zero-copy framing", "Parallel
+// restore"): reads served from the RAM tier and from disk are bit-exact, a restore over several
+// parallel Read streams equals a single-stream one, every buffer handed to gRPC is released, and
+// a server killed in the middle of a restore gives the client a clear error.
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/backends.h"
+#include "client/client.h"
+#include "common/stats.h"
+#include "gtest/gtest.h"
+#include "proto/raw_message.h"
+#include "service/server.h"
+#include "tests/service/service_test_util.h"
+
+namespace gradsnap {
+namespace testing {
+namespace {
+
+// Tensors of odd sizes spanning several 16 MiB restore ranges and 1 MiB messages.
+const std::vector<uint64_t> kTensors = {(20u << 20) + 3, 1, 777777, (17u << 20) + 5, 0, 4096};
+
+std::unique_ptr<client::Client> Connect(const std::string& address, int read_streams,
+                                        int max_attempts = 8) {
+  client::ClientOptions o;
+  o.endpoints = {address};
+  o.read_streams = read_streams;
+  o.max_attempts = max_attempts;
+  auto c = client::NewRemoteClient(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// Every way of reading a shard back returns exactly `want`.
+void ExpectReadsEqual(const std::string& address, const TestShard& s, const std::string& want) {
+  for (int streams : {1, 3}) {
+    std::unique_ptr<client::Client> c = Connect(address, streams);
+    ASSERT_NE(c, nullptr);
+    auto whole = RestoreToString(c.get(), s.spec.job, s.spec.step, s.spec.rank);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_TRUE(*whole == want) << "RestoreShard with " << streams << " streams differs";
+    // A range that starts and ends inside tensors and spans several restore ranges.
+    const uint64_t off = 12345, len = want.size() - 2 * off;
+    std::string part(len, '\0');
+    ASSERT_TRUE(
+        c->ReadShardRange(s.spec.job, s.spec.step, s.spec.rank, off, len, part.data()).ok());
+    EXPECT_TRUE(part == want.substr(off, len)) << "ReadShardRange with " << streams << " streams";
+    std::string t3(s.data[3].size(), '\0');
+    ASSERT_TRUE(c->RestoreTensor(s.spec.job, s.spec.step, s.spec.rank, s.spec.tensors[3].name,
+                                 t3.data(), t3.size())
+                    .ok());
+    EXPECT_TRUE(t3 == s.data[3]);
+  }
+}
+
+// Waits (bounded) for gRPC to drop its last references; the count must reach zero.
+int64_t OutstandingAfterCalls() {
+  for (int i = 0; i < 500 && proto::OutstandingOwnedSlices() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return proto::OutstandingOwnedSlices();
+}
+
+TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
+  TempDir dir;
+  service::ServerOptions so;
+  so.engine.data_dir = dir.File("data");
+  so.listen = "127.0.0.1:0";
+  so.cache_bytes = 256u << 20;
+  auto server = service::Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  TestShard s = MakeShard("zc", 1, 0, kTensors, 7);
+  const std::string want = s.Payload();
+  {
+    std::unique_ptr<client::Client> c = Connect((*server)->address(), 1);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->BeginCheckpoint(FullSpec("zc", 1, 1)).ok());
+    ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+  }
+  EXPECT_EQ(proto::OutstandingOwnedSlices(), 0);  // nothing lent to gRPC before any Read
+  Counter* hits = Registry::Global()->GetCounter("gradsnap_cache_hits_total", "");
+  const int64_t hits_before = hits->Value();
+  ExpectReadsEqual((*server)->address(), s, want);  // from the RAM tier
+  EXPECT_GT(hits->Value(), hits_before);
+  EXPECT_EQ(OutstandingAfterCalls(), 0);
+  (*server)->Shutdown(absl::Seconds(5));
+  server->reset();
+
+  so.cache_bytes = 0;  // the same data from disk: the engine decodes into pooled buffers
+  auto disk = service::Server::Start(so);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  ExpectReadsEqual((*disk)->address(), s, want);
+  EXPECT_EQ(OutstandingAfterCalls(), 0);
+  (*disk)->Shutdown(absl::Seconds(5));
+}
+
+TEST(ServiceZeroCopy, ParallelRestoreOfAnEmptyAndATinyShard) {
+  TempDir dir;
+  service::ServerOptions so;
+  so.engine.data_dir = dir.File("data");
+  so.listen = "127.0.0.1:0";
+  auto server = service::Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<client::Client> c = Connect((*server)->address(), 4);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("small", 1, 2)).ok());
+  TestShard empty = MakeShard("small", 1, 0, {0}, 1);
+  TestShard tiny = MakeShard("small", 1, 1, {5}, 2);
+  ASSERT_TRUE(c->SaveShard(empty.spec, empty.Refs()).ok());
+  ASSERT_TRUE(c->SaveShard(tiny.spec, tiny.Refs()).ok());
+  auto e = RestoreToString(c.get(), "small", 1, 0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(*e, "");
+  auto t = RestoreToString(c.get(), "small", 1, 1);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, tiny.Payload());
+  (*server)->Shutdown(absl::Seconds(5));
+}
+
+TEST(ServiceZeroCopy, ServerKilledMidRestoreIsAClearError) {
+  TempDir dir;
+  TestShard s = MakeShard("kill", 1, 0, {64u << 20}, 3);
+  for (int streams : {1, 4}) {
+    ServerProcess server;  // a fresh server on the same data each time
+    ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+    std::unique_ptr<client::Client> c = Connect(server.address(), streams, /*max_attempts=*/2);
+    ASSERT_NE(c, nullptr);
+    if (streams == 1) {
+      ASSERT_TRUE(c->BeginCheckpoint(FullSpec("kill", 1, 1)).ok());
+      ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+    }
+    uint64_t got = 0;
+    bool killed = false;
+    absl::Status st = c->RestoreShard("kill", 1, 0, [&](const void*, size_t n) {
+      got += n;
+      if (!killed && got >= (4u << 20)) {
+        server.Signal(SIGKILL);
+        server.Wait();
+        killed = true;
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(killed) << streams;
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << streams << ": " << st;
+    EXPECT_NE(st.message().find(server.address()), std::string::npos) << st;
+    EXPECT_LT(got, s.Payload().size());
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsnap
