@@ -126,8 +126,8 @@ TEST(ServiceZeroCopy, ServerKilledMidRestoreIsAClearError) {
   TempDir dir;
   TestShard s = MakeShard("kill", 1, 0, {64u << 20}, 3);
   for (int streams : {1, 4}) {
-    ServerProcess server;  // a fresh server on the same data each time
-    ASSERT_TRUE(server.Start({"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0"}).ok());
+    ServerProcess server(GRADSNAP_SERVER_BIN);  // a fresh server on the same data each time
+    ASSERT_TRUE(server.StartOn(dir.File("data")).ok());
     std::unique_ptr<client::Client> c = Connect(server.address(), streams, /*max_attempts=*/2);
     ASSERT_NE(c, nullptr);
     if (streams == 1) {
