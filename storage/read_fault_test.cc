@@ -17,7 +17,7 @@ namespace {
 
 constexpr size_t kChunk = 64 << 10;  // many chunks, many reads in flight
 
-class ReadFaultTest : public testing::TestWithParam<bool> {
+class ReadFaultTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     ffs_.set_real_descriptors(GetParam());
@@ -118,7 +118,7 @@ TEST_P(ReadFaultTest, EioAtEachSingleReadIsAClearError) {
   ASSERT_TRUE(ReadAll().ok());
   const int64_t reads = ffs_.reads();
   for (int64_t at = 1; at <= reads; ++at) {
-    SCOPED_TRACE(testing::Message() << "EIO at read " << at);
+    SCOPED_TRACE(::testing::Message() << "EIO at read " << at);
     ffs_.Reset();
     FaultInjectionFileSystem::Faults f;
     f.fail_read_at = at;
@@ -131,8 +131,8 @@ TEST_P(ReadFaultTest, EioAtEachSingleReadIsAClearError) {
   ExpectRestores(engine_.get(), data_);
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, ReadFaultTest, testing::Bool(),
-                         [](const testing::TestParamInfo<bool>& info) {
+INSTANTIATE_TEST_SUITE_P(Paths, ReadFaultTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
                            return std::string(info.param ? "IoUring" : "Pread");
                          });
 

@@ -19,7 +19,7 @@ namespace {
 
 constexpr size_t kFileBytes = 1 << 20;
 
-class UringReaderTest : public testing::Test {
+class UringReaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
     fs_.set_real_descriptors(true);
