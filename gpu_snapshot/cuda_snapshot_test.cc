@@ -112,7 +112,7 @@ TEST(CudaSnapshotTest, GockptRoundTripOnTheDevice) {
   ASSERT_TRUE(dev->CopyToDeviceSync(dm, zeros.data(), n * 4).ok());
   ASSERT_TRUE(dev->CopyToDeviceSync(dv, zeros.data(), n * 4).ok());
   KeepSink sink;
-  EngineOptions o;
+  SnapshotEngineOptions o;
   o.window = 4;
   o.overlap_grads = true;
   o.grad_dtype = DType::kBF16;

@@ -68,7 +68,7 @@ inline EngineEvent SimpleEvent(EngineEvent::Kind kind, int64_t step) {
 
 class EngineImpl : public SnapshotEngine {
  public:
-  EngineImpl(Device* device, const DeviceState& state, const EngineOptions& options,
+  EngineImpl(Device* device, const DeviceState& state, const SnapshotEngineOptions& options,
              SnapshotSink* sink);
   ~EngineImpl() override;
   absl::Status Init();
@@ -117,7 +117,7 @@ class EngineImpl : public SnapshotEngine {
   // Constant after Init.
   Device* const device_;
   const DeviceState dev_;
-  const EngineOptions opt_;
+  const SnapshotEngineOptions opt_;
   SnapshotSink* const sink_;
   const size_t grad_elem_bytes_;
   size_t chunk_bytes_ = 0;  // copy chunk: opt_.chunk_bytes, smaller for small states

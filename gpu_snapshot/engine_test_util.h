@@ -180,7 +180,7 @@ struct RunResult {
 inline RunResult RunSim(const RunConfig& rc, MemorySink* sink) {
   SimTrainer sim(rc.n, rc.gdt, rc.skip);
   auto dev = NewHostDevice();
-  EngineOptions o;
+  SnapshotEngineOptions o;
   o.mode = rc.mode;
   o.window = rc.window;
   o.overlap_grads = rc.overlap;

@@ -184,7 +184,7 @@ TEST(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
   st.v = static_cast<float*>(*(*mine)->AllocDevice(n * 4));
   st.numel = n;
   NullSink sink;
-  EngineOptions eo;
+  SnapshotEngineOptions eo;
   eo.mode = SnapshotMode::kGoCkpt;
   auto bad = SnapshotEngine::Create(other->get(), st, eo, &sink);
   ASSERT_FALSE(bad.ok());

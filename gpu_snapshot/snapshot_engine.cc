@@ -32,7 +32,8 @@ int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, doub
 }
 
 absl::StatusOr<std::unique_ptr<SnapshotEngine>> SnapshotEngine::Create(
-    Device* device, const DeviceState& state, const EngineOptions& options, SnapshotSink* sink) {
+    Device* device, const DeviceState& state, const SnapshotEngineOptions& options,
+    SnapshotSink* sink) {
   if (device == nullptr || sink == nullptr) return absl::InvalidArgumentError("null device/sink");
   if (state.numel == 0 || state.params == nullptr || state.m == nullptr || state.v == nullptr) {
     return absl::InvalidArgumentError("snapshot engine needs a non-empty state");
@@ -51,8 +52,8 @@ absl::StatusOr<std::unique_ptr<SnapshotEngine>> SnapshotEngine::Create(
   return std::unique_ptr<SnapshotEngine>(std::move(engine));
 }
 
-EngineImpl::EngineImpl(Device* device, const DeviceState& state, const EngineOptions& options,
-                       SnapshotSink* sink)
+EngineImpl::EngineImpl(Device* device, const DeviceState& state,
+                       const SnapshotEngineOptions& options, SnapshotSink* sink)
     : device_(device), dev_(state), opt_(options), sink_(sink),
       grad_elem_bytes_(DTypeSize(options.grad_dtype)) {}
 

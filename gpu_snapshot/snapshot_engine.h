@@ -3,7 +3,7 @@
 // possible (DESIGN.md section 4, docs/gockpt.md).
 //
 // OVERVIEW
-//   Modes (EngineOptions::mode):
+//   Modes (SnapshotEngineOptions::mode):
 //     kSync    stop the world: blocking copy of the whole state, persist, wait for it.
 //     kAsync   blocking copy of the whole state, persist in the background (CheckFreq style).
 //     kGoCkpt  the state is split into K blocks; block j is copied during step s+1+j, the
@@ -57,7 +57,7 @@ namespace gpu_snapshot {
 enum class SnapshotMode { kNone, kSync, kAsync, kGoCkpt };
 const char* SnapshotModeName(SnapshotMode m);
 
-struct EngineOptions {
+struct SnapshotEngineOptions {
   SnapshotMode mode = SnapshotMode::kGoCkpt;  // Default: kGoCkpt
   // GoCkpt window K (blocks); 0 chooses it from measured copy bandwidth and step time.
   // Default: 0
@@ -171,10 +171,9 @@ struct EngineCounters {
 
 class SnapshotEngine {
  public:
-  static absl::StatusOr<std::unique_ptr<SnapshotEngine>> Create(Device* device,
-                                                                const DeviceState& state,
-                                                                const EngineOptions& options,
-                                                                SnapshotSink* sink);
+  static absl::StatusOr<std::unique_ptr<SnapshotEngine>> Create(
+      Device* device, const DeviceState& state, const SnapshotEngineOptions& options,
+      SnapshotSink* sink);
   virtual ~SnapshotEngine() = default;
 
   // The latest FULL checkpoint the gradient log extends (after a restore). Default: none (-1):

@@ -131,7 +131,7 @@ class SnapshotCheckpointer : public Checkpointer {
     guard_ = std::make_unique<PersistGuard>(store_, o_, view_.rank,
                                             state.step > 0 ? state.step : -1);
     sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get());
-    gpu_snapshot::EngineOptions eo;
+    gpu_snapshot::SnapshotEngineOptions eo;
     eo.mode = ModeOf(o_.mode);
     eo.grad_log = o_.grad_log;
     eo.overlap_grads = o_.gockpt_overlap;
