@@ -126,7 +126,7 @@ TEST(CudaSnapshotTest, GockptRoundTripOnTheDevice) {
     std::vector<uint16_t> gb = ToBf16(Random(n, 500 + u, 1.0f));
     ASSERT_TRUE(dev->CopyToDeviceSync(dg, gb.data(), n * 2).ok());
     ASSERT_TRUE((*engine)->AfterBackward(u, dg).ok());
-    UpdateInfo info;
+    UpdateRecord info;
     info.step = u;
     info.params.skipped = u == 4;
     info.params.adamw = MakeAdamWStepParams(cfg, 1e-3f, 0.5f, u);

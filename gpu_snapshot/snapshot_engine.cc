@@ -271,7 +271,7 @@ absl::StatusOr<CopyTicket> EngineImpl::SubmitStateRange(size_t begin, size_t end
   return t;
 }
 
-absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
+absl::Status EngineImpl::StartFull(const UpdateRecord& info, int k) {
   const int64_t u = info.step;
   stats_.started = true;
   stats_.window = k;
@@ -310,7 +310,7 @@ absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due) {
+absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_due) {
   if (finished_) return absl::FailedPreconditionError("snapshot engine finished");
   const int64_t u = info.step;
   int64_t now = MonotonicNanos();
@@ -344,7 +344,7 @@ absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due
     }
   }
   EngineEvent record = SimpleEvent(EngineEvent::kRecord, u);
-  record.info = std::make_shared<const UpdateInfo>(info);
+  record.info = std::make_shared<const UpdateRecord>(info);
   Push(std::move(record));
   if (!opt_.overlap_grads && grad_ticket_ != 0) {
     CopyTicket t = grad_ticket_;

@@ -143,7 +143,9 @@ class SnapshotSink {
   virtual void PersistDelta(const DeltaRecord& record, DoneFn done) = 0;
 };
 
-struct UpdateInfo {
+// What the engine records of one applied update (the trainer's own trainer::UpdateInfo is
+// what its optimizer consumed; the checkpointer translates).
+struct UpdateRecord {
   int64_t step = 0;          // the update just applied
   UpdateParams params;       // what it consumed (skipped: not applied)
   uint64_t loader_position = 0;
@@ -183,7 +185,7 @@ class SnapshotEngine {
   virtual absl::Status BeforeGradOverwrite(int64_t step) = 0;
   // `grad`: device memory, numel elements of options.grad_dtype.
   virtual absl::Status AfterBackward(int64_t step, const void* grad) = 0;
-  virtual absl::Status AfterUpdate(const UpdateInfo& info, bool checkpoint_due) = 0;
+  virtual absl::Status AfterUpdate(const UpdateRecord& info, bool checkpoint_due) = 0;
   virtual StepStats TakeStepStats() = 0;
   // Closes an open window at the last update (abandons it with the gradient log), waits for
   // every persist. Idempotent.

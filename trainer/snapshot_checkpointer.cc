@@ -179,7 +179,7 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
   absl::Status EndStep(int64_t step, const ReplicatedState& state) override {
-    gpu_snapshot::UpdateInfo u;
+    gpu_snapshot::UpdateRecord u;
     u.step = step;
     u.params.adamw = pending_.params;
     u.params.skipped = pending_.skipped;
