@@ -58,9 +58,10 @@ struct EngineOptions {
   int zstd_level = 1;
   // Byte-shuffle float tensors before compressing. Default: true.
   bool shuffle = true;
-  // Store a chunk compressed only if stored <= raw * this: saving less than 10% is not worth
-  // the decode time (fp32 Adam state gains ~5-8%). Default: 0.90.
-  double min_compress_gain = 0.90;
+  // Largest stored/raw size ratio at which a chunk is kept compressed; above it the raw bytes
+  // are stored: saving less than 10% is not worth the decode time (fp32 Adam state gains
+  // ~5-8%). Default: 0.90.
+  double max_compressed_ratio = 0.90;
   // Adaptive bypass: try to compress a chunk only while at least half of the writer's
   // in-flight chunks wait for the disk, i.e. when compressing cannot slow the write down.
   // false: try every chunk (tests, archival). Default: true.
