@@ -186,6 +186,7 @@ TEST(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
   NullSink sink;
   SnapshotEngineOptions eo;
   eo.mode = SnapshotMode::kGoCkpt;
+  eo.overlap_grads = false;  // no steps run here
   auto bad = SnapshotEngine::Create(other->get(), st, eo, &sink);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("not device memory of sim:4"), std::string::npos)

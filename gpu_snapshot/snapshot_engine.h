@@ -66,9 +66,11 @@ struct SnapshotEngineOptions {
   int max_window = 8;
   // Fraction of a step's time a block copy may use when K is automatic. Default: 0.5
   double window_fill = 0.5;
-  // The -O variant: gradient copies overlap the update and the next forward; needs the
-  // trainer to keep gradients alive until BeforeGradOverwrite. Default: false
-  bool overlap_grads = false;
+  // The -O variant: gradient copies overlap the update and the next forward instead of
+  // blocking in AfterUpdate; needs the caller to keep gradients alive until
+  // BeforeGradOverwrite (a caller that does not call it must set false). Default: true
+  // (as the trainer's CheckpointerOptions::overlap_grads, --gockpt_overlap).
+  bool overlap_grads = true;
   // Log every update's gradient as a DELTA record. Default: false
   bool grad_log = false;
   // Gradient-log host buffers (each one gradient slice); 2 lets a DELTA persist while the

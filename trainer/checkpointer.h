@@ -86,9 +86,9 @@ struct CheckpointerOptions {
   // gockpt (docs/gockpt.md): the window K in steps; 0 = from measured copy bandwidth and step
   // time (single rank) or min(4, every / 2) (several ranks, which must agree). Default: 0
   int gockpt_window = 0;
-  // gockpt/-O: gradient copies overlap the update and the all-gather instead of blocking.
-  // Default: true
-  bool gockpt_overlap = true;
+  // gockpt/-O (SnapshotEngineOptions::overlap_grads, flag --gockpt_overlap): gradient copies
+  // overlap the update and the all-gather instead of blocking. Default: true
+  bool overlap_grads = true;
   // Chrome trace-event JSON of compute phases, copies, replay and persists. Default: empty
   std::string trace_file;
   // A persist failing with a transient error is retried with backoff for this long before it

@@ -134,7 +134,7 @@ class SnapshotCheckpointer : public Checkpointer {
     gpu_snapshot::SnapshotEngineOptions eo;
     eo.mode = ModeOf(o_.mode);
     eo.grad_log = o_.grad_log;
-    eo.overlap_grads = o_.gockpt_overlap;
+    eo.overlap_grads = o_.overlap_grads;
     eo.grad_dtype = GradDType();
     eo.trace = trace_;
     // K must be the same on every rank (the saves are collective): automatic K only alone.

@@ -123,7 +123,7 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.ckpt.grad_log = absl::GetFlag(FLAGS_grad_log);
   o.ckpt.job = absl::GetFlag(FLAGS_job);
   o.ckpt.gockpt_window = absl::GetFlag(FLAGS_gockpt_window);
-  o.ckpt.gockpt_overlap = absl::GetFlag(FLAGS_gockpt_overlap);
+  o.ckpt.overlap_grads = absl::GetFlag(FLAGS_gockpt_overlap);
   o.ckpt.trace_file = absl::GetFlag(FLAGS_trace);
   o.ckpt.persist_timeout_ms = absl::GetFlag(FLAGS_ckpt_persist_timeout_ms);
   o.ckpt.stop_on_failure = absl::GetFlag(FLAGS_ckpt_on_failure) == "stop";
