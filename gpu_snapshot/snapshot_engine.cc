@@ -12,16 +12,6 @@
 namespace gradsnap {
 namespace gpu_snapshot {
 
-const char* SnapshotModeName(SnapshotMode m) {
-  switch (m) {
-    case SnapshotMode::kNone: return "none";
-    case SnapshotMode::kSync: return "sync";
-    case SnapshotMode::kAsync: return "async";
-    case SnapshotMode::kGoCkpt: return "gockpt";
-  }
-  return "?";
-}
-
 int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, double fill,
                  int max_window) {
   max_window = std::max(1, max_window);

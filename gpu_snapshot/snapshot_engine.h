@@ -49,13 +49,11 @@
 #include "common/dtype.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/host_replay.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "gpu_snapshot/trace.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
-
-enum class SnapshotMode { kNone, kSync, kAsync, kGoCkpt };
-const char* SnapshotModeName(SnapshotMode m);
 
 struct SnapshotEngineOptions {
   SnapshotMode mode = SnapshotMode::kGoCkpt;  // Default: kGoCkpt

@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "gpu_snapshot/adamw.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "trainer/train_state.h"
 
 namespace gradsnap {
@@ -79,7 +80,8 @@ struct UpdateInfo {
 
 // Constant for the run, given to the factory.
 struct CheckpointerOptions {
-  std::string mode = "none";  // none | sync | async | gockpt. Default: none
+  // --ckpt_mode (parsed once, by gradsnap-train). Default: kNone
+  gpu_snapshot::SnapshotMode mode = gpu_snapshot::SnapshotMode::kNone;
   int64_t every = 0;          // FULL checkpoint when step % every == 0; 0 = never. Default: 0
   bool grad_log = false;      // also stream per-step DELTA records (docs/gockpt.md). Default: false
   std::string job = "job";    // job name in the store. Default: "job"

@@ -100,13 +100,6 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   std::thread thread_;
 };
 
-gpu_snapshot::SnapshotMode ModeOf(const std::string& mode) {
-  if (mode == "sync") return gpu_snapshot::SnapshotMode::kSync;
-  if (mode == "async") return gpu_snapshot::SnapshotMode::kAsync;
-  if (mode == "gockpt") return gpu_snapshot::SnapshotMode::kGoCkpt;
-  return gpu_snapshot::SnapshotMode::kNone;
-}
-
 class SnapshotCheckpointer : public Checkpointer {
  public:
   SnapshotCheckpointer(const CheckpointerOptions& o, const TrainStateView& view,
@@ -132,7 +125,7 @@ class SnapshotCheckpointer : public Checkpointer {
                                             state.step > 0 ? state.step : -1);
     sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get());
     gpu_snapshot::SnapshotEngineOptions eo;
-    eo.mode = ModeOf(o_.mode);
+    eo.mode = o_.mode;
     eo.grad_log = o_.grad_log;
     eo.overlap_grads = o_.overlap_grads;
     eo.grad_dtype = GradDType();
@@ -186,7 +179,7 @@ class SnapshotCheckpointer : public Checkpointer {
     u.loader_position = static_cast<uint64_t>(state.loader.batch_index);
     u.small_state = state.Serialize();
     const bool due = o_.every > 0 && step % o_.every == 0 &&
-                     o_.mode != std::string("none");
+                     o_.mode != gpu_snapshot::SnapshotMode::kNone;
     RETURN_IF_ERROR(engine_->AfterUpdate(u, due));
     guard_->NoteStepEnd(step);
     RETURN_IF_ERROR(guard_->fatal());
@@ -194,7 +187,7 @@ class SnapshotCheckpointer : public Checkpointer {
     if (view_.rank == 0 && (st.started || st.deferred)) {
       if (st.started) {
         std::printf("ckpt step %lld %s start window=%d\n", static_cast<long long>(step),
-                    o_.mode.c_str(), st.window);
+                    gpu_snapshot::SnapshotModeName(o_.mode), st.window);
       } else {
         std::printf("ckpt step %lld deferred (a FULL checkpoint is in flight)\n",
                     static_cast<long long>(step));
@@ -214,7 +207,8 @@ class SnapshotCheckpointer : public Checkpointer {
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
           "failures=%lld deltas_skipped=%lld "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
-          o_.mode.c_str(), o_.grad_log ? 1 : 0, static_cast<long long>(c.fulls_persisted),
+          gpu_snapshot::SnapshotModeName(o_.mode), o_.grad_log ? 1 : 0,
+          static_cast<long long>(c.fulls_persisted),
           static_cast<long long>(c.deferred), static_cast<long long>(c.deltas_persisted),
           static_cast<long long>(h.failures), static_cast<long long>(h.skipped),
           c.replay_ms_total, engine_->host_bytes_peak(), engine_->state_bytes(),

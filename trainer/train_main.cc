@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,13 +21,14 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
-#include "absl/strings/str_join.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_names.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "recovery/state_source.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
@@ -93,7 +95,9 @@ namespace {
 
 using gradsnap::trainer::kExitNoRestart;
 
-gradsnap::trainer::TrainOptions OptionsFromFlags() {
+// The options of the flags; strings with an enum (--ckpt_mode) are parsed here, once.
+absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
+  namespace gs = gradsnap::gpu_snapshot;
   gradsnap::trainer::TrainOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
@@ -118,7 +122,13 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.rdzv_dir = absl::GetFlag(FLAGS_rdzv_dir);
   o.hostname = absl::GetFlag(FLAGS_hostname);
   o.attempt = absl::GetFlag(FLAGS_attempt);
-  o.ckpt.mode = absl::GetFlag(FLAGS_ckpt_mode);
+  const std::string mode = absl::GetFlag(FLAGS_ckpt_mode);
+  std::optional<gs::SnapshotMode> parsed_mode = gs::ParseSnapshotMode(mode);
+  if (!parsed_mode) {
+    return absl::InvalidArgumentError("unknown --ckpt_mode '" + mode +
+                                      "' (known: " + gs::SnapshotModeNames() + ")");
+  }
+  o.ckpt.mode = *parsed_mode;
   o.ckpt.every = absl::GetFlag(FLAGS_ckpt_every);
   o.ckpt.grad_log = absl::GetFlag(FLAGS_grad_log);
   o.ckpt.job = absl::GetFlag(FLAGS_job);
@@ -290,13 +300,9 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (seq > config->max_seq_len) return Fail("--seq exceeds the model's context length");
   auto corpus = t::LoadCorpus(o.data, seq);
   if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
-  const auto modes = t::CheckpointModeNames();
-  if (std::find(modes.begin(), modes.end(), o.ckpt.mode) == modes.end()) {
-    return Fail("unknown --ckpt_mode '" + o.ckpt.mode + "' (known: " + absl::StrJoin(modes, ", ") +
-                ")");
-  }
-  if (o.ckpt.mode != "none" && o.ckpt.every <= 0) {
-    return Fail("--ckpt_mode " + o.ckpt.mode + " needs --ckpt_every N > 0");
+  if (o.ckpt.mode != gradsnap::gpu_snapshot::SnapshotMode::kNone && o.ckpt.every <= 0) {
+    return Fail(std::string("--ckpt_mode ") + gradsnap::gpu_snapshot::SnapshotModeName(o.ckpt.mode) +
+                " needs --ckpt_every N > 0");
   }
   if (o.resume != "none" && o.resume != "latest" &&
       o.resume.find_first_not_of("0123456789") != std::string::npos) {
@@ -331,7 +337,9 @@ int main(int argc, char** argv) {
   if (std::string bad = CheckFlagSyntax(args); !bad.empty()) return Fail(bad);
   std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
-  const gradsnap::trainer::TrainOptions o = OptionsFromFlags();
+  absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
+  const gradsnap::trainer::TrainOptions o = *std::move(options);
 
   if (o.rank >= 0) {  // one rank
     // A rank dies with its launcher (no zombie keeps writing), also if the launcher died
@@ -364,7 +372,8 @@ int main(int argc, char** argv) {
   lo.node_rank = absl::GetFlag(FLAGS_node_rank);
   lo.rdzv = absl::GetFlag(FLAGS_rdzv);
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  lo.resume_on_restart = o.ckpt.mode != "none" || o.ckpt.grad_log;
+  lo.resume_on_restart =
+      o.ckpt.mode != gradsnap::gpu_snapshot::SnapshotMode::kNone || o.ckpt.grad_log;
   if (lo.resume_on_restart && lo.node_rank == 0) {
     lo.before_restart = [o] {
       absl::StatusOr<int> n = gradsnap::trainer::AbandonPendingCheckpoints(o);
