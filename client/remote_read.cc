@@ -330,7 +330,7 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
   absl::Status last = absl::NotFoundError("no node holds the shard");
   uint64_t total = 0;
   for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
-    if (failures > 0) Backoff(failures);
+    if (failures > 0) Backoff(options_, failures);
     uint64_t before = offset;
     for (size_t i : order) {
       absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, &total, progress);

@@ -44,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradsnap/clock.h"
 #include "storage/types.h"
 
 namespace gradsnap {
@@ -101,6 +102,10 @@ struct EngineOptions {
   // Gc() removes quarantine/ entries older than this many seconds (docs/format.md,
   // "Quarantine"). Default: 604800 (7 days).
   int64_t quarantine_grace_seconds = 7 * 24 * 3600;
+  // Time source (gradsnap/clock.h) of stored timestamps (created/committed/written_unix_ms),
+  // quarantine entry names and their ages in Gc; not owned. nullptr: the real clock.
+  // Default: nullptr.
+  Clock* clock = nullptr;
 };
 
 // The most record-buffer memory one ShardWriter of an engine with these options holds: its

@@ -443,7 +443,7 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
   ASSIGN_OR_RETURN(f.checkpoint, engine_->LoadCheckpoint(sp.job, sp.step));
   ASSIGN_OR_RETURN(f.chunks, engine_->LoadChunks(sp.job, sp.step, sp.rank, rec_.chunk_count));
   f.chunks.insert(f.chunks.end(), chunks.begin(), chunks.end());
-  f.written_unix_ms = UnixMillis();
+  f.written_unix_ms = opt_.clock->NowUnixMillis();
   f.shard = next;
   SegmentWriter* w = nullptr;
   uint64_t off = 0;

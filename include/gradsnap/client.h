@@ -1,5 +1,6 @@
 // gradsnap client library: the public interface a trainer links (DESIGN.md sections 1, 2, 6).
-// Installed as <gradsnap/client.h> with <gradsnap/types.h> and <gradsnap/dtype.h>; link
+// Installed as <gradsnap/client.h> with <gradsnap/types.h>, <gradsnap/dtype.h> and
+// <gradsnap/clock.h>; link
 // gradsnap::gradsnap (CMake, find_package(gradsnap)) or `pkg-config gradsnap` (docs/build.md).
 //
 // OVERVIEW
@@ -45,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradsnap/clock.h"
 #include "gradsnap/types.h"
 
 namespace gradsnap {
@@ -90,6 +92,10 @@ struct ClientOptions {
   // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever.
   // Default: 30000.
   int rpc_timeout_ms = 30000;
+  // Time source (gradsnap/clock.h), not owned: remote mode waits on it between retries, the
+  // embedded engine stamps checkpoints with it (storage::EngineOptions::clock). gRPC deadlines
+  // (rpc_timeout_ms) stay on the real clock. Default: nullptr, the real clock.
+  Clock* clock = nullptr;
 };
 
 // One tensor's bytes in caller memory, for saving.
