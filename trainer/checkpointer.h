@@ -94,7 +94,7 @@ struct CheckpointerOptions {
   // Chrome trace-event JSON of compute phases, copies, replay and persists. Default: empty
   std::string trace_file;
   // A persist failing with a transient error is retried with backoff for this long before it
-  // counts as failed (trainer/persist_guard.h). Default: 10000
+  // counts as failed (trainer/persist_guard.h; --ckpt_persist_timeout_ms). Default: 5000
   int64_t persist_timeout_ms = 5000;
   // false (--ckpt_on_failure continue): a failed persist is counted and training goes on; true
   // (stop): it stops the rank like any error. Default: false
