@@ -133,7 +133,7 @@ class CudaBackend : public Backend {
     v.v = v_.get();
     v.on_device = true;
     v.stream = stream_;
-    v.device = "cuda";
+    v.device = DeviceKind::kCuda;
     v.device_ordinal = device_;
     return v;
   }

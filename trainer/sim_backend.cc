@@ -55,7 +55,7 @@ class SimBackend : public Backend {
     v.v = v_;
     v.on_device = true;
     v.stream = stream_.get();
-    v.device = "sim";
+    v.device = DeviceKind::kSim;
     v.device_ordinal = gpu_->ordinal();
     return v;
   }

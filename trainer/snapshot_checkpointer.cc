@@ -114,9 +114,9 @@ class SnapshotCheckpointer : public Checkpointer {
 
   absl::Status Start(const ReplicatedState& state) override {
     // The rank's own device (docs/trainer.md, --device_id).
-    if (view_.device == "cuda") {
+    if (view_.device == DeviceKind::kCuda) {
       ASSIGN_OR_RETURN(device_, gpu_snapshot::NewCudaDevice(view_.device_ordinal));
-    } else if (view_.device == "sim") {
+    } else if (view_.device == DeviceKind::kSim) {
       ASSIGN_OR_RETURN(device_, gpu_snapshot::NewSimDevice(view_.device_ordinal));
     } else {
       device_ = gpu_snapshot::NewHostDevice();
@@ -225,7 +225,9 @@ class SnapshotCheckpointer : public Checkpointer {
 
  private:
   // The gradient the optimizer reads: bf16 on CUDA (mixed precision), fp32 on cpu and sim.
-  DType GradDType() const { return view_.device == "cuda" ? DType::kBF16 : DType::kF32; }
+  DType GradDType() const {
+    return view_.device == DeviceKind::kCuda ? DType::kBF16 : DType::kF32;
+  }
 
   const CheckpointerOptions o_;
   const TrainStateView view_;

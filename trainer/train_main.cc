@@ -101,7 +101,10 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   gradsnap::trainer::TrainOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
-  o.device = absl::GetFlag(FLAGS_device);
+  std::optional<gradsnap::trainer::DeviceKind> device =
+      gradsnap::trainer::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device) return absl::InvalidArgumentError("--device must be cpu, cuda or sim");
+  o.device = *device;
   o.device_id = absl::GetFlag(FLAGS_device_id);
   o.local_rank = absl::GetFlag(FLAGS_local_rank);
   o.sim.copy_gbps = absl::GetFlag(FLAGS_sim_copy_gbps);
@@ -161,10 +164,13 @@ int Fail(const std::string& msg) {
 
 // --device cuda|sim: this node's ranks use devices device_id .. device_id + nproc - 1.
 int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
-  if (o.device == "cpu") return 0;
-  if (o.device == "sim" && !(o.sim.copy_gbps > 0)) return Fail("--sim_copy_gbps must be > 0");
+  using gradsnap::trainer::DeviceKind;
+  if (o.device == DeviceKind::kCpu) return 0;
+  if (o.device == DeviceKind::kSim && !(o.sim.copy_gbps > 0)) {
+    return Fail("--sim_copy_gbps must be > 0");
+  }
   int count = gradsnap::gpu_snapshot::kSimDeviceCount;
-  if (o.device == "cuda") {
+  if (o.device == DeviceKind::kCuda) {
     if (!gradsnap::gpu_snapshot::CudaCompiledIn()) {
       return Fail("--device cuda: this gradsnap-train was built without CUDA");
     }
@@ -175,9 +181,10 @@ int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
   }
   if (o.device_id < 0 || o.device_id + nproc > count) {
     return Fail("--device_id " + std::to_string(o.device_id) + " with --nproc " +
-                std::to_string(nproc) + " needs " + o.device + " devices " +
-                std::to_string(o.device_id) + ".." + std::to_string(o.device_id + nproc - 1) +
-                "; " + std::to_string(count) + " present");
+                std::to_string(nproc) + " needs " + gradsnap::trainer::DeviceKindName(o.device) +
+                " devices " + std::to_string(o.device_id) + ".." +
+                std::to_string(o.device_id + nproc - 1) + "; " + std::to_string(count) +
+                " present");
   }
   return 0;
 }
@@ -288,9 +295,6 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (o.steps < 1) return Fail("--steps must be at least 1");
   auto config = t::ModelConfigByName(o.model);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  if (o.device != "cpu" && o.device != "cuda" && o.device != "sim") {
-    return Fail("--device must be cpu, cuda or sim");
-  }
   if (int rc = ValidateDevice(o, nproc); rc != 0) return rc;
   const int world = nproc * nnodes;
   if (o.global_batch < 1 || o.global_batch % world != 0) {

@@ -188,9 +188,9 @@ absl::Status RankRunner::Setup() {
   const int local_batch = o_.global_batch / o_.world_size;
   // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
   const int ordinal = o_.device_id + o_.local_rank;
-  if (o_.device == "cpu") {
+  if (o_.device == DeviceKind::kCpu) {
     backend_ = NewCpuBackend(config_, local_batch, seq_len_, comm_.get());
-  } else if (o_.device == "sim") {
+  } else if (o_.device == DeviceKind::kSim) {
     ASSIGN_OR_RETURN(backend_, NewSimBackend(config_, local_batch, seq_len_, comm_.get(),
                                              ordinal, o_.sim));
   } else {
