@@ -34,9 +34,10 @@ class EmbeddedClientTest : public ::testing::Test {
     client_.reset();
     testing::RemoveDir(dir_);
   }
-  std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20) {
+  // A client of dir_, or of `dir` when given.
+  std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20, const std::string& dir = "") {
     ClientOptions o;
-    o.local_dir = dir_;
+    o.local_dir = dir.empty() ? dir_ : dir;
     o.max_inflight_bytes = max_inflight;
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -261,21 +262,19 @@ TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
 // overwriting one process-wide value.
 TEST_F(EmbeddedClientTest, TwoClientsInOneProcessKeepTheirOwnMetrics) {
   const std::string other_dir = testing::MakeTempDir("client2");
-  ClientOptions o;
-  o.local_dir = other_dir;
-  auto other = Client::Connect(o);
-  ASSERT_TRUE(other.ok()) << other.status();
+  std::unique_ptr<Client> other = Open(256u << 20, other_dir);
+  ASSERT_NE(other, nullptr);
   const ByteBudget* mine = EmbeddedSaveBudget(*client_);
-  const ByteBudget* theirs = EmbeddedSaveBudget(**other);
+  const ByteBudget* theirs = EmbeddedSaveBudget(*other);
   ASSERT_TRUE(mine != nullptr && theirs != nullptr);
   ASSERT_NE(mine->metrics_id(), theirs->metrics_id());
 
   TestShard small = MakeShard(21, 0, 64u << 10);
   TestShard large = MakeShard(22, 0, 2u << 20);
   ASSERT_TRUE(client_->BeginCheckpoint({"m", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
-  ASSERT_TRUE((*other)->BeginCheckpoint({"m", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ASSERT_TRUE(other->BeginCheckpoint({"m", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
   ASSERT_TRUE(client_->SaveShard(Spec("m", 1, 0), small.Refs()).ok());
-  ASSERT_TRUE((*other)->SaveShard(Spec("m", 1, 0), large.Refs()).ok());
+  ASSERT_TRUE(other->SaveShard(Spec("m", 1, 0), large.Refs()).ok());
 
   auto gauge = [](const char* base, const ByteBudget* b) {
     return Registry::Global()
@@ -293,7 +292,7 @@ TEST_F(EmbeddedClientTest, TwoClientsInOneProcessKeepTheirOwnMetrics) {
                                    theirs->metrics_id(), "\"} ", large.Payload().size())),
             std::string::npos)
       << text;
-  other->reset();
+  other.reset();
   testing::RemoveDir(other_dir);
 }
 

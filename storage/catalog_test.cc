@@ -65,10 +65,12 @@ int CountFiles(const std::string& dir) {
   return n;
 }
 
-std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false) {
+std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false,
+                               Clock* clock = nullptr) {
   EngineOptions o;
   o.data_dir = dir;
   o.read_only = read_only;
+  o.clock = clock;
   auto e = Engine::Open(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? *std::move(e) : nullptr;
@@ -298,17 +300,14 @@ TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
 TEST(CatalogTest, StoredTimestampsComeFromTheEnginesClock) {
   TempDir dir;
   FakeClock clock;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.clock = &clock;
-  auto e = Engine::Open(o);
-  ASSERT_TRUE(e.ok()) << e.status();
+  auto e = OpenOk(dir.path(), /*read_only=*/false, &clock);
+  ASSERT_NE(e, nullptr);
   const int64_t begun = clock.NowUnixMillis();
-  ASSERT_TRUE((*e)->BeginCheckpoint(Spec("t", 1, 1)).ok());
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("t", 1, 1)).ok());
   clock.AdvanceSeconds(90);
   ShardData d = MakeShard("t", 1, 0, 1);
-  ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
-  auto m = (*e)->GetManifest("t", 1);
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  auto m = e->GetManifest("t", 1);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->info.created_unix_ms, begun);
   EXPECT_EQ(m->info.committed_unix_ms, begun + 90'000);
