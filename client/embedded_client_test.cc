@@ -35,9 +35,10 @@ class EmbeddedClientTest : public ::testing::Test {
   void TearDown() override {
     client_.reset();
   }
-  std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20) {
+  // A client of dir_, or of `dir` when given.
+  std::unique_ptr<Client> Open(size_t max_inflight = 256u << 20, const std::string& dir = "") {
     ClientOptions o;
-    o.local_dir = dir_;
+    o.local_dir = dir.empty() ? dir_ : dir;
     o.max_inflight_bytes = max_inflight;
     return gradsnap::testing::ValueOrNull(Client::Connect(o));
   }
@@ -255,6 +256,44 @@ TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
   EXPECT_EQ(listed->size(), 2u);
   TestCheckpoint ckpt{cs, shards};
   ExpectRestores(*client_, ckpt);
+}
+
+// Two clients in one process keep their own in-flight gauges (labelled per client) instead of
+// overwriting one process-wide value.
+TEST_F(EmbeddedClientTest, TwoClientsInOneProcessKeepTheirOwnMetrics) {
+  gradsnap::testing::TempDir other_tmp("client2");
+  const std::string other_dir = other_tmp.path();
+  std::unique_ptr<Client> other = Open(256u << 20, other_dir);
+  ASSERT_NE(other, nullptr);
+  const ByteBudget* mine = EmbeddedSaveBudget(*client_);
+  const ByteBudget* theirs = EmbeddedSaveBudget(*other);
+  ASSERT_TRUE(mine != nullptr && theirs != nullptr);
+  ASSERT_NE(mine->metrics_id(), theirs->metrics_id());
+
+  TestShard small = MakeShard(21, 0, 64u << 10);
+  TestShard large = MakeShard(22, 0, 2u << 20);
+  ASSERT_TRUE(client_->BeginCheckpoint({"m", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ASSERT_TRUE(other->BeginCheckpoint({"m", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ASSERT_TRUE(client_->SaveShard(Spec("m", 1, 0), small.Refs()).ok());
+  ASSERT_TRUE(other->SaveShard(Spec("m", 1, 0), large.Refs()).ok());
+
+  auto gauge = [](const char* base, const ByteBudget* b) {
+    return Registry::Global()
+        ->GetCounter(absl::StrCat(base, "{client=\"", b->metrics_id(), "\"}"), "", true)
+        ->Value();
+  };
+  EXPECT_EQ(gauge("gradsnap_client_inflight_peak_bytes", mine),
+            static_cast<int64_t>(small.Payload().size()));
+  EXPECT_EQ(gauge("gradsnap_client_inflight_peak_bytes", theirs),
+            static_cast<int64_t>(large.Payload().size()));
+  EXPECT_EQ(gauge("gradsnap_client_inflight_bytes", mine), 0);
+  EXPECT_EQ(gauge("gradsnap_client_inflight_bytes", theirs), 0);
+  const std::string text = Registry::Global()->RenderPrometheus();
+  EXPECT_NE(text.find(absl::StrCat("gradsnap_client_inflight_peak_bytes{client=\"",
+                                   theirs->metrics_id(), "\"} ", large.Payload().size())),
+            std::string::npos)
+      << text;
+  other.reset();
 }
 
 TEST_F(EmbeddedClientTest, DestructorDrainsQueuedSaves) {

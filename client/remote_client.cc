@@ -164,7 +164,7 @@ absl::Status RemoteClient::UploadShard(Node& node, const ShardSpec& spec,
   for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
     if (failures > 0) {
       if (s.code() == absl::StatusCode::kUnavailable) node.OnUnavailable();
-      Backoff(failures);
+      Backoff(options_, failures);
     }
     uint64_t committed = 0;
     s = UploadAttempt(node, spec, tensors, starts, total, &committed);

@@ -80,7 +80,7 @@ class RemoteClient final : public Client {
   // One unary call with retries: call(ctx, resp) issues it.
   template <typename Resp, typename Call>
   absl::Status Unary(Node& node, Resp* resp, Call&& call) {
-    return remote::WithRetry(options_.max_attempts, &node, [&]() -> absl::Status {
+    return remote::WithRetry(options_, &node, [&]() -> absl::Status {
       grpc::ClientContext ctx;
       remote::PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
       resp->Clear();

@@ -264,7 +264,7 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
   uint64_t local_total = 0;
   uint64_t* total = total_out != nullptr ? total_out : &local_total;
   for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
-    if (failures > 0) Backoff(failures);
+    if (failures > 0) Backoff(options_, failures);
     uint64_t before = offset;
     for (size_t i : order) {
       absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, total);

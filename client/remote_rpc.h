@@ -149,23 +149,24 @@ inline bool IsRetryable(const absl::Status& s) {
   }
 }
 
-// Sleeps before retry number `attempt` (1-based): 50 ms doubling to 2 s, with +-25% jitter.
-inline void Backoff(int attempt) {
+// Waits on o.clock (the real clock when null) before retry number `attempt` (1-based): 50 ms
+// doubling to 2 s, with +-25% jitter.
+inline void Backoff(const ClientOptions& o, int attempt) {
   double ms = std::min(2000.0, 50.0 * static_cast<double>(1 << std::min(attempt - 1, 10)));
   thread_local std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.75, 1.25);
-  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(ms * 1000 * jitter(rng))));
+  ClockOrReal(o.clock)->SleepForMillis(static_cast<int64_t>(ms * jitter(rng)));
 }
 
-// Runs fn() up to max_attempts times while it fails with a retryable code; node (may be null)
-// hears about UNAVAILABLE before each retry.
+// Runs fn() up to o.max_attempts times while it fails with a retryable code, with Backoff
+// between attempts; node (may be null) hears about UNAVAILABLE before each retry.
 template <typename Fn>
-absl::Status WithRetry(int max_attempts, Node* node, Fn&& fn) {
+absl::Status WithRetry(const ClientOptions& o, Node* node, Fn&& fn) {
   absl::Status s;
-  for (int attempt = 1; attempt <= std::max(1, max_attempts); ++attempt) {
+  for (int attempt = 1; attempt <= std::max(1, o.max_attempts); ++attempt) {
     if (attempt > 1) {
       if (node != nullptr && s.code() == absl::StatusCode::kUnavailable) node->OnUnavailable();
-      Backoff(attempt - 1);
+      Backoff(o, attempt - 1);
     }
     s = fn();
     if (s.ok() || !IsRetryable(s)) return s;

@@ -4,6 +4,7 @@
 #include "common/digest.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -98,12 +99,29 @@ uint64_t ShardBytes(const ShardSpec& spec) {
   return n;
 }
 
+namespace {
+
+int64_t NextBudgetId() {
+  static std::atomic<int64_t> next{0};
+  return ++next;
+}
+
+// `base`{client="id"}: the gauge of one client.
+std::string ClientMetric(const char* base, int64_t id) {
+  return absl::StrCat(base, "{client=\"", id, "\"}");
+}
+
+}  // namespace
+
 ByteBudget::ByteBudget(uint64_t limit)
     : limit_(std::max<uint64_t>(limit, 1)),
-      gauge_(Registry::Global()->GetCounter("gradsnap_client_inflight_bytes",
-                                            "Bytes of asynchronous saves in flight", true)),
-      peak_gauge_(Registry::Global()->GetCounter("gradsnap_client_inflight_peak_bytes",
-                                                 "Highest bytes of saves in flight", true)) {}
+      metrics_id_(NextBudgetId()),
+      gauge_(Registry::Global()->GetCounter(
+          ClientMetric("gradsnap_client_inflight_bytes", metrics_id_),
+          "Bytes of asynchronous saves in flight, per client", true)),
+      peak_gauge_(Registry::Global()->GetCounter(
+          ClientMetric("gradsnap_client_inflight_peak_bytes", metrics_id_),
+          "Highest bytes of asynchronous saves in flight, per client", true)) {}
 
 void ByteBudget::Acquire(uint64_t n) {
   absl::MutexLock lock(&mu_);
@@ -114,7 +132,7 @@ void ByteBudget::Acquire(uint64_t n) {
   in_flight_ += n;
   peak_ = std::max(peak_, in_flight_);
   gauge_->Set(static_cast<int64_t>(in_flight_));
-  if (static_cast<int64_t>(peak_) > peak_gauge_->Value()) peak_gauge_->Set(peak_);
+  peak_gauge_->Set(static_cast<int64_t>(peak_));
 }
 
 void ByteBudget::Release(uint64_t n) {

@@ -39,9 +39,10 @@ uint64_t ShardBytes(const ShardSpec& spec);
 
 // A counting budget of bytes in flight. Acquire(n) blocks while the bytes in flight plus n would
 // exceed the limit, except that a request is always admitted when nothing is in flight (so one
-// shard larger than the limit still proceeds, alone). Publishes the gauges
-// gradsnap_client_inflight_bytes and gradsnap_client_inflight_peak_bytes.
-// Thread-safe.
+// shard larger than the limit still proceeds, alone). Publishes its own gauges in the process's
+// Registry, gradsnap_client_inflight_bytes{client="ID"} and
+// gradsnap_client_inflight_peak_bytes{client="ID"}, ID unique to the budget (one per Client), so
+// several clients in one process never overwrite each other's values. Thread-safe.
 class ByteBudget {
  public:
   explicit ByteBudget(uint64_t limit);
@@ -50,9 +51,12 @@ class ByteBudget {
   uint64_t in_flight() const;
   // Highest value of in_flight() seen by this budget.
   uint64_t peak() const;
+  // The `client` label of this budget's gauges: 1, 2, ... in the order budgets were made.
+  int64_t metrics_id() const { return metrics_id_; }
 
  private:
   const uint64_t limit_;
+  const int64_t metrics_id_;
   mutable absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,10 +1,15 @@
 #include "common/clock.h"
 
+#include <thread>
+
 namespace gradsnap {
 namespace {
 class RealClock : public Clock {
  public:
   int64_t NowUnixMillis() override { return UnixMillis(); }
+  void SleepForMillis(int64_t ms) override {
+    if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
 };
 }  // namespace
 

@@ -1,10 +1,13 @@
-// Time sources. `Clock` is an interface so tests can use a fake one.
+// Time sources. `Clock` and `FakeClock` are public (include/gradsnap/clock.h): the injectable
+// time of decisions (stored timestamps, quarantine ages, retry backoff). The free functions here
+// are for measuring and for names that only need to be unique.
 #ifndef GRADSNAP_COMMON_CLOCK_H_
 #define GRADSNAP_COMMON_CLOCK_H_
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
+
+#include "gradsnap/clock.h"  // IWYU pragma: export
 
 namespace gradsnap {
 
@@ -21,25 +24,6 @@ inline int64_t UnixMillis() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
-class Clock {
- public:
-  virtual ~Clock() = default;
-  virtual int64_t NowUnixMillis() = 0;
-  // The real clock; never null, never freed.
-  static Clock* Real();
-};
-
-// A clock that moves only when told. Thread-safe.
-class FakeClock : public Clock {
- public:
-  explicit FakeClock(int64_t start_ms = 1'700'000'000'000) : now_(start_ms) {}
-  int64_t NowUnixMillis() override { return now_.load(); }
-  void AdvanceMillis(int64_t ms) { now_ += ms; }
-
- private:
-  std::atomic<int64_t> now_;
-};
 
 // Measures elapsed time from construction (or Restart()).
 class Stopwatch {

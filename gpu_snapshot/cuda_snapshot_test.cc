@@ -136,7 +136,7 @@ TEST(CudaSnapshotTest, GockptRoundTripOnTheDevice) {
   DeviceBuffers d(dev.get(), Random(n, 2, 0.02f), std::vector<float>(n, 0.0f),
                 std::vector<float>(n, 0.0f), n * 2);
   KeepSink sink;
-  EngineOptions o;
+  SnapshotEngineOptions o;
   o.window = 4;
   o.overlap_grads = true;
   o.grad_dtype = DType::kBF16;
@@ -150,7 +150,7 @@ TEST(CudaSnapshotTest, GockptRoundTripOnTheDevice) {
     std::vector<uint16_t> gb = ToBf16(Random(n, 500 + u, 1.0f));
     ASSERT_TRUE(dev->CopyToDeviceSync(d.g, gb.data(), n * 2).ok());
     ASSERT_TRUE((*engine)->AfterBackward(u, d.g).ok());
-    UpdateInfo info;
+    UpdateRecord info;
     info.step = u;
     info.params.skipped = u == 4;
     info.params.adamw = MakeAdamWStepParams(cfg, 1e-3f, 0.5f, u);

@@ -31,7 +31,7 @@ struct EngineEvent {
   size_t elem_begin = 0, elem_count = 0, replay_end = 0;
   void* pool_chunk = nullptr;  // released to the pool after use
   // kRecord
-  std::shared_ptr<const UpdateInfo> info;
+  std::shared_ptr<const UpdateRecord> info;
   // kGradDone: the whole gradient of `step` is in log buffer `log_buf`.
   int log_buf = -1;
   // kClose: the staged state is complete for update `step` (window K started after start).
@@ -68,7 +68,7 @@ inline EngineEvent SimpleEvent(EngineEvent::Kind kind, int64_t step) {
 
 class EngineImpl : public SnapshotEngine {
  public:
-  EngineImpl(Device* device, const DeviceState& state, const EngineOptions& options,
+  EngineImpl(Device* device, const DeviceState& state, const SnapshotEngineOptions& options,
              SnapshotSink* sink);
   ~EngineImpl() override;
   absl::Status Init();
@@ -76,7 +76,7 @@ class EngineImpl : public SnapshotEngine {
   void SetBaseStep(int64_t step) override;
   absl::Status BeforeGradOverwrite(int64_t step) override;
   absl::Status AfterBackward(int64_t step, const void* grad) override;
-  absl::Status AfterUpdate(const UpdateInfo& info, bool checkpoint_due) override;
+  absl::Status AfterUpdate(const UpdateRecord& info, bool checkpoint_due) override;
   StepStats TakeStepStats() override;
   absl::Status Finish() override;
   bool in_flight() const override;
@@ -98,7 +98,7 @@ class EngineImpl : public SnapshotEngine {
   absl::Status Stall(const std::function<absl::Status()>& wait);
   // Registers a FULL of step `target` before the update's record reaches the worker.
   void RegisterFull(int64_t target);
-  absl::Status StartFull(const UpdateInfo& info, int k);
+  absl::Status StartFull(const UpdateRecord& info, int k);
   absl::StatusOr<CopyTicket> SubmitStateRange(size_t begin, size_t end, const char* label,
                                               std::optional<EngineEvent> on_landed);
   absl::Status CloseWindowEarly();
@@ -117,7 +117,7 @@ class EngineImpl : public SnapshotEngine {
   // Constant after Init.
   Device* const device_;
   const DeviceState dev_;
-  const EngineOptions opt_;
+  const SnapshotEngineOptions opt_;
   SnapshotSink* const sink_;
   const size_t grad_elem_bytes_;
   size_t chunk_bytes_ = 0;  // copy chunk: opt_.chunk_bytes, smaller for small states
@@ -142,7 +142,7 @@ class EngineImpl : public SnapshotEngine {
   StepStats stats_;
 
   // Worker thread only.
-  std::map<int64_t, std::shared_ptr<const UpdateInfo>> records_;
+  std::map<int64_t, std::shared_ptr<const UpdateRecord>> records_;
   std::deque<EngineEvent> parked_;  // events waiting for their update's record
 
   mutable absl::Mutex mu_;

@@ -63,13 +63,13 @@ class SimTrainer {
       if (gdt_ == DType::kBF16) g_[i] = Bf16ToFloat(gb_[i]);
     }
   }
-  UpdateInfo Update(int64_t u) {
+  UpdateRecord Update(int64_t u) {
     double norm = 0;
     for (float x : g_) norm += double(x) * x;
     norm = std::sqrt(norm);
     float clip = static_cast<float>(std::min(1.0, 1.0 / norm));  // max norm 1: always active
     float lr = u <= 3 ? 1e-3f * u / 3 : 1e-3f * 0.5f * (1 + std::cos(3.14159f * u / 40));
-    UpdateInfo info;
+    UpdateRecord info;
     info.step = u;
     info.params.skipped = u == skip_;
     info.params.adamw = MakeAdamWStepParams(cfg_, lr, clip, t_ + 1);
@@ -180,7 +180,7 @@ struct RunResult {
 inline RunResult RunSim(const RunConfig& rc, MemorySink* sink) {
   SimTrainer sim(rc.n, rc.gdt, rc.skip);
   auto dev = NewHostDevice();
-  EngineOptions o;
+  SnapshotEngineOptions o;
   o.mode = rc.mode;
   o.window = rc.window;
   o.overlap_grads = rc.overlap;
@@ -200,7 +200,7 @@ inline RunResult RunSim(const RunConfig& rc, MemorySink* sink) {
     EXPECT_TRUE((*engine)->BeforeGradOverwrite(u).ok());
     sim.Backward(u);
     EXPECT_TRUE((*engine)->AfterBackward(u, sim.grad()).ok());
-    UpdateInfo info = sim.Update(u);
+    UpdateRecord info = sim.Update(u);
     bool due = std::find(rc.due.begin(), rc.due.end(), u) != rc.due.end();
     // The previous FULL's persist finishes on the worker thread; wait for it, so the FULL due
     // here starts here (deferral has its own deterministic test).

@@ -104,7 +104,7 @@ void EngineImpl::EmitDelta(int64_t step, int log_buf) {
       return;
     }
   }
-  const UpdateInfo& info = *records_[step];
+  const UpdateRecord& info = *records_[step];
   DeltaRecord rec;
   rec.step = step;
   rec.base_step = base;

@@ -64,9 +64,10 @@ TEST(GoCkptTest, OneInFlightAndDeferral) {
   sink.Hold(true);  // the first FULL's persist does not finish on its own
   SimTrainer sim(rc.n, rc.gdt, rc.skip);
   auto dev = NewHostDevice();
-  EngineOptions o;
+  SnapshotEngineOptions o;
   o.window = rc.window;
   o.chunk_bytes = 16 << 10;
+  o.overlap_grads = false;  // this loop never calls BeforeGradOverwrite
   auto engine = SnapshotEngine::Create(dev.get(), sim.Device(), o, &sink);
   ASSERT_TRUE(engine.ok());
   std::map<int64_t, State> ref;

@@ -198,8 +198,9 @@ TEST_F(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
   st.v = static_cast<float*>(*mine->AllocDevice(n * 4));
   st.numel = n;
   NullSink sink;
-  EngineOptions eo;
+  SnapshotEngineOptions eo;
   eo.mode = SnapshotMode::kGoCkpt;
+  eo.overlap_grads = false;  // no steps run here
   auto bad = SnapshotEngine::Create(other.get(), st, eo, &sink);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("not device memory of sim:4"), std::string::npos)

@@ -12,16 +12,6 @@
 namespace gradsnap {
 namespace gpu_snapshot {
 
-const char* SnapshotModeName(SnapshotMode m) {
-  switch (m) {
-    case SnapshotMode::kNone: return "none";
-    case SnapshotMode::kSync: return "sync";
-    case SnapshotMode::kAsync: return "async";
-    case SnapshotMode::kGoCkpt: return "gockpt";
-  }
-  return "?";
-}
-
 int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, double fill,
                  int max_window) {
   max_window = std::max(1, max_window);
@@ -32,7 +22,8 @@ int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, doub
 }
 
 absl::StatusOr<std::unique_ptr<SnapshotEngine>> SnapshotEngine::Create(
-    Device* device, const DeviceState& state, const EngineOptions& options, SnapshotSink* sink) {
+    Device* device, const DeviceState& state, const SnapshotEngineOptions& options,
+    SnapshotSink* sink) {
   if (device == nullptr || sink == nullptr) return absl::InvalidArgumentError("null device/sink");
   if (state.numel == 0 || state.params == nullptr || state.m == nullptr || state.v == nullptr) {
     return absl::InvalidArgumentError("snapshot engine needs a non-empty state");
@@ -51,8 +42,8 @@ absl::StatusOr<std::unique_ptr<SnapshotEngine>> SnapshotEngine::Create(
   return std::unique_ptr<SnapshotEngine>(std::move(engine));
 }
 
-EngineImpl::EngineImpl(Device* device, const DeviceState& state, const EngineOptions& options,
-                       SnapshotSink* sink)
+EngineImpl::EngineImpl(Device* device, const DeviceState& state,
+                       const SnapshotEngineOptions& options, SnapshotSink* sink)
     : device_(device), dev_(state), opt_(options), sink_(sink),
       grad_elem_bytes_(DTypeSize(options.grad_dtype)) {}
 
@@ -270,7 +261,7 @@ absl::StatusOr<CopyTicket> EngineImpl::SubmitStateRange(size_t begin, size_t end
   return t;
 }
 
-absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
+absl::Status EngineImpl::StartFull(const UpdateRecord& info, int k) {
   const int64_t u = info.step;
   stats_.started = true;
   stats_.window = k;
@@ -309,7 +300,7 @@ absl::Status EngineImpl::StartFull(const UpdateInfo& info, int k) {
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due) {
+absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_due) {
   if (finished_) return absl::FailedPreconditionError("snapshot engine finished");
   const int64_t u = info.step;
   int64_t now = MonotonicNanos();
@@ -343,7 +334,7 @@ absl::Status EngineImpl::AfterUpdate(const UpdateInfo& info, bool checkpoint_due
     }
   }
   EngineEvent record = SimpleEvent(EngineEvent::kRecord, u);
-  record.info = std::make_shared<const UpdateInfo>(info);
+  record.info = std::make_shared<const UpdateRecord>(info);
   Push(std::move(record));
   if (!opt_.overlap_grads && grad_ticket_ != 0) {
     CopyTicket t = grad_ticket_;

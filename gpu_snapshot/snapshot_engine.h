@@ -3,7 +3,7 @@
 // possible (DESIGN.md section 4, docs/gockpt.md).
 //
 // OVERVIEW
-//   Modes (EngineOptions::mode):
+//   Modes (SnapshotEngineOptions::mode):
 //     kSync    stop the world: blocking copy of the whole state, persist, wait for it.
 //     kAsync   blocking copy of the whole state, persist in the background (CheckFreq style).
 //     kGoCkpt  the state is split into K blocks; block j is copied during step s+1+j, the
@@ -49,15 +49,13 @@
 #include "common/dtype.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/host_replay.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "gpu_snapshot/trace.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
 
-enum class SnapshotMode { kNone, kSync, kAsync, kGoCkpt };
-const char* SnapshotModeName(SnapshotMode m);
-
-struct EngineOptions {
+struct SnapshotEngineOptions {
   SnapshotMode mode = SnapshotMode::kGoCkpt;  // Default: kGoCkpt
   // GoCkpt window K (blocks); 0 chooses it from measured copy bandwidth and step time.
   // Default: 0
@@ -66,9 +64,11 @@ struct EngineOptions {
   int max_window = 8;
   // Fraction of a step's time a block copy may use when K is automatic. Default: 0.5
   double window_fill = 0.5;
-  // The -O variant: gradient copies overlap the update and the next forward; needs the
-  // trainer to keep gradients alive until BeforeGradOverwrite. Default: false
-  bool overlap_grads = false;
+  // The -O variant: gradient copies overlap the update and the next forward instead of
+  // blocking in AfterUpdate; needs the caller to keep gradients alive until
+  // BeforeGradOverwrite (a caller that does not call it must set false). Default: true
+  // (as the trainer's CheckpointerOptions::overlap_grads, --gockpt_overlap).
+  bool overlap_grads = true;
   // Log every update's gradient as a DELTA record. Default: false
   bool grad_log = false;
   // Gradient-log host buffers (each one gradient slice); 2 lets a DELTA persist while the
@@ -143,7 +143,9 @@ class SnapshotSink {
   virtual void PersistDelta(const DeltaRecord& record, DoneFn done) = 0;
 };
 
-struct UpdateInfo {
+// What the engine records of one applied update (the trainer's own trainer::UpdateInfo is
+// what its optimizer consumed; the checkpointer translates).
+struct UpdateRecord {
   int64_t step = 0;          // the update just applied
   UpdateParams params;       // what it consumed (skipped: not applied)
   uint64_t loader_position = 0;
@@ -171,10 +173,9 @@ struct EngineCounters {
 
 class SnapshotEngine {
  public:
-  static absl::StatusOr<std::unique_ptr<SnapshotEngine>> Create(Device* device,
-                                                                const DeviceState& state,
-                                                                const EngineOptions& options,
-                                                                SnapshotSink* sink);
+  static absl::StatusOr<std::unique_ptr<SnapshotEngine>> Create(
+      Device* device, const DeviceState& state, const SnapshotEngineOptions& options,
+      SnapshotSink* sink);
   virtual ~SnapshotEngine() = default;
 
   // The latest FULL checkpoint the gradient log extends (after a restore). Default: none (-1):
@@ -184,7 +185,7 @@ class SnapshotEngine {
   virtual absl::Status BeforeGradOverwrite(int64_t step) = 0;
   // `grad`: device memory, numel elements of options.grad_dtype.
   virtual absl::Status AfterBackward(int64_t step, const void* grad) = 0;
-  virtual absl::Status AfterUpdate(const UpdateInfo& info, bool checkpoint_due) = 0;
+  virtual absl::Status AfterUpdate(const UpdateRecord& info, bool checkpoint_due) = 0;
   virtual StepStats TakeStepStats() = 0;
   // Closes an open window at the last update (abandons it with the gradient log), waits for
   // every persist. Idempotent.

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "storage/damage_util.h"
 #include "storage/engine.h"
@@ -44,10 +45,12 @@ void ExpectSameTree(const std::map<std::string, std::string>& a,
 
 using testing::CountFiles;
 
-std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false) {
+std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false,
+                               Clock* clock = nullptr) {
   EngineOptions o;
   o.data_dir = dir;
   o.read_only = read_only;
+  o.clock = clock;
   auto e = Engine::Open(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? *std::move(e) : nullptr;
@@ -221,9 +224,11 @@ TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
   { std::ofstream(stray) << "not referenced"; }
   fs::create_directories(orphan);
   { std::ofstream(orphan + "/r0000000000-000000.seg") << "unknown checkpoint"; }
+  FakeClock clock;
   EngineOptions o;
   o.data_dir = dir.path();
   o.quarantine_grace_seconds = 3600;
+  o.clock = &clock;
   const int64_t quarantined = StorageStats::Get().quarantined->Value();
   const int64_t purged = StorageStats::Get().quarantine_purged->Value();
   {
@@ -243,15 +248,36 @@ TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
       }
     }
     EXPECT_EQ(content, "unknown checkpoint");  // moved whole, with its path
+    // The entries are named by the engine's clock, and aged by it.
+    EXPECT_TRUE(fs::is_directory(
+        absl::StrFormat("%s/quarantine/%013d", dir.path(), clock.NowUnixMillis())));
     ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
-    EXPECT_GT(CountFiles(dir.path() + "/quarantine"), 0);  // within the grace period
+    EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 2);
+    clock.AdvanceSeconds(3599);  // the last second of the grace period
+    ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
+    EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 2);
+    EXPECT_EQ(StorageStats::Get().quarantine_purged->Value(), purged);
+    clock.AdvanceSeconds(1);
+    ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
+    EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 0);
+    EXPECT_EQ(StorageStats::Get().quarantine_purged->Value(), purged + 1);  // one entry, 2 files
   }
-  o.quarantine_grace_seconds = 0;
-  auto e = Engine::Open(o);
-  ASSERT_TRUE(e.ok());
-  ASSERT_TRUE((*e)->Gc("a", GcPolicy{}).ok());
-  EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 0);
-  EXPECT_GT(StorageStats::Get().quarantine_purged->Value(), purged);
+}
+
+TEST(CatalogTest, StoredTimestampsComeFromTheEnginesClock) {
+  TempDir dir;
+  FakeClock clock;
+  auto e = OpenOk(dir.path(), /*read_only=*/false, &clock);
+  ASSERT_NE(e, nullptr);
+  const int64_t begun = clock.NowUnixMillis();
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("t", 1, 1)).ok());
+  clock.AdvanceSeconds(90);
+  ShardData d = MakeShard("t", 1, 0, 1);
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  auto m = e->GetManifest("t", 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->info.created_unix_ms, begun);
+  EXPECT_EQ(m->info.committed_unix_ms, begun + 90'000);
 }
 
 TEST(CatalogTest, DeltaWaitsForItsBaseAndIsAbortedWithIt) {

@@ -231,7 +231,7 @@ ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw
       c.filter = ChunkFilter::kShuffle;
       c.element_size = static_cast<uint8_t>(width);
     }
-    size_t limit = static_cast<size_t>(static_cast<double>(n) * options_.min_compress_gain);
+    size_t limit = static_cast<size_t>(static_cast<double>(n) * options_.max_compressed_ratio);
     uint8_t* payload = alt + kChunkHeaderSize;
     size_t z = ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), payload, ZSTD_compressBound(n),
                               src, n);

@@ -49,7 +49,7 @@ struct ChunkHeader {
 struct CodecOptions {
   int zstd_level = 1;          // 0: never compress
   bool shuffle = true;
-  double min_compress_gain = 0.90;
+  double max_compressed_ratio = 0.90;  // keep the zstd frame only if stored <= raw * this
 };
 
 // Upper bound of the record size of a chunk of raw_len bytes.

@@ -43,6 +43,13 @@ bool SameCheckpointSpec(const CheckpointSpec& a, const CheckpointSpec& b) {
          a.world_size == b.world_size && a.metadata == b.metadata;
 }
 
+// The options an EngineImpl keeps: the real clock where none was given, so every use reads
+// options_.clock without a null check.
+EngineOptions WithClock(EngineOptions o) {
+  o.clock = ClockOrReal(o.clock);
+  return o;
+}
+
 }  // namespace
 
 std::string Where(const std::string& job, int64_t step, int32_t rank, const std::string& tensor) {
@@ -173,7 +180,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     }
     // No segment data: such a catalog (e.g. from an older version killed while creating it)
     // can describe nothing. It is kept aside, never deleted, and a new store is made.
-    const std::string aside = absl::StrFormat("%s/meta.broken-%013d", dir, UnixMillis());
+    const std::string aside = absl::StrFormat("%s/meta.broken-%013d", dir,
+                                               ClockOrReal(options.clock)->NowUnixMillis());
     RETURN_IF_ERROR(fs->Rename(dir + "/meta", aside));
     GS_LOG(WARNING) << "storage: " << dir << "/meta had no CURRENT and there is no segment "
                     << "data; kept it as " << aside << " and made a new catalog";
@@ -267,7 +275,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
 
 EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
                        std::unique_ptr<MetaStore> meta)
-    : options_(options),
+    : options_(WithClock(options)),
       fs_(fs),
       meta_(std::move(meta)),
       record_pool_(MaxRecordSize(options.chunk_bytes), 64),
@@ -336,7 +344,7 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
   }
   CheckpointRecord r;
   r.spec = spec;
-  r.created_unix_ms = UnixMillis();
+  r.created_unix_ms = options_.clock->NowUnixMillis();
   MetaStore::Batch b;
   b.puts.emplace_back(CheckpointKey(spec.job, spec.step), EncodeCheckpoint(r));
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
@@ -466,11 +474,11 @@ absl::Status EngineImpl::CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStor
     ASSIGN_OR_RETURN(CheckpointRecord base, LoadCheckpoint(job, ckpt->spec.base_step));
     if (base.state != CheckpointState::kCommitted) return absl::OkStatus();
     ckpt->state = CheckpointState::kCommitted;
-    ckpt->committed_unix_ms = UnixMillis();
+    ckpt->committed_unix_ms = options_.clock->NowUnixMillis();
     return absl::OkStatus();
   }
   ckpt->state = CheckpointState::kCommitted;
-  ckpt->committed_unix_ms = UnixMillis();
+  ckpt->committed_unix_ms = options_.clock->NowUnixMillis();
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   for (const auto& [k, v] : kvs) {
     CheckpointRecord d;
@@ -725,7 +733,7 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
   RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
-                                  UnixMillis())
+                                  options_.clock->NowUnixMillis())
                       .status());
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   std::vector<CheckpointRecord> all;

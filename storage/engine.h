@@ -44,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradsnap/clock.h"
 #include "storage/types.h"
 
 namespace gradsnap {
@@ -58,9 +59,10 @@ struct EngineOptions {
   int zstd_level = 1;
   // Byte-shuffle float tensors before compressing. Default: true.
   bool shuffle = true;
-  // Store a chunk compressed only if stored <= raw * this: saving less than 10% is not worth
-  // the decode time (fp32 Adam state gains ~5-8%). Default: 0.90.
-  double min_compress_gain = 0.90;
+  // Largest stored/raw size ratio at which a chunk is kept compressed; above it the raw bytes
+  // are stored: saving less than 10% is not worth the decode time (fp32 Adam state gains
+  // ~5-8%). Default: 0.90.
+  double max_compressed_ratio = 0.90;
   // Adaptive bypass: try to compress a chunk only while at least half of the writer's
   // in-flight chunks wait for the disk, i.e. when compressing cannot slow the write down.
   // false: try every chunk (tests, archival). Default: true.
@@ -100,6 +102,10 @@ struct EngineOptions {
   // Gc() removes quarantine/ entries older than this many seconds (docs/format.md,
   // "Quarantine"). Default: 604800 (7 days).
   int64_t quarantine_grace_seconds = 7 * 24 * 3600;
+  // Time source (gradsnap/clock.h) of stored timestamps (created/committed/written_unix_ms),
+  // quarantine entry names and their ages in Gc; not owned. nullptr: the real clock.
+  // Default: nullptr.
+  Clock* clock = nullptr;
 };
 
 // The most record-buffer memory one ShardWriter of an engine with these options holds: its

@@ -6,7 +6,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "storage/storage_stats.h"
@@ -23,15 +22,18 @@ std::string Parent(const std::string& path) {
 }  // namespace
 
 absl::Status QuarantinePath(FileSystem* fs, const std::string& data_dir, const std::string& path,
-                            const std::string& reason) {
+                            const std::string& reason, int64_t now_unix_ms) {
   const std::string prefix = data_dir + "/";
   if (path.rfind(prefix, 0) != 0) {
     return absl::InternalError(absl::StrCat("quarantine: ", path, " is not below ", data_dir));
   }
   std::string rel = path.substr(prefix.size());
-  std::string target = absl::StrFormat("%s/quarantine/%013d/%s", data_dir, UnixMillis(), rel);
+  const std::string first = absl::StrFormat("%s/quarantine/%013d/%s", data_dir, now_unix_ms, rel);
+  // The same path quarantined twice in one millisecond (or under a clock that stands still)
+  // gets a numbered sibling instead of replacing the first.
+  std::string target = first;
   std::error_code ec;
-  if (std::filesystem::exists(target, ec)) absl::StrAppend(&target, ".", UnixMillis());
+  for (int n = 1; std::filesystem::exists(target, ec); ++n) target = absl::StrCat(first, ".", n);
   RETURN_IF_ERROR(fs->CreateDirs(Parent(target)));
   RETURN_IF_ERROR(fs->Rename(path, target));
   RETURN_IF_ERROR(fs->SyncDir(Parent(path)));

@@ -20,10 +20,11 @@
 namespace gradsnap {
 namespace storage {
 
-// Moves `path` (a file or directory below data_dir) into the quarantine and logs a warning
-// naming `reason`. The move is durable (both parents fsync'ed) when this returns OK.
+// Moves `path` (a file or directory below data_dir) into the quarantine entry of now_unix_ms
+// (EngineOptions::clock) and logs a warning naming `reason`. The move is durable (both parents
+// fsync'ed) when this returns OK.
 absl::Status QuarantinePath(FileSystem* fs, const std::string& data_dir, const std::string& path,
-                            const std::string& reason);
+                            const std::string& reason, int64_t now_unix_ms);
 
 // Removes quarantine entries created more than grace_seconds before now_unix_ms; returns how
 // many were removed.

@@ -271,7 +271,8 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
     return report;
   }
   if (std::filesystem::exists(meta_dir, ec)) {
-    report.old_catalog = absl::StrFormat("%s/meta.old-%013d", dir, UnixMillis());
+    report.old_catalog = absl::StrFormat("%s/meta.old-%013d", dir,
+                                          ClockOrReal(options.clock)->NowUnixMillis());
     RETURN_IF_ERROR(fs->Rename(meta_dir, report.old_catalog));
   }
   RETURN_IF_ERROR(fs->Rename(tmp, meta_dir));

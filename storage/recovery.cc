@@ -39,7 +39,8 @@ absl::Status EngineImpl::RecoverCheckpoint(const CheckpointRecord& c) {
     auto it = keep.find(path);
     if (it == keep.end()) {
       RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, path,
-                                     "a segment file the catalog does not reference"));
+                                     "a segment file the catalog does not reference",
+                                     options_.clock->NowUnixMillis()));
       continue;
     }
     OpenOptions oo;
@@ -69,7 +70,8 @@ absl::Status EngineImpl::RemoveOrphanDirs() {
     for (const std::string& step : *steps) {
       if (known.count(step) == 0) {
         RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, absl::StrCat(jdir, "/", step),
-                                       "a checkpoint directory the catalog does not know"));
+                                       "a checkpoint directory the catalog does not know",
+                                       options_.clock->NowUnixMillis()));
       }
     }
   }
@@ -104,7 +106,8 @@ absl::Status EngineImpl::RepairOrphanDeltas() {
     auto names = fs_->ListDir(dir);
     if (names.ok()) {
       RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, dir,
-                                     "a committed DELTA without its base FULL"));
+                                     "a committed DELTA without its base FULL",
+                                     options_.clock->NowUnixMillis()));
     }
   }
   return absl::OkStatus();

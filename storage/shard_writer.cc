@@ -178,7 +178,7 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
-  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.min_compress_gain};
+  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.max_compressed_ratio};
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
       threads, [co] { return std::make_unique<ChunkEncoder>(co); });
 }
@@ -443,7 +443,7 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
   ASSIGN_OR_RETURN(f.checkpoint, engine_->LoadCheckpoint(sp.job, sp.step));
   ASSIGN_OR_RETURN(f.chunks, engine_->LoadChunks(sp.job, sp.step, sp.rank, rec_.chunk_count));
   f.chunks.insert(f.chunks.end(), chunks.begin(), chunks.end());
-  f.written_unix_ms = UnixMillis();
+  f.written_unix_ms = opt_.clock->NowUnixMillis();
   f.shard = next;
   SegmentWriter* w = nullptr;
   uint64_t off = 0;

@@ -50,6 +50,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "gpu_snapshot/adamw.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "trainer/train_state.h"
 
 namespace gradsnap {
@@ -79,20 +80,21 @@ struct UpdateInfo {
 
 // Constant for the run, given to the factory.
 struct CheckpointerOptions {
-  std::string mode = "none";  // none | sync | async | gockpt. Default: none
+  // --ckpt_mode (parsed once, by gradsnap-train). Default: kNone
+  gpu_snapshot::SnapshotMode mode = gpu_snapshot::SnapshotMode::kNone;
   int64_t every = 0;          // FULL checkpoint when step % every == 0; 0 = never. Default: 0
   bool grad_log = false;      // also stream per-step DELTA records (docs/gockpt.md). Default: false
   std::string job = "job";    // job name in the store. Default: "job"
   // gockpt (docs/gockpt.md): the window K in steps; 0 = from measured copy bandwidth and step
   // time (single rank) or min(4, every / 2) (several ranks, which must agree). Default: 0
   int gockpt_window = 0;
-  // gockpt/-O: gradient copies overlap the update and the all-gather instead of blocking.
-  // Default: true
-  bool gockpt_overlap = true;
+  // gockpt/-O (SnapshotEngineOptions::overlap_grads, flag --gockpt_overlap): gradient copies
+  // overlap the update and the all-gather instead of blocking. Default: true
+  bool overlap_grads = true;
   // Chrome trace-event JSON of compute phases, copies, replay and persists. Default: empty
   std::string trace_file;
   // A persist failing with a transient error is retried with backoff for this long before it
-  // counts as failed (trainer/persist_guard.h). Default: 10000
+  // counts as failed (trainer/persist_guard.h; --ckpt_persist_timeout_ms). Default: 5000
   int64_t persist_timeout_ms = 5000;
   // false (--ckpt_on_failure continue): a failed persist is counted and training goes on; true
   // (stop): it stops the rank like any error. Default: false

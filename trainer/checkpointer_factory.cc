@@ -2,7 +2,6 @@
 #include "trainer/checkpointer_factory.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "gpu_snapshot/trace.h"
 #include "trainer/snapshot_checkpointer.h"
@@ -11,7 +10,8 @@
 namespace gradsnap {
 namespace trainer {
 
-std::vector<std::string> CheckpointModeNames() { return {"none", "sync", "async", "gockpt"}; }
+using gpu_snapshot::SnapshotMode;
+using gpu_snapshot::SnapshotModeName;
 
 namespace {
 
@@ -19,31 +19,20 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> MakeUntraced(const CheckpointerOpt
                                                            const TrainStateView& view,
                                                            ShardStore* store,
                                                            gpu_snapshot::TraceWriter* trace) {
+  const SnapshotMode mode = options.mode;
+  if (mode == SnapshotMode::kNone && !options.grad_log) return NewNoneCheckpointer();
+  if (store == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--ckpt_mode ", SnapshotModeName(mode), options.grad_log ? " --grad_log" : "",
+        " needs a store (--ckpt_dir or --storage)"));
+  }
   // The snapshot engine (gpu_snapshot/) runs async, gockpt, every mode with --grad_log, and
   // sync on a device (CUDA, sim), whose stop-the-world copy then goes into pinned staging like
   // every other mode's (a fair baseline).
-  const bool engine = options.mode == "async" || options.mode == "gockpt" ||
-                      (options.mode == "sync" && view.on_device) ||
-                      (options.grad_log && (options.mode == "none" || options.mode == "sync"));
-  if (engine) {
-    if (store == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--ckpt_mode ", options.mode, options.grad_log ? " --grad_log" : "",
-          " needs a store (--ckpt_dir or --storage)"));
-    }
-    return NewSnapshotCheckpointer(options, view, store, trace);
+  if (mode == SnapshotMode::kSync && !view.on_device && !options.grad_log) {
+    return NewSyncCheckpointer(options, view, store);
   }
-  if (options.mode == "none") return NewNoneCheckpointer();
-  if (options.mode == "sync" || options.mode == "async" || options.mode == "gockpt") {
-    if (store == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--ckpt-mode ", options.mode, " needs a store (--ckpt-dir or --storage)"));
-    }
-  }
-  if (options.mode == "sync") return NewSyncCheckpointer(options, view, store);
-  return absl::InvalidArgumentError(absl::StrCat("unknown --ckpt-mode '", options.mode,
-                                                 "' (known: ",
-                                                 absl::StrJoin(CheckpointModeNames(), ", "), ")"));
+  return NewSnapshotCheckpointer(options, view, store, trace);
 }
 
 }  // namespace

@@ -5,8 +5,6 @@
 #define GRADSNAP_TRAINER_CHECKPOINTER_FACTORY_H_
 
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "trainer/checkpointer.h"
@@ -16,10 +14,8 @@
 namespace gradsnap {
 namespace trainer {
 
-// The modes --ckpt-mode accepts: none, sync, async, gockpt.
-std::vector<std::string> CheckpointModeNames();
-// INVALID_ARGUMENT for an unknown mode; FAILED_PRECONDITION when `store` is null for a mode that
-// writes (every mode but "none" without grad_log). `store` must outlive the checkpointer. `view`
+// FAILED_PRECONDITION when `store` is null for a mode that writes (every mode but kNone without
+// grad_log). `store` must outlive the checkpointer. `view`
 // stays valid for the run. With options.trace_file set, the checkpointer is wrapped so that it
 // writes a trace there (rank r > 0 appends ".rank<r>").
 absl::StatusOr<std::unique_ptr<Checkpointer>> MakeCheckpointer(const CheckpointerOptions& options,

@@ -127,7 +127,7 @@ class CudaBackend : public Backend {
         SliceStateView(*comm_, layout_.total(), slice_, master_.get(), m_.get(), v_.get());
     v.on_device = true;
     v.stream = stream_;
-    v.device = "cuda";
+    v.device = DeviceKind::kCuda;
     v.device_ordinal = device_;
     return v;
   }

@@ -47,7 +47,7 @@ class SimBackend : public Backend {
     TrainStateView v = SliceStateView(*comm_, total_, slice_, params_ + slice_.lo, m_, v_);
     v.on_device = true;
     v.stream = stream_.get();
-    v.device = "sim";
+    v.device = DeviceKind::kSim;
     v.device_ordinal = gpu_->ordinal();
     return v;
   }

@@ -73,13 +73,6 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   OrderedWorker<Job> jobs_;  // last: its destructor runs the queued saves, which use the above
 };
 
-gpu_snapshot::SnapshotMode ModeOf(const std::string& mode) {
-  if (mode == "sync") return gpu_snapshot::SnapshotMode::kSync;
-  if (mode == "async") return gpu_snapshot::SnapshotMode::kAsync;
-  if (mode == "gockpt") return gpu_snapshot::SnapshotMode::kGoCkpt;
-  return gpu_snapshot::SnapshotMode::kNone;
-}
-
 class SnapshotCheckpointer : public Checkpointer {
  public:
   SnapshotCheckpointer(const CheckpointerOptions& o, const TrainStateView& view,
@@ -94,9 +87,9 @@ class SnapshotCheckpointer : public Checkpointer {
 
   absl::Status Start(const ReplicatedState& state) override {
     // The rank's own device (docs/trainer.md, --device_id).
-    if (view_.device == "cuda") {
+    if (view_.device == DeviceKind::kCuda) {
       ASSIGN_OR_RETURN(device_, gpu_snapshot::NewCudaDevice(view_.device_ordinal));
-    } else if (view_.device == "sim") {
+    } else if (view_.device == DeviceKind::kSim) {
       ASSIGN_OR_RETURN(device_, gpu_snapshot::NewSimDevice(view_.device_ordinal));
     } else {
       device_ = gpu_snapshot::NewHostDevice();
@@ -104,10 +97,10 @@ class SnapshotCheckpointer : public Checkpointer {
     guard_ = std::make_unique<PersistGuard>(store_, o_, view_.rank,
                                             state.step > 0 ? state.step : -1);
     sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get());
-    gpu_snapshot::EngineOptions eo;
-    eo.mode = ModeOf(o_.mode);
+    gpu_snapshot::SnapshotEngineOptions eo;
+    eo.mode = o_.mode;
     eo.grad_log = o_.grad_log;
-    eo.overlap_grads = o_.gockpt_overlap;
+    eo.overlap_grads = o_.overlap_grads;
     eo.grad_dtype = GradDType();
     eo.trace = trace_;
     // K must be the same on every rank (the saves are collective): automatic K only alone.
@@ -152,14 +145,14 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
   absl::Status EndStep(int64_t step, const ReplicatedState& state) override {
-    gpu_snapshot::UpdateInfo u;
+    gpu_snapshot::UpdateRecord u;
     u.step = step;
     u.params.adamw = pending_.params;
     u.params.skipped = pending_.skipped;
     u.loader_position = static_cast<uint64_t>(state.loader.batch_index);
     u.small_state = state.Serialize();
     const bool due = o_.every > 0 && step % o_.every == 0 &&
-                     o_.mode != std::string("none");
+                     o_.mode != gpu_snapshot::SnapshotMode::kNone;
     RETURN_IF_ERROR(engine_->AfterUpdate(u, due));
     guard_->NoteStepEnd(step);
     RETURN_IF_ERROR(guard_->fatal());
@@ -167,7 +160,7 @@ class SnapshotCheckpointer : public Checkpointer {
     if (view_.rank == 0 && (st.started || st.deferred)) {
       if (st.started) {
         std::printf("ckpt step %lld %s start window=%d\n", static_cast<long long>(step),
-                    o_.mode.c_str(), st.window);
+                    gpu_snapshot::SnapshotModeName(o_.mode), st.window);
       } else {
         std::printf("ckpt step %lld deferred (a FULL checkpoint is in flight)\n",
                     static_cast<long long>(step));
@@ -187,7 +180,8 @@ class SnapshotCheckpointer : public Checkpointer {
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
           "failures=%lld deltas_skipped=%lld "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
-          o_.mode.c_str(), o_.grad_log ? 1 : 0, static_cast<long long>(c.fulls_persisted),
+          gpu_snapshot::SnapshotModeName(o_.mode), o_.grad_log ? 1 : 0,
+          static_cast<long long>(c.fulls_persisted),
           static_cast<long long>(c.deferred), static_cast<long long>(c.deltas_persisted),
           static_cast<long long>(h.failures), static_cast<long long>(h.skipped),
           c.replay_ms_total, engine_->host_bytes_peak(), engine_->state_bytes(),
@@ -204,7 +198,9 @@ class SnapshotCheckpointer : public Checkpointer {
 
  private:
   // The gradient the optimizer reads: bf16 on CUDA (mixed precision), fp32 on cpu and sim.
-  DType GradDType() const { return view_.device == "cuda" ? DType::kBF16 : DType::kF32; }
+  DType GradDType() const {
+    return view_.device == DeviceKind::kCuda ? DType::kBF16 : DType::kF32;
+  }
 
   const CheckpointerOptions o_;
   const TrainStateView view_;

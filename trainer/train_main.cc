@@ -12,17 +12,20 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_join.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/names.h"
 #include "gpu_snapshot/device.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "recovery/state_source.h"
 #include "trainer/checkpointer_factory.h"
 #include "trainer/data.h"
@@ -89,11 +92,16 @@ namespace {
 
 using gradsnap::trainer::kExitNoRestart;
 
-gradsnap::trainer::TrainOptions OptionsFromFlags() {
+// The options of the flags; strings with an enum (--ckpt_mode) are parsed here, once.
+absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
+  namespace gs = gradsnap::gpu_snapshot;
   gradsnap::trainer::TrainOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
-  o.device = absl::GetFlag(FLAGS_device);
+  std::optional<gradsnap::trainer::DeviceKind> device =
+      gradsnap::trainer::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device) return absl::InvalidArgumentError("--device must be cpu, cuda or sim");
+  o.device = *device;
   o.device_id = absl::GetFlag(FLAGS_device_id);
   o.local_rank = absl::GetFlag(FLAGS_local_rank);
   o.sim.copy_gbps = absl::GetFlag(FLAGS_sim_copy_gbps);
@@ -114,12 +122,18 @@ gradsnap::trainer::TrainOptions OptionsFromFlags() {
   o.rdzv_dir = absl::GetFlag(FLAGS_rdzv_dir);
   o.hostname = absl::GetFlag(FLAGS_hostname);
   o.attempt = absl::GetFlag(FLAGS_attempt);
-  o.ckpt.mode = absl::GetFlag(FLAGS_ckpt_mode);
+  const std::string mode = absl::GetFlag(FLAGS_ckpt_mode);
+  std::optional<gs::SnapshotMode> parsed_mode = gs::ParseSnapshotMode(mode);
+  if (!parsed_mode) {
+    return absl::InvalidArgumentError("unknown --ckpt_mode '" + mode +
+                                      "' (known: " + gs::SnapshotModeNames() + ")");
+  }
+  o.ckpt.mode = *parsed_mode;
   o.ckpt.every = absl::GetFlag(FLAGS_ckpt_every);
   o.ckpt.grad_log = absl::GetFlag(FLAGS_grad_log);
   o.ckpt.job = absl::GetFlag(FLAGS_job);
   o.ckpt.gockpt_window = absl::GetFlag(FLAGS_gockpt_window);
-  o.ckpt.gockpt_overlap = absl::GetFlag(FLAGS_gockpt_overlap);
+  o.ckpt.overlap_grads = absl::GetFlag(FLAGS_gockpt_overlap);
   o.ckpt.trace_file = absl::GetFlag(FLAGS_trace);
   o.ckpt.persist_timeout_ms = absl::GetFlag(FLAGS_ckpt_persist_timeout_ms);
   o.ckpt.stop_on_failure = absl::GetFlag(FLAGS_ckpt_on_failure) == "stop";
@@ -147,8 +161,12 @@ int Fail(const std::string& msg) {
 
 // --device cuda|sim: this node's ranks use devices device_id .. device_id + nproc - 1.
 int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
-  if (o.device == "sim" && !(o.sim.copy_gbps > 0)) return Fail("--sim_copy_gbps must be > 0");
-  const absl::Status s = gradsnap::gpu_snapshot::CheckDevices(o.device, o.device_id, nproc);
+  using gradsnap::trainer::DeviceKind;
+  if (o.device == DeviceKind::kSim && !(o.sim.copy_gbps > 0)) {
+    return Fail("--sim_copy_gbps must be > 0");
+  }
+  const absl::Status s = gradsnap::gpu_snapshot::CheckDevices(
+      gradsnap::trainer::DeviceKindName(o.device), o.device_id, nproc);
   return s.ok() ? 0 : Fail(std::string(s.message()));
 }
 
@@ -267,13 +285,9 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (seq > config->max_seq_len) return Fail("--seq exceeds the model's context length");
   auto corpus = t::LoadCorpus(o.data, seq);
   if (!corpus.ok()) return Fail(std::string(corpus.status().message()));
-  const auto modes = t::CheckpointModeNames();
-  if (std::find(modes.begin(), modes.end(), o.ckpt.mode) == modes.end()) {
-    return Fail("unknown --ckpt_mode '" + o.ckpt.mode + "' (known: " + absl::StrJoin(modes, ", ") +
-                ")");
-  }
-  if (o.ckpt.mode != "none" && o.ckpt.every <= 0) {
-    return Fail("--ckpt_mode " + o.ckpt.mode + " needs --ckpt_every N > 0");
+  if (o.ckpt.mode != gradsnap::gpu_snapshot::SnapshotMode::kNone && o.ckpt.every <= 0) {
+    return Fail(std::string("--ckpt_mode ") + gradsnap::gpu_snapshot::SnapshotModeName(o.ckpt.mode) +
+                " needs --ckpt_every N > 0");
   }
   if (o.resume != "none" && o.resume != "latest" &&
       o.resume.find_first_not_of("0123456789") != std::string::npos) {
@@ -303,7 +317,9 @@ int main(int argc, char** argv) {
   if (std::string bad = CheckFlagSyntax(command_line.args()); !bad.empty()) return Fail(bad);
   std::vector<char*> positional = command_line.Parse();
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
-  const gradsnap::trainer::TrainOptions o = OptionsFromFlags();
+  absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
+  const gradsnap::trainer::TrainOptions o = *std::move(options);
 
   if (o.rank >= 0) {  // one rank
     // A rank dies with its launcher (no zombie keeps writing), also if the launcher died
@@ -336,7 +352,8 @@ int main(int argc, char** argv) {
   lo.node_rank = absl::GetFlag(FLAGS_node_rank);
   lo.rdzv = absl::GetFlag(FLAGS_rdzv);
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  lo.resume_on_restart = o.ckpt.mode != "none" || o.ckpt.grad_log;
+  lo.resume_on_restart =
+      o.ckpt.mode != gradsnap::gpu_snapshot::SnapshotMode::kNone || o.ckpt.grad_log;
   if (lo.resume_on_restart && lo.node_rank == 0) {
     lo.before_restart = [o] {
       absl::StatusOr<int> n = gradsnap::trainer::AbandonPendingCheckpoints(o);

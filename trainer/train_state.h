@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -68,6 +69,13 @@ struct ReplicatedState {
 // cosine decay to min_lr at total_steps, min_lr after. Computed in double, rounded once.
 float LearningRate(const ReplicatedState& s, int64_t step);
 
+// The compute back end (--device, docs/trainer.md).
+enum class DeviceKind { kCpu, kCuda, kSim };
+// "cpu", "cuda" or "sim".
+const char* DeviceKindName(DeviceKind d);
+// The inverse of DeviceKindName; nullopt for any other string.
+std::optional<DeviceKind> ParseDeviceKind(absl::string_view name);
+
 // A rank's view of its state. Pointers are valid for the whole run.
 struct TrainStateView {
   int32_t rank = 0;
@@ -81,8 +89,8 @@ struct TrainStateView {
   bool on_device = false;   // true: the three pointers are device memory (CUDA or sim)
   void* stream = nullptr;   // the training compute stream when on_device (a cudaStream_t, or a
                             // gpu_snapshot::SimStream* on sim), else nullptr
-  std::string device = "cpu";  // the back end: cpu | cuda | sim
-  int device_ordinal = 0;      // the CUDA / simulated device holding the state
+  DeviceKind device = DeviceKind::kCpu;  // the back end
+  int device_ordinal = 0;                // the CUDA / simulated device holding the state
   uint64_t count() const { return hi - lo; }
 };
 

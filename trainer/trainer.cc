@@ -29,6 +29,9 @@
 
 namespace gradsnap {
 namespace trainer {
+
+using gpu_snapshot::SnapshotMode;
+
 namespace {
 
 client::ClientOptions StoreClientOptions(const TrainOptions& o) {
@@ -169,7 +172,8 @@ absl::Status RankRunner::Setup() {
     GlooOptions g{o_.rank, o_.world_size, o_.rdzv_dir, "train", o_.hostname};
     ASSIGN_OR_RETURN(comm_, NewGlooComm(g));
   }
-  if (o_.ckpt.mode != "none" || o_.resume != "none") {  // --init-from alone needs no store
+  // --init-from alone needs no store.
+  if (o_.ckpt.mode != SnapshotMode::kNone || o_.resume != "none") {
     ASSIGN_OR_RETURN(store_, OpenStore(o_));
     // One writer per job: this attempt takes a new epoch (rank 0), every rank writes with it,
     // and the store refuses the writes of every older attempt (docs/protocol.md, "Epochs").
@@ -184,9 +188,9 @@ absl::Status RankRunner::Setup() {
   const int local_batch = o_.global_batch / o_.world_size;
   // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
   const int ordinal = o_.device_id + o_.local_rank;
-  if (o_.device == "cpu") {
+  if (o_.device == DeviceKind::kCpu) {
     backend_ = NewCpuBackend(config_, local_batch, seq_len_, comm_.get());
-  } else if (o_.device == "sim") {
+  } else if (o_.device == DeviceKind::kSim) {
     ASSIGN_OR_RETURN(backend_, NewSimBackend(config_, local_batch, seq_len_, comm_.get(),
                                              ordinal, o_.sim));
   } else {
@@ -207,7 +211,9 @@ absl::Status RankRunner::Setup() {
 }  // namespace
 
 absl::Status CheckStoreAccess(const TrainOptions& o) {
-  if (o.ckpt.mode == "none" && !o.ckpt.grad_log && o.resume == "none") return absl::OkStatus();
+  if (o.ckpt.mode == SnapshotMode::kNone && !o.ckpt.grad_log && o.resume == "none") {
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::unique_ptr<client::Client>> c = ConnectStore(StoreClientOptions(o));
   absl::Status s = c.status();
   if (c.ok()) s = (*c)->List(o.ckpt.job).status();
@@ -377,7 +383,7 @@ absl::Status RankRunner::Step(int64_t s) {
   ++steps_run_;
   if (o_.rank == 0) {
     std::string health;
-    if (store_ != nullptr && o_.ckpt.mode != "none") {
+    if (store_ != nullptr && o_.ckpt.mode != SnapshotMode::kNone) {
       const CheckpointHealth h = ckpt_->Health();
       health = absl::StrFormat(" ckpt_failures %d recovery_point %d recovery_age_s %.1f",
                                h.failures, h.recovery_point, h.recovery_age_s);

@@ -26,7 +26,7 @@ namespace trainer {
 struct TrainOptions {
   std::string model = "tiny";  // Default: tiny
   std::string data;            // Default: empty = the default corpus (data.h)
-  std::string device = "cpu";  // cpu | cuda | sim. Default: cpu
+  DeviceKind device = DeviceKind::kCpu;  // --device. Default: kCpu
   // The rank's device ordinal is device_id + local_rank (cuda, sim). Default: 0
   int device_id = 0;
   int local_rank = 0;          // the rank's index on its node (set by the launcher)

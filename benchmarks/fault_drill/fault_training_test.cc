@@ -1,4 +1,4 @@
-// The training fault drills of issue 9 as tests, against the real gradsnap-server and
+// The training fault drills as tests, against the real gradsnap-server and
 // gradsnap-train (2 ranks, gockpt + gradient log, tiny model):
 //  - the server SIGKILLed >= 20 times at random moments and restarted after an outage (and one
 //    rank killed mid-storm by the drill): the job finishes without a launcher restart caused by

@@ -90,7 +90,7 @@ TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
   c.work_dir = opts.work_dir;
   c.seed = opts.seed;
   c.kills = opts.kills;
-  if (opts.quick) {  // CI: the shortest outages the issue allows, a job that just outlasts them
+  if (opts.quick) {  // CI: short outages (0.5-0.8 s) and a job that just outlasts them
     c.down_ms_min = 500;
     c.down_ms_max = 800;
     c.up_ms_min = 50;

@@ -1,4 +1,4 @@
-// The training scenario of the fault drill (issue 9): a 2-rank gockpt + gradient-log job of
+// The training scenario of the fault drill: a 2-rank gockpt + gradient-log job of
 // gradsnap-train trains while its gradsnap-server is SIGKILLed at random moments and restarted
 // after a random outage; then the store is checked and the job is resumed right away.
 //

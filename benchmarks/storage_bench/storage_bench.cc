@@ -314,7 +314,7 @@ int Run() {
   auto codec_ratio = [&](DType want) {
     CodecOptions co;
     co.zstd_level = o.zstd_level;
-    co.min_compress_gain = 1.0;
+    co.max_compressed_ratio = 1.0;
     ChunkEncoder enc(co);
     std::vector<uint8_t> rec(MaxRecordSize(o.chunk_bytes));
     uint64_t raw = 0, stored = 0;

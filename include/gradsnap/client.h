@@ -1,5 +1,6 @@
 // gradsnap client library: the public interface a trainer links (DESIGN.md sections 1, 2, 6).
-// Installed as <gradsnap/client.h> with <gradsnap/types.h> and <gradsnap/dtype.h>; link
+// Installed as <gradsnap/client.h> with <gradsnap/types.h>, <gradsnap/dtype.h> and
+// <gradsnap/clock.h>; link
 // gradsnap::gradsnap (CMake, find_package(gradsnap)) or `pkg-config gradsnap` (docs/build.md).
 //
 // OVERVIEW
@@ -45,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gradsnap/clock.h"
 #include "gradsnap/types.h"
 
 namespace gradsnap {
@@ -98,6 +100,10 @@ struct ClientOptions {
   // (measured on 2 cores, 4 shards: 4 streams each took 1.8x the CPU per GB of 1). Must be
   // >= 1. Default: 1.
   int read_streams = 1;
+  // Time source (gradsnap/clock.h), not owned: remote mode waits on it between retries, the
+  // embedded engine stamps checkpoints with it (storage::EngineOptions::clock). gRPC deadlines
+  // (rpc_timeout_ms) stay on the real clock. Default: nullptr, the real clock.
+  Clock* clock = nullptr;
 };
 
 // One tensor's bytes in caller memory, for saving.

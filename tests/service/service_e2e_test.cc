@@ -94,7 +94,7 @@ TEST(ServiceE2E, SaveListShowVerifyRestore) {
   EXPECT_EQ(server.Wait(), 0);
 }
 
-// A restarted attempt re-persisting a committed step through the server (issue 9): begin and
+// A restarted attempt re-persisting a committed step through the server: begin and
 // the same bytes are idempotent; other bytes are an ALREADY_EXISTS conflict and change nothing;
 // an older writer epoch is refused as superseded once a newer one was acquired.
 TEST(ServiceE2E, RePersistIdempotentConflictAndEpochs) {

@@ -307,6 +307,28 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   EXPECT_TRUE(c->Verify("new", 1).ok());
 }
 
+// The server's timestamps come from ServerOptions::engine.clock and travel to the client as is.
+TEST(ServiceStorage, TimestampsComeFromTheServersClock) {
+  TempDir dir;
+  FakeClock clock;
+  service::ServerOptions o;
+  o.engine.data_dir = dir.File("data");
+  o.engine.clock = &clock;
+  auto server = service::Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto c = Connect((*server)->address());
+  const int64_t begun = clock.NowUnixMillis();
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("t", 1, 1)).ok());
+  clock.AdvanceSeconds(42);
+  TestShard s = MakeShard("t", 1, 0, {4096}, 5);
+  ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+  auto listed = c->List("t");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].created_unix_ms, begun);
+  EXPECT_EQ((*listed)[0].committed_unix_ms, begun + 42'000);
+}
+
 // A small tmpfs made by the test (skipped where mounting is not permitted).
 class Tmpfs {
  public:

@@ -1,4 +1,4 @@
-// Resume falls back past damage (issue 9): with a byte flipped in the newest DELTA, in a middle
+// Resume falls back past damage: with a byte flipped in the newest DELTA, in a middle
 // DELTA, or in the newest FULL, `gradsnap-train --resume latest` reports the damaged record
 // (job, step, rank, tensor), resumes from the last good step (the chain's prefix that verifies,
 // or the previous FULL and its chain), prints the steps lost, and ends equal to an

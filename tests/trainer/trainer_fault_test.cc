@@ -1,4 +1,4 @@
-// gradsnap-train under process faults and bad input (issue 9), with real processes:
+// gradsnap-train under process faults and bad input, with real processes:
 //  - the launcher alone SIGKILLed: its ranks die with it, and `--resume latest` right after
 //    works and is exact (embedded engine and server);
 //  - a zombie rank kept alive on purpose (--test_ignore_parent_death) is fenced off by the next

@@ -1,0 +1,69 @@
+// The remote back end's retry loop (client/remote_rpc.h) on a FakeClock: which codes are retried,
+// how often, and how long it waits between attempts, without sleeping.
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "client/remote_rpc.h"
+#include "gtest/gtest.h"
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+ClientOptions WithFakeClock(FakeClock* clock, int max_attempts) {
+  ClientOptions o;
+  o.clock = clock;
+  o.max_attempts = max_attempts;
+  return o;
+}
+
+TEST(RemoteRetryTest, UnavailableIsRetriedWithDoublingBackoffOnTheClientsClock) {
+  FakeClock clock;
+  const int64_t start = clock.NowUnixMillis();
+  int calls = 0;
+  absl::Status s = remote::WithRetry(WithFakeClock(&clock, 4), nullptr, [&] {
+    ++calls;
+    return absl::UnavailableError("node down");
+  });
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_EQ(calls, 4);
+  // Three waits: 50, 100 and 200 ms, each within +-25% (rounded down to whole milliseconds).
+  EXPECT_GE(clock.slept(), 350 * 3 / 4 - 3);
+  EXPECT_LE(clock.slept(), 350 * 5 / 4);
+  EXPECT_EQ(clock.NowUnixMillis() - start, clock.slept());
+}
+
+TEST(RemoteRetryTest, AbortedAndBusyAreRetriedToo) {
+  FakeClock clock;
+  int calls = 0;
+  absl::Status s = remote::WithRetry(WithFakeClock(&clock, 8), nullptr, [&] {
+    ++calls;
+    if (calls == 1) return absl::AbortedError("superseded write, try again");
+    if (calls == 2) return absl::ResourceExhaustedError("server busy: memory limit");
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 3);
+  EXPECT_GE(clock.slept(), 150 * 3 / 4 - 2);
+  EXPECT_LE(clock.slept(), 150 * 5 / 4);
+}
+
+TEST(RemoteRetryTest, OtherErrorsReturnAtOnceWithoutWaiting) {
+  FakeClock clock;
+  for (const absl::Status& error :
+       {absl::NotFoundError("no such checkpoint"), absl::DataLossError("bad chunk"),
+        absl::ResourceExhaustedError("out of disk")}) {
+    int calls = 0;
+    absl::Status s = remote::WithRetry(WithFakeClock(&clock, 8), nullptr, [&] {
+      ++calls;
+      return error;
+    });
+    EXPECT_EQ(s, error);
+    EXPECT_EQ(calls, 1) << error;
+  }
+  EXPECT_EQ(clock.slept(), 0);
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace gradsnap
