@@ -221,21 +221,20 @@ ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw
   h.crc_raw = crc_raw;
   *in_alt = false;
   if (try_compress && options_.zstd_level > 0 && n >= 64) {
-    const uint8_t* src = raw;
-    size_t width = DTypeSize(dtype);
+    const size_t width = DTypeSize(dtype);
     ChunkHeader c = h;
-    if (options_.shuffle && DTypeIsFloat(dtype) && width > 1) {
-      if (scratch_.size() < n) scratch_.resize(n);
-      ByteShuffle(raw, scratch_.data(), n, width);
-      src = scratch_.data();
+    const bool shuffle = options_.shuffle && DTypeIsFloat(dtype) && width > 1;
+    if (shuffle) {
       c.filter = ChunkFilter::kShuffle;
       c.element_size = static_cast<uint8_t>(width);
     }
-    size_t limit = static_cast<size_t>(static_cast<double>(n) * options_.min_compress_gain);
     uint8_t* payload = alt + kChunkHeaderSize;
-    size_t z = ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), payload, ZSTD_compressBound(n),
-                              src, n);
-    if (!ZSTD_isError(z) && z <= limit) {
+    if (n >= 4 * kCompressProbeBytes && !Pays(raw, kCompressProbeBytes, shuffle ? width : 1,
+                                                 payload)) {
+      return WriteRawHeader(rec, n, crc_raw, stream_offset);
+    }
+    size_t z = Compress(raw, n, shuffle ? width : 1, payload);
+    if (!ZSTD_isError(z) && z <= Limit(n)) {
       c.codec = ChunkCodec::kZstd;
       c.stored_len = static_cast<uint32_t>(z);
       c.crc_stored = Crc32c(payload, z);
@@ -244,6 +243,38 @@ ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw
       return c;
     }
   }
+  return WriteRawHeader(rec, n, crc_raw, stream_offset);
+}
+
+size_t ChunkEncoder::Limit(size_t n) const {
+  return static_cast<size_t>(static_cast<double>(n) * options_.min_compress_gain);
+}
+
+size_t ChunkEncoder::Compress(const uint8_t* raw, size_t n, size_t width, uint8_t* out) {
+  const uint8_t* src = raw;
+  if (width > 1) {
+    if (scratch_.size() < n) scratch_.resize(n);
+    ByteShuffle(raw, scratch_.data(), n, width);
+    src = scratch_.data();
+  }
+  return ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), out, ZSTD_compressBound(n), src, n);
+}
+
+bool ChunkEncoder::Pays(const uint8_t* raw, size_t n, size_t width, uint8_t* out) {
+  // A small frame compresses a little worse than the whole chunk will: the probe only has to
+  // get halfway from "no gain" to min_compress_gain (noise stays above it).
+  size_t z = Compress(raw, n, width, out);
+  const size_t limit = options_.probe_gain > 0
+                           ? static_cast<size_t>(static_cast<double>(n) * options_.probe_gain)
+                           : (n + Limit(n)) / 2;
+  return !ZSTD_isError(z) && z <= limit;
+}
+
+ChunkHeader WriteRawHeader(uint8_t* rec, size_t n, uint32_t crc_raw, uint64_t stream_offset) {
+  ChunkHeader h;
+  h.raw_len = static_cast<uint32_t>(n);
+  h.stream_offset = stream_offset;
+  h.crc_raw = crc_raw;
   h.codec = ChunkCodec::kRaw;
   h.stored_len = h.raw_len;
   h.crc_stored = h.crc_raw;

@@ -74,6 +74,18 @@ absl::Status ValidateCheckpointSpec(const CheckpointSpec& s) {
   return absl::OkStatus();
 }
 
+std::vector<uint64_t> TensorStarts(const ShardSpec& spec) {
+  std::vector<uint64_t> starts;
+  starts.reserve(spec.tensors.size() + 1);
+  uint64_t pos = 0;
+  for (const TensorSpec& t : spec.tensors) {
+    starts.push_back(pos);
+    pos += t.byte_length;
+  }
+  starts.push_back(pos);
+  return starts;
+}
+
 absl::Status ValidateShardSpec(const ShardSpec& s, const CheckpointRecord& ckpt) {
   if (s.rank < 0 || s.rank >= ckpt.spec.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", s.rank, " outside world_size ",
@@ -595,13 +607,28 @@ absl::StatusOr<ShardInfo> EngineImpl::MakeShardInfo(const ShardRecord& rec,
     info.raw_bytes += ti.spec.byte_length;
     info.tensors.push_back(std::move(ti));
   }
+  const std::vector<uint64_t> starts = TensorStarts(rec.spec);
   for (const ChunkRecord& c : chunks) {
-    if (c.tensor >= info.tensors.size()) {
+    if (absl::Status s = CheckChunkPlacement(starts, c); !s.ok()) {
       return absl::DataLossError(absl::StrCat(Where(rec.spec.job, rec.spec.step, rec.spec.rank),
-                                              ": chunk names tensor ", c.tensor));
+                                              ": ", s.message()));
     }
-    info.tensors[c.tensor].stored_bytes += c.header.record_len();
-    info.tensors[c.tensor].chunks += 1;
+    if (c.members.empty()) {
+      info.tensors[c.tensor].stored_bytes += c.header.record_len();
+      info.tensors[c.tensor].chunks += 1;
+      continue;
+    }
+    // A packed chunk's record bytes are shared in proportion to each tensor's raw bytes.
+    uint64_t left = c.header.record_len();
+    for (size_t i = 0; i < c.members.size(); ++i) {
+      const ChunkMember& m = c.members[i];
+      uint64_t share = i + 1 == c.members.size()
+                           ? left
+                           : c.header.record_len() * uint64_t{m.length} / c.header.raw_len;
+      info.tensors[m.tensor].stored_bytes += share;
+      info.tensors[m.tensor].chunks += 1;
+      left -= share;
+    }
   }
   return info;
 }

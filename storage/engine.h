@@ -54,6 +54,12 @@ struct EngineOptions {
   std::string data_dir;
   // Largest raw chunk. Default: 4 MiB.
   size_t chunk_bytes = 4 << 20;
+  // Small tensors (at most 256 KiB) share chunks: consecutive ones are packed into one chunk
+  // of at most min(pack_bytes, chunk_bytes) instead of each taking a chunk (and a record
+  // padded to 4 KiB) of its own (docs/format.md, "Packed chunks", format 3). Reading one small
+  // tensor then reads its whole chunk. 0 disables packing: every chunk holds one tensor's
+  // bytes, the format-2 layout. Default: 4 MiB.
+  size_t pack_bytes = 4 << 20;
   // zstd level for chunk compression; 0 disables compression. Default: 1.
   int zstd_level = 1;
   // Byte-shuffle float tensors before compressing. Default: true.
