@@ -43,6 +43,21 @@ bool SameCheckpointSpec(const CheckpointSpec& a, const CheckpointSpec& b) {
          a.world_size == b.world_size && a.metadata == b.metadata;
 }
 
+// A catalog Open may use: one RocksDB can scan the checkpoint keys, and lists at least one
+// when segment data exists. Otherwise the refusal that leaves the directory as found.
+absl::Status CheckCatalogScans(MetaStore* meta, const std::string& dir, uint64_t segment_files) {
+  auto checkpoints = meta->Scan("c/");
+  if (!checkpoints.ok()) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                            checkpoints.status().message(), ")"));
+  }
+  if (checkpoints->empty() && segment_files > 0) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
+                                            "holds ", segment_files, " files"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string Where(const std::string& job, int64_t step, int32_t rank, const std::string& tensor) {
@@ -244,15 +259,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
       return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                               probe.status().message(), ")"));
     }
-    auto any = (*probe)->Scan("c/");
-    if (!any.ok()) {
-      return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
-                                              any.status().message(), ")"));
-    }
-    if (any->empty() && segment_files > 0) {
-      return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
-                                              "holds ", segment_files, " files"));
-    }
+    RETURN_IF_ERROR(CheckCatalogScans(probe->get(), dir, segment_files));
   }
   auto meta = MetaStore::Open(dir + "/meta", mode);
   if (!meta.ok()) {
@@ -264,15 +271,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   }
   (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
-  auto checkpoints = engine->meta()->Scan("c/");
-  if (!checkpoints.ok()) {
-    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
-                                            checkpoints.status().message(), ")"));
-  }
-  if (checkpoints->empty() && segment_files > 0) {
-    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
-                                            "holds ", segment_files, " files"));
-  }
+  RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
   if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
   return std::unique_ptr<Engine>(std::move(engine));
 }

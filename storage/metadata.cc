@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -17,31 +18,46 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
-constexpr uint8_t kRecordVersion = 1;
-// ShardRecord versions: 1 has SHA-256 digests and no algorithm field; 2 appends the digest
-// algorithm (u8) after the digests (docs/format.md, "Digests").
-constexpr uint8_t kShardRecordVersionSha256 = 1;
-constexpr uint8_t kShardRecordVersion = 2;
-// ChunkRecord versions: 1 holds bytes of one tensor; 2 is a packed chunk (format 3) and
-// appends where each tensor's bytes lie in it.
-constexpr uint8_t kPackedChunkRecordVersion = 2;
+// Version bytes (docs/format.md, "Metadata"). A ShardRecord of version 1 has SHA-256 digests
+// and no algorithm field; version 2 appends the digest algorithm ("Digests"). A ChunkRecord of
+// version 2 is a packed chunk (format 3) and appends where each tensor lies in it.
+enum : uint8_t {
+  kRecordVersion = 1,             // CheckpointRecord; ChunkRecord of one tensor
+  kShardRecordVersionSha256 = 1,
+  kShardRecordVersion = 2,
+  kPackedChunkRecordVersion = 2,
+};
 
-// Encoding and decoding share one description of each record: a Fields() template visits the
-// fields in order with an Out (writes them) or an In (reads them back), so the two cannot
-// drift apart. u8/u32/u64 take any integer or enum field and convert at the boundary.
+// Encoding and decoding share one description of each record: a Fields() template hands the
+// fields in order to an Out (writes them) or an In (reads them back), so the two cannot drift
+// apart. A field's wire width is its C++ width (integers and enums fixed-width, little-endian;
+// bool one byte; std::string as str), checked below for the fields whose type could change.
+static_assert(sizeof(CheckpointSpec::world_size) == 4 && sizeof(ShardSpec::rank) == 4 &&
+              sizeof(CheckpointKind) == 1 && sizeof(CheckpointState) == 1 &&
+              sizeof(DType) == 1 && sizeof(ChunkCodec) == 1 && sizeof(ChunkFilter) == 1);
+
+template <class T>
+constexpr bool kFixedWidth = std::is_arithmetic_v<T> || std::is_enum_v<T>;
+
 class Out {
  public:
-  void U8(uint8_t v) { s_.push_back(static_cast<char>(v)); }
-  template <class T> void u8(const T& v) { U8(static_cast<uint8_t>(v)); }
-  template <class T> void u32(const T& v) { Raw(static_cast<uint32_t>(v)); }
-  template <class T> void u64(const T& v) { Raw(static_cast<uint64_t>(v)); }
-  void str(const std::string& v) { u32(v.size()); s_.append(v); }
+  template <class... T> void operator()(const T&... v) { (Put(v), ...); }
   // A vector's element count; the elements follow.
-  template <class V> void count(const V& v, size_t /*limit*/) { u32(v.size()); }
+  template <class V> void count(const V& v, size_t /*limit*/) {
+    Put(static_cast<uint32_t>(v.size()));
+  }
   std::string Take() { return std::move(s_); }
 
  private:
-  template <class T> void Raw(T v) { s_.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+  void Put(const std::string& v) {
+    Put(static_cast<uint32_t>(v.size()));
+    s_.append(v);
+  }
+  void Put(bool v) { Put(static_cast<uint8_t>(v ? 1 : 0)); }
+  template <class T> void Put(const T& v) {
+    static_assert(kFixedWidth<T>);
+    s_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
   std::string s_;
 };
 
@@ -51,109 +67,84 @@ class In {
   explicit In(const std::string& s) : p_(s.data()), left_(s.size()) {}
   bool ok() const { return ok_; }
   bool done() const { return ok_ && left_ == 0; }
-  uint8_t U8() { uint8_t v = 0; Raw(&v, 1); return v; }
-  template <class T> void u8(T& v) { v = static_cast<T>(U8()); }
-  template <class T> void u32(T& v) { uint32_t x = 0; Raw(&x, 4); v = static_cast<T>(x); }
-  template <class T> void u64(T& v) { uint64_t x = 0; Raw(&x, 8); v = static_cast<T>(x); }
-  void str(std::string& v) {
-    uint32_t n = 0;
-    u32(n);
-    if (!ok_ || n > left_) { ok_ = false; v.clear(); return; }
-    v.assign(p_, n);
-    p_ += n;
-    left_ -= n;
-  }
+  template <class... T> void operator()(T&... v) { (Get(v), ...); }
   // Reads an element count and sizes `v`; a count over `limit` (or past the value) fails.
   template <class V> void count(V& v, size_t limit) {
     uint32_t n = 0;
-    u32(n);
+    Get(n);
     if (!ok_ || n > limit || n > left_) { ok_ = false; n = 0; }
     v.resize(n);
   }
 
  private:
-  void Raw(void* out, size_t n) {
-    if (!ok_ || n > left_) { ok_ = false; return; }
-    std::memcpy(out, p_, n);
+  void Get(std::string& v) {
+    uint32_t n = 0;
+    Get(n);
+    if (!ok_ || n > left_) { ok_ = false; v.clear(); return; }
+    v.assign(p_, n);
     p_ += n;
     left_ -= n;
+  }
+  void Get(bool& v) {
+    uint8_t b = 0;
+    Get(b);
+    v = b != 0;
+  }
+  template <class T> void Get(T& v) {
+    static_assert(kFixedWidth<T>);
+    if (!ok_ || sizeof(v) > left_) { ok_ = false; v = T{}; return; }
+    std::memcpy(&v, p_, sizeof(v));
+    p_ += sizeof(v);
+    left_ -= sizeof(v);
   }
   const char* p_;
   size_t left_;
   bool ok_ = true;
 };
 
+// The record's version byte when it is 1..newest, else 0.
+uint8_t ReadVersion(In& in, uint8_t newest) {
+  uint8_t version = 0;
+  in(version);
+  return version <= newest ? version : 0;
+}
+
 // R is the record type, const for Out.
 template <class IO, class R>
 void CheckpointFields(IO& io, R& r) {
-  io.str(r.spec.job);
-  io.u64(r.spec.step);
-  io.u8(r.spec.kind);
-  io.u64(r.spec.base_step);
-  io.u32(r.spec.world_size);
-  io.str(r.spec.metadata);
-  io.u8(r.state);
-  io.u64(r.created_unix_ms);
-  io.u64(r.committed_unix_ms);
-  io.u32(r.committed_shards);
-  io.u64(r.raw_bytes);
-  io.u64(r.stored_bytes);
+  io(r.spec.job, r.spec.step, r.spec.kind, r.spec.base_step, r.spec.world_size,
+     r.spec.metadata, r.state, r.created_unix_ms, r.committed_unix_ms, r.committed_shards,
+     r.raw_bytes, r.stored_bytes);
 }
 
 template <class IO, class R>
 void ShardFields(IO& io, R& r, size_t limit) {
-  io.str(r.spec.job);
-  io.u64(r.spec.step);
-  io.u32(r.spec.rank);
-  io.str(r.spec.metadata);
+  io(r.spec.job, r.spec.step, r.spec.rank, r.spec.metadata);
   io.count(r.spec.tensors, limit);
   for (auto& t : r.spec.tensors) {
-    io.str(t.name);
-    io.u8(t.dtype);
+    io(t.name, t.dtype);
     io.count(t.shape, 64);
-    for (auto& d : t.shape) io.u64(d);
-    io.u64(t.byte_length);
-    io.str(t.flat_name);
-    io.u64(t.flat_offset);
-    io.u64(t.flat_total);
-    io.str(t.sha256);
+    for (auto& d : t.shape) io(d);
+    io(t.byte_length, t.flat_name, t.flat_offset, t.flat_total, t.sha256);
   }
-  io.u8(r.committed);
-  io.u64(r.committed_size);
-  io.u32(r.chunk_count);
-  io.u64(r.stored_bytes);
+  io(r.committed, r.committed_size, r.chunk_count, r.stored_bytes);
   io.count(r.segments, limit);
-  for (auto& s : r.segments) {
-    io.u32(s.seq);
-    io.u64(s.durable_end);
-  }
+  for (auto& s : r.segments) io(s.seq, s.durable_end);
   io.count(r.tensor_digests, r.spec.tensors.size());
-  for (auto& h : r.tensor_digests) io.str(h);
+  for (auto& h : r.tensor_digests) io(h);
 }
 
 template <class IO, class R>
 void ChunkFields(IO& io, R& r) {
-  io.u8(r.header.codec);
-  io.u8(r.header.filter);
-  io.u8(r.header.element_size);
-  io.u32(r.header.raw_len);
-  io.u32(r.header.stored_len);
-  io.u64(r.header.stream_offset);
-  io.u32(r.header.crc_raw);
-  io.u32(r.header.crc_stored);
-  io.u32(r.tensor);
-  io.u32(r.segment);
-  io.u64(r.offset);
+  auto& h = r.header;  // const for Out
+  io(h.codec, h.filter, h.element_size, h.raw_len, h.stored_len, h.stream_offset, h.crc_raw,
+     h.crc_stored, r.tensor, r.segment, r.offset);
 }
 
 template <class IO, class R>
 void MemberFields(IO& io, R& r, size_t limit) {
   io.count(r.members, limit);
-  for (auto& m : r.members) {
-    io.u32(m.tensor);
-    io.u32(m.offset);
-    io.u32(m.length);
-  }
+  for (auto& m : r.members) io(m.tensor, m.offset, m.length);
 }
 
 absl::Status Malformed(const char* what) {
@@ -205,14 +196,14 @@ std::string ChunkKey(const std::string& job, int64_t step, int32_t rank, uint32_
 
 std::string EncodeCheckpoint(const CheckpointRecord& r) {
   Out o;
-  o.U8(kRecordVersion);
+  o(kRecordVersion);
   CheckpointFields(o, r);
   return o.Take();
 }
 
 absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r) {
   In in(v);
-  if (in.U8() != kRecordVersion) return Malformed("checkpoint");
+  if (ReadVersion(in, kRecordVersion) == 0) return Malformed("checkpoint");
   CheckpointFields(in, *r);
   if (!in.done()) return Malformed("checkpoint");
   return absl::OkStatus();
@@ -220,23 +211,21 @@ absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r) {
 
 std::string EncodeShard(const ShardRecord& r) {
   Out o;
-  o.U8(kShardRecordVersion);
+  o(kShardRecordVersion);
   ShardFields(o, r, 0);
-  o.u8(r.digest_algo);  // version 2
+  o(r.digest_algo);  // version 2
   return o.Take();
 }
 
 absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
   In in(v);
-  const uint8_t version = in.U8();
-  if (version != kShardRecordVersionSha256 && version != kShardRecordVersion) {
-    return Malformed("shard");
-  }
+  const uint8_t version = ReadVersion(in, kShardRecordVersion);
+  if (version == 0) return Malformed("shard");
   ShardFields(in, *r, v.size());
   r->digest_algo = DigestAlgo::kSha256;
   if (version == kShardRecordVersion) {
     uint8_t algo = 0;
-    in.u8(algo);
+    in(algo);
     if (!in.ok() || !IsKnownDigestAlgo(algo)) return Malformed("shard");
     r->digest_algo = static_cast<DigestAlgo>(algo);
   }
@@ -246,7 +235,7 @@ absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
 
 std::string EncodeChunk(const ChunkRecord& r) {
   Out o;
-  o.U8(r.members.empty() ? kRecordVersion : kPackedChunkRecordVersion);
+  o(r.members.empty() ? kRecordVersion : kPackedChunkRecordVersion);
   ChunkFields(o, r);
   if (!r.members.empty()) MemberFields(o, r, 0);
   return o.Take();
@@ -254,10 +243,8 @@ std::string EncodeChunk(const ChunkRecord& r) {
 
 absl::Status DecodeChunk(const std::string& v, ChunkRecord* r) {
   In in(v);
-  const uint8_t version = in.U8();
-  if (version != kRecordVersion && version != kPackedChunkRecordVersion) {
-    return Malformed("chunk");
-  }
+  const uint8_t version = ReadVersion(in, kPackedChunkRecordVersion);
+  if (version == 0) return Malformed("chunk");
   ChunkFields(in, *r);
   r->members.clear();
   if (version == kPackedChunkRecordVersion) {

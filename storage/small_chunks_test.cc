@@ -66,21 +66,40 @@ size_t PackedChunks(const std::vector<ChunkRecord>& chunks) {
   return n;
 }
 
-class SmallChunksTest : public ::testing::TestWithParam<bool> {};
+// Writes d as a one-shard FULL checkpoint.
+void WriteFull(Engine* e, const ShardData& d) {
+  const CheckpointSpec c{d.spec.job, d.spec.step, CheckpointKind::kFull, -1, 1, ""};
+  ASSERT_TRUE(e->BeginCheckpoint(c).ok());
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+}
+
+// The same through an engine of its own, closed again (the files are then left alone).
+void WriteFullAndClose(const EngineOptions& o, const ShardData& d) {
+  auto e = Engine::Open(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  WriteFull(e->get(), d);
+}
+
+class SmallChunksTest : public ::testing::TestWithParam<bool> {
+ protected:
+  EngineOptions Options() const {
+    EngineOptions o;
+    o.data_dir = dir_.path();
+    o.use_io_uring = GetParam();
+    return o;
+  }
+  TempDir dir_;
+};
 
 TEST_P(SmallChunksTest, PackedSmallTensorsRoundTrip) {
-  TempDir dir;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.use_io_uring = GetParam();
+  EngineOptions o = Options();
   o.pack_bytes = 256 << 10;  // several packed chunks
   o.adapt_compression = false;  // every chunk tries compression, mixed dtypes too
   ShardData d = MixedSmallShard("pk", 1, 400, 11);
   {
     auto e = Engine::Open(o);
     ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE((*e)->BeginCheckpoint({"pk", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
-    ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
+    WriteFull(e->get(), d);
     ExpectRestores(e->get(), d);
     EXPECT_TRUE((*e)->Verify("pk", 1).ok());
     // Packed: far fewer chunks than tensors, and records not padded per tensor.
@@ -90,7 +109,7 @@ TEST_P(SmallChunksTest, PackedSmallTensorsRoundTrip) {
     EXPECT_LT(m->shards[0].stored_bytes, raw + raw / 8);
   }
   std::string seg_dir;
-  std::vector<ChunkRecord> chunks = FooterChunks(dir.path(), "pk", 1, &seg_dir);
+  std::vector<ChunkRecord> chunks = FooterChunks(dir_.path(), "pk", 1, &seg_dir);
   EXPECT_GT(PackedChunks(chunks), 5u);
   EXPECT_LT(chunks.size(), d.spec.tensors.size() / 4);
 }
@@ -98,21 +117,13 @@ TEST_P(SmallChunksTest, PackedSmallTensorsRoundTrip) {
 // A corrupt byte in one packed chunk: exactly the tensors in it are DATA_LOSS, every other
 // tensor still reads, Verify fails.
 TEST_P(SmallChunksTest, CorruptPackedChunkLosesExactlyItsTensors) {
-  TempDir dir;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.use_io_uring = GetParam();
+  EngineOptions o = Options();
   o.pack_bytes = 128 << 10;
   o.zstd_level = 0;
   ShardData d = MixedSmallShard("cp", 1, 200, 5);
-  {
-    auto e = Engine::Open(o);
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE((*e)->BeginCheckpoint({"cp", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
-    ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
-  }
+  WriteFullAndClose(o, d);
   std::string seg_dir;
-  std::vector<ChunkRecord> chunks = FooterChunks(dir.path(), "cp", 1, &seg_dir);
+  std::vector<ChunkRecord> chunks = FooterChunks(dir_.path(), "cp", 1, &seg_dir);
   std::vector<const ChunkRecord*> packed;
   for (const ChunkRecord& c : chunks) {
     if (c.members.size() >= 3) packed.push_back(&c);
@@ -154,10 +165,7 @@ TEST_P(SmallChunksTest, CorruptPackedChunkLosesExactlyItsTensors) {
 // A Flush inside a packed chunk, then a new writer (a resumed upload): the durable part of the
 // half-written small tensor lies in a packed chunk and is re-read to rebuild its digest.
 TEST_P(SmallChunksTest, ResumeInsidePackedChunk) {
-  TempDir dir;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.use_io_uring = GetParam();
+  EngineOptions o = Options();
   ShardData d = MixedSmallShard("rs", 1, 60, 9);
   const std::vector<uint8_t> stream = d.stream();
   auto e = Engine::Open(o);
@@ -187,59 +195,50 @@ TEST_P(SmallChunksTest, ResumeInsidePackedChunk) {
 // pack_bytes = 0 writes the format-2 layout (every chunk record of one tensor, version 1);
 // an engine that packs reads that store, and a store holding both layouts.
 TEST_P(SmallChunksTest, Format2LayoutStillReads) {
-  TempDir dir;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.use_io_uring = GetParam();
+  EngineOptions o = Options();
   o.pack_bytes = 0;
   ShardData old_layout = MixedSmallShard("v2", 1, 120, 3);
-  {
-    auto e = Engine::Open(o);
-    ASSERT_TRUE(e.ok()) << e.status();
-    ASSERT_TRUE((*e)->BeginCheckpoint({"v2", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
-    ASSERT_TRUE((*e)->WriteShard(old_layout.spec, old_layout.ptrs()).ok());
-  }
+  WriteFullAndClose(o, old_layout);
   std::string seg_dir;
-  EXPECT_EQ(PackedChunks(FooterChunks(dir.path(), "v2", 1, &seg_dir)), 0u);
-  o.pack_bytes = EngineOptions().pack_bytes;
-  auto e = Engine::Open(o);
+  EXPECT_EQ(PackedChunks(FooterChunks(dir_.path(), "v2", 1, &seg_dir)), 0u);
+  auto e = Engine::Open(Options());  // packs (the default)
   ASSERT_TRUE(e.ok()) << e.status();
   ShardData packed = MixedSmallShard("v2", 2, 120, 4);
-  ASSERT_TRUE((*e)->BeginCheckpoint({"v2", 2, CheckpointKind::kFull, -1, 1, ""}).ok());
-  ASSERT_TRUE((*e)->WriteShard(packed.spec, packed.ptrs()).ok());
-  EXPECT_GT(PackedChunks(FooterChunks(dir.path(), "v2", 2, &seg_dir)), 0u);
+  WriteFull(e->get(), packed);
+  EXPECT_GT(PackedChunks(FooterChunks(dir_.path(), "v2", 2, &seg_dir)), 0u);
   ExpectRestores(e->get(), old_layout);
   ExpectRestores(e->get(), packed);
   EXPECT_TRUE((*e)->Verify("v2", 1).ok());
   EXPECT_TRUE((*e)->Verify("v2", 2).ok());
 }
 
+// Packed (the default), and each small tensor a chunk of its own in a small record buffer,
+// many in flight at once (pack_bytes = 0; shard_writer.cc, kSmallJobsPerJob).
 TEST_P(SmallChunksTest, ManySmallTensorsRoundTrip) {
-  TempDir dir;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.use_io_uring = GetParam();
-  o.zstd_level = 1;
-  o.adapt_compression = false;  // every chunk tries compression: small alt buffers too
-  auto e = Engine::Open(o);
-  ASSERT_TRUE(e.ok()) << e.status();
-  ASSERT_TRUE((*e)->BeginCheckpoint({"sc", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
-  ShardData d;
-  d.spec.job = "sc";
-  d.spec.step = 1;
-  d.spec.rank = 0;
-  std::mt19937_64 rng(7);
-  for (int i = 0; i < 600; ++i) {
-    // Mostly 4 B-256 KiB, exactly the small-buffer limit, and every 50th above it.
-    int64_t numel = i % 50 == 49 ? 300000 + i
-                    : i % 50 == 48 ? static_cast<int64_t>(kSmallChunkBytes / 4)
-                                   : 1 + static_cast<int64_t>(rng() % (kSmallChunkBytes / 4));
-    d.spec.tensors.push_back(Tensor(absl::StrCat("t", i), DType::kF32, numel));
-    d.bytes.push_back(i % 3 == 0 ? WeightBytes(numel, i) : RandomBytes(numel * 4, i));
+  for (size_t pack : {EngineOptions().pack_bytes, size_t{0}}) {
+    EngineOptions o = Options();
+    o.pack_bytes = pack;
+    o.zstd_level = 1;
+    o.adapt_compression = false;  // every chunk tries compression: small alt buffers too
+    auto e = Engine::Open(o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ShardData d;
+    d.spec.job = "sc";
+    d.spec.step = pack == 0 ? 2 : 1;
+    d.spec.rank = 0;
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 600; ++i) {
+      // Mostly 4 B-256 KiB, exactly the small-buffer limit, and every 50th above it.
+      int64_t numel = i % 50 == 49 ? 300000 + i
+                      : i % 50 == 48 ? static_cast<int64_t>(kSmallChunkBytes / 4)
+                                     : 1 + static_cast<int64_t>(rng() % (kSmallChunkBytes / 4));
+      d.spec.tensors.push_back(Tensor(absl::StrCat("t", i), DType::kF32, numel));
+      d.bytes.push_back(i % 3 == 0 ? WeightBytes(numel, i) : RandomBytes(numel * 4, i));
+    }
+    WriteFull(e->get(), d);
+    ExpectRestores(e->get(), d);
+    EXPECT_TRUE((*e)->Verify("sc", d.spec.step).ok());
   }
-  ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
-  ExpectRestores(e->get(), d);
-  EXPECT_TRUE((*e)->Verify("sc", 1).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(IoPaths, SmallChunksTest, ::testing::Values(true, false),
