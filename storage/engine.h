@@ -67,9 +67,11 @@ struct EngineOptions {
   // Store a chunk compressed only if stored <= raw * this: saving less than 10% is not worth
   // the decode time (fp32 Adam state gains ~5-8%). Default: 0.90.
   double min_compress_gain = 0.90;
-  // Adaptive bypass: try to compress a chunk only while at least half of the writer's
-  // in-flight chunks wait for the disk, i.e. when compressing cannot slow the write down.
-  // false: try every chunk (tests, archival). Default: true.
+  // Adaptive bypass: try to compress a chunk only while at least three quarters of the
+  // writer's in-flight chunks wait for the disk and an encoder is free (at most
+  // min(encode_threads, cores - 1) compress at once), and only when a 64 KiB probe of it
+  // compresses to 0.75 or less: compression is used where it cannot slow the write down
+  // (docs/format.md, "Chunk record"). false: try every chunk (tests, archival). Default: true.
   bool adapt_compression = true;
   // Use io_uring; false forces the pwrite fallback (tests). Default: true.
   bool use_io_uring = true;

@@ -160,6 +160,7 @@ class ShardWriterImpl : public ShardWriter {
   uint32_t cur_crc_ = 0;              // CRC-32C of cur_'s bytes so far
   uint64_t cur_start_ = 0;
   bool finished_ = false;
+  bool waited_ = false;               // the last Dispatch waited for room (disk-bound)
   Digester digest_;                   // tensor_'s bytes so far, the shard's algorithm
   // tensor_'s bytes for its expected SHA-256, when it has one and digest_ is not SHA-256.
   std::unique_ptr<Digester> sha256_;
@@ -340,7 +341,10 @@ bool ShardWriterImpl::PackNext() const {
 std::vector<ChunkMember> ShardWriterImpl::ChunkMembers() const {
   std::vector<ChunkMember> members;
   const uint64_t end = cur_start_ + cur_len_;
-  for (uint32_t t = 0; t < tensor_end_.size() && cur_start_ < end; ++t) {
+  // From the tensor holding the chunk's first byte (the first to end past it).
+  const auto first = std::upper_bound(tensor_end_.begin(), tensor_end_.end(), cur_start_);
+  for (auto t = static_cast<uint32_t>(first - tensor_end_.begin());
+       t < tensor_end_.size() && tensor_end_[t] - TensorLength(t) < end; ++t) {
     const uint64_t lo = std::max(cur_start_, tensor_end_[t] - TensorLength(t));
     const uint64_t hi = std::min(end, tensor_end_[t]);
     if (lo >= hi) continue;
@@ -431,17 +435,19 @@ void ShardWriterImpl::Dispatch() {
   // Throughput bypass: compress only while the disk is behind (enough writes queued) and
   // the encoders keep up (no chunk waits for one), so encoding time hides behind I/O and
   // compression never lowers throughput, also when other work takes the cores.
+  // The disk sets the pace when the last chunk had to wait for room (backpressure): only
+  // then is there CPU time that compression can use without slowing the write.
   bool disk_busy = !opt_.adapt_compression ||
-                   (io_pending_.load() >= max_jobs_ * 3 / 4 &&
+                   (waited_ && io_pending_.load() >= max_jobs_ * 3 / 4 &&
                     compressing_.load() < max_compressors_);
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
                       (no_gain_[job->tensor].load() < 2 || job->index_in_tensor % 8 == 0);
   {
     // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
-    // A chunk that stays raw never takes a compressed buffer: twice as many fit.
-    job->weight = (job->try_compress ? 2 : 1) * job->raw->capacity();
+    job->weight = 2 * job->raw->capacity();
     next_weight_ = job->weight;
+    waited_ = !HasRoom();
     mu_.Await(absl::Condition(this, &ShardWriterImpl::HasRoom));
     ++pending_;
     inflight_weight_ += job->weight;
