@@ -67,6 +67,10 @@ SegmentWriter::~SegmentWriter() {
       stop_ = true;
     }
     ring_thread_.join();
+    // The ring's own teardown is asynchronous: without this, the registered file could stay
+    // open (for writing) a moment after the writer is gone, e.g. keeping a read-only remount
+    // of its file system busy.
+    if (fixed_file_) io_uring_unregister_files(ring_);
     io_uring_queue_exit(ring_);
     delete ring_;
   }
