@@ -18,6 +18,7 @@
 #include "storage/engine.h"
 #include "storage/file_system.h"
 #include "storage/footer.h"
+#include "storage/metadata.h"
 #include "storage/test_util.h"
 
 namespace gradsnap {
@@ -239,6 +240,56 @@ TEST_P(SmallChunksTest, ManySmallTensorsRoundTrip) {
     ExpectRestores(e->get(), d);
     EXPECT_TRUE((*e)->Verify("sc", d.spec.step).ok());
   }
+}
+
+// Packed ChunkRecords round-trip; a member list that does not tile its chunk, or places a
+// tensor where the spec does not, is DATA_LOSS; single-tensor records stay version 1.
+TEST(PackedRecordTest, EncodingAndPlacement) {
+  const std::vector<uint64_t> starts = {0, 100, 100, 250, 1000};  // t1 is empty
+  ChunkRecord c;
+  c.header.raw_len = 250;
+  c.header.stream_offset = 0;
+  c.tensor = 0;
+  c.members = {{0, 0, 100}, {2, 100, 150}};
+  ChunkRecord back;
+  ASSERT_TRUE(DecodeChunk(EncodeChunk(c), &back).ok());
+  ASSERT_EQ(back.members.size(), 2u);
+  EXPECT_EQ(back.members[1].tensor, 2u);
+  EXPECT_EQ(back.members[1].offset, 100u);
+  EXPECT_EQ(back.members[1].length, 150u);
+  EXPECT_EQ(EncodeChunk(c)[0], 2);
+  EXPECT_TRUE(CheckChunkPlacement(starts, c).ok());
+
+  auto misplaced = [&](ChunkRecord bad) {
+    return CheckChunkPlacement(starts, bad).code() == absl::StatusCode::kDataLoss;
+  };
+  ChunkRecord gap = c;
+  gap.members[1].offset = 101;
+  EXPECT_TRUE(misplaced(gap));
+  ChunkRecord wrong_tensor = c;
+  wrong_tensor.members[1].tensor = 3;  // t3 starts at 250, not 100
+  EXPECT_TRUE(misplaced(wrong_tensor));
+  ChunkRecord short_tiling = c;
+  short_tiling.header.raw_len = 300;
+  EXPECT_TRUE(misplaced(short_tiling));
+  ChunkRecord first_differs = c;
+  first_differs.tensor = 2;
+  EXPECT_TRUE(misplaced(first_differs));
+
+  ChunkRecord single;
+  single.header.raw_len = 500;
+  single.header.stream_offset = 300;
+  single.tensor = 3;
+  EXPECT_EQ(EncodeChunk(single)[0], 1);
+  EXPECT_TRUE(CheckChunkPlacement(starts, single).ok());
+  single.tensor = 2;
+  EXPECT_TRUE(misplaced(single));
+
+  // A version-2 record must list at least two members.
+  ChunkRecord one = c;
+  one.members.resize(1);
+  std::string v = EncodeChunk(one);
+  EXPECT_EQ(DecodeChunk(v, &back).code(), absl::StatusCode::kDataLoss);
 }
 
 INSTANTIATE_TEST_SUITE_P(IoPaths, SmallChunksTest, ::testing::Values(true, false),
