@@ -113,6 +113,23 @@ class ShardReaderImpl : public ShardReader {
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
+  // A failed packed chunk loses every tensor in it (one CRC covers them all): the error
+  // names them (the first kMaxNamed).
+  absl::Status PackedLoss(const ChunkRecord& c, const absl::Status& s) const {
+    if (c.members.empty()) return s;
+    constexpr size_t kMaxNamed = 8;
+    std::string names;
+    for (size_t i = 0; i < c.members.size() && i < kMaxNamed; ++i) {
+      const uint32_t t = c.members[i].tensor;
+      absl::StrAppend(&names, i == 0 ? "" : ", ",
+                      t < info_.tensors.size() ? info_.tensors[t].spec.name : "?");
+    }
+    if (c.members.size() > kMaxNamed) {
+      absl::StrAppend(&names, " and ", c.members.size() - kMaxNamed, " more");
+    }
+    return absl::DataLossError(
+        absl::StrCat("packed chunk holding tensors ", names, ": ", s.message()));
+  }
   absl::Status DigestMismatch() const {
     return absl::DataLossError(
         absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
@@ -221,7 +238,7 @@ absl::Status ShardReaderImpl::Take(size_t chunk, uint32_t tensor, std::shared_pt
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
   }
-  if (!s->status.ok()) return Loss(tensor, s->status);
+  if (!s->status.ok()) return Loss(tensor, PackedLoss(chunks_[chunk], s->status));
   *out = std::move(s);
   return absl::OkStatus();
 }
