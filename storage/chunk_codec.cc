@@ -37,25 +37,6 @@ void WriteHeader(const ChunkHeader& h, uint8_t* p) {
   Put32(p + 36, Crc32c(p, 36));
 }
 
-// Portable version: one plane at a time (constant stride).
-template <size_t W>
-void ShuffleFixed(const uint8_t* in, uint8_t* out, size_t elems) {
-  for (size_t p = 0; p < W; ++p) {
-    uint8_t* dst = out + p * elems;
-    const uint8_t* src = in + p;
-    for (size_t i = 0; i < elems; ++i) dst[i] = src[i * W];
-  }
-}
-
-template <size_t W>
-void UnshuffleFixed(const uint8_t* in, uint8_t* out, size_t elems) {
-  for (size_t p = 0; p < W; ++p) {
-    const uint8_t* src = in + p * elems;
-    uint8_t* dst = out + p;
-    for (size_t i = 0; i < elems; ++i) dst[i * W] = src[i];
-  }
-}
-
 #if defined(__x86_64__)
 // SSSE3 versions: 16 elements per step, a 16x4 (or 16x2) byte transpose done with one pshufb
 // per vector plus dword/qword unpacks. Several GB/s per core, so shuffling never limits a
@@ -63,21 +44,33 @@ void UnshuffleFixed(const uint8_t* in, uint8_t* out, size_t elems) {
 const __m128i kGroup4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
 const __m128i kGroup2 = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
 
-__attribute__((target("ssse3"))) size_t Shuffle4Ssse3(const uint8_t* in, uint8_t* out,
-                                                      size_t elems) {
+// W = 4 or 2: pshufb groups byte k of the elements of each vector, then the vectors' groups
+// are interleaved into the W planes.
+template <size_t W>
+__attribute__((target("ssse3"))) size_t ShuffleSsse3(const uint8_t* in, uint8_t* out,
+                                                     size_t elems) {
+  static_assert(W == 2 || W == 4);
+  const __m128i group = W == 4 ? kGroup4 : kGroup2;
   size_t i = 0;
   for (; i + 16 <= elems; i += 16) {
-    const __m128i* s = reinterpret_cast<const __m128i*>(in + 4 * i);
-    __m128i v0 = _mm_shuffle_epi8(_mm_loadu_si128(s + 0), kGroup4);
-    __m128i v1 = _mm_shuffle_epi8(_mm_loadu_si128(s + 1), kGroup4);
-    __m128i v2 = _mm_shuffle_epi8(_mm_loadu_si128(s + 2), kGroup4);
-    __m128i v3 = _mm_shuffle_epi8(_mm_loadu_si128(s + 3), kGroup4);
-    __m128i a = _mm_unpacklo_epi32(v0, v1), b = _mm_unpackhi_epi32(v0, v1);
-    __m128i c = _mm_unpacklo_epi32(v2, v3), d = _mm_unpackhi_epi32(v2, v3);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 0 * elems + i), _mm_unpacklo_epi64(a, c));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 1 * elems + i), _mm_unpackhi_epi64(a, c));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * elems + i), _mm_unpacklo_epi64(b, d));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 3 * elems + i), _mm_unpackhi_epi64(b, d));
+    const __m128i* s = reinterpret_cast<const __m128i*>(in + W * i);
+    __m128i v[W];
+    for (size_t k = 0; k < W; ++k) v[k] = _mm_shuffle_epi8(_mm_loadu_si128(s + k), group);
+    __m128i plane[W];
+    if constexpr (W == 4) {
+      __m128i a = _mm_unpacklo_epi32(v[0], v[1]), b = _mm_unpackhi_epi32(v[0], v[1]);
+      __m128i c = _mm_unpacklo_epi32(v[2], v[3]), d = _mm_unpackhi_epi32(v[2], v[3]);
+      plane[0] = _mm_unpacklo_epi64(a, c);
+      plane[1] = _mm_unpackhi_epi64(a, c);
+      plane[2] = _mm_unpacklo_epi64(b, d);
+      plane[3] = _mm_unpackhi_epi64(b, d);
+    } else {
+      plane[0] = _mm_unpacklo_epi64(v[0], v[1]);
+      plane[1] = _mm_unpackhi_epi64(v[0], v[1]);
+    }
+    for (size_t k = 0; k < W; ++k) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k * elems + i), plane[k]);
+    }
   }
   return i;
 }
@@ -101,19 +94,6 @@ __attribute__((target("ssse3"))) size_t Unshuffle4Ssse3(const uint8_t* in, uint8
   return i;
 }
 
-__attribute__((target("ssse3"))) size_t Shuffle2Ssse3(const uint8_t* in, uint8_t* out,
-                                                      size_t elems) {
-  size_t i = 0;
-  for (; i + 16 <= elems; i += 16) {
-    const __m128i* s = reinterpret_cast<const __m128i*>(in + 2 * i);
-    __m128i v0 = _mm_shuffle_epi8(_mm_loadu_si128(s + 0), kGroup2);
-    __m128i v1 = _mm_shuffle_epi8(_mm_loadu_si128(s + 1), kGroup2);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_unpacklo_epi64(v0, v1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + elems + i), _mm_unpackhi_epi64(v0, v1));
-  }
-  return i;
-}
-
 size_t Unshuffle2Sse2(const uint8_t* in, uint8_t* out, size_t elems) {
   size_t i = 0;
   for (; i + 16 <= elems; i += 16) {
@@ -132,47 +112,56 @@ bool HaveSsse3() {
 }
 #endif
 
-// Elements [from, elems) of a plane layout, scalar.
-template <size_t W>
-void ShuffleTail(const uint8_t* in, uint8_t* out, size_t from, size_t elems) {
+// Elements [from, elems) of a plane layout, scalar: byte p of element i is out[p * elems + i]
+// (shuffle) or comes from in[p * elems + i] (unshuffle).
+template <size_t W, bool kShuffle>
+void PlanesScalar(const uint8_t* in, uint8_t* out, size_t from, size_t elems) {
   for (size_t p = 0; p < W; ++p) {
-    for (size_t i = from; i < elems; ++i) out[p * elems + i] = in[i * W + p];
+    for (size_t i = from; i < elems; ++i) {
+      if constexpr (kShuffle) {
+        out[p * elems + i] = in[i * W + p];
+      } else {
+        out[i * W + p] = in[p * elems + i];
+      }
+    }
   }
 }
 
-template <size_t W>
-void UnshuffleTail(const uint8_t* in, uint8_t* out, size_t from, size_t elems) {
-  for (size_t p = 0; p < W; ++p) {
-    for (size_t i = from; i < elems; ++i) out[i * W + p] = in[p * elems + i];
-  }
-}
-
-template <size_t W>
-void ShuffleFast(const uint8_t* in, uint8_t* out, size_t elems) {
+// The SIMD kernels where there is one (they return how many elements they did), the scalar
+// loop for the rest.
+template <size_t W, bool kShuffle>
+void Planes(const uint8_t* in, uint8_t* out, size_t elems) {
   size_t done = 0;
 #if defined(__x86_64__)
-  if (W == 4 && HaveSsse3()) done = Shuffle4Ssse3(in, out, elems);
-  if (W == 2 && HaveSsse3()) done = Shuffle2Ssse3(in, out, elems);
-#endif
-  if (done == 0) {
-    ShuffleFixed<W>(in, out, elems);
-    return;
+  if constexpr (W == 4) {
+    if (HaveSsse3()) done = kShuffle ? ShuffleSsse3<4>(in, out, elems) : Unshuffle4Ssse3(in, out, elems);
+  } else if constexpr (W == 2) {
+    if (!kShuffle) done = Unshuffle2Sse2(in, out, elems);
+    else if (HaveSsse3()) done = ShuffleSsse3<2>(in, out, elems);
   }
-  ShuffleTail<W>(in, out, done, elems);
+#endif
+  PlanesScalar<W, kShuffle>(in, out, done, elems);
 }
 
-template <size_t W>
-void UnshuffleFast(const uint8_t* in, uint8_t* out, size_t elems) {
-  size_t done = 0;
-#if defined(__x86_64__)
-  if (W == 4 && HaveSsse3()) done = Unshuffle4Ssse3(in, out, elems);
-  if (W == 2) done = Unshuffle2Sse2(in, out, elems);
-#endif
-  if (done == 0) {
-    UnshuffleFixed<W>(in, out, elems);
-    return;
+// Byte shuffle (kShuffle) or unshuffle of n bytes; a tail shorter than one element is copied.
+template <bool kShuffle>
+void Transpose(const uint8_t* in, uint8_t* out, size_t n, size_t width) {
+  size_t elems = width > 1 ? n / width : 0;
+  switch (width) {
+    case 2: Planes<2, kShuffle>(in, out, elems); break;
+    case 4: Planes<4, kShuffle>(in, out, elems); break;
+    case 8: Planes<8, kShuffle>(in, out, elems); break;
+    default: elems = 0; break;
   }
-  UnshuffleTail<W>(in, out, done, elems);
+  std::memcpy(out + elems * width, in + elems * width, n - elems * width);
+}
+
+// Whether a record header equals the chunk's metadata, field by field.
+bool SameHeader(const ChunkHeader& h, const ChunkHeader& e) {
+  return h.codec == e.codec && h.filter == e.filter && h.element_size == e.element_size &&
+         h.raw_len == e.raw_len && h.stored_len == e.stored_len &&
+         h.stream_offset == e.stream_offset && h.crc_raw == e.crc_raw &&
+         h.crc_stored == e.crc_stored;
 }
 
 }  // namespace
@@ -182,25 +171,11 @@ size_t MaxRecordSize(size_t raw_len) {
 }
 
 void ByteShuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width) {
-  size_t elems = width > 1 ? n / width : 0;
-  switch (width) {
-    case 2: ShuffleFast<2>(in, out, elems); break;
-    case 4: ShuffleFast<4>(in, out, elems); break;
-    case 8: ShuffleFixed<8>(in, out, elems); break;
-    default: elems = 0; break;
-  }
-  std::memcpy(out + elems * width, in + elems * width, n - elems * width);
+  Transpose<true>(in, out, n, width);
 }
 
 void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width) {
-  size_t elems = width > 1 ? n / width : 0;
-  switch (width) {
-    case 2: UnshuffleFast<2>(in, out, elems); break;
-    case 4: UnshuffleFast<4>(in, out, elems); break;
-    case 8: UnshuffleFixed<8>(in, out, elems); break;
-    default: elems = 0; break;
-  }
-  std::memcpy(out + elems * width, in + elems * width, n - elems * width);
+  Transpose<false>(in, out, n, width);
 }
 
 ChunkEncoder::ChunkEncoder(const CodecOptions& options)
@@ -221,21 +196,20 @@ ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw
   h.crc_raw = crc_raw;
   *in_alt = false;
   if (try_compress && options_.zstd_level > 0 && n >= 64) {
-    const uint8_t* src = raw;
-    size_t width = DTypeSize(dtype);
+    const size_t width = DTypeSize(dtype);
     ChunkHeader c = h;
-    if (options_.shuffle && DTypeIsFloat(dtype) && width > 1) {
-      if (scratch_.size() < n) scratch_.resize(n);
-      ByteShuffle(raw, scratch_.data(), n, width);
-      src = scratch_.data();
+    const bool shuffle = options_.shuffle && DTypeIsFloat(dtype) && width > 1;
+    if (shuffle) {
       c.filter = ChunkFilter::kShuffle;
       c.element_size = static_cast<uint8_t>(width);
     }
-    size_t limit = static_cast<size_t>(static_cast<double>(n) * options_.max_compressed_ratio);
     uint8_t* payload = alt + kChunkHeaderSize;
-    size_t z = ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), payload, ZSTD_compressBound(n),
-                              src, n);
-    if (!ZSTD_isError(z) && z <= limit) {
+    if (n >= 4 * kCompressProbeBytes && !Pays(raw, kCompressProbeBytes, shuffle ? width : 1,
+                                                 payload)) {
+      return WriteRawHeader(rec, n, crc_raw, stream_offset);
+    }
+    size_t z = Compress(raw, n, shuffle ? width : 1, payload);
+    if (!ZSTD_isError(z) && z <= Limit(n)) {
       c.codec = ChunkCodec::kZstd;
       c.stored_len = static_cast<uint32_t>(z);
       c.crc_stored = Crc32c(payload, z);
@@ -244,6 +218,38 @@ ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw
       return c;
     }
   }
+  return WriteRawHeader(rec, n, crc_raw, stream_offset);
+}
+
+size_t ChunkEncoder::Limit(size_t n) const {
+  return static_cast<size_t>(static_cast<double>(n) * options_.max_compressed_ratio);
+}
+
+size_t ChunkEncoder::Compress(const uint8_t* raw, size_t n, size_t width, uint8_t* out) {
+  const uint8_t* src = raw;
+  if (width > 1) {
+    if (scratch_.size() < n) scratch_.resize(n);
+    ByteShuffle(raw, scratch_.data(), n, width);
+    src = scratch_.data();
+  }
+  return ZSTD_compress2(static_cast<ZSTD_CCtx*>(cctx_), out, ZSTD_compressBound(n), src, n);
+}
+
+bool ChunkEncoder::Pays(const uint8_t* raw, size_t n, size_t width, uint8_t* out) {
+  // A small frame compresses a little worse than the whole chunk will: the probe only has to
+  // get halfway from "no gain" to max_compressed_ratio (noise stays above it).
+  size_t z = Compress(raw, n, width, out);
+  const size_t limit = options_.probe_gain > 0
+                           ? static_cast<size_t>(static_cast<double>(n) * options_.probe_gain)
+                           : (n + Limit(n)) / 2;
+  return !ZSTD_isError(z) && z <= limit;
+}
+
+ChunkHeader WriteRawHeader(uint8_t* rec, size_t n, uint32_t crc_raw, uint64_t stream_offset) {
+  ChunkHeader h;
+  h.raw_len = static_cast<uint32_t>(n);
+  h.stream_offset = stream_offset;
+  h.crc_raw = crc_raw;
   h.codec = ChunkCodec::kRaw;
   h.stored_len = h.raw_len;
   h.crc_stored = h.crc_raw;
@@ -298,11 +304,7 @@ absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
                                   const ChunkHeader* expected, uint8_t* out, size_t out_cap) {
   ChunkHeader h;
   if (absl::Status s = ParseChunkHeader(rec, rec_len, &h); !s.ok()) return s;
-  if (expected != nullptr &&
-      (h.codec != expected->codec || h.filter != expected->filter ||
-       h.element_size != expected->element_size || h.raw_len != expected->raw_len ||
-       h.stored_len != expected->stored_len || h.stream_offset != expected->stream_offset ||
-       h.crc_raw != expected->crc_raw || h.crc_stored != expected->crc_stored)) {
+  if (expected != nullptr && !SameHeader(h, *expected)) {
     return absl::DataLossError("chunk record does not match its metadata");
   }
   if (rec_len < h.record_len()) return absl::DataLossError("chunk record truncated");
@@ -335,11 +337,7 @@ absl::Status ChunkDecoder::DecodeView(const uint8_t* rec, size_t rec_len,
   ChunkHeader h;
   if (absl::Status s = ParseChunkHeader(rec, rec_len, &h); !s.ok()) return s;
   if (h.codec == ChunkCodec::kRaw) {
-    if (expected != nullptr &&
-        (h.codec != expected->codec || h.raw_len != expected->raw_len ||
-         h.stored_len != expected->stored_len || h.stream_offset != expected->stream_offset ||
-         h.crc_raw != expected->crc_raw || h.crc_stored != expected->crc_stored ||
-         h.filter != expected->filter || h.element_size != expected->element_size)) {
+    if (expected != nullptr && !SameHeader(h, *expected)) {
       return absl::DataLossError("chunk record does not match its metadata");
     }
     if (rec_len < h.record_len()) return absl::DataLossError("chunk record truncated");

@@ -49,8 +49,14 @@ struct ChunkHeader {
 struct CodecOptions {
   int zstd_level = 1;          // 0: never compress
   bool shuffle = true;
-  double max_compressed_ratio = 0.90;  // keep the zstd frame only if stored <= raw * this
+  double max_compressed_ratio = 0.90;
+  // The probe (kCompressProbeBytes) must compress to at most this fraction for the whole
+  // chunk to be compressed; 0: halfway between 1 and max_compressed_ratio. The writer's adaptive
+  // bypass asks for more (kAdaptiveProbeGain): compressing costs a core ~raw/500 MB/s and
+  // saves the disk only the bytes it removes, so only a large gain pays for the CPU.
+  double probe_gain = 0;
 };
+constexpr double kAdaptiveProbeGain = 0.75;
 
 // Upper bound of the record size of a chunk of raw_len bytes.
 size_t MaxRecordSize(size_t raw_len);
@@ -59,6 +65,15 @@ size_t MaxRecordSize(size_t raw_len);
 // copied as is).
 void ByteShuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width);
 void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width);
+
+// Writes the header of a raw (uncompressed, unfiltered) record in front of the n raw bytes at
+// rec + kChunkHeaderSize, whose CRC-32C is crc_raw, and returns it.
+ChunkHeader WriteRawHeader(uint8_t* rec, size_t n, uint32_t crc_raw, uint64_t stream_offset);
+
+// Bytes of a chunk's start that are compressed first, as a probe: a chunk whose probe does not
+// get halfway to max_compressed_ratio is stored raw without compressing the rest (chunks of at
+// least 4 * kCompressProbeBytes).
+constexpr size_t kCompressProbeBytes = 64u << 10;
 
 class ChunkEncoder {
  public:
@@ -69,7 +84,8 @@ class ChunkEncoder {
 
   // Encodes raw[0, n) into out (capacity >= MaxRecordSize(n)) and returns the header; the
   // record is out[0, header.record_len()). `try_compress` false stores the chunk raw (the
-  // writer's adaptive bypass). n <= kMaxChunkRawBytes.
+  // writer's adaptive bypass); so does a failed probe (kCompressProbeBytes).
+  // n <= kMaxChunkRawBytes.
   ChunkHeader Encode(const uint8_t* raw, size_t n, DType dtype, uint64_t stream_offset,
                      bool try_compress, uint8_t* out);
   // The writer's zero-copy variant: the raw bytes already sit at rec + kChunkHeaderSize and
@@ -81,6 +97,14 @@ class ChunkEncoder {
                             bool* in_alt);
 
  private:
+  // Largest compressed size worth storing for n raw bytes.
+  size_t Limit(size_t n) const;
+  // zstd frame of raw[0, n), byte-shuffled with `width` first when > 1, into out.
+  size_t Compress(const uint8_t* raw, size_t n, size_t width, uint8_t* out);
+  // The probe: whether raw[0, n) compresses enough to try the whole chunk (out: scratch of at
+  // least ZSTD_compressBound(n) bytes).
+  bool Pays(const uint8_t* raw, size_t n, size_t width, uint8_t* out);
+
   CodecOptions options_;
   void* cctx_;  // ZSTD_CCtx*
   std::vector<uint8_t> scratch_;

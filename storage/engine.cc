@@ -50,6 +50,21 @@ EngineOptions WithClock(EngineOptions o) {
   return o;
 }
 
+// A catalog Open may use: one RocksDB can scan the checkpoint keys, and lists at least one
+// when segment data exists. Otherwise the refusal that leaves the directory as found.
+absl::Status CheckCatalogScans(MetaStore* meta, const std::string& dir, uint64_t segment_files) {
+  auto checkpoints = meta->Scan("c/");
+  if (!checkpoints.ok()) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
+                                            checkpoints.status().message(), ")"));
+  }
+  if (checkpoints->empty() && segment_files > 0) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
+                                            "holds ", segment_files, " files"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string Where(const std::string& job, int64_t step, int32_t rank, const std::string& tensor) {
@@ -79,6 +94,18 @@ absl::Status ValidateCheckpointSpec(const CheckpointSpec& s) {
     return absl::InvalidArgumentError("checkpoint metadata larger than 1 MiB");
   }
   return absl::OkStatus();
+}
+
+std::vector<uint64_t> TensorStarts(const ShardSpec& spec) {
+  std::vector<uint64_t> starts;
+  starts.reserve(spec.tensors.size() + 1);
+  uint64_t pos = 0;
+  for (const TensorSpec& t : spec.tensors) {
+    starts.push_back(pos);
+    pos += t.byte_length;
+  }
+  starts.push_back(pos);
+  return starts;
 }
 
 absl::Status ValidateShardSpec(const ShardSpec& s, const CheckpointRecord& ckpt) {
@@ -240,15 +267,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
       return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                               probe.status().message(), ")"));
     }
-    auto any = (*probe)->Scan("c/");
-    if (!any.ok()) {
-      return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
-                                              any.status().message(), ")"));
-    }
-    if (any->empty() && segment_files > 0) {
-      return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
-                                              "holds ", segment_files, " files"));
-    }
+    RETURN_IF_ERROR(CheckCatalogScans(probe->get(), dir, segment_files));
   }
   auto meta = MetaStore::Open(dir + "/meta", mode);
   if (!meta.ok()) {
@@ -260,15 +279,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   }
   (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
-  auto checkpoints = engine->meta()->Scan("c/");
-  if (!checkpoints.ok()) {
-    return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
-                                            checkpoints.status().message(), ")"));
-  }
-  if (checkpoints->empty() && segment_files > 0) {
-    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
-                                            "holds ", segment_files, " files"));
-  }
+  RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
   if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
   return std::unique_ptr<Engine>(std::move(engine));
 }
@@ -603,13 +614,28 @@ absl::StatusOr<ShardInfo> EngineImpl::MakeShardInfo(const ShardRecord& rec,
     info.raw_bytes += ti.spec.byte_length;
     info.tensors.push_back(std::move(ti));
   }
+  const std::vector<uint64_t> starts = TensorStarts(rec.spec);
   for (const ChunkRecord& c : chunks) {
-    if (c.tensor >= info.tensors.size()) {
+    if (absl::Status s = CheckChunkPlacement(starts, c); !s.ok()) {
       return absl::DataLossError(absl::StrCat(Where(rec.spec.job, rec.spec.step, rec.spec.rank),
-                                              ": chunk names tensor ", c.tensor));
+                                              ": ", s.message()));
     }
-    info.tensors[c.tensor].stored_bytes += c.header.record_len();
-    info.tensors[c.tensor].chunks += 1;
+    if (c.members.empty()) {
+      info.tensors[c.tensor].stored_bytes += c.header.record_len();
+      info.tensors[c.tensor].chunks += 1;
+      continue;
+    }
+    // A packed chunk's record bytes are shared in proportion to each tensor's raw bytes.
+    uint64_t left = c.header.record_len();
+    for (size_t i = 0; i < c.members.size(); ++i) {
+      const ChunkMember& m = c.members[i];
+      uint64_t share = i + 1 == c.members.size()
+                           ? left
+                           : c.header.record_len() * uint64_t{m.length} / c.header.raw_len;
+      info.tensors[m.tensor].stored_bytes += share;
+      info.tensors[m.tensor].chunks += 1;
+      left -= share;
+    }
   }
   return info;
 }

@@ -55,6 +55,12 @@ struct EngineOptions {
   std::string data_dir;
   // Largest raw chunk. Default: 4 MiB.
   size_t chunk_bytes = 4 << 20;
+  // Small tensors (at most 256 KiB) share chunks: consecutive ones are packed into one chunk
+  // of at most min(pack_bytes, chunk_bytes) instead of each taking a chunk (and a record
+  // padded to 4 KiB) of its own (docs/format.md, "Packed chunks", format 3). Reading one small
+  // tensor then reads its whole chunk. 0 disables packing: every chunk holds one tensor's
+  // bytes, the format-2 layout. Default: 4 MiB.
+  size_t pack_bytes = 4 << 20;
   // zstd level for chunk compression; 0 disables compression. Default: 1.
   int zstd_level = 1;
   // Byte-shuffle float tensors before compressing. Default: true.
@@ -63,9 +69,11 @@ struct EngineOptions {
   // are stored: saving less than 10% is not worth the decode time (fp32 Adam state gains
   // ~5-8%). Default: 0.90.
   double max_compressed_ratio = 0.90;
-  // Adaptive bypass: try to compress a chunk only while at least half of the writer's
-  // in-flight chunks wait for the disk, i.e. when compressing cannot slow the write down.
-  // false: try every chunk (tests, archival). Default: true.
+  // Adaptive bypass: try to compress a chunk only while at least three quarters of the
+  // writer's in-flight chunks wait for the disk and an encoder is free (at most
+  // min(encode_threads, cores - 1) compress at once), and only when a 64 KiB probe of it
+  // compresses to 0.75 or less: compression is used where it cannot slow the write down
+  // (docs/format.md, "Chunk record"). false: try every chunk (tests, archival). Default: true.
   bool adapt_compression = true;
   // Use io_uring; false forces the pwrite fallback (tests). Default: true.
   bool use_io_uring = true;

@@ -106,6 +106,9 @@ class EngineImpl : public Engine {
   std::set<std::string> active_writers_ ABSL_GUARDED_BY(writers_mu_);
 };
 
+// Stream offset of each tensor of the shard, then the shard's total (size tensors + 1).
+std::vector<uint64_t> TensorStarts(const ShardSpec& spec);
+
 absl::Status ValidateCheckpointSpec(const CheckpointSpec& spec);
 absl::Status ValidateShardSpec(const ShardSpec& spec, const CheckpointRecord& ckpt);
 bool SameShardSpec(const ShardSpec& a, const ShardSpec& b);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <type_traits>
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -17,22 +18,46 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
-constexpr uint8_t kRecordVersion = 1;
-// ShardRecord versions: 1 has SHA-256 digests and no algorithm field; 2 appends the digest
-// algorithm (u8) after the digests (docs/format.md, "Digests").
-constexpr uint8_t kShardRecordVersionSha256 = 1;
-constexpr uint8_t kShardRecordVersion = 2;
+// Version bytes (docs/format.md, "Metadata"). A ShardRecord of version 1 has SHA-256 digests
+// and no algorithm field; version 2 appends the digest algorithm ("Digests"). A ChunkRecord of
+// version 2 is a packed chunk (format 3) and appends where each tensor lies in it.
+enum : uint8_t {
+  kRecordVersion = 1,             // CheckpointRecord; ChunkRecord of one tensor
+  kShardRecordVersionSha256 = 1,
+  kShardRecordVersion = 2,
+  kPackedChunkRecordVersion = 2,
+};
+
+// Encoding and decoding share one description of each record: a Fields() template hands the
+// fields in order to an Out (writes them) or an In (reads them back), so the two cannot drift
+// apart. A field's wire width is its C++ width (integers and enums fixed-width, little-endian;
+// bool one byte; std::string as str), checked below for the fields whose type could change.
+static_assert(sizeof(CheckpointSpec::world_size) == 4 && sizeof(ShardSpec::rank) == 4 &&
+              sizeof(CheckpointKind) == 1 && sizeof(CheckpointState) == 1 &&
+              sizeof(DType) == 1 && sizeof(ChunkCodec) == 1 && sizeof(ChunkFilter) == 1);
+
+template <class T>
+constexpr bool kFixedWidth = std::is_arithmetic_v<T> || std::is_enum_v<T>;
 
 class Out {
  public:
-  void U8(uint8_t v) { s_.push_back(static_cast<char>(v)); }
-  void U32(uint32_t v) { s_.append(reinterpret_cast<const char*>(&v), 4); }
-  void U64(uint64_t v) { s_.append(reinterpret_cast<const char*>(&v), 8); }
-  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
-  void Str(const std::string& v) { U32(static_cast<uint32_t>(v.size())); s_.append(v); }
+  template <class... T> void operator()(const T&... v) { (Put(v), ...); }
+  // A vector's element count; the elements follow.
+  template <class V> void count(const V& v, size_t /*limit*/) {
+    Put(static_cast<uint32_t>(v.size()));
+  }
   std::string Take() { return std::move(s_); }
 
  private:
+  void Put(const std::string& v) {
+    Put(static_cast<uint32_t>(v.size()));
+    s_.append(v);
+  }
+  void Put(bool v) { Put(static_cast<uint8_t>(v ? 1 : 0)); }
+  template <class T> void Put(const T& v) {
+    static_assert(kFixedWidth<T>);
+    s_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
   std::string s_;
 };
 
@@ -42,30 +67,85 @@ class In {
   explicit In(const std::string& s) : p_(s.data()), left_(s.size()) {}
   bool ok() const { return ok_; }
   bool done() const { return ok_ && left_ == 0; }
-  uint8_t U8() { uint8_t v = 0; Raw(&v, 1); return v; }
-  uint32_t U32() { uint32_t v = 0; Raw(&v, 4); return v; }
-  uint64_t U64() { uint64_t v = 0; Raw(&v, 8); return v; }
-  int64_t I64() { return static_cast<int64_t>(U64()); }
-  std::string Str() {
-    uint32_t n = U32();
-    if (!ok_ || n > left_) { ok_ = false; return {}; }
-    std::string v(p_, n);
-    p_ += n;
-    left_ -= n;
-    return v;
+  template <class... T> void operator()(T&... v) { (Get(v), ...); }
+  // Reads an element count and sizes `v`; a count over `limit` (or past the value) fails.
+  template <class V> void count(V& v, size_t limit) {
+    uint32_t n = 0;
+    Get(n);
+    if (!ok_ || n > limit || n > left_) { ok_ = false; n = 0; }
+    v.resize(n);
   }
 
  private:
-  void Raw(void* out, size_t n) {
-    if (!ok_ || n > left_) { ok_ = false; return; }
-    std::memcpy(out, p_, n);
+  void Get(std::string& v) {
+    uint32_t n = 0;
+    Get(n);
+    if (!ok_ || n > left_) { ok_ = false; v.clear(); return; }
+    v.assign(p_, n);
     p_ += n;
     left_ -= n;
+  }
+  void Get(bool& v) {
+    uint8_t b = 0;
+    Get(b);
+    v = b != 0;
+  }
+  template <class T> void Get(T& v) {
+    static_assert(kFixedWidth<T>);
+    if (!ok_ || sizeof(v) > left_) { ok_ = false; v = T{}; return; }
+    std::memcpy(&v, p_, sizeof(v));
+    p_ += sizeof(v);
+    left_ -= sizeof(v);
   }
   const char* p_;
   size_t left_;
   bool ok_ = true;
 };
+
+// The record's version byte when it is 1..newest, else 0.
+uint8_t ReadVersion(In& in, uint8_t newest) {
+  uint8_t version = 0;
+  in(version);
+  return version <= newest ? version : 0;
+}
+
+// R is the record type, const for Out.
+template <class IO, class R>
+void CheckpointFields(IO& io, R& r) {
+  io(r.spec.job, r.spec.step, r.spec.kind, r.spec.base_step, r.spec.world_size,
+     r.spec.metadata, r.state, r.created_unix_ms, r.committed_unix_ms, r.committed_shards,
+     r.raw_bytes, r.stored_bytes);
+}
+
+template <class IO, class R>
+void ShardFields(IO& io, R& r, size_t limit) {
+  io(r.spec.job, r.spec.step, r.spec.rank, r.spec.metadata);
+  io.count(r.spec.tensors, limit);
+  for (auto& t : r.spec.tensors) {
+    io(t.name, t.dtype);
+    io.count(t.shape, 64);
+    for (auto& d : t.shape) io(d);
+    io(t.byte_length, t.flat_name, t.flat_offset, t.flat_total, t.sha256);
+  }
+  io(r.committed, r.committed_size, r.chunk_count, r.stored_bytes);
+  io.count(r.segments, limit);
+  for (auto& s : r.segments) io(s.seq, s.durable_end);
+  io.count(r.tensor_digests, r.spec.tensors.size());
+  for (auto& h : r.tensor_digests) io(h);
+}
+
+template <class IO, class R>
+void ChunkFields(IO& io, R& r) {
+  auto& h = r.header;  // const for Out
+  io(h.codec, h.filter, h.element_size, h.raw_len, h.stored_len, h.stream_offset, h.crc_raw,
+     h.crc_stored, r.tensor, r.segment, r.offset);
+}
+
+template <class IO, class R>
+void MemberFields(IO& io, R& r, size_t limit) {
+  io.count(r.members, limit);
+  for (auto& m : r.members) io(m.tensor, m.offset, m.length);
+}
 
 absl::Status Malformed(const char* what) {
   return absl::DataLossError(absl::StrFormat("malformed %s metadata record", what));
@@ -116,119 +196,36 @@ std::string ChunkKey(const std::string& job, int64_t step, int32_t rank, uint32_
 
 std::string EncodeCheckpoint(const CheckpointRecord& r) {
   Out o;
-  o.U8(kRecordVersion);
-  o.Str(r.spec.job);
-  o.I64(r.spec.step);
-  o.U8(static_cast<uint8_t>(r.spec.kind));
-  o.I64(r.spec.base_step);
-  o.U32(static_cast<uint32_t>(r.spec.world_size));
-  o.Str(r.spec.metadata);
-  o.U8(static_cast<uint8_t>(r.state));
-  o.I64(r.created_unix_ms);
-  o.I64(r.committed_unix_ms);
-  o.U32(static_cast<uint32_t>(r.committed_shards));
-  o.U64(r.raw_bytes);
-  o.U64(r.stored_bytes);
+  o(kRecordVersion);
+  CheckpointFields(o, r);
   return o.Take();
 }
 
 absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r) {
   In in(v);
-  if (in.U8() != kRecordVersion) return Malformed("checkpoint");
-  r->spec.job = in.Str();
-  r->spec.step = in.I64();
-  r->spec.kind = static_cast<CheckpointKind>(in.U8());
-  r->spec.base_step = in.I64();
-  r->spec.world_size = static_cast<int32_t>(in.U32());
-  r->spec.metadata = in.Str();
-  r->state = static_cast<CheckpointState>(in.U8());
-  r->created_unix_ms = in.I64();
-  r->committed_unix_ms = in.I64();
-  r->committed_shards = static_cast<int32_t>(in.U32());
-  r->raw_bytes = in.U64();
-  r->stored_bytes = in.U64();
+  if (ReadVersion(in, kRecordVersion) == 0) return Malformed("checkpoint");
+  CheckpointFields(in, *r);
   if (!in.done()) return Malformed("checkpoint");
   return absl::OkStatus();
 }
 
 std::string EncodeShard(const ShardRecord& r) {
   Out o;
-  o.U8(kShardRecordVersion);
-  o.Str(r.spec.job);
-  o.I64(r.spec.step);
-  o.U32(static_cast<uint32_t>(r.spec.rank));
-  o.Str(r.spec.metadata);
-  o.U32(static_cast<uint32_t>(r.spec.tensors.size()));
-  for (const TensorSpec& t : r.spec.tensors) {
-    o.Str(t.name);
-    o.U8(static_cast<uint8_t>(t.dtype));
-    o.U32(static_cast<uint32_t>(t.shape.size()));
-    for (int64_t d : t.shape) o.I64(d);
-    o.U64(t.byte_length);
-    o.Str(t.flat_name);
-    o.U64(t.flat_offset);
-    o.U64(t.flat_total);
-    o.Str(t.sha256);
-  }
-  o.U8(r.committed ? 1 : 0);
-  o.U64(r.committed_size);
-  o.U32(r.chunk_count);
-  o.U64(r.stored_bytes);
-  o.U32(static_cast<uint32_t>(r.segments.size()));
-  for (const SegmentRef& s : r.segments) {
-    o.U32(s.seq);
-    o.U64(s.durable_end);
-  }
-  o.U32(static_cast<uint32_t>(r.tensor_digests.size()));
-  for (const std::string& h : r.tensor_digests) o.Str(h);
-  o.U8(static_cast<uint8_t>(r.digest_algo));  // version 2
+  o(kShardRecordVersion);
+  ShardFields(o, r, 0);
+  o(r.digest_algo);  // version 2
   return o.Take();
 }
 
 absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
   In in(v);
-  const uint8_t version = in.U8();
-  if (version != kShardRecordVersionSha256 && version != kShardRecordVersion) {
-    return Malformed("shard");
-  }
-  r->spec.job = in.Str();
-  r->spec.step = in.I64();
-  r->spec.rank = static_cast<int32_t>(in.U32());
-  r->spec.metadata = in.Str();
-  uint32_t n = in.U32();
-  if (!in.ok() || n > v.size()) return Malformed("shard");
-  r->spec.tensors.resize(n);
-  for (TensorSpec& t : r->spec.tensors) {
-    t.name = in.Str();
-    t.dtype = static_cast<DType>(in.U8());
-    uint32_t rank = in.U32();
-    if (!in.ok() || rank > 64) return Malformed("shard");
-    t.shape.resize(rank);
-    for (int64_t& d : t.shape) d = in.I64();
-    t.byte_length = in.U64();
-    t.flat_name = in.Str();
-    t.flat_offset = in.U64();
-    t.flat_total = in.U64();
-    t.sha256 = in.Str();
-  }
-  r->committed = in.U8() != 0;
-  r->committed_size = in.U64();
-  r->chunk_count = in.U32();
-  r->stored_bytes = in.U64();
-  uint32_t segs = in.U32();
-  if (!in.ok() || segs > v.size()) return Malformed("shard");
-  r->segments.resize(segs);
-  for (SegmentRef& s : r->segments) {
-    s.seq = in.U32();
-    s.durable_end = in.U64();
-  }
-  uint32_t hashes = in.U32();
-  if (!in.ok() || hashes > n) return Malformed("shard");
-  r->tensor_digests.resize(hashes);
-  for (std::string& h : r->tensor_digests) h = in.Str();
+  const uint8_t version = ReadVersion(in, kShardRecordVersion);
+  if (version == 0) return Malformed("shard");
+  ShardFields(in, *r, v.size());
   r->digest_algo = DigestAlgo::kSha256;
   if (version == kShardRecordVersion) {
-    uint8_t algo = in.U8();
+    uint8_t algo = 0;
+    in(algo);
     if (!in.ok() || !IsKnownDigestAlgo(algo)) return Malformed("shard");
     r->digest_algo = static_cast<DigestAlgo>(algo);
   }
@@ -238,37 +235,52 @@ absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
 
 std::string EncodeChunk(const ChunkRecord& r) {
   Out o;
-  o.U8(kRecordVersion);
-  o.U8(static_cast<uint8_t>(r.header.codec));
-  o.U8(static_cast<uint8_t>(r.header.filter));
-  o.U8(r.header.element_size);
-  o.U32(r.header.raw_len);
-  o.U32(r.header.stored_len);
-  o.U64(r.header.stream_offset);
-  o.U32(r.header.crc_raw);
-  o.U32(r.header.crc_stored);
-  o.U32(r.tensor);
-  o.U32(r.segment);
-  o.U64(r.offset);
+  o(r.members.empty() ? kRecordVersion : kPackedChunkRecordVersion);
+  ChunkFields(o, r);
+  if (!r.members.empty()) MemberFields(o, r, 0);
   return o.Take();
 }
 
 absl::Status DecodeChunk(const std::string& v, ChunkRecord* r) {
   In in(v);
-  if (in.U8() != kRecordVersion) return Malformed("chunk");
-  r->header.codec = static_cast<ChunkCodec>(in.U8());
-  r->header.filter = static_cast<ChunkFilter>(in.U8());
-  r->header.element_size = in.U8();
-  r->header.raw_len = in.U32();
-  r->header.stored_len = in.U32();
-  r->header.stream_offset = in.U64();
-  r->header.crc_raw = in.U32();
-  r->header.crc_stored = in.U32();
-  r->tensor = in.U32();
-  r->segment = in.U32();
-  r->offset = in.U64();
+  const uint8_t version = ReadVersion(in, kPackedChunkRecordVersion);
+  if (version == 0) return Malformed("chunk");
+  ChunkFields(in, *r);
+  r->members.clear();
+  if (version == kPackedChunkRecordVersion) {
+    MemberFields(in, *r, v.size());
+    if (r->members.size() < 2) return Malformed("chunk");  // packed: at least two tensors
+  }
   if (!in.done()) return Malformed("chunk");
   return absl::OkStatus();
+}
+
+absl::Status CheckChunkPlacement(const std::vector<uint64_t>& tensor_start,
+                                 const ChunkRecord& c) {
+  const size_t tensors = tensor_start.empty() ? 0 : tensor_start.size() - 1;
+  const uint64_t begin = c.header.stream_offset;
+  const uint64_t end = begin + c.header.raw_len;
+  // [lo, hi) of the stream must lie within tensor t.
+  auto inside = [&](uint32_t t, uint64_t lo, uint64_t hi) {
+    return t < tensors && lo < hi && tensor_start[t] <= lo && hi <= tensor_start[t + 1];
+  };
+  auto misplaced = [&] {
+    return absl::DataLossError(absl::StrFormat(
+        "chunk at stream offset %d (%d bytes) does not lie where its tensor records say",
+        begin, c.header.raw_len));
+  };
+  if (c.members.empty()) return inside(c.tensor, begin, end) ? absl::OkStatus() : misplaced();
+  if (c.members.front().tensor != c.tensor) return misplaced();
+  uint64_t at = 0;  // members tile the chunk in stream order, each within its tensor
+  for (size_t i = 0; i < c.members.size(); ++i) {
+    const ChunkMember& m = c.members[i];
+    if (m.offset != at || (i > 0 && m.tensor <= c.members[i - 1].tensor) ||
+        !inside(m.tensor, begin + at, begin + at + m.length)) {
+      return misplaced();
+    }
+    at += m.length;
+  }
+  return at == c.header.raw_len ? absl::OkStatus() : misplaced();
 }
 
 namespace {

@@ -60,11 +60,21 @@ struct ShardRecord {
   DigestAlgo digest_algo = DigestAlgo::kSha256;
 };
 
+// Where one tensor's bytes lie in a packed chunk (docs/format.md, "Packed chunks").
+struct ChunkMember {
+  uint32_t tensor = 0;  // index into ShardSpec::tensors
+  uint32_t offset = 0;  // first byte in the chunk's raw bytes
+  uint32_t length = 0;  // bytes of the tensor in this chunk
+};
+
 struct ChunkRecord {
   ChunkHeader header;
-  uint32_t tensor = 0;    // index into ShardSpec::tensors
+  uint32_t tensor = 0;    // index into ShardSpec::tensors (a packed chunk: its first tensor)
   uint32_t segment = 0;   // SegmentRef::seq
   uint64_t offset = 0;    // record offset in the segment file
+  // A packed chunk (format 3) holds bytes of several consecutive small tensors: every one of
+  // them, in stream order, tiling the chunk. Empty: the chunk holds bytes of `tensor` only.
+  std::vector<ChunkMember> members;
 };
 
 std::string CheckpointKey(const std::string& job, int64_t step);
@@ -86,6 +96,11 @@ std::string EncodeChunk(const ChunkRecord& r);
 absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r);
 absl::Status DecodeShard(const std::string& v, ShardRecord* r);
 absl::Status DecodeChunk(const std::string& v, ChunkRecord* r);
+// DATA_LOSS unless the chunk's stream range lies where its records say: within `tensor`, or
+// for a packed chunk tiled by its members, each within its tensor. tensor_start[i] is the
+// stream offset of tensor i, with the shard's total at the end.
+absl::Status CheckChunkPlacement(const std::vector<uint64_t>& tensor_start,
+                                 const ChunkRecord& c);
 
 // A thin wrapper around RocksDB that converts its errors to absl::Status.
 class MetaStore {

@@ -6,6 +6,8 @@
 //   With io_uring, one thread per segment owns the ring and runs liburing's loop:
 //     Prepare()  fill SQEs for queued requests while fewer than queue_depth are in flight,
 //     Submit()   hand every prepared SQE to the kernel in one io_uring_enter (batched),
+//                up to queue_depth writes in flight; the file is registered with the ring
+//                (IOSQE_FIXED_FILE) where the kernel allows;
 //     Reap()     wait for one completion, then peek the rest without blocking,
 //     Complete() finish a request, or requeue the remainder of a short write.
 //   Requests that arrive while the ring is busy wait in the queue and go out together with
@@ -94,6 +96,7 @@ class SegmentWriter {
   const std::string path_;
   int queue_depth_ = 1;
   io_uring* ring_ = nullptr;
+  bool fixed_file_ = false;  // the file is registered with the ring as index 0
   std::thread ring_thread_;
 
   // Ring thread only.

@@ -6,7 +6,10 @@
 //   so several reads are in flight while the caller copies and hashes in order (one pass: each
 //   cache-sized block is hashed right after it is copied out). Every chunk is checked against
 //   its metadata and both CRCs; every tensor's digest (with the algorithm that wrote the shard)
-//   is checked before the call that hands out the tensor's last bytes returns.
+//   is checked before the call that hands out the tensor's last bytes returns. Chunks are
+//   located by stream offset, so a packed chunk (several small tensors, format 3) is read
+//   once and each tensor copied out of it; the last chunk taken stays decoded (cur_) for the
+//   next tensor that lies in it.
 //
 // ERROR HANDLING
 //   Any failure is DATA_LOSS naming job, step, rank and tensor; no byte of a failed chunk is
@@ -102,11 +105,6 @@ class ShardReaderImpl : public ShardReader {
       pos += t.spec.byte_length;
     }
     tensor_start_.push_back(pos);
-    first_chunk_.assign(info_.tensors.size() + 1, chunks_.size());
-    for (size_t i = chunks_.size(); i-- > 0;) first_chunk_[chunks_[i].tensor] = i;
-    for (size_t t = info_.tensors.size(); t-- > 0;) {
-      first_chunk_[t] = std::min(first_chunk_[t], first_chunk_[t + 1]);
-    }
     window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
                                        kMaxWindow);
   }
@@ -149,19 +147,42 @@ class ShardReaderImpl : public ShardReader {
     return absl::DataLossError(
         absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
   }
+  // A failed packed chunk loses every tensor in it (one CRC covers them all): the error
+  // names them (the first kMaxNamed).
+  absl::Status PackedLoss(const ChunkRecord& c, const absl::Status& s) const {
+    if (c.members.empty()) return s;
+    constexpr size_t kMaxNamed = 8;
+    std::string names;
+    for (size_t i = 0; i < c.members.size() && i < kMaxNamed; ++i) {
+      const uint32_t t = c.members[i].tensor;
+      absl::StrAppend(&names, i == 0 ? "" : ", ",
+                      t < info_.tensors.size() ? info_.tensors[t].spec.name : "?");
+    }
+    if (c.members.size() > kMaxNamed) {
+      absl::StrAppend(&names, " and ", c.members.size() - kMaxNamed, " more");
+    }
+    return absl::DataLossError(
+        absl::StrCat("packed chunk holding tensors ", names, ": ", s.message()));
+  }
   absl::Status DigestMismatch() const {
     return absl::DataLossError(
         absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
   }
+  // The chunk holding stream byte `offset`; chunks_.size() when none does.
+  size_t ChunkAt(uint64_t offset) const;
+  // The tensor holding stream byte `offset` (< the total).
+  uint32_t TensorAt(uint64_t offset) const;
   void Schedule(size_t chunk);
-  absl::Status Take(size_t chunk, std::shared_ptr<Slot>* slot);
+  // Makes cur_ the decoded chunk `chunk` (kept when it already is); errors name `tensor`.
+  absl::Status Hold(size_t chunk, uint32_t tensor);
+  absl::Status Take(size_t chunk, uint32_t tensor, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
   void StartRing(std::vector<File*> files, std::vector<std::string> names);
   void ReadWithRing(const std::shared_ptr<Slot>& slot);
   void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
   void Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s);
   void Cancel();
-  absl::Status CopyOut(size_t chunk, const uint8_t* src, uint64_t offset, uint8_t* dst,
+  absl::Status CopyOut(uint32_t tensor, const uint8_t* src, uint64_t offset, uint8_t* dst,
                        size_t n);
 
   EngineImpl* const engine_;
@@ -170,7 +191,6 @@ class ShardReaderImpl : public ShardReader {
   const std::string job_;
   const int64_t step_;
   std::vector<uint64_t> tensor_start_;     // plus the total at the end
-  std::vector<size_t> first_chunk_;        // per tensor, plus chunks_.size()
   std::map<uint32_t, std::unique_ptr<File>> files_;
 
   size_t window_limit_ = 4;
@@ -261,7 +281,31 @@ void ShardReaderImpl::Recycle(std::shared_ptr<Slot> slot) {
   if (slot != nullptr) spare_.push_back(std::move(slot));
 }
 
-absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
+size_t ShardReaderImpl::ChunkAt(uint64_t offset) const {
+  auto it = std::upper_bound(chunks_.begin(), chunks_.end(), offset,
+                             [](uint64_t off, const ChunkRecord& c) {
+                               return off < c.header.stream_offset;
+                             });
+  if (it == chunks_.begin()) return chunks_.size();
+  --it;
+  if (offset >= it->header.stream_offset + it->header.raw_len) return chunks_.size();
+  return static_cast<size_t>(it - chunks_.begin());
+}
+
+uint32_t ShardReaderImpl::TensorAt(uint64_t offset) const {
+  // The last tensor starting at or before `offset`: empty tensors share their start with the
+  // next one and are skipped.
+  auto it = std::upper_bound(tensor_start_.begin(), tensor_start_.end(), offset);
+  return static_cast<uint32_t>(it - tensor_start_.begin() - 1);
+}
+
+absl::Status ShardReaderImpl::Hold(size_t chunk, uint32_t tensor) {
+  if (cur_ != nullptr && cur_->chunk == chunk) return absl::OkStatus();
+  Recycle(std::move(cur_));
+  return Take(chunk, tensor, &cur_);
+}
+
+absl::Status ShardReaderImpl::Take(size_t chunk, uint32_t tensor, std::shared_ptr<Slot>* out) {
   while (!window_.empty() && window_.front()->chunk != chunk) {
     Cancel();  // a jump: drop the read-ahead
   }
@@ -276,7 +320,7 @@ absl::Status ShardReaderImpl::Take(size_t chunk, std::shared_ptr<Slot>* out) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(+[](bool* d) { return *d; }, &s->done));
   }
-  if (!s->status.ok()) return Loss(chunks_[chunk].tensor, s->status);
+  if (!s->status.ok()) return Loss(tensor, PackedLoss(chunks_[chunk], s->status));
   *out = std::move(s);
   return absl::OkStatus();
 }
@@ -305,23 +349,24 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   }
   Digester digest(info_.digest_algo);
   uint8_t* dst = static_cast<uint8_t*>(out);
+  const uint64_t end = tensor_start_[index + 1];
   uint64_t pos = tensor_start_[index];
-  for (size_t i = first_chunk_[index]; i < first_chunk_[index + 1]; ++i) {
-    std::shared_ptr<Slot> slot;
-    RETURN_IF_ERROR(Take(i, &slot));
+  while (pos < end) {
+    // Chunks are in stream order and tile the shard: the next one starts where this ends.
+    const size_t i = ChunkAt(pos);
+    if (i == chunks_.size()) break;
+    RETURN_IF_ERROR(Hold(i, static_cast<uint32_t>(index)));
     const ChunkHeader& h = chunks_[i].header;
-    if (h.stream_offset != pos || pos + h.raw_len > tensor_start_[index + 1]) {
-      return Loss(index, absl::DataLossError("chunk list does not tile the tensor"));
-    }
+    const size_t from = static_cast<size_t>(pos - h.stream_offset);
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(end - pos, h.raw_len - from));
     // One pass: copy a cache-sized block, then hash it from the cache.
     uint8_t* to = dst + (pos - tensor_start_[index]);
-    for (size_t done = 0; done < h.raw_len; done += kFuseBlock) {
-      size_t n = std::min<size_t>(kFuseBlock, h.raw_len - done);
-      std::memcpy(to + done, slot->data + done, n);
+    for (size_t done = 0; done < len; done += kFuseBlock) {
+      size_t n = std::min<size_t>(kFuseBlock, len - done);
+      std::memcpy(to + done, cur_->data + from + done, n);
       digest.Update(to + done, n);
     }
-    pos += h.raw_len;
-    Recycle(std::move(slot));
+    pos += len;
   }
   if (pos != tensor_start_[index + 1]) {
     return Loss(index, absl::DataLossError("chunks missing"));
@@ -336,9 +381,8 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
 // Copies chunk bytes to `dst` for the stream at `offset`, one cache-sized block at a time,
 // hashing each block right after copying it while the stream runs through a tensor from its
 // start; checks the tensor's digest when the stream reaches its end (before Read returns).
-absl::Status ShardReaderImpl::CopyOut(size_t chunk, const uint8_t* src, uint64_t offset,
+absl::Status ShardReaderImpl::CopyOut(uint32_t tensor, const uint8_t* src, uint64_t offset,
                                       uint8_t* dst, size_t n) {
-  const uint32_t tensor = chunks_[chunk].tensor;
   if (offset == tensor_start_[tensor]) {
     digest_.Reset();
     hash_tensor_ = tensor;
@@ -369,25 +413,21 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   uint8_t* dst = static_cast<uint8_t*>(out);
   size_t copied = 0;
   while (copied < n && offset < total) {
+    const uint32_t tensor = TensorAt(offset);
     if (cur_ == nullptr || offset < chunks_[cur_->chunk].header.stream_offset ||
         offset >= chunks_[cur_->chunk].header.stream_offset + cur_->size) {
-      // Find the chunk holding `offset` (chunks are in stream order).
-      size_t lo = 0, hi = chunks_.size();
-      while (hi - lo > 1) {
-        size_t mid = (lo + hi) / 2;
-        (chunks_[mid].header.stream_offset <= offset ? lo : hi) = mid;
+      const size_t i = ChunkAt(offset);
+      if (i == chunks_.size()) {
+        return Loss(tensor, absl::DataLossError(absl::StrCat("no chunk holds offset ", offset)));
       }
-      if (chunks_.empty() || chunks_[lo].header.stream_offset > offset) {
-        return absl::DataLossError(absl::StrCat(Where(job_, step_, info_.rank),
-                                                ": no chunk holds offset ", offset));
-      }
-      Recycle(std::move(cur_));
-      RETURN_IF_ERROR(Take(lo, &cur_));
+      RETURN_IF_ERROR(Hold(i, tensor));
     }
     uint64_t start = chunks_[cur_->chunk].header.stream_offset;
     size_t in_chunk = static_cast<size_t>(offset - start);
-    size_t take = std::min(n - copied, cur_->size - in_chunk);
-    RETURN_IF_ERROR(CopyOut(cur_->chunk, cur_->data + in_chunk, offset, dst + copied, take));
+    // Up to the end of the chunk and of the tensor (a packed chunk holds several).
+    size_t take = static_cast<size_t>(std::min<uint64_t>(
+        {n - copied, cur_->size - in_chunk, tensor_start_[tensor + 1] - offset}));
+    RETURN_IF_ERROR(CopyOut(tensor, cur_->data + in_chunk, offset, dst + copied, take));
     copied += take;
     offset += take;
     if (dst == nullptr) break;  // ReadView: the bytes stay in cur_, one chunk at a time

@@ -10,6 +10,14 @@
 //   thread (ChunkEncoder, in place unless compression pays; the raw CRC is already known) and
 //   queued on the SegmentWriter (io_uring). Chunk offsets in the segment follow completion
 //   order; the metadata records where each chunk landed.
+//   Small tensors (at most kSmallChunkBytes) share chunks: consecutive ones are packed into
+//   one chunk of up to EngineOptions::pack_bytes (format 3, docs/format.md "Packed chunks"),
+//   so a shard of many small tensors is written in large records, not one per tensor.
+//   Compression: a chunk that stays raw never waits for an encoder (its header is written
+//   and it is queued for the disk on the appending thread); a chunk tries compression on the
+//   pool only while the disk is behind and an encoder that leaves a core to the appending
+//   thread is idle (adaptive bypass), and the encoder probes a sample before compressing it
+//   all, so incompressible data costs little.
 //   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
 //   then one synced RocksDB batch with the new chunk keys and the shard record. Finish() first
 //   appends the shard footer (storage/footer.h: the shard's manifest, so the catalog can be
@@ -64,6 +72,7 @@ constexpr int kSmallJobsPerJob = 8;
 
 struct Job {
   std::unique_ptr<AlignedBuffer> raw;  // record buffer with raw bytes after the header
+  DType dtype = DType::kU8;            // for the shuffle filter (kU8: none, mixed tensors)
   std::unique_ptr<AlignedBuffer> alt;  // compressed record, when compression pays
   size_t n = 0;
   uint32_t crc_raw = 0;                // CRC-32C of the raw bytes, computed while copying
@@ -94,6 +103,18 @@ class ShardWriterImpl : public ShardWriter {
   void StartTensorDigest();
   void HashBytes(const uint8_t* data, size_t n);
   void StartChunk();
+  uint64_t TensorLength(uint32_t t) const {
+    return tensor_end_[t] - (t == 0 ? 0 : tensor_end_[t - 1]);
+  }
+  // Small tensors share chunks of at most PackLimit() bytes (0: packing is off).
+  size_t PackLimit() const { return std::min(opt_.pack_bytes, opt_.chunk_bytes); }
+  bool IsSmall(uint32_t t) const { return TensorLength(t) <= kSmallChunkBytes; }
+  // The first tensor after t with bytes; tensor_end_.size() when none.
+  uint32_t NextWithBytes(uint32_t t) const;
+  // At the end of tensor_: whether the next tensor joins the current (packed) chunk.
+  bool PackNext() const;
+  // The tensors whose bytes lie in the chunk being dispatched, [cur_start_, written_).
+  std::vector<ChunkMember> ChunkMembers() const;
   // A record buffer for a chunk of `raw` bytes: a small one when that is enough.
   std::unique_ptr<AlignedBuffer> GetRecordBuffer(size_t raw);
   void PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf);
@@ -123,6 +144,9 @@ class ShardWriterImpl : public ShardWriter {
   int max_jobs_ = 1;
   size_t max_weight_ = 0;             // max_jobs_ full chunks' raw and compressed buffers
   std::atomic<int> io_pending_{0};     // jobs queued on a SegmentWriter, not yet written
+  std::atomic<int> compressing_{0};    // jobs trying compression on the pool
+  int max_compressors_ = 1;            // encoders that may compress at once
+  std::atomic<bool> ring_{false};      // the current segment writes through io_uring
 
   // Caller-thread state.
   ShardRecord rec_;                   // as last persisted
@@ -136,6 +160,7 @@ class ShardWriterImpl : public ShardWriter {
   uint32_t cur_crc_ = 0;              // CRC-32C of cur_'s bytes so far
   uint64_t cur_start_ = 0;
   bool finished_ = false;
+  bool waited_ = false;               // the last Dispatch waited for room (disk-bound)
   Digester digest_;                   // tensor_'s bytes so far, the shard's algorithm
   // tensor_'s bytes for its expected SHA-256, when it has one and digest_ is not SHA-256.
   std::unique_ptr<Digester> sha256_;
@@ -178,7 +203,12 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
-  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.max_compressed_ratio};
+  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.max_compressed_ratio,
+                  opt_.adapt_compression ? kAdaptiveProbeGain : 0.0};
+  // Compression leaves one core to the appending thread (its copy + CRC + digest pass is
+  // what sets the pace when compression is off).
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  max_compressors_ = std::max(1, std::min(threads, cores - 1));
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
       threads, [co] { return std::make_unique<ChunkEncoder>(co); });
 }
@@ -233,12 +263,17 @@ absl::Status ShardWriterImpl::ResumeHash(uint32_t tensor) {
   });
   std::vector<uint8_t> buf;
   ChunkDecoder dec;
+  // The tensor's durable bytes, from every chunk that holds some (a packed chunk holds the
+  // tensor's first part after other tensors).
+  const uint64_t start = tensor_end_[tensor] - s.tensors[tensor].byte_length;
   for (const ChunkRecord& c : chunks) {
-    if (c.tensor != tensor) continue;
+    const uint64_t lo = std::max(start, c.header.stream_offset);
+    const uint64_t hi = std::min(tensor_end_[tensor], c.header.stream_offset + c.header.raw_len);
+    if (lo >= hi) continue;
     buf.resize(c.header.raw_len);
     RETURN_IF_ERROR(ReadChunk(engine_, s.job, s.step, s.rank, s.tensors[tensor].name, c,
                               &dec, buf.data()));
-    HashBytes(buf.data(), buf.size());
+    HashBytes(buf.data() + (lo - c.header.stream_offset), hi - lo);
     ++tensor_chunks_;
   }
   return absl::OkStatus();
@@ -278,10 +313,45 @@ void ShardWriterImpl::HashBytes(const uint8_t* data, size_t n) {
 }
 
 void ShardWriterImpl::StartChunk() {
-  cur_ = GetRecordBuffer(std::min<uint64_t>(opt_.chunk_bytes, tensor_end_[tensor_] - written_));
+  uint64_t want = std::min<uint64_t>(opt_.chunk_bytes, tensor_end_[tensor_] - written_);
+  const uint32_t next = NextWithBytes(tensor_);
+  if (PackLimit() > 0 && IsSmall(tensor_) && next < tensor_end_.size() && IsSmall(next)) {
+    want = PackLimit();  // small tensors follow: a buffer they can share
+  }
+  cur_ = GetRecordBuffer(want);
   cur_len_ = 0;
   cur_crc_ = 0;
   cur_start_ = written_;
+}
+
+uint32_t ShardWriterImpl::NextWithBytes(uint32_t t) const {
+  uint32_t next = t + 1;
+  while (next < tensor_end_.size() && TensorLength(next) == 0) ++next;
+  return next;
+}
+
+bool ShardWriterImpl::PackNext() const {
+  if (PackLimit() == 0 || !IsSmall(tensor_)) return false;
+  const uint32_t next = NextWithBytes(tensor_);
+  return next < tensor_end_.size() && IsSmall(next) &&
+         cur_len_ + TensorLength(next) <= PackLimit() &&
+         cur_len_ + TensorLength(next) <= cur_->capacity() - MaxRecordSize(0);
+}
+
+std::vector<ChunkMember> ShardWriterImpl::ChunkMembers() const {
+  std::vector<ChunkMember> members;
+  const uint64_t end = cur_start_ + cur_len_;
+  // From the tensor holding the chunk's first byte (the first to end past it).
+  const auto first = std::upper_bound(tensor_end_.begin(), tensor_end_.end(), cur_start_);
+  for (auto t = static_cast<uint32_t>(first - tensor_end_.begin());
+       t < tensor_end_.size() && tensor_end_[t] - TensorLength(t) < end; ++t) {
+    const uint64_t lo = std::max(cur_start_, tensor_end_[t] - TensorLength(t));
+    const uint64_t hi = std::min(end, tensor_end_[t]);
+    if (lo >= hi) continue;
+    members.push_back(ChunkMember{t, static_cast<uint32_t>(lo - cur_start_),
+                                  static_cast<uint32_t>(hi - lo)});
+  }
+  return members;
 }
 
 // Moves tensor_ past every tensor the stream has fully passed, finishing each one's digest
@@ -333,7 +403,9 @@ absl::Status ShardWriterImpl::Append(const void* data, size_t n) {
     written_ += take;
     p += take;
     n -= take;
-    if (cur_len_ == opt_.chunk_bytes || written_ == tensor_end_[tensor_]) Dispatch();
+    if (cur_len_ == opt_.chunk_bytes || (written_ == tensor_end_[tensor_] && !PackNext())) {
+      Dispatch();
+    }
     AdvanceTensor();
   }
   return absl::OkStatus();
@@ -345,7 +417,15 @@ void ShardWriterImpl::Dispatch() {
   job->raw = std::move(cur_);
   job->n = cur_len_;
   job->crc_raw = cur_crc_;
-  job->tensor = tensor_;
+  job->record.members = ChunkMembers();
+  job->tensor = job->record.members.front().tensor;
+  job->dtype = rec_.spec.tensors[job->tensor].dtype;
+  for (const ChunkMember& m : job->record.members) {
+    if (DTypeSize(rec_.spec.tensors[m.tensor].dtype) != DTypeSize(job->dtype)) {
+      job->dtype = DType::kU8;  // mixed element sizes: no shuffle
+    }
+  }
+  if (job->record.members.size() == 1) job->record.members.clear();  // one tensor: not packed
   job->index_in_tensor = tensor_chunks_++;
   job->chunk_index = next_chunk_index_++;
   job->stream_offset = cur_start_;
@@ -355,31 +435,51 @@ void ShardWriterImpl::Dispatch() {
   // Throughput bypass: compress only while the disk is behind (enough writes queued) and
   // the encoders keep up (no chunk waits for one), so encoding time hides behind I/O and
   // compression never lowers throughput, also when other work takes the cores.
+  // The disk sets the pace when the last chunk had to wait for room (backpressure): only
+  // then is there CPU time that compression can use without slowing the write.
   bool disk_busy = !opt_.adapt_compression ||
-                   (io_pending_.load() >= max_jobs_ * 3 / 4 && pool_->queued() == 0);
+                   (waited_ && io_pending_.load() >= max_jobs_ * 3 / 4 &&
+                    compressing_.load() < max_compressors_);
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
-                      (no_gain_[tensor_].load() < 2 || job->index_in_tensor % 8 == 0);
+                      (no_gain_[job->tensor].load() < 2 || job->index_in_tensor % 8 == 0);
   {
     // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
     job->weight = 2 * job->raw->capacity();
     next_weight_ = job->weight;
+    waited_ = !HasRoom();
     mu_.Await(absl::Condition(this, &ShardWriterImpl::HasRoom));
     ++pending_;
     inflight_weight_ += job->weight;
   }
-  pool_->Run([this, job](ChunkEncoder* enc) { Encode(job, enc); });
+  if (!job->try_compress && ring_.load()) {
+    // Stays raw: only its header to write, here, so it never waits behind a compression
+    // (with io_uring the write is only queued; pwrite writes go through the pool).
+    Encode(job, nullptr);
+    return;
+  }
+  compressing_.fetch_add(1);
+  pool_->Run([this, job](ChunkEncoder* enc) {
+    Encode(job, enc);
+    compressing_.fetch_sub(1);
+  });
 }
 
 void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
-  const TensorSpec& t = rec_.spec.tensors[job->tensor];
+  if (enc == nullptr) {
+    job->record.header =
+        WriteRawHeader(job->raw->data(), job->n, job->crc_raw, job->stream_offset);
+    job->record.tensor = job->tensor;
+    SubmitIo(job);
+    return;
+  }
   bool in_alt = false;
   uint8_t* alt = nullptr;
   if (job->try_compress) {
     job->alt = GetRecordBuffer(job->n);
     alt = job->alt->data();
   }
-  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, job->crc_raw, t.dtype,
+  ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, job->crc_raw, job->dtype,
                                      job->stream_offset, job->try_compress, alt, &in_alt);
   if (job->try_compress) {
     if (in_alt) no_gain_[job->tensor].store(0); else no_gain_[job->tensor].fetch_add(1);
@@ -427,6 +527,7 @@ absl::Status ShardWriterImpl::OpenSegmentLocked() {
                                          so));
   if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
   seg_ = std::move(created);
+  ring_.store(seg_->uses_io_uring());
   ++seg_seq_;
   new_files_ = true;
   return absl::OkStatus();

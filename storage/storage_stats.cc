@@ -1,5 +1,7 @@
 #include "storage/storage_stats.h"
 
+#include <string>
+
 namespace gradsnap {
 namespace storage {
 
@@ -7,23 +9,27 @@ StorageStats& StorageStats::Get() {
   static StorageStats* s = [] {
     Registry* r = Registry::Global();
     auto* st = new StorageStats;
-    st->raw_bytes_written = r->GetCounter("gradsnap_storage_raw_bytes_written_total",
-                                          "Payload bytes appended to shard writers");
-    st->stored_bytes_written = r->GetCounter("gradsnap_storage_stored_bytes_written_total",
-                                             "Chunk record bytes made durable");
-    st->chunks_written = r->GetCounter("gradsnap_storage_chunks_written_total",
-                                       "Chunk records made durable");
-    st->chunks_compressed = r->GetCounter("gradsnap_storage_chunks_compressed_total",
-                                          "Chunk records stored zstd-compressed");
-    st->raw_bytes_read = r->GetCounter("gradsnap_storage_raw_bytes_read_total",
-                                       "Payload bytes returned by shard readers");
-    st->quarantined = r->GetCounter("gradsnap_storage_quarantined_total",
-                                    "Segment files or directories the catalog does not know, "
-                                    "moved to quarantine/");
-    st->quarantine_purged = r->GetCounter("gradsnap_storage_quarantine_purged_total",
-                                          "Quarantine entries removed after the grace period");
-    st->data_loss = r->GetCounter("gradsnap_storage_data_loss_total",
-                                  "Checksum, format or SHA-256 failures found by readers");
+    // One row per counter: the field, its name (gradsnap_storage_<name>_total) and help.
+    using S = StorageStats;
+    const struct {
+      Counter* S::*field;
+      const char* name;
+      const char* help;
+    } kCounters[] = {
+        {&S::raw_bytes_written, "raw_bytes_written", "Payload bytes appended to shard writers"},
+        {&S::stored_bytes_written, "stored_bytes_written", "Chunk record bytes made durable"},
+        {&S::chunks_written, "chunks_written", "Chunk records made durable"},
+        {&S::chunks_compressed, "chunks_compressed", "Chunk records stored zstd-compressed"},
+        {&S::raw_bytes_read, "raw_bytes_read", "Payload bytes returned by shard readers"},
+        {&S::quarantined, "quarantined",
+         "Segment files or directories the catalog does not know, moved to quarantine/"},
+        {&S::quarantine_purged, "quarantine_purged",
+         "Quarantine entries removed after the grace period"},
+        {&S::data_loss, "data_loss", "Checksum, format or SHA-256 failures found by readers"},
+    };
+    for (const auto& c : kCounters) {
+      st->*c.field = r->GetCounter(std::string("gradsnap_storage_") + c.name + "_total", c.help);
+    }
     st->commit_seconds = r->GetHistogram("gradsnap_storage_commit_seconds",
                                          "Shard Flush/Finish: data sync plus metadata batch");
     return st;

@@ -66,9 +66,14 @@ TEST(FallbackTest, EmbeddedNewestDeltaMiddleDeltaNewestFull) {
   const std::string store = " --ckpt-dir " + ckpt;
   TrainJob(store);
   ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 13, 1), 1);
-  ExpectFallback(dir, store, store, 12, "job j step 13 rank 1 tensor grad");
+  // grad shares a packed chunk with the small delta_header (docs/format.md, "Packed chunks").
+  ExpectFallback(dir, store, store, 12,
+                 "job j step 13 rank 1 tensor delta_header: packed chunk holding tensors "
+                 "delta_header, grad");
   ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 12, 0), 1);
-  ExpectFallback(dir, store, store, 11, "job j step 12 rank 0 tensor grad");
+  ExpectFallback(dir, store, store, 11,
+                 "job j step 12 rank 0 tensor delta_header: packed chunk holding tensors "
+                 "delta_header, grad");
   ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 10, 1), 1);
   ExpectFallback(dir, store, store, 9, "job j step 10 rank 1 tensor");
   // The CLI's latest falls back the same way, with a warning.
