@@ -66,7 +66,6 @@ TEST(GRADSNAP_DRILL_SUITE, ServerKilledTwentyTimesWhileTraining) {
   EXPECT_GE(std::stoi(kv.at("server_kills")), 20);
   // The drill's own rank kill mid-storm: one restart, resumed from a recovery point.
   EXPECT_EQ(kv.at("train_restarts"), "1");
-  EXPECT_GE(std::stoi(kv.at("steps_lost_max")), 0);
   ExpectSurvived(kv);
 }
 
