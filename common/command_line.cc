@@ -1,6 +1,7 @@
 #include "common/command_line.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -8,12 +9,16 @@
 
 namespace gradsnap {
 
-CommandLine::CommandLine(int argc, char** argv, const char* usage, const char* main_file)
+CommandLine::CommandLine(int argc, char** argv, const char* usage,
+                         std::vector<std::string> flag_files)
     : argv_(argc, argv) {
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
-  config.contains_help_flags = [file = std::string(main_file)](absl::string_view f) {
-    return f.find(file) != absl::string_view::npos;
+  config.contains_help_flags = [files = std::move(flag_files)](absl::string_view f) {
+    for (const std::string& file : files) {
+      if (f.find(file) != absl::string_view::npos) return true;
+    }
+    return false;
   };
   absl::SetFlagsUsageConfig(config);
 }

@@ -7,6 +7,7 @@
 #ifndef GRADSNAP_COMMON_COMMAND_LINE_H_
 #define GRADSNAP_COMMON_COMMAND_LINE_H_
 
+#include <string>
 #include <vector>
 
 #include "common/flag_names.h"
@@ -15,9 +16,9 @@ namespace gradsnap {
 
 class CommandLine {
  public:
-  // `usage`: the first line of --help. `main_file`: part of the name of the source file that
-  // defines the program's flags ("server_main"); --help lists the flags of matching files.
-  CommandLine(int argc, char** argv, const char* usage, const char* main_file);
+  // `usage`: the first line of --help. `flag_files`: parts of the names of the source files
+  // that define the program's flags ({"server_main"}); --help lists the flags of matching files.
+  CommandLine(int argc, char** argv, const char* usage, std::vector<std::string> flag_files);
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
 

@@ -257,7 +257,7 @@ TEST(CommandLine, DashSpellingsAndPositionalArguments) {
   std::vector<char*> argv;
   for (const char* a : in) argv.push_back(const_cast<char*>(a));
   gradsnap::CommandLine cl(static_cast<int>(argv.size()), argv.data(), "prog [--flags]",
-                           "common_test");
+                           {"common_test"});
   EXPECT_STREQ(cl.args()[1], "--command_line_test_value=7");
   std::vector<char*> positional = cl.Parse();
   EXPECT_EQ(absl::GetFlag(FLAGS_command_line_test_value), 7);

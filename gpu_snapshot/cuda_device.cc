@@ -43,6 +43,17 @@ class DeviceGuard {
   DeviceGuard guard_(ordinal);          \
   RETURN_IF_ERROR(guard_.status())
 
+// Runs `call` (returning a Status) with device `ordinal` current.
+template <typename Call>
+absl::Status OnDevice(int ordinal, Call call) {
+  GS_DEVICE_GUARD(ordinal);
+  return call();
+}
+
+// The Status of the CUDA runtime call `expr` made with device `ordinal` current: most methods
+// below are this one line.
+#define GS_CUDA_STATUS_ON(ordinal, expr) OnDevice(ordinal, [&] { return GS_CUDA_STATUS(expr); })
+
 // A new event (without timing) recorded on `stream`; the caller owns it. The caller holds a
 // DeviceGuard.
 absl::StatusOr<cudaEvent_t> NewRecordedEvent(cudaStream_t stream) {
@@ -56,72 +67,77 @@ absl::StatusOr<cudaEvent_t> NewRecordedEvent(cudaStream_t stream) {
   return e;
 }
 
-class CudaComputeEvent : public ComputeEvent {
+// A CUDA event or stream of device `device`, destroyed with that device current (the runtime
+// defers an event's destruction until it completed, a stream's until its work finished).
+template <typename Handle, cudaError_t (*kDestroy)(Handle)>
+class DeviceHandle {
  public:
-  CudaComputeEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
-  ~CudaComputeEvent() override {
+  DeviceHandle(int device, Handle handle) : device_(device), handle_(handle) {}
+  ~DeviceHandle() {
     DeviceGuard g(device_);
-    cudaEventDestroy(event_);  // the runtime defers destruction until the event completed
+    kDestroy(handle_);
   }
-  cudaEvent_t get() const { return event_; }
+  DeviceHandle(const DeviceHandle&) = delete;
+  DeviceHandle& operator=(const DeviceHandle&) = delete;
+  int device() const { return device_; }
+  Handle get() const { return handle_; }
 
  private:
   int device_;
-  cudaEvent_t event_;
+  Handle handle_;
+};
+using EventHandle = DeviceHandle<cudaEvent_t, cudaEventDestroy>;
+using StreamHandle = DeviceHandle<cudaStream_t, cudaStreamDestroy>;
+
+class CudaComputeEvent : public ComputeEvent {
+ public:
+  CudaComputeEvent(int device, cudaEvent_t e) : event_(device, e) {}
+  cudaEvent_t get() const { return event_.get(); }
+
+ private:
+  EventHandle event_;
 };
 
 class CudaEvent : public CopyEvent {
  public:
-  CudaEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
-  ~CudaEvent() override {
-    DeviceGuard g(device_);
-    cudaEventDestroy(event_);
-  }
+  CudaEvent(int device, cudaEvent_t e) : event_(device, e) {}
   bool Done() override {
-    DeviceGuard g(device_);
-    return cudaEventQuery(event_) == cudaSuccess;
+    DeviceGuard g(event_.device());
+    return cudaEventQuery(event_.get()) == cudaSuccess;
   }
   absl::Status Wait() override {
-    GS_DEVICE_GUARD(device_);
-    return GS_CUDA_STATUS(cudaEventSynchronize(event_));
+    return GS_CUDA_STATUS_ON(event_.device(), cudaEventSynchronize(event_.get()));
   }
 
  private:
-  int device_;
-  cudaEvent_t event_;
+  EventHandle event_;
 };
 
 class CudaStream : public CopyStream {
  public:
-  CudaStream(int device, cudaStream_t s) : device_(device), stream_(s) {}
-  ~CudaStream() override {
-    DeviceGuard g(device_);
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  CudaStream(int device, cudaStream_t s) : stream_(device, s) {}
+  // Every copy lands before the stream goes (the caller frees the staging it writes next).
+  ~CudaStream() override { Synchronize().IgnoreError(); }
   absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
-    GS_DEVICE_GUARD(device_);
-    return GS_CUDA_STATUS(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+    return GS_CUDA_STATUS_ON(
+        stream_.device(), cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_.get()));
   }
   absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override {
-    GS_DEVICE_GUARD(device_);
-    ASSIGN_OR_RETURN(cudaEvent_t e, NewRecordedEvent(stream_));
-    return std::unique_ptr<CopyEvent>(new CudaEvent(device_, e));
+    GS_DEVICE_GUARD(stream_.device());
+    ASSIGN_OR_RETURN(cudaEvent_t e, NewRecordedEvent(stream_.get()));
+    return std::unique_ptr<CopyEvent>(new CudaEvent(stream_.device(), e));
   }
   absl::Status WaitForEvent(ComputeEvent* event) override {
     if (event == nullptr) return absl::OkStatus();
-    GS_DEVICE_GUARD(device_);
     const cudaEvent_t e = static_cast<CudaComputeEvent*>(event)->get();
-    return GS_CUDA_STATUS(cudaStreamWaitEvent(stream_, e, 0));
+    return GS_CUDA_STATUS_ON(stream_.device(), cudaStreamWaitEvent(stream_.get(), e, 0));
   }
   absl::Status Synchronize() override {
-    GS_DEVICE_GUARD(device_);
-    return GS_CUDA_STATUS(cudaStreamSynchronize(stream_));
+    return GS_CUDA_STATUS_ON(stream_.device(), cudaStreamSynchronize(stream_.get()));
   }
 
  private:
-  int device_;
-  cudaStream_t stream_;
+  StreamHandle stream_;
 };
 
 class CudaDevice : public Device {
@@ -166,12 +182,10 @@ class CudaDevice : public Device {
     cudaFree(p);
   }
   absl::Status CopyToDeviceSync(void* dst, const void* src, size_t n) override {
-    GS_DEVICE_GUARD(ordinal_);
-    return GS_CUDA_STATUS(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    return GS_CUDA_STATUS_ON(ordinal_, cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
   }
   absl::Status CopyToHostSync(void* dst, const void* src, size_t n) override {
-    GS_DEVICE_GUARD(ordinal_);
-    return GS_CUDA_STATUS(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    return GS_CUDA_STATUS_ON(ordinal_, cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
   }
 
  private:

@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
       "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
-      "server_main");
+      {"server_main"});
   // Memory stays near what is in use: a fixed mmap threshold (glibc otherwise raises it after
   // the first large free, and freed 1-4 MiB buffers then linger in per-thread arenas) and few
   // arenas for the many gRPC threads.

@@ -24,7 +24,7 @@
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/names.h"
-#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/device_flags.h"
 #include "gpu_snapshot/snapshot_mode.h"
 #include "recovery/state_source.h"
 #include "trainer/checkpointer_factory.h"
@@ -46,9 +46,7 @@ ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay. Default: 0.1");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of parameter init and data order. Default: 1337");
 ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per rank. Default: 1");
-ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or sim (the simulated asynchronous GPU, docs/trainer.md). Default: cpu");
-ABSL_FLAG(int, device_id, 0, "cuda/sim: the first device of this node's ranks; the rank with local index L uses device device_id + L. Default: 0");
-ABSL_FLAG(double, sim_copy_gbps, 0.1, "sim: device-to-host copy bandwidth of the simulated copy engine, GB/s (> 0). Default: 0.1");
+// --device, --device_id and --sim_copy_gbps: gpu_snapshot/device_flags.h.
 ABSL_FLAG(bool, sim_poison, false, "(testing) sim: kernels poison the device memory they write while they run, so a misordered copy corrupts the checkpoint. Default: false");
 ABSL_FLAG(bool, sim_unordered_copies, false, "(testing) sim: copies ignore compute-stream events (deliberately broken ordering). Default: false");
 ABSL_FLAG(int, nproc, 1, "Ranks on this node. Default: 1");
@@ -159,17 +157,6 @@ int Fail(const std::string& msg) {
   return kExitNoRestart;
 }
 
-// --device cuda|sim: this node's ranks use devices device_id .. device_id + nproc - 1.
-int ValidateDevice(const gradsnap::trainer::TrainOptions& o, int nproc) {
-  using gradsnap::trainer::DeviceKind;
-  if (o.device == DeviceKind::kSim && !(o.sim.copy_gbps > 0)) {
-    return Fail("--sim_copy_gbps must be > 0");
-  }
-  const absl::Status s = gradsnap::gpu_snapshot::CheckDevices(
-      gradsnap::trainer::DeviceKindName(o.device), o.device_id, nproc);
-  return s.ok() ? 0 : Fail(std::string(s.message()));
-}
-
 // absl's parser answers a bad flag with several lines and exit 1; the contract is one line and
 // exit 2. Checks every --flag[=value] (and --flag value) against the registered flags, parsing
 // each value with the flag's own parser. Returns the problem, or "" when all is well.
@@ -276,7 +263,10 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (o.steps < 1) return Fail("--steps must be at least 1");
   auto config = t::ModelConfigByName(o.model);
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  if (int rc = ValidateDevice(o, nproc); rc != 0) return rc;
+  // --device cuda|sim: this node's ranks use devices device_id .. device_id + nproc - 1.
+  if (absl::Status s = gradsnap::gpu_snapshot::CheckDeviceFlags(nproc); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   const int world = nproc * nnodes;
   if (o.global_batch < 1 || o.global_batch % world != 0) {
     return Fail("--batch must be a positive multiple of the world size (nproc * nnodes)");
@@ -313,7 +303,7 @@ int main(int argc, char** argv) {
       "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.",
-      "train_main");
+      {"train_main", "device_flags"});
   if (std::string bad = CheckFlagSyntax(command_line.args()); !bad.empty()) return Fail(bad);
   std::vector<char*> positional = command_line.Parse();
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);

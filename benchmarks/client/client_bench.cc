@@ -21,14 +21,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/common/bench_util.h"
 #include "client/client.h"
 #include "client/direct_file_writer.h"
 #include "client/safetensors.h"
 #include "common/clock.h"
-#include "common/logging.h"
 #include "storage/aligned_buffer.h"
 #include "storage/engine.h"
 
@@ -201,7 +199,7 @@ int Run() {
 }  // namespace gradsnap
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  gradsnap::SetLogLevel(gradsnap::LogLevel::kWarning);
+  gradsnap::bench::InitBenchmark(
+      argc, argv, "client_bench [--bytes N] [--dir DIR] [--compressible] [--keep]");
   return gradsnap::Run();
 }

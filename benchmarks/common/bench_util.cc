@@ -5,11 +5,22 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/logging.h"
+
 namespace gradsnap {
 namespace bench {
+
+void InitBenchmark(int argc, char** argv, const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kWarning);
+}
 
 double CpuSeconds() {
   struct rusage ru;

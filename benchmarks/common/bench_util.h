@@ -1,5 +1,6 @@
-// Helpers shared by the benchmarks (storage_bench, restore_bench, service_bench, client_bench):
-// CPU accounting, dropping the page cache before a cold read, and byte-size flags.
+// Helpers shared by the benchmarks (storage_bench, restore_bench, service_bench, client_bench,
+// fault_drill, trainer_throughput): the start of main(), CPU accounting, dropping the page cache
+// before a cold read, and byte-size flags.
 //
 // THREAD SAFETY: stateless functions.
 #ifndef GRADSNAP_BENCHMARKS_COMMON_BENCH_UTIL_H_
@@ -12,6 +13,11 @@
 
 namespace gradsnap {
 namespace bench {
+
+// The start of every benchmark's main(): sets `usage` as the first line of --help, parses the
+// Abseil flags (exits on a bad flag or --help) and, unless GRADSNAP_LOG_LEVEL is set, logs
+// warnings and errors only, so that info lines do not interleave with the figures.
+void InitBenchmark(int argc, char** argv, const char* usage);
 
 // User + system CPU seconds of this process so far (all threads).
 double CpuSeconds();

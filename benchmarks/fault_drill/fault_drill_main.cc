@@ -16,12 +16,10 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "benchmarks/common/bench_util.h"
 #include "benchmarks/fault_drill/drill_util.h"
 #include "benchmarks/fault_drill/storage_scenario.h"
 #include "benchmarks/fault_drill/training_scenario.h"
-#include "common/logging.h"
 #include "tests/testing/temp_dir.h"
 
 ABSL_FLAG(std::string, scenario, "all", "storage, training or all. Default: all.");
@@ -78,11 +76,8 @@ void MergeKv(const std::map<std::string, std::string>& from,
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("fault_drill [--scenario storage|training|all] [--check]");
-  absl::ParseCommandLine(argc, argv);
-  if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) {
-    gradsnap::SetLogLevel(gradsnap::LogLevel::kWarning);
-  }
+  gradsnap::bench::InitBenchmark(argc, argv,
+                                 "fault_drill [--scenario storage|training|all] [--check]");
   const std::string train_bin = absl::GetFlag(FLAGS_train_bin);
   const gradsnap::drill::DrillOptions o{
       .server_bin = absl::GetFlag(FLAGS_server_bin),

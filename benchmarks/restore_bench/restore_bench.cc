@@ -32,14 +32,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/common/bench_util.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
-#include "common/logging.h"
 #include "common/status.h"
 #include "gpu_snapshot/grad_log.h"
 #include "recovery/recovery_point.h"
@@ -311,10 +308,9 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("restore_bench [--model small] [--ranks 2] [--to 3] [--dir D]");
-  absl::ParseCommandLine(argc, argv);
+  gs::bench::InitBenchmark(argc, argv,
+                           "restore_bench [--model small] [--ranks 2] [--to 3] [--dir D]");
   if (absl::GetFlag(FLAGS_probe)) return 0;
-  gs::SetLogLevel(gs::LogLevel::kWarning);
   auto config = gs::trainer::ModelConfigByName(absl::GetFlag(FLAGS_model));
   if (!config.ok()) {
     std::fprintf(stderr, "restore_bench: %s\n", config.status().ToString().c_str());

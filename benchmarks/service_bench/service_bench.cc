@@ -30,14 +30,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/common/bench_util.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
-#include "common/logging.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
@@ -288,9 +285,7 @@ absl::StatusOr<Times> RunService(const Data& d, gs::storage::EngineOptions eo, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("service_bench [--bytes N] [--ranks R] [--dir D]");
-  absl::ParseCommandLine(argc, argv);
-  gs::SetLogLevel(gs::LogLevel::kWarning);
+  gs::bench::InitBenchmark(argc, argv, "service_bench [--bytes N] [--ranks R] [--dir D]");
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes);
   const int ranks = std::max(1, absl::GetFlag(FLAGS_ranks));
   char tmpl[4096];

@@ -41,7 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/command_line.h"
-#include "gpu_snapshot/device.h"
+#include "gpu_snapshot/device_flags.h"
 
 ABSL_FLAG(std::string, model, "small", "gradsnap-train model. Default: small (~10.8M parameters)");
 ABSL_FLAG(int, steps, 30, "Training steps per run. Default: 30");
@@ -50,9 +50,8 @@ ABSL_FLAG(int, batch, 4, "Global batch. Default: 4");
 ABSL_FLAG(int, seq, 64, "Sequence length. Default: 64");
 ABSL_FLAG(int, rounds, 2, "Rounds; each runs every mode once, interleaved. Default: 2");
 ABSL_FLAG(int, window, 0, "--gockpt_window for the gockpt runs; 0 = automatic. Default: 0");
-ABSL_FLAG(std::string, device, "cpu", "gradsnap-train --device: cpu, sim or cuda. Default: cpu");
-ABSL_FLAG(int, device_id, 0, "gradsnap-train --device_id (cuda, sim). Default: 0");
-ABSL_FLAG(double, sim_copy_gbps, 0.1, "--device sim: the simulated copy bandwidth, GB/s (> 0). Default: 0.1");
+// --device, --device_id and --sim_copy_gbps (gpu_snapshot/device_flags.h) are passed on to
+// gradsnap-train.
 ABSL_FLAG(std::string, train, "", "gradsnap-train binary. Default: next to this binary");
 ABSL_FLAG(std::string, dir, "", "Scratch directory (removed after). Default: a fresh temp dir");
 
@@ -114,11 +113,9 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
       absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
       absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
       absl::StrCat("--seq=", absl::GetFlag(FLAGS_seq)), absl::StrCat("--ckpt_dir=", ckpt),
-      "--job=bench", absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
-      absl::StrCat("--device_id=", absl::GetFlag(FLAGS_device_id))};
-  if (absl::GetFlag(FLAGS_device) == "sim") {
-    args.push_back(absl::StrCat("--sim_copy_gbps=", absl::GetFlag(FLAGS_sim_copy_gbps)));
-  }
+      "--job=bench"};
+  const std::vector<std::string> device = gradsnap::gpu_snapshot::DeviceFlagArgs();
+  args.insert(args.end(), device.begin(), device.end());
   args.insert(args.end(), mode.flags.begin(), mode.flags.end());
   std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
   std::string cmd = absl::StrCat(absl::StrJoin(args, " "), " >", out, " 2>&1");
@@ -177,14 +174,9 @@ int BadInput(const std::string& msg) {
   return 2;
 }
 
-// --device and its options, checked before any run.
+// --device and its options, checked before any run (one rank).
 int ValidateDevice() {
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "sim" && !(absl::GetFlag(FLAGS_sim_copy_gbps) > 0)) {
-    return BadInput("--sim_copy_gbps must be > 0");
-  }
-  const absl::Status s =
-      gradsnap::gpu_snapshot::CheckDevices(device, absl::GetFlag(FLAGS_device_id), 1);
+  const absl::Status s = gradsnap::gpu_snapshot::CheckDeviceFlags(1);
   return s.ok() ? 0 : BadInput(std::string(s.message()));
 }
 
@@ -197,7 +189,7 @@ int main(int argc, char** argv) {
       "snapshot_bench [--device cpu|sim|cuda] [--model small] [--steps 30] [--every 10] "
       "[--rounds 2]: the checkpoint modes of gradsnap-train side by side; last line name=value "
       "ratios",
-      "snapshot_bench")
+      {"snapshot_bench", "device_flags"})
       .Parse();
   if (int rc = ValidateDevice(); rc != 0) return rc;
   std::string train = absl::GetFlag(FLAGS_train);

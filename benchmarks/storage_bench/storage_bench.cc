@@ -32,13 +32,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/common/bench_util.h"
 #include "common/clock.h"
-#include "common/logging.h"
 #include "storage/aligned_buffer.h"
 #include "storage/chunk_codec.h"
 #include "storage/engine.h"
@@ -452,9 +449,9 @@ int Run() {
 }  // namespace gradsnap
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  gradsnap::bench::InitBenchmark(
+      argc, argv,
       "Measures the gradsnap storage engine against raw io_uring O_DIRECT I/O.\n"
       "Usage: storage_bench [--dir DIR] [--total_gib N] [--ranks R] ...");
-  absl::ParseCommandLine(argc, argv);
   return gradsnap::storage::Run();
 }

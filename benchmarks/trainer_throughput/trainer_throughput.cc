@@ -12,9 +12,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "benchmarks/common/bench_util.h"
 
 ABSL_FLAG(std::string, model, "small", "Model. Default: small");
 ABSL_FLAG(int, steps, 10, "Steps per run. Default: 10");
@@ -50,7 +50,8 @@ double TokensPerSecond(const std::string& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  gradsnap::bench::InitBenchmark(
+      argc, argv, "trainer_throughput [--model M] [--steps N] [--batch B] [--seq S] [--dir D]");
   const std::string dir = absl::GetFlag(FLAGS_dir);
   std::system(absl::StrCat("rm -rf ", dir).c_str());
   const std::string base = absl::StrCat("--model ", absl::GetFlag(FLAGS_model), " --steps ",
