@@ -315,6 +315,28 @@ TEST(CatalogTest, DeltaWaitsForItsBaseAndIsAbortedWithIt) {
   ASSERT_TRUE(e->Delete("j", 20).ok());
 }
 
+// A launcher rolls back a dead attempt's PENDING checkpoint while the server may still be
+// tearing the dead upload down: the refusal is ABORTED (retried), and the abort succeeds once
+// the writer is closed.
+TEST(CatalogTest, AbortWhileAWriterIsOpenIsRetryable) {
+  TempDir dir;
+  auto e = OpenOk(dir.path());
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 10, 1)).ok());
+  ShardData d = MakeShard("j", 10, 0, 10);
+  auto w = e->OpenShardWriter(d.spec);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append(d.bytes[0].data(), 4096).ok());
+  const absl::Status busy = e->AbortCheckpoint("j", 10);
+  EXPECT_TRUE(absl::IsAborted(busy)) << busy;
+  EXPECT_NE(busy.message().find("has an open writer"), std::string::npos) << busy;
+  EXPECT_TRUE(absl::IsAborted(e->Delete("j", 10)));
+  w->reset();  // the upload ends (a dead client's stream is torn down the same way)
+  ASSERT_TRUE(e->AbortCheckpoint("j", 10).ok());
+  auto all = e->ListCheckpoints("j", true);
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(all->empty());
+}
+
 TEST(CatalogTest, RecoveryDropsCommittedDeltaWithoutBase) {
   TempDir dir;
   {

@@ -709,8 +709,11 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
     absl::MutexLock lock(&writers_mu_);
     for (const std::string& key : active_writers_) {
       if (key.rfind(ShardPrefix(job, step), 0) == 0) {
-        return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ",
-                                                          step, " has an open writer"));
+        // Transient: a writer closes when its upload ends, also when the uploading process
+        // died (the server notices the broken stream). A launcher rolling back a dead
+        // attempt's PENDING checkpoints races that teardown, so the code is one clients retry.
+        return absl::AbortedError(absl::StrCat("checkpoint job ", job, " step ", step,
+                                               " has an open writer (retry once it closes)"));
       }
     }
   }

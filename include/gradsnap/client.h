@@ -157,7 +157,8 @@ class Client {
     return SaveShardAsync(spec, std::move(tensors)).get();
   }
   // Abandons a PENDING checkpoint and frees its space. NOT_FOUND: no such checkpoint.
-  // FAILED_PRECONDITION: it is committed (use Delete).
+  // FAILED_PRECONDITION: it is committed (use Delete). ABORTED: a shard of it is still being
+  // written (its upload has not ended yet; remote mode retries this like any ABORTED).
   virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
   // Takes the job's next writer epoch (docs/protocol.md, "Epochs"). Saves and begins whose spec
   // carries an older non-zero epoch are refused from then on (FAILED_PRECONDITION "superseded by
@@ -202,6 +203,7 @@ class Client {
                               const ProgressFn& progress = nullptr) = 0;
   // Deletes one checkpoint (committed or PENDING) and frees its space. NOT_FOUND: no such
   // checkpoint. FAILED_PRECONDITION: it is a FULL that a remaining DELTA is based on.
+  // ABORTED: a shard of it is still being written (as AbortCheckpoint).
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
   // Retention for `job`: keeps the newest policy.keep_last committed FULLs and every FULL whose
   // step is a multiple of policy.keep_every, deletes the other FULLs with the DELTAs based on
