@@ -6,9 +6,11 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 
 namespace gradsnap {
@@ -184,7 +186,15 @@ ChunkEncoder::ChunkEncoder(const CodecOptions& options)
                          options_.zstd_level);
 }
 
-ChunkEncoder::~ChunkEncoder() { ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_)); }
+ChunkEncoder::~ChunkEncoder() {
+  ZSTD_freeCCtx(static_cast<ZSTD_CCtx*>(cctx_));
+  ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_));
+}
+
+bool CompressionPays(const CompressionCosts& c, double ratio, double max_ratio) {
+  if (!(ratio <= max_ratio) || !(c.disk_bps > 0)) return false;
+  return c.encoders * c.encode_bps >= c.disk_bps && c.decoders * c.decode_bps >= c.disk_bps;
+}
 
 ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw, DType dtype,
                                         uint64_t stream_offset, bool try_compress, uint8_t* alt,
@@ -195,7 +205,10 @@ ChunkHeader ChunkEncoder::EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw
   h.stream_offset = stream_offset;
   h.crc_raw = crc_raw;
   *in_alt = false;
-  if (try_compress && options_.zstd_level > 0 && n >= 64) {
+  probe_ = ProbeResult();
+  // With the cost model a chunk too small to probe has nothing to measure with: stored raw.
+  const size_t min_n = use_costs_ ? 4 * kCompressProbeBytes : 64;
+  if (try_compress && options_.zstd_level > 0 && n >= min_n) {
     const size_t width = DTypeSize(dtype);
     ChunkHeader c = h;
     const bool shuffle = options_.shuffle && DTypeIsFloat(dtype) && width > 1;
@@ -238,11 +251,31 @@ size_t ChunkEncoder::Compress(const uint8_t* raw, size_t n, size_t width, uint8_
 bool ChunkEncoder::Pays(const uint8_t* raw, size_t n, size_t width, uint8_t* out) {
   // A small frame compresses a little worse than the whole chunk will: the probe only has to
   // get halfway from "no gain" to max_compressed_ratio (noise stays above it).
+  Stopwatch sw;
   size_t z = Compress(raw, n, width, out);
-  const size_t limit = options_.probe_gain > 0
-                           ? static_cast<size_t>(static_cast<double>(n) * options_.probe_gain)
-                           : (n + Limit(n)) / 2;
-  return !ZSTD_isError(z) && z <= limit;
+  if (ZSTD_isError(z)) return false;
+  probe_.ran = true;
+  probe_.ratio = static_cast<double>(z) / static_cast<double>(n);
+  if (z > (n + Limit(n)) / 2) return false;
+  if (!use_costs_) return true;
+  probe_.encode_bps = static_cast<double>(n) / std::max(sw.ElapsedSeconds(), 1e-9);
+  TimeDecode(out, z, n, width);
+  CompressionCosts c = costs_;
+  c.encode_bps = probe_.encode_bps;
+  c.decode_bps = probe_.decode_bps;
+  // The halfway rule above already holds; the model asks for the whole chunk's limit.
+  return CompressionPays(c, probe_.ratio, options_.max_compressed_ratio);
+}
+
+void ChunkEncoder::TimeDecode(const uint8_t* frame, size_t z, size_t n, size_t width) {
+  if (dctx_ == nullptr) dctx_ = ZSTD_createDCtx();
+  if (probe_out_.size() < 2 * n) probe_out_.resize(2 * n);
+  uint8_t* out = probe_out_.data();
+  Stopwatch sw;
+  size_t d = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), out, n, frame, z);
+  if (ZSTD_isError(d) || d != n) return;  // decode_bps stays 0: CompressionPays says no
+  if (width > 1) ByteUnshuffle(out, out + n, n, width);
+  probe_.decode_bps = static_cast<double>(n) / std::max(sw.ElapsedSeconds(), 1e-9);
 }
 
 ChunkHeader WriteRawHeader(uint8_t* rec, size_t n, uint32_t crc_raw, uint64_t stream_offset) {

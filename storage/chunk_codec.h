@@ -50,13 +50,33 @@ struct CodecOptions {
   int zstd_level = 1;          // 0: never compress
   bool shuffle = true;
   double max_compressed_ratio = 0.90;
-  // The probe (kCompressProbeBytes) must compress to at most this fraction for the whole
-  // chunk to be compressed; 0: halfway between 1 and max_compressed_ratio. The writer's adaptive
-  // bypass asks for more (kAdaptiveProbeGain): compressing costs a core ~raw/500 MB/s and
-  // saves the disk only the bytes it removes, so only a large gain pays for the CPU.
-  double probe_gain = 0;
 };
-constexpr double kAdaptiveProbeGain = 0.75;
+
+// What the adaptive compression policy weighs (docs/format.md, "Compression policy"): speeds
+// in raw bytes per second, per core for the codec. 0 means not measured yet.
+struct CompressionCosts {
+  double encode_bps = 0;  // shuffle + zstd of one core (the writer)
+  double decode_bps = 0;  // zstd + unshuffle of one core (a reader)
+  double disk_bps = 0;    // the writer's measured segment write rate, also taken as the read rate
+  int encoders = 1;       // cores that may compress at once while writing
+  int decoders = 1;       // cores that decode while reading
+};
+
+// Whether storing chunks compressed to `ratio` (stored / raw, from the probe) can slow neither
+// the write nor the later read: the ratio must be at most max_ratio, the encoders together must
+// outpace the disk (encoders * encode_bps >= disk_bps: compressed writes then run at
+// min(encoders * encode_bps, disk_bps / ratio) >= disk_bps) and so must the decoders on
+// restore (decoders * decode_bps >= disk_bps). False while the disk rate is unknown.
+// Deterministic: a pure function of its arguments.
+bool CompressionPays(const CompressionCosts& c, double ratio, double max_ratio);
+
+// What the last probe of a ChunkEncoder measured (ran == false: no probe).
+struct ProbeResult {
+  bool ran = false;
+  double ratio = 1;       // compressed / raw of the sample
+  double encode_bps = 0;  // shuffle + zstd speed on the sample
+  double decode_bps = 0;  // zstd + unshuffle speed on the sample
+};
 
 // Upper bound of the record size of a chunk of raw_len bytes.
 size_t MaxRecordSize(size_t raw_len);
@@ -71,8 +91,8 @@ void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t n, size_t width);
 ChunkHeader WriteRawHeader(uint8_t* rec, size_t n, uint32_t crc_raw, uint64_t stream_offset);
 
 // Bytes of a chunk's start that are compressed first, as a probe: a chunk whose probe does not
-// get halfway to max_compressed_ratio is stored raw without compressing the rest (chunks of at
-// least 4 * kCompressProbeBytes).
+// get halfway to max_compressed_ratio (or, with SetCosts, for which CompressionPays() says no)
+// is stored raw without compressing the rest (chunks of at least 4 * kCompressProbeBytes).
 constexpr size_t kCompressProbeBytes = 64u << 10;
 
 class ChunkEncoder {
@@ -95,6 +115,15 @@ class ChunkEncoder {
   ChunkHeader EncodeInPlace(uint8_t* rec, size_t n, uint32_t crc_raw, DType dtype,
                             uint64_t stream_offset, bool try_compress, uint8_t* alt,
                             bool* in_alt);
+  // The adaptive policy: from now on the probe also times compressing and decompressing its
+  // sample, and a chunk is compressed only if CompressionPays(costs with the probe's speeds).
+  // Chunks too small to probe are then stored raw. Without it (default) only the ratio counts.
+  void SetCosts(const CompressionCosts& costs) {
+    costs_ = costs;
+    use_costs_ = true;
+  }
+  // What the last EncodeInPlace/Encode call's probe measured.
+  const ProbeResult& last_probe() const { return probe_; }
 
  private:
   // Largest compressed size worth storing for n raw bytes.
@@ -102,13 +131,20 @@ class ChunkEncoder {
   // zstd frame of raw[0, n), byte-shuffled with `width` first when > 1, into out.
   size_t Compress(const uint8_t* raw, size_t n, size_t width, uint8_t* out);
   // The probe: whether raw[0, n) compresses enough to try the whole chunk (out: scratch of at
-  // least ZSTD_compressBound(n) bytes).
+  // least ZSTD_compressBound(n) bytes). Fills probe_.
   bool Pays(const uint8_t* raw, size_t n, size_t width, uint8_t* out);
+  // With SetCosts: times decoding the probe's frame out[0, z) of n bytes (into probe_).
+  void TimeDecode(const uint8_t* frame, size_t z, size_t n, size_t width);
 
   CodecOptions options_;
+  CompressionCosts costs_;
+  bool use_costs_ = false;
+  ProbeResult probe_;
   void* cctx_;  // ZSTD_CCtx*
+  void* dctx_ = nullptr;  // ZSTD_DCtx*, for timing the probe's decode (SetCosts)
   std::vector<uint8_t> scratch_;
   std::vector<uint8_t> alt_;
+  std::vector<uint8_t> probe_out_;  // TimeDecode's output
 };
 
 // Parses and checks a record header (magic, version, header CRC, enum values, lengths).

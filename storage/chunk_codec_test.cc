@@ -104,6 +104,62 @@ TEST(ChunkCodecTest, CompressesConstantAndBypassesNoise) {
 }
 
 // Every single-byte change anywhere in a record is detected.
+// The policy's arithmetic: compress only when encoders and decoders both outpace the disk and
+// the ratio is at most the limit.
+TEST(CompressionPolicyTest, PaysOnlyWhenCodecOutpacesDisk) {
+  CompressionCosts c{/*encode_bps=*/400e6, /*decode_bps=*/1.5e9, /*disk_bps=*/200e6,
+                     /*encoders=*/1, /*decoders=*/1};
+  EXPECT_TRUE(CompressionPays(c, 0.35, 0.9));   // slow disk: hidden on both sides
+  EXPECT_TRUE(CompressionPays(c, 0.9, 0.9));    // at the limit
+  EXPECT_FALSE(CompressionPays(c, 0.91, 0.9));  // above it
+  c.disk_bps = 2e9;                             // fast disk: one encoder cannot keep up
+  EXPECT_FALSE(CompressionPays(c, 0.35, 0.9));
+  c.encoders = 5;                               // five can (2.0 GB/s) but one decoder cannot
+  EXPECT_FALSE(CompressionPays(c, 0.35, 0.9));
+  c.decoders = 2;                               // 3 GB/s of decoding: both sides keep up
+  EXPECT_TRUE(CompressionPays(c, 0.35, 0.9));
+  c.disk_bps = 0;                               // not measured yet
+  EXPECT_FALSE(CompressionPays(c, 0.35, 0.9));
+  c.disk_bps = 1e9;
+  c.encode_bps = 0;                             // no probe speed
+  EXPECT_FALSE(CompressionPays(c, 0.35, 0.9));
+}
+
+// With costs set, the encoder's probe measures real codec speeds; a disk far slower than any
+// codec (1 KB/s) makes compressible chunks compress, one far faster (1 PB/s) keeps them raw.
+// The margins are many orders of magnitude, so the outcome does not depend on the machine.
+TEST(CompressionPolicyTest, EncoderFollowsTheCostModel) {
+  CodecOptions co;
+  // 1 MiB of fp32 weights with bf16 precision (low mantissa bytes zero): compresses to ~0.5.
+  std::vector<uint8_t> w = WeightBytes(1 << 18, 9);
+  for (size_t i = 0; i < w.size(); i += 4) w[i] = w[i + 1] = 0;
+  std::vector<uint8_t> rec(MaxRecordSize(w.size()));
+  for (double disk : {1e3, 1e15, 0.0}) {
+    ChunkEncoder enc(co);
+    enc.SetCosts(CompressionCosts{0, 0, disk, 1, 1});
+    ChunkHeader h = enc.Encode(w.data(), w.size(), DType::kF32, 0, true, rec.data());
+    EXPECT_EQ(h.codec, disk == 1e3 ? ChunkCodec::kZstd : ChunkCodec::kRaw) << disk;
+    EXPECT_TRUE(enc.last_probe().ran);
+    EXPECT_GT(enc.last_probe().encode_bps, 0);
+    EXPECT_GT(enc.last_probe().decode_bps, 0);
+    EXPECT_LT(enc.last_probe().ratio, 0.95);
+    std::vector<uint8_t> out(w.size());
+    ChunkDecoder dec;
+    ASSERT_TRUE(dec.Decode(rec.data(), h.record_len(), &h, out.data(), out.size()).ok());
+    EXPECT_EQ(out, w);
+  }
+  // A chunk too small to probe is stored raw under the model; without it, it compresses.
+  const std::vector<uint8_t> zeros(64 << 10, 0);
+  ChunkEncoder modeled(co);
+  modeled.SetCosts(CompressionCosts{0, 0, 1e3, 1, 1});
+  EXPECT_EQ(modeled.Encode(zeros.data(), zeros.size(), DType::kF32, 0, true, rec.data()).codec,
+            ChunkCodec::kRaw);
+  EXPECT_FALSE(modeled.last_probe().ran);
+  ChunkEncoder plain(co);
+  EXPECT_EQ(plain.Encode(zeros.data(), zeros.size(), DType::kF32, 0, true, rec.data()).codec,
+            ChunkCodec::kZstd);
+}
+
 TEST(ChunkCodecTest, EveryMutationIsDetected) {
   ChunkDecoder dec;
   for (int level : {0, 1}) {

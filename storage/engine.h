@@ -69,11 +69,14 @@ struct EngineOptions {
   // are stored: saving less than 10% is not worth the decode time (fp32 Adam state gains
   // ~5-8%). Default: 0.90.
   double max_compressed_ratio = 0.90;
-  // Adaptive bypass: try to compress a chunk only while at least three quarters of the
-  // writer's in-flight chunks wait for the disk and an encoder is free (at most
-  // min(encode_threads, cores - 1) compress at once), and only when a 64 KiB probe of it
-  // compresses to 0.75 or less: compression is used where it cannot slow the write down
-  // (docs/format.md, "Chunk record"). false: try every chunk (tests, archival). Default: true.
+  // Adaptive compression (docs/format.md, "Compression policy"): try to compress a chunk only
+  // while at least three quarters of the writer's in-flight chunks wait for the disk and an
+  // encoder is free (at most min(encode_threads, cores - 1) compress at once), and keep it
+  // compressed only when its 64 KiB probe predicts a net gain: ratio at most
+  // max_compressed_ratio, and the probe's measured encode and decode speeds times the cores
+  // that may run them (cores - 1 each) at least the writer's measured disk rate, so neither
+  // the write nor the later restore can be slower than with the raw bytes. false: try every
+  // chunk on the ratio alone (tests, archival). Default: true.
   bool adapt_compression = true;
   // Use io_uring; false forces the pwrite fallback (tests). Default: true.
   bool use_io_uring = true;

@@ -105,6 +105,9 @@ class ShardReaderImpl : public ShardReader {
       pos += t.spec.byte_length;
     }
     tensor_start_.push_back(pos);
+    for (const ChunkRecord& c : chunks_) {
+      max_raw_len_ = std::max<size_t>(max_raw_len_, c.header.raw_len);
+    }
     window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
                                        kMaxWindow);
   }
@@ -194,6 +197,7 @@ class ShardReaderImpl : public ShardReader {
   std::map<uint32_t, std::unique_ptr<File>> files_;
 
   size_t window_limit_ = 4;
+  size_t max_raw_len_ = 0;  // of the shard's chunks: bounds every record (compressed ones too)
   uint64_t read_end_ = UINT64_MAX;  // SetReadEnd: no read-ahead of chunks starting past it
   std::deque<std::shared_ptr<Slot>> window_;  // scheduled, in order
   absl::Mutex mu_;
@@ -248,7 +252,9 @@ void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
   size_t len = AlignUp(c.header.record_len());
   int fixed = slot->index;
   if (slot->record.capacity() < len) {
-    slot->record = AlignedBuffer(len);
+    // Sized for the largest record of the shard at once: a slot that first held a small
+    // (compressed or packed) record is not reallocated and registered again for a larger one.
+    slot->record = AlignedBuffer(std::max(len, AlignUp(kChunkHeaderSize + max_raw_len_)));
     if (!ring_->RegisterBuffer(slot->index, slot->record.data(), slot->record.capacity())) {
       fixed = -1;
     }

@@ -17,7 +17,9 @@
 //   and it is queued for the disk on the appending thread); a chunk tries compression on the
 //   pool only while the disk is behind and an encoder that leaves a core to the appending
 //   thread is idle (adaptive bypass), and the encoder probes a sample before compressing it
-//   all, so incompressible data costs little.
+//   all, so incompressible data costs little. The probe's timed codec speeds and the disk
+//   rate this writer measures decide whether the chunk is kept compressed
+//   (CompressionPays: only when neither this write nor the restore can be slower).
 //   Flush(): wait for every job, fdatasync the segments (and the directory for new files),
 //   then one synced RocksDB batch with the new chunk keys and the shard record. Finish() first
 //   appends the shard footer (storage/footer.h: the shard's manifest, so the catalog can be
@@ -69,6 +71,10 @@ constexpr size_t kFuseBlock = 64 << 10;
 // Small chunks (kSmallChunkBytes) take small buffers, so more of them may be in flight: many
 // small tensors still keep the disk queue full.
 constexpr int kSmallJobsPerJob = 8;
+// Adaptive compression: while the cost model rules compression out, one chunk in this many
+// still probes (its speeds); the disk rate counts once this much has been written.
+constexpr uint32_t kReprobeChunks = 16;
+constexpr uint64_t kMinRateBytes = 8 << 20;
 
 struct Job {
   std::unique_ptr<AlignedBuffer> raw;  // record buffer with raw bytes after the header
@@ -123,6 +129,11 @@ class ShardWriterImpl : public ShardWriter {
   void Encode(Job* job, ChunkEncoder* enc);
   void SubmitIo(Job* job);
   void Release(Job* job, const absl::Status& s);
+  // The policy's inputs now (thread-safe).
+  CompressionCosts Costs();
+  void NoteProbe(const ProbeResult& p);
+  void NoteWriteQueued();
+  void NoteWriteDone(size_t bytes);
   absl::Status Persist(bool finish);
   absl::Status OpenSegmentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
   absl::Status AppendFooter(const ShardRecord& next, const std::vector<ChunkRecord>& chunks);
@@ -144,6 +155,7 @@ class ShardWriterImpl : public ShardWriter {
   int max_jobs_ = 1;
   size_t max_weight_ = 0;             // max_jobs_ full chunks' raw and compressed buffers
   std::atomic<int> io_pending_{0};     // jobs queued on a SegmentWriter, not yet written
+  int decoders_ = 1;                   // cores a restore decodes on (CompressionCosts)
   std::atomic<int> compressing_{0};    // jobs trying compression on the pool
   int max_compressors_ = 1;            // encoders that may compress at once
   std::atomic<bool> ring_{false};      // the current segment writes through io_uring
@@ -176,6 +188,15 @@ class ShardWriterImpl : public ShardWriter {
   std::vector<ChunkRecord> completed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> digests_ ABSL_GUARDED_BY(mu_);  // per tensor, "" until known
 
+  // The compression policy's measurements (CompressionCosts): the disk write rate (bytes
+  // written per second while writes were queued) and the codec speeds of recent probes.
+  absl::Mutex rate_mu_;
+  int64_t busy_since_ns_ ABSL_GUARDED_BY(rate_mu_) = 0;  // when io_pending_ last left 0
+  int64_t busy_ns_ ABSL_GUARDED_BY(rate_mu_) = 0;        // earlier busy periods
+  uint64_t disk_bytes_ ABSL_GUARDED_BY(rate_mu_) = 0;    // written in them
+  double encode_bps_ ABSL_GUARDED_BY(rate_mu_) = 0;      // moving averages of probes
+  double decode_bps_ ABSL_GUARDED_BY(rate_mu_) = 0;
+
   absl::Mutex io_mu_;
   std::unique_ptr<SegmentWriter> seg_ ABSL_GUARDED_BY(io_mu_);
   uint32_t seg_seq_ ABSL_GUARDED_BY(io_mu_) = 0;
@@ -203,12 +224,13 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
   max_weight_ = static_cast<size_t>(max_jobs_) * 2 * engine_->record_pool()->buffer_capacity();
   next_chunk_index_ = rec_.chunk_count;
   finished_ = rec_.committed;  // reopening a committed shard: nothing left to do
-  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.max_compressed_ratio,
-                  opt_.adapt_compression ? kAdaptiveProbeGain : 0.0};
+  CodecOptions co{opt_.zstd_level, opt_.shuffle, opt_.max_compressed_ratio};
   // Compression leaves one core to the appending thread (its copy + CRC + digest pass is
-  // what sets the pace when compression is off).
+  // what sets the pace when compression is off); a restore likewise leaves one to the
+  // thread that copies and hashes the decoded bytes.
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   max_compressors_ = std::max(1, std::min(threads, cores - 1));
+  decoders_ = std::max(1, cores - 1);
   pool_ = std::make_unique<TaskPool<ChunkEncoder>>(
       threads, [co] { return std::make_unique<ChunkEncoder>(co); });
 }
@@ -442,6 +464,15 @@ void ShardWriterImpl::Dispatch() {
                     compressing_.load() < max_compressors_);
   job->try_compress = opt_.zstd_level > 0 && disk_busy &&
                       (no_gain_[job->tensor].load() < 2 || job->index_in_tensor % 8 == 0);
+  // Cost model (CompressionPays): once the measured codec speeds say no chunk can pay, whatever
+  // its ratio, only every kReprobeChunks-th chunk probes, to follow changes in the speeds.
+  if (job->try_compress && opt_.adapt_compression &&
+      job->chunk_index % kReprobeChunks != 0) {
+    const CompressionCosts c = Costs();
+    if (c.encode_bps > 0 && c.disk_bps > 0 && !CompressionPays(c, 0, 1)) {
+      job->try_compress = false;
+    }
+  }
   {
     // Backpressure: at most max_jobs_ chunks (and their buffers) in flight.
     absl::MutexLock lock(&mu_);
@@ -479,8 +510,10 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
     job->alt = GetRecordBuffer(job->n);
     alt = job->alt->data();
   }
+  if (job->try_compress && opt_.adapt_compression) enc->SetCosts(Costs());
   ChunkHeader h = enc->EncodeInPlace(job->raw->data(), job->n, job->crc_raw, job->dtype,
                                      job->stream_offset, job->try_compress, alt, &in_alt);
+  NoteProbe(enc->last_probe());
   if (job->try_compress) {
     if (in_alt) no_gain_[job->tensor].store(0); else no_gain_[job->tensor].fetch_add(1);
   }
@@ -508,9 +541,9 @@ void ShardWriterImpl::SubmitIo(Job* job) {
     job->record.segment = seg_seq_ - 1;
     w = seg_.get();  // stays alive until Persist(), which first waits for this job
   }
-  io_pending_.fetch_add(1);
-  w->Append(rec, padded, [this, job](const absl::Status& st, uint64_t offset) {
-    io_pending_.fetch_sub(1);
+  NoteWriteQueued();
+  w->Append(rec, padded, [this, job, padded](const absl::Status& st, uint64_t offset) {
+    NoteWriteDone(st.ok() ? padded : 0);
     job->record.offset = offset;
     Release(job, st);
   });
@@ -577,6 +610,41 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
   });
   done.WaitForNotification();
   return st;
+}
+
+CompressionCosts ShardWriterImpl::Costs() {
+  CompressionCosts c;
+  c.encoders = max_compressors_;
+  c.decoders = decoders_;
+  absl::MutexLock lock(&rate_mu_);
+  c.encode_bps = encode_bps_;
+  c.decode_bps = decode_bps_;
+  int64_t busy = busy_ns_;
+  if (io_pending_.load() > 0) busy += MonotonicNanos() - busy_since_ns_;
+  // A few MiB written before the rate counts: the first writes only fill the queue.
+  if (busy > 0 && disk_bytes_ >= kMinRateBytes) {
+    c.disk_bps = static_cast<double>(disk_bytes_) * 1e9 / static_cast<double>(busy);
+  }
+  return c;
+}
+
+void ShardWriterImpl::NoteProbe(const ProbeResult& p) {
+  if (!p.ran || p.encode_bps <= 0 || p.decode_bps <= 0) return;
+  auto average = [](double old, double now) { return old == 0 ? now : 0.75 * old + 0.25 * now; };
+  absl::MutexLock lock(&rate_mu_);
+  encode_bps_ = average(encode_bps_, p.encode_bps);
+  decode_bps_ = average(decode_bps_, p.decode_bps);
+}
+
+void ShardWriterImpl::NoteWriteQueued() {
+  absl::MutexLock lock(&rate_mu_);
+  if (io_pending_.fetch_add(1) == 0) busy_since_ns_ = MonotonicNanos();
+}
+
+void ShardWriterImpl::NoteWriteDone(size_t bytes) {
+  absl::MutexLock lock(&rate_mu_);
+  disk_bytes_ += bytes;
+  if (io_pending_.fetch_sub(1) == 1) busy_ns_ += MonotonicNanos() - busy_since_ns_;
 }
 
 // Called once per job, when its write completed or failed.
