@@ -228,7 +228,6 @@ void ShardReaderImpl::StartRing(std::vector<File*> files, std::vector<std::strin
 
 void ShardReaderImpl::Schedule(size_t chunk) {
   std::shared_ptr<Slot> slot;
-  Reclaim();
   if (spare_.empty()) {
     slot = std::make_shared<Slot>();
     slot->index = slots_made_++;
@@ -334,7 +333,11 @@ absl::Status ShardReaderImpl::Take(size_t chunk, uint32_t tensor, std::shared_pt
     Cancel();  // a jump: drop the read-ahead
   }
   size_t next = window_.empty() ? chunk : window_.back()->chunk + 1;
-  while (window_.size() < window_limit_ && next < chunks_.size() &&
+  // Chunks still lent out (ReadShared) count against the window: the reader's memory stays
+  // within window_limit_ chunks plus the one it holds, as the read budget assumes.
+  Reclaim();
+  while ((window_.empty() || window_.size() + lent_.size() < window_limit_) &&
+         next < chunks_.size() &&
          (next == chunk || chunks_[next].header.stream_offset < read_end_)) {
     Schedule(next++);
   }
