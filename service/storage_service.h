@@ -13,9 +13,10 @@
 //   Zero copy: Write and Read are registered as raw methods (grpc::ByteBuffer in, ByteBuffer
 //   out) and their messages are parsed and built by hand (proto/raw_message.h). A received
 //   `data` field stays in gRPC's receive slices: the engine appends from them (and the RAM tier
-//   copies from them into its own blocks). A Read answer's `data` is a slice over the buffer the
-//   engine decoded into (given back to a pool when gRPC is done with it) or over the RAM tier's
-//   blocks (kept alive by the slice); nothing is copied into a protobuf string.
+//   copies from them into its own blocks). A Read answer's `data` is slices over the engine
+//   reader's decoded chunks (ShardReader::ReadShared: the chunk stays alive and out of the
+//   reader's reuse until gRPC releases the slice) or over the RAM tier's blocks (kept alive by
+//   the slice); nothing is copied between the decoded chunk and the socket.
 //
 // ERROR HANDLING
 //   A bad request fails only its own call; nothing here aborts the process. At most one stream
@@ -138,6 +139,9 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   absl::Status SendPayload(ReadStream* stream, const Payload& cached,
                            storage::ShardReader* reader, const storage::ShardInfo& info,
                            uint64_t offset, uint64_t end);
+  // Slices lending the reader's decoded chunks for payload [offset, offset + n).
+  absl::Status LendChunks(storage::ShardReader* reader, const storage::ShardInfo& info,
+                          uint64_t offset, size_t n, std::vector<grpc::Slice>* data);
 
   // Runs one unary handler body: latency histogram, then Done().
   template <typename Fn>
@@ -161,8 +165,6 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   const StorageServiceOptions options_;
   ServiceMetrics* const metrics_;
   std::atomic<bool> serving_{true};
-
-  const std::shared_ptr<proto::BufferPool> read_buffers_;
 
   absl::Mutex mu_;
   std::set<ShardKey> active_ ABSL_GUARDED_BY(mu_);

@@ -101,10 +101,7 @@ StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
       read_limiter_(read_limiter),
       cache_(cache),
       options_(options),
-      metrics_(ServiceMetrics::Get()),
-      // Buffers of Read messages served from disk: the engine decodes into one, gRPC sends it
-      // and gives it back when the transport is done with it.
-      read_buffers_(proto::BufferPool::Create(proto::kMaxDataBytes, /*keep=*/32)) {
+      metrics_(ServiceMetrics::Get()) {
   // Raw handlers in place of the generated ones: a streamed (bidirectional) method on the
   // server side serves the same client-streaming / server-streaming calls on the wire.
   MarkMethodStreamed(
@@ -342,6 +339,27 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, ReadStream* stream
   return SendPayload(stream, cached, reader.get(), *info, req.read_offset(), end);
 }
 
+// Slices over the reader's decoded chunks for payload bytes [offset, offset + n): one per chunk
+// the range touches. Each slice keeps its chunk's memory alive (and out of the reader's reuse)
+// until gRPC releases it, so the bytes go from the decoded chunk to the socket uncopied.
+absl::Status StorageService::LendChunks(storage::ShardReader* reader,
+                                        const storage::ShardInfo& info, uint64_t offset,
+                                        size_t n, std::vector<grpc::Slice>* data) {
+  for (size_t done = 0; done < n;) {
+    const uint8_t* p = nullptr;
+    std::shared_ptr<const void> hold;
+    ASSIGN_OR_RETURN(size_t got, reader->ReadShared(offset + done, n - done, &p, &hold));
+    if (got == 0) {
+      return absl::DataLossError(absl::StrCat("shard ended at ", offset + done, " of ",
+                                              info.raw_bytes));
+    }
+    data->push_back(proto::OwnedSlice(const_cast<uint8_t*>(p), got,
+                                      [hold = std::move(hold)] { (void)hold; }));
+    done += got;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cached,
                                          storage::ShardReader* reader,
                                          const storage::ShardInfo& info, uint64_t offset,
@@ -355,16 +373,8 @@ absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cach
     std::vector<grpc::Slice> data;
     if (cached != nullptr) {
       PayloadSlices(cached, offset, n, &data);
-    } else if (n > 0) {
-      char* buf = nullptr;
-      grpc::Slice slice = read_buffers_->Take(n, &buf);
-      absl::StatusOr<size_t> got = reader->Read(offset, buf, n);
-      if (!got.ok()) return got.status();
-      if (*got != n) {
-        return absl::DataLossError(absl::StrCat("shard ended at ", offset + *got, " of ",
-                                                info.raw_bytes));
-      }
-      data.push_back(std::move(slice));
+    } else {
+      RETURN_IF_ERROR(LendChunks(reader, info, offset, n, &data));
     }
     proto::RawMessageBuilder b;
     if (first) b.AddBytes(proto::field::kReadShard, info_bytes);

@@ -160,6 +160,11 @@ class ShardReader {
   // reader's decoded chunk (at most to the chunk's end) and returns their count (0 at the end),
   // verified as Read verifies them. *data stays valid until the next call on this reader.
   virtual absl::StatusOr<size_t> ReadView(uint64_t offset, size_t n, const uint8_t** data) = 0;
+  // ReadView whose bytes outlive the next call: *hold owns the decoded chunk's memory, which the
+  // reader does not reuse until every copy of *hold is dropped (on any thread, also after the
+  // reader is destroyed). For lending the bytes to a transport (gRPC slices) without a copy.
+  virtual absl::StatusOr<size_t> ReadShared(uint64_t offset, size_t n, const uint8_t** data,
+                                            std::shared_ptr<const void>* hold) = 0;
   // A ranged reader: no Read will go past payload byte `end`, so read-ahead stops at the chunk
   // holding it instead of fetching up to 128 MiB the caller will not ask for. Default: none.
   virtual void SetReadEnd(uint64_t end) { (void)end; }

@@ -1,6 +1,7 @@
 // Engine basics: write, list, manifest, read back, verify, resume, bad input, delete, GC.
 #include "storage/engine.h"
 
+#include <cstring>
 #include <thread>
 
 #include "common/digest.h"
@@ -137,6 +138,53 @@ TEST_P(EngineTest, ConcurrentShards) {
   ASSERT_EQ(e->ListCheckpoints("cj")->size(), 1u);
   EXPECT_TRUE(e->Verify("cj", 5).ok());
   for (const auto& s : shards) ExpectRestores(e.get(), s);
+}
+
+// Bytes lent by ReadShared stay intact while held: the reader reuses no held chunk for later
+// chunks, and the holds outlive the reader.
+TEST_P(EngineTest, ReadSharedBytesOutliveLaterReadsAndTheReader) {
+  auto e = OpenEngine();
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->BeginCheckpoint({"rs", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ShardData d = MakeShard("rs", 1, 0, 11, 2000000);  // 8 MB: more chunks than the window
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  std::vector<uint8_t> stream;
+  for (const auto& b : d.bytes) stream.insert(stream.end(), b.begin(), b.end());
+  auto r = e->OpenShardReader("rs", 1, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  struct Lent {
+    const uint8_t* data;
+    size_t size;
+    std::shared_ptr<const void> hold;
+  };
+  std::vector<Lent> lent;
+  uint64_t offset = 0;
+  while (offset < stream.size()) {
+    Lent l{nullptr, 0, nullptr};
+    auto got = (*r)->ReadShared(offset, 100000, &l.data, &l.hold);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_GT(*got, 0u) << "at " << offset;
+    ASSERT_NE(l.hold, nullptr);
+    l.size = *got;
+    offset += *got;
+    lent.push_back(std::move(l));
+  }
+  EXPECT_GT(lent.size(), 70u) << "more chunks than the 64-chunk read-ahead window";
+  r->reset();  // the holds keep the chunks alive
+  offset = 0;
+  for (const Lent& l : lent) {
+    ASSERT_EQ(0, std::memcmp(l.data, stream.data() + offset, l.size)) << "at " << offset;
+    offset += l.size;
+  }
+  // Once the holds are dropped, a new reader reads the same bytes (slots are reused).
+  lent.clear();
+  r = e->OpenShardReader("rs", 1, 0);
+  ASSERT_TRUE(r.ok());
+  std::vector<uint8_t> back(stream.size());
+  auto got = (*r)->Read(0, back.data(), back.size());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, stream.size());
+  EXPECT_EQ(back, stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, EngineTest,

@@ -26,6 +26,7 @@
 //   for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
 //   (disabled, or a File without a descriptor) the pool threads (up to 16) pread, then decode.
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -141,6 +142,8 @@ class ShardReaderImpl : public ShardReader {
   absl::Status ReadTensor(size_t index, void* out, size_t out_len) override;
   absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override;
   absl::StatusOr<size_t> ReadView(uint64_t offset, size_t n, const uint8_t** data) override;
+  absl::StatusOr<size_t> ReadShared(uint64_t offset, size_t n, const uint8_t** data,
+                                    std::shared_ptr<const void>* hold) override;
   void SetReadEnd(uint64_t end) override { read_end_ = end; }
 
  private:
@@ -180,6 +183,7 @@ class ShardReaderImpl : public ShardReader {
   absl::Status Hold(size_t chunk, uint32_t tensor);
   absl::Status Take(size_t chunk, uint32_t tensor, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
+  void Reclaim();
   void StartRing(std::vector<File*> files, std::vector<std::string> names);
   void ReadWithRing(const std::shared_ptr<Slot>& slot);
   void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
@@ -204,6 +208,8 @@ class ShardReaderImpl : public ShardReader {
   // Streaming state.
   std::shared_ptr<Slot> cur_;
   std::vector<std::shared_ptr<Slot>> spare_;  // finished slots whose buffers are reused
+  // Slots whose bytes ReadShared lent out: reused once only this list holds them.
+  std::vector<std::shared_ptr<Slot>> lent_;
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Digester digest_;
@@ -284,7 +290,24 @@ void ShardReaderImpl::Finish(const std::shared_ptr<Slot>& slot, const absl::Stat
 
 // Returns the decoded chunk `chunk`, keeping up to window_limit_ later chunks in flight.
 void ShardReaderImpl::Recycle(std::shared_ptr<Slot> slot) {
-  if (slot != nullptr) spare_.push_back(std::move(slot));
+  if (slot == nullptr) return;
+  // A slot lent by ReadShared is still being read elsewhere: its buffers wait in lent_.
+  (slot.use_count() > 1 ? lent_ : spare_).push_back(std::move(slot));
+}
+
+// Moves the lent slots nobody else holds any more to spare_. A count of 1 cannot rise again
+// (only lent_ holds the slot); the fence orders the borrower's last reads before our reuse.
+void ShardReaderImpl::Reclaim() {
+  for (size_t i = 0; i < lent_.size();) {
+    if (lent_[i].use_count() > 1) {
+      ++i;
+      continue;
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
+    spare_.push_back(std::move(lent_[i]));
+    lent_[i] = std::move(lent_.back());
+    lent_.pop_back();
+  }
 }
 
 size_t ShardReaderImpl::ChunkAt(uint64_t offset) const {
@@ -316,7 +339,11 @@ absl::Status ShardReaderImpl::Take(size_t chunk, uint32_t tensor, std::shared_pt
     Cancel();  // a jump: drop the read-ahead
   }
   size_t next = window_.empty() ? chunk : window_.back()->chunk + 1;
-  while (window_.size() < window_limit_ && next < chunks_.size() &&
+  // Chunks still lent out (ReadShared) count against the window: the reader's memory stays
+  // within window_limit_ chunks plus the one it holds, as the read budget assumes.
+  Reclaim();
+  while ((window_.empty() || window_.size() + lent_.size() < window_limit_) &&
+         next < chunks_.size() &&
          (next == chunk || chunks_[next].header.stream_offset < read_end_)) {
     Schedule(next++);
   }
@@ -448,6 +475,14 @@ absl::StatusOr<size_t> ShardReaderImpl::ReadView(uint64_t offset, size_t n,
                                                  const uint8_t** data) {
   ASSIGN_OR_RETURN(size_t got, Read(offset, nullptr, n));
   if (got > 0) *data = cur_->data + (offset - chunks_[cur_->chunk].header.stream_offset);
+  return got;
+}
+
+absl::StatusOr<size_t> ShardReaderImpl::ReadShared(uint64_t offset, size_t n,
+                                                   const uint8_t** data,
+                                                   std::shared_ptr<const void>* hold) {
+  ASSIGN_OR_RETURN(size_t got, ReadView(offset, n, data));
+  if (got > 0) *hold = std::shared_ptr<const void>(cur_, *data);  // shares the slot's ownership
   return got;
 }
 
