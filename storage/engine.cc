@@ -724,10 +724,7 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
       for (const SegmentRef& s : r.segments) *reclaimed += s.durable_end;
     }
   }
-  MetaStore::Batch b;
-  b.deletes.push_back(CheckpointKey(job, step));
-  b.delete_prefixes.push_back(ShardPrefix(job, step));
-  b.delete_prefixes.push_back(ChunkStepPrefix(job, step));
+  const MetaStore::Batch b = MetaStore::DeleteCheckpointBatch(job, step);
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   RETURN_IF_ERROR(meta_->Commit(b));
   // Metadata is gone: the files are now orphans, which recovery would also remove.

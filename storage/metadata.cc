@@ -187,6 +187,13 @@ std::string ShardKey(const std::string& job, int64_t step, int32_t rank) {
 std::string ChunkStepPrefix(const std::string& job, int64_t step) {
   return absl::StrFormat("k/%s/%020d/", job, step);
 }
+MetaStore::Batch MetaStore::DeleteCheckpointBatch(const std::string& job, int64_t step) {
+  Batch b;
+  b.deletes.push_back(CheckpointKey(job, step));
+  b.delete_prefixes.push_back(ShardPrefix(job, step));
+  b.delete_prefixes.push_back(ChunkStepPrefix(job, step));
+  return b;
+}
 std::string ChunkPrefix(const std::string& job, int64_t step, int32_t rank) {
   return absl::StrFormat("k/%s/%020d/%010d/", job, step, rank);
 }

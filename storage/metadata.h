@@ -131,6 +131,9 @@ class MetaStore {
   // where its own assertions abort the process). Batches that only delete need just 1 MiB
   // (or reserve_bytes if smaller), so space can be freed on a nearly full disk.
   absl::Status Commit(const Batch& batch);
+  // The batch that removes every catalog key of checkpoint (job, step): its checkpoint record,
+  // its shard records and its chunk records.
+  static Batch DeleteCheckpointBatch(const std::string& job, int64_t step);
   bool read_only() const { return read_only_; }
   void set_reserve_bytes(uint64_t n) { reserve_bytes_ = n; }
 

@@ -153,11 +153,7 @@ absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const 
 }
 
 absl::Status RemoveKeys(MetaStore* meta, const std::string& job, int64_t step) {
-  MetaStore::Batch b;
-  b.deletes.push_back(CheckpointKey(job, step));
-  b.delete_prefixes.push_back(ShardPrefix(job, step));
-  b.delete_prefixes.push_back(ChunkStepPrefix(job, step));
-  return meta->Commit(b);
+  return meta->Commit(MetaStore::DeleteCheckpointBatch(job, step));
 }
 
 // Writes the candidate's records, then verifies every byte; removes them again on failure.

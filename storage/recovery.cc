@@ -96,12 +96,8 @@ absl::Status EngineImpl::RepairOrphanDeltas() {
     GS_LOG(WARNING) << "storage recovery: committed DELTA job " << c.spec.job << " step "
                     << c.spec.step << " has no committed base FULL at step " << c.spec.base_step
                     << "; it cannot be replayed and is dropped from the catalog";
-    MetaStore::Batch b;
-    b.deletes.push_back(CheckpointKey(c.spec.job, c.spec.step));
-    b.delete_prefixes.push_back(ShardPrefix(c.spec.job, c.spec.step));
-    b.delete_prefixes.push_back(ChunkStepPrefix(c.spec.job, c.spec.step));
     RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
-    RETURN_IF_ERROR(meta_->Commit(b));
+    RETURN_IF_ERROR(meta_->Commit(MetaStore::DeleteCheckpointBatch(c.spec.job, c.spec.step)));
     const std::string dir = CheckpointDir(c.spec.job, c.spec.step);
     auto names = fs_->ListDir(dir);
     if (names.ok()) {
