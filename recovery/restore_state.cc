@@ -173,14 +173,6 @@ absl::StatusOr<uint64_t> FlatTotal(const CheckpointView& full) {
   return p->total;
 }
 
-absl::Status ReadFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
-                      uint64_t lo, uint64_t hi, void* out, DType* dtype, const RestoreOptions& o,
-                      uint64_t* bytes_read) {
-  std::vector<ReadTask> tasks;
-  RETURN_IF_ERROR(PlanFlat(source, view, flat, lo, hi, out, dtype, o, 0, bytes_read, &tasks));
-  return RunReads(source, tasks, 1, o.threads)[0];
-}
-
 absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPoint& rp,
                                            uint64_t lo, uint64_t hi, float* master, float* m,
                                            float* v, const RestoreOptions& o) {

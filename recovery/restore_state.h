@@ -69,12 +69,6 @@ absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t
                                                    const RestoreOptions& options,
                                                    std::vector<std::string>* damage);
 
-// Reads elements [lo, hi) of flat buffer `flat` of `view` into out (element size of the pieces'
-// dtype, returned in *dtype). DATA_LOSS when the pieces do not cover the range.
-absl::Status ReadFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
-                      uint64_t lo, uint64_t hi, void* out, DType* dtype,
-                      const RestoreOptions& options, uint64_t* bytes_read);
-
 // The flat length of a FULL checkpoint's params (and m, v); DATA_LOSS when they disagree.
 absl::StatusOr<uint64_t> FlatTotal(const CheckpointView& full);
 
