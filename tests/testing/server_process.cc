@@ -131,6 +131,7 @@ absl::Status ServerProcess::StartOnce(const std::vector<std::string>& args) {
     return PosixError("fork", fork_errno);
   }
   pid_ = pid;
+  ready_ = false;
   const std::string text = ReadUntilReady(out[0]);
   ::close(out[0]);  // the server ignores SIGPIPE and prints nothing more on stdout
   const size_t at = text.rfind(kReady);
@@ -142,11 +143,11 @@ absl::Status ServerProcess::StartOnce(const std::vector<std::string>& args) {
     return absl::UnavailableError(
         absl::StrCat("gradsnap-server did not get ready; stdout \"", text, "\"; log:\n", Log()));
   }
-  preamble_ = text.substr(0, at);
   address_ = text.substr(at + sizeof(kReady) - 1, eol - at - (sizeof(kReady) - 1));
   if (!absl::SimpleAtoi(address_.substr(address_.rfind(':') + 1), &port_)) {
     return absl::InternalError("bad readiness line: " + text.substr(at));
   }
+  ready_ = true;
   return absl::OkStatus();
 }
 

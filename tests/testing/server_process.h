@@ -27,8 +27,7 @@ class ServerProcess {
   ServerProcess(const ServerProcess&) = delete;
   ServerProcess& operator=(const ServerProcess&) = delete;
 
-  // Starts `binary args...` and waits up to 30 s for the readiness line; stdout lines printed
-  // before it (e.g. --rebuild-catalog's report) are kept in preamble(). On failure a child that
+  // Starts `binary args...` and waits up to 30 s for the readiness line. On failure a child that
   // still runs is SIGKILLed, and Wait() returns how it ended.
   absl::Status Start(const std::vector<std::string>& args);
   // Start({"--data-dir", data_dir, "--listen", listen, extra...}).
@@ -45,12 +44,12 @@ class ServerProcess {
   void Kill();
   // "running", or how the child ended (reaps it), for failure messages.
   std::string Describe();
-  bool running() const { return pid_ > 0; }
+  // Started, ready (its readiness line came), and not reaped since.
+  bool running() const { return pid_ > 0 && ready_; }
 
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
   int port() const { return port_; }
-  const std::string& preamble() const { return preamble_; }
   // The --metrics-listen port the server logged at start (0 if none).
   int metrics_port() const;
   // VmRSS of the child in bytes (0 if unknown).
@@ -66,7 +65,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   std::string address_;
   int port_ = 0;
-  std::string preamble_;
+  bool ready_ = false;  // the last start got the readiness line
   std::string log_path_;
 };
 
