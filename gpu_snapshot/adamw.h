@@ -32,14 +32,13 @@ struct AdamWConfig {
   float weight_decay = 0.1f;  // Default: 0.1 (decoupled)
 };
 
-// What one update u consumed, besides the gradient. 32 bytes, logged in every DELTA record.
+// What one update u consumed, besides the gradient: the run's hyperparameters plus this update's
+// scalars. 32 bytes, logged in every DELTA record (field by field, in declaration order: see
+// EncodeDeltaHeader and docs/gockpt.md).
 struct AdamWStepParams {
   float lr = 0.0f;          // learning rate of this update (after warmup/cosine schedule)
   float grad_scale = 1.0f;  // multiplier applied to the raw gradient (global-norm clip coef)
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
+  AdamWConfig config;       // the run's betas, eps and weight decay, as of this update
   float bias_correction1 = 1.0f;  // 1 - beta1^t, t = 1-based optimizer step
   float bias_correction2 = 1.0f;  // 1 - beta2^t
 };
@@ -50,10 +49,7 @@ inline AdamWStepParams MakeAdamWStepParams(const AdamWConfig& c, float lr, float
   AdamWStepParams p;
   p.lr = lr;
   p.grad_scale = grad_scale;
-  p.beta1 = c.beta1;
-  p.beta2 = c.beta2;
-  p.eps = c.eps;
-  p.weight_decay = c.weight_decay;
+  p.config = c;
   // Double pow, then one rounding to float: deterministic on every host.
   p.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), t));
   p.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), t));
@@ -80,13 +76,14 @@ inline AdamWStepParams MakeAdamWStepParams(const AdamWConfig& c, float lr, float
 //   v  = beta2 * v + (1 - beta2) * g * g
 //   p  = p - lr * ( (m / bc1) / (sqrt(v / bc2) + eps) + wd * p )
 GS_HD void AdamWElement(float* param, float* m, float* v, float grad, const AdamWStepParams& h) {
+  const AdamWConfig& c = h.config;
   float g = GS_FMUL(grad, h.grad_scale);
-  float mn = GS_FADD(GS_FMUL(h.beta1, *m), GS_FMUL(GS_FSUB(1.0f, h.beta1), g));
-  float vn = GS_FADD(GS_FMUL(h.beta2, *v), GS_FMUL(GS_FSUB(1.0f, h.beta2), GS_FMUL(g, g)));
+  float mn = GS_FADD(GS_FMUL(c.beta1, *m), GS_FMUL(GS_FSUB(1.0f, c.beta1), g));
+  float vn = GS_FADD(GS_FMUL(c.beta2, *v), GS_FMUL(GS_FSUB(1.0f, c.beta2), GS_FMUL(g, g)));
   float mhat = GS_FDIV(mn, h.bias_correction1);
   float vhat = GS_FDIV(vn, h.bias_correction2);
-  float denom = GS_FADD(GS_FSQRT(vhat), h.eps);
-  float upd = GS_FADD(GS_FDIV(mhat, denom), GS_FMUL(h.weight_decay, *param));
+  float denom = GS_FADD(GS_FSQRT(vhat), c.eps);
+  float upd = GS_FADD(GS_FDIV(mhat, denom), GS_FMUL(c.weight_decay, *param));
   *param = GS_FSUB(*param, GS_FMUL(h.lr, upd));
   *m = mn;
   *v = vn;

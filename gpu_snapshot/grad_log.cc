@@ -40,8 +40,11 @@ std::string EncodeDeltaHeader(const DeltaHeader& h) {
   Put<uint8_t>(&out, &pos, static_cast<uint8_t>(h.grad_dtype));
   Put<uint8_t>(&out, &pos, h.update.skipped ? 1 : 0);
   pos += 6;  // reserved
+  // The eight floats in the order of docs/gockpt.md (the config's four sit between grad_scale and
+  // the bias corrections), whatever the struct's layout.
   const AdamWStepParams& a = h.update.adamw;
-  for (float f : {a.lr, a.grad_scale, a.beta1, a.beta2, a.eps, a.weight_decay,
+  const AdamWConfig& c = a.config;
+  for (float f : {a.lr, a.grad_scale, c.beta1, c.beta2, c.eps, c.weight_decay,
                   a.bias_correction1, a.bias_correction2}) {
     Put<float>(&out, &pos, f);
   }
@@ -74,7 +77,8 @@ absl::StatusOr<DeltaHeader> DecodeDeltaHeader(absl::string_view in) {
   h.grad_dtype = static_cast<DType>(dtype);
   h.update.skipped = skipped == 1;
   AdamWStepParams& a = h.update.adamw;
-  for (float* f : {&a.lr, &a.grad_scale, &a.beta1, &a.beta2, &a.eps, &a.weight_decay,
+  AdamWConfig& c = a.config;
+  for (float* f : {&a.lr, &a.grad_scale, &c.beta1, &c.beta2, &c.eps, &c.weight_decay,
                    &a.bias_correction1, &a.bias_correction2}) {
     *f = Get<float>(in, &pos);
   }

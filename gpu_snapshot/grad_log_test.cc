@@ -1,5 +1,8 @@
 // Tests of the gradient log: FULL + DELTAs replayed on the host equal the state of every
 // logged step; the DELTA header format.
+#include <cstring>
+#include <string>
+
 #include "gpu_snapshot/engine_test_util.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gtest/gtest.h"
@@ -81,6 +84,39 @@ TEST(GradLogTest, HeaderRoundTripAndCorruption) {
   b[0] ^= 1;
   EXPECT_EQ(DecodeDeltaHeader(b).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(DecodeDeltaHeader("short").status().code(), absl::StatusCode::kDataLoss);
+}
+
+// The eight AdamW floats sit at the offsets docs/gockpt.md gives (56 + 4 * i), so DELTA records
+// written before AdamWStepParams nested its AdamWConfig read back the same.
+TEST(GradLogTest, HeaderAdamWFloatsAtDocumentedOffsets) {
+  DeltaHeader h;
+  AdamWStepParams& a = h.update.adamw;
+  a.lr = 1.0f;
+  a.grad_scale = 2.0f;
+  a.config.beta1 = 3.0f;
+  a.config.beta2 = 4.0f;
+  a.config.eps = 5.0f;
+  a.config.weight_decay = 6.0f;
+  a.bias_correction1 = 7.0f;
+  a.bias_correction2 = 8.0f;
+  const std::string b = EncodeDeltaHeader(h);
+  ASSERT_EQ(b.size(), kDeltaHeaderBytes);
+  for (int i = 0; i < 8; ++i) {
+    float f = 0.0f;
+    memcpy(&f, b.data() + 56 + 4 * i, sizeof(f));  // little-endian hosts only, as the format
+    EXPECT_EQ(f, static_cast<float>(i + 1)) << "float " << i;
+  }
+  auto d = DecodeDeltaHeader(b);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const AdamWStepParams& r = d->update.adamw;
+  EXPECT_EQ(r.lr, 1.0f);
+  EXPECT_EQ(r.grad_scale, 2.0f);
+  EXPECT_EQ(r.config.beta1, 3.0f);
+  EXPECT_EQ(r.config.beta2, 4.0f);
+  EXPECT_EQ(r.config.eps, 5.0f);
+  EXPECT_EQ(r.config.weight_decay, 6.0f);
+  EXPECT_EQ(r.bias_correction1, 7.0f);
+  EXPECT_EQ(r.bias_correction2, 8.0f);
 }
 
 }  // namespace

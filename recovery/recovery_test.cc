@@ -47,10 +47,10 @@ AdamWStepParams Update(int64_t u) {
   AdamWStepParams a;
   a.lr = 1e-3f * static_cast<float>(u);
   a.grad_scale = 0.75f;
-  a.beta1 = 0.9f;
-  a.beta2 = 0.95f;
-  a.eps = 1e-8f;
-  a.weight_decay = 0.1f;
+  a.config.beta1 = 0.9f;
+  a.config.beta2 = 0.95f;
+  a.config.eps = 1e-8f;
+  a.config.weight_decay = 0.1f;
   a.bias_correction1 = 1.0f - 0.5f / static_cast<float>(u);
   a.bias_correction2 = 1.0f - 0.25f / static_cast<float>(u);
   return a;

@@ -151,9 +151,10 @@ absl::Status SaveJob(gs::client::Client& c, uint64_t total, int ranks, int delta
         h.base_step = 10;
         h.update.adamw.lr = 1e-4f;
         h.update.adamw.grad_scale = 1.0f;
-        h.update.adamw.beta1 = 0.9f;
-        h.update.adamw.beta2 = 0.95f;
-        h.update.adamw.eps = 1e-8f;
+        h.update.adamw.config.beta1 = 0.9f;
+        h.update.adamw.config.beta2 = 0.95f;
+        h.update.adamw.config.eps = 1e-8f;
+        h.update.adamw.config.weight_decay = 0.0f;
         h.update.adamw.bias_correction1 = 0.5f;
         h.update.adamw.bias_correction2 = 0.1f;
         h.numel = hi - lo;
