@@ -253,7 +253,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
 
 absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("no endpoints");
-  ASSIGN_OR_RETURN(auto creds, remote::MakeChannelCredentials(options));
+  ASSIGN_OR_RETURN(auto creds, remote::MakeChannelCredentials(options.tls));
   std::vector<std::unique_ptr<remote::Node>> nodes;
   for (const std::string& e : options.endpoints) {
     if (e.empty() || e.find(':') == std::string::npos) {

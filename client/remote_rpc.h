@@ -12,10 +12,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -26,11 +24,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
-#include "common/small_file.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "proto/convert.h"
+#include "proto/tls.h"
 #include "proto/transport.h"
 #include "proto/gradsnap.grpc.pb.h"
 
@@ -38,26 +36,21 @@ namespace gradsnap {
 namespace client {
 namespace remote {
 
+// TLS is on when the client has the servers' CA; a certificate then adds mutual TLS.
 inline absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const ClientOptions& o) {
-  if (o.tls_ca_file.empty()) {
-    if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
-      return absl::InvalidArgumentError("a client certificate needs tls_ca_file (TLS)");
+    const TlsFiles& tls) {
+  if (tls.ca_file.empty()) {
+    if (!tls.cert_file.empty() || !tls.key_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs tls.ca_file (TLS)");
     }
     return grpc::InsecureChannelCredentials();
   }
+  auto pem = proto::ReadTlsPem(tls);
+  if (!pem.ok()) return pem.status();
   grpc::SslCredentialsOptions ssl;
-  auto ca = ReadSmallFile(o.tls_ca_file, "TLS CA");
-  if (!ca.ok()) return ca.status();
-  ssl.pem_root_certs = *std::move(ca);
-  if (!o.tls_cert_file.empty() || !o.tls_key_file.empty()) {
-    auto cert = ReadSmallFile(o.tls_cert_file, "TLS client certificate");
-    if (!cert.ok()) return cert.status();
-    auto key = ReadSmallFile(o.tls_key_file, "TLS client key");
-    if (!key.ok()) return key.status();
-    ssl.pem_cert_chain = *std::move(cert);
-    ssl.pem_private_key = *std::move(key);
-  }
+  ssl.pem_root_certs = std::move(pem->ca);
+  ssl.pem_cert_chain = std::move(pem->cert);
+  ssl.pem_private_key = std::move(pem->key);
   return grpc::SslCredentials(ssl);
 }
 

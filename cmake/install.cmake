@@ -1,5 +1,5 @@
 # What `cmake --install` puts under the prefix (docs/build.md, "Installing"):
-#   include/gradsnap/{client,clock,types,dtype,digest_algo}.h  the public headers, nothing else
+#   include/gradsnap/{client,clock,tls,types,dtype,digest_algo}.h  the public headers, nothing else
 #   lib/libgradsnap.so                          the client library (embedded and remote back ends,
 #                                               with the storage engine and the wire protocol
 #                                               linked in; its own dependencies are shared)
@@ -36,6 +36,7 @@ install(TARGETS gradsnap_shared EXPORT gradsnapTargets
 install(FILES
   ${CMAKE_SOURCE_DIR}/include/gradsnap/client.h
   ${CMAKE_SOURCE_DIR}/include/gradsnap/clock.h
+  ${CMAKE_SOURCE_DIR}/include/gradsnap/tls.h
   ${CMAKE_SOURCE_DIR}/include/gradsnap/types.h
   ${CMAKE_SOURCE_DIR}/include/gradsnap/dtype.h
   ${CMAKE_SOURCE_DIR}/include/gradsnap/digest_algo.h

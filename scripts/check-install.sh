@@ -20,7 +20,7 @@ trap cleanup EXIT
 prefix=$work/prefix
 
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null
-for h in client.h clock.h types.h dtype.h digest_algo.h; do
+for h in client.h clock.h tls.h types.h dtype.h digest_algo.h; do
   test -f "$prefix/include/gradsnap/$h" || { echo "check-install: $h not installed" >&2; exit 1; }
 done
 

@@ -1,48 +1,41 @@
 #include "service/server.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/small_file.h"
 #include "common/status.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "proto/convert.h"
+#include "proto/tls.h"
 #include "proto/transport.h"
 
 namespace gradsnap {
 namespace service {
 namespace {
 
-absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  ASSIGN_OR_RETURN(std::string pem, ReadSmallFile(path, what));
-  if (pem.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
-  return pem;
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
-    const ServerOptions& o) {
-  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) {
-    if (!o.tls_client_ca_file.empty()) {
+// TLS is on when the server has a certificate; a CA then also demands client certificates.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(const TlsFiles& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    if (!tls.ca_file.empty()) {
       return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
     }
     return grpc::InsecureServerCredentials();
   }
-  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
   }
+  ASSIGN_OR_RETURN(proto::TlsPem pem, proto::ReadTlsPem(tls));
   grpc::SslServerCredentialsOptions ssl;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.private_key, ReadPem(o.tls_key_file, "TLS key"));
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem(o.tls_cert_file, "TLS certificate"));
+  pair.private_key = std::move(pem.key);
+  pair.cert_chain = std::move(pem.cert);
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!o.tls_client_ca_file.empty()) {
-    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem(o.tls_client_ca_file, "client CA"));
+  if (!pem.ca.empty()) {
+    ssl.pem_root_certs = std::move(pem.ca);
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
@@ -56,7 +49,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   std::string host;
   int want_port = 0;
   RETURN_IF_ERROR(SplitHostPort(options.listen, &host, &want_port));
-  ASSIGN_OR_RETURN(auto creds, MakeCredentials(options));
+  ASSIGN_OR_RETURN(auto creds, MakeCredentials(options.tls));
   ASSIGN_OR_RETURN(s->engine_, storage::Engine::Open(options.engine));
   s->auth_ = std::make_unique<Authorizer>(options.auth_secret);
   if (!s->auth_->enabled()) {

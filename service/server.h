@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "gradsnap/tls.h"
 #include "grpcpp/server.h"
 #include "service/storage_service.h"
 #include "storage/engine.h"
@@ -30,11 +31,10 @@ struct ServerOptions {
   storage::EngineOptions engine;
   // gRPC address; port 0 picks a free port. Default: "127.0.0.1:0".
   std::string listen = "127.0.0.1:0";
-  // PEM files: server certificate chain and key enable TLS; a client CA additionally requires
-  // and verifies client certificates (mutual TLS). Default: empty (plaintext).
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  std::string tls_client_ca_file;
+  // PEM files (--tls-cert, --tls-key, --tls-client-ca): the server certificate chain and key
+  // enable TLS; a client CA (tls.ca_file) additionally requires and verifies client
+  // certificates (mutual TLS). Default: all empty (plaintext).
+  TlsFiles tls;
   // Token secret (the bytes, not the file). Default: empty (open server, logged at start).
   std::string auth_secret;
   // RAM tier budget in bytes. Default: 0 (off).

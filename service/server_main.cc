@@ -98,9 +98,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   o.listen = absl::GetFlag(FLAGS_listen);
-  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
-  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
-  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls.ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.cache_bytes = absl::GetFlag(FLAGS_cache_bytes);
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

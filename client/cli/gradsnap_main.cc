@@ -108,9 +108,9 @@ absl::Status BuildOptions(Context& ctx) {
   static const std::set<std::string> kReadOnly = {"ls", "show", "health", "verify", "restore",
                                                   "export"};
   o.read_only = kReadOnly.count(a.command) != 0;
-  o.tls_ca_file = a.Get("tls-ca");
-  o.tls_cert_file = a.Get("tls-cert");
-  o.tls_key_file = a.Get("tls-key");
+  o.tls.ca_file = a.Get("tls-ca");
+  o.tls.cert_file = a.Get("tls-cert");
+  o.tls.key_file = a.Get("tls-key");
   ASSIGN_OR_RETURN(int64_t replicas, ParseInt(a.Get("replicas", "1"), 1, 16, "--replicas"));
   o.replicas = static_cast<int>(replicas);
   // Fewer tries than the library default: an operator at a terminal wants a dead server

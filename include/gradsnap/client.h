@@ -1,6 +1,6 @@
 // gradsnap client library: the public interface a trainer links (DESIGN.md sections 1, 2, 6).
-// Installed as <gradsnap/client.h> with <gradsnap/types.h>, <gradsnap/dtype.h> and
-// <gradsnap/clock.h>; link
+// Installed as <gradsnap/client.h> with <gradsnap/types.h>, <gradsnap/dtype.h>,
+// <gradsnap/clock.h> and <gradsnap/tls.h>; link
 // gradsnap::gradsnap (CMake, find_package(gradsnap)) or `pkg-config gradsnap` (docs/build.md).
 //
 // OVERVIEW
@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gradsnap/clock.h"
+#include "gradsnap/tls.h"
 #include "gradsnap/types.h"
 
 namespace gradsnap {
@@ -75,11 +76,10 @@ struct ClientOptions {
   bool read_only = false;
   // Bearer token for the job (gradsnap token JOB). Default: empty (server runs open).
   std::string token;
-  // PEM CA certificate: when set, connect with TLS. Default: empty (plaintext).
-  std::string tls_ca_file;
-  // Client certificate and key for mutual TLS. Default: empty.
-  std::string tls_cert_file;
-  std::string tls_key_file;
+  // Remote mode, PEM files (gradsnap/tls.h): tls.ca_file, the CA of the servers' certificates,
+  // turns TLS on; tls.cert_file and tls.key_file, the client certificate and key, add mutual
+  // TLS (they need tls.ca_file). Default: all empty (plaintext).
+  TlsFiles tls;
   // Copies of every shard across endpoints (rendezvous hashing). Default: 1.
   int replicas = 1;
   // Upper bound on bytes buffered by asynchronous saves in this client. Default: 256 MiB.

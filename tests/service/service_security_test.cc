@@ -49,7 +49,7 @@ class SecureServer : public ::testing::Test {
     EXPECT_TRUE(st.ok()) << st;
     ClientOptions o;
     o.endpoints = {server->address()};
-    o.tls_ca_file = dir_.File("ca.pem");
+    o.tls.ca_file = dir_.File("ca.pem");
     return o;
   }
   TempDir dir_;
@@ -110,9 +110,9 @@ TEST_F(SecureServer, TlsAndTokens) {
 
   // Plaintext against a TLS server, and TLS with a CA that did not sign the server: no service.
   o.token = token_a;
-  o.tls_ca_file.clear();
+  o.tls.ca_file.clear();
   EXPECT_EQ(Connect(o)->List("job-a").status().code(), absl::StatusCode::kUnavailable);
-  o.tls_ca_file = dir_.File("other-ca.pem");
+  o.tls.ca_file = dir_.File("other-ca.pem");
   EXPECT_EQ(Connect(o)->List("job-a").status().code(), absl::StatusCode::kUnavailable);
 }
 
@@ -122,12 +122,37 @@ TEST_F(SecureServer, MutualTls) {
   ASSERT_TRUE(server.running());
   // Without a client certificate the handshake fails.
   EXPECT_EQ(Connect(o)->Health().code(), absl::StatusCode::kUnavailable);
-  o.tls_cert_file = dir_.File("client.pem");
-  o.tls_key_file = dir_.File("client.key");
+  o.tls.cert_file = dir_.File("client.pem");
+  o.tls.key_file = dir_.File("client.key");
   auto c = Connect(o);
   ASSERT_TRUE(c->Health().ok());
   ASSERT_TRUE(SaveOne(c.get(), "mtls", 3).ok());
   EXPECT_TRUE(c->Verify("mtls", 3).ok());
+}
+
+// TLS files the client cannot use are refused when it connects, with the file named; no
+// server is needed to get that far.
+TEST_F(SecureServer, BadClientTlsFilesAreRefused) {
+  std::ofstream(dir_.File("empty.pem")).flush();
+  ClientOptions o;
+  o.endpoints = {"127.0.0.1:1"};
+  auto code_of = [&o](const std::string& want_in_message) {
+    auto c = client::NewRemoteClient(o);
+    EXPECT_FALSE(c.ok());
+    if (c.ok()) return absl::StatusCode::kOk;
+    EXPECT_NE(c.status().message().find(want_in_message), std::string::npos) << c.status();
+    return c.status().code();
+  };
+  o.tls.ca_file = dir_.File("empty.pem");
+  EXPECT_EQ(code_of("empty.pem is empty"), absl::StatusCode::kInvalidArgument);
+  o.tls.ca_file = dir_.File("missing.pem");
+  EXPECT_EQ(code_of("missing.pem"), absl::StatusCode::kNotFound);
+  o.tls.ca_file = dir_.File("ca.pem");
+  o.tls.cert_file = dir_.File("client.pem");
+  EXPECT_EQ(code_of("go together"), absl::StatusCode::kInvalidArgument);
+  o.tls.ca_file.clear();
+  o.tls.key_file = dir_.File("client.key");
+  EXPECT_EQ(code_of("needs tls.ca_file"), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ServiceSecurity, PathTraversalNamesAreRejected) {
