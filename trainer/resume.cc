@@ -263,7 +263,7 @@ absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore
   const bool funnel = store != nullptr && o.storage.empty() && o.world_size > 1;
   if (store != nullptr && o.resume != "none") {
     ASSIGN_OR_RETURN(list, store->ListCommitted(o.ckpt.job));  // collective
-    if (store->client() != nullptr) source = recovery::NewClientSource(store->client(), o.ckpt.job);
+    source = NewRestoreSource(*store, o.ckpt.job);
   }
   int64_t step = -1;  // -1: latest
   if (o.resume != "none" && o.resume != "latest" &&

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "recovery/state_source.h"
 #include "trainer/comm.h"
 #include "trainer/wire.h"
 
@@ -30,15 +31,18 @@ absl::StatusOr<std::vector<client::CheckpointInfo>> ListFromClient(client::Clien
   return out;
 }
 
-// Reads of a resume wait out a server outage, bounded (kReadWaitMs): an attempt that starts
-// while the server restarts must not fail and burn another launcher restart. The client has
-// already retried each call a few times; this covers outages of seconds.
+// The calls of an attempt's start (its epoch, the list and every read of a resume) wait out a
+// server outage, bounded (kReadWaitMs): an attempt that starts while the server restarts, or
+// whose server is killed again in the middle of its restore, must not fail and burn another
+// launcher restart. The client has already retried each call a few times (50-200 ms apart);
+// this covers outages of seconds.
 constexpr int64_t kReadWaitMs = 30000;
 
 template <typename T>
 const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
   return s.status();
 }
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
 
 template <typename F>
 auto WaitOutOutage(F call) -> decltype(call()) {
@@ -53,6 +57,27 @@ auto WaitOutOutage(F call) -> decltype(call()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
   }
 }
+
+// A StateSource whose every call waits out an outage of the store (WaitOutOutage).
+class PatientSource : public recovery::StateSource {
+ public:
+  explicit PatientSource(std::unique_ptr<recovery::StateSource> inner)
+      : inner_(std::move(inner)) {}
+  absl::StatusOr<std::vector<storage::CheckpointInfo>> List() override {
+    return WaitOutOutage([&] { return inner_->List(); });
+  }
+  absl::StatusOr<recovery::CheckpointView> Describe(int64_t step) override {
+    return WaitOutOutage([&] { return inner_->Describe(step); });
+  }
+  absl::Status Read(int64_t step, int32_t rank, const std::string& tensor, uint64_t offset,
+                    uint64_t length, void* out) override {
+    return WaitOutOutage([&] { return inner_->Read(step, rank, tensor, offset, length, out); });
+  }
+  std::string Name() const override { return inner_->Name(); }
+
+ private:
+  std::unique_ptr<recovery::StateSource> inner_;
+};
 
 class DirectShardStore : public ShardStore {
  public:
@@ -70,7 +95,7 @@ class DirectShardStore : public ShardStore {
     return client_->SaveShard(fenced, std::move(tensors));
   }
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
-    return client_->AcquireEpoch(job);
+    return WaitOutOutage([&] { return client_->AcquireEpoch(job); });
   }
   void SetEpoch(uint64_t epoch) override { epoch_ = epoch; }
   absl::StatusOr<bool> AllAgree(bool ok) override {
@@ -109,7 +134,7 @@ class FunnelShardStore : public ShardStore {
 
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
     if (comm_->rank() != 0) return 0;
-    return client_->AcquireEpoch(job);
+    return WaitOutOutage([&] { return client_->AcquireEpoch(job); });
   }
   void SetEpoch(uint64_t epoch) override { epoch_ = epoch; }
 
@@ -192,6 +217,11 @@ std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> 
 std::unique_ptr<ShardStore> NewFunnelShardStore(std::unique_ptr<client::Client> client,
                                                 std::unique_ptr<Comm> comm) {
   return std::make_unique<FunnelShardStore>(std::move(client), std::move(comm));
+}
+
+std::unique_ptr<recovery::StateSource> NewRestoreSource(ShardStore& store, const std::string& job) {
+  if (store.client() == nullptr) return nullptr;
+  return std::make_unique<PatientSource>(recovery::NewClientSource(store.client(), job));
 }
 
 }  // namespace trainer

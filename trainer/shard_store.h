@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "recovery/state_source.h"
 #include "trainer/comm.h"
 
 namespace gradsnap {
@@ -49,7 +50,8 @@ class ShardStore {
 
   // Writer fencing (docs/protocol.md, "Epochs"). AcquireEpoch takes the job's next epoch from
   // the store (rank 0; funneled ranks get 0); SetEpoch makes every later begin and save of this
-  // store carry `epoch`, so a store of an older attempt is refused as superseded.
+  // store carry `epoch`, so a store of an older attempt is refused as superseded. The first
+  // call of an attempt: it waits out an outage of the store (up to 30 s) before it fails.
   virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
   virtual void SetEpoch(uint64_t epoch) = 0;
   // True on every rank of the job when `ok` is true on every rank. Collective, on the store's
@@ -66,6 +68,11 @@ std::unique_ptr<ShardStore> NewDirectShardStore(std::unique_ptr<client::Client> 
 // uses exclusively.
 std::unique_ptr<ShardStore> NewFunnelShardStore(std::unique_ptr<client::Client> client,
                                                 std::unique_ptr<Comm> comm);
+
+// The checkpoints of `job` through `store`'s client, for a resume: every call waits out an
+// outage of the store (UNAVAILABLE) for up to 30 s before it fails, as AcquireEpoch and
+// ListCommitted do. nullptr on a rank without a client (a funneled rank other than 0).
+std::unique_ptr<recovery::StateSource> NewRestoreSource(ShardStore& store, const std::string& job);
 
 }  // namespace trainer
 }  // namespace gradsnap

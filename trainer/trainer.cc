@@ -82,22 +82,6 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
   return NewFunnelShardStore(std::move(c), std::move(comm));
 }
 
-// The first call of an attempt to the store: a restart that lands in a server outage waits
-// for the server (bounded, kStartupWaitMs) instead of failing and burning another restart.
-constexpr int64_t kStartupWaitMs = 30000;
-
-absl::StatusOr<uint64_t> AcquireEpochPatiently(ShardStore& store, const std::string& job) {
-  const int64_t deadline = MonotonicNanos() / 1000000 + kStartupWaitMs;
-  for (;;) {
-    absl::StatusOr<uint64_t> e = store.AcquireEpoch(job);
-    if (e.ok() || !absl::IsUnavailable(e.status()) ||
-        MonotonicNanos() / 1000000 > deadline) {
-      return e;
-    }
-    usleep(200 * 1000);
-  }
-}
-
 ReplicatedState InitialState(const TrainOptions& o, const ModelConfig& config,
                              const Corpus& corpus, int seq_len) {
   ReplicatedState s;
@@ -179,7 +163,7 @@ absl::Status RankRunner::Setup() {
     // and the store refuses the writes of every older attempt (docs/protocol.md, "Epochs").
     double epoch = 0;
     if (o_.rank == 0) {
-      ASSIGN_OR_RETURN(uint64_t e, AcquireEpochPatiently(*store_, o_.ckpt.job));
+      ASSIGN_OR_RETURN(uint64_t e, store_->AcquireEpoch(o_.ckpt.job));
       epoch = static_cast<double>(e);
     }
     RETURN_IF_ERROR(comm_->AllReduceSum(&epoch, 1));

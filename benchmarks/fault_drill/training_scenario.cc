@@ -3,11 +3,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <filesystem>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -65,6 +68,23 @@ int64_t MaxRecoveryLag(const std::string& output) {
     const int64_t step = std::stoll(m[2]), rp = std::stoll(m[3]);
     return rp >= 0 ? step - rp : 0;
   });
+}
+
+// Persists that failed over the whole job: each attempt counts its own (its step lines'
+// ckpt_failures), so the attempts' counts are summed; the summary line has the last one's only.
+int64_t CkptFailuresAllAttempts(const std::string& output) {
+  static const std::regex re(R"(ckpt_failures[ =](\d+))");
+  int64_t total = 0;
+  size_t begin = 0;
+  for (;;) {
+    size_t end = output.find("\nrestart ", begin);
+    const std::string attempt =
+        output.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    total += MaxOverMatches(attempt, re,
+                            [](const std::smatch& m) -> int64_t { return std::stoll(m[1]); });
+    if (end == std::string::npos) return total;
+    begin = end + 1;
+  }
 }
 
 // Highest "step N" line printed so far.
@@ -163,6 +183,22 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   (*kv)["server_kills"] = absl::StrCat(kills);
   (*kv)["train_exit"] = absl::StrCat(train_exit);
   const int restarts = CountLines(out, "restart ");
+  // Each restart's cause, as the launcher printed it, after the job's last lines before it
+  // (a rank's error): a failed run says why it restarted.
+  {
+    std::istringstream lines(out);
+    std::vector<std::string> recent;
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("restart ", 0) == 0) {
+        for (const std::string& r : recent) std::fprintf(stderr, "drill:   %s\n", r.c_str());
+        std::fprintf(stderr, "drill: job %s\n", line.c_str());
+        recent.clear();
+        continue;
+      }
+      recent.push_back(line);
+      if (recent.size() > 6) recent.erase(recent.begin());
+    }
+  }
   // The drill's own rank kill; the attempt after it resumes from the recovery point of that
   // moment (its "resumed job" line), or from scratch when none had committed yet.
   const size_t kill_at = out.find("restart 1 of 3: rank 1 killed by signal 9");
@@ -176,8 +212,9 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   (*kv)["train_restarts_caused_by_storage"] = absl::StrCat(restarts - (drill_restart ? 1 : 0));
   (*kv)["steps_lost_max"] =
       absl::StrCat(drill_restart ? c.fail_at_step - 1 - resumed_step : 0);
-  const std::string failures = SummaryField(out, "ckpt_failures");
-  (*kv)["ckpt_failures"] = failures.empty() ? "-1" : failures;
+  (*kv)["ckpt_failures"] = SummaryField(out, "ckpt_failures").empty()
+                              ? "-1"
+                              : absl::StrCat(CkptFailuresAllAttempts(out));
   (*kv)["lost_data"] = absl::StrCat(rep.lost_data);
   (*kv)["partial_listed"] = absl::StrCat(rep.partial_listed);
   (*kv)["orphan_deltas_listed"] = absl::StrCat(rep.orphan_deltas_listed);
