@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
@@ -46,6 +47,13 @@ void DropPageCache(const std::string& dir) {
     ::posix_fadvise(f, 0, 0, POSIX_FADV_DONTNEED);
     ::close(f);
   }
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 uint64_t ParseBytes(const std::string& s) {

@@ -27,6 +27,9 @@ double CpuSeconds();
 // (fdatasync + POSIX_FADV_DONTNEED).
 void DropPageCache(const std::string& dir);
 
+// The median of `v` (the mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> v);
+
 // "256M", "8G", "1073741824" -> bytes (binary K/M/G/T suffixes, also KiB/MiB/GiB/TiB); 0 when
 // malformed or not positive.
 uint64_t ParseBytes(const std::string& s);
