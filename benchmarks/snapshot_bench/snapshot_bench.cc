@@ -162,7 +162,7 @@ bool StoredBytes(const std::string& ckpt_dir, double* per_delta, double* per_ful
   return true;
 }
 
-using bench::Median;
+using gradsnap::bench::Median;
 
 // Bad input: one line on stderr, exit status 2.
 int BadInput(const std::string& msg) {
