@@ -59,6 +59,9 @@
 #include "storage/aligned_buffer.h"
 #include "storage/engine.h"
 
+ABSL_FLAG(int, passes, 3,
+          "Interleaved passes of restore, both exports and the disk bound; figures are "
+          "medians. Default: 3.");
 ABSL_FLAG(std::string, bytes, "1G",
           "Shard size: bytes, or with a K/M/G/T suffix (binary). Default: 1G.");
 ABSL_FLAG(std::string, dir, "/tmp",
@@ -67,9 +70,6 @@ ABSL_FLAG(std::string, dir, "/tmp",
 ABSL_FLAG(std::string, export_dir, "/dev/shm",
           "Destination of the export that does not compete with --dir's disk (export_ratio); "
           "needs --bytes free. Default: /dev/shm (a tmpfs: memory, no disk).");
-ABSL_FLAG(int, passes, 3,
-          "Interleaved passes of restore, both exports and the disk bound; figures are "
-          "medians. Default: 3.");
 ABSL_FLAG(bool, compressible, false, "Half-zero data instead of random. Default: false.");
 ABSL_FLAG(bool, keep, false,
           "Keep the scratch directory (DIR/client_bench-PID; its client/ subdirectory is a "
