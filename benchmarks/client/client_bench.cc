@@ -32,7 +32,9 @@
 // --export_dir: that destination's own speed; on tmpfs the kernel's page allocation and copy,
 // CPU an export shares with the restore it runs) export_dir_bound_ratio= (client restore ÷ the
 // slower of the export's halves alone, streaming restore and writer to --export_dir: what
-// export_ratio reaches if the two overlap fully; on a machine short of cores it cannot).
+// export_ratio reaches if the two overlap fully; on a machine short of cores it cannot)
+// restore_user_cpu_s_per_gb= export_user_cpu_s_per_gb= (user CPU seconds per GB alone, without
+// the kernel's: gradsnap's own work in a restore and in an export, whatever the destination).
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -125,18 +127,19 @@ bool MeasureRawBound(const std::string& dir, const std::string& file, uint64_t b
 // Times of one pass (seconds), CPU seconds of the timed client calls.
 struct Pass {
   double restore = 0, export_sep = 0, export_same = 0, stream = 0, writer = 0, sep_writer = 0;
-  double restore_cpu = 0, export_cpu = 0;
+  double restore_cpu = 0, export_cpu = 0, restore_user = 0, export_user = 0;
   RawBound raw;
 };
 
 // Exports shard 0 of `m` to `path`, timed; removes the file afterwards (it only takes space).
 bool TimedExport(client::Client& c, const client::Manifest& m, const std::string& path,
-                 double* secs, double* cpu) {
-  double cpu0 = CpuSeconds();
+                 double* secs, double* cpu, double* user) {
+  double cpu0 = CpuSeconds(), user0 = bench::UserCpuSeconds();
   Stopwatch w;
   absl::Status s = client::ExportShardSafetensors(c, m, 0, path);
   *secs = w.ElapsedSeconds();
   *cpu = CpuSeconds() - cpu0;
+  *user = bench::UserCpuSeconds() - user0;
   if (!s.ok()) {
     Fail(s, "export");
     return false;
@@ -163,7 +166,7 @@ bool RunPass(int index, client::Client& c, const client::Manifest& m, const std:
              const std::string& sep, const std::vector<uint32_t>& src, std::vector<char>* out,
              Pass* p) {
   const uint64_t bytes = out->size();
-  double cpu0 = CpuSeconds();
+  double cpu0 = CpuSeconds(), user0 = bench::UserCpuSeconds();
   Stopwatch w;
   if (auto s = c.RestoreTensor("bench", 1, 0, "w", out->data(), out->size()); !s.ok()) {
     Fail(s, "client restore");
@@ -171,17 +174,20 @@ bool RunPass(int index, client::Client& c, const client::Manifest& m, const std:
   }
   p->restore = w.ElapsedSeconds();
   p->restore_cpu = CpuSeconds() - cpu0;
+  p->restore_user = bench::UserCpuSeconds() - user0;
   if (std::memcmp(out->data(), src.data(), bytes) != 0) {
     Fail(absl::DataLossError("restored bytes differ"), "client restore");
     return false;
   }
   const std::string same = root + "/w.safetensors";
-  double unused_cpu = 0;
-  bool ok = index % 2 == 0
-                ? TimedExport(c, m, same, &p->export_same, &unused_cpu) &&
-                      TimedExport(c, m, sep, &p->export_sep, &p->export_cpu)
-                : TimedExport(c, m, sep, &p->export_sep, &p->export_cpu) &&
-                      TimedExport(c, m, same, &p->export_same, &unused_cpu);
+  double unused_cpu = 0, unused_user = 0;
+  auto to_same = [&] {
+    return TimedExport(c, m, same, &p->export_same, &unused_cpu, &unused_user);
+  };
+  auto to_sep = [&] {
+    return TimedExport(c, m, sep, &p->export_sep, &p->export_cpu, &p->export_user);
+  };
+  bool ok = index % 2 == 0 ? to_same() && to_sep() : to_sep() && to_same();
   std::filesystem::remove(sep);
   if (!ok) return false;
   w.Restart();
@@ -317,6 +323,8 @@ int Run() {
   const double gb = bytes / 1e9;
   const double restore_cpu = MedianOf(runs, [&](const Pass& p) { return p.restore_cpu / gb; });
   const double export_cpu = MedianOf(runs, [&](const Pass& p) { return p.export_cpu / gb; });
+  const double restore_user = MedianOf(runs, [&](const Pass& p) { return p.restore_user / gb; });
+  const double export_user = MedianOf(runs, [&](const Pass& p) { return p.export_user / gb; });
   std::printf("shard %.2f GiB %s, %d passes (medians; ranges min-max)\n", bytes / double(1ull << 30),
               comp ? "compressible" : "random", passes);
   std::printf("save:    engine %.3f s (%.2f GB/s), client %.3f s (%.2f GB/s)\n", engine_save,
@@ -338,6 +346,9 @@ int Run() {
               "to %s %s\n",
               range(&Pass::stream).c_str(), range(&Pass::writer).c_str(), export_dir.c_str(),
               range(&Pass::sep_writer).c_str());
+  std::printf("cpu:     s per GB, user+kernel (user only): restore %.3f (%.3f), export to %s "
+              "%.3f (%.3f)\n",
+              restore_cpu, restore_user, export_dir.c_str(), export_cpu, export_user);
   std::printf("bound:   export to %s with its halves fully overlapped: export_ratio %.2f at "
               "best (export_dir_bound_ratio)\n",
               export_dir.c_str(), dir_bound);
@@ -352,12 +363,13 @@ int Run() {
               "raw_read_while_writing_gbps=%.3f export_bound_ratio=%.3f "
               "export_same_disk_gbps=%.3f export_same_disk_ratio=%.3f "
               "export_same_disk_of_bound=%.3f export_dir_writer_gbps=%.3f "
-              "export_dir_bound_ratio=%.3f\n",
+              "export_dir_bound_ratio=%.3f restore_user_cpu_s_per_gb=%.3f "
+              "export_user_cpu_s_per_gb=%.3f\n",
               static_cast<unsigned long long>(bytes), passes, gbps(engine_save),
               gbps(client_save), engine_save / client_save, gbps(engine_restore), restore,
               gbps(engine_restore) / restore, export_sep, export_ratio, save_cpu / gb,
               restore_cpu, export_cpu, raw_read, raw_rw, bound, export_same, same_ratio,
-              of_bound, med_gbps(&Pass::sep_writer), dir_bound);
+              of_bound, med_gbps(&Pass::sep_writer), dir_bound, restore_user, export_user);
   return 0;
 }
 

@@ -30,6 +30,12 @@ double CpuSeconds() {
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+double UserCpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+}
+
 void DropPageCache(const std::string& dir) {
   ::sync();
   int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);

@@ -21,6 +21,8 @@ void InitBenchmark(int argc, char** argv, const char* usage);
 
 // User + system CPU seconds of this process so far (all threads).
 double CpuSeconds();
+// User CPU seconds only: the process's own code, without the kernel's work for its syscalls.
+double UserCpuSeconds();
 
 // Drops the page cache before a cold read: the whole cache when this process may write
 // /proc/sys/vm/drop_caches (root; what a cold torch.load sees), else every file under `dir`
