@@ -1,5 +1,9 @@
 #include "client/direct_file_writer.h"
 
+#include <fcntl.h>
+#include <sys/vfs.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,14 +16,29 @@ namespace client {
 namespace {
 
 constexpr size_t kAlign = 4096;
+constexpr int64_t kTmpfsMagic = 0x01021994;  // TMPFS_MAGIC, <linux/magic.h>
+
+// Allocates `bytes` (rounded up to a block) of an O_DIRECT file with a descriptor; see the
+// header for why, and why not on tmpfs. Only ENOSPC fails: elsewhere it is a hint.
+absl::Status Preallocate(storage::File& f, const std::string& path, uint64_t bytes) {
+  if (bytes == 0 || f.fd() < 0 || !f.direct()) return absl::OkStatus();
+  struct statfs st;
+  if (::fstatfs(f.fd(), &st) == 0 && static_cast<int64_t>(st.f_type) == kTmpfsMagic) {
+    return absl::OkStatus();
+  }
+  const off_t len = static_cast<off_t>((bytes + kAlign - 1) / kAlign * kAlign);
+  if (::fallocate(f.fd(), 0, 0, len) == 0 || errno != ENOSPC) return absl::OkStatus();
+  return PosixError(absl::StrCat("allocate ", bytes, " bytes for ", path), ENOSPC);
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DirectFileWriter>> DirectFileWriter::Create(
-    const std::string& path, storage::FileSystem* fs) {
+    const std::string& path, storage::FileSystem* fs, uint64_t expected_bytes) {
   storage::OpenOptions o;
   o.write = o.create = o.truncate = o.direct = true;
   ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file, fs->Open(path, o));
+  RETURN_IF_ERROR(Preallocate(*file, path, expected_bytes));
   if (!file->direct()) {  // the file system refused O_DIRECT at open (EINVAL)
     GS_LOG(WARNING) << "writing " << path
                     << " through the page cache: its file system refuses O_DIRECT";

@@ -7,7 +7,12 @@
 //   bytes, several writes are in flight (one O_DIRECT write at a time reaches about a third of
 //   what the disk takes), and no page cache write-back is involved. Finish() writes the last
 //   partial buffer (zero-padded to 4 KiB), truncates the file to the exact length and
-//   fdatasyncs it (the one sync of the file).
+//   fdatasyncs it (the one sync of the file). Given the file's length up front, Create
+//   allocates its blocks (fallocate): on ext4 and xfs O_DIRECT writes into allocated blocks
+//   inside the file's size run under a shared inode lock, so the writers' writes are in flight
+//   together, where writes that extend the file run one at a time; a full disk fails there,
+//   before anything is read. Not on tmpfs, where fallocate zero-fills every page on one
+//   thread before the first write (measured slower than letting the writers allocate).
 //
 // O_DIRECT FALLBACK
 //   Where the file system refuses O_DIRECT at open (EINVAL: older tmpfs, some FUSE and network
@@ -51,7 +56,8 @@ class DirectFileWriter {
 
   // Creates (or truncates) `path`, mode 0644, through `fs` (tests pass a fault-injecting one).
   static absl::StatusOr<std::unique_ptr<DirectFileWriter>> Create(
-      const std::string& path, storage::FileSystem* fs = storage::FileSystem::Default());
+      const std::string& path, storage::FileSystem* fs = storage::FileSystem::Default(),
+      uint64_t expected_bytes = 0);
   ~DirectFileWriter();  // stops the writer threads and closes the file (does not remove it)
   DirectFileWriter(const DirectFileWriter&) = delete;
   DirectFileWriter& operator=(const DirectFileWriter&) = delete;

@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -23,8 +25,10 @@ namespace {
 
 // Sets *direct to whether the writer used O_DIRECT there (the file system decides) when it
 // was created, *direct_after to whether it still did after the last Append.
+// With `hint`, each file is created with expected_bytes = its length + *hint (at least 1).
 void RoundTrip(const std::string& dir, bool* direct, bool* direct_after = nullptr,
-               storage::FileSystem* fs = storage::FileSystem::Default()) {
+               storage::FileSystem* fs = storage::FileSystem::Default(),
+               std::optional<int64_t> hint = std::nullopt) {
   constexpr size_t kBuf = DirectFileWriter::kBufferBytes;
   for (size_t len : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{100000}, kBuf,
                      kBuf + 1, 2 * kBuf + 12345}) {
@@ -32,7 +36,9 @@ void RoundTrip(const std::string& dir, bool* direct, bool* direct_after = nullpt
     std::string want(len, '\0');
     for (size_t i = 0; i < len; ++i) want[i] = static_cast<char>((i * 131) ^ (i >> 9));
     std::string path = dir + "/f" + std::to_string(len);
-    auto w = DirectFileWriter::Create(path, fs);
+    uint64_t expected = 0;
+    if (hint) expected = static_cast<uint64_t>(std::max<int64_t>(1, int64_t(len) + *hint));
+    auto w = DirectFileWriter::Create(path, fs, expected);
     ASSERT_TRUE(w.ok()) << w.status();
     *direct = (*w)->direct();
     // Appends of uneven sizes, as a restore stream hands them over.
@@ -69,6 +75,17 @@ TEST(DirectFileWriter, ExactBytesOnTmpfs) {
   gradsnap::testing::TempDir dir("dfw", "/dev/shm");
   bool direct = false;
   RoundTrip(dir.path(), &direct);
+}
+
+// The length given up front (allocated: ext4 here) is a hint: shorter or longer than what is
+// written, the file still comes out with exactly the bytes appended.
+TEST(DirectFileWriter, ExactBytesWithLengthHint) {
+  gradsnap::testing::TempDir dir("dfw");
+  for (int64_t hint : {int64_t{0}, int64_t{-1}, int64_t{DirectFileWriter::kBufferBytes}}) {
+    SCOPED_TRACE(hint);
+    bool direct = false;
+    RoundTrip(dir.path(), &direct, nullptr, storage::FileSystem::Default(), hint);
+  }
 }
 
 TEST(DirectFileWriter, RefusedAtOpenWritesBuffered) {
