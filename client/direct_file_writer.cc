@@ -1,7 +1,7 @@
 #include "client/direct_file_writer.h"
 
 #include <fcntl.h>
-#include <unistd.h>
+#include <sys/vfs.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -16,24 +16,39 @@ namespace client {
 namespace {
 
 constexpr size_t kAlign = 4096;
+constexpr int64_t kTmpfsMagic = 0x01021994;  // TMPFS_MAGIC, <linux/magic.h>
+
+// Allocates `bytes` (rounded up to a block) of an O_DIRECT file with a descriptor; see the
+// header for why, and why not on tmpfs. Only ENOSPC fails: elsewhere it is a hint.
+absl::Status Preallocate(storage::File& f, const std::string& path, uint64_t bytes) {
+  if (bytes == 0 || f.fd() < 0 || !f.direct()) return absl::OkStatus();
+  struct statfs st;
+  if (::fstatfs(f.fd(), &st) == 0 && static_cast<int64_t>(st.f_type) == kTmpfsMagic) {
+    return absl::OkStatus();
+  }
+  const off_t len = static_cast<off_t>((bytes + kAlign - 1) / kAlign * kAlign);
+  if (::fallocate(f.fd(), 0, 0, len) == 0 || errno != ENOSPC) return absl::OkStatus();
+  return PosixError(absl::StrCat("allocate ", bytes, " bytes for ", path), ENOSPC);
+}
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DirectFileWriter>> DirectFileWriter::Create(
-    const std::string& path) {
-  const int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
-  bool direct = true;
-  int fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
-  if (fd < 0 && errno == EINVAL) {  // the file system does not support O_DIRECT
-    direct = false;
-    fd = ::open(path.c_str(), flags, 0644);
+    const std::string& path, storage::FileSystem* fs, uint64_t expected_bytes) {
+  storage::OpenOptions o;
+  o.write = o.create = o.truncate = o.direct = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file, fs->Open(path, o));
+  RETURN_IF_ERROR(Preallocate(*file, path, expected_bytes));
+  if (!file->direct()) {  // the file system refused O_DIRECT at open (EINVAL)
+    GS_LOG(WARNING) << "writing " << path
+                    << " through the page cache: its file system refuses O_DIRECT";
   }
-  if (fd < 0) return PosixError(absl::StrCat("open ", path), errno);
-  return std::unique_ptr<DirectFileWriter>(new DirectFileWriter(fd, direct, path));
+  return std::unique_ptr<DirectFileWriter>(new DirectFileWriter(fs, path, std::move(file)));
 }
 
-DirectFileWriter::DirectFileWriter(int fd, bool direct, std::string path)
-    : fd_(fd), direct_(direct), path_(std::move(path)) {
+DirectFileWriter::DirectFileWriter(storage::FileSystem* fs, std::string path,
+                                   std::unique_ptr<storage::File> file)
+    : fs_(fs), path_(std::move(path)), file_(std::move(file)), direct_(file_->direct()) {
   for (int i = 0; i < kBuffers; ++i) {
     void* p = nullptr;
     GS_CHECK(::posix_memalign(&p, kAlign, kBufferBytes) == 0) << "out of memory";
@@ -50,21 +65,33 @@ DirectFileWriter::~DirectFileWriter() {
     stop_ = true;
   }
   for (std::thread& t : threads_) t.join();
-  if (!closed_) ::close(fd_);
+}
+
+std::shared_ptr<storage::File> DirectFileWriter::CurrentFile() {
+  absl::MutexLock lock(&file_mu_);
+  return file_;
+}
+
+absl::StatusOr<std::shared_ptr<storage::File>> DirectFileWriter::FallBackToBuffered(
+    const std::shared_ptr<storage::File>& refused, const absl::Status& why) {
+  absl::MutexLock lock(&file_mu_);
+  if (file_ != refused) return file_;  // another writer thread fell back already
+  storage::OpenOptions o;
+  o.write = true;  // not truncated: the blocks written O_DIRECT so far stay
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::File> f, fs_->Open(path_, o));
+  GS_LOG(WARNING) << "writing " << path_ << " through the page cache from now on: an O_DIRECT "
+                  << "write was refused (" << why.message() << ")";
+  file_ = std::move(f);
+  direct_ = false;
+  return file_;
 }
 
 absl::Status DirectFileWriter::WriteBuffer(const Buffer& b) {
-  size_t done = 0;
-  while (done < b.len) {
-    ssize_t w = ::pwrite(fd_, b.data + done, b.len - done, static_cast<off_t>(b.offset + done));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return PosixError(absl::StrCat("write ", path_), errno);
-    }
-    if (w == 0) return absl::DataLossError(absl::StrCat("write ", path_, ": no progress"));
-    done += static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
+  std::shared_ptr<storage::File> f = CurrentFile();
+  absl::Status s = f->Write(b.offset, b.data, b.len);
+  if (s.ok() || !f->direct() || !absl::IsInvalidArgument(s)) return s;
+  ASSIGN_OR_RETURN(f, FallBackToBuffered(f, s));
+  return f->Write(b.offset, b.data, b.len);
 }
 
 void DirectFileWriter::Loop() {
@@ -142,13 +169,12 @@ absl::Status DirectFileWriter::Finish() {
     RETURN_IF_ERROR(error_);
   }
   closed_ = true;
-  absl::Status s;
-  if (::ftruncate(fd_, static_cast<off_t>(appended_)) != 0) {
-    s = PosixError(absl::StrCat("truncate ", path_), errno);
-  }
-  if (s.ok() && ::fdatasync(fd_) != 0) s = PosixError(absl::StrCat("fdatasync ", path_), errno);
-  if (::close(fd_) != 0 && s.ok()) s = PosixError(absl::StrCat("close ", path_), errno);
-  return s;
+  std::shared_ptr<storage::File> f = CurrentFile();
+  RETURN_IF_ERROR(f->Truncate(appended_));
+  RETURN_IF_ERROR(f->Sync());
+  absl::MutexLock lock(&file_mu_);
+  file_.reset();  // closes it
+  return absl::OkStatus();
 }
 
 }  // namespace client

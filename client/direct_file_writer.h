@@ -7,8 +7,19 @@
 //   bytes, several writes are in flight (one O_DIRECT write at a time reaches about a third of
 //   what the disk takes), and no page cache write-back is involved. Finish() writes the last
 //   partial buffer (zero-padded to 4 KiB), truncates the file to the exact length and
-//   fdatasyncs it. Where O_DIRECT is not supported
-//   (e.g. tmpfs) the same path runs with buffered writes.
+//   fdatasyncs it (the one sync of the file). Given the file's length up front, Create
+//   allocates its blocks (fallocate): on ext4 and xfs O_DIRECT writes into allocated blocks
+//   inside the file's size run under a shared inode lock, so the writers' writes are in flight
+//   together, where writes that extend the file run one at a time; a full disk fails there,
+//   before anything is read. Not on tmpfs, where fallocate zero-fills every page on one
+//   thread before the first write (measured slower than letting the writers allocate).
+//
+// O_DIRECT FALLBACK
+//   Where the file system refuses O_DIRECT at open (EINVAL: older tmpfs, some FUSE and network
+//   file systems) the file is written through the page cache; where it takes O_DIRECT at open
+//   but a write fails with EINVAL (an alignment it will not take) the file is reopened
+//   buffered and that write and all later ones go through the page cache. Either way one
+//   warning names the file and the reason; Finish's fdatasync covers the bytes of both modes.
 //
 // ERROR HANDLING
 //   The first write error is sticky: Append and Finish return it. The file is left for the
@@ -19,6 +30,7 @@
 #ifndef GRADSNAP_CLIENT_DIRECT_FILE_WRITER_H_
 #define GRADSNAP_CLIENT_DIRECT_FILE_WRITER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -31,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/file_system.h"
 
 namespace gradsnap {
 namespace client {
@@ -41,8 +54,10 @@ class DirectFileWriter {
   static constexpr int kWriters = 4;                // writes in flight
   static constexpr int kBuffers = kWriters + 2;     // one filling, one queued, kWriters writing
 
-  // Creates (or truncates) `path`, mode 0644.
-  static absl::StatusOr<std::unique_ptr<DirectFileWriter>> Create(const std::string& path);
+  // Creates (or truncates) `path`, mode 0644, through `fs` (tests pass a fault-injecting one).
+  static absl::StatusOr<std::unique_ptr<DirectFileWriter>> Create(
+      const std::string& path, storage::FileSystem* fs = storage::FileSystem::Default(),
+      uint64_t expected_bytes = 0);
   ~DirectFileWriter();  // stops the writer threads and closes the file (does not remove it)
   DirectFileWriter(const DirectFileWriter&) = delete;
   DirectFileWriter& operator=(const DirectFileWriter&) = delete;
@@ -50,7 +65,9 @@ class DirectFileWriter {
   absl::Status Append(const void* data, size_t n);
   // Writes what is buffered, sets the file's exact size, fdatasyncs and closes it.
   absl::Status Finish();
-  bool direct() const { return direct_; }
+  // Whether the writes go (went, once finished) O_DIRECT: false from the start where the
+  // file system refused it at open, false after a fallback.
+  bool direct() const { return direct_.load(); }
 
  private:
   struct Buffer {
@@ -58,14 +75,22 @@ class DirectFileWriter {
     size_t len = 0;
     uint64_t offset = 0;  // file offset of data[0]
   };
-  DirectFileWriter(int fd, bool direct, std::string path);
+  DirectFileWriter(storage::FileSystem* fs, std::string path,
+                   std::unique_ptr<storage::File> file);
   void Loop();
   absl::Status Submit();  // queues cur_ and takes a free buffer
   absl::Status WriteBuffer(const Buffer& b);
+  std::shared_ptr<storage::File> CurrentFile();
+  // After `refused` (O_DIRECT) failed a write with `why`: the file reopened buffered (once,
+  // whichever writer thread gets here first).
+  absl::StatusOr<std::shared_ptr<storage::File>> FallBackToBuffered(
+      const std::shared_ptr<storage::File>& refused, const absl::Status& why);
 
-  const int fd_;
-  const bool direct_;
+  storage::FileSystem* const fs_;
   const std::string path_;
+  absl::Mutex file_mu_;
+  std::shared_ptr<storage::File> file_ ABSL_GUARDED_BY(file_mu_);  // null once finished
+  std::atomic<bool> direct_;
   std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> storage_;
   Buffer cur_;
   uint64_t appended_ = 0;

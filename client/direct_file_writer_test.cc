@@ -1,16 +1,21 @@
 // DirectFileWriter: every length (empty, sub-block, block-exact, across staging buffers) comes
 // out byte-exact with the exact file size, in $TMPDIR (O_DIRECT on a disk file system) and on
 // tmpfs (the buffered fallback where O_DIRECT is refused); misuse after Finish is
-// FAILED_PRECONDITION; a missing directory is NOT_FOUND.
+// FAILED_PRECONDITION; a missing directory is NOT_FOUND. Where O_DIRECT is refused (at open, or
+// by every write: FaultInjectionFileSystem) the same bytes come out through the page cache; a
+// write error other than the refusal fails Finish.
 #include "client/direct_file_writer.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "storage/fault_injection_fs.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/util.h"
 
@@ -18,8 +23,12 @@ namespace gradsnap {
 namespace client {
 namespace {
 
-// Sets *direct to whether the writer used O_DIRECT there (the file system decides).
-void RoundTrip(const std::string& dir, bool* direct) {
+// Sets *direct to whether the writer used O_DIRECT there (the file system decides) when it
+// was created, *direct_after to whether it still did after the last Append.
+// With `hint`, each file is created with expected_bytes = its length + *hint (at least 1).
+void RoundTrip(const std::string& dir, bool* direct, bool* direct_after = nullptr,
+               storage::FileSystem* fs = storage::FileSystem::Default(),
+               std::optional<int64_t> hint = std::nullopt) {
   constexpr size_t kBuf = DirectFileWriter::kBufferBytes;
   for (size_t len : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{100000}, kBuf,
                      kBuf + 1, 2 * kBuf + 12345}) {
@@ -27,7 +36,9 @@ void RoundTrip(const std::string& dir, bool* direct) {
     std::string want(len, '\0');
     for (size_t i = 0; i < len; ++i) want[i] = static_cast<char>((i * 131) ^ (i >> 9));
     std::string path = dir + "/f" + std::to_string(len);
-    auto w = DirectFileWriter::Create(path);
+    uint64_t expected = 0;
+    if (hint) expected = static_cast<uint64_t>(std::max<int64_t>(1, int64_t(len) + *hint));
+    auto w = DirectFileWriter::Create(path, fs, expected);
     ASSERT_TRUE(w.ok()) << w.status();
     *direct = (*w)->direct();
     // Appends of uneven sizes, as a restore stream hands them over.
@@ -37,6 +48,11 @@ void RoundTrip(const std::string& dir, bool* direct) {
       pos += n;
     }
     ASSERT_TRUE((*w)->Finish().ok());
+    if (direct_after != nullptr) {
+      *direct_after = (*w)->direct();
+    } else {
+      EXPECT_EQ((*w)->direct(), *direct);  // no fallback without a refusal
+    }
     EXPECT_EQ((*w)->Append("x", 1).code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_EQ((*w)->Finish().code(), absl::StatusCode::kFailedPrecondition);
     w->reset();
@@ -59,6 +75,58 @@ TEST(DirectFileWriter, ExactBytesOnTmpfs) {
   gradsnap::testing::TempDir dir("dfw", "/dev/shm");
   bool direct = false;
   RoundTrip(dir.path(), &direct);
+}
+
+// The length given up front (allocated: ext4 here) is a hint: shorter or longer than what is
+// written, the file still comes out with exactly the bytes appended.
+TEST(DirectFileWriter, ExactBytesWithLengthHint) {
+  gradsnap::testing::TempDir dir("dfw");
+  for (int64_t hint : {int64_t{0}, int64_t{-1}, int64_t{DirectFileWriter::kBufferBytes}}) {
+    SCOPED_TRACE(hint);
+    bool direct = false;
+    RoundTrip(dir.path(), &direct, nullptr, storage::FileSystem::Default(), hint);
+  }
+}
+
+TEST(DirectFileWriter, RefusedAtOpenWritesBuffered) {
+  gradsnap::testing::TempDir dir("dfw");
+  storage::FaultInjectionFileSystem fs;
+  storage::FaultInjectionFileSystem::Faults f;
+  f.refuse_direct_open = true;
+  fs.SetFaults(f);
+  bool direct = true;
+  RoundTrip(dir.path(), &direct, nullptr, &fs);
+  EXPECT_FALSE(direct);
+}
+
+TEST(DirectFileWriter, RefusedWritesFallBackToBuffered) {
+  gradsnap::testing::TempDir dir("dfw");
+  storage::FaultInjectionFileSystem fs;
+  storage::FaultInjectionFileSystem::Faults f;
+  f.refuse_direct_writes = true;  // every O_DIRECT pwrite: EINVAL
+  fs.SetFaults(f);
+  bool direct = false, direct_after = true;
+  RoundTrip(dir.path(), &direct, &direct_after, &fs);
+  // Every length came out exact although each O_DIRECT write was refused, and the writer
+  // says it left O_DIRECT (where $TMPDIR took it at open: ext4 here).
+  EXPECT_FALSE(direct_after);
+  ::testing::Test::RecordProperty("direct_at_open", direct ? "yes" : "no");
+}
+
+TEST(DirectFileWriter, OtherWriteErrorsFail) {
+  gradsnap::testing::TempDir dir("dfw");
+  storage::FaultInjectionFileSystem fs;
+  storage::FaultInjectionFileSystem::Faults f;
+  f.fail_write_at = 2;  // EIO on the second buffer: no fallback, the error is returned
+  f.crash_on_fault = false;
+  fs.SetFaults(f);
+  auto w = DirectFileWriter::Create(dir.path() + "/f", &fs);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::string bytes(3 * DirectFileWriter::kBufferBytes, 'x');
+  absl::Status s = (*w)->Append(bytes.data(), bytes.size());
+  if (s.ok()) s = (*w)->Finish();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;  // EIO
+  EXPECT_NE(s.message().find("injected write fault"), std::string::npos) << s;
 }
 
 TEST(DirectFileWriter, MissingDirectoryIsNotFound) {

@@ -24,8 +24,8 @@ const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "d
 // O_DIRECT staging buffers written by background threads (DirectFileWriter): the disk writes
 // while the next bytes are restored.
 absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard,
-                         DirectFileWriter* out, const ProgressFn& progress) {
-  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, shard));
+                         const std::string& header, DirectFileWriter* out,
+                         const ProgressFn& progress) {
   RETURN_IF_ERROR(out->Append(header.data(), header.size()));
   uint64_t written = 0;
   auto sink = [&](const void* data, size_t n) -> absl::Status {
@@ -122,10 +122,16 @@ absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t r
     return absl::NotFoundError(
         absl::StrCat("job ", m.info.job, " step ", m.info.step, " has no rank ", rank));
   }
+  ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, *shard));
   std::string tmp = path + ".tmp";
-  auto out = DirectFileWriter::Create(tmp);
-  if (!out.ok()) return out.status();
-  absl::Status st = StreamShard(client, m, *shard, out->get(), progress);
+  // The file's length is known: its space is allocated up front (see DirectFileWriter).
+  auto out = DirectFileWriter::Create(tmp, storage::FileSystem::Default(),
+                                      header.size() + shard->raw_bytes);
+  if (!out.ok()) {
+    ::unlink(tmp.c_str());  // created, then no room for it
+    return out.status();
+  }
+  absl::Status st = StreamShard(client, m, *shard, header, out->get(), progress);
   out->reset();
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = PosixError(absl::StrCat("rename ", tmp, " to ", path), errno);

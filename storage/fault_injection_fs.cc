@@ -25,7 +25,7 @@ class FaultFile : public File {
   }
   bool direct() const override { return base_->direct(); }
   absl::Status Write(uint64_t offset, const void* data, size_t n) override {
-    RETURN_IF_ERROR(fs_->OnWrite(path_, offset + n));
+    RETURN_IF_ERROR(fs_->OnWrite(path_, offset + n, base_->direct()));
     return base_->Write(offset, data, n);
   }
   absl::StatusOr<size_t> Read(uint64_t offset, void* out, size_t n) override {
@@ -42,7 +42,7 @@ class FaultFile : public File {
     return base_->Sync();
   }
   absl::Status Truncate(uint64_t size) override {
-    RETURN_IF_ERROR(fs_->OnWrite(path_, 0));
+    RETURN_IF_ERROR(fs_->OnWrite(path_, 0, false));
     return base_->Truncate(size);
   }
   absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
@@ -163,11 +163,15 @@ absl::Status FaultInjectionFileSystem::Alive() {
   return crashed_ ? Dead() : absl::OkStatus();
 }
 
-absl::Status FaultInjectionFileSystem::OnWrite(const std::string& path, uint64_t end) {
+absl::Status FaultInjectionFileSystem::OnWrite(const std::string& path, uint64_t end,
+                                               bool direct) {
   (void)end;
   absl::MutexLock lock(&mu_);
   if (crashed_) return Dead();
   synced_size_.try_emplace(path, 0);
+  if (direct && faults_.refuse_direct_writes) {
+    return PosixError(absl::StrCat("injected O_DIRECT write refusal ", path), EINVAL);
+  }
   if (++writes_ == faults_.fail_write_at) {
     absl::Status s = PosixError(absl::StrCat("injected write fault ", path),
                                 faults_.enospc ? ENOSPC : EIO);
@@ -200,12 +204,14 @@ absl::Status FaultInjectionFileSystem::BeforeMetadataCommit() {
 
 absl::StatusOr<std::unique_ptr<File>> FaultInjectionFileSystem::Open(const std::string& path,
                                                                      const OpenOptions& o) {
+  OpenOptions base = o;
   {
     absl::MutexLock lock(&mu_);
     if (crashed_) return Dead();
     if (o.truncate) synced_size_[path] = 0;
+    if (faults_.refuse_direct_open) base.direct = false;
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<File> f, base_->Open(path, o));
+  ASSIGN_OR_RETURN(std::unique_ptr<File> f, base_->Open(path, base));
   return std::unique_ptr<File>(new FaultFile(this, path, std::move(f), real_descriptors()));
 }
 

@@ -17,6 +17,9 @@
 //   over the bytes past the half so a reader that does not read them again returns garbage.
 //   Read faults never SimulateCrash(). With set_real_descriptors(true) the shard reader reads
 //   through io_uring and every completion goes through these faults.
+// - Refuses O_DIRECT like file systems that do not support it: at open (the file opens
+//   buffered, as the POSIX file system does on EINVAL), or at every write through a file
+//   opened O_DIRECT (EINVAL, as where O_DIRECT opens but the writes' alignment is refused).
 //
 // THREAD SAFETY: thread-safe.
 #ifndef GRADSNAP_STORAGE_FAULT_INJECTION_FS_H_
@@ -46,6 +49,8 @@ class FaultInjectionFileSystem : public FileSystem {
     int64_t fail_read_at = 0;     // the Nth read fails with EIO (-1: every read)
     int64_t short_read_at = 0;    // io_uring: the Nth read completes with half (-1: every one)
     bool crash_on_fault = true;   // a fault also SimulateCrash()es
+    bool refuse_direct_open = false;    // files asked O_DIRECT open buffered
+    bool refuse_direct_writes = false;  // pwrite through an O_DIRECT file fails with EINVAL
   };
 
   FaultInjectionFileSystem();
@@ -74,7 +79,7 @@ class FaultInjectionFileSystem : public FileSystem {
   absl::Status BeforeMetadataCommit() override;
 
   // Used by its files.
-  absl::Status OnWrite(const std::string& path, uint64_t end);
+  absl::Status OnWrite(const std::string& path, uint64_t end, bool direct);
   absl::Status OnSync(const std::string& path, uint64_t size);
   int OnUringWrite(const std::string& path, size_t n, int res, bool direct);
   absl::Status OnRead(const std::string& path, uint64_t offset);

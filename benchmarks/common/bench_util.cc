@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
@@ -29,6 +30,12 @@ double CpuSeconds() {
          (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+double UserCpuSeconds() {
+  struct rusage ru;
+  ::getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6;
+}
+
 void DropPageCache(const std::string& dir) {
   ::sync();
   int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
@@ -46,6 +53,13 @@ void DropPageCache(const std::string& dir) {
     ::posix_fadvise(f, 0, 0, POSIX_FADV_DONTNEED);
     ::close(f);
   }
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 uint64_t ParseBytes(const std::string& s) {

@@ -21,11 +21,16 @@ void InitBenchmark(int argc, char** argv, const char* usage);
 
 // User + system CPU seconds of this process so far (all threads).
 double CpuSeconds();
+// User CPU seconds only: the process's own code, without the kernel's work for its syscalls.
+double UserCpuSeconds();
 
 // Drops the page cache before a cold read: the whole cache when this process may write
 // /proc/sys/vm/drop_caches (root; what a cold torch.load sees), else every file under `dir`
 // (fdatasync + POSIX_FADV_DONTNEED).
 void DropPageCache(const std::string& dir);
+
+// The median of `v` (the mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> v);
 
 // "256M", "8G", "1073741824" -> bytes (binary K/M/G/T suffixes, also KiB/MiB/GiB/TiB); 0 when
 // malformed or not positive.

@@ -39,6 +39,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "benchmarks/common/bench_util.h"
 #include "client/client.h"
 #include "common/command_line.h"
 #include "gpu_snapshot/device_flags.h"
@@ -161,12 +162,7 @@ bool StoredBytes(const std::string& ckpt_dir, double* per_delta, double* per_ful
   return true;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using gradsnap::bench::Median;
 
 // Bad input: one line on stderr, exit status 2.
 int BadInput(const std::string& msg) {
