@@ -122,6 +122,51 @@ TEST(ServiceZeroCopy, ParallelRestoreOfAnEmptyAndATinyShard) {
   (*server)->Shutdown(absl::Seconds(5));
 }
 
+// Restoring the ranks of a checkpoint one after another over parallel streams fetches its
+// manifest once (the only unary call), and a checkpoint saved again under the same step with
+// another layout by a second client is still restored exactly.
+TEST(ServiceZeroCopy, ParallelRestoreFetchesTheManifestOncePerCheckpoint) {
+  TempDir dir;
+  service::ServerOptions so;
+  so.engine.data_dir = dir.File("data");
+  so.listen = "127.0.0.1:0";
+  auto server = service::Server::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  auto save = [&](uint64_t seed, const std::vector<uint64_t>& tensors) {
+    std::vector<std::string> want;
+    std::unique_ptr<client::Client> c = Connect(address, 1);
+    EXPECT_TRUE(c->BeginCheckpoint(FullSpec("once", 1, 3)).ok());
+    for (int32_t r = 0; r < 3; ++r) {
+      TestShard s = MakeShard("once", 1, r, tensors, seed + r);
+      EXPECT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+      want.push_back(s.Payload());
+    }
+    return want;
+  };
+  std::vector<std::string> want = save(10, kTensors);
+  std::unique_ptr<client::Client> c = Connect(address, 4);
+  ASSERT_NE(c, nullptr);
+  Histogram* unary = Registry::Global()->GetHistogram("gradsnap_unary_seconds", "");
+  const int64_t before = unary->Count();
+  for (int32_t r = 0; r < 3; ++r) {
+    auto got = RestoreToString(c.get(), "once", 1, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == want[r]) << r;
+  }
+  EXPECT_EQ(unary->Count() - before, 1);
+
+  std::unique_ptr<client::Client> other = Connect(address, 1);
+  ASSERT_TRUE(other->Delete("once", 1).ok());
+  want = save(20, {(18u << 20) + 1, 5, (16u << 20) + 7});
+  for (int32_t r = 0; r < 3; ++r) {
+    auto got = RestoreToString(c.get(), "once", 1, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == want[r]) << r;
+  }
+  (*server)->Shutdown(absl::Seconds(5));
+}
+
 TEST(ServiceZeroCopy, ServerKilledMidRestoreIsAClearError) {
   TempDir dir;
   TestShard s = MakeShard("kill", 1, 0, {64u << 20}, 3);
