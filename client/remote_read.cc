@@ -492,13 +492,18 @@ absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, 
 absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
                                   const ProgressFn& progress) {
   // Progress counts payload bytes like every other ProgressFn: the total is what the nodes
-  // hold (each replica is verified), known from their manifests before verifying starts.
+  // hold (each replica is verified), known from their manifests before verifying starts. The
+  // checkpoint's info, which holds that count, is in every page: one page per node is enough.
   std::atomic<uint64_t> total{0};
   if (progress) {
-    const auto mreq = JobStep<v1::GetManifestRequest>(job, step);
+    auto mreq = JobStep<v1::GetManifestRequest>(job, step);
+    mreq.set_paged(true);
     RETURN_IF_ERROR(ForAllNodesTolerant([&](Node& node) -> absl::Status {
-      ASSIGN_OR_RETURN(Manifest m, FetchManifest(node, mreq));
-      total += m.info.raw_bytes;
+      v1::GetManifestResponse resp;
+      RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
+        return node.stub()->GetManifest(ctx, mreq, r);
+      }));
+      total += resp.manifest().info().raw_bytes();
       return absl::OkStatus();
     }));
   }

@@ -155,6 +155,12 @@ TEST(ServiceZeroCopy, ParallelRestoreFetchesTheManifestOncePerCheckpoint) {
     EXPECT_TRUE(*got == want[r]) << r;
   }
   EXPECT_EQ(unary->Count() - before, 1);
+  // Verify's progress counts the payload bytes of the node (one manifest page, one Verify).
+  uint64_t done = 0, total = 0;
+  ASSERT_TRUE(c->Verify("once", 1, [&](uint64_t d, uint64_t t) { done = d, total = t; }).ok());
+  EXPECT_EQ(done, want[0].size() + want[1].size() + want[2].size());
+  EXPECT_EQ(total, done);
+  EXPECT_EQ(unary->Count() - before, 3);
 
   std::unique_ptr<client::Client> other = Connect(address, 1);
   ASSERT_TRUE(other->Delete("once", 1).ok());
