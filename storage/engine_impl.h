@@ -86,11 +86,14 @@ class EngineImpl : public Engine {
   absl::Status CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWritable() const;
-  absl::Status RepairOrphanDeltas();
+  // Drops from the catalog, and from *checkpoints, each committed DELTA without a committed
+  // base FULL, quarantining its directory.
+  absl::Status RepairOrphanDeltas(std::vector<CheckpointRecord>* checkpoints);
   absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecoverCheckpoint(const CheckpointRecord& c);
-  absl::Status RemoveOrphanDirs();
+  // Quarantines the checkpoint directories that none of `checkpoints` (the catalog) owns.
+  absl::Status RemoveOrphanDirs(const std::vector<CheckpointRecord>& checkpoints);
 
   // Constant after construction.
   const EngineOptions options_;
