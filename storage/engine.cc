@@ -501,18 +501,29 @@ absl::Status EngineImpl::CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStor
   }
   ckpt->state = CheckpointState::kCommitted;
   ckpt->committed_unix_ms = options_.clock->NowUnixMillis();
-  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-  for (const auto& [k, v] : kvs) {
-    CheckpointRecord d;
-    RETURN_IF_ERROR(DecodeCheckpoint(v, &d));
-    if (d.spec.kind == CheckpointKind::kDelta && d.spec.base_step == ckpt->spec.step &&
-        d.state == CheckpointState::kPending && d.committed_shards == d.spec.world_size) {
+  ASSIGN_OR_RETURN(std::vector<CheckpointRecord> deltas, DeltasOf(job, ckpt->spec.step));
+  for (CheckpointRecord& d : deltas) {
+    if (d.state == CheckpointState::kPending && d.committed_shards == d.spec.world_size) {
       d.state = CheckpointState::kCommitted;
       d.committed_unix_ms = ckpt->committed_unix_ms;
-      b->puts.emplace_back(k, EncodeCheckpoint(d));
+      b->puts.emplace_back(CheckpointKey(job, d.spec.step), EncodeCheckpoint(d));
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> EngineImpl::DeltasOf(const std::string& job,
+                                                                   int64_t full_step) {
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+  std::vector<CheckpointRecord> out;
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord r;
+    RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+    if (r.spec.kind == CheckpointKind::kDelta && r.spec.base_step == full_step) {
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 absl::Status EngineImpl::WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) {
@@ -560,11 +571,8 @@ absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
   }
   std::vector<int64_t> deltas;  // PENDING DELTAs on this FULL go with it
   if (ckpt.spec.kind == CheckpointKind::kFull) {
-    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-    for (const auto& [k, v] : kvs) {
-      CheckpointRecord r;
-      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
-      if (r.spec.kind != CheckpointKind::kDelta || r.spec.base_step != step) continue;
+    ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
+    for (const CheckpointRecord& r : on_it) {
       if (r.state == CheckpointState::kCommitted) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint job ", job, " step ", step, " is the base of committed DELTA step ",
@@ -748,14 +756,11 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.spec.kind == CheckpointKind::kFull) {
-    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-    for (const auto& [k, v] : kvs) {
-      CheckpointRecord r;
-      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
-      if (r.spec.kind == CheckpointKind::kDelta && r.spec.base_step == step) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint job ", job, " step ", step, " is the base of DELTA step ", r.spec.step));
-      }
+    ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
+    if (!on_it.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint job ", job, " step ", step, " is the base of DELTA step ",
+          on_it.front().spec.step));
     }
   }
   uint64_t reclaimed = 0;

@@ -70,6 +70,9 @@ class EngineImpl : public Engine {
   bool HasWriter(const std::string& shard_key);
 
   absl::StatusOr<CheckpointRecord> LoadCheckpoint(const std::string& job, int64_t step);
+  // The DELTAs (any state) whose base is step `full_step` of `job`, in step order.
+  absl::StatusOr<std::vector<CheckpointRecord>> DeltasOf(const std::string& job,
+                                                         int64_t full_step);
   absl::StatusOr<std::vector<ChunkRecord>> LoadChunks(const std::string& job, int64_t step,
                                                       int32_t rank, uint32_t count);
   // The ShardInfo of a shard record and its chunk records (tensors with their SHA-256s, raw and
