@@ -309,7 +309,7 @@ std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) cons
 
 std::string EngineImpl::SegmentPath(const std::string& job, int64_t step, int32_t rank,
                                     uint32_t seq) const {
-  return absl::StrFormat("%s/r%010d-%06u.seg", CheckpointDir(job, step), rank, seq);
+  return absl::StrCat(CheckpointDir(job, step), "/", SegmentFileName(rank, seq));
 }
 
 absl::StatusOr<CheckpointRecord> EngineImpl::LoadCheckpoint(const std::string& job,

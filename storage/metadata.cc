@@ -125,6 +125,23 @@ std::string ShardKey(const std::string& job, int64_t step, int32_t rank) {
 std::string ChunkStepPrefix(const std::string& job, int64_t step) {
   return absl::StrFormat("k/%s/%020d/", job, step);
 }
+
+std::string SegmentFileName(int32_t rank, uint32_t seq) {
+  return absl::StrFormat("r%010d-%06u.seg", rank, seq);
+}
+
+bool ParseSegmentName(const std::string& name, int32_t* rank, uint32_t* seq) {
+  int r = 0;
+  unsigned s = 0;
+  char tail = 0;
+  if (name.size() != 22 || std::sscanf(name.c_str(), "r%10d-%6u.se%c", &r, &s, &tail) != 3 ||
+      tail != 'g') {
+    return false;
+  }
+  *rank = r;
+  *seq = s;
+  return true;
+}
 MetaStore::Batch MetaStore::DeleteCheckpointBatch(const std::string& job, int64_t step) {
   Batch b;
   b.deletes.push_back(CheckpointKey(job, step));
