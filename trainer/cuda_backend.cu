@@ -63,12 +63,7 @@ class CudaBackend : public Backend {
   }
 
   absl::Status Init(int device_ordinal) {
-    int count = 0;
-    CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
-    if (device_ordinal < 0 || device_ordinal >= count) {
-      return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device_ordinal,
-                                                     " does not exist (", count, " present)"));
-    }
+    RETURN_IF_ERROR(gpu_snapshot::CheckCudaOrdinal(device_ordinal));
     device_ = device_ordinal;
     // The training thread's current device for the whole run (every launch, cuBLAS and NCCL
     // call of this back end; the snapshot engine's calls restore it).
