@@ -66,6 +66,14 @@ int64_t OutstandingAfterCalls() {
   return proto::OutstandingOwnedSlices();
 }
 
+// A server in this process on dir/data (127.0.0.1, a free port), without a RAM tier.
+absl::StatusOr<std::unique_ptr<service::Server>> StartInProcess(const TempDir& dir) {
+  service::ServerOptions so;
+  so.engine.data_dir = dir.File("data");
+  so.listen = "127.0.0.1:0";
+  return service::Server::Start(so);
+}
+
 TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
   TempDir dir;
   service::ServerOptions so;
@@ -101,10 +109,7 @@ TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
 
 TEST(ServiceZeroCopy, ParallelRestoreOfAnEmptyAndATinyShard) {
   TempDir dir;
-  service::ServerOptions so;
-  so.engine.data_dir = dir.File("data");
-  so.listen = "127.0.0.1:0";
-  auto server = service::Server::Start(so);
+  auto server = StartInProcess(dir);
   ASSERT_TRUE(server.ok()) << server.status();
   std::unique_ptr<client::Client> c = Connect((*server)->address(), 4);
   ASSERT_NE(c, nullptr);
@@ -127,10 +132,7 @@ TEST(ServiceZeroCopy, ParallelRestoreOfAnEmptyAndATinyShard) {
 // another layout by a second client is still restored exactly.
 TEST(ServiceZeroCopy, ParallelRestoreFetchesTheManifestOncePerCheckpoint) {
   TempDir dir;
-  service::ServerOptions so;
-  so.engine.data_dir = dir.File("data");
-  so.listen = "127.0.0.1:0";
-  auto server = service::Server::Start(so);
+  auto server = StartInProcess(dir);
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string address = (*server)->address();
   auto save = [&](uint64_t seed, const std::vector<uint64_t>& tensors) {
