@@ -4,7 +4,6 @@
 // server, a full disk is RESOURCE_EXHAUSTED for the writer while reads go on, DELTAs never
 // outlive their base over RPC, and a 2 x 20,000-tensor manifest is shown and restored.
 #include <fcntl.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -50,12 +49,6 @@ client::CheckpointSpec DeltaSpec(const std::string& job, int64_t step, int64_t b
   s.kind = client::CheckpointKind::kDelta;
   s.base_step = base;
   return s;
-}
-
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
 }
 
 TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
@@ -112,7 +105,7 @@ void ExpectRefusedUntouched(const std::string& data_dir, int port) {
     RunResult r = RunServerToExit(
         {"--data-dir", data_dir, "--listen", absl::StrCat("127.0.0.1:", port)});
     EXPECT_EQ(r.exit_code, 1) << r.err;
-    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
     EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
   }
   EXPECT_TRUE(before == DirContents(data_dir)) << "a refused start changed " << data_dir;
@@ -327,31 +320,6 @@ TEST(ServiceStorage, TimestampsComeFromTheServersClock) {
   ASSERT_EQ(listed->size(), 1u);
   EXPECT_EQ((*listed)[0].created_unix_ms, begun);
   EXPECT_EQ((*listed)[0].committed_unix_ms, begun + 42'000);
-}
-
-// A small tmpfs made by the test (skipped where mounting is not permitted).
-class Tmpfs {
- public:
-  explicit Tmpfs(const std::string& dir) : dir_(dir) {
-    fs::create_directories(dir);
-    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64m") == 0;
-  }
-  ~Tmpfs() {
-    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-};
-
-// Writes zeros to `path` until the file system is full.
-void FillUp(const std::string& path) {
-  std::ofstream f(path, std::ios::binary);
-  std::string block(1 << 16, '\0');
-  while (f.write(block.data(), block.size())) {
-  }
 }
 
 TEST(ServiceStorage, RealFullFileSystem) {
