@@ -37,13 +37,6 @@ RunResult RunServerToExit(const std::vector<std::string>& args) {
   return RunProgram(GRADSNAP_SERVER_BIN, args, 60);
 }
 
-std::unique_ptr<client::Client> Connect(const std::string& address, int attempts = 3) {
-  client::ClientOptions o;
-  o.endpoints = {address};
-  o.max_attempts = attempts;
-  return ValueOrNull(client::NewRemoteClient(o));
-}
-
 client::CheckpointSpec DeltaSpec(const std::string& job, int64_t step, int64_t base, int32_t w) {
   client::CheckpointSpec s = FullSpec(job, step, w);
   s.kind = client::CheckpointKind::kDelta;
@@ -61,7 +54,7 @@ TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
   EXPECT_TRUE(absl::StrContains(second.err, "gradsnap-server: cannot listen on")) << second.err;
   EXPECT_EQ(second.out, "");
   // The first server still serves.
-  auto c = Connect(first.address());
+  auto c = ConnectTo(first.address(), 3);
   EXPECT_TRUE(c->Health().ok());
   EXPECT_EQ(first.Describe(), "running");
 }
@@ -119,7 +112,7 @@ void RebuildAndExpectBack(const std::string& data_dir, const Written& w) {
   EXPECT_TRUE(absl::StrContains(r.out, "skipped job job step 3: rank 1 of 2")) << r.out;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data_dir).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), 3);
   auto listed = c->List("job", /*include_pending=*/true);
   ASSERT_TRUE(listed.ok()) << listed.status();
   ASSERT_EQ(listed->size(), 2u);  // the half-written FULL 3 is not brought back
@@ -141,7 +134,7 @@ TEST(ServiceStorage, LostCatalogIsRefusedThenRebuilt) {
     ServerProcess server(GRADSNAP_SERVER_BIN);
     ASSERT_TRUE(server.StartOn(data).ok());
     port = server.port();
-    auto c = Connect(server.address());
+    auto c = ConnectTo(server.address(), 3);
     w = WriteCheckpoints(c.get());
     server.Signal(SIGKILL);
     server.Wait();
@@ -173,7 +166,7 @@ TEST(ServiceStorage, CorruptSstIsRefusedThenRebuilt) {
     ASSERT_TRUE(server.StartOn(data).ok());
     port = server.port();
     if (start == 0) {
-      auto c = Connect(server.address());
+      auto c = ConnectTo(server.address(), 3);
       w = WriteCheckpoints(c.get());
     }
     server.Signal(SIGKILL);
@@ -206,7 +199,7 @@ TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
           .ok());
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), 3);
   absl::Status s = c->SaveShard(shard.spec, shard.Refs());
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_EQ(server.Describe(), "running");
@@ -270,7 +263,7 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   o.engine.fs = &ffs;
   auto server = service::Server::Start(o);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto c = Connect((*server)->address(), /*attempts=*/2);
+  auto c = ConnectTo((*server)->address(), 2);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
   TestShard old = MakeShard("old", 1, 0, {2 << 20}, 1);
   ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
@@ -309,7 +302,7 @@ TEST(ServiceStorage, TimestampsComeFromTheServersClock) {
   o.engine.clock = &clock;
   auto server = service::Server::Start(o);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto c = Connect((*server)->address());
+  auto c = ConnectTo((*server)->address(), 3);
   const int64_t begun = clock.NowUnixMillis();
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("t", 1, 1)).ok());
   clock.AdvanceSeconds(42);
@@ -332,7 +325,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   {
     ServerProcess server(GRADSNAP_SERVER_BIN);
     ASSERT_TRUE(server.StartOn(data).ok());
-    auto c = Connect(server.address(), /*attempts=*/2);
+    auto c = ConnectTo(server.address(), 2);
     ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
     ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
     FillUp(dir.File("mnt") + "/fill");
@@ -367,7 +360,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   fs::remove(dir.File("mnt") + "/fill");
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), 3);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
   EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
   EXPECT_TRUE(c->Verify("new", 1).ok());
