@@ -32,7 +32,7 @@ void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds
 std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::string& storage,
                                    int64_t delay_ms, const std::string& resume,
                                    int64_t fail_at_step = 0) {
-  std::vector<std::string> a = {c.bin_dir + "/gradsnap-train", "--model=tiny",
+  std::vector<std::string> a = {c.train_bin, "--model=tiny",
                                 absl::StrCat("--steps=", c.steps), "--nproc=2", "--batch=4",
                                 "--seq=16", "--blas_threads=1"};
   if (storage.empty()) return a;
@@ -86,7 +86,8 @@ absl::StatusOr<std::string> RunToEnd(const std::vector<std::string>& argv, const
 
 TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
   TrainingDrillConfig c;
-  c.bin_dir = opts.bin_dir;
+  c.server_bin = opts.server_bin;
+  c.train_bin = opts.train_bin;
   c.work_dir = opts.work_dir;
   c.seed = opts.seed;
   c.kills = opts.kills;
@@ -120,7 +121,7 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   }
 
   // A fixed port: the restarts after each kill come back on the job's --storage address.
-  testing::ServerProcess server(c.bin_dir + "/gradsnap-server");
+  testing::ServerProcess server(c.server_bin);
   ASSIGN_OR_RETURN(const int port, FreePort());
   RETURN_IF_ERROR(server.StartOn(dir + "/server", absl::StrCat("127.0.0.1:", port)));
   testing::ChildProcess job;
