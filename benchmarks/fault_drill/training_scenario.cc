@@ -85,12 +85,8 @@ absl::StatusOr<std::string> RunToEnd(const std::vector<std::string>& argv, const
 }  // namespace
 
 TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
-  TrainingDrillConfig c;
-  c.server_bin = opts.server_bin;
-  c.train_bin = opts.train_bin;
-  c.work_dir = opts.work_dir;
-  c.seed = opts.seed;
-  c.kills = opts.kills;
+  TrainingDrillConfig c{.server_bin = opts.server_bin, .train_bin = opts.train_bin,
+                        .work_dir = opts.work_dir, .seed = opts.seed, .kills = opts.kills};
   if (opts.quick) {  // CI: short outages (0.5-0.8 s) and a job that just outlasts them
     c.down_ms_min = 500;
     c.down_ms_max = 800;

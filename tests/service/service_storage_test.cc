@@ -255,13 +255,22 @@ TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   EXPECT_EQ(node.server.Describe(), "running");
 }
 
+// A server in this process on dir/data whose engine uses `fs` and `clock` (null: the real
+// ones).
+absl::StatusOr<std::unique_ptr<service::Server>> StartInProcess(const TempDir& dir,
+                                                                storage::FileSystem* fs,
+                                                                Clock* clock) {
+  service::ServerOptions o;
+  o.engine.data_dir = dir.File("data");
+  o.engine.fs = fs;
+  o.engine.clock = clock;
+  return service::Server::Start(o);
+}
+
 TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   TempDir dir;
   storage::FaultInjectionFileSystem ffs;
-  service::ServerOptions o;
-  o.engine.data_dir = dir.File("data");
-  o.engine.fs = &ffs;
-  auto server = service::Server::Start(o);
+  auto server = StartInProcess(dir, &ffs, nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
   auto c = ConnectTo((*server)->address(), 2);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
@@ -297,10 +306,7 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
 TEST(ServiceStorage, TimestampsComeFromTheServersClock) {
   TempDir dir;
   FakeClock clock;
-  service::ServerOptions o;
-  o.engine.data_dir = dir.File("data");
-  o.engine.clock = &clock;
-  auto server = service::Server::Start(o);
+  auto server = StartInProcess(dir, nullptr, &clock);
   ASSERT_TRUE(server.ok()) << server.status();
   auto c = ConnectTo((*server)->address(), 3);
   const int64_t begun = clock.NowUnixMillis();
