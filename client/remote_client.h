@@ -142,6 +142,14 @@ class RemoteClient final : public Client {
                                  const std::vector<uint64_t>& cuts, size_t streams,
                                  const PieceSink& deliver);
 
+  // The manifest of (job, step) for a parallel RestoreShard: the one fetched last when it is
+  // for the same checkpoint and committed, else a fresh one (kept when committed). Restoring
+  // the ranks of a checkpoint one after another thus fetches its manifest once.
+  absl::StatusOr<std::shared_ptr<const Manifest>> RestoreManifest(const std::string& job,
+                                                                  int64_t step, bool fresh);
+  // Forgets that manifest (this client changed the job's checkpoints).
+  void ForgetRestoreManifest();
+
   const ClientOptions options_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::string> endpoints_;
@@ -150,6 +158,9 @@ class RemoteClient final : public Client {
   // Message buffers of uploads, reused across streams.
   const std::shared_ptr<proto::BufferPool> upload_buffers_;
   std::unique_ptr<SaveQueue> saves_;
+
+  absl::Mutex restore_mu_;
+  std::shared_ptr<const Manifest> restore_manifest_ ABSL_GUARDED_BY(restore_mu_);
 };
 
 }  // namespace remote

@@ -327,18 +327,45 @@ absl::Status RemoteClient::RestoreShard(const std::string& job, int64_t step, in
     return absl::OkStatus();
   };
   const size_t streams = static_cast<size_t>(std::max(1, options_.read_streams));
-  std::vector<uint64_t> cuts;
-  if (streams > 1) {
-    // The tensor layout decides the ranges; without a manifest one stream reads (and reports
-    // why the shard cannot be read).
-    absl::StatusOr<Manifest> m = Show(job, step);
-    for (const ShardInfo& s : m.ok() ? m->shards : std::vector<ShardInfo>()) {
-      if (s.rank == rank && s.committed) cuts = TensorAlignedCuts(s, kReadBlockBytes);
+  for (bool fresh : {false, true}) {
+    std::vector<uint64_t> cuts;
+    if (streams > 1) {
+      // The tensor layout decides the ranges; without a manifest one stream reads (and reports
+      // why the shard cannot be read).
+      absl::StatusOr<std::shared_ptr<const Manifest>> m = RestoreManifest(job, step, fresh);
+      for (const ShardInfo& s : m.ok() ? (*m)->shards : std::vector<ShardInfo>()) {
+        if (s.rank == rank && s.committed) cuts = TensorAlignedCuts(s, kReadBlockBytes);
+      }
     }
+    if (cuts.size() <= 1) return ReadRange(job, step, rank, 0, kToEnd, deliver, &total);
+    total = cuts.back();
+    absl::Status s = ReadRangesInOrder(job, step, rank, cuts, streams, deliver);
+    // A kept manifest outdated by a checkpoint saved again under the same step by another
+    // client: nothing was delivered yet (the first range failed), so read with a fresh one.
+    if (s.code() != absl::StatusCode::kAborted || done > 0 || fresh) return s;
   }
-  if (cuts.size() <= 1) return ReadRange(job, step, rank, 0, kToEnd, deliver, &total);
-  total = cuts.back();
-  return ReadRangesInOrder(job, step, rank, cuts, streams, deliver);
+  return absl::InternalError("unreachable");
+}
+
+absl::StatusOr<std::shared_ptr<const Manifest>> RemoteClient::RestoreManifest(
+    const std::string& job, int64_t step, bool fresh) {
+  {
+    absl::MutexLock lock(&restore_mu_);
+    const std::shared_ptr<const Manifest>& m = restore_manifest_;
+    if (!fresh && m != nullptr && m->info.job == job && m->info.step == step) return m;
+  }
+  ASSIGN_OR_RETURN(Manifest m, Show(job, step));
+  auto shared = std::make_shared<const Manifest>(std::move(m));
+  if (shared->info.state == CheckpointState::kCommitted) {
+    absl::MutexLock lock(&restore_mu_);
+    restore_manifest_ = shared;
+  }
+  return shared;
+}
+
+void RemoteClient::ForgetRestoreManifest() {
+  absl::MutexLock lock(&restore_mu_);
+  restore_manifest_.reset();
 }
 
 // The ranges [cuts[k - 1], cuts[k]) (the first from 0), fetched by `streams` threads at most
@@ -370,12 +397,18 @@ absl::Status RemoteClient::ReadRangesInOrder(const std::string& job, int64_t ste
         k = next++;
       }
       std::vector<grpc::Slice> pieces;
+      uint64_t total = 0;
       absl::Status s = ReadRange(job, step, rank, k == 0 ? 0 : cuts[k - 1], cuts[k],
                                  [&](const grpc::Slice& p) {
                                    pieces.push_back(p);
                                    return absl::OkStatus();
                                  },
-                                 nullptr);
+                                 &total);
+      if (s.ok() && total != cuts.back()) {
+        s = absl::AbortedError(absl::StrCat("rank ", rank, " of ", job, " step ", step,
+                                            " has ", total, " bytes, its manifest said ",
+                                            cuts.back()));
+      }
       absl::MutexLock lock(&mu);
       blocks[k].pieces = std::move(pieces);
       blocks[k].status = std::move(s);
@@ -459,13 +492,18 @@ absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, 
 absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
                                   const ProgressFn& progress) {
   // Progress counts payload bytes like every other ProgressFn: the total is what the nodes
-  // hold (each replica is verified), known from their manifests before verifying starts.
+  // hold (each replica is verified), known from their manifests before verifying starts. The
+  // checkpoint's info, which holds that count, is in every page: one page per node is enough.
   std::atomic<uint64_t> total{0};
   if (progress) {
-    const auto mreq = JobStep<v1::GetManifestRequest>(job, step);
+    auto mreq = JobStep<v1::GetManifestRequest>(job, step);
+    mreq.set_paged(true);
     RETURN_IF_ERROR(ForAllNodesTolerant([&](Node& node) -> absl::Status {
-      ASSIGN_OR_RETURN(Manifest m, FetchManifest(node, mreq));
-      total += m.info.raw_bytes;
+      v1::GetManifestResponse resp;
+      RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GetManifestResponse* r) {
+        return node.stub()->GetManifest(ctx, mreq, r);
+      }));
+      total += resp.manifest().info().raw_bytes();
       return absl::OkStatus();
     }));
   }
@@ -492,12 +530,14 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
 }
 
 absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
+  ForgetRestoreManifest();
   const auto req = JobStep<v1::DeleteRequest>(job, step);
   return ForAllNodesTolerant(
       [&](Node& node) { return Call(node, req, &v1::Storage::Stub::Delete); });
 }
 
 absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy) {
+  ForgetRestoreManifest();
   v1::GcRequest req;
   req.set_job(job);
   req.set_keep_last(policy.keep_last);

@@ -1,24 +1,11 @@
 #include "common/digest.h"
 
-#include <openssl/evp.h>
 #include <xxhash.h>
 
 #include "common/logging.h"
+#include "common/sha256.h"
 
 namespace gradsnap {
-namespace {
-
-std::string Hex(const uint8_t* d, size_t n) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    s[2 * i] = kHex[d[i] >> 4];
-    s[2 * i + 1] = kHex[d[i] & 15];
-  }
-  return s;
-}
-
-}  // namespace
 
 const char* DigestAlgoName(DigestAlgo algo) {
   return algo == DigestAlgo::kSha256 ? "sha256" : "xxh3-128";
@@ -50,53 +37,47 @@ bool IsDigestHex(DigestAlgo algo, absl::string_view hex) {
   return true;
 }
 
+// SHA-256 is common/sha256.h's; this class adds XXH3-128 behind the same interface.
 Digester::Digester(DigestAlgo algo) : algo_(algo) {
   if (algo_ == DigestAlgo::kSha256) {
-    state_ = EVP_MD_CTX_new();
-  } else {
-    GS_CHECK(algo_ == DigestAlgo::kXxh3_128) << "unknown digest algorithm";
-    state_ = XXH3_createState();
+    sha_ = std::make_unique<Sha256>();
+    return;
   }
-  GS_CHECK(state_ != nullptr) << "digest state allocation";
+  GS_CHECK(algo_ == DigestAlgo::kXxh3_128) << "unknown digest algorithm";
+  xxh_ = XXH3_createState();
+  GS_CHECK(xxh_ != nullptr) << "digest state allocation";
   Reset();
 }
 
 Digester::~Digester() {
-  if (algo_ == DigestAlgo::kSha256) {
-    EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(state_));
-  } else {
-    XXH3_freeState(static_cast<XXH3_state_t*>(state_));
-  }
+  if (xxh_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(xxh_));
 }
 
 void Digester::Reset() {
-  if (algo_ == DigestAlgo::kSha256) {
-    GS_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(state_), EVP_sha256(), nullptr) == 1);
+  if (sha_ != nullptr) {
+    sha_->Reset();
   } else {
-    GS_CHECK(XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_)) == XXH_OK);
+    GS_CHECK(XXH3_128bits_reset(static_cast<XXH3_state_t*>(xxh_)) == XXH_OK);
   }
 }
 
 void Digester::Update(const void* data, size_t n) {
   if (n == 0) return;
-  if (algo_ == DigestAlgo::kSha256) {
-    GS_CHECK(EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(state_), data, n) == 1);
+  if (sha_ != nullptr) {
+    sha_->Update(data, n);
   } else {
-    GS_CHECK(XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, n) == XXH_OK);
+    GS_CHECK(XXH3_128bits_update(static_cast<XXH3_state_t*>(xxh_), data, n) == XXH_OK);
   }
 }
 
 std::string Digester::FinishHex() {
   std::string hex;
-  if (algo_ == DigestAlgo::kSha256) {
-    uint8_t d[32];
-    unsigned int len = 0;
-    GS_CHECK(EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(state_), d, &len) == 1 && len == 32);
-    hex = Hex(d, 32);
+  if (sha_ != nullptr) {
+    hex = DigestToHex(sha_->Finish());
   } else {
     XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(static_cast<XXH3_state_t*>(state_)));
-    hex = Hex(c.digest, sizeof(c.digest));
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(static_cast<XXH3_state_t*>(xxh_)));
+    hex = LowerHex(c.digest, sizeof(c.digest));
   }
   Reset();
   return hex;

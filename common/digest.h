@@ -20,6 +20,8 @@
 
 namespace gradsnap {
 
+class Sha256;
+
 // DigestAlgo and DigestAlgoName: include/gradsnap/digest_algo.h (public).
 // Accepts "sha256", "xxh3" and "xxh3-128". False for anything else.
 bool ParseDigestAlgo(absl::string_view name, DigestAlgo* out);
@@ -46,7 +48,8 @@ class Digester {
 
  private:
   DigestAlgo algo_;
-  void* state_;  // EVP_MD_CTX* or XXH3_state_t*: library headers stay out of ours
+  std::unique_ptr<Sha256> sha_;  // kSha256
+  void* xxh_ = nullptr;          // kXxh3_128: XXH3_state_t*, xxhash.h stays out of ours
 };
 
 // Lower-case hex digest of data[0, n).

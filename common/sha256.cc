@@ -35,15 +35,18 @@ Sha256Digest Sha256Of(const void* data, size_t n) {
   return h.Finish();
 }
 
-std::string DigestToHex(const Sha256Digest& d) {
+std::string LowerHex(const void* data, size_t n) {
   static const char kHex[] = "0123456789abcdef";
-  std::string s(64, '0');
-  for (size_t i = 0; i < d.size(); ++i) {
+  const uint8_t* d = static_cast<const uint8_t*>(data);
+  std::string s(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
     s[2 * i] = kHex[d[i] >> 4];
     s[2 * i + 1] = kHex[d[i] & 15];
   }
   return s;
 }
+
+std::string DigestToHex(const Sha256Digest& d) { return LowerHex(d.data(), d.size()); }
 
 std::string Sha256Hex(const void* data, size_t n) { return DigestToHex(Sha256Of(data, n)); }
 

@@ -27,6 +27,9 @@ class Sha256 {
   void* ctx_;  // EVP_MD_CTX*, kept opaque so OpenSSL headers stay out of ours
 };
 
+// Lower-case hex of the bytes data[0, n).
+std::string LowerHex(const void* data, size_t n);
+
 Sha256Digest Sha256Of(const void* data, size_t n);
 std::string DigestToHex(const Sha256Digest& d);
 // Lower-case hex of the SHA-256 of data[0, n).

@@ -205,14 +205,7 @@ absl::StatusOr<int> CudaDeviceCount() {
 }
 
 absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal) {
-  ASSIGN_OR_RETURN(int count, CudaDeviceCount());
-  if (count == 0) {
-    return absl::FailedPreconditionError("no CUDA device (cudaGetDeviceCount reports none)");
-  }
-  if (ordinal < 0 || ordinal >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA device ", ordinal, " does not exist (", count, " present)"));
-  }
+  RETURN_IF_ERROR(CheckCudaOrdinal(ordinal));
   return std::unique_ptr<Device>(new CudaDevice(ordinal));
 }
 

@@ -13,16 +13,30 @@ absl::StatusOr<int> DevicesPresent(const std::string& kind) {
   if (kind == "sim") return kSimDeviceCount;
   if (kind != "cuda") return absl::InvalidArgumentError("--device must be cpu, cuda or sim");
   if (!CudaCompiledIn()) return absl::UnimplementedError("--device cuda: this build has no CUDA");
-  absl::StatusOr<int> n = CudaDeviceCount();
+  absl::StatusOr<int> n = CudaDevicesPresent();
   if (!n.ok()) return Annotate(n.status(), "--device cuda");
-  if (*n == 0) {
-    return absl::FailedPreconditionError(
-        "--device cuda: no CUDA device or driver (cudaGetDeviceCount)");
-  }
   return *n;
 }
 
 }  // namespace
+
+absl::StatusOr<int> CudaDevicesPresent() {
+  ASSIGN_OR_RETURN(const int n, CudaDeviceCount());
+  if (n == 0) {
+    return absl::FailedPreconditionError(
+        "no CUDA device or driver (cudaGetDeviceCount reports none)");
+  }
+  return n;
+}
+
+absl::Status CheckCudaOrdinal(int ordinal) {
+  ASSIGN_OR_RETURN(const int n, CudaDevicesPresent());
+  if (ordinal < 0 || ordinal >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", ordinal, " does not exist (", n, " present)"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckDevices(const std::string& kind, int first, int count) {
   if (kind == "cpu") return absl::OkStatus();

@@ -99,6 +99,13 @@ absl::StatusOr<std::unique_ptr<Device>> NewCudaDevice(int ordinal);
 // has no CUDA); INTERNAL for any other error.
 absl::StatusOr<int> CudaDeviceCount();
 
+// The number of CUDA devices, at least one: FAILED_PRECONDITION ("no CUDA device or driver
+// ...") when the runtime reports none (or the build has no CUDA), INTERNAL for any other error.
+absl::StatusOr<int> CudaDevicesPresent();
+// OK when CUDA device `ordinal` is present; CudaDevicesPresent's errors, or INVALID_ARGUMENT
+// ("CUDA device N does not exist (M present)").
+absl::Status CheckCudaOrdinal(int ordinal);
+
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/rank_slice.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gpu_snapshot/host_replay.h"
 #include "gtest/gtest.h"
@@ -111,7 +112,7 @@ class RecoveryTest : public ::testing::Test {
     const std::string text = StateText(step, world);
     ASSERT_TRUE(client_->BeginCheckpoint({"j", step, CheckpointKind::kFull, -1, world, text}).ok());
     for (int r = 0; r < world; ++r) {
-      const auto [lo, hi] = RankRange(kTotal, r, world);
+      const auto [lo, hi] = SliceOfRank(kTotal, r, world);
       client::ShardSpec s{"j", step, r, {}, text};
       std::vector<TensorRef> refs = {{Flat(kFlatParams, DType::kF32, lo, hi - lo), p_.data() + lo},
                                      {Flat(kFlatAdamM, DType::kF32, lo, hi - lo), m_.data() + lo},
@@ -127,7 +128,7 @@ class RecoveryTest : public ::testing::Test {
     const std::vector<float> g = Random(100 + u, kTotal, 0.5f);
     ASSERT_TRUE(client_->BeginCheckpoint({"j", u, CheckpointKind::kDelta, base, world, text}).ok());
     for (int r = 0; r < world; ++r) {
-      const auto [lo, hi] = RankRange(kTotal, r, world);
+      const auto [lo, hi] = SliceOfRank(kTotal, r, world);
       gpu_snapshot::DeltaHeader h;
       h.step = u;
       h.base_step = base;
@@ -150,7 +151,7 @@ class RecoveryTest : public ::testing::Test {
   // Restores [0, kTotal) cut for `world` ranks and compares with the reference state.
   void ExpectResharded(StateSource& src, const RecoveryPoint& rp, int world, int64_t step) {
     for (int r = 0; r < world; ++r) {
-      const auto [lo, hi] = RankRange(kTotal, r, world);
+      const auto [lo, hi] = SliceOfRank(kTotal, r, world);
       std::vector<float> p(hi - lo), m(hi - lo), v(hi - lo);
       RestoreOptions o;
       o.range_bytes = 4096;       // many ranges, read in parallel

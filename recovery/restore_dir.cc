@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/json.h"
+#include "common/rank_slice.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "gpu_snapshot/adamw.h"
@@ -100,13 +101,6 @@ std::string TrainerStateJson(const FullState& s, const std::map<std::string, std
 
 }  // namespace
 
-std::pair<uint64_t, uint64_t> RankRange(uint64_t n, int r, int m) {
-  const uint64_t p = static_cast<uint64_t>(m), k = static_cast<uint64_t>(r);
-  const uint64_t base = n / p, extra = n % p;
-  const uint64_t lo = k * base + std::min(k, extra);
-  return {lo, lo + base + (k < extra ? 1 : 0)};
-}
-
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, std::string>>& metadata,
                               const std::vector<SafetensorsTensor>& tensors) {
@@ -144,7 +138,7 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
   std::vector<WrittenFile> files;
   for (int r = 0; r < world_size; ++r) {
     if (only_rank >= 0 && r != only_rank) continue;
-    const auto [lo, hi] = RankRange(total, r, world_size);
+    const auto [lo, hi] = SliceOfRank(total, r, world_size);
     const uint64_t bytes = (hi - lo) * sizeof(float);
     const float* bufs[3] = {s.master.data() + lo, s.m.data() + lo, s.v.data() + lo};
     const char* names[3] = {kFlatParams, kFlatAdamM, kFlatAdamV};

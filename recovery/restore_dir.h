@@ -3,7 +3,7 @@
 //
 // FORMAT
 //   Rank files: DIR/rank<R>.safetensors for R in [0, M), each the FULL shard a trainer with M
-//   ranks would have saved (tensors params, adam_m, adam_v: f32 slices of RankSlice-style
+//   ranks would have saved (tensors params, adam_m, adam_v: f32 slices of SliceOfRank-style
 //   contiguous ranges; replicated_state: u8 train state text), with the gradsnap-shard-v1
 //   metadata of docs/cli.md ("slice.<tensor>" = FLAT:OFFSET:TOTAL).
 //   Consolidated: DIR/model.safetensors (each parameter by name and shape, F32 or BF16),
@@ -47,10 +47,6 @@ struct WrittenFile {
   uint64_t bytes = 0;
   int32_t rank = -1;  // -1 for consolidated files
 };
-
-// The element range of rank r of M over n elements (contiguous, lengths differ by <= 1: the
-// trainer's RankSlice).
-std::pair<uint64_t, uint64_t> RankRange(uint64_t n, int r, int m);
 
 // Writes the rank files of `s` cut for world_size ranks to path_of(R) (DIR/rank<R>.safetensors
 // for a restore directory), every rank or only `only_rank` (>= 0). The directory must exist.

@@ -1,7 +1,9 @@
 // EngineImpl: checkpoint lifecycle, metadata commits, recovery, listing, delete and GC.
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -52,15 +54,16 @@ EngineOptions WithClock(EngineOptions o) {
 
 // A catalog Open may use: one RocksDB can scan the checkpoint keys, and lists at least one
 // when segment data exists. Otherwise the refusal that leaves the directory as found.
-absl::Status CheckCatalogScans(MetaStore* meta, const std::string& dir, uint64_t segment_files) {
+absl::Status CheckCatalogScans(MetaStore* meta, const std::string& dir,
+                               const std::function<uint64_t()>& segment_files) {
   auto checkpoints = meta->Scan("c/");
   if (!checkpoints.ok()) {
     return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                             checkpoints.status().message(), ")"));
   }
-  if (checkpoints->empty() && segment_files > 0) {
+  if (checkpoints->empty() && segment_files() > 0) {
     return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
-                                            "holds ", segment_files, " files"));
+                                            "holds ", segment_files(), " files"));
   }
   return absl::OkStatus();
 }
@@ -200,9 +203,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   // The catalog guard (docs/format.md, "Catalog guard"): decide everything before touching the
   // disk, so a refused open leaves the directory exactly as it was.
   CatalogState catalog = InspectCatalog(dir);
-  const uint64_t segment_files = CountSegmentFiles(dir);
+  // Walked (once) only where the guard needs it: a broken, missing or empty catalog. A store
+  // whose catalog lists checkpoints opens without a walk over every segment file.
+  std::optional<uint64_t> counted;
+  auto segment_files = [&]() -> uint64_t {
+    if (!counted.has_value()) counted = CountSegmentFiles(dir);
+    return *counted;
+  };
   if (catalog == CatalogState::kBroken) {
-    if (segment_files > 0 || options.read_only) {
+    if (options.read_only || segment_files() > 0) {
       return CatalogRefusal(dir, "its catalog meta/ has files but no CURRENT (unreadable)");
     }
     // No segment data: such a catalog (e.g. from an older version killed while creating it)
@@ -214,9 +223,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
                     << "data; kept it as " << aside << " and made a new catalog";
     catalog = CatalogState::kAbsent;
   }
-  if (catalog == CatalogState::kAbsent && segment_files > 0) {
+  if (catalog == CatalogState::kAbsent && segment_files() > 0) {
     return CatalogRefusal(dir, absl::StrCat("its catalog meta/ is missing or empty but "
-                                            "segments/ holds ", segment_files, " files"));
+                                            "segments/ holds ", segment_files(), " files"));
   }
   if (options.read_only && catalog == CatalogState::kAbsent) {
     return absl::NotFoundError(absl::StrCat("no gradsnap checkpoint store in ", dir));
@@ -259,7 +268,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     }
     mode = MetaStore::Mode::kExisting;
   }
-  if (mode == MetaStore::Mode::kExisting) {
+  const bool probe_first = mode == MetaStore::Mode::kExisting;
+  if (probe_first) {
     // Look before writing: a read-only open changes no file, so a catalog that is unreadable
     // or empty while segment data exists is refused with the directory exactly as found.
     auto probe = MetaStore::Open(dir + "/meta", MetaStore::Mode::kReadOnly);
@@ -279,7 +289,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   }
   (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
-  RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
+  // The probe above checked the same catalog already.
+  if (!probe_first) RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
   if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
   return std::unique_ptr<Engine>(std::move(engine));
 }
@@ -298,7 +309,7 @@ std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) cons
 
 std::string EngineImpl::SegmentPath(const std::string& job, int64_t step, int32_t rank,
                                     uint32_t seq) const {
-  return absl::StrFormat("%s/r%010d-%06u.seg", CheckpointDir(job, step), rank, seq);
+  return absl::StrCat(CheckpointDir(job, step), "/", SegmentFileName(rank, seq));
 }
 
 absl::StatusOr<CheckpointRecord> EngineImpl::LoadCheckpoint(const std::string& job,
@@ -490,18 +501,29 @@ absl::Status EngineImpl::CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStor
   }
   ckpt->state = CheckpointState::kCommitted;
   ckpt->committed_unix_ms = options_.clock->NowUnixMillis();
-  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-  for (const auto& [k, v] : kvs) {
-    CheckpointRecord d;
-    RETURN_IF_ERROR(DecodeCheckpoint(v, &d));
-    if (d.spec.kind == CheckpointKind::kDelta && d.spec.base_step == ckpt->spec.step &&
-        d.state == CheckpointState::kPending && d.committed_shards == d.spec.world_size) {
+  ASSIGN_OR_RETURN(std::vector<CheckpointRecord> deltas, DeltasOf(job, ckpt->spec.step));
+  for (CheckpointRecord& d : deltas) {
+    if (d.state == CheckpointState::kPending && d.committed_shards == d.spec.world_size) {
       d.state = CheckpointState::kCommitted;
       d.committed_unix_ms = ckpt->committed_unix_ms;
-      b->puts.emplace_back(k, EncodeCheckpoint(d));
+      b->puts.emplace_back(CheckpointKey(job, d.spec.step), EncodeCheckpoint(d));
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> EngineImpl::DeltasOf(const std::string& job,
+                                                                   int64_t full_step) {
+  ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
+  std::vector<CheckpointRecord> out;
+  for (const auto& [k, v] : kvs) {
+    CheckpointRecord r;
+    RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
+    if (r.spec.kind == CheckpointKind::kDelta && r.spec.base_step == full_step) {
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
 }
 
 absl::Status EngineImpl::WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) {
@@ -549,11 +571,8 @@ absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
   }
   std::vector<int64_t> deltas;  // PENDING DELTAs on this FULL go with it
   if (ckpt.spec.kind == CheckpointKind::kFull) {
-    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-    for (const auto& [k, v] : kvs) {
-      CheckpointRecord r;
-      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
-      if (r.spec.kind != CheckpointKind::kDelta || r.spec.base_step != step) continue;
+    ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
+    for (const CheckpointRecord& r : on_it) {
       if (r.state == CheckpointState::kCommitted) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint job ", job, " step ", step, " is the base of committed DELTA step ",
@@ -737,14 +756,11 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.spec.kind == CheckpointKind::kFull) {
-    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-    for (const auto& [k, v] : kvs) {
-      CheckpointRecord r;
-      RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
-      if (r.spec.kind == CheckpointKind::kDelta && r.spec.base_step == step) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "checkpoint job ", job, " step ", step, " is the base of DELTA step ", r.spec.step));
-      }
+    ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
+    if (!on_it.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint job ", job, " step ", step, " is the base of DELTA step ",
+          on_it.front().spec.step));
     }
   }
   uint64_t reclaimed = 0;

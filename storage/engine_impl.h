@@ -70,6 +70,9 @@ class EngineImpl : public Engine {
   bool HasWriter(const std::string& shard_key);
 
   absl::StatusOr<CheckpointRecord> LoadCheckpoint(const std::string& job, int64_t step);
+  // The DELTAs (any state) whose base is step `full_step` of `job`, in step order.
+  absl::StatusOr<std::vector<CheckpointRecord>> DeltasOf(const std::string& job,
+                                                         int64_t full_step);
   absl::StatusOr<std::vector<ChunkRecord>> LoadChunks(const std::string& job, int64_t step,
                                                       int32_t rank, uint32_t count);
   // The ShardInfo of a shard record and its chunk records (tensors with their SHA-256s, raw and
@@ -86,11 +89,14 @@ class EngineImpl : public Engine {
   absl::Status CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWritable() const;
-  absl::Status RepairOrphanDeltas();
+  // Drops from the catalog, and from *checkpoints, each committed DELTA without a committed
+  // base FULL, quarantining its directory.
+  absl::Status RepairOrphanDeltas(std::vector<CheckpointRecord>* checkpoints);
   absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RecoverCheckpoint(const CheckpointRecord& c);
-  absl::Status RemoveOrphanDirs();
+  // Quarantines the checkpoint directories that none of `checkpoints` (the catalog) owns.
+  absl::Status RemoveOrphanDirs(const std::vector<CheckpointRecord>& checkpoints);
 
   // Constant after construction.
   const EngineOptions options_;

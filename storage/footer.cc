@@ -6,6 +6,7 @@
 #include "common/crc32c.h"
 #include "common/status.h"
 #include "storage/aligned_buffer.h"
+#include "storage/record_coding.h"
 
 namespace gradsnap {
 namespace storage {
@@ -13,52 +14,16 @@ namespace {
 
 constexpr uint8_t kFooterVersion = 1;
 
-void PutU32(std::string* s, uint32_t v) { s->append(reinterpret_cast<const char*>(&v), 4); }
-void PutU64(std::string* s, uint64_t v) { s->append(reinterpret_cast<const char*>(&v), 8); }
-void PutStr(std::string* s, const std::string& v) {
-  PutU32(s, static_cast<uint32_t>(v.size()));
-  s->append(v);
-}
+using internal::In;
+using internal::Out;
 
 std::string Payload(const ShardFooter& f) {
-  std::string p;
-  p.push_back(static_cast<char>(kFooterVersion));
-  PutStr(&p, EncodeCheckpoint(f.checkpoint));
-  PutStr(&p, EncodeShard(f.shard));
-  PutU32(&p, static_cast<uint32_t>(f.chunks.size()));
-  for (const ChunkRecord& c : f.chunks) PutStr(&p, EncodeChunk(c));
-  return p;
+  Out p;
+  p(kFooterVersion, EncodeCheckpoint(f.checkpoint), EncodeShard(f.shard));
+  p.count(f.chunks, 0);
+  for (const ChunkRecord& c : f.chunks) p(EncodeChunk(c));
+  return p.Take();
 }
-
-class Reader {
- public:
-  explicit Reader(const std::string& s) : s_(s) {}
-  bool ok() const { return ok_; }
-  bool done() const { return ok_ && pos_ == s_.size(); }
-  uint8_t U8() {
-    if (pos_ + 1 > s_.size()) { ok_ = false; return 0; }
-    return static_cast<uint8_t>(s_[pos_++]);
-  }
-  uint32_t U32() {
-    uint32_t v = 0;
-    if (pos_ + 4 > s_.size()) { ok_ = false; return 0; }
-    std::memcpy(&v, s_.data() + pos_, 4);
-    pos_ += 4;
-    return v;
-  }
-  std::string Str() {
-    uint32_t n = U32();
-    if (!ok_ || n > s_.size() - pos_) { ok_ = false; return {}; }
-    std::string v = s_.substr(pos_, n);
-    pos_ += n;
-    return v;
-  }
-
- private:
-  const std::string& s_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-};
 
 }  // namespace
 
@@ -71,13 +36,10 @@ std::string EncodeFooter(const ShardFooter& f) {
   const uint64_t payload_len = out.size();
   const uint32_t crc = Crc32c(out.data(), out.size());
   out.resize(AlignUp(payload_len + kFooterTrailerSize) - kFooterTrailerSize, '\0');
-  std::string t;
-  PutU64(&t, kFooterMagic);
-  PutU64(&t, payload_len);
-  PutU64(&t, static_cast<uint64_t>(f.written_unix_ms));
-  PutU32(&t, crc);
-  PutU32(&t, Crc32c(t.data(), t.size()));
-  out += t;
+  Out t;
+  t(kFooterMagic, payload_len, f.written_unix_ms, crc);
+  t(Crc32c(t.bytes().data(), t.bytes().size()));
+  out += t.bytes();
   return out;
 }
 
@@ -92,13 +54,12 @@ absl::StatusOr<ShardFooter> ReadFooter(FileSystem* fs, const std::string& path) 
   char t[kFooterTrailerSize];
   ASSIGN_OR_RETURN(size_t got, file->Read(size - kFooterTrailerSize, t, sizeof(t)));
   if (got != sizeof(t)) return none("short read");
-  uint64_t magic, payload_len, written;
-  uint32_t crc, tcrc;
-  std::memcpy(&magic, t, 8);
-  std::memcpy(&payload_len, t + 8, 8);
-  std::memcpy(&written, t + 16, 8);
-  std::memcpy(&crc, t + 24, 4);
-  std::memcpy(&tcrc, t + 28, 4);
+  uint64_t magic = 0, payload_len = 0;
+  int64_t written = 0;
+  uint32_t crc = 0, tcrc = 0;
+  const std::string trailer_bytes(t, sizeof(t));
+  In trailer(trailer_bytes);
+  trailer(magic, payload_len, written, crc, tcrc);
   if (magic != kFooterMagic || tcrc != Crc32c(t, 28)) return none("no trailer");
   uint64_t footer_len = AlignUp(payload_len + kFooterTrailerSize);
   if (footer_len > size) return absl::DataLossError(absl::StrCat(path, ": footer longer than file"));
@@ -108,20 +69,25 @@ absl::StatusOr<ShardFooter> ReadFooter(FileSystem* fs, const std::string& path) 
     return absl::DataLossError(absl::StrCat(path, ": shard footer checksum mismatch"));
   }
   ShardFooter f;
-  f.written_unix_ms = static_cast<int64_t>(written);
-  Reader r(payload);
-  if (r.U8() != kFooterVersion) {
+  f.written_unix_ms = written;
+  In in(payload);
+  uint8_t version = 0;
+  in(version);
+  if (version != kFooterVersion) {
     return absl::DataLossError(absl::StrCat(path, ": unknown shard footer version"));
   }
-  RETURN_IF_ERROR(Annotate(DecodeCheckpoint(r.Str(), &f.checkpoint), path));
-  RETURN_IF_ERROR(Annotate(DecodeShard(r.Str(), &f.shard), path));
-  uint32_t n = r.U32();
-  if (!r.ok() || n > payload.size()) {
-    return absl::DataLossError(absl::StrCat(path, ": malformed shard footer"));
+  std::string record;
+  in(record);
+  RETURN_IF_ERROR(Annotate(DecodeCheckpoint(record, &f.checkpoint), path));
+  in(record);
+  RETURN_IF_ERROR(Annotate(DecodeShard(record, &f.shard), path));
+  in.count(f.chunks, payload.size());
+  if (!in.ok()) return absl::DataLossError(absl::StrCat(path, ": malformed shard footer"));
+  for (ChunkRecord& c : f.chunks) {
+    in(record);
+    RETURN_IF_ERROR(Annotate(DecodeChunk(record, &c), path));
   }
-  f.chunks.resize(n);
-  for (ChunkRecord& c : f.chunks) RETURN_IF_ERROR(Annotate(DecodeChunk(r.Str(), &c), path));
-  if (!r.done()) return absl::DataLossError(absl::StrCat(path, ": malformed shard footer"));
+  if (!in.done()) return absl::DataLossError(absl::StrCat(path, ": malformed shard footer"));
   return f;
 }
 

@@ -13,6 +13,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
+#include "storage/record_coding.h"
 
 namespace gradsnap {
 namespace storage {
@@ -36,71 +37,8 @@ static_assert(sizeof(CheckpointSpec::world_size) == 4 && sizeof(ShardSpec::rank)
               sizeof(CheckpointKind) == 1 && sizeof(CheckpointState) == 1 &&
               sizeof(DType) == 1 && sizeof(ChunkCodec) == 1 && sizeof(ChunkFilter) == 1);
 
-template <class T>
-constexpr bool kFixedWidth = std::is_arithmetic_v<T> || std::is_enum_v<T>;
-
-class Out {
- public:
-  template <class... T> void operator()(const T&... v) { (Put(v), ...); }
-  // A vector's element count; the elements follow.
-  template <class V> void count(const V& v, size_t /*limit*/) {
-    Put(static_cast<uint32_t>(v.size()));
-  }
-  std::string Take() { return std::move(s_); }
-
- private:
-  void Put(const std::string& v) {
-    Put(static_cast<uint32_t>(v.size()));
-    s_.append(v);
-  }
-  void Put(bool v) { Put(static_cast<uint8_t>(v ? 1 : 0)); }
-  template <class T> void Put(const T& v) {
-    static_assert(kFixedWidth<T>);
-    s_.append(reinterpret_cast<const char*>(&v), sizeof(v));
-  }
-  std::string s_;
-};
-
-// Reads fields; any overrun sets !ok() and yields zeros.
-class In {
- public:
-  explicit In(const std::string& s) : p_(s.data()), left_(s.size()) {}
-  bool ok() const { return ok_; }
-  bool done() const { return ok_ && left_ == 0; }
-  template <class... T> void operator()(T&... v) { (Get(v), ...); }
-  // Reads an element count and sizes `v`; a count over `limit` (or past the value) fails.
-  template <class V> void count(V& v, size_t limit) {
-    uint32_t n = 0;
-    Get(n);
-    if (!ok_ || n > limit || n > left_) { ok_ = false; n = 0; }
-    v.resize(n);
-  }
-
- private:
-  void Get(std::string& v) {
-    uint32_t n = 0;
-    Get(n);
-    if (!ok_ || n > left_) { ok_ = false; v.clear(); return; }
-    v.assign(p_, n);
-    p_ += n;
-    left_ -= n;
-  }
-  void Get(bool& v) {
-    uint8_t b = 0;
-    Get(b);
-    v = b != 0;
-  }
-  template <class T> void Get(T& v) {
-    static_assert(kFixedWidth<T>);
-    if (!ok_ || sizeof(v) > left_) { ok_ = false; v = T{}; return; }
-    std::memcpy(&v, p_, sizeof(v));
-    p_ += sizeof(v);
-    left_ -= sizeof(v);
-  }
-  const char* p_;
-  size_t left_;
-  bool ok_ = true;
-};
+using internal::In;
+using internal::Out;
 
 // The record's version byte when it is 1..newest, else 0.
 uint8_t ReadVersion(In& in, uint8_t newest) {
@@ -186,6 +124,23 @@ std::string ShardKey(const std::string& job, int64_t step, int32_t rank) {
 }
 std::string ChunkStepPrefix(const std::string& job, int64_t step) {
   return absl::StrFormat("k/%s/%020d/", job, step);
+}
+
+std::string SegmentFileName(int32_t rank, uint32_t seq) {
+  return absl::StrFormat("r%010d-%06u.seg", rank, seq);
+}
+
+bool ParseSegmentName(const std::string& name, int32_t* rank, uint32_t* seq) {
+  int r = 0;
+  unsigned s = 0;
+  char tail = 0;
+  if (name.size() != 22 || std::sscanf(name.c_str(), "r%10d-%6u.se%c", &r, &s, &tail) != 3 ||
+      tail != 'g') {
+    return false;
+  }
+  *rank = r;
+  *seq = s;
+  return true;
 }
 MetaStore::Batch MetaStore::DeleteCheckpointBatch(const std::string& job, int64_t step) {
   Batch b;

@@ -85,6 +85,12 @@ std::string ChunkKey(const std::string& job, int64_t step, int32_t rank, uint32_
 std::string ChunkPrefix(const std::string& job, int64_t step, int32_t rank);
 std::string ChunkStepPrefix(const std::string& job, int64_t step);
 
+// The name of segment file `seq` of rank `rank` inside its checkpoint's directory
+// (docs/format.md, "Segment files"): r<rank, 10 digits>-<seq, 6 digits>.seg.
+std::string SegmentFileName(int32_t rank, uint32_t seq);
+// The inverse; false for any other name.
+bool ParseSegmentName(const std::string& name, int32_t* rank, uint32_t* seq);
+
 // Bytes free for an unprivileged writer on the file system holding `path` (or its nearest
 // existing ancestor); UINT64_MAX when unknown.
 uint64_t FreeBytes(const std::string& path);

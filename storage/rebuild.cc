@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
-#include <filesystem>
 #include <map>
 #include <set>
 
@@ -59,22 +57,16 @@ std::string Name(const std::string& job, int64_t step) {
   return absl::StrCat("job ", job, " step ", step);
 }
 
-bool ParseSegmentName(const std::string& name, int32_t* rank, uint32_t* seq) {
-  int r = 0;
-  unsigned s = 0;
-  char tail = 0;
-  if (name.size() != 22 || std::sscanf(name.c_str(), "r%10d-%6u.se%c", &r, &s, &tail) != 3 ||
-      tail != 'g') {
-    return false;
-  }
-  *rank = r;
-  *seq = s;
-  return true;
-}
-
 bool SameSpec(const CheckpointSpec& a, const CheckpointSpec& b) {
   return a.job == b.job && a.step == b.step && a.kind == b.kind && a.base_step == b.base_step &&
          a.world_size == b.world_size && a.metadata == b.metadata;
+}
+
+// The size of the file at `path`, through `fs` (NOT_FOUND when it does not exist).
+absl::StatusOr<uint64_t> FileSize(FileSystem* fs, const std::string& path) {
+  OpenOptions oo;
+  ASSIGN_OR_RETURN(std::unique_ptr<File> file, fs->Open(path, oo));
+  return file->Size();
 }
 
 // The checkpoint in `dir`, if every shard of it has an intact footer; else why not.
@@ -93,7 +85,7 @@ absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const 
   for (auto& [rank, list] : seqs) {
     std::sort(list.rbegin(), list.rend());
     for (uint32_t seq : list) {
-      std::string path = absl::StrFormat("%s/r%010d-%06u.seg", dir, rank, seq);
+      std::string path = absl::StrCat(dir, "/", SegmentFileName(rank, seq));
       auto f = ReadFooter(fs, path);
       if (f.ok()) {
         footers[rank] = *std::move(f);
@@ -127,12 +119,11 @@ absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const 
                                               "checkpoint's other shards"));
     }
     for (const SegmentRef& seg : f.shard.segments) {
-      std::string path = absl::StrFormat("%s/r%010d-%06u.seg", dir, rank, seg.seq);
-      std::error_code ec;
-      uint64_t size = std::filesystem::file_size(path, ec);
-      if (ec || size < seg.durable_end) {
+      auto size = FileSize(fs, absl::StrCat(dir, "/", SegmentFileName(rank, seg.seq)));
+      if (!size.ok() && !absl::IsNotFound(size.status())) return size.status();
+      if (!size.ok() || *size < seg.durable_end) {
         return absl::DataLossError(absl::StrCat("rank ", rank, ": segment ", seg.seq,
-                                                ec ? " is missing" : " is truncated"));
+                                                size.ok() ? " is truncated" : " is missing"));
       }
     }
     committed_ms = std::max(committed_ms, f.written_unix_ms);
@@ -186,10 +177,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
   const std::string root = dir + "/segments";
   const std::string meta_dir = dir + "/meta";
   const std::string tmp = dir + "/meta.rebuild";
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("no directory ", dir));
-  }
+  if (!fs->ListDir(dir).ok()) return absl::NotFoundError(absl::StrCat("no directory ", dir));
   MetaLock lock;
   RETURN_IF_ERROR(lock.Acquire(meta_dir));
   {
@@ -266,7 +254,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
     RETURN_IF_ERROR(fs->RemoveAll(tmp));
     return report;
   }
-  if (std::filesystem::exists(meta_dir, ec)) {
+  if (!absl::IsNotFound(fs->ListDir(meta_dir).status())) {
     report.old_catalog = absl::StrFormat("%s/meta.old-%013d", dir,
                                           ClockOrReal(options.clock)->NowUnixMillis());
     RETURN_IF_ERROR(fs->Rename(meta_dir, report.old_catalog));

@@ -9,6 +9,8 @@
 // checkpoints stay resumable; they are never listed as committed.
 #include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -57,19 +59,19 @@ absl::Status EngineImpl::RecoverCheckpoint(const CheckpointRecord& c) {
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::RemoveOrphanDirs() {
+absl::Status EngineImpl::RemoveOrphanDirs(const std::vector<CheckpointRecord>& checkpoints) {
+  std::set<std::string> known;
+  for (const CheckpointRecord& c : checkpoints) known.insert(CheckpointDir(c.spec.job, c.spec.step));
   const std::string root = options_.data_dir + "/segments";
   ASSIGN_OR_RETURN(std::vector<std::string> jobs, fs_->ListDir(root));
   for (const std::string& job : jobs) {
     std::string jdir = absl::StrCat(root, "/", job);
     auto steps = fs_->ListDir(jdir);
     if (!steps.ok()) continue;
-    ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
-    std::set<std::string> known;
-    for (const auto& [k, v] : kvs) known.insert(k.substr(k.rfind('/') + 1));
     for (const std::string& step : *steps) {
-      if (known.count(step) == 0) {
-        RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, absl::StrCat(jdir, "/", step),
+      const std::string dir = absl::StrCat(jdir, "/", step);
+      if (known.count(dir) == 0) {
+        RETURN_IF_ERROR(QuarantinePath(fs_, options_.data_dir, dir,
                                        "a checkpoint directory the catalog does not know",
                                        options_.clock->NowUnixMillis()));
       }
@@ -78,19 +80,19 @@ absl::Status EngineImpl::RemoveOrphanDirs() {
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::RepairOrphanDeltas() {
-  ASSIGN_OR_RETURN(auto kvs, meta_->Scan("c/"));
-  std::map<std::pair<std::string, int64_t>, CheckpointRecord> all;
-  for (const auto& [k, v] : kvs) {
-    CheckpointRecord c;
-    RETURN_IF_ERROR(Annotate(DecodeCheckpoint(v, &c), k));
-    all[{c.spec.job, c.spec.step}] = c;
-  }
-  for (const auto& [key, c] : all) {
-    if (c.spec.kind != CheckpointKind::kDelta || c.state != CheckpointState::kCommitted) continue;
-    auto base = all.find({c.spec.job, c.spec.base_step});
-    if (base != all.end() && base->second.spec.kind == CheckpointKind::kFull &&
-        base->second.state == CheckpointState::kCommitted) {
+absl::Status EngineImpl::RepairOrphanDeltas(std::vector<CheckpointRecord>* checkpoints) {
+  std::map<std::pair<std::string, int64_t>, const CheckpointRecord*> all;
+  for (const CheckpointRecord& c : *checkpoints) all[{c.spec.job, c.spec.step}] = &c;
+  std::vector<CheckpointRecord> kept;
+  for (const CheckpointRecord& c : *checkpoints) {
+    bool orphan = false;
+    if (c.spec.kind == CheckpointKind::kDelta && c.state == CheckpointState::kCommitted) {
+      auto base = all.find({c.spec.job, c.spec.base_step});
+      orphan = base == all.end() || base->second->spec.kind != CheckpointKind::kFull ||
+               base->second->state != CheckpointState::kCommitted;
+    }
+    if (!orphan) {
+      kept.push_back(c);
       continue;
     }
     GS_LOG(WARNING) << "storage recovery: committed DELTA job " << c.spec.job << " step "
@@ -106,18 +108,20 @@ absl::Status EngineImpl::RepairOrphanDeltas() {
                                      options_.clock->NowUnixMillis()));
     }
   }
+  *checkpoints = std::move(kept);
   return absl::OkStatus();
 }
 
 absl::Status EngineImpl::Recover() {
-  RETURN_IF_ERROR(RepairOrphanDeltas());
+  // The one scan of the checkpoint records; each step below works from it.
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan("c/"));
-  for (const auto& [k, v] : kvs) {
-    CheckpointRecord c;
-    RETURN_IF_ERROR(Annotate(DecodeCheckpoint(v, &c), k));
-    RETURN_IF_ERROR(RecoverCheckpoint(c));
+  std::vector<CheckpointRecord> checkpoints(kvs.size());
+  for (size_t i = 0; i < kvs.size(); ++i) {
+    RETURN_IF_ERROR(Annotate(DecodeCheckpoint(kvs[i].second, &checkpoints[i]), kvs[i].first));
   }
-  return RemoveOrphanDirs();
+  RETURN_IF_ERROR(RepairOrphanDeltas(&checkpoints));
+  for (const CheckpointRecord& c : checkpoints) RETURN_IF_ERROR(RecoverCheckpoint(c));
+  return RemoveOrphanDirs(checkpoints);
 }
 
 }  // namespace storage

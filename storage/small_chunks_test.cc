@@ -134,8 +134,7 @@ TEST_P(SmallChunksTest, CorruptPackedChunkLosesExactlyItsTensors) {
   std::set<uint32_t> lost;
   for (const ChunkMember& m : victim.members) lost.insert(m.tensor);
   {
-    const std::string seg =
-        absl::StrCat(seg_dir, "/", absl::StrFormat("r%010d-%06d.seg", 0, victim.segment));
+    const std::string seg = absl::StrCat(seg_dir, "/", SegmentFileName(0, victim.segment));
     int fd = ::open(seg.c_str(), O_RDWR);
     ASSERT_GE(fd, 0) << seg;
     const off_t at = static_cast<off_t>(victim.offset + kChunkHeaderSize + victim.header.raw_len / 2);

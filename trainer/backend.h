@@ -64,7 +64,7 @@ class Backend {
 // The views the back ends hand out for this rank's `slice` of flat buffers of `flat_total`
 // elements: master, m and v hold slice.size() floats each, grads slice.size() of `dtype`. On a
 // device the caller adds on_device and, for the state, the stream and device.
-inline TrainStateView SliceStateView(const Comm& comm, uint64_t flat_total, const Slice& slice,
+inline TrainStateView SliceStateView(const Comm& comm, uint64_t flat_total, const RankSlice& slice,
                                      float* master, float* m, float* v) {
   TrainStateView view;
   view.rank = comm.rank();
@@ -77,7 +77,7 @@ inline TrainStateView SliceStateView(const Comm& comm, uint64_t flat_total, cons
   view.v = v;
   return view;
 }
-inline GradSliceView SliceGradView(const Slice& slice, const void* grads, DType dtype) {
+inline GradSliceView SliceGradView(const RankSlice& slice, const void* grads, DType dtype) {
   GradSliceView view;
   view.data = grads;
   view.dtype = dtype;

@@ -133,13 +133,13 @@ class GlooComm : public Comm {
 
   absl::Status DoReduceScatter(float* buf, size_t total) {
     const int P = world_size(), me = rank();
-    const Slice mine = RankSlice(total, me, P);
+    const RankSlice mine = SliceOfRank(total, me, P);
     const size_t n = mine.size();
     std::vector<float> recv(n * P);
     std::vector<Buffer> sends, recvs;
     PostExchange(
         [&](int j) {
-          const Slice s = RankSlice(total, j, P);
+          const RankSlice s = SliceOfRank(total, j, P);
           return Region{buf + s.lo, s.size() * sizeof(float)};
         },
         [&](int j) { return Region{recv.data() + j * n, n * sizeof(float)}; }, &sends, &recvs);
@@ -157,11 +157,11 @@ class GlooComm : public Comm {
 
   absl::Status DoAllGather(float* buf, size_t total) {
     const int P = world_size();
-    const Slice mine = RankSlice(total, rank(), P);
+    const RankSlice mine = SliceOfRank(total, rank(), P);
     std::vector<Buffer> sends, recvs;
     PostExchange([&](int) { return Region{buf + mine.lo, mine.size() * sizeof(float)}; },
                  [&](int j) {
-                   const Slice s = RankSlice(total, j, P);
+                   const RankSlice s = SliceOfRank(total, j, P);
                    return Region{buf + s.lo, s.size() * sizeof(float)};
                  },
                  &sends, &recvs);

@@ -33,7 +33,7 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Sums buf[0, total) over ranks; on return this rank's slice RankSlice(total, rank, P) of buf
+  // Sums buf[0, total) over ranks; on return this rank's slice SliceOfRank(total, rank, P) of buf
   // holds the sum (the rest of buf is unspecified).
   virtual absl::Status ReduceScatter(float* buf, size_t total) = 0;
   // Every rank contributes its slice of buf; on return buf[0, total) holds all slices.

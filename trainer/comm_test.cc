@@ -37,7 +37,7 @@ void RunCollectives(size_t total) {
       std::vector<float> g(total);
       for (size_t i = 0; i < total; ++i) g[i] = static_cast<float>(r + 1) * i;
       absl::Status s = (*comm)->ReduceScatter(g.data(), total);
-      const Slice mine = RankSlice(total, r, P);
+      const RankSlice mine = SliceOfRank(total, r, P);
       reduced[r].assign(g.begin() + mine.lo, g.begin() + mine.hi);
       std::vector<float> params(total, -1.0f);
       for (size_t i = mine.lo; i < mine.hi; ++i) params[i] = static_cast<float>(i);
@@ -57,7 +57,7 @@ void RunCollectives(size_t total) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < P; ++r) {
     ASSERT_TRUE(status[r].ok()) << status[r];
-    const Slice mine = RankSlice(total, r, P);
+    const RankSlice mine = SliceOfRank(total, r, P);
     for (size_t i = mine.lo; i < mine.hi; ++i) {
       ASSERT_EQ(reduced[r][i - mine.lo], 6.0f * i);  // (1 + 2 + 3) * i
     }

@@ -17,7 +17,7 @@ class CpuBackend : public Backend {
   CpuBackend(const ModelConfig& config, int local_batch, int seq_len, Comm* comm)
       : model_(config, local_batch, seq_len), comm_(comm) {
     const size_t total = model_.layout().total();
-    slice_ = RankSlice(total, comm->rank(), comm->world_size());
+    slice_ = SliceOfRank(total, comm->rank(), comm->world_size());
     params_.assign(total, 0.0f);
     grads_.assign(total, 0.0f);
     m_.assign(slice_.size(), 0.0f);
@@ -91,7 +91,7 @@ class CpuBackend : public Backend {
  private:
   CpuGpt model_;
   Comm* comm_;
-  Slice slice_;
+  RankSlice slice_;
   std::vector<float> params_, grads_, m_, v_;
   double loss_sum_ = 0;
 };

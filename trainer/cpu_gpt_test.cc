@@ -88,7 +88,7 @@ TEST(ModelConfigTest, NamedConfigsAndSlices) {
   EXPECT_TRUE(absl::IsInvalidArgument(ModelConfigByName("gpt5").status()));
   size_t covered = 0;
   for (int r = 0; r < 3; ++r) {
-    const Slice s = RankSlice(10, r, 3);
+    const RankSlice s = SliceOfRank(10, r, 3);
     EXPECT_EQ(s.lo, covered);
     covered = s.hi;
   }

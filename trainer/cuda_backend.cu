@@ -48,7 +48,7 @@ class CudaBackend : public Backend {
  public:
   CudaBackend(const ModelConfig& config, int B, int T, Comm* comm)
       : config_(config), layout_(config), B_(B), T_(T), comm_(comm) {
-    slice_ = RankSlice(layout_.total(), comm->rank(), comm->world_size());
+    slice_ = SliceOfRank(layout_.total(), comm->rank(), comm->world_size());
   }
   ~CudaBackend() override {
 #if defined(GRADSNAP_HAVE_NCCL)
@@ -63,12 +63,7 @@ class CudaBackend : public Backend {
   }
 
   absl::Status Init(int device_ordinal) {
-    int count = 0;
-    CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
-    if (device_ordinal < 0 || device_ordinal >= count) {
-      return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device_ordinal,
-                                                     " does not exist (", count, " present)"));
-    }
+    RETURN_IF_ERROR(gpu_snapshot::CheckCudaOrdinal(device_ordinal));
     device_ = device_ordinal;
     // The training thread's current device for the whole run (every launch, cuBLAS and NCCL
     // call of this back end; the snapshot engine's calls restore it).
@@ -289,7 +284,7 @@ class CudaBackend : public Backend {
     NCCL_RETURN(ncclGroupStart());
     ncclResult_t first = ncclSuccess;
     for (int r = 0; r < comm_->world_size() && first == ncclSuccess; ++r) {
-      const Slice s = RankSlice(layout_.total(), r, comm_->world_size());
+      const RankSlice s = SliceOfRank(layout_.total(), r, comm_->world_size());
       first = op(buf + s.lo, s.size(), r);
     }
     const ncclResult_t end = ncclGroupEnd();
@@ -420,7 +415,7 @@ class CudaBackend : public Backend {
   ParamLayout layout_;
   int B_, T_;
   Comm* comm_;
-  Slice slice_;
+  RankSlice slice_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t sums_ready_ = nullptr;

@@ -29,14 +29,7 @@ inline absl::Status CublasStatus(cublasStatus_t s, absl::string_view where) {
 // FAILED_PRECONDITION only when the runtime reports no device or no driver; any other error of
 // cudaGetDeviceCount is INTERNAL (a broken GPU is not "no GPU").
 inline absl::Status RequireDevice() {
-  absl::StatusOr<int> count = gpu_snapshot::CudaDeviceCount();
-  if (!count.ok()) return Annotate(count.status(), "--device cuda");
-  if (*count == 0) {
-    return absl::FailedPreconditionError(
-        "--device cuda: no CUDA device available (cudaGetDeviceCount reports no device or "
-        "no driver)");
-  }
-  return absl::OkStatus();
+  return Annotate(gpu_snapshot::CudaDevicesPresent().status(), "--device cuda");
 }
 
 // A device array that frees itself.

@@ -83,14 +83,5 @@ ParamViews ParamLayout::Views(float* base) const {
                     p[8], p[9], p[10], p[11], p[12], p[13], p[14], p[15]};
 }
 
-Slice RankSlice(size_t total, int rank, int world_size) {
-  const size_t p = static_cast<size_t>(world_size), r = static_cast<size_t>(rank);
-  const size_t base = total / p, extra = total % p;
-  Slice s;
-  s.lo = r * base + std::min(r, extra);
-  s.hi = s.lo + base + (r < extra ? 1 : 0);
-  return s;
-}
-
 }  // namespace trainer
 }  // namespace gradsnap

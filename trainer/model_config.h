@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/rank_slice.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -82,14 +83,6 @@ class ParamLayout {
   size_t total_ = 0;
 };
 
-// ZeRO-1: rank r of P owns [lo, hi) of the flat buffer; slices are contiguous, cover the
-// buffer, and differ in length by at most one element.
-struct Slice {
-  size_t lo = 0;
-  size_t hi = 0;
-  size_t size() const { return hi - lo; }
-};
-Slice RankSlice(size_t total, int rank, int world_size);
 
 }  // namespace trainer
 }  // namespace gradsnap

@@ -214,7 +214,7 @@ absl::Status FunnelRestore(recovery::StateSource* source, Comm& comm, const Trai
   RETURN_IF_ERROR(st);
   const std::string info = InfoText(*out);
   for (int r = 0; r < comm.world_size(); ++r) {
-    const Slice s = RankSlice(total, r, comm.world_size());
+    const RankSlice s = SliceOfRank(total, r, comm.world_size());
     const size_t bytes = s.size() * sizeof(float);
     if (r == 0) {
       std::memcpy(master, all_p.data() + s.lo, bytes);

@@ -22,7 +22,7 @@ class SimBackend : public Backend {
   SimBackend(const ModelConfig& config, int B, int T, Comm* comm, SimGpu* gpu)
       : model_(config, B, T), bt_(static_cast<size_t>(B) * T), comm_(comm), gpu_(gpu) {
     total_ = model_.layout().total();
-    slice_ = RankSlice(total_, comm->rank(), comm->world_size());
+    slice_ = SliceOfRank(total_, comm->rank(), comm->world_size());
   }
   ~SimBackend() override {
     if (stream_ != nullptr) {
@@ -160,7 +160,7 @@ class SimBackend : public Backend {
   Comm* comm_;    // by kernels, and by the training thread only while the stream is idle
   SimGpu* const gpu_;
   size_t total_ = 0;
-  Slice slice_;
+  RankSlice slice_;
   std::unique_ptr<SimStream> stream_;
   float *params_ = nullptr, *grads_ = nullptr, *gslice_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   double loss_sum_ = 0, grad_sq_ = 0;  // written by kernels, read after a Synchronize

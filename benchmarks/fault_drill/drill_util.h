@@ -12,15 +12,13 @@ namespace drill {
 
 struct DrillOptions {
   std::string server_bin;  // gradsnap-server
-  std::string cli_bin;     // gradsnap
-  std::string train_bin;   // gradsnap-train
+  std::string train_bin;   // gradsnap-train (training scenario)
   std::string work_dir;    // parent of the drill's temporary directories
   int rounds = 4;          // storage: damage-and-rebuild rounds
   uint64_t shard_bytes = 8 << 20;
   uint64_t seed = 1;
   bool keep = false;       // keep the temporary directories (for a post-mortem)
   // Training scenario (training_scenario.h):
-  std::string bin_dir;     // holds gradsnap-server and gradsnap-train
   int kills = 20;          // server SIGKILLs while the job trains
   bool quick = false;      // CI-sized: shorter outages and runs
 };

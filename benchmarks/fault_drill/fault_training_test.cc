@@ -31,7 +31,8 @@ constexpr bool kLong = false;
 
 DrillOptions Options(const testing::TempDir& work_dir, int kills) {
   DrillOptions o;
-  o.bin_dir = GRADSNAP_BIN_DIR;
+  o.server_bin = GRADSNAP_BIN_DIR "/gradsnap-server";
+  o.train_bin = GRADSNAP_BIN_DIR "/gradsnap-train";
   o.work_dir = work_dir.path();
   o.kills = kills;
   o.seed = 20261130;

@@ -1,7 +1,6 @@
 #include "benchmarks/fault_drill/storage_scenario.h"
 
 #include <signal.h>
-#include <sys/mount.h>
 
 #include <chrono>
 #include <filesystem>
@@ -249,14 +248,6 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
   return absl::OkStatus();
 }
 
-// Writes zeros to `path` until the file system is full.
-void FillUp(const std::string& path) {
-  std::ofstream f(path, std::ios::binary);
-  std::string block(1 << 16, '\0');
-  while (f.write(block.data(), block.size())) {
-  }
-}
-
 // A real full file system (a 64 MiB tmpfs, where this process may mount one): the writer gets
 // RESOURCE_EXHAUSTED, reads go on, SIGTERM exits 0, a restart on the full disk exits 1.
 // Returns "ran" or "skipped".
@@ -264,12 +255,8 @@ absl::StatusOr<std::string> FullDisk(const DrillOptions& o, Totals* t, int* exha
                                      int* reads) {
   testing::TempDir tree("drill-full", o.work_dir, o.keep);
   const std::string mnt = tree.path() + "/mnt";
-  fs::create_directories(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) return std::string("skipped");
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  testing::Tmpfs tmpfs(mnt);
+  if (!tmpfs.mounted()) return std::string("skipped");
   const std::string data = mnt + "/data";
   const std::vector<std::string> args = {"--data-dir", data, "--listen", "127.0.0.1:0"};
   std::mt19937_64 rng(o.seed);
@@ -280,7 +267,7 @@ absl::StatusOr<std::string> FullDisk(const DrillOptions& o, Totals* t, int* exha
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(1, 1)));
     Shard old = MakeShard(1, 0, 1 << 20, &rng);
     RETURN_IF_ERROR(c->SaveShard(old.spec, old.Refs()));
-    FillUp(mnt + "/fill");
+    testing::FillUp(mnt + "/fill");
     absl::Status s = c->BeginCheckpoint(Spec(2, 1));
     Shard fresh = MakeShard(2, 0, 8 << 20, &rng);
     if (s.ok()) s = c->SaveShard(fresh.spec, fresh.Refs());

@@ -35,7 +35,7 @@ void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds
 std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::string& storage,
                                    int64_t delay_ms, const std::string& resume,
                                    int64_t fail_at_step = 0) {
-  std::vector<std::string> a = {c.bin_dir + "/gradsnap-train", "--model=tiny",
+  std::vector<std::string> a = {c.train_bin, "--model=tiny",
                                 absl::StrCat("--steps=", c.steps), "--nproc=2", "--batch=4",
                                 "--seq=16", "--blas_threads=1"};
   if (storage.empty()) return a;
@@ -105,11 +105,8 @@ absl::StatusOr<std::string> RunToEnd(const std::vector<std::string>& argv, const
 }  // namespace
 
 TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
-  TrainingDrillConfig c;
-  c.bin_dir = opts.bin_dir;
-  c.work_dir = opts.work_dir;
-  c.seed = opts.seed;
-  c.kills = opts.kills;
+  TrainingDrillConfig c{.server_bin = opts.server_bin, .train_bin = opts.train_bin,
+                        .work_dir = opts.work_dir, .seed = opts.seed, .kills = opts.kills};
   if (opts.quick) {  // CI: short outages (0.5-0.8 s) and a job that just outlasts them
     c.down_ms_min = 500;
     c.down_ms_max = 800;
@@ -140,7 +137,7 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   }
 
   // A fixed port: the restarts after each kill come back on the job's --storage address.
-  testing::ServerProcess server(c.bin_dir + "/gradsnap-server");
+  testing::ServerProcess server(c.server_bin);
   ASSIGN_OR_RETURN(const int port, FreePort());
   RETURN_IF_ERROR(server.StartOn(dir + "/server", absl::StrCat("127.0.0.1:", port)));
   testing::ChildProcess job;

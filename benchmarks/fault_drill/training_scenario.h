@@ -30,7 +30,7 @@ namespace drill {
 
 // Everything a server-kill drill varies; TrainingDrillFor(opts) gives the scenario's defaults.
 struct TrainingDrillConfig {
-  std::string bin_dir, work_dir;
+  std::string server_bin, train_bin, work_dir;
   uint64_t seed = 1;
   int kills = 20;                 // SIGKILLs of the server while the job trains
   int down_ms_min = 500, down_ms_max = 3000;  // outage after each kill

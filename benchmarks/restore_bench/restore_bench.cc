@@ -34,6 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/common/bench_util.h"
+#include "common/rank_slice.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/clock.h"
@@ -138,7 +139,7 @@ absl::Status SaveJob(gs::client::Client& c, uint64_t total, int ranks, int delta
     std::vector<std::future<absl::Status>> saves;
     std::vector<std::string> headers(ranks);
     for (int r = 0; r < ranks; ++r) {
-      const auto [lo, hi] = gs::recovery::RankRange(total, r, ranks);
+      const auto [lo, hi] = gs::SliceOfRank(total, r, ranks);
       gs::storage::ShardSpec ss{kJob, step, r, {}, text};
       std::vector<gs::client::TensorRef> refs;
       if (k == 0) {
@@ -182,14 +183,14 @@ absl::StatusOr<double> RestoreAll(gs::client::Client& c, const gs::recovery::Rec
   // The ranks' state buffers, touched before the clock starts (a trainer's are).
   std::vector<std::vector<float>> bufs(3 * world);
   for (int r = 0; r < world; ++r) {
-    const auto [lo, hi] = gs::recovery::RankRange(total, r, world);
+    const auto [lo, hi] = gs::SliceOfRank(total, r, world);
     for (int i = 0; i < 3; ++i) bufs[3 * r + i].assign(hi - lo, 0.0f);
   }
   std::vector<std::thread> threads;
   gs::Stopwatch sw;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
-      const auto [lo, hi] = gs::recovery::RankRange(total, r, world);
+      const auto [lo, hi] = gs::SliceOfRank(total, r, world);
       float* p = bufs[3 * r].data();
       float* m = bufs[3 * r + 1].data();
       float* v = bufs[3 * r + 2].data();
@@ -226,7 +227,7 @@ absl::StatusOr<double> StreamAll(gs::client::Client& c, const gs::recovery::Reco
   // Each rank's bytes land in memory, as a restore's do (buffers touched before the clock).
   std::vector<std::vector<char>> bufs(ranks);
   for (int r = 0; r < ranks; ++r) {
-    const auto [lo, hi] = gs::recovery::RankRange(total, r, ranks);
+    const auto [lo, hi] = gs::SliceOfRank(total, r, ranks);
     bufs[r].assign(((hi - lo) * sizeof(float) + (1u << 20)) * steps.size() * 3, 0);
   }
   std::vector<std::thread> threads;

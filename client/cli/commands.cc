@@ -132,15 +132,13 @@ absl::StatusOr<client::Client*> Context::Connect() {
 
 absl::Status CheckJob(const std::string& job) { return ValidateName(job, "job name"); }
 
-absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const std::string& arg,
-                                    bool allow_latest) {
-  if (arg != "latest" || !allow_latest) {
-    return ParseInt(arg, 0, INT64_MAX, "step");
-  }
-  ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, JobRecoveryPoint(ctx, job));
+namespace {
+
+// The step "latest" names among the job's checkpoints `list` (ResolveStep).
+absl::StatusOr<int64_t> LatestStep(const std::string& job,
+                                   const std::vector<client::CheckpointInfo>& list,
+                                   const recovery::RecoveryPoint& rp) {
   if (rp.full_step >= 0) return rp.step();
-  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
-  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
   int64_t best = -1;
   for (const client::CheckpointInfo& info : list) {
     if (info.state == client::CheckpointState::kCommitted) best = std::max(best, info.step);
@@ -151,6 +149,20 @@ absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const 
   return best;
 }
 
+}  // namespace
+
+absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const std::string& arg,
+                                    bool allow_latest, recovery::RecoveryPoint* rp) {
+  if (arg != "latest" || !allow_latest) {
+    return ParseInt(arg, 0, INT64_MAX, "step");
+  }
+  ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
+  recovery::RecoveryPoint found = recovery::FindRecoveryPoint(list);
+  if (rp != nullptr) *rp = found;
+  return LatestStep(job, list, found);
+}
+
 absl::StatusOr<recovery::RecoveryPoint> JobRecoveryPoint(Context& ctx, const std::string& job) {
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> list, c->List(job, false));
@@ -158,11 +170,9 @@ absl::StatusOr<recovery::RecoveryPoint> JobRecoveryPoint(Context& ctx, const std
 }
 
 absl::StatusOr<std::vector<int64_t>> RecoveryPointSteps(Context& ctx, const std::string& job) {
-  ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, JobRecoveryPoint(ctx, job));
-  if (rp.full_step < 0) {
-    ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, "latest", true));
-    return std::vector<int64_t>{step};
-  }
+  recovery::RecoveryPoint rp;
+  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, "latest", true, &rp));
+  if (rp.full_step < 0) return std::vector<int64_t>{step};
   std::vector<int64_t> steps = {rp.full_step};
   steps.insert(steps.end(), rp.delta_steps.begin(), rp.delta_steps.end());
   return steps;

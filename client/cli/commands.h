@@ -73,9 +73,10 @@ absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step);
 absl::Status CheckJob(const std::string& job);
 // A step number, or "latest" when allow_latest: the step of the job's recovery point (newest
 // FULL + its DELTA chain, recovery/recovery_point.h), or the newest committed checkpoint of a
-// job without FULLs.
+// job without FULLs. For "latest", *rp (when not null) receives the recovery point found in
+// the one listing of the job.
 absl::StatusOr<int64_t> ResolveStep(Context& ctx, const std::string& job, const std::string& arg,
-                                    bool allow_latest);
+                                    bool allow_latest, recovery::RecoveryPoint* rp = nullptr);
 // The job's recovery point (full_step -1 when it has no committed FULL).
 absl::StatusOr<recovery::RecoveryPoint> JobRecoveryPoint(Context& ctx, const std::string& job);
 // The steps of the recovery point: its FULL, then its DELTAs. NOT_FOUND when there is none.

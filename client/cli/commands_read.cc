@@ -123,12 +123,16 @@ absl::Status RunLs(Context& ctx) {
 absl::Status RunShow(Context& ctx) {
   const std::string& job = ctx.args.positional[0];
   RETURN_IF_ERROR(CheckJob(job));
-  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, ctx.args.positional[1], true));
+  const bool latest = ctx.args.positional[1] == "latest";
+  recovery::RecoveryPoint rp;  // listed by ResolveStep for "latest"
+  ASSIGN_OR_RETURN(int64_t step, ResolveStep(ctx, job, ctx.args.positional[1], true, &rp));
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
   std::string recovery_line;
-  if (ctx.args.positional[1] == "latest" || m.info.kind == client::CheckpointKind::kDelta) {
-    ASSIGN_OR_RETURN(recovery::RecoveryPoint rp, JobRecoveryPoint(ctx, job));
+  if (latest || m.info.kind == client::CheckpointKind::kDelta) {
+    if (!latest) {
+      ASSIGN_OR_RETURN(rp, JobRecoveryPoint(ctx, job));
+    }
     if (rp.full_step >= 0 && rp.step() == step) {
       recovery_line = absl::StrCat("recovery    ", rp.Describe(), " (the recovery point)\n");
     } else if (m.info.kind == client::CheckpointKind::kDelta) {

@@ -1,7 +1,6 @@
 // The gradsnap CLI on damaged or unusual engine directories: read-only commands write nothing
 // and never create a store, input files are read with a bound, `fsck` reports and `fsck
 // --rebuild` restores a lost catalog.
-#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include "client/test_util.h"
 #include "gtest/gtest.h"
 #include "tests/client/cli_test_util.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -41,12 +41,6 @@ class CliStorageTest : public ::testing::Test {
   std::string scratch_;
 };
 
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 // Two committed checkpoints of job "j" in an embedded store at `dir`.
 void SaveTwo(const std::string& dir) {
   auto c = client::testing::ConnectLocal(dir);
@@ -62,7 +56,7 @@ TEST_F(CliStorageTest, LsOfAnEmptyOrMissingDirectoryCreatesNothing) {
   fs::create_directories(empty);
   RunResult r = Cli({"--ckpt-dir", empty, "ls"});
   EXPECT_EQ(r.exit_code, 4) << r.err;
-  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
   EXPECT_TRUE(fs::is_empty(empty)) << "ls created files in " << empty;
   r = Cli({"--ckpt-dir", empty, "verify", "j"});
   EXPECT_EQ(r.exit_code, 4) << r.err;
@@ -86,7 +80,7 @@ TEST_F(CliStorageTest, TokenFileIsReadWithABound) {
   r = Cli({"--ckpt-dir", dir, "--token-file", big, "ls"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "larger than")) << r.err;
-  EXPECT_EQ(Lines(r.err), 1);
+  EXPECT_EQ(CountLines(r.err), 1);
 }
 
 TEST_F(CliStorageTest, ReadOnlyCommandsChangeNothingAndRunNextToAWriter) {
@@ -113,24 +107,18 @@ TEST_F(CliStorageTest, ReadOnlyCommandsChangeNothingAndRunNextToAWriter) {
 // may not mount): every reading command works, a writing one is one clear line.
 TEST_F(CliStorageTest, ReadOnlyFileSystem) {
   const std::string mnt = scratch_ + "/ro";
-  fs::create_directories(mnt);
-  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=64m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
-  }
-  struct Unmount {
-    std::string dir;
-    ~Unmount() { ::umount2(dir.c_str(), MNT_DETACH); }
-  } unmount{mnt};
+  Tmpfs tmpfs(mnt);
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
   const std::string dir = mnt + "/store";
   SaveTwo(dir);
-  ASSERT_EQ(::mount("tmpfs", mnt.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "size=64m"), 0);
+  ASSERT_TRUE(tmpfs.RemountReadOnly().ok());
   ExpectAllSucceed(dir, {{"ls"},
                          {"show", "j", "latest"},
                          {"verify", "j", "--all"},
                          {"restore", "j", "2", "--out", scratch_ + "/out"}});
   RunResult r = Cli({"--ckpt-dir", dir, "rm", "j", "1"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "the file system is read-only")) << r.err;
 }
 
@@ -140,7 +128,7 @@ TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
   fs::remove_all(dir + "/meta");
   RunResult r = Cli({"--ckpt-dir", dir, "ls", "j"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
   const auto before = DirContents(dir);
   r = Cli({"--ckpt-dir", dir, "fsck"});

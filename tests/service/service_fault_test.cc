@@ -23,12 +23,8 @@ namespace {
 
 namespace v1 = ::gradsnap::v1;
 
-std::unique_ptr<client::Client> Connect(const std::string& address) {
-  client::ClientOptions o;
-  o.endpoints = {address};
-  o.max_attempts = 40;  // backoff reaches 2 s: rides out a restart of several seconds
-  return ValueOrNull(client::NewRemoteClient(o));
-}
+// Tries per call: the backoff reaches 2 s, so a client rides out a restart of several seconds.
+constexpr int kRideOutRestart = 40;
 
 // Waits (up to 60 s) until the server has received more than `bytes` upload bytes.
 bool WaitForBytesIn(const ServerProcess& server, double bytes) {
@@ -65,7 +61,7 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, 0)).ok());
   const int port = server->port();
-  auto c = Connect(server->address());
+  auto c = ConnectTo(server->address(), kRideOutRestart);
   constexpr uint64_t kBytes = 384u << 20;
   TestShard shard = MakeShard("killed", 1, 0, {kBytes - (1 << 20), 1 << 20}, 11);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("killed", 1, 1)).ok());
@@ -77,7 +73,7 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   ASSERT_TRUE(server->Start(ServerArgs(dir, port)).ok()) << "restart on port " << port;
   // After the restart nothing partial is listed.
   {
-    auto other = Connect(server->address());
+    auto other = ConnectTo(server->address(), kRideOutRestart);
     auto listed = other->List("killed");
     ASSERT_TRUE(listed.ok());
     EXPECT_TRUE(listed->empty() || save.wait_for(std::chrono::seconds(0)) ==
@@ -100,7 +96,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, 0, "100")).ok());
   const int port = server->port();
-  auto c = Connect(server->address());
+  auto c = ConnectTo(server->address(), kRideOutRestart);
   TestShard r0 = MakeShard("termed", 2, 0, {256u << 20}, 5);
   TestShard r1 = MakeShard("termed", 2, 1, {1 << 20}, 5);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("termed", 2, 2)).ok());
@@ -112,7 +108,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, port)).ok());
   {
-    auto other = Connect(server->address());
+    auto other = ConnectTo(server->address(), kRideOutRestart);
     auto pending = other->List("termed", /*include_pending=*/true);
     ASSERT_TRUE(pending.ok());
     ExpectNothingListedOrVerified(other.get(), "termed");
@@ -134,7 +130,7 @@ TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), kRideOutRestart);
   TestShard shard = MakeShard("dropped", 3, 0, {8u << 20}, 8);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("dropped", 3, 1)).ok());
   auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());

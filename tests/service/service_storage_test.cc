@@ -4,7 +4,6 @@
 // server, a full disk is RESOURCE_EXHAUSTED for the writer while reads go on, DELTAs never
 // outlive their base over RPC, and a 2 x 20,000-tensor manifest is shown and restored.
 #include <fcntl.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -38,24 +37,11 @@ RunResult RunServerToExit(const std::vector<std::string>& args) {
   return RunProgram(GRADSNAP_SERVER_BIN, args, 60);
 }
 
-std::unique_ptr<client::Client> Connect(const std::string& address, int attempts = 3) {
-  client::ClientOptions o;
-  o.endpoints = {address};
-  o.max_attempts = attempts;
-  return ValueOrNull(client::NewRemoteClient(o));
-}
-
 client::CheckpointSpec DeltaSpec(const std::string& job, int64_t step, int64_t base, int32_t w) {
   client::CheckpointSpec s = FullSpec(job, step, w);
   s.kind = client::CheckpointKind::kDelta;
   s.base_step = base;
   return s;
-}
-
-int Lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
 }
 
 TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
@@ -68,7 +54,7 @@ TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
   EXPECT_TRUE(absl::StrContains(second.err, "gradsnap-server: cannot listen on")) << second.err;
   EXPECT_EQ(second.out, "");
   // The first server still serves.
-  auto c = Connect(first.address());
+  auto c = ConnectTo(first.address(), 3);
   EXPECT_TRUE(c->Health().ok());
   EXPECT_EQ(first.Describe(), "running");
 }
@@ -112,7 +98,7 @@ void ExpectRefusedUntouched(const std::string& data_dir, int port) {
     RunResult r = RunServerToExit(
         {"--data-dir", data_dir, "--listen", absl::StrCat("127.0.0.1:", port)});
     EXPECT_EQ(r.exit_code, 1) << r.err;
-    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
     EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
   }
   EXPECT_TRUE(before == DirContents(data_dir)) << "a refused start changed " << data_dir;
@@ -126,7 +112,7 @@ void RebuildAndExpectBack(const std::string& data_dir, const Written& w) {
   EXPECT_TRUE(absl::StrContains(r.out, "skipped job job step 3: rank 1 of 2")) << r.out;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data_dir).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), 3);
   auto listed = c->List("job", /*include_pending=*/true);
   ASSERT_TRUE(listed.ok()) << listed.status();
   ASSERT_EQ(listed->size(), 2u);  // the half-written FULL 3 is not brought back
@@ -148,7 +134,7 @@ TEST(ServiceStorage, LostCatalogIsRefusedThenRebuilt) {
     ServerProcess server(GRADSNAP_SERVER_BIN);
     ASSERT_TRUE(server.StartOn(data).ok());
     port = server.port();
-    auto c = Connect(server.address());
+    auto c = ConnectTo(server.address(), 3);
     w = WriteCheckpoints(c.get());
     server.Signal(SIGKILL);
     server.Wait();
@@ -180,7 +166,7 @@ TEST(ServiceStorage, CorruptSstIsRefusedThenRebuilt) {
     ASSERT_TRUE(server.StartOn(data).ok());
     port = server.port();
     if (start == 0) {
-      auto c = Connect(server.address());
+      auto c = ConnectTo(server.address(), 3);
       w = WriteCheckpoints(c.get());
     }
     server.Signal(SIGKILL);
@@ -213,7 +199,7 @@ TEST(ServiceStorage, CorruptDurablePrefixFailsTheUploadNotTheServer) {
           .ok());
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), 3);
   absl::Status s = c->SaveShard(shard.spec, shard.Refs());
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_EQ(server.Describe(), "running");
@@ -269,15 +255,24 @@ TEST(ServiceStorage, OrphanDeltaSequenceAndBaseWithDeltas) {
   EXPECT_EQ(node.server.Describe(), "running");
 }
 
+// A server in this process on dir/data whose engine uses `fs` and `clock` (null: the real
+// ones).
+absl::StatusOr<std::unique_ptr<service::Server>> StartInProcess(const TempDir& dir,
+                                                                storage::FileSystem* fs,
+                                                                Clock* clock) {
+  service::ServerOptions o;
+  o.engine.data_dir = dir.File("data");
+  o.engine.fs = fs;
+  o.engine.clock = clock;
+  return service::Server::Start(o);
+}
+
 TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   TempDir dir;
   storage::FaultInjectionFileSystem ffs;
-  service::ServerOptions o;
-  o.engine.data_dir = dir.File("data");
-  o.engine.fs = &ffs;
-  auto server = service::Server::Start(o);
+  auto server = StartInProcess(dir, &ffs, nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto c = Connect((*server)->address(), /*attempts=*/2);
+  auto c = ConnectTo((*server)->address(), 2);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
   TestShard old = MakeShard("old", 1, 0, {2 << 20}, 1);
   ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
@@ -311,12 +306,9 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
 TEST(ServiceStorage, TimestampsComeFromTheServersClock) {
   TempDir dir;
   FakeClock clock;
-  service::ServerOptions o;
-  o.engine.data_dir = dir.File("data");
-  o.engine.clock = &clock;
-  auto server = service::Server::Start(o);
+  auto server = StartInProcess(dir, nullptr, &clock);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto c = Connect((*server)->address());
+  auto c = ConnectTo((*server)->address(), 3);
   const int64_t begun = clock.NowUnixMillis();
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("t", 1, 1)).ok());
   clock.AdvanceSeconds(42);
@@ -329,31 +321,6 @@ TEST(ServiceStorage, TimestampsComeFromTheServersClock) {
   EXPECT_EQ((*listed)[0].committed_unix_ms, begun + 42'000);
 }
 
-// A small tmpfs made by the test (skipped where mounting is not permitted).
-class Tmpfs {
- public:
-  explicit Tmpfs(const std::string& dir) : dir_(dir) {
-    fs::create_directories(dir);
-    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64m") == 0;
-  }
-  ~Tmpfs() {
-    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-
- private:
-  std::string dir_;
-  bool mounted_ = false;
-};
-
-// Writes zeros to `path` until the file system is full.
-void FillUp(const std::string& path) {
-  std::ofstream f(path, std::ios::binary);
-  std::string block(1 << 16, '\0');
-  while (f.write(block.data(), block.size())) {
-  }
-}
-
 TEST(ServiceStorage, RealFullFileSystem) {
   TempDir dir;
   Tmpfs tmpfs(dir.File("mnt"));
@@ -364,7 +331,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   {
     ServerProcess server(GRADSNAP_SERVER_BIN);
     ASSERT_TRUE(server.StartOn(data).ok());
-    auto c = Connect(server.address(), /*attempts=*/2);
+    auto c = ConnectTo(server.address(), 2);
     ASSERT_TRUE(c->BeginCheckpoint(FullSpec("old", 1, 1)).ok());
     ASSERT_TRUE(c->SaveShard(old.spec, old.Refs()).ok());
     FillUp(dir.File("mnt") + "/fill");
@@ -399,7 +366,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   fs::remove(dir.File("mnt") + "/fill");
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data).ok());
-  auto c = Connect(server.address());
+  auto c = ConnectTo(server.address(), 3);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
   EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
   EXPECT_TRUE(c->Verify("new", 1).ok());

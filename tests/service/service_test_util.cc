@@ -33,6 +33,16 @@ TestNode::TestNode(const std::vector<std::string>& flags) {
   if (c.ok()) client = *std::move(c);
 }
 
+std::unique_ptr<client::Client> ConnectTo(const std::string& address, int max_attempts,
+                                          int read_streams) {
+  client::ClientOptions o;
+  o.endpoints = {address};
+  o.max_attempts = max_attempts;
+  o.read_streams = read_streams;
+  auto c = client::Client::ConnectRemote(o);
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
 absl::StatusOr<int> ConnectLoopback(int port, int recv_timeout_s) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return PosixError("socket", errno);

@@ -35,6 +35,11 @@ struct TestNode {
   std::unique_ptr<client::Client> client;
 };
 
+// A remote client of the server at `address` that tries each call up to `max_attempts` times
+// and restores over `read_streams` parallel Read streams; nullptr when connecting failed.
+std::unique_ptr<client::Client> ConnectTo(const std::string& address, int max_attempts,
+                                          int read_streams = 1);
+
 // A TCP connection to 127.0.0.1:port whose reads time out after `recv_timeout_s`; the caller
 // closes the descriptor.
 absl::StatusOr<int> ConnectLoopback(int port, int recv_timeout_s);

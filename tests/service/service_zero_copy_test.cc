@@ -25,21 +25,10 @@ namespace {
 // Tensors of odd sizes spanning several 16 MiB restore ranges and 1 MiB messages.
 const std::vector<uint64_t> kTensors = {(20u << 20) + 3, 1, 777777, (17u << 20) + 5, 0, 4096};
 
-std::unique_ptr<client::Client> Connect(const std::string& address, int read_streams,
-                                        int max_attempts = 8) {
-  client::ClientOptions o;
-  o.endpoints = {address};
-  o.read_streams = read_streams;
-  o.max_attempts = max_attempts;
-  auto c = client::NewRemoteClient(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
-}
-
 // Every way of reading a shard back returns exactly `want`.
 void ExpectReadsEqual(const std::string& address, const TestShard& s, const std::string& want) {
   for (int streams : {1, 3}) {
-    std::unique_ptr<client::Client> c = Connect(address, streams);
+    std::unique_ptr<client::Client> c = ConnectTo(address, 8, streams);
     ASSERT_NE(c, nullptr);
     auto whole = RestoreToString(c.get(), s.spec.job, s.spec.step, s.spec.rank);
     ASSERT_TRUE(whole.ok()) << whole.status();
@@ -66,6 +55,14 @@ int64_t OutstandingAfterCalls() {
   return proto::OutstandingOwnedSlices();
 }
 
+// A server in this process on dir/data (127.0.0.1, a free port), without a RAM tier.
+absl::StatusOr<std::unique_ptr<service::Server>> StartInProcess(const TempDir& dir) {
+  service::ServerOptions so;
+  so.engine.data_dir = dir.File("data");
+  so.listen = "127.0.0.1:0";
+  return service::Server::Start(so);
+}
+
 TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
   TempDir dir;
   service::ServerOptions so;
@@ -77,7 +74,7 @@ TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
   TestShard s = MakeShard("zc", 1, 0, kTensors, 7);
   const std::string want = s.Payload();
   {
-    std::unique_ptr<client::Client> c = Connect((*server)->address(), 1);
+    std::unique_ptr<client::Client> c = ConnectTo((*server)->address(), 8, 1);
     ASSERT_NE(c, nullptr);
     ASSERT_TRUE(c->BeginCheckpoint(FullSpec("zc", 1, 1)).ok());
     ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
@@ -101,12 +98,9 @@ TEST(ServiceZeroCopy, RamTierAndDiskReadsAreExactAndReleaseTheirBuffers) {
 
 TEST(ServiceZeroCopy, ParallelRestoreOfAnEmptyAndATinyShard) {
   TempDir dir;
-  service::ServerOptions so;
-  so.engine.data_dir = dir.File("data");
-  so.listen = "127.0.0.1:0";
-  auto server = service::Server::Start(so);
+  auto server = StartInProcess(dir);
   ASSERT_TRUE(server.ok()) << server.status();
-  std::unique_ptr<client::Client> c = Connect((*server)->address(), 4);
+  std::unique_ptr<client::Client> c = ConnectTo((*server)->address(), 8, 4);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("small", 1, 2)).ok());
   TestShard empty = MakeShard("small", 1, 0, {0}, 1);
@@ -122,13 +116,61 @@ TEST(ServiceZeroCopy, ParallelRestoreOfAnEmptyAndATinyShard) {
   (*server)->Shutdown(absl::Seconds(5));
 }
 
+// Restoring the ranks of a checkpoint one after another over parallel streams fetches its
+// manifest once (the only unary call), and a checkpoint saved again under the same step with
+// another layout by a second client is still restored exactly.
+TEST(ServiceZeroCopy, ParallelRestoreFetchesTheManifestOncePerCheckpoint) {
+  TempDir dir;
+  auto server = StartInProcess(dir);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  auto save = [&](uint64_t seed, const std::vector<uint64_t>& tensors) {
+    std::vector<std::string> want;
+    std::unique_ptr<client::Client> c = ConnectTo(address, 8, 1);
+    EXPECT_TRUE(c->BeginCheckpoint(FullSpec("once", 1, 3)).ok());
+    for (int32_t r = 0; r < 3; ++r) {
+      TestShard s = MakeShard("once", 1, r, tensors, seed + r);
+      EXPECT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+      want.push_back(s.Payload());
+    }
+    return want;
+  };
+  std::vector<std::string> want = save(10, kTensors);
+  std::unique_ptr<client::Client> c = ConnectTo(address, 8, 4);
+  ASSERT_NE(c, nullptr);
+  Histogram* unary = Registry::Global()->GetHistogram("gradsnap_unary_seconds", "");
+  const int64_t before = unary->Count();
+  for (int32_t r = 0; r < 3; ++r) {
+    auto got = RestoreToString(c.get(), "once", 1, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == want[r]) << r;
+  }
+  EXPECT_EQ(unary->Count() - before, 1);
+  // Verify's progress counts the payload bytes of the node (one manifest page, one Verify).
+  uint64_t done = 0, total = 0;
+  ASSERT_TRUE(c->Verify("once", 1, [&](uint64_t d, uint64_t t) { done = d, total = t; }).ok());
+  EXPECT_EQ(done, want[0].size() + want[1].size() + want[2].size());
+  EXPECT_EQ(total, done);
+  EXPECT_EQ(unary->Count() - before, 3);
+
+  std::unique_ptr<client::Client> other = ConnectTo(address, 8, 1);
+  ASSERT_TRUE(other->Delete("once", 1).ok());
+  want = save(20, {(18u << 20) + 1, 5, (16u << 20) + 7});
+  for (int32_t r = 0; r < 3; ++r) {
+    auto got = RestoreToString(c.get(), "once", 1, r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(*got == want[r]) << r;
+  }
+  (*server)->Shutdown(absl::Seconds(5));
+}
+
 TEST(ServiceZeroCopy, ServerKilledMidRestoreIsAClearError) {
   TempDir dir;
   TestShard s = MakeShard("kill", 1, 0, {64u << 20}, 3);
   for (int streams : {1, 4}) {
     ServerProcess server(GRADSNAP_SERVER_BIN);  // a fresh server on the same data each time
     ASSERT_TRUE(server.StartOn(dir.File("data")).ok());
-    std::unique_ptr<client::Client> c = Connect(server.address(), streams, /*max_attempts=*/2);
+    std::unique_ptr<client::Client> c = ConnectTo(server.address(), /*max_attempts=*/2, streams);
     ASSERT_NE(c, nullptr);
     if (streams == 1) {
       ASSERT_TRUE(c->BeginCheckpoint(FullSpec("kill", 1, 1)).ok());

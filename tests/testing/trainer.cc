@@ -61,12 +61,5 @@ absl::Status ResumedExactly(const std::string& reference, const std::string& res
   return absl::OkStatus();
 }
 
-int CountLines(const std::string& output, const std::string& prefix) {
-  std::istringstream in(output);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) n += line.rfind(prefix, 0) == 0 ? 1 : 0;
-  return n;
-}
-
 }  // namespace testing
 }  // namespace gradsnap

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "tests/testing/process.h"
+#include "tests/testing/util.h"  // CountLines
 
 namespace gradsnap {
 namespace testing {
@@ -25,8 +26,6 @@ std::string SummaryField(const std::string& output, const std::string& key);
 // printed `reference` (their params_sha256, present), and printed the same loss for every step
 // after `from` that `reference` printed (one at least); otherwise what differs.
 absl::Status ResumedExactly(const std::string& reference, const std::string& resumed, int64_t from);
-// The number of lines of `output` starting with `prefix`.
-int CountLines(const std::string& output, const std::string& prefix);
 
 }  // namespace testing
 }  // namespace gradsnap

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include "common/status.h"
 
@@ -106,6 +108,37 @@ absl::StatusOr<int> FreePort() {
   }
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+int CountLines(const std::string& output, const std::string& prefix) {
+  std::istringstream in(output);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.rfind(prefix, 0) == 0 ? 1 : 0;
+  return n;
+}
+
+Tmpfs::Tmpfs(const std::string& dir) : dir_(dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  mounted_ = !ec && ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64m") == 0;
+}
+
+Tmpfs::~Tmpfs() {
+  if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+}
+
+absl::Status Tmpfs::RemountReadOnly() {
+  if (::mount("tmpfs", dir_.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "size=64m") != 0) {
+    return PosixError("remount " + dir_ + " read-only", errno);
+  }
+  return absl::OkStatus();
+}
+
+void FillUp(const std::string& path) {
+  std::ofstream f(path, std::ios::binary);
+  std::string block(1 << 16, '\0');
+  while (f.write(block.data(), block.size())) {
+  }
 }
 
 }  // namespace testing

@@ -40,6 +40,30 @@ int CountFiles(const std::string& dir);
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, then released).
 absl::StatusOr<int> FreePort();
 
+// The number of lines of `output` (each '\n'-terminated line, and an unterminated last one)
+// that start with `prefix`.
+int CountLines(const std::string& output, const std::string& prefix = "");
+
+// A 64 MiB tmpfs mounted on `dir` (created first) while the object lives; mounted() is false
+// where this process may not mount one (it needs CAP_SYS_ADMIN): the caller skips.
+class Tmpfs {
+ public:
+  explicit Tmpfs(const std::string& dir);
+  ~Tmpfs();
+  Tmpfs(const Tmpfs&) = delete;
+  Tmpfs& operator=(const Tmpfs&) = delete;
+  bool mounted() const { return mounted_; }
+  // Makes the mounted file system read-only.
+  absl::Status RemountReadOnly();
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// Writes zeros to `path` until the file system holding it is full.
+void FillUp(const std::string& path);
+
 }  // namespace testing
 }  // namespace gradsnap
 
