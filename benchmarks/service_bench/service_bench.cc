@@ -33,7 +33,8 @@
 //     them; cached_* the same for the RAM-tier phase; bare_cpu_s_per_gb_{up,down} client +
 //     server of the bare transfer; engine_{save,restore}_cpu_s_per_gb for the engine alone.
 //   bare_grpc_gibps (download), bare_upload_gibps: the bare transfers.
-#include <malloc.h>
+// This process (engine and client) runs with the malloc settings of the gradsnap CLI, the bare
+// server with those of gradsnap-server (common/malloc_tuning.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -56,6 +57,7 @@
 #include "client/client.h"
 #include "client/remote_rpc.h"
 #include "common/clock.h"
+#include "common/malloc_tuning.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
@@ -257,10 +259,6 @@ class BareService final : public gs::v1::Storage::Service {
 
 // The child: serves until killed. Prints the readiness line ServerProcess waits for.
 int RunBareServer(uint64_t bytes, int ranks) {
-  // The allocator settings of gradsnap-server (service/server_main.cc), so both servers pay
-  // the same for their receive buffers.
-  mallopt(M_MMAP_THRESHOLD, 2 << 20);
-  mallopt(M_ARENA_MAX, 4);
   const Data d = MakeData(bytes, ranks, /*restore_buffers=*/false);
   BareService service(&d);
   grpc::ServerBuilder builder;
@@ -505,6 +503,9 @@ int main(int argc, char** argv) {
       "[--server_bin PATH]");
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes);
   const int ranks = std::max(1, absl::GetFlag(FLAGS_ranks));
+  // The allocator settings of gradsnap-server for the bare server, of the gradsnap CLI for
+  // this process (the client), so that both paths pay the same for their receive buffers.
+  gs::TuneMallocForStreaming(/*few_arenas=*/absl::GetFlag(FLAGS_bare_server));
   if (absl::GetFlag(FLAGS_bare_server)) return RunBareServer(bytes, ranks);
   signal(SIGPIPE, SIG_IGN);
   char tmpl[4096];
