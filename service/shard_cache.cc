@@ -18,32 +18,13 @@ CacheBlock::CacheBlock(size_t capacity) {
   capacity = (std::max<size_t>(capacity, 1) + page - 1) / page * page;
   void* map = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                      -1, 0);
-  if (map == MAP_FAILED) return;
-  data_ = static_cast<char*>(map);
-  capacity_ = capacity;
+  if (map != MAP_FAILED) map_ = std::unique_ptr<char, Unmap>(static_cast<char*>(map), {capacity});
 }
 
-CacheBlock::~CacheBlock() { Release(); }
-
-CacheBlock::CacheBlock(CacheBlock&& other) noexcept { *this = std::move(other); }
-
-CacheBlock& CacheBlock::operator=(CacheBlock&& other) noexcept {
-  if (this != &other) {
-    Release();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    capacity_ = std::exchange(other.capacity_, 0);
-  }
-  return *this;
-}
-
-void CacheBlock::Release() {
-  if (data_ != nullptr) ::munmap(data_, capacity_);
-  data_ = nullptr;
-}
+void CacheBlock::Unmap::operator()(char* p) const { ::munmap(p, bytes); }
 
 void CacheBlock::Append(const char* p, size_t n) {
-  std::memcpy(data_ + size_, p, n);
+  std::memcpy(map_.get() + size_, p, n);
   size_ += n;
 }
 

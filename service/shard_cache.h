@@ -37,26 +37,23 @@ namespace service {
 // 4 KiB page faults they save (service_bench, cached save). Move-only.
 class CacheBlock {
  public:
-  // Maps `capacity` bytes; ok() is false when the mapping failed.
+  // Maps `capacity` bytes (rounded up to whole pages); ok() is false when the mapping failed.
   explicit CacheBlock(size_t capacity);
-  ~CacheBlock();
-  CacheBlock(CacheBlock&& other) noexcept;
-  CacheBlock& operator=(CacheBlock&& other) noexcept;
-  CacheBlock(const CacheBlock&) = delete;
-  CacheBlock& operator=(const CacheBlock&) = delete;
 
-  bool ok() const { return data_ != nullptr; }
-  const char* data() const { return data_; }
+  bool ok() const { return map_ != nullptr; }
+  const char* data() const { return map_.get(); }
   size_t size() const { return size_; }
-  size_t room() const { return capacity_ - size_; }
+  size_t room() const { return ok() ? map_.get_deleter().bytes - size_ : 0; }
   // Copies n <= room() bytes to the end.
   void Append(const char* p, size_t n);
 
  private:
-  void Release();
-  char* data_ = nullptr;
+  struct Unmap {
+    size_t bytes;  // no initializer: default-constructible while CacheBlock is incomplete
+    void operator()(char* p) const;
+  };
+  std::unique_ptr<char, Unmap> map_;
   size_t size_ = 0;
-  size_t capacity_ = 0;
 };
 
 // One cached shard: its manifest entry and its whole payload, copied out of the upload's

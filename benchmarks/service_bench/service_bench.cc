@@ -197,6 +197,27 @@ struct SaveRestore {
 
 // ---- the bare gRPC server (child process) ----
 
+// Calls send(message) for every piece of at most kMaxDataBytes of bufs, in order: a message
+// with the piece's payload offset in field offset_field and the piece itself, lent to gRPC
+// uncopied, in data_field (the bytes stay alive for the whole run). False as soon as send is.
+bool SendPieces(const std::vector<std::string>& bufs, uint32_t offset_field, uint32_t data_field,
+                const std::function<bool(grpc::ByteBuffer)>& send) {
+  uint64_t offset = 0;
+  for (const std::string& b : bufs) {
+    for (size_t pos = 0; pos < b.size(); pos += gs::proto::kMaxDataBytes) {
+      const size_t n = std::min<size_t>(gs::proto::kMaxDataBytes, b.size() - pos);
+      std::vector<grpc::Slice> data;
+      data.push_back(gs::proto::OwnedSlice(const_cast<char*>(b.data() + pos), n, [] {}));
+      gs::proto::RawMessageBuilder msg;
+      msg.AddVarint(offset_field, offset);
+      msg.AddSlices(data_field, std::move(data), n);
+      if (!send(msg.Finish())) return false;
+      offset += n;
+    }
+  }
+  return true;
+}
+
 // Write and Read only, as raw methods like gradsnap-server's (service/storage_service.h):
 // Write counts what arrives, Read sends rank r's bytes as slices over the memory holding them.
 class BareService final : public gs::v1::Storage::Service {
@@ -238,19 +259,10 @@ class BareService final : public gs::v1::Storage::Service {
         req.rank() >= static_cast<int>(d_->bufs.size())) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rank");
     }
-    uint64_t offset = 0;
-    for (const std::string& b : d_->bufs[req.rank()]) {
-      for (size_t pos = 0; pos < b.size(); pos += gs::proto::kMaxDataBytes) {
-        const size_t n = std::min<size_t>(gs::proto::kMaxDataBytes, b.size() - pos);
-        std::vector<grpc::Slice> data;
-        data.push_back(gs::proto::OwnedSlice(const_cast<char*>(b.data() + pos), n, [] {}));
-        gs::proto::RawMessageBuilder msg;
-        msg.AddVarint(gs::proto::field::kReadOffset, offset);
-        msg.AddSlices(gs::proto::field::kReadData, std::move(data), n);
-        if (!stream->Write(msg.Finish())) return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
-        offset += n;
-      }
-    }
+    const bool sent = SendPieces(d_->bufs[req.rank()], gs::proto::field::kReadOffset,
+                                 gs::proto::field::kReadData,
+                                 [&](grpc::ByteBuffer bb) { return stream->Write(bb); });
+    if (!sent) return grpc::Status(grpc::StatusCode::CANCELLED, "gone");
     return grpc::Status::OK;
   }
 
@@ -305,23 +317,16 @@ absl::StatusOr<SaveRestore> RunBare(const Data& d, int ranks) {
       std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
           grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method,
                                                                        &ctx, &resp));
-      uint64_t offset = 0;
-      for (const std::string& b : d.bufs[r]) {
-        for (size_t pos = 0; pos < b.size(); pos += gs::proto::kMaxDataBytes) {
-          const size_t n = std::min<size_t>(gs::proto::kMaxDataBytes, b.size() - pos);
-          std::vector<grpc::Slice> data;
-          data.push_back(gs::proto::OwnedSlice(const_cast<char*>(b.data() + pos), n, [] {}));
-          gs::proto::RawMessageBuilder msg;
-          msg.AddVarint(gs::proto::field::kWriteOffset, offset);
-          msg.AddSlices(gs::proto::field::kWriteData, std::move(data), n);
-          if (!stream->Write(msg.Finish())) return absl::UnavailableError("bare upload broke");
-          offset += n;
-        }
+      if (!SendPieces(d.bufs[r], gs::proto::field::kWriteOffset, gs::proto::field::kWriteData,
+                      [&](grpc::ByteBuffer bb) { return stream->Write(bb); })) {
+        return absl::UnavailableError("bare upload broke");
       }
       stream->WritesDone();
       grpc::Status st = stream->Finish();
       if (!st.ok()) return absl::UnavailableError(st.error_message());
-      if (resp.committed_size() < offset) return absl::DataLossError("bare upload lost bytes");
+      if (resp.committed_size() < d.total / d.bufs.size()) {
+        return absl::DataLossError("bare upload lost bytes");
+      }
       return absl::OkStatus();
     });
   }));
