@@ -27,7 +27,8 @@
 //   save_ratio_with_cache: service save with the RAM tier on / engine save.
 //   save_bound_ratio = bare upload / engine save, restore_bound_ratio = bare download / engine
 //     restore: the most save_ratio / restore_ratio can reach through gRPC here (when below 1,
-//     gRPC on loopback alone is slower than the engine's disk).
+//     gRPC on loopback alone is slower than the engine's disk). Optimistic: the service path
+//     also runs the engine, on the same cores as both gRPC ends.
 //   save_cpu_s_per_gb, restore_cpu_s_per_gb: client + server CPU seconds per GB (1e9 bytes) of
 //     the service save and disk restore; *_client_cpu_s_per_gb and *_server_cpu_s_per_gb split
 //     them; cached_* the same for the RAM-tier phase; bare_cpu_s_per_gb_{up,down} client +
