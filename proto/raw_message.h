@@ -35,6 +35,13 @@ constexpr uint32_t kWriteShard = 1, kWriteOffset = 2, kWriteData = 3, kWriteFini
 constexpr uint32_t kReadShard = 1, kReadOffset = 2, kReadData = 3;
 }  // namespace field
 
+// Indexes of Write and Read among gradsnap.v1.Storage's methods (their order in
+// gradsnap.proto), for servers that register raw handlers for them (Service::MarkMethodStreamed;
+// checked by every test that writes or reads through a server).
+namespace method {
+constexpr int kWrite = 4, kRead = 6;
+}  // namespace method
+
 // Builds one message: small fields are encoded into a header buffer, `data` pieces are appended
 // as slices (referenced, not copied). Fields must be added in number order.
 class RawMessageBuilder {

@@ -3,7 +3,6 @@
 // Prints exactly one line "gradsnap-server listening on HOST:PORT" on stdout when ready.
 // SIGTERM or SIGINT: stop accepting, let running calls finish (up to --shutdown-grace-ms),
 // close the engine, exit 0.
-#include <malloc.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -16,6 +15,7 @@
 #include "common/digest.h"
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/token.h"
 #include "service/server.h"
 #include "storage/rebuild.h"
@@ -58,11 +58,9 @@ int main(int argc, char** argv) {
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
       "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main"});
-  // Memory stays near what is in use: a fixed mmap threshold (glibc otherwise raises it after
-  // the first large free, and freed 1-4 MiB buffers then linger in per-thread arenas) and few
-  // arenas for the many gRPC threads.
-  mallopt(M_MMAP_THRESHOLD, 2 << 20);
-  mallopt(M_ARENA_MAX, 4);
+  // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
+  // gRPC threads (common/malloc_tuning.h).
+  gradsnap::TuneMallocForStreaming(/*few_arenas=*/true);
   command_line.Parse();
   // Block the stop signals in every thread (gRPC's included); main waits for them below.
   sigset_t stop;

@@ -1,5 +1,6 @@
 // Unit tests of the service's parts that need no server: the RAM tier (ShardCache), the
 // in-flight limiter, request validation (proto/convert.h) and rendezvous placement.
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -17,8 +18,8 @@ namespace {
 CachedShard Shard(size_t n, char c) {
   CachedShard s;
   std::string a(n / 2, c), b(n - n / 2, static_cast<char>(c + 1));
-  s.Append(a.data(), a.size(), n);
-  s.Append(b.data(), b.size(), n);
+  EXPECT_TRUE(s.Append(a.data(), a.size(), n));
+  EXPECT_TRUE(s.Append(b.data(), b.size(), n));
   return s;
 }
 
@@ -65,6 +66,39 @@ TEST(ShardCache, EvictsLeastRecentlyUsedJobs) {
   EXPECT_FALSE(cache.Reserve("e", 1, 1001));  // larger than the whole budget
   ShardCache off(0);
   EXPECT_FALSE(off.Reserve("a", 1, 1));
+}
+
+TEST(CachedShard, BlocksHoldThePayloadInOrderAndRefuseExtraBytes) {
+  const size_t kBlock = CachedShard::kBlockBytes;
+  const uint64_t total = 2 * kBlock + 12345;  // two full blocks and a small tail
+  std::string payload(total, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 + i / 4096);
+  CachedShard shard;
+  // Odd-sized pieces, as gRPC delivers them, crossing the block boundaries.
+  for (size_t off = 0; off < total;) {
+    const size_t n = std::min<size_t>(777777, total - off);
+    ASSERT_TRUE(shard.Append(payload.data() + off, n, total));
+    off += n;
+  }
+  ASSERT_EQ(shard.size, total);
+  ASSERT_EQ(shard.pieces.size(), 3u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(shard.pieces[i].size(), kBlock);
+  // The tail block is sized to what was left (page-rounded).
+  EXPECT_EQ(shard.pieces[2].size(), 12345u);
+  EXPECT_LT(shard.pieces[2].room(), 4096u);
+  // More bytes than announced: refused, nothing appended.
+  std::string extra(8192, 'z');
+  EXPECT_FALSE(shard.Append(extra.data(), extra.size(), total));
+  EXPECT_EQ(shard.size, total);
+  // Read back across the boundaries, through the slices a Read answer sends.
+  auto p = std::make_shared<const CachedShard>(std::move(shard));
+  std::vector<grpc::Slice> refs;
+  const uint64_t from = kBlock - 100;
+  ASSERT_EQ(PayloadSlices(p, from, total - from, &refs), total - from);
+  EXPECT_EQ(refs.size(), 3u);
+  std::string out;
+  for (const grpc::Slice& r : refs) out.append(reinterpret_cast<const char*>(r.begin()), r.size());
+  EXPECT_TRUE(out == payload.substr(from));
 }
 
 TEST(InflightLimiter, BlocksThenAdmits) {

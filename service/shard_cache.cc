@@ -1,5 +1,8 @@
 #include "service/shard_cache.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <utility>
@@ -10,21 +13,42 @@
 namespace gradsnap {
 namespace service {
 
-void CachedShard::Append(const void* p, size_t n, uint64_t expected_total) {
+CacheBlock::CacheBlock(size_t capacity) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  capacity = (std::max<size_t>(capacity, 1) + page - 1) / page * page;
+  void* map = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+  if (map != MAP_FAILED) map_ = std::unique_ptr<char, Unmap>(static_cast<char*>(map), {capacity});
+}
+
+void CacheBlock::Unmap::operator()(char* p) const { ::munmap(p, bytes); }
+
+void CacheBlock::Append(const char* p, size_t n) {
+  std::memcpy(map_.get() + size_, p, n);
+  size_ += n;
+}
+
+bool CachedShard::Append(const void* p, size_t n, uint64_t expected_total) {
+  if (size > expected_total || n > expected_total - size) return false;  // the tail is sized
   const char* src = static_cast<const char*>(p);
   while (n > 0) {
     if (pieces.empty() || pieces.back().size() == kBlockBytes) {
-      pieces.emplace_back();
-      pieces.back().reserve(static_cast<size_t>(
+      // Every block but the last holds exactly kBlockBytes (PayloadSlices relies on it).
+      pieces.emplace_back(static_cast<size_t>(
           std::clamp<uint64_t>(expected_total > size ? expected_total - size : n, 1, kBlockBytes)));
+      if (!pieces.back().ok()) {
+        pieces.pop_back();
+        return false;
+      }
     }
-    std::string& last = pieces.back();
-    const size_t take = std::min(n, kBlockBytes - last.size());
-    last.append(src, take);
+    CacheBlock& last = pieces.back();
+    const size_t take = std::min({n, kBlockBytes - last.size(), last.room()});
+    last.Append(src, take);
     src += take;
     n -= take;
     size += take;
   }
+  return true;
 }
 
 uint64_t PayloadSlices(const Payload& payload, uint64_t offset, uint64_t n,
@@ -33,7 +57,7 @@ uint64_t PayloadSlices(const Payload& payload, uint64_t offset, uint64_t n,
   uint64_t done = 0;
   for (size_t i = static_cast<size_t>(offset / kBlock); done < n && i < payload->pieces.size();
        ++i) {
-    const std::string& piece = payload->pieces[i];
+    const CacheBlock& piece = payload->pieces[i];
     const uint64_t in_piece = offset + done - i * kBlock;
     const uint64_t take = std::min<uint64_t>(piece.size() - in_piece, n - done);
     Payload keep = payload;

@@ -30,16 +30,44 @@
 namespace gradsnap {
 namespace service {
 
+// One block of RAM-tier memory, mapped anonymously rather than taken from malloc: an evicted
+// entry's memory goes back to the system at once (not to a malloc arena), and running out of
+// memory is an error to handle (the upload is then not cached), not an exception. Transparent
+// huge pages are not requested: on this project's VMs zeroing fresh huge pages cost 2-6x the
+// 4 KiB page faults they save (service_bench, cached save). Move-only.
+class CacheBlock {
+ public:
+  // Maps `capacity` bytes (rounded up to whole pages); ok() is false when the mapping failed.
+  explicit CacheBlock(size_t capacity);
+
+  bool ok() const { return map_ != nullptr; }
+  const char* data() const { return map_.get(); }
+  size_t size() const { return size_; }
+  size_t room() const { return ok() ? map_.get_deleter().bytes - size_ : 0; }
+  // Copies n <= room() bytes to the end.
+  void Append(const char* p, size_t n);
+
+ private:
+  struct Unmap {
+    size_t bytes;  // no initializer: default-constructible while CacheBlock is incomplete
+    void operator()(char* p) const;
+  };
+  std::unique_ptr<char, Unmap> map_;
+  size_t size_ = 0;
+};
+
 // One cached shard: its manifest entry and its whole payload, copied out of the upload's
 // receive buffers into blocks the RAM tier owns (holding gRPC's buffers instead would count
 // against the server's gRPC memory quota, which bounds uploads in flight).
 struct CachedShard {
   static constexpr size_t kBlockBytes = 4u << 20;
   storage::ShardInfo info;
-  std::vector<std::string> pieces;  // blocks of kBlockBytes, the last one partly filled
-  uint64_t size = 0;                // payload bytes
-  // Appends n bytes; expected_total (the payload's final size) sizes the last block.
-  void Append(const void* p, size_t n, uint64_t expected_total);
+  std::vector<CacheBlock> pieces;  // blocks of kBlockBytes, the last one sized to what is left
+  uint64_t size = 0;               // payload bytes
+  // Appends n bytes; expected_total (the payload's final size) sizes the last block. False,
+  // appending nothing, when the bytes would pass expected_total; false when a block could not
+  // be mapped (out of memory), the shard then incomplete.
+  [[nodiscard]] bool Append(const void* p, size_t n, uint64_t expected_total);
 };
 using Payload = std::shared_ptr<const CachedShard>;
 

@@ -18,15 +18,6 @@
 
 namespace gradsnap {
 namespace service {
-namespace {
-
-// Indexes of Write and Read among gradsnap.v1.Storage's methods (their order in
-// gradsnap.proto; checked by every test that writes or reads through a server).
-constexpr int kWriteMethodIndex = 4;
-constexpr int kReadMethodIndex = 6;
-
-}  // namespace
-
 // Claims a shard for one writing stream; a second claim fails until the first is released.
 class StorageService::ActiveShard {
  public:
@@ -66,7 +57,16 @@ class StorageService::StagedPayload {
   bool active() const { return reserved_ > 0; }
   void Append(const std::vector<grpc::Slice>& pieces) {
     if (!active()) return;
-    for (const grpc::Slice& p : pieces) shard_.Append(p.begin(), p.size(), reserved_);
+    for (const grpc::Slice& p : pieces) {
+      if (!shard_.Append(p.begin(), p.size(), reserved_)) {
+        // No memory for the copy: this upload is simply not cached.
+        GS_LOG(WARNING) << "RAM tier: cannot map memory to stage an upload; it is not cached";
+        cache_->Unreserve(reserved_);
+        reserved_ = 0;
+        shard_ = CachedShard();
+        return;
+      }
+    }
   }
   // Hands the payload to the cache (its reservation becomes the entry).
   void Publish(const storage::ShardSpec& spec, const storage::ShardInfo& info) {
@@ -105,14 +105,14 @@ StorageService::StorageService(storage::Engine* engine, const Authorizer* auth,
   // Raw handlers in place of the generated ones: a streamed (bidirectional) method on the
   // server side serves the same client-streaming / server-streaming calls on the wire.
   MarkMethodStreamed(
-      kWriteMethodIndex,
+      proto::method::kWrite,
       new grpc::internal::BidiStreamingHandler<StorageService, grpc::ByteBuffer,
                                                v1::WriteResponse>(
           [](StorageService* s, grpc::ServerContext* ctx, WriteStream* stream) {
             return s->RawWrite(ctx, stream);
           },
           this));
-  MarkMethodStreamed(kReadMethodIndex,
+  MarkMethodStreamed(proto::method::kRead,
                      new grpc::internal::SplitServerStreamingHandler<v1::ReadRequest,
                                                                      grpc::ByteBuffer>(
                          [this](grpc::ServerContext* ctx, ReadStream* stream) {

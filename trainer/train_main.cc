@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/names.h"
 #include "gpu_snapshot/device_flags.h"
 #include "gpu_snapshot/snapshot_mode.h"
@@ -295,6 +296,7 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
 }  // namespace
 
 int main(int argc, char** argv) {
+  gradsnap::TuneMallocForStreaming(/*few_arenas=*/false);  // checkpoints stream gigabytes
   gradsnap::CommandLine command_line(  // --ckpt-mode is --ckpt_mode
       argc, argv,
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "

@@ -23,6 +23,9 @@ void InitBenchmark(int argc, char** argv, const char* usage);
 double CpuSeconds();
 // User CPU seconds only: the process's own code, without the kernel's work for its syscalls.
 double UserCpuSeconds();
+// User + system CPU seconds of process `pid` so far (from /proc/PID/stat, in clock ticks of
+// 10 ms); -1 when it cannot be read.
+double CpuSecondsOf(int pid);
 
 // Drops the page cache before a cold read: the whole cache when this process may write
 // /proc/sys/vm/drop_caches (root; what a cold torch.load sees), else every file under `dir`

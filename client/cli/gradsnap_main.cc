@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "client/cli/commands.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/small_file.h"
 #include "common/status.h"
 
@@ -165,4 +166,7 @@ int Main(int argc, char** argv) {
 }  // namespace cli
 }  // namespace gradsnap
 
-int main(int argc, char** argv) { return gradsnap::cli::Main(argc, argv); }
+int main(int argc, char** argv) {
+  gradsnap::TuneMallocForStreaming(/*few_arenas=*/false);  // restores stream gigabytes
+  return gradsnap::cli::Main(argc, argv);
+}

@@ -1,6 +1,7 @@
 #include "tests/testing/process.h"
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -17,22 +18,6 @@
 namespace gradsnap {
 namespace testing {
 namespace {
-
-// fork + execvp with stdin from /dev/null and stdout/stderr on the given descriptors. Returns the
-// pid, or -1 (errno set) when fork failed. The child exits 127 when exec fails.
-pid_t Spawn(const std::vector<std::string>& argv, int out_fd, int err_fd) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  const int in = ::open("/dev/null", O_RDONLY);
-  if (in >= 0) ::dup2(in, STDIN_FILENO);
-  ::dup2(out_fd, STDOUT_FILENO);
-  ::dup2(err_fd, STDERR_FILENO);
-  ::execvp(args[0], args.data());
-  ::_exit(127);
-}
 
 // Reaps `pid`, SIGKILLing it first once `timeout_s` (> 0) has passed.
 int Reap(pid_t pid, int timeout_s) {
@@ -56,6 +41,25 @@ int Reap(pid_t pid, int timeout_s) {
 
 }  // namespace
 
+pid_t SpawnChild(const std::vector<std::string>& argv, int out_fd, int err_fd) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out_fd, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, err_fd, STDERR_FILENO);
+  pid_t pid = -1;
+  const int err = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) {
+    errno = err;
+    return -1;
+  }
+  return pid;
+}
+
 int ExitCodeOf(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
@@ -71,7 +75,7 @@ RunResult RunProgram(const std::string& program, const std::vector<std::string>&
   const std::string out = dir.File("out"), err = dir.File("err");
   const int out_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   const int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  const pid_t pid = out_fd >= 0 && err_fd >= 0 ? Spawn(argv, out_fd, err_fd) : -1;
+  const pid_t pid = out_fd >= 0 && err_fd >= 0 ? SpawnChild(argv, out_fd, err_fd) : -1;
   if (out_fd >= 0) ::close(out_fd);
   if (err_fd >= 0) ::close(err_fd);
   if (pid < 0) return r;
@@ -96,10 +100,10 @@ absl::Status ChildProcess::Start(const std::vector<std::string>& argv, const std
   if (argv.empty()) return absl::InvalidArgumentError("ChildProcess::Start: empty argv");
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return PosixError("open " + log, errno);
-  pid_ = Spawn(argv, fd, fd);
+  pid_ = SpawnChild(argv, fd, fd);
   const int fork_errno = errno;
   ::close(fd);
-  if (pid_ < 0) return PosixError("fork " + argv[0], fork_errno);
+  if (pid_ < 0) return PosixError("start " + argv[0], fork_errno);
   log_ = log;
   exit_code_ = -1;
   return absl::OkStatus();

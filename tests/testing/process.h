@@ -32,6 +32,13 @@ RunResult RunCommand(const std::string& command, int timeout_s = 0);
 // The exit code (as above) of a waitpid status.
 int ExitCodeOf(int wait_status);
 
+// Starts argv[0] (a path, or a name looked up in $PATH) with stdin from /dev/null, stdout on
+// out_fd and stderr on err_fd. With posix_spawn, not fork(): a parent holding gigabytes (the
+// benchmarks) neither waits for its page tables to be copied nor takes a copy-on-write fault
+// on every page it writes afterwards. Returns the pid, or -1 with errno set when the program
+// could not be started.
+pid_t SpawnChild(const std::vector<std::string>& argv, int out_fd, int err_fd);
+
 // A process in the background, stdout and stderr appended to a log file. The destructor
 // SIGKILLs and reaps it if it still runs.
 class ChildProcess {

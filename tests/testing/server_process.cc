@@ -113,22 +113,13 @@ absl::Status ServerProcess::StartOnce(const std::vector<std::string>& args) {
   if (log_fd < 0) return PosixError("open " + log_path_, errno);
   std::vector<std::string> all = {binary_};
   all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out[1], STDOUT_FILENO);
-    ::dup2(log_fd, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  const int fork_errno = errno;
+  const pid_t pid = SpawnChild(all, out[1], log_fd);
+  const int spawn_errno = errno;
   ::close(out[1]);
   ::close(log_fd);
   if (pid < 0) {
     ::close(out[0]);
-    return PosixError("fork", fork_errno);
+    return PosixError("start " + binary_, spawn_errno);
   }
   pid_ = pid;
   ready_ = false;
