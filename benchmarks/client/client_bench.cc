@@ -213,14 +213,6 @@ bool RunPass(int index, client::Client& c, const client::Manifest& m, const std:
   return true;
 }
 
-// The median over the passes of f(pass).
-template <typename F>
-double MedianOf(const std::vector<Pass>& passes, F f) {
-  std::vector<double> v;
-  for (const Pass& p : passes) v.push_back(f(p));
-  return bench::Median(v);
-}
-
 // DIR exists and has room for an export of `bytes` (a tmpfs default needs the memory).
 bool CheckExportDir(const std::string& dir, uint64_t bytes) {
   struct statvfs st;
@@ -302,29 +294,29 @@ int Run() {
   }
   auto gbps = [&](double s) { return bytes / s / 1e9; };
   auto med_gbps = [&](double Pass::*f) {
-    return MedianOf(runs, [&](const Pass& p) { return gbps(p.*f); });
+    return bench::MedianOver(runs, [&](const Pass& p) { return gbps(p.*f); });
   };
   const double restore = med_gbps(&Pass::restore), export_sep = med_gbps(&Pass::export_sep);
   const double export_same = med_gbps(&Pass::export_same);
-  const double export_ratio = MedianOf(runs, [](const Pass& p) { return p.restore / p.export_sep; });
-  const double same_ratio = MedianOf(runs, [](const Pass& p) { return p.restore / p.export_same; });
-  const double bound = MedianOf(runs, [](const Pass& p) { return p.raw.read_s / p.raw.read_write_s; });
-  const double of_bound = MedianOf(runs, [](const Pass& p) {
+  const double export_ratio = bench::MedianOver(runs, [](const Pass& p) { return p.restore / p.export_sep; });
+  const double same_ratio = bench::MedianOver(runs, [](const Pass& p) { return p.restore / p.export_same; });
+  const double bound = bench::MedianOver(runs, [](const Pass& p) { return p.raw.read_s / p.raw.read_write_s; });
+  const double of_bound = bench::MedianOver(runs, [](const Pass& p) {
     return (p.restore / p.export_same) / (p.raw.read_s / p.raw.read_write_s);
   });
   // An export to --export_dir is the streaming restore and the writer to --export_dir at once:
   // at best they overlap fully (the slower one alone sets the time); where they share too few
   // cores (a tmpfs destination costs kernel CPU) they add up.
-  const double dir_bound = MedianOf(runs, [](const Pass& p) {
+  const double dir_bound = bench::MedianOver(runs, [](const Pass& p) {
     return p.restore / std::max(p.stream, p.sep_writer);
   });
-  const double raw_read = MedianOf(runs, [&](const Pass& p) { return gbps(p.raw.read_s); });
-  const double raw_rw = MedianOf(runs, [&](const Pass& p) { return gbps(p.raw.read_write_s); });
+  const double raw_read = bench::MedianOver(runs, [&](const Pass& p) { return gbps(p.raw.read_s); });
+  const double raw_rw = bench::MedianOver(runs, [&](const Pass& p) { return gbps(p.raw.read_write_s); });
   const double gb = bytes / 1e9;
-  const double restore_cpu = MedianOf(runs, [&](const Pass& p) { return p.restore_cpu / gb; });
-  const double export_cpu = MedianOf(runs, [&](const Pass& p) { return p.export_cpu / gb; });
-  const double restore_user = MedianOf(runs, [&](const Pass& p) { return p.restore_user / gb; });
-  const double export_user = MedianOf(runs, [&](const Pass& p) { return p.export_user / gb; });
+  const double restore_cpu = bench::MedianOver(runs, [&](const Pass& p) { return p.restore_cpu / gb; });
+  const double export_cpu = bench::MedianOver(runs, [&](const Pass& p) { return p.export_cpu / gb; });
+  const double restore_user = bench::MedianOver(runs, [&](const Pass& p) { return p.restore_user / gb; });
+  const double export_user = bench::MedianOver(runs, [&](const Pass& p) { return p.export_user / gb; });
   std::printf("shard %.2f GiB %s, %d passes (medians; ranges min-max)\n", bytes / double(1ull << 30),
               comp ? "compressible" : "random", passes);
   std::printf("save:    engine %.3f s (%.2f GB/s), client %.3f s (%.2f GB/s)\n", engine_save,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gradsnap {
@@ -34,6 +35,15 @@ void DropPageCache(const std::string& dir);
 
 // The median of `v` (the mean of the middle two for an even count); 0 when empty.
 double Median(std::vector<double> v);
+
+// The median over `passes` of f(pass): a figure of a benchmark that runs its passes
+// interleaved.
+template <typename Pass, typename F>
+double MedianOver(const std::vector<Pass>& passes, F f) {
+  std::vector<double> v;
+  for (const Pass& p : passes) v.push_back(f(p));
+  return Median(std::move(v));
+}
 
 // "256M", "8G", "1073741824" -> bytes (binary K/M/G/T suffixes, also KiB/MiB/GiB/TiB); 0 when
 // malformed or not positive.

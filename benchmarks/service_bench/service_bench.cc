@@ -487,18 +487,6 @@ absl::StatusOr<Pass> RunPass(const Data& d, const std::string& root, int pass, i
   return p;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// The median over passes of f(pass).
-double Med(const std::vector<Pass>& passes, const std::function<double(const Pass&)>& f) {
-  std::vector<double> v;
-  for (const Pass& p : passes) v.push_back(f(p));
-  return Median(v);
-}
 
 }  // namespace
 
@@ -560,7 +548,7 @@ int main(int argc, char** argv) {
   // name -> median over passes; ratios are medians of per-pass ratios.
   std::vector<std::pair<std::string, double>> keys;
   auto add = [&](const std::string& name, const std::function<double(const Pass&)>& f) {
-    keys.emplace_back(name, Med(passes, f));
+    keys.emplace_back(name, gs::bench::MedianOver(passes, f));
   };
   add("save_ratio", [](const Pass& p) { return p.engine.save.secs / p.service.save.secs; });
   add("restore_ratio",
