@@ -53,6 +53,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "benchmarks/common/bench_util.h"
+#include "benchmarks/common/passes.h"
 #include "client/client.h"
 #include "client/direct_file_writer.h"
 #include "client/safetensors.h"
@@ -61,9 +62,6 @@
 #include "storage/aligned_buffer.h"
 #include "storage/engine.h"
 
-ABSL_FLAG(int, passes, 3,
-          "Interleaved passes of restore, both exports and the disk bound; figures are "
-          "medians. Default: 3.");
 ABSL_FLAG(std::string, bytes, "1G",
           "Shard size: bytes, or with a K/M/G/T suffix (binary). Default: 1G.");
 ABSL_FLAG(std::string, dir, "/tmp",
@@ -234,10 +232,10 @@ bool CheckExportDir(const std::string& dir, uint64_t bytes) {
 
 int Run() {
   const uint64_t bytes = bench::ParseBytes(absl::GetFlag(FLAGS_bytes)) / 4 * 4;
-  const int passes = absl::GetFlag(FLAGS_passes);
+  const int passes = bench::Passes("client_bench");
   const std::string export_dir = absl::GetFlag(FLAGS_export_dir);
-  if (bytes == 0 || passes < 1) {
-    std::fprintf(stderr, "client_bench: --bytes must be positive and --passes at least 1\n");
+  if (bytes == 0) {
+    std::fprintf(stderr, "client_bench: --bytes must be positive\n");
     return 2;
   }
   if (!CheckExportDir(export_dir, bytes)) return 2;
@@ -371,6 +369,7 @@ int Run() {
 int main(int argc, char** argv) {
   gradsnap::bench::InitBenchmark(argc, argv,
                                  "client_bench [--bytes N] [--dir DIR] [--export_dir DIR] "
-                                 "[--passes N] [--compressible] [--keep]");
+                                 "[--passes N] [--compressible] [--keep]\n"
+                                 "Figures are medians over the passes.");
   return gradsnap::Run();
 }

@@ -16,6 +16,9 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace gradsnap {
@@ -23,6 +26,14 @@ namespace bench {
 
 void InitBenchmark(int argc, char** argv, const char* usage) {
   absl::SetProgramUsageMessage(usage);
+  // --help lists the benchmark's own flags (its NAME.cc or NAME_main.cc) and the shared --passes.
+  absl::FlagsUsageConfig config;
+  const std::string program = std::filesystem::path(argv[0]).filename().string();
+  config.contains_help_flags = [own = absl::StrCat("/", program, ".")](absl::string_view file) {
+    return absl::EndsWith(file, "benchmarks/common/passes.cc") || absl::StrContains(file, own) ||
+           absl::StrContains(file, absl::StrCat(own.substr(0, own.size() - 1), "_main."));
+  };
+  absl::SetFlagsUsageConfig(config);
   absl::ParseCommandLine(argc, argv);
   if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kWarning);
 }

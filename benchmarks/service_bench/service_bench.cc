@@ -54,6 +54,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "benchmarks/common/bench_util.h"
+#include "benchmarks/common/passes.h"
 #include "client/backends.h"
 #include "client/client.h"
 #include "client/remote_rpc.h"
@@ -78,8 +79,6 @@ ABSL_FLAG(int, zstd_level, 1, "Engine zstd level for both paths. Default: 1.");
 ABSL_FLAG(int, read_streams, gradsnap::client::ClientOptions().read_streams,
           "Parallel Read streams per shard restore (ClientOptions.read_streams). Default: the "
           "client's.");
-ABSL_FLAG(int, passes, 3,
-          "Passes over all phases (order alternating); figures are medians. Default: 3.");
 ABSL_FLAG(std::string, server_bin, GRADSNAP_SERVER_BIN,
           "gradsnap-server binary. Default: the build's.");
 ABSL_FLAG(bool, bare_server, false,
@@ -494,9 +493,10 @@ int main(int argc, char** argv) {
   gs::bench::InitBenchmark(
       argc, argv,
       "service_bench [--bytes N] [--ranks R] [--passes P] [--read_streams S] [--dir D] "
-      "[--server_bin PATH]");
+      "[--server_bin PATH]\nFigures are medians over the passes (phase order alternating).");
   const uint64_t bytes = absl::GetFlag(FLAGS_bytes);
   const int ranks = std::max(1, absl::GetFlag(FLAGS_ranks));
+  const int npasses = gs::bench::Passes("service_bench");
   // The allocator settings of gradsnap-server for the bare server, of the gradsnap CLI for
   // this process (the client), so that both paths pay the same for their receive buffers.
   gs::TuneMallocForStreaming(/*few_arenas=*/absl::GetFlag(FLAGS_bare_server));
@@ -514,9 +514,9 @@ int main(int argc, char** argv) {
   const double gib = d.total / double(1ull << 30);
   const double gb = d.total / 1e9;
   std::printf("data: %.2f GiB in %d shards, zstd level %d, %d passes\n", gib, ranks,
-              absl::GetFlag(FLAGS_zstd_level), absl::GetFlag(FLAGS_passes));
+              absl::GetFlag(FLAGS_zstd_level), npasses);
   std::vector<Pass> passes;
-  for (int pass = 0; pass < std::max(1, absl::GetFlag(FLAGS_passes)); ++pass) {
+  for (int pass = 0; pass < npasses; ++pass) {
     absl::StatusOr<Pass> p = RunPass(d, root, pass, ranks);
     if (!p.ok()) {
       std::fprintf(stderr, "service_bench: %s\n", p.status().ToString().c_str());
@@ -569,20 +569,24 @@ int main(int argc, char** argv) {
   add("restore_cpu_s_per_gb", [&](const Pass& p) {
     return per_gb(p.service.restore.client_cpu + p.service.restore.server_cpu);
   });
-  add("save_client_cpu_s_per_gb", [&](const Pass& p) { return per_gb(p.service.save.client_cpu); });
-  add("save_server_cpu_s_per_gb", [&](const Pass& p) { return per_gb(p.service.save.server_cpu); });
-  add("restore_client_cpu_s_per_gb",
-      [&](const Pass& p) { return per_gb(p.service.restore.client_cpu); });
-  add("restore_server_cpu_s_per_gb",
-      [&](const Pass& p) { return per_gb(p.service.restore.server_cpu); });
-  add("cached_save_client_cpu_s_per_gb",
-      [&](const Pass& p) { return per_gb(p.cached.save.client_cpu); });
-  add("cached_save_server_cpu_s_per_gb",
-      [&](const Pass& p) { return per_gb(p.cached.save.server_cpu); });
-  add("cached_restore_client_cpu_s_per_gb",
-      [&](const Pass& p) { return per_gb(p.cached.restore.client_cpu); });
-  add("cached_restore_server_cpu_s_per_gb",
-      [&](const Pass& p) { return per_gb(p.cached.restore.server_cpu); });
+  // Client and server CPU apart, through the server and through the RAM tier:
+  // {,cached_}{save,restore}_{client,server}_cpu_s_per_gb.
+  struct Named {
+    const char* name;
+    SaveRestore Pass::*run;
+  };
+  for (const Named& mode : {Named{"", &Pass::service}, Named{"cached_", &Pass::cached}}) {
+    for (const bool save : {true, false}) {
+      for (const bool client : {true, false}) {
+        add(absl::StrCat(mode.name, save ? "save" : "restore", client ? "_client" : "_server",
+                         "_cpu_s_per_gb"),
+            [&, mode, save, client](const Pass& p) {
+              const Side& side = save ? (p.*mode.run).save : (p.*mode.run).restore;
+              return per_gb(client ? side.client_cpu : side.server_cpu);
+            });
+      }
+    }
+  }
   add("engine_save_cpu_s_per_gb", [&](const Pass& p) { return per_gb(p.engine.save.client_cpu); });
   add("engine_restore_cpu_s_per_gb",
       [&](const Pass& p) { return per_gb(p.engine.restore.client_cpu); });

@@ -41,6 +41,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/common/bench_util.h"
+#include "benchmarks/common/passes.h"
 #include "common/clock.h"
 #include "storage/aligned_buffer.h"
 #include "storage/chunk_codec.h"
@@ -56,9 +57,6 @@ ABSL_FLAG(std::string, bytes, "",
 ABSL_FLAG(int, small_tensors, 20000,
           "Tensors of 4 KiB-256 KiB in the small-tensor run (fewer if they would exceed the "
           "bytes); 0 skips it. Default: 20000");
-ABSL_FLAG(int, passes, 3,
-          "Times each measured path runs (1..20), interleaved with the other paths; each "
-          "figure is the path's best pass. Default: 3");
 ABSL_FLAG(int, ranks, 2, "Shards written and read concurrently, one thread each. Default: 2");
 ABSL_FLAG(int, tensor_mib, 16, "Size of each tensor in MiB. Default: 16");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of the compression-on run. Default: 1");
@@ -403,15 +401,13 @@ RankState PackSmall(const RankState& small, uint64_t small_bytes) {
 int Run() {
   const std::string dir = absl::GetFlag(FLAGS_dir);
   const int ranks = absl::GetFlag(FLAGS_ranks);
-  const int passes = absl::GetFlag(FLAGS_passes);
+  const int passes = gradsnap::bench::Passes("storage_bench");
   double gib = absl::GetFlag(FLAGS_total_gib);
   if (!absl::GetFlag(FLAGS_bytes).empty()) {
     gib = ParseBytes(absl::GetFlag(FLAGS_bytes)) / double(1ull << 30);
   }
-  if (ranks < 1 || ranks > 64 || gib <= 0 || gib > 64 || absl::GetFlag(FLAGS_tensor_mib) < 1 ||
-      passes < 1 || passes > 20) {
-    Fail("--ranks must be 1..64, --bytes (or --total_gib) in (0, 64 GiB], --tensor_mib >= 1, "
-         "--passes 1..20");
+  if (ranks < 1 || ranks > 64 || gib <= 0 || gib > 64 || absl::GetFlag(FLAGS_tensor_mib) < 1) {
+    Fail("--ranks must be 1..64, --bytes (or --total_gib) in (0, 64 GiB], --tensor_mib >= 1");
     return Failed();
   }
   std::error_code ec;
