@@ -72,7 +72,9 @@
 #include "storage/engine.h"
 #include "tests/testing/server_process.h"
 
-ABSL_FLAG(uint64_t, bytes, 1ull << 30, "Total checkpoint bytes. Default: 1 GiB.");
+ABSL_FLAG(std::string, bytes, "1G",
+          "Total checkpoint bytes, with an optional K/M/G suffix (binary), e.g. 256M or 8G. "
+          "Default: 1G");
 ABSL_FLAG(int, ranks, 4, "Shards saved and restored concurrently. Default: 4.");
 ABSL_FLAG(std::string, dir, "/tmp", "Directory for the data directories. Default: /tmp.");
 ABSL_FLAG(int, zstd_level, 1, "Engine zstd level for both paths. Default: 1.");
@@ -494,7 +496,11 @@ int main(int argc, char** argv) {
       argc, argv,
       "service_bench [--bytes N] [--ranks R] [--passes P] [--read_streams S] [--dir D] "
       "[--server_bin PATH]\nFigures are medians over the passes (phase order alternating).");
-  const uint64_t bytes = absl::GetFlag(FLAGS_bytes);
+  const uint64_t bytes = gs::bench::ParseBytes(absl::GetFlag(FLAGS_bytes));
+  if (bytes == 0) {
+    std::fprintf(stderr, "service_bench: --bytes must be a positive size such as 256M or 8G\n");
+    return 2;
+  }
   const int ranks = std::max(1, absl::GetFlag(FLAGS_ranks));
   const int npasses = gs::bench::Passes("service_bench");
   // The allocator settings of gradsnap-server for the bare server, of the gradsnap CLI for
