@@ -65,7 +65,9 @@ TEST(GRADSNAP_DRILL_SUITE, ServerKilledTwentyTimesWhileTraining) {
   const absl::Status st = RunTrainingScenario(o, &kv);
   ASSERT_TRUE(st.ok()) << st;
   EXPECT_GE(std::stoi(kv.at("server_kills")), 20);
-  // The drill's own rank kill mid-storm: one restart, resumed from a recovery point.
+  // The drill's own rank kill mid-storm: one restart, which resumes from the recovery point of
+  // that moment, or from scratch when the storm let no FULL commit before it (steps_lost_max
+  // says which); either way the job ends with the reference's parameters (ExpectSurvived).
   EXPECT_EQ(kv.at("train_restarts"), "1");
   ExpectSurvived(kv);
 }
