@@ -85,7 +85,9 @@ struct EngineOptions {
   // io_uring queue depth per segment writer and per shard reader. A shard writer keeps at most
   // J = min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
   // at most J times 2 * chunk_bytes (128-256 MiB with the defaults); chunks of at most 256 KiB
-  // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory.
+  // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory. A writer
+  // takes J + 1 full-size buffers (at most one per chunk of its shard) when it opens, faulted
+  // in then, and holds them until it closes (docs/format.md, "Commit protocol").
   // Default: 32.
   int queue_depth = 32;
   // Roll to a new segment file past this size. Default: 1 GiB.
