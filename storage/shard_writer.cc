@@ -326,7 +326,8 @@ void ShardWriterImpl::ReserveBuffers() {
   // At most the chunks in flight and the one being filled, and no more than the rest of the
   // shard needs (bytes in small-tensor chunks counted as full chunks: an upper bound).
   const uint64_t chunks = (total_ - written_ + opt_.chunk_bytes - 1) / opt_.chunk_bytes;
-  const size_t want = static_cast<size_t>(std::min<uint64_t>(chunks, max_jobs_ + 1));
+  const size_t want =
+      static_cast<size_t>(std::min<uint64_t>(chunks, ShardWriterReservedBuffers(opt_)));
   std::vector<std::unique_ptr<AlignedBuffer>> bufs;
   bufs.reserve(want);
   for (size_t i = 0; i < want; ++i) {
@@ -817,6 +818,10 @@ size_t MaxShardWriterBufferBytes(const EngineOptions& options) {
   // chunks' worth; one more buffer is being filled.
   const size_t full = AlignUp(MaxRecordSize(options.chunk_bytes));
   return (2 * static_cast<size_t>(MaxJobs(options)) + 1) * full;
+}
+
+size_t ShardWriterReservedBuffers(const EngineOptions& options) {
+  return static_cast<size_t>(MaxJobs(options)) + 1;
 }
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(EngineImpl* engine,

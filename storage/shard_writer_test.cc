@@ -2,6 +2,8 @@
 // full-size buffers it can hold at once (its chunks in flight and the one being filled, no more
 // than its shard has chunks), so the engine's pool reaches its steady size in the first write
 // and a later write of the same shape allocates none; they return to the pool when it closes.
+// EngineOptions::prefault_writers fills the pool at Open.
+#include <algorithm>
 #include <memory>
 
 #include "gtest/gtest.h"
@@ -32,7 +34,9 @@ class ShardWriterBuffersTest : public ::testing::Test {
   // Full chunks one writer keeps in flight, from the memory bound the engine publishes.
   size_t MaxJobs() const {
     const size_t full = AlignUp(MaxRecordSize(kChunk));
-    return (MaxShardWriterBufferBytes(options_) / full - 1) / 2;
+    const size_t jobs = (MaxShardWriterBufferBytes(options_) / full - 1) / 2;
+    EXPECT_EQ(jobs + 1, ShardWriterReservedBuffers(options_));
+    return jobs;
   }
   static ShardSpec Spec(int32_t rank, int64_t bytes) {
     ShardSpec s = MakeShard("j", 1, rank, /*seed=*/1, /*w_numel=*/1).spec;
@@ -80,6 +84,26 @@ TEST_F(ShardWriterBuffersTest, ConcurrentWritersKeepTheirOwnBuffers) {
     b->reset();
     EXPECT_EQ(pool()->cached(), 2 * (MaxJobs() + 1)) << "round " << round;
   }
+}
+
+// EngineOptions::prefault_writers: Open fills the pool with the buffers of that many writers,
+// at most the 64 it caches; read-only engines write nothing and take none.
+TEST_F(ShardWriterBuffersTest, PrefaultWritersFillsThePoolAtOpen) {
+  engine_.reset();
+  for (int writers : {0, 2, 100}) {
+    EngineOptions o = options_;
+    o.prefault_writers = writers;
+    auto e = gradsnap::testing::ValueOrNull(Engine::Open(o));
+    ASSERT_NE(e, nullptr);
+    const size_t want = std::min<size_t>(writers * ShardWriterReservedBuffers(o), 64);
+    EXPECT_EQ(static_cast<EngineImpl*>(e.get())->record_pool()->cached(), want) << writers;
+  }
+  EngineOptions ro = options_;
+  ro.prefault_writers = 2;
+  ro.read_only = true;
+  auto e = gradsnap::testing::ValueOrNull(Engine::Open(ro));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(static_cast<EngineImpl*>(e.get())->record_pool()->cached(), 0u);
 }
 
 }  // namespace
