@@ -30,6 +30,8 @@ ABSL_FLAG(uint64_t, cache_bytes, 0, "RAM tier: bytes of recent checkpoints kept 
 ABSL_FLAG(uint64_t, max_inflight_bytes, 256u << 20, "Cap on upload bytes held in memory. Default: 268435456.");
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics over HTTP. Default: off.");
 ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
+ABSL_FLAG(int, prefault_uploads, gradsnap::service::ServerOptions::kPrefaultUploads,
+          "Uploads whose record buffers are faulted in at start (6 x 4 MiB each; 0: on first use). Default: 2.");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
 ABSL_FLAG(int, durable_every_mib, 64, "An upload is made durable every N MiB received (a crash resends at most that). Default: 64.");
 ABSL_FLAG(std::string, digest, "xxh3", "Per-tensor digest of new shards: xxh3 (XXH3-128) or sha256. Default: xxh3.");
@@ -74,6 +76,10 @@ int main(int argc, char** argv) {
   o.engine.data_dir = absl::GetFlag(FLAGS_data_dir);
   if (o.engine.data_dir.empty()) return Fail("--data-dir is required (see --help)");
   o.engine.zstd_level = absl::GetFlag(FLAGS_zstd_level);
+  o.engine.prefault_writers = absl::GetFlag(FLAGS_prefault_uploads);
+  if (o.engine.prefault_writers < 0 || o.engine.prefault_writers > 10) {
+    return Fail("--prefault-uploads must be 0..10");
+  }
   const int durable_mib = absl::GetFlag(FLAGS_durable_every_mib);
   if (durable_mib < 1 || durable_mib > 4096) return Fail("--durable-every-mib must be 1..4096");
   o.service.flush_bytes = static_cast<uint64_t>(durable_mib) << 20;

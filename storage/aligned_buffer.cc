@@ -43,6 +43,11 @@ AlignedBuffer::AlignedBuffer(size_t capacity) : capacity_(AlignUp(capacity == 0 
 
 AlignedBuffer::~AlignedBuffer() { Release(); }
 
+void AlignedBuffer::Prefault() {
+  volatile uint8_t* p = data_;  // volatile: the stores must happen, their values are unused
+  for (size_t i = 0; i < capacity_; i += kIoAlignment) p[i] = 0;
+}
+
 void AlignedBuffer::Release() {
   if (data_ == nullptr) return;
   if (capacity_ >= kHugePageBytes) {
@@ -79,6 +84,11 @@ std::unique_ptr<AlignedBuffer> BufferPool::Get() {
     }
   }
   return std::make_unique<AlignedBuffer>(capacity_);
+}
+
+size_t BufferPool::cached() {
+  absl::MutexLock lock(&mu_);
+  return free_.size();
 }
 
 void BufferPool::Put(std::unique_ptr<AlignedBuffer> buf) {

@@ -1,10 +1,12 @@
 // AlignedBuffer: small buffers are 4 KiB aligned; buffers of kHugePageBytes or more start on a
 // 2 MiB boundary, every byte of their capacity is usable, they move without copying, and their
 // whole 2 MiB pages carry the MADV_HUGEPAGE advice (VmFlags "hg" in /proc/self/smaps) where the
-// kernel has transparent huge pages. BufferPool hands a returned buffer out again.
+// kernel has transparent huge pages. Prefault makes every page resident. BufferPool hands a
+// returned buffer out again.
 #include "storage/aligned_buffer.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -19,8 +21,9 @@ namespace {
 
 uintptr_t Addr(const AlignedBuffer& b) { return reinterpret_cast<uintptr_t>(b.data()); }
 
-// The VmFlags line of the mapping that starts at `start`; "" when none starts there.
-std::string VmFlagsAt(uintptr_t start) {
+// The line starting with `key` of the mapping that starts at `start` in /proc/self/smaps;
+// "" when no mapping starts there.
+std::string SmapsLineAt(uintptr_t start, const std::string& key) {
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
   bool in = false;
@@ -32,9 +35,18 @@ std::string VmFlagsAt(uintptr_t start) {
       in = lo == start;
       continue;
     }
-    if (in && line.rfind("VmFlags:", 0) == 0) return line;
+    if (in && line.rfind(key, 0) == 0) return line;
   }
   return "";
+}
+
+std::string VmFlagsAt(uintptr_t start) { return SmapsLineAt(start, "VmFlags:"); }
+
+// Resident kB of the mapping that starts at `start`; -1 when no mapping starts there.
+long RssKbAt(uintptr_t start) {
+  long kb = -1;
+  if (std::sscanf(SmapsLineAt(start, "Rss:").c_str(), "Rss: %ld kB", &kb) != 1) return -1;
+  return kb;
 }
 
 TEST(AlignedBufferTest, SmallBufferIsPageAligned) {
@@ -73,6 +85,16 @@ TEST(AlignedBufferTest, LargeBufferAdvisesHugePages) {
   const std::string flags = VmFlagsAt(Addr(b));
   ASSERT_FALSE(flags.empty()) << "no mapping starts at the buffer";
   EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
+}
+
+TEST(AlignedBufferTest, PrefaultMapsEveryPage) {
+  AlignedBuffer b(2 * kHugePageBytes);  // a mapping of its own
+  ASSERT_EQ(RssKbAt(Addr(b)), 0) << "a fresh mapping is not resident";
+  b.Prefault();
+  EXPECT_EQ(RssKbAt(Addr(b)), static_cast<long>(b.capacity() / 1024));
+  b.data()[b.capacity() - 1] = 9;
+  b.Prefault();  // a mapped buffer stays usable
+  EXPECT_EQ(b.data()[0], 0);
 }
 
 TEST(BufferPoolTest, ReusesReturnedBuffers) {

@@ -291,7 +291,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
   // The probe above checked the same catalog already.
   if (!probe_first) RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
-  if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
+  if (!options.read_only) {
+    RETURN_IF_ERROR(engine->Recover());
+    engine->PrefaultRecordBuffers();
+  }
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
@@ -300,8 +303,21 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
     : options_(WithClock(options)),
       fs_(fs),
       meta_(std::move(meta)),
-      record_pool_(MaxRecordSize(options.chunk_bytes), 64),
+      record_pool_(MaxRecordSize(options.chunk_bytes), kRecordPoolBuffers),
       small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
+
+void EngineImpl::PrefaultRecordBuffers() {
+  if (options_.prefault_writers <= 0) return;
+  const size_t n = std::min<size_t>(
+      static_cast<size_t>(options_.prefault_writers) * ShardWriterReservedBuffers(options_),
+      kRecordPoolBuffers);
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+  for (size_t i = 0; i < n; ++i) {
+    bufs.push_back(record_pool_.Get());
+    bufs.back()->Prefault();
+  }
+  for (auto& b : bufs) record_pool_.Put(std::move(b));
+}
 
 std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {
   return absl::StrFormat("%s/segments/%s/%020d", options_.data_dir, job, step);

@@ -85,7 +85,9 @@ struct EngineOptions {
   // io_uring queue depth per segment writer and per shard reader. A shard writer keeps at most
   // J = min(queue_depth, max(16, 2 * encode_threads + 8)) chunks in flight, so its buffers take
   // at most J times 2 * chunk_bytes (128-256 MiB with the defaults); chunks of at most 256 KiB
-  // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory.
+  // (small tensors) use small buffers, and up to 8 * J of them fit in the same memory. A writer
+  // takes J + 1 full-size buffers (at most one per chunk of its shard) when it opens, faulted
+  // in then, and holds them until it closes (docs/format.md, "Commit protocol").
   // Default: 32.
   int queue_depth = 32;
   // Roll to a new segment file past this size. Default: 1 GiB.
@@ -113,6 +115,12 @@ struct EngineOptions {
   // Gc() removes quarantine/ entries older than this many seconds (docs/format.md,
   // "Quarantine"). Default: 604800 (7 days).
   int64_t quarantine_grace_seconds = 7 * 24 * 3600;
+  // Shard writers whose full-size record buffers Open allocates and faults in (each writer
+  // takes J + 1 when it opens, J as under queue_depth; at most the 64 the engine's pool
+  // caches), so that even the first checkpoint after Open copies into mapped pages. Costs
+  // that memory, resident, from Open on; 0 leaves the first writes to fault their buffers in.
+  // gradsnap-server sets it (--prefault-uploads). Default: 0.
+  int prefault_writers = 0;
   // Time source (gradsnap/clock.h) of stored timestamps (created/committed/written_unix_ms),
   // quarantine entry names and their ages in Gc; not owned. nullptr: the real clock.
   // Default: nullptr.
@@ -122,6 +130,9 @@ struct EngineOptions {
 // The most record-buffer memory one ShardWriter of an engine with these options holds: its
 // chunks in flight, each with a compressed buffer, plus the chunk being filled.
 size_t MaxShardWriterBufferBytes(const EngineOptions& options);
+// The full-size record buffers a ShardWriter of an engine with these options takes when it
+// opens: one per chunk in flight plus the one being filled (fewer for a shard of fewer chunks).
+size_t ShardWriterReservedBuffers(const EngineOptions& options);
 
 // Appends one shard's byte stream. Obtained from Engine::OpenShardWriter.
 class ShardWriter {

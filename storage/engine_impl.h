@@ -33,6 +33,8 @@ class EngineImpl : public Engine {
  public:
   EngineImpl(const EngineOptions& options, FileSystem* fs, std::unique_ptr<MetaStore> meta);
   absl::Status Recover();
+  // EngineOptions::prefault_writers: fills the record pool with faulted-in buffers.
+  void PrefaultRecordBuffers();
 
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override;
   absl::StatusOr<std::unique_ptr<ShardWriter>> OpenShardWriter(const ShardSpec& spec) override;
@@ -102,6 +104,9 @@ class EngineImpl : public Engine {
   const EngineOptions options_;
   FileSystem* const fs_;
   const std::unique_ptr<MetaStore> meta_;
+  // Full-size record buffers the pool keeps (EngineOptions::prefault_writers fills at most
+  // this many).
+  static constexpr size_t kRecordPoolBuffers = 64;
   BufferPool record_pool_;
   BufferPool small_record_pool_;
 

@@ -1,0 +1,111 @@
+// ShardWriter's record buffers: a writer takes, when it opens and before any byte arrives, the
+// full-size buffers it can hold at once (its chunks in flight and the one being filled, no more
+// than its shard has chunks), so the engine's pool reaches its steady size in the first write
+// and a later write of the same shape allocates none; they return to the pool when it closes.
+// EngineOptions::prefault_writers fills the pool at Open.
+#include <algorithm>
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "storage/engine.h"
+#include "storage/engine_impl.h"
+#include "storage/test_util.h"
+#include "tests/testing/gtest_util.h"
+
+namespace gradsnap {
+namespace storage {
+namespace {
+
+constexpr size_t kChunk = 64 << 10;
+
+class ShardWriterBuffersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineOptions o;
+    o.data_dir = dir_.path();
+    o.chunk_bytes = kChunk;
+    o.zstd_level = 0;  // no compressed copies: raw record buffers only
+    options_ = o;
+    engine_ = gradsnap::testing::ValueOrNull(Engine::Open(o));
+    ASSERT_NE(engine_, nullptr);
+    ASSERT_TRUE(engine_->BeginCheckpoint({"j", 1, CheckpointKind::kFull, -1, 4, ""}).ok());
+  }
+  BufferPool* pool() { return static_cast<EngineImpl*>(engine_.get())->record_pool(); }
+  // Full chunks one writer keeps in flight, from the memory bound the engine publishes.
+  size_t MaxJobs() const {
+    const size_t full = AlignUp(MaxRecordSize(kChunk));
+    const size_t jobs = (MaxShardWriterBufferBytes(options_) / full - 1) / 2;
+    EXPECT_EQ(jobs + 1, ShardWriterReservedBuffers(options_));
+    return jobs;
+  }
+  static ShardSpec Spec(int32_t rank, int64_t bytes) {
+    ShardSpec s = MakeShard("j", 1, rank, /*seed=*/1, /*w_numel=*/1).spec;
+    s.tensors = {Tensor("w", DType::kU8, bytes)};
+    return s;
+  }
+
+  TempDir dir_;
+  EngineOptions options_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(ShardWriterBuffersTest, OpenTakesTheBuffersOfItsChunksInFlight) {
+  EXPECT_EQ(pool()->cached(), 0u);
+  {
+    auto w = engine_->OpenShardWriter(Spec(0, 10 * kChunk - 5));  // 10 chunks
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(pool()->cached(), 0u);  // the writer holds them
+  }
+  EXPECT_EQ(pool()->cached(), 10u);  // returned unused, ready for the next writer
+  {
+    auto w = engine_->OpenShardWriter(Spec(1, 1000 * kChunk));  // more than it keeps in flight
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(pool()->cached(), 0u);  // took the 10 and allocated the rest
+  }
+  EXPECT_EQ(pool()->cached(), MaxJobs() + 1);
+}
+
+// Two writers at once, the second opening while the first's chunks complete: each keeps its own
+// buffers (the first's completed ones are not the second's to take), so the pool ends with
+// exactly their two reservations, and a second round of the same shape allocates nothing.
+TEST_F(ShardWriterBuffersTest, ConcurrentWritersKeepTheirOwnBuffers) {
+  const std::vector<uint8_t> bytes = RandomBytes(40 * kChunk, 1);
+  for (int32_t round = 0; round < 2; ++round) {
+    auto a = engine_->OpenShardWriter(Spec(2 * round, 40 * kChunk));
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE((*a)->Append(bytes.data(), 20 * kChunk).ok());
+    auto b = engine_->OpenShardWriter(Spec(2 * round + 1, 40 * kChunk));
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_TRUE((*b)->Append(bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE((*a)->Append(bytes.data() + 20 * kChunk, 20 * kChunk).ok());
+    ASSERT_TRUE((*a)->Finish().ok());
+    ASSERT_TRUE((*b)->Finish().ok());
+    a->reset();
+    b->reset();
+    EXPECT_EQ(pool()->cached(), 2 * (MaxJobs() + 1)) << "round " << round;
+  }
+}
+
+// EngineOptions::prefault_writers: Open fills the pool with the buffers of that many writers,
+// at most the 64 it caches; read-only engines write nothing and take none.
+TEST_F(ShardWriterBuffersTest, PrefaultWritersFillsThePoolAtOpen) {
+  engine_.reset();
+  for (int writers : {0, 2, 100}) {
+    EngineOptions o = options_;
+    o.prefault_writers = writers;
+    auto e = gradsnap::testing::ValueOrNull(Engine::Open(o));
+    ASSERT_NE(e, nullptr);
+    const size_t want = std::min<size_t>(writers * ShardWriterReservedBuffers(o), 64);
+    EXPECT_EQ(static_cast<EngineImpl*>(e.get())->record_pool()->cached(), want) << writers;
+  }
+  EngineOptions ro = options_;
+  ro.prefault_writers = 2;
+  ro.read_only = true;
+  auto e = gradsnap::testing::ValueOrNull(Engine::Open(ro));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(static_cast<EngineImpl*>(e.get())->record_pool()->cached(), 0u);
+}
+
+}  // namespace
+}  // namespace storage
+}  // namespace gradsnap
