@@ -300,7 +300,7 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
     : options_(WithClock(options)),
       fs_(fs),
       meta_(std::move(meta)),
-      record_pool_(MaxRecordSize(options.chunk_bytes), 64),
+      record_pool_(std::make_shared<BufferPool>(MaxRecordSize(options.chunk_bytes), 64)),
       small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
 
 std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {

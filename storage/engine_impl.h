@@ -56,7 +56,10 @@ class EngineImpl : public Engine {
   const EngineOptions& options() const { return options_; }
   FileSystem* fs() const { return fs_; }
   MetaStore* meta() const { return meta_.get(); }
-  BufferPool* record_pool() { return &record_pool_; }
+  BufferPool* record_pool() { return record_pool_.get(); }
+  // The same pool, for buffers that may outlive the engine (chunks ReadShared lent out go back
+  // to it when their last holder lets go).
+  const std::shared_ptr<BufferPool>& shared_record_pool() { return record_pool_; }
   // Record buffers for chunks of at most kSmallChunkBytes (small tensors, tensor tails).
   BufferPool* small_record_pool() { return &small_record_pool_; }
   std::string CheckpointDir(const std::string& job, int64_t step) const;
@@ -102,7 +105,7 @@ class EngineImpl : public Engine {
   const EngineOptions options_;
   FileSystem* const fs_;
   const std::unique_ptr<MetaStore> meta_;
-  BufferPool record_pool_;
+  const std::shared_ptr<BufferPool> record_pool_;
   BufferPool small_record_pool_;
 
   absl::Mutex mu_;
