@@ -29,9 +29,11 @@
 //   slot dies: with the reader, or for a chunk ReadShared lent out, when its last holder lets go
 //   (the pool outlives the engine while a holder needs it). So restores reuse memory the writers
 //   and earlier restores already faulted: a fresh 4 MiB buffer costs zeroing and faulting its
-//   pages, which for a server restore was about half its CPU. Past kMinWindow chunks a reader
-//   grows its read-ahead only with buffers the pool has on hand, so concurrent readers share
-//   the pool's memory instead of each faulting up to kReadAheadBytes of new memory.
+//   pages, which for a server restore was about half its CPU. The engine's open readers share
+//   kFreshBuffers fresh buffers (kMinWindow to kMaxFresh each); past its share a reader reads ahead
+//   only into buffers the pool has on hand. So concurrent readers (one per Read stream in a
+//   server) do not each fault up to kReadAheadBytes of new memory, and what they fault fits
+//   back into the pool for the next restore.
 #include <algorithm>
 #include <atomic>
 #include <deque>
@@ -54,7 +56,9 @@ namespace {
 
 constexpr size_t kReadAheadBytes = 128 << 20;  // per reader: bounds its memory
 constexpr size_t kMaxWindow = 64;                // chunks read ahead, at most
-constexpr size_t kMinWindow = 8;                 // chunks read ahead with fresh buffers, at most
+constexpr size_t kMinWindow = 2;     // chunks a reader reads ahead whatever the pool holds
+constexpr size_t kMaxFresh = 8;      // chunks a reader reads ahead into fresh buffers, at most
+constexpr size_t kFreshBuffers = 32;  // read-ahead in fresh buffers, shared by open readers
 constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
 constexpr size_t kFuseBlock = 64 << 10;          // copied then hashed while in cache
 
@@ -124,10 +128,14 @@ class ShardReaderImpl : public ShardReader {
     }
     window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
                                        kMaxWindow);
+    engine->open_readers()->fetch_add(1);
   }
   // Slots only this reader holds die with it (their buffers go back to the pool); lent ones
   // live on with their holders.
-  ~ShardReaderImpl() override { Cancel(); }
+  ~ShardReaderImpl() override {
+    Cancel();
+    engine_->open_readers()->fetch_sub(1);
+  }
 
   absl::Status Open() {
     std::vector<File*> files;
@@ -261,7 +269,9 @@ bool ShardReaderImpl::Schedule(size_t chunk, bool must) {
   } else {
     std::unique_ptr<AlignedBuffer> pooled;
     const size_t want = RecordCapacity(len);
-    const bool fresh_ok = must || window_.size() + lent_.size() < kMinWindow || !Pooled(want);
+    const size_t readers = static_cast<size_t>(std::max(1, engine_->open_readers()->load()));
+    const size_t share = std::clamp(kFreshBuffers / readers, kMinWindow, kMaxFresh);
+    const bool fresh_ok = must || window_.size() + lent_.size() < share || !Pooled(want);
     if (!fresh_ok && (pooled = engine_->record_pool()->TryGet()) == nullptr) return false;
     slot = std::make_shared<Slot>();
     slot->index = slots_made_++;
