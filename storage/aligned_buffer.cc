@@ -75,15 +75,16 @@ BufferPool::BufferPool(size_t buffer_capacity, size_t max_cached)
     : capacity_(AlignUp(buffer_capacity)), max_cached_(max_cached) {}
 
 std::unique_ptr<AlignedBuffer> BufferPool::Get() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!free_.empty()) {
-      auto b = std::move(free_.back());
-      free_.pop_back();
-      return b;
-    }
-  }
-  return std::make_unique<AlignedBuffer>(capacity_);
+  std::unique_ptr<AlignedBuffer> b = TryGet();
+  return b != nullptr ? std::move(b) : std::make_unique<AlignedBuffer>(capacity_);
+}
+
+std::unique_ptr<AlignedBuffer> BufferPool::TryGet() {
+  absl::MutexLock lock(&mu_);
+  if (free_.empty()) return nullptr;
+  auto b = std::move(free_.back());
+  free_.pop_back();
+  return b;
 }
 
 size_t BufferPool::cached() {

@@ -68,6 +68,8 @@ class BufferPool {
   BufferPool(size_t buffer_capacity, size_t max_cached);
   size_t buffer_capacity() const { return capacity_; }
   std::unique_ptr<AlignedBuffer> Get();
+  // A cached buffer, or null when none is (never a freshly allocated one).
+  std::unique_ptr<AlignedBuffer> TryGet();
   void Put(std::unique_ptr<AlignedBuffer> buf);
   // Buffers waiting in the pool now.
   size_t cached();

@@ -303,7 +303,8 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
     : options_(WithClock(options)),
       fs_(fs),
       meta_(std::move(meta)),
-      record_pool_(MaxRecordSize(options.chunk_bytes), kRecordPoolBuffers),
+      record_pool_(std::make_shared<BufferPool>(MaxRecordSize(options.chunk_bytes),
+                                                kRecordPoolBuffers)),
       small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
 
 void EngineImpl::PrefaultRecordBuffers() {
@@ -313,10 +314,10 @@ void EngineImpl::PrefaultRecordBuffers() {
       kRecordPoolBuffers);
   std::vector<std::unique_ptr<AlignedBuffer>> bufs;
   for (size_t i = 0; i < n; ++i) {
-    bufs.push_back(record_pool_.Get());
+    bufs.push_back(record_pool_->Get());
     bufs.back()->Prefault();
   }
-  for (auto& b : bufs) record_pool_.Put(std::move(b));
+  for (auto& b : bufs) record_pool_->Put(std::move(b));
 }
 
 std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {

@@ -9,6 +9,7 @@
 #ifndef GRADSNAP_STORAGE_ENGINE_IMPL_H_
 #define GRADSNAP_STORAGE_ENGINE_IMPL_H_
 
+#include <atomic>
 #include <memory>
 #include <set>
 #include <string>
@@ -58,7 +59,12 @@ class EngineImpl : public Engine {
   const EngineOptions& options() const { return options_; }
   FileSystem* fs() const { return fs_; }
   MetaStore* meta() const { return meta_.get(); }
-  BufferPool* record_pool() { return &record_pool_; }
+  BufferPool* record_pool() { return record_pool_.get(); }
+  // The same pool, for buffers that may outlive the engine (chunks ReadShared lent out go back
+  // to it when their last holder lets go).
+  const std::shared_ptr<BufferPool>& shared_record_pool() { return record_pool_; }
+  // Shard readers alive: they share the fresh memory a restore may fault (shard_reader.cc).
+  std::atomic<int>* open_readers() { return &open_readers_; }
   // Record buffers for chunks of at most kSmallChunkBytes (small tensors, tensor tails).
   BufferPool* small_record_pool() { return &small_record_pool_; }
   std::string CheckpointDir(const std::string& job, int64_t step) const;
@@ -107,8 +113,11 @@ class EngineImpl : public Engine {
   // Full-size record buffers the pool keeps (EngineOptions::prefault_writers fills at most
   // this many).
   static constexpr size_t kRecordPoolBuffers = 64;
-  BufferPool record_pool_;
+  // Shared: a chunk buffer lent by ReadShared returns to it when its last holder lets go,
+  // which may be after the engine is gone.
+  const std::shared_ptr<BufferPool> record_pool_;
   BufferPool small_record_pool_;
+  std::atomic<int> open_readers_{0};
 
   absl::Mutex mu_;
   // Shard keys with an open writer. A leaf lock (taken after mu_, never before it), so the

@@ -228,6 +228,42 @@ TEST_P(EngineTest, LentBytesSurviveLaterWritesAndReadsThatReuseBuffers) {
   EXPECT_EQ(offset, stream.size());
 }
 
+// A chunk buffer ReadShared lent out goes back to the engine's record pool when its last holder
+// lets go, also after the reader is gone: the next reader reads into that same buffer instead
+// of faulting a fresh one. The bytes stay intact while held (the pool does not hand out a
+// buffer still held).
+TEST_P(EngineTest, ReleasedLentBufferGoesBackToThePoolAndIsReused) {
+  EngineOptions o = Options();
+  o.zstd_level = 0;  // the chunk's bytes lie in its record buffer, not a decompressed copy
+  auto e = gradsnap::testing::ValueOrNull(Engine::Open(o));
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->BeginCheckpoint({"lp", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ShardData d = MakeShard("lp", 1, 0, 41, 100000);  // 400 KB: several full 64 KiB chunks
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  const std::vector<uint8_t>& w = d.bytes[0];
+  const uint8_t* first = nullptr;
+  std::shared_ptr<const void> hold;
+  {
+    auto r = e->OpenShardReader("lp", 1, 0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto got = (*r)->ReadShared(0, 1000, &first, &hold);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(*got, 1000u);
+  }
+  // The reader's other buffers went back to the pool; the held one did not.
+  ExpectRestores(e.get(), d);
+  ASSERT_EQ(0, std::memcmp(first, w.data(), 1000));
+  hold.reset();  // the last holder: the buffer goes back to the pool, on top
+  auto r = e->OpenShardReader("lp", 1, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint8_t* again = nullptr;
+  auto got = (*r)->ReadShared(0, 1000, &again, &hold);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(*got, 1000u);
+  EXPECT_EQ(again, first) << "the first chunk is read into the released buffer";
+  EXPECT_EQ(0, std::memcmp(again, w.data(), 1000));
+}
+
 // A shard written with chunks larger than the reading engine's chunk_bytes (so its records do
 // not fit the engine's pool buffers) reads back, also with a second reader.
 TEST_P(EngineTest, RecordsLargerThanThePoolBuffersRead) {

@@ -25,8 +25,15 @@
 //   checks, decompression), so the disk never waits for the CPU. A short read is resubmitted
 //   for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
 //   (disabled, or a File without a descriptor) the pool threads (up to 16) pread, then decode.
-//   Slot buffers of full records come from the engine's record pool and go back to it when the
-//   reader is destroyed (SizeRecord), so restores reuse memory the writers already faulted.
+//   Slot buffers of full records come from the engine's record pool and go back to it when their
+//   slot dies: with the reader, or for a chunk ReadShared lent out, when its last holder lets go
+//   (the pool outlives the engine while a holder needs it). So restores reuse memory the writers
+//   and earlier restores already faulted: a fresh 4 MiB buffer costs zeroing and faulting its
+//   pages, which for a server restore was about half its CPU. The engine's open readers share
+//   kFreshBuffers fresh buffers (kMinWindow to kMaxFresh each); past its share a reader reads ahead
+//   only into buffers the pool has on hand. So concurrent readers (one per Read stream in a
+//   server) do not each fault up to kReadAheadBytes of new memory, and what they fault fits
+//   back into the pool for the next restore.
 #include <algorithm>
 #include <atomic>
 #include <deque>
@@ -49,6 +56,9 @@ namespace {
 
 constexpr size_t kReadAheadBytes = 128 << 20;  // per reader: bounds its memory
 constexpr size_t kMaxWindow = 64;                // chunks read ahead, at most
+constexpr size_t kMinWindow = 2;     // chunks a reader reads ahead whatever the pool holds
+constexpr size_t kMaxFresh = 8;      // chunks a reader reads ahead into fresh buffers, at most
+constexpr size_t kFreshBuffers = 32;  // read-ahead in fresh buffers, shared by open readers
 constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
 constexpr size_t kFuseBlock = 64 << 10;          // copied then hashed while in cache
 
@@ -86,9 +96,14 @@ struct ReaderContext {
 
 // One chunk read ahead. Buffers are reused across chunks (no fresh page faults).
 struct Slot {
+  ~Slot() {
+    if (pool != nullptr) pool->Put(std::move(record));  // other sizes: dropped
+  }
   int index = 0;                  // its fixed-buffer slot in the ring
   size_t chunk = 0;
+  std::shared_ptr<BufferPool> pool;       // where `record` goes when the slot dies
   std::unique_ptr<AlignedBuffer> record;  // the record as read (O_DIRECT)
+  bool new_record = false;        // `record` is not registered with the ring yet
   std::vector<uint8_t> decoded;   // decompressed bytes, for zstd records
   const uint8_t* data = nullptr;  // the chunk's raw bytes: into record or decoded
   size_t size = 0;
@@ -113,10 +128,13 @@ class ShardReaderImpl : public ShardReader {
     }
     window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
                                        kMaxWindow);
+    engine->open_readers()->fetch_add(1);
   }
+  // Slots only this reader holds die with it (their buffers go back to the pool); lent ones
+  // live on with their holders.
   ~ShardReaderImpl() override {
     Cancel();
-    ReturnRecords();
+    engine_->open_readers()->fetch_sub(1);
   }
 
   absl::Status Open() {
@@ -183,16 +201,19 @@ class ShardReaderImpl : public ShardReader {
   size_t ChunkAt(uint64_t offset) const;
   // The tensor holding stream byte `offset` (< the total).
   uint32_t TensorAt(uint64_t offset) const;
-  void Schedule(size_t chunk);
+  // Starts reading `chunk` into a spare slot or a new one; false (nothing started) when a new
+  // one would need a fresh buffer and `must` is not set.
+  bool Schedule(size_t chunk, bool must);
   // Makes cur_ the decoded chunk `chunk` (kept when it already is); errors name `tensor`.
   absl::Status Hold(size_t chunk, uint32_t tensor);
   absl::Status Take(size_t chunk, uint32_t tensor, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
   void Reclaim();
-  // Gives the slot a record buffer of at least `len` bytes; returns whether it is a new one.
-  bool SizeRecord(Slot* slot, size_t len);
-  // Hands the record buffers of the slots only this reader holds back to the engine's pool.
-  void ReturnRecords();
+  // The record buffer size for records of `len` bytes, and whether it comes from the pool.
+  size_t RecordCapacity(size_t len) const;
+  bool Pooled(size_t capacity) const;
+  // Gives the slot a record buffer of at least `len` bytes (new_record when it is a new one).
+  void SizeRecord(Slot* slot, size_t len);
   void StartRing(std::vector<File*> files, std::vector<std::string> names);
   void ReadWithRing(const std::shared_ptr<Slot>& slot);
   void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
@@ -239,27 +260,42 @@ void ShardReaderImpl::StartRing(std::vector<File*> files, std::vector<std::strin
   ring_ = std::move(*ring);
 }
 
-void ShardReaderImpl::Schedule(size_t chunk) {
+bool ShardReaderImpl::Schedule(size_t chunk, bool must) {
+  const size_t len = AlignUp(chunks_[chunk].header.record_len());
   std::shared_ptr<Slot> slot;
-  if (spare_.empty()) {
-    slot = std::make_shared<Slot>();
-    slot->index = slots_made_++;
-  } else {
+  if (!spare_.empty()) {
     slot = std::move(spare_.back());
     spare_.pop_back();
+  } else {
+    std::unique_ptr<AlignedBuffer> pooled;
+    const size_t want = RecordCapacity(len);
+    const size_t readers = static_cast<size_t>(std::max(1, engine_->open_readers()->load()));
+    const size_t share = std::clamp(kFreshBuffers / readers, kMinWindow, kMaxFresh);
+    const bool fresh_ok = must || window_.size() + lent_.size() < share || !Pooled(want);
+    if (!fresh_ok && (pooled = engine_->record_pool()->TryGet()) == nullptr) return false;
+    slot = std::make_shared<Slot>();
+    slot->index = slots_made_++;
+    slot->pool = engine_->shared_record_pool();
+    slot->new_record = pooled != nullptr;
+    slot->record = std::move(pooled);
   }
+  // In the caller's thread: which buffer a chunk gets does not depend on the pool's timing.
+  SizeRecord(slot.get(), len);
   slot->chunk = chunk;
   slot->done = false;
   slot->status = absl::OkStatus();
   window_.push_back(slot);
-  if (ring_ != nullptr) return ReadWithRing(slot);
+  if (ring_ != nullptr) {
+    ReadWithRing(slot);
+    return true;
+  }
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
-    SizeRecord(slot.get(), AlignUp(c.header.record_len()));
     absl::Status s = ReadRecord(files_.at(c.segment).get(), c, slot->record.get());
     if (!s.ok()) return Finish(slot, s);
     Decode(slot, ctx);
   });
+  return true;
 }
 
 // The record goes out on the ring; its completion queues the decode on the pool.
@@ -267,10 +303,11 @@ void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
   const ChunkRecord& c = chunks_[slot->chunk];
   size_t len = AlignUp(c.header.record_len());
   int fixed = slot->index;
-  if (SizeRecord(slot.get(), len) &&
+  if (slot->new_record &&
       !ring_->RegisterBuffer(slot->index, slot->record->data(), slot->record->capacity())) {
     fixed = -1;
   }
+  slot->new_record = false;
   ring_->Read(file_index_.at(c.segment), c.offset, slot->record->data(), len, fixed,
               [this, slot](absl::StatusOr<size_t> got) {
                 absl::Status s =
@@ -319,26 +356,26 @@ void ShardReaderImpl::Reclaim() {
 // Sized for the largest record of the shard at once: a slot that first held a small (compressed
 // or packed) record is not reallocated and registered again for a larger one. Buffers of about
 // the engine's full record size come from its record pool, which the writers fill and every
-// reader gives back (ReturnRecords): a restore reuses pages already faulted instead of
+// slot gives back when it dies (~Slot): a restore reuses pages already faulted instead of
 // faulting up to kReadAheadBytes of fresh memory per reader (on this project's VM that cost
 // 0.6 CPU-s for a 256 MiB restore, more than the reading itself).
-bool ShardReaderImpl::SizeRecord(Slot* slot, size_t len) {
-  if (slot->record != nullptr && slot->record->capacity() >= len) return false;
-  const size_t want = std::max(len, AlignUp(kChunkHeaderSize + max_raw_len_));
-  BufferPool* pool = engine_->record_pool();
-  if (slot->record != nullptr) pool->Put(std::move(slot->record));
-  // A shard of small records keeps small buffers: a pool buffer would pin memory it never uses.
-  const bool pooled = want <= pool->buffer_capacity() && want > pool->buffer_capacity() / 2;
-  slot->record = pooled ? pool->Get() : std::make_unique<AlignedBuffer>(want);
-  return true;
+size_t ShardReaderImpl::RecordCapacity(size_t len) const {
+  return std::max(len, AlignUp(kChunkHeaderSize + max_raw_len_));
 }
 
-void ShardReaderImpl::ReturnRecords() {
-  Recycle(std::move(cur_));
-  Reclaim();
+// A shard of small records keeps small buffers: a pool buffer would pin memory it never uses.
+bool ShardReaderImpl::Pooled(size_t capacity) const {
+  const size_t pool = engine_->record_pool()->buffer_capacity();
+  return capacity <= pool && capacity > pool / 2;
+}
+
+void ShardReaderImpl::SizeRecord(Slot* slot, size_t len) {
+  if (slot->record != nullptr && slot->record->capacity() >= len) return;
+  const size_t want = RecordCapacity(len);
   BufferPool* pool = engine_->record_pool();
-  for (std::shared_ptr<Slot>& s : spare_) pool->Put(std::move(s->record));  // other sizes: dropped
-  spare_.clear();
+  if (slot->record != nullptr) pool->Put(std::move(slot->record));
+  slot->record = Pooled(want) ? pool->Get() : std::make_unique<AlignedBuffer>(want);
+  slot->new_record = true;
 }
 
 size_t ShardReaderImpl::ChunkAt(uint64_t offset) const {
@@ -376,7 +413,8 @@ absl::Status ShardReaderImpl::Take(size_t chunk, uint32_t tensor, std::shared_pt
   while ((window_.empty() || window_.size() + lent_.size() < window_limit_) &&
          next < chunks_.size() &&
          (next == chunk || chunks_[next].header.stream_offset < read_end_)) {
-    Schedule(next++);
+    if (!Schedule(next, /*must=*/window_.empty())) break;
+    ++next;
   }
   std::shared_ptr<Slot> s = window_.front();
   window_.pop_front();
