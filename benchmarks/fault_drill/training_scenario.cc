@@ -107,13 +107,16 @@ absl::StatusOr<std::string> RunToEnd(const std::vector<std::string>& argv, const
 TrainingDrillConfig TrainingDrillFor(const DrillOptions& opts) {
   TrainingDrillConfig c{.server_bin = opts.server_bin, .train_bin = opts.train_bin,
                         .work_dir = opts.work_dir, .seed = opts.seed, .kills = opts.kills};
-  if (opts.quick) {  // CI: short outages (0.5-0.8 s) and a job that just outlasts them
+  // CI: short outages (0.5-0.8 s) and a job that outlasts them: one kill costs up to ~1.5 s
+  // (uptime, outage, restart), 16 steps of >= 100 ms. A job shorter than the storm ended
+  // before its last kills, and one the storm covered end to end never committed a FULL.
+  if (opts.quick) {
     c.down_ms_min = 500;
     c.down_ms_max = 800;
     c.up_ms_min = 50;
     c.up_ms_max = 300;
     c.step_delay_ms = 100;
-    c.steps = std::max<int64_t>(60, c.kills * 8);
+    c.steps = std::max<int64_t>(60, c.kills * 16);
   } else {
     c.steps = std::max<int64_t>(100, c.kills * 30);
   }
