@@ -87,6 +87,16 @@ std::unique_ptr<AlignedBuffer> BufferPool::TryGet() {
   return b;
 }
 
+std::vector<std::unique_ptr<AlignedBuffer>> BufferPool::GetFaulted(size_t n) {
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
+  bufs.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    bufs.push_back(Get());
+    bufs.back()->Prefault();  // a pooled buffer is mapped already: its pages are touched again
+  }
+  return bufs;
+}
+
 size_t BufferPool::cached() {
   absl::MutexLock lock(&mu_);
   return free_.size();

@@ -70,6 +70,9 @@ class BufferPool {
   std::unique_ptr<AlignedBuffer> Get();
   // A cached buffer, or null when none is (never a freshly allocated one).
   std::unique_ptr<AlignedBuffer> TryGet();
+  // `n` buffers (Get), each faulted in (AlignedBuffer::Prefault): the page faults of new ones
+  // are paid here, not in the copy that fills them later.
+  std::vector<std::unique_ptr<AlignedBuffer>> GetFaulted(size_t n);
   void Put(std::unique_ptr<AlignedBuffer> buf);
   // Buffers waiting in the pool now.
   size_t cached();

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -108,6 +109,21 @@ TEST(BufferPoolTest, ReusesReturnedBuffers) {
   pool.Put(std::make_unique<AlignedBuffer>(4096));  // another capacity: dropped
   auto fresh = pool.Get();
   EXPECT_EQ(fresh->capacity(), size_t{3} << 20);
+}
+
+TEST(BufferPoolTest, GetFaultedTakesPooledBuffersFirstAndMapsEveryOne) {
+  BufferPool pool(2 * kHugePageBytes, 4);
+  auto pooled = pool.Get();
+  uint8_t* p = pooled->data();
+  pool.Put(std::move(pooled));
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs = pool.GetFaulted(3);
+  ASSERT_EQ(bufs.size(), 3u);
+  EXPECT_EQ(bufs[0]->data(), p);  // the pooled one, then two new ones
+  EXPECT_EQ(pool.cached(), 0u);
+  for (const auto& b : bufs) {
+    EXPECT_EQ(b->capacity(), 2 * kHugePageBytes);
+    EXPECT_EQ(RssKbAt(Addr(*b)), static_cast<long>(b->capacity() / 1024));
+  }
 }
 
 }  // namespace

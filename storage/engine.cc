@@ -312,12 +312,7 @@ void EngineImpl::PrefaultRecordBuffers() {
   const size_t n = std::min<size_t>(
       static_cast<size_t>(options_.prefault_writers) * ShardWriterReservedBuffers(options_),
       kRecordPoolBuffers);
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  for (size_t i = 0; i < n; ++i) {
-    bufs.push_back(record_pool_->Get());
-    bufs.back()->Prefault();
-  }
-  for (auto& b : bufs) record_pool_->Put(std::move(b));
+  for (auto& b : record_pool_->GetFaulted(n)) record_pool_->Put(std::move(b));
 }
 
 std::string EngineImpl::CheckpointDir(const std::string& job, int64_t step) const {

@@ -328,12 +328,7 @@ void ShardWriterImpl::ReserveBuffers() {
   const uint64_t chunks = (total_ - written_ + opt_.chunk_bytes - 1) / opt_.chunk_bytes;
   const size_t want =
       static_cast<size_t>(std::min<uint64_t>(chunks, ShardWriterReservedBuffers(opt_)));
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs;
-  bufs.reserve(want);
-  for (size_t i = 0; i < want; ++i) {
-    bufs.push_back(engine_->record_pool()->Get());
-    bufs.back()->Prefault();  // a new buffer faults here; a pooled one is already mapped
-  }
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs = engine_->record_pool()->GetFaulted(want);
   absl::MutexLock lock(&spare_mu_);
   reserved_ = want;
   spare_ = std::move(bufs);
