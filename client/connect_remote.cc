@@ -16,6 +16,9 @@ absl::Status ValidateClientOptions(const ClientOptions& options) {
   if (options.read_streams < 1) {
     return absl::InvalidArgumentError("ClientOptions.read_streams must be >= 1");
   }
+  if (options.connections_per_node < 1 || options.connections_per_node > 16) {
+    return absl::InvalidArgumentError("ClientOptions.connections_per_node must be 1..16");
+  }
   if (options.replicas < 1) {
     return absl::InvalidArgumentError("ClientOptions.replicas must be >= 1");
   }

@@ -218,7 +218,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
                                                      24ull * 3600 * 1000)));
   v1::WriteResponse resp;
   // Raw messages (proto/raw_message.h): `data` is one slice, framed without serializing.
-  std::shared_ptr<grpc::Channel> channel = node.channel();
+  std::shared_ptr<grpc::Channel> channel = node.stream_channel();
   const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Write",
                                          grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> stream(
@@ -262,7 +262,7 @@ absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& opt
     for (const auto& n : nodes) {
       if (n->endpoint == e) return absl::InvalidArgumentError(absl::StrCat("endpoint ", e, " twice"));
     }
-    nodes.push_back(remote::MakeNode(e, creds));
+    nodes.push_back(remote::MakeNode(e, creds, options.connections_per_node));
   }
   return std::unique_ptr<Client>(new remote::RemoteClient(options, std::move(nodes)));
 }

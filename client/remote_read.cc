@@ -197,7 +197,7 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_, 0);
   // The method called with raw ByteBuffer responses (parsed below without copying the data).
-  std::shared_ptr<grpc::Channel> channel = node.channel();
+  std::shared_ptr<grpc::Channel> channel = node.stream_channel();
   const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Read",
                                          grpc::internal::RpcMethod::SERVER_STREAMING, channel);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> stream(

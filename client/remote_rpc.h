@@ -70,11 +70,13 @@ inline std::shared_ptr<grpc::Channel> MakeChannel(
   return grpc::CreateCustomChannel(endpoint, creds, args);
 }
 
-// One storage node: its endpoint and a stub on a channel that can be rebuilt.
+// One storage node: its endpoint, `connections` channels (each its own TCP connection) that
+// can be rebuilt, and a stub on the first for unary calls.
 class Node {
  public:
-  Node(std::string endpoint, std::shared_ptr<grpc::ChannelCredentials> creds)
-      : endpoint(std::move(endpoint)), creds_(std::move(creds)) {
+  Node(std::string endpoint, std::shared_ptr<grpc::ChannelCredentials> creds, int connections)
+      : endpoint(std::move(endpoint)), creds_(std::move(creds)),
+        channels_(static_cast<size_t>(std::max(1, connections))) {
     Reset();
   }
   // The current stub; callers hold the shared_ptr for the duration of a call.
@@ -82,19 +84,23 @@ class Node {
     absl::MutexLock lock(&mu_);
     return stub_;
   }
-  std::shared_ptr<grpc::Channel> channel() {
+  // The channel for a bulk stream (Write, Read): the node's connections in turn, so
+  // concurrent streams spread over them. One HTTP/2 connection moves its streams' bytes
+  // through one socket, written and read by one thread at a time on each side; several let
+  // both cores of a small host copy at once (ClientOptions::connections_per_node).
+  std::shared_ptr<grpc::Channel> stream_channel() {
     absl::MutexLock lock(&mu_);
-    return channel_;
+    return channels_[next_++ % channels_.size()];
   }
-  // Called before retrying after UNAVAILABLE: asks the channel to connect now and, when that
-  // keeps failing, replaces the channel (a channel in transient failure may otherwise wait
-  // out its own reconnect backoff after the node is already back).
+  // Called before retrying after UNAVAILABLE: asks the channels to connect now and, when that
+  // keeps failing, replaces them (a channel in transient failure may otherwise wait out its
+  // own reconnect backoff after the node is already back).
   void OnUnavailable() {
     absl::MutexLock lock(&mu_);
     if (++unavailable_ % 3 == 0) {
       ResetLocked();
     } else {
-      channel_->GetState(/*try_to_connect=*/true);
+      for (const auto& c : channels_) c->GetState(/*try_to_connect=*/true);
     }
   }
 
@@ -106,20 +112,22 @@ class Node {
     ResetLocked();
   }
   void ResetLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    channel_ = MakeChannel(endpoint, creds_);
-    stub_ = gradsnap::v1::Storage::NewStub(channel_);
+    for (auto& c : channels_) c = MakeChannel(endpoint, creds_);
+    stub_ = gradsnap::v1::Storage::NewStub(channels_[0]);
   }
 
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   absl::Mutex mu_;
-  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<gradsnap::v1::Storage::Stub> stub_ ABSL_GUARDED_BY(mu_);
   int unavailable_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 inline std::unique_ptr<Node> MakeNode(const std::string& endpoint,
-                                      const std::shared_ptr<grpc::ChannelCredentials>& creds) {
-  return std::make_unique<Node>(endpoint, creds);
+                                      const std::shared_ptr<grpc::ChannelCredentials>& creds,
+                                      int connections) {
+  return std::make_unique<Node>(endpoint, creds, connections);
 }
 
 // Fills a context: token metadata and, when deadline_ms > 0, a deadline.

@@ -24,6 +24,7 @@ struct ServerOptions {
   ServerOptions() {
     engine.queue_depth = kUploadQueueDepth;
     engine.prefault_writers = kPrefaultUploads;
+    engine.prefault_read_ahead = true;
   }
   // Chunks each upload's engine writer keeps in flight (EngineOptions::queue_depth): 5 chunks
   // of 4 MiB keep a disk's sequential bandwidth, and bound an upload's buffers to about
@@ -34,7 +35,8 @@ struct ServerOptions {
   // checkpoints after a start do not copy into fresh pages (--prefault-uploads).
   static constexpr int kPrefaultUploads = 2;
   // Engine options; engine.data_dir is the server's --data-dir. Required. Default: the
-  // engine's, except queue_depth = kUploadQueueDepth and prefault_writers = kPrefaultUploads.
+  // engine's, except queue_depth = kUploadQueueDepth, prefault_writers = kPrefaultUploads and
+  // prefault_read_ahead = true (--prefault-read-ahead).
   storage::EngineOptions engine;
   // gRPC address; port 0 picks a free port. Default: "127.0.0.1:0".
   std::string listen = "127.0.0.1:0";

@@ -32,6 +32,8 @@ ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics ove
 ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
 ABSL_FLAG(int, prefault_uploads, gradsnap::service::ServerOptions::kPrefaultUploads,
           "Uploads whose record buffers are faulted in at start (6 x 4 MiB each; 0: on first use). Default: 2.");
+ABSL_FLAG(bool, prefault_read_ahead, true,
+          "Fault in at start the record buffers restores read ahead into (32 x 4 MiB), so the first restore after a start does not zero fresh pages. Default: true.");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
 ABSL_FLAG(int, durable_every_mib, 64, "An upload is made durable every N MiB received (a crash resends at most that). Default: 64.");
 ABSL_FLAG(std::string, digest, "xxh3", "Per-tensor digest of new shards: xxh3 (XXH3-128) or sha256. Default: xxh3.");
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
   if (o.engine.prefault_writers < 0 || o.engine.prefault_writers > 10) {
     return Fail("--prefault-uploads must be 0..10");
   }
+  o.engine.prefault_read_ahead = absl::GetFlag(FLAGS_prefault_read_ahead);
   const int durable_mib = absl::GetFlag(FLAGS_durable_every_mib);
   if (durable_mib < 1 || durable_mib > 4096) return Fail("--durable-every-mib must be 1..4096");
   o.service.flush_bytes = static_cast<uint64_t>(durable_mib) << 20;

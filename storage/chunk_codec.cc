@@ -344,7 +344,7 @@ absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
   if (out_cap < h.raw_len) return absl::DataLossError("chunk larger than expected");
   const uint8_t* payload = rec + kChunkHeaderSize;
   if (Crc32c(payload, h.stored_len) != h.crc_stored) {
-    return absl::DataLossError("chunk stored-bytes CRC mismatch");
+    return absl::DataLossError(kStoredCrcMismatch);
   }
   if (h.codec == ChunkCodec::kRaw) {
     std::memcpy(out, payload, h.raw_len);  // crc_raw == crc_stored was checked above
@@ -366,7 +366,8 @@ absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
 
 absl::Status ChunkDecoder::DecodeView(const uint8_t* rec, size_t rec_len,
                                       const ChunkHeader* expected, std::vector<uint8_t>* scratch,
-                                      const uint8_t** data) {
+                                      const uint8_t** data, bool* crc_pending) {
+  if (crc_pending != nullptr) *crc_pending = false;
   ChunkHeader h;
   if (absl::Status s = ParseChunkHeader(rec, rec_len, &h); !s.ok()) return s;
   if (h.codec == ChunkCodec::kRaw) {
@@ -374,8 +375,11 @@ absl::Status ChunkDecoder::DecodeView(const uint8_t* rec, size_t rec_len,
       return absl::DataLossError("chunk record does not match its metadata");
     }
     if (rec_len < h.record_len()) return absl::DataLossError("chunk record truncated");
-    if (Crc32c(rec + kChunkHeaderSize, h.stored_len) != h.crc_stored || h.crc_raw != h.crc_stored) {
-      return absl::DataLossError("chunk stored-bytes CRC mismatch");
+    if (h.crc_raw != h.crc_stored) return absl::DataLossError(kStoredCrcMismatch);
+    if (crc_pending != nullptr) {
+      *crc_pending = true;
+    } else if (Crc32c(rec + kChunkHeaderSize, h.stored_len) != h.crc_stored) {
+      return absl::DataLossError(kStoredCrcMismatch);
     }
     *data = rec + kChunkHeaderSize;
     return absl::OkStatus();

@@ -147,6 +147,9 @@ class ChunkEncoder {
   std::vector<uint8_t> probe_out_;  // TimeDecode's output
 };
 
+// The DATA_LOSS message of a record whose payload does not match its CRC-32C.
+inline constexpr char kStoredCrcMismatch[] = "chunk stored-bytes CRC mismatch";
+
 // Parses and checks a record header (magic, version, header CRC, enum values, lengths).
 // DATA_LOSS on any mismatch.
 absl::Status ParseChunkHeader(const uint8_t* rec, size_t avail, ChunkHeader* out);
@@ -165,8 +168,14 @@ class ChunkDecoder {
                       uint8_t* out, size_t out_cap);
   // Zero-copy variant: checks the record like Decode(); a raw record's bytes are left in
   // place (*data = rec + kChunkHeaderSize), a compressed one is decoded into *scratch.
+  // With `crc_pending` given, a raw record's payload CRC is not computed: *crc_pending is set
+  // and the caller must check Crc32c(*data, raw_len) == header.crc_raw before using a byte
+  // (the shard reader does it in the same pass as the tensor digests). Everything else (the
+  // header, its CRC and its match with `expected`, the length, a compressed record's CRCs) is
+  // checked here; *crc_pending is false for a compressed record.
   absl::Status DecodeView(const uint8_t* rec, size_t rec_len, const ChunkHeader* expected,
-                          std::vector<uint8_t>* scratch, const uint8_t** data);
+                          std::vector<uint8_t>* scratch, const uint8_t** data,
+                          bool* crc_pending = nullptr);
 
  private:
   void* dctx_;  // ZSTD_DCtx*

@@ -218,6 +218,75 @@ TEST_F(DigestTest, StreamReadInSmallPiecesChecksTheDigestAtTheTensorEnd) {
   EXPECT_EQ(std::memcmp(rest.data(), stream.data() + 100, rest.size()), 0);
 }
 
+// Streams the shard with ReadShared (the server's path: the reader checks a raw chunk's CRC and
+// its tensors' digests in one pass when it takes the chunk) in pieces of `piece` bytes from
+// `from`; returns the first error. Every byte handed out must be the one written.
+absl::Status StreamShared(ShardReader* r, const std::vector<uint8_t>& stream, uint64_t from,
+                          size_t piece, uint64_t* pos) {
+  *pos = from;
+  while (*pos < stream.size()) {
+    const uint8_t* p = nullptr;
+    std::shared_ptr<const void> hold;
+    auto n = r->ReadShared(*pos, piece, &p, &hold);
+    if (!n.ok()) return n.status();
+    if (*n == 0) return absl::OutOfRangeError("short");
+    EXPECT_EQ(std::memcmp(p, stream.data() + *pos, *n), 0) << *pos;
+    *pos += *n;
+  }
+  return absl::OkStatus();
+}
+
+TEST_F(DigestTest, SharedReadsCheckCrcAndDigestBeforeHandingOutAChunk) {
+  Open(DigestAlgo::kXxh3_128);
+  ShardData d = Write(1);
+  const std::vector<uint8_t> stream = d.stream();
+  uint64_t pos = 0;
+  {  // Intact: the whole shard, in pieces that do not line up with the 32 KiB chunks.
+    auto r = engine_->OpenShardReader("dj", 1, 0);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(StreamShared(r->get(), stream, 0, 7000, &pos).ok());
+  }
+  TamperDigest(1, std::string(32, 'a'));  // tensor w: bytes [0, 80000)
+  Open(DigestAlgo::kXxh3_128);
+  {
+    auto r = engine_->OpenShardReader("dj", 1, 0);
+    ASSERT_TRUE(r.ok());
+    absl::Status s = StreamShared(r->get(), stream, 0, 7000, &pos);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("tensor w"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("xxh3-128 digest mismatch"), std::string::npos) << s;
+    // Nothing of the chunk holding w's end (bytes [65536, 98304)) was handed out.
+    EXPECT_LE(pos, 65536u);
+  }
+  {  // A stream that starts inside w checks CRCs only, and reads the rest of the shard.
+    auto r = engine_->OpenShardReader("dj", 1, 0);
+    ASSERT_TRUE(r.ok());
+    absl::Status s = StreamShared(r->get(), stream, 100, 7000, &pos);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  // A flipped payload byte in the middle of the segment: DATA_LOSS from the chunk's CRC, and
+  // every byte handed out before it is right.
+  // (Records start on 4 KiB boundaries; a block whose byte 100 is padding is skipped.)
+  ShardData d2 = Write(2);
+  const std::vector<uint8_t> stream2 = d2.stream();
+  fs::path seg = Segments(2).at(0);
+  bool flipped = false;
+  for (uint64_t off = fs::file_size(seg) / 2 / 4096 * 4096 + 100; !flipped; off += 4096) {
+    ASSERT_LT(off, fs::file_size(seg));
+    ASSERT_TRUE(testing::FlipByte(seg.string(), off, 0x01).ok());
+    flipped = !engine_->Verify("dj", 2).ok();
+    if (!flipped) {
+      ASSERT_TRUE(testing::FlipByte(seg.string(), off, 0x01).ok());
+    }
+  }
+  auto r = engine_->OpenShardReader("dj", 2, 0);
+  ASSERT_TRUE(r.ok());
+  absl::Status s = StreamShared(r->get(), stream2, 0, 7000, &pos);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("CRC mismatch"), std::string::npos) << s;
+  EXPECT_LT(pos, stream2.size());
+}
+
 TEST_F(DigestTest, ExpectedSha256IsCheckedUnderXxh3) {
   Open(DigestAlgo::kXxh3_128);
   ASSERT_TRUE(engine_->BeginCheckpoint({"dj", 1, CheckpointKind::kFull, -1, 1, ""}).ok());

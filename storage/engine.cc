@@ -291,10 +291,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
   // The probe above checked the same catalog already.
   if (!probe_first) RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
-  if (!options.read_only) {
-    RETURN_IF_ERROR(engine->Recover());
-    engine->PrefaultRecordBuffers();
-  }
+  if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
+  engine->PrefaultRecordBuffers();  // a read-only engine takes only read-ahead buffers
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
@@ -308,10 +306,12 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
       small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
 
 void EngineImpl::PrefaultRecordBuffers() {
-  if (options_.prefault_writers <= 0) return;
-  const size_t n = std::min<size_t>(
-      static_cast<size_t>(options_.prefault_writers) * ShardWriterReservedBuffers(options_),
-      kRecordPoolBuffers);
+  const size_t writers = options_.read_only ? 0
+                        : static_cast<size_t>(std::max(0, options_.prefault_writers)) *
+                              ShardWriterReservedBuffers(options_);
+  const size_t readers = options_.prefault_read_ahead ? kReaderFreshBuffers : 0;
+  const size_t n = std::min<size_t>(writers + readers, kRecordPoolBuffers);
+  if (n == 0) return;
   for (auto& b : record_pool_->GetFaulted(n)) record_pool_->Put(std::move(b));
 }
 

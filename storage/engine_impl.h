@@ -59,6 +59,9 @@ class EngineImpl : public Engine {
   const EngineOptions& options() const { return options_; }
   FileSystem* fs() const { return fs_; }
   MetaStore* meta() const { return meta_.get(); }
+  // Record buffers the open shard readers share for read-ahead in buffers the pool does not
+  // have on hand (shard_reader.cc); EngineOptions::prefault_read_ahead faults them in at Open.
+  static constexpr size_t kReaderFreshBuffers = 32;
   BufferPool* record_pool() { return record_pool_.get(); }
   // The same pool, for buffers that may outlive the engine (chunks ReadShared lent out go back
   // to it when their last holder lets go).

@@ -106,6 +106,26 @@ TEST_F(ShardWriterBuffersTest, PrefaultWritersFillsThePoolAtOpen) {
   EXPECT_EQ(static_cast<EngineImpl*>(e.get())->record_pool()->cached(), 0u);
 }
 
+// EngineOptions::prefault_read_ahead adds the readers' shared read-ahead buffers (read-only
+// engines too: they read), within the pool's 64.
+TEST_F(ShardWriterBuffersTest, PrefaultReadAheadFillsThePoolForReaders) {
+  engine_.reset();
+  for (int writers : {0, 2, 100}) {
+    for (bool read_only : {false, true}) {
+      EngineOptions o = options_;
+      o.prefault_writers = writers;
+      o.prefault_read_ahead = true;
+      o.read_only = read_only;
+      auto e = gradsnap::testing::ValueOrNull(Engine::Open(o));
+      ASSERT_NE(e, nullptr);
+      const size_t w = read_only ? 0 : writers * ShardWriterReservedBuffers(o);
+      EXPECT_EQ(static_cast<EngineImpl*>(e.get())->record_pool()->cached(),
+                std::min<size_t>(w + EngineImpl::kReaderFreshBuffers, 64))
+          << writers << " " << read_only;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace storage
 }  // namespace gradsnap

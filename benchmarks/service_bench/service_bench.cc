@@ -12,8 +12,9 @@
 //   bare:     a bare gRPC server child (this binary with --bare_server) that implements only
 //             Write (counts the received bytes, stores nothing) and Read (sends the same bytes
 //             from memory as slices, no copy), with the transport settings of gradsnap
-//             (proto/transport.h) and the client's channel; --ranks concurrent streams on one
-//             connection upload (client-streaming, the data lent to gRPC uncopied) and
+//             (proto/transport.h) and the client's channels; --ranks concurrent streams over
+//             the client's connections (ClientOptions::connections_per_node, taken in turn as
+//             the remote client does) upload (client-streaming, the data lent to gRPC uncopied) and
 //             download (server-streaming, copied into the restore buffers as RestoreShard's
 //             caller does). The physical limit of any gRPC path on this machine.
 // Passes alternate the phase order (engine, service, cached, bare; then the reverse) because the
@@ -305,12 +306,18 @@ absl::StatusOr<SaveRestore> RunBare(const Data& d, int ranks) {
   gs::testing::ServerProcess server(self);
   RETURN_IF_ERROR(server.Start({"--bare_server", absl::StrCat("--bytes=", absl::GetFlag(FLAGS_bytes)),
                                 absl::StrCat("--ranks=", ranks)}));
-  // The remote client's channel (one connection carrying every rank's stream).
-  auto channel = gs::client::remote::MakeChannel(server.address(),
-                                                 grpc::InsecureChannelCredentials());
+  // The remote client's channels: its connections to a node, taken in turn by the ranks'
+  // streams (ClientOptions::connections_per_node).
+  const int connections = gs::client::ClientOptions().connections_per_node;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < connections; ++i) {
+    channels.push_back(gs::client::remote::MakeChannel(server.address(),
+                                                       grpc::InsecureChannelCredentials()));
+  }
   SaveRestore out;
   ASSIGN_OR_RETURN(out.save, Timed(server.pid(), [&] {
     return Parallel(ranks, [&](int r) -> absl::Status {
+      const auto& channel = channels[static_cast<size_t>(r % connections)];
       grpc::ClientContext ctx;
       gs::v1::WriteResponse resp;
       const grpc::internal::RpcMethod method("/gradsnap.v1.Storage/Write",
@@ -335,6 +342,7 @@ absl::StatusOr<SaveRestore> RunBare(const Data& d, int ranks) {
   Data& m = const_cast<Data&>(d);
   ASSIGN_OR_RETURN(out.restore, Timed(server.pid(), [&] {
     return Parallel(ranks, [&](int r) -> absl::Status {
+      const auto& channel = channels[static_cast<size_t>(r % connections)];
       grpc::ClientContext ctx;
       gs::v1::ReadRequest req;
       req.set_rank(r);

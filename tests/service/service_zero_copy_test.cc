@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -191,6 +193,68 @@ TEST(ServiceZeroCopy, ServerKilledMidRestoreIsAClearError) {
     EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << streams << ": " << st;
     EXPECT_NE(st.message().find(server.address()), std::string::npos) << st;
     EXPECT_LT(got, s.Payload().size());
+  }
+}
+
+// TCP connections to `port` in state ESTABLISHED, counted at their client ends (the remote
+// port is the server's), from /proc/net/tcp and tcp6 (gRPC's sockets are often dual-stack).
+int EstablishedTo(int port) {
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state;
+      f >> slot >> local >> remote >> state;
+      const size_t colon = remote.find(':');
+      if (colon == std::string::npos || state != "01") continue;
+      if (std::stoi(remote.substr(colon + 1), nullptr, 16) == port) ++n;
+    }
+  }
+  return n;
+}
+
+// ClientOptions::connections_per_node: uploads and Read streams take the node's connections in
+// turn (bytes exact over each); 1 keeps everything on one; out-of-range values are refused.
+TEST(ServiceZeroCopy, StreamsTakeTheNodesConnectionsInTurn) {
+  TempDir dir;
+  auto server = StartInProcess(dir);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->address();
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  TestShard s = MakeShard("conn", 1, 0, {(3u << 20) + 1, 4096}, 11);
+  const std::string want = s.Payload();
+  for (int connections : {1, 3}) {
+    SCOPED_TRACE(connections);
+    client::ClientOptions o;
+    o.endpoints = {address};
+    o.connections_per_node = connections;
+    auto c = client::Client::ConnectRemote(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    if (connections == 1) {
+      ASSERT_TRUE((*c)->BeginCheckpoint(FullSpec("conn", 1, 1)).ok());
+      ASSERT_TRUE((*c)->SaveShard(s.spec, s.Refs()).ok());
+    }
+    for (int i = 0; i < 4; ++i) {
+      auto got = RestoreToString(c->get(), "conn", 1, 0);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(*got == want) << i;
+    }
+    EXPECT_EQ(EstablishedTo(port), connections);
+    c->reset();
+    for (int i = 0; i < 100 && EstablishedTo(port) != 0; ++i) {  // closed with the client
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  for (int bad : {0, 17}) {
+    client::ClientOptions o;
+    o.endpoints = {address};
+    o.connections_per_node = bad;
+    auto c = client::Client::ConnectRemote(o);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(c.status().message().find("connections_per_node"), std::string::npos);
   }
 }
 
