@@ -1,6 +1,10 @@
 // Client::ConnectRemote, the entry point of gradsnap::client_remote (the remote back end alone:
-// no storage engine, no RocksDB), and the option checks both entry points share.
+// no storage engine, no RocksDB), the option checks both entry points share, and the Client
+// methods with a default implementation.
 // Client::Connect (client.cc, gradsnap::client) calls ConnectRemote when endpoints are given.
+#include <memory>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "client/backends.h"
 #include "client/client.h"
@@ -31,6 +35,20 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectRemote(const ClientOption
     return absl::InvalidArgumentError("ClientOptions needs endpoints (HOST:PORT of the servers)");
   }
   return NewRemoteClient(options);
+}
+
+// The default for back ends that cannot lend their bytes (the remote client): a copy per piece.
+absl::Status Client::RestoreShardLent(const std::string& job, int64_t step, int32_t rank,
+                                      const LentSink& sink, const ProgressFn& progress) {
+  return RestoreShard(
+      job, step, rank,
+      [&](const void* data, size_t n) {
+        auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(data),
+                                                           static_cast<const uint8_t*>(data) + n);
+        const void* p = copy->data();
+        return sink(p, n, std::move(copy));
+      },
+      progress);
 }
 
 }  // namespace client

@@ -18,14 +18,16 @@ namespace {
 constexpr size_t kAlign = 4096;
 constexpr int64_t kTmpfsMagic = 0x01021994;  // TMPFS_MAGIC, <linux/magic.h>
 
+bool OnTmpfs(const storage::File& f) {
+  struct statfs st;
+  return f.fd() >= 0 && ::fstatfs(f.fd(), &st) == 0 &&
+         static_cast<int64_t>(st.f_type) == kTmpfsMagic;
+}
+
 // Allocates `bytes` (rounded up to a block) of an O_DIRECT file with a descriptor; see the
 // header for why, and why not on tmpfs. Only ENOSPC fails: elsewhere it is a hint.
 absl::Status Preallocate(storage::File& f, const std::string& path, uint64_t bytes) {
-  if (bytes == 0 || f.fd() < 0 || !f.direct()) return absl::OkStatus();
-  struct statfs st;
-  if (::fstatfs(f.fd(), &st) == 0 && static_cast<int64_t>(st.f_type) == kTmpfsMagic) {
-    return absl::OkStatus();
-  }
+  if (bytes == 0 || f.fd() < 0 || !f.direct() || OnTmpfs(f)) return absl::OkStatus();
   const off_t len = static_cast<off_t>((bytes + kAlign - 1) / kAlign * kAlign);
   if (::fallocate(f.fd(), 0, 0, len) == 0 || errno != ENOSPC) return absl::OkStatus();
   return PosixError(absl::StrCat("allocate ", bytes, " bytes for ", path), ENOSPC);
@@ -43,12 +45,15 @@ absl::StatusOr<std::unique_ptr<DirectFileWriter>> DirectFileWriter::Create(
     GS_LOG(WARNING) << "writing " << path
                     << " through the page cache: its file system refuses O_DIRECT";
   }
-  return std::unique_ptr<DirectFileWriter>(new DirectFileWriter(fs, path, std::move(file)));
+  const bool tmpfs = OnTmpfs(*file);
+  return std::unique_ptr<DirectFileWriter>(
+      new DirectFileWriter(fs, path, std::move(file), tmpfs));
 }
 
 DirectFileWriter::DirectFileWriter(storage::FileSystem* fs, std::string path,
-                                   std::unique_ptr<storage::File> file)
-    : fs_(fs), path_(std::move(path)), file_(std::move(file)), direct_(file_->direct()) {
+                                   std::unique_ptr<storage::File> file, bool any_alignment)
+    : fs_(fs), path_(std::move(path)), file_(std::move(file)), direct_(file_->direct()),
+      any_alignment_(any_alignment) {
   for (int i = 0; i < kBuffers; ++i) {
     void* p = nullptr;
     GS_CHECK(::posix_memalign(&p, kAlign, kBufferBytes) == 0) << "out of memory";
@@ -56,7 +61,10 @@ DirectFileWriter::DirectFileWriter(storage::FileSystem* fs, std::string path,
   }
   cur_.data = storage_[0].get();
   for (int i = 1; i < kBuffers; ++i) free_.push_back(storage_[i].get());
-  for (int i = 0; i < kWriters; ++i) threads_.emplace_back([this] { Loop(); });
+  // A file that takes any alignment is written through the page cache (tmpfs's O_DIRECT is
+  // that too): each write holds the inode lock for its copy, so a second writer only waits.
+  const int writers = lends() ? 1 : kWriters;
+  for (int i = 0; i < writers; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
 DirectFileWriter::~DirectFileWriter() {
@@ -112,9 +120,15 @@ void DirectFileWriter::Loop() {
       failed = !error_.ok();
     }
     absl::Status s = failed ? absl::OkStatus() : WriteBuffer(b);
+    const bool lent = b.hold != nullptr;
+    b.hold.reset();  // lent bytes go back to their owner as soon as they are written
     absl::MutexLock lock(&mu_);
     if (!s.ok() && error_.ok()) error_ = s;
-    free_.push_back(b.data);
+    if (lent) {
+      --lent_;
+    } else {
+      free_.push_back(b.data);
+    }
     --busy_;
   }
 }
@@ -148,6 +162,30 @@ absl::Status DirectFileWriter::Append(const void* data, size_t n) {
     if (cur_.len == kBufferBytes) RETURN_IF_ERROR(Submit());
   }
   return absl::OkStatus();
+}
+
+absl::Status DirectFileWriter::AppendLent(const void* data, size_t n,
+                                          std::shared_ptr<const void> hold) {
+  if (closed_) return absl::FailedPreconditionError("DirectFileWriter already finished");
+  if (!lends() || n == 0) return Append(data, n);
+  if (cur_.len > 0) RETURN_IF_ERROR(Submit());  // the staged bytes first, at their offset
+  Buffer b;
+  b.data = const_cast<uint8_t*>(static_cast<const uint8_t*>(data));  // only read
+  b.len = n;
+  b.offset = cur_.offset;
+  b.hold = std::move(hold);
+  cur_.offset += n;
+  appended_ += n;
+  absl::MutexLock lock(&mu_);
+  if (!error_.ok()) return error_;
+  queue_.push_back(std::move(b));
+  ++lent_;
+  mu_.Await(absl::Condition(
+      +[](DirectFileWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+        return w->lent_ < kMaxLent || !w->error_.ok();
+      },
+      this));
+  return error_;
 }
 
 absl::Status DirectFileWriter::Finish() {

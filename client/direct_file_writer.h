@@ -25,6 +25,18 @@
 //   The first write error is sticky: Append and Finish return it. The file is left for the
 //   caller to remove.
 //
+// LENT BYTES
+//   AppendLent takes bytes the caller keeps valid (a `hold`) and queues them for the writer
+//   threads as they are, without the staging copy, where the file takes writes of any
+//   alignment: written through the page cache, or on tmpfs (which takes O_DIRECT at any
+//   alignment). There a file write is the kernel's copy into its pages and nothing else, and
+//   the producer verifies the next chunk while a writer thread writes this one. At most
+//   kMaxLent pieces wait or are being written; the producer waits for one to finish beyond
+//   that. Elsewhere (O_DIRECT on a disk) AppendLent copies like Append. Such a file gets one
+//   writer thread, not kWriters: a write through the page cache holds the inode lock for its
+//   copy, so more writers only wait for it (measured exporting 1 GiB to tmpfs on 2 cores:
+//   2.5-2.7 GB/s with one writer, 2.4-2.5 with four).
+//
 // THREAD SAFETY
 //   One producer thread at a time.
 #ifndef GRADSNAP_CLIENT_DIRECT_FILE_WRITER_H_
@@ -62,7 +74,14 @@ class DirectFileWriter {
   DirectFileWriter(const DirectFileWriter&) = delete;
   DirectFileWriter& operator=(const DirectFileWriter&) = delete;
 
+  static constexpr int kMaxLent = 8;               // lent pieces queued or being written
+
   absl::Status Append(const void* data, size_t n);
+  // As Append, but where the file takes any alignment (see LENT BYTES) data[0, n) is written
+  // from where it lies, kept valid by `hold` until then.
+  absl::Status AppendLent(const void* data, size_t n, std::shared_ptr<const void> hold);
+  // Whether AppendLent writes lent bytes uncopied.
+  bool lends() const { return any_alignment_ || !direct_.load(); }
   // Writes what is buffered, sets the file's exact size, fdatasyncs and closes it.
   absl::Status Finish();
   // Whether the writes go (went, once finished) O_DIRECT: false from the start where the
@@ -74,9 +93,10 @@ class DirectFileWriter {
     uint8_t* data = nullptr;
     size_t len = 0;
     uint64_t offset = 0;  // file offset of data[0]
+    std::shared_ptr<const void> hold;  // lent bytes (AppendLent): not a staging buffer
   };
   DirectFileWriter(storage::FileSystem* fs, std::string path,
-                   std::unique_ptr<storage::File> file);
+                   std::unique_ptr<storage::File> file, bool any_alignment);
   void Loop();
   absl::Status Submit();  // queues cur_ and takes a free buffer
   absl::Status WriteBuffer(const Buffer& b);
@@ -91,6 +111,7 @@ class DirectFileWriter {
   absl::Mutex file_mu_;
   std::shared_ptr<storage::File> file_ ABSL_GUARDED_BY(file_mu_);  // null once finished
   std::atomic<bool> direct_;
+  const bool any_alignment_;  // tmpfs: O_DIRECT writes of any alignment
   std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> storage_;
   Buffer cur_;
   uint64_t appended_ = 0;
@@ -100,6 +121,7 @@ class DirectFileWriter {
   std::deque<Buffer> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t*> free_ ABSL_GUARDED_BY(mu_);
   int busy_ ABSL_GUARDED_BY(mu_) = 0;  // buffers being written
+  int lent_ ABSL_GUARDED_BY(mu_) = 0;  // lent pieces queued or being written
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;

@@ -79,6 +79,8 @@ class EmbeddedClient : public Client {
   absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
                             const std::function<absl::Status(const void*, size_t)>& sink,
                             const ProgressFn& progress) override;
+  absl::Status RestoreShardLent(const std::string& job, int64_t step, int32_t rank,
+                                const LentSink& sink, const ProgressFn& progress) override;
   absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
                               uint64_t offset, uint64_t length, void* out) override;
   absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
@@ -231,6 +233,29 @@ absl::Status EmbeddedClient::RestoreShard(
                                               ": payload ends at ", offset, " of ", total));
     }
     RETURN_IF_ERROR(sink(data, n));
+    offset += n;
+    if (progress) progress(offset, total);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedClient::RestoreShardLent(const std::string& job, int64_t step,
+                                              int32_t rank, const LentSink& sink,
+                                              const ProgressFn& progress) {
+  ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                   engine_->OpenShardReader(job, step, rank));
+  const uint64_t total = reader->info().raw_bytes;
+  uint64_t offset = 0;
+  while (offset < total) {
+    // The reader's verified chunk itself, held for as long as the sink keeps `hold`.
+    const uint8_t* data = nullptr;
+    std::shared_ptr<const void> hold;
+    ASSIGN_OR_RETURN(size_t n, reader->ReadShared(offset, kReadBytes, &data, &hold));
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                                              ": payload ends at ", offset, " of ", total));
+    }
+    RETURN_IF_ERROR(sink(data, n, std::move(hold)));
     offset += n;
     if (progress) progress(offset, total);
   }

@@ -3,6 +3,7 @@
 // and the safetensors header.
 #include <future>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -187,6 +188,37 @@ TEST_F(EmbeddedClientTest, RestoreAfterDeleteAndRewriteSeesNewData) {
   ASSERT_TRUE(client_->RestoreTensor("re", 50, 0, t1.spec.name, buf.data(), buf.size()).ok());
   EXPECT_TRUE(buf == t1.data);
   ExpectRestores(*client_, *second);
+}
+
+// RestoreShardLent: the lent pieces are the verified chunks themselves and stay valid and
+// unchanged while held, however far the restore has gone on; all of them held to the end
+// still make up the payload, and progress reaches the total.
+TEST_F(EmbeddedClientTest, RestoreShardLentPiecesStayValidWhileHeld) {
+  // A 72 MiB tensor (18 chunks of 4 MiB) and small ones: every chunk stays held to the end.
+  auto ckpt = SaveTestCheckpoint(*client_, "lent", 1, 1, 7, 72u << 20);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const std::string want = ckpt->shards[0].Payload();
+  ASSERT_GT(want.size(), 72u << 20);
+  std::vector<std::pair<std::string_view, std::shared_ptr<const void>>> held;
+  uint64_t last_done = 0;
+  absl::Status s = client_->RestoreShardLent(
+      "lent", 1, 0,
+      [&](const void* p, size_t n, std::shared_ptr<const void> hold) {
+        EXPECT_NE(hold, nullptr);
+        held.emplace_back(std::string_view(static_cast<const char*>(p), n), std::move(hold));
+        return absl::OkStatus();
+      },
+      [&](uint64_t done, uint64_t) { last_done = done; });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(last_done, want.size());
+  std::string got;
+  for (const auto& [bytes, hold] : held) got.append(bytes);
+  EXPECT_TRUE(got == want);
+  // A sink's error stops the restore and is returned.
+  s = client_->RestoreShardLent("lent", 1, 0, [](const void*, size_t, std::shared_ptr<const void>) {
+    return absl::CancelledError("enough");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
 }
 
 TEST_F(EmbeddedClientTest, ErrorCodes) {

@@ -20,23 +20,38 @@ namespace {
 
 const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "delta" : "full"; }
 
-// Header, then the payload as it is restored (each decoded chunk as the reader holds it), through
-// O_DIRECT staging buffers written by background threads (DirectFileWriter): the disk writes
-// while the next bytes are restored.
+// Header, then the payload as it is restored, written by background threads (DirectFileWriter)
+// while the next bytes are restored: on a disk through O_DIRECT staging buffers (each decoded
+// chunk copied once, as the reader holds it); where the file takes any alignment (tmpfs, the
+// page cache) the restored chunks themselves are lent to the writer threads, uncopied.
 absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard,
                          const std::string& header, DirectFileWriter* out,
                          const ProgressFn& progress) {
   RETURN_IF_ERROR(out->Append(header.data(), header.size()));
   uint64_t written = 0;
-  auto sink = [&](const void* data, size_t n) -> absl::Status {
+  auto count = [&](size_t n) -> absl::Status {
     written += n;
-    if (written > shard.raw_bytes) {
-      return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": more payload than the ",
-                                              shard.raw_bytes, " bytes in the manifest"));
-    }
-    return out->Append(data, n);
+    if (written <= shard.raw_bytes) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": more payload than the ",
+                                            shard.raw_bytes, " bytes in the manifest"));
   };
-  RETURN_IF_ERROR(client.RestoreShard(m.info.job, m.info.step, shard.rank, sink, progress));
+  if (out->lends()) {
+    RETURN_IF_ERROR(client.RestoreShardLent(
+        m.info.job, m.info.step, shard.rank,
+        [&](const void* data, size_t n, std::shared_ptr<const void> hold) -> absl::Status {
+          RETURN_IF_ERROR(count(n));
+          return out->AppendLent(data, n, std::move(hold));
+        },
+        progress));
+  } else {
+    RETURN_IF_ERROR(client.RestoreShard(
+        m.info.job, m.info.step, shard.rank,
+        [&](const void* data, size_t n) -> absl::Status {
+          RETURN_IF_ERROR(count(n));
+          return out->Append(data, n);
+        },
+        progress));
+  }
   if (written != shard.raw_bytes) {
     return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": payload has ", written,
                                             " bytes, manifest says ", shard.raw_bytes));

@@ -197,6 +197,17 @@ class Client {
   virtual absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
                                     const std::function<absl::Status(const void*, size_t)>& sink,
                                     const ProgressFn& progress = nullptr) = 0;
+  // A sink that may keep the bytes past its return: data[0, n) stays valid and unchanged while
+  // a copy of `hold` lives.
+  using LentSink =
+      std::function<absl::Status(const void* data, size_t n, std::shared_ptr<const void> hold)>;
+  // As RestoreShard, for a sink that keeps bytes past its return (an export hands them to its
+  // writer threads). The embedded client lends its verified chunks themselves (no copy; they
+  // count against the reader's read-ahead until released); the default, used by the remote
+  // client, copies each piece into a holder of its own.
+  virtual absl::Status RestoreShardLent(const std::string& job, int64_t step, int32_t rank,
+                                        const LentSink& sink,
+                                        const ProgressFn& progress = nullptr);
   // Reads payload bytes [offset, offset + length) of a committed shard (its tensors back to back
   // in manifest order) into out[0, length): a ranged read, for resharding. Every chunk the range
   // touches is checked against its checksum (DATA_LOSS on a mismatch); a tensor's SHA-256 is
