@@ -26,9 +26,9 @@
 //   destination (ReadView, ReadShared: the server lends the bytes to gRPC, no copy here)
 //   leaves a raw chunk's payload CRC to the caller's thread, which checks it when it takes the
 //   chunk, before handing out any of its bytes, in one pass with the tensor digests
-//   (VerifyHeld: each 64 KiB block hashed from the cache right after its CRC). Measured on the
-//   server's restore: the bytes are read from memory once there instead of twice. A short read is resubmitted
-//   for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
+//   (VerifyHeld: each 64 KiB block hashed from the cache right after its CRC), so a server's
+//   restore reads the bytes from memory once there instead of twice. A short read is
+//   resubmitted for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
 //   (disabled, or a File without a descriptor) the pool threads (up to 16) pread, then decode.
 //   Slot buffers of full records come from the engine's record pool and go back to it when their
 //   slot dies: with the reader, or for a chunk ReadShared lent out, when its last holder lets go
