@@ -2,9 +2,6 @@
 // no storage engine, no RocksDB), the option checks both entry points share, and the Client
 // methods with a default implementation.
 // Client::Connect (client.cc, gradsnap::client) calls ConnectRemote when endpoints are given.
-#include <memory>
-#include <vector>
-
 #include "absl/status/status.h"
 #include "client/backends.h"
 #include "client/client.h"
@@ -37,17 +34,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::ConnectRemote(const ClientOption
   return NewRemoteClient(options);
 }
 
-// The default for back ends that cannot lend their bytes (the remote client): a copy per piece.
+// The default for back ends that cannot lend their bytes (the remote client): no hold, so the
+// sink copies what it keeps (into buffers it reuses) rather than a copy per piece here.
 absl::Status Client::RestoreShardLent(const std::string& job, int64_t step, int32_t rank,
                                       const LentSink& sink, const ProgressFn& progress) {
   return RestoreShard(
-      job, step, rank,
-      [&](const void* data, size_t n) {
-        auto copy = std::make_shared<std::vector<uint8_t>>(static_cast<const uint8_t*>(data),
-                                                           static_cast<const uint8_t*>(data) + n);
-        const void* p = copy->data();
-        return sink(p, n, std::move(copy));
-      },
+      job, step, rank, [&](const void* data, size_t n) { return sink(data, n, nullptr); },
       progress);
 }
 

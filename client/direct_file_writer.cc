@@ -167,7 +167,7 @@ absl::Status DirectFileWriter::Append(const void* data, size_t n) {
 absl::Status DirectFileWriter::AppendLent(const void* data, size_t n,
                                           std::shared_ptr<const void> hold) {
   if (closed_) return absl::FailedPreconditionError("DirectFileWriter already finished");
-  if (!lends() || n == 0) return Append(data, n);
+  if (!lends() || hold == nullptr || n == 0) return Append(data, n);
   if (cur_.len > 0) RETURN_IF_ERROR(Submit());  // the staged bytes first, at their offset
   Buffer b;
   b.data = const_cast<uint8_t*>(static_cast<const uint8_t*>(data));  // only read

@@ -78,7 +78,7 @@ class DirectFileWriter {
 
   absl::Status Append(const void* data, size_t n);
   // As Append, but where the file takes any alignment (see LENT BYTES) data[0, n) is written
-  // from where it lies, kept valid by `hold` until then.
+  // from where it lies, kept valid by `hold` until then. A null `hold` copies, as Append.
   absl::Status AppendLent(const void* data, size_t n, std::shared_ptr<const void> hold);
   // Whether AppendLent writes lent bytes uncopied.
   bool lends() const { return any_alignment_ || !direct_.load(); }

@@ -132,9 +132,10 @@ TEST(DirectFileWriter, OtherWriteErrorsFail) {
   EXPECT_NE(s.message().find("injected write fault"), std::string::npos) << s;
 }
 
-// AppendLent, mixed with Append as an export mixes its header and the restored chunks: every
-// length comes out exact, every hold is let go by the time Finish returns, and lends() says
-// whether the pieces went uncopied (tmpfs, the page cache) or were copied (O_DIRECT on a disk).
+// AppendLent, mixed with Append and with pieces without a hold (copied at once) as an export
+// mixes its header and the restored chunks: every length comes out exact, every hold is let go
+// by the time Finish returns, and lends() says whether held pieces went uncopied (tmpfs, the
+// page cache) or were copied (O_DIRECT on a disk).
 void LentRoundTrip(const std::string& dir, storage::FileSystem* fs, bool* lends) {
   constexpr size_t kBuf = DirectFileWriter::kBufferBytes;
   for (size_t len : {size_t{0}, size_t{100}, size_t{4096}, kBuf + 1, 3 * kBuf + 12345}) {
@@ -149,8 +150,14 @@ void LentRoundTrip(const std::string& dir, storage::FileSystem* fs, bool* lends)
     int lent = 0;
     for (size_t pos = 0, step = 5; pos < len; step = step * 5 + 1, ++lent) {
       size_t n = std::min(len - pos, step % (kBuf / 2) + 1);
-      if (lent % 3 == 2) {  // now and then a copied piece between lent ones
-        ASSERT_TRUE((*w)->Append(want.data() + pos, n).ok());
+      if (lent % 3 == 2) {  // now and then a piece without a hold (copied), or Append
+        std::string scratch = want.substr(pos, n);
+        if (lent % 2 == 0) {
+          ASSERT_TRUE((*w)->AppendLent(scratch.data(), n, nullptr).ok());
+        } else {
+          ASSERT_TRUE((*w)->Append(scratch.data(), n).ok());
+        }
+        scratch.assign(n, '\x5a');  // the writer must have copied it
         pos += n;
         continue;
       }

@@ -198,13 +198,14 @@ class Client {
                                     const std::function<absl::Status(const void*, size_t)>& sink,
                                     const ProgressFn& progress = nullptr) = 0;
   // A sink that may keep the bytes past its return: data[0, n) stays valid and unchanged while
-  // a copy of `hold` lives.
+  // a copy of `hold` lives. A null `hold`: the bytes are valid during the call only (copy them
+  // to keep them).
   using LentSink =
       std::function<absl::Status(const void* data, size_t n, std::shared_ptr<const void> hold)>;
-  // As RestoreShard, for a sink that keeps bytes past its return (an export hands them to its
-  // writer threads). The embedded client lends its verified chunks themselves (no copy; they
-  // count against the reader's read-ahead until released); the default, used by the remote
-  // client, copies each piece into a holder of its own.
+  // As RestoreShard, for a sink that would keep bytes past its return (an export hands them to
+  // its writer threads). The embedded client lends its verified chunks themselves (no copy;
+  // they count against the reader's read-ahead until released); the default, used by the
+  // remote client, passes a null `hold` (its pieces live in the received messages).
   virtual absl::Status RestoreShardLent(const std::string& job, int64_t step, int32_t rank,
                                         const LentSink& sink,
                                         const ProgressFn& progress = nullptr);

@@ -217,7 +217,8 @@ int EstablishedTo(int port) {
 }
 
 // ClientOptions::connections_per_node: uploads and Read streams take the node's connections in
-// turn (bytes exact over each); 1 keeps everything on one; out-of-range values are refused.
+// turn (bytes exact over each, RestoreShardLent too); 1 keeps everything on one; out-of-range
+// values are refused.
 TEST(ServiceZeroCopy, StreamsTakeTheNodesConnectionsInTurn) {
   TempDir dir;
   auto server = StartInProcess(dir);
@@ -242,6 +243,17 @@ TEST(ServiceZeroCopy, StreamsTakeTheNodesConnectionsInTurn) {
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_TRUE(*got == want) << i;
     }
+    // The remote client cannot lend its pieces (they live in the received messages): a lent
+    // restore hands them over with no hold, to be copied during the call.
+    std::string lent;
+    absl::Status ls = (*c)->RestoreShardLent(
+        "conn", 1, 0, [&](const void* p, size_t n, std::shared_ptr<const void> hold) {
+          EXPECT_EQ(hold, nullptr);
+          lent.append(static_cast<const char*>(p), n);
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(ls.ok()) << ls;
+    EXPECT_TRUE(lent == want);
     EXPECT_EQ(EstablishedTo(port), connections);
     c->reset();
     for (int i = 0; i < 100 && EstablishedTo(port) != 0; ++i) {  // closed with the client
