@@ -216,27 +216,15 @@ absl::Status EmbeddedClient::RestoreTensor(const std::string& job, int64_t step,
       absl::StrCat("no tensor ", tensor, " in job ", job, " step ", step, " rank ", rank));
 }
 
+// The sink sees the reader's verified chunk itself: no copy on the way (an export copies it
+// once into its file buffers, or on tmpfs lends it to its writer).
 absl::Status EmbeddedClient::RestoreShard(
     const std::string& job, int64_t step, int32_t rank,
     const std::function<absl::Status(const void*, size_t)>& sink, const ProgressFn& progress) {
-  ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
-                   engine_->OpenShardReader(job, step, rank));
-  const uint64_t total = reader->info().raw_bytes;
-  uint64_t offset = 0;
-  while (offset < total) {
-    // The sink sees the reader's decoded chunk itself: no copy on the way (an export copies
-    // once, into its file buffers).
-    const uint8_t* data = nullptr;
-    ASSIGN_OR_RETURN(size_t n, reader->ReadView(offset, kReadBytes, &data));
-    if (n == 0) {
-      return absl::DataLossError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
-                                              ": payload ends at ", offset, " of ", total));
-    }
-    RETURN_IF_ERROR(sink(data, n));
-    offset += n;
-    if (progress) progress(offset, total);
-  }
-  return absl::OkStatus();
+  return RestoreShardLent(
+      job, step, rank,
+      [&](const void* data, size_t n, std::shared_ptr<const void>) { return sink(data, n); },
+      progress);
 }
 
 absl::Status EmbeddedClient::RestoreShardLent(const std::string& job, int64_t step,
@@ -247,7 +235,7 @@ absl::Status EmbeddedClient::RestoreShardLent(const std::string& job, int64_t st
   const uint64_t total = reader->info().raw_bytes;
   uint64_t offset = 0;
   while (offset < total) {
-    // The reader's verified chunk itself, held for as long as the sink keeps `hold`.
+    // Held for as long as the sink keeps `hold` (RestoreShard's sink lets go at once).
     const uint8_t* data = nullptr;
     std::shared_ptr<const void> hold;
     ASSIGN_OR_RETURN(size_t n, reader->ReadShared(offset, kReadBytes, &data, &hold));
