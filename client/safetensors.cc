@@ -61,8 +61,29 @@ absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& sha
 
 }  // namespace
 
+std::string EncodeSafetensorsHeader(const std::vector<std::string>& metadata_members,
+                                    const std::vector<SafetensorsEntry>& tensors) {
+  std::string json =
+      absl::StrCat("{\"__metadata__\":{", absl::StrJoin(metadata_members, ","), "}");
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& t : tensors) {
+    absl::StrAppend(&json, ",", JsonQuote(t.name), ":{\"dtype\":\"", DTypeSafetensorsName(t.dtype),
+                    "\",\"shape\":[", absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset,
+                    ",", offset + t.bytes, "]}");
+    offset += t.bytes;
+  }
+  json.push_back('}');
+  // Pad with spaces so the payload starts 8-byte aligned, as the reference implementation does.
+  while ((json.size() % 8) != 0) json.push_back(' ');
+  std::string out(8, '\0');
+  const uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out += json;
+  return out;
+}
+
 absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const ShardInfo& shard) {
-  std::vector<std::string> entries;
+  std::vector<SafetensorsEntry> entries;
   std::vector<std::string> meta = {
       absl::StrCat("\"format\":\"gradsnap-shard-v1\""),
       absl::StrCat("\"job\":", JsonQuote(ckpt.job)),
@@ -76,16 +97,13 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
   uint64_t offset = 0;
   for (const storage::TensorInfo& t : shard.tensors) {
     const TensorSpec& s = t.spec;
-    const char* dtype = DTypeSafetensorsName(s.dtype);
     if (DTypeSize(s.dtype) == 0) {
       return absl::DataLossError(absl::StrCat("tensor ", s.name, " has an unknown dtype"));
     }
     if (s.name == "__metadata__") {
       return absl::InvalidArgumentError("a tensor named __metadata__ cannot be exported");
     }
-    entries.push_back(absl::StrCat(JsonQuote(s.name), ":{\"dtype\":\"", dtype, "\",\"shape\":[",
-                                   absl::StrJoin(s.shape, ","), "],\"data_offsets\":[", offset,
-                                   ",", offset + s.byte_length, "]}"));
+    entries.push_back({s.name, s.dtype, s.shape, s.byte_length});
     offset += s.byte_length;
     if (!s.sha256.empty()) {
       meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
@@ -105,16 +123,7 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
     return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": tensors sum to ", offset,
                                             " bytes, manifest says ", shard.raw_bytes));
   }
-  std::string json = absl::StrCat("{\"__metadata__\":{", absl::StrJoin(meta, ","), "}");
-  for (const std::string& e : entries) absl::StrAppend(&json, ",", e);
-  json.push_back('}');
-  // Pad with spaces so the payload starts 8-byte aligned, as the reference implementation does.
-  while ((json.size() % 8) != 0) json.push_back(' ');
-  std::string out(8, '\0');
-  uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  out += json;
-  return out;
+  return EncodeSafetensorsHeader(meta, entries);
 }
 
 std::string RankFileName(const std::string& file, int32_t rank, int32_t world_size) {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,6 +23,21 @@
 
 namespace gradsnap {
 namespace client {
+
+// One tensor's entry in a safetensors header; the tensors lie back to back in the given order.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;
+};
+
+// The header bytes (length prefix included) for `tensors` in order, with `metadata_members`
+// ("key":"value" JSON members, already quoted) under "__metadata__"; the JSON is padded with
+// spaces to a multiple of 8 so the payload starts 8-byte aligned. The one encoder of the
+// layout: the export and `gradsnap restore`'s files (recovery/restore_dir.cc) both use it.
+std::string EncodeSafetensorsHeader(const std::vector<std::string>& metadata_members,
+                                    const std::vector<SafetensorsEntry>& tensors);
 
 // The header bytes (length prefix included) of `shard` of checkpoint `ckpt`.
 absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const ShardInfo& shard);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/json.h"
+#include "client/safetensors.h"
 #include "common/rank_slice.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -106,20 +107,9 @@ absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<SafetensorsTensor>& tensors) {
   std::vector<std::string> meta;
   for (const auto& [k, v] : metadata) meta.push_back(absl::StrCat(JsonQuote(k), ":", JsonQuote(v)));
-  std::string json = absl::StrCat("{\"__metadata__\":{", absl::StrJoin(meta, ","), "}");
-  uint64_t offset = 0;
-  for (const SafetensorsTensor& t : tensors) {
-    absl::StrAppend(&json, ",", JsonQuote(t.name), ":{\"dtype\":\"", DTypeSafetensorsName(t.dtype),
-                    "\",\"shape\":[", absl::StrJoin(t.shape, ","), "],\"data_offsets\":[", offset,
-                    ",", offset + t.bytes, "]}");
-    offset += t.bytes;
-  }
-  json.push_back('}');
-  while (json.size() % 8 != 0) json.push_back(' ');
-  std::string head(8, '\0');
-  const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  head += json;
+  std::vector<client::SafetensorsEntry> entries;
+  for (const SafetensorsTensor& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes});
+  const std::string head = client::EncodeSafetensorsHeader(meta, entries);
   std::vector<std::pair<const void*, uint64_t>> parts = {{head.data(), head.size()}};
   for (const SafetensorsTensor& t : tensors) parts.emplace_back(t.data, t.bytes);
   return WriteFileAtomically(path, parts);
