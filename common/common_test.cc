@@ -36,11 +36,14 @@ TEST(Crc32c, ExtendEqualsWhole) {
 }
 
 TEST(Crc32c, InterleavedMatchesPortableAtEveryBoundary) {
-  // Lengths around the 3-stream block sizes (3 x 256 and 3 x 8192 bytes) and odd alignments.
-  std::string s(100000, '\0');
+  // Lengths around the 3-stream block sizes (3 x 256, 3 x 8192 and 3 x 32768 bytes, alone and
+  // one after another) and odd alignments.
+  std::string s(300000, '\0');
   for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>((i * 2654435761u) >> 11);
   for (size_t n : {size_t{0}, size_t{7}, size_t{767}, size_t{768}, size_t{769}, size_t{1000},
-                   size_t{24575}, size_t{24576}, size_t{24577}, size_t{50000}, size_t{99990}}) {
+                   size_t{24575}, size_t{24576}, size_t{24577}, size_t{50000}, size_t{98303},
+                   size_t{98304}, size_t{98305}, size_t{98304 + 24576 + 768 + 9},
+                   size_t{2 * 98304 + 24575}, size_t{299990}}) {
     for (size_t off : {size_t{0}, size_t{1}, size_t{5}}) {
       EXPECT_EQ(Crc32cExtend(0xdeadbeef, s.data() + off, n),
                 Crc32cExtendPortable(0xdeadbeef, s.data() + off, n))

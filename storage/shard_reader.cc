@@ -67,6 +67,7 @@ constexpr size_t kMaxFresh = 8;      // chunks a reader reads ahead into fresh b
 constexpr size_t kFreshBuffers = EngineImpl::kReaderFreshBuffers;  // shared by open readers
 constexpr int kMaxReaderThreads = 16;            // concurrent positional reads (O_DIRECT)
 constexpr size_t kFuseBlock = 64 << 10;          // copied then hashed while in cache
+constexpr size_t kVerifyBlock = 96 << 10;        // VerifyHeld: CRC'd (3 x 32 KiB) then hashed
 constexpr uint64_t kNoHash = UINT64_MAX;         // Hold: not a streaming read
 
 absl::StatusOr<std::unique_ptr<File>> OpenSegment(EngineImpl* engine, const std::string& job,
@@ -439,8 +440,8 @@ absl::Status ShardReaderImpl::VerifyHeld(uint32_t tensor, uint64_t hash_from) {
   const uint64_t start = c.header.stream_offset;
   uint32_t crc = 0;
   int64_t mismatch = -1;
-  for (size_t done = 0; done < c.header.raw_len; done += kFuseBlock) {
-    const size_t len = std::min<size_t>(kFuseBlock, c.header.raw_len - done);
+  for (size_t done = 0; done < c.header.raw_len; done += kVerifyBlock) {
+    const size_t len = std::min<size_t>(kVerifyBlock, c.header.raw_len - done);
     crc = Crc32cExtend(crc, cur_->data + done, len);
     const uint64_t end = start + done + len;
     if (hash_from < end) HashHeld(std::max(hash_from, start + done), end, &mismatch);
