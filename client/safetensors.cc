@@ -23,7 +23,8 @@ const char* KindName(CheckpointKind k) { return k == CheckpointKind::kDelta ? "d
 // Header, then the payload as it is restored, written by background threads (DirectFileWriter)
 // while the next bytes are restored: on a disk through O_DIRECT staging buffers (each decoded
 // chunk copied once, as the reader holds it); where the file takes any alignment (tmpfs, the
-// page cache) the restored chunks themselves are lent to the writer threads, uncopied.
+// page cache) the restored chunks themselves are lent to the writer threads, uncopied. A piece
+// without a hold (the remote client's) or a file that needs alignment: AppendLent copies.
 absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& shard,
                          const std::string& header, DirectFileWriter* out,
                          const ProgressFn& progress) {
@@ -35,23 +36,13 @@ absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& sha
     return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": more payload than the ",
                                             shard.raw_bytes, " bytes in the manifest"));
   };
-  if (out->lends()) {
-    RETURN_IF_ERROR(client.RestoreShardLent(
-        m.info.job, m.info.step, shard.rank,
-        [&](const void* data, size_t n, std::shared_ptr<const void> hold) -> absl::Status {
-          RETURN_IF_ERROR(count(n));
-          return out->AppendLent(data, n, std::move(hold));
-        },
-        progress));
-  } else {
-    RETURN_IF_ERROR(client.RestoreShard(
-        m.info.job, m.info.step, shard.rank,
-        [&](const void* data, size_t n) -> absl::Status {
-          RETURN_IF_ERROR(count(n));
-          return out->Append(data, n);
-        },
-        progress));
-  }
+  RETURN_IF_ERROR(client.RestoreShardLent(
+      m.info.job, m.info.step, shard.rank,
+      [&](const void* data, size_t n, std::shared_ptr<const void> hold) -> absl::Status {
+        RETURN_IF_ERROR(count(n));
+        return out->AppendLent(data, n, std::move(hold));
+      },
+      progress));
   if (written != shard.raw_bytes) {
     return absl::DataLossError(absl::StrCat("rank ", shard.rank, ": payload has ", written,
                                             " bytes, manifest says ", shard.raw_bytes));

@@ -34,7 +34,8 @@ class EngineImpl : public Engine {
  public:
   EngineImpl(const EngineOptions& options, FileSystem* fs, std::unique_ptr<MetaStore> meta);
   absl::Status Recover();
-  // EngineOptions::prefault_writers: fills the record pool with faulted-in buffers.
+  // EngineOptions::prefault_writers and prefault_read_ahead: fills the record pool with
+  // faulted-in buffers.
   void PrefaultRecordBuffers();
 
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override;

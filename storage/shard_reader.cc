@@ -26,7 +26,7 @@
 //   destination (ReadView, ReadShared: the server lends the bytes to gRPC, no copy here)
 //   leaves a raw chunk's payload CRC to the caller's thread, which checks it when it takes the
 //   chunk, before handing out any of its bytes, in one pass with the tensor digests
-//   (VerifyHeld: each 64 KiB block hashed from the cache right after its CRC), so a server's
+//   (VerifyHeld: each 96 KiB block hashed from the cache right after its CRC), so a server's
 //   restore reads the bytes from memory once there instead of twice. A short read is
 //   resubmitted for the rest; an I/O error (EIO) fails the chunk like corruption. Without io_uring
 //   (disabled, or a File without a descriptor) the pool threads (up to 16) pread, then decode.
@@ -177,9 +177,6 @@ class ShardReaderImpl : public ShardReader {
   absl::StatusOr<size_t> ReadView(uint64_t offset, size_t n, const uint8_t** data) override;
   absl::StatusOr<size_t> ReadShared(uint64_t offset, size_t n, const uint8_t** data,
                                     std::shared_ptr<const void>* hold) override;
-  // Read with no destination (ReadView, ReadShared): from now on raw chunks are CRC-checked by
-  // the caller's thread in one pass with the digests (VerifyHeld), not in the decode pool.
-  void DeferCrc() { defer_crc_.store(true, std::memory_order_relaxed); }
   void SetReadEnd(uint64_t end) override { read_end_ = end; }
 
  private:
@@ -264,7 +261,7 @@ class ShardReaderImpl : public ShardReader {
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Digester digest_;
-  std::atomic<bool> defer_crc_{false};  // read by the decode pool
+  std::atomic<bool> defer_crc_{false};  // set by ReadView, read by the decode pool
   std::map<uint32_t, int> file_index_;  // segment -> its index in the ring
   int slots_made_ = 0;
   std::unique_ptr<TaskPool<ReaderContext>> pool_;
@@ -622,7 +619,9 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
 // in place and stops at the chunk's end.
 absl::StatusOr<size_t> ShardReaderImpl::ReadView(uint64_t offset, size_t n,
                                                  const uint8_t** data) {
-  DeferCrc();
+  // From now on raw chunks are CRC-checked by this thread in one pass with the digests
+  // (VerifyHeld), not in the decode pool.
+  defer_crc_.store(true, std::memory_order_relaxed);
   ASSIGN_OR_RETURN(size_t got, Read(offset, nullptr, n));
   if (got > 0) *data = cur_->data + (offset - chunks_[cur_->chunk].header.stream_offset);
   return got;
