@@ -90,5 +90,26 @@ void ReplayPool::Apply(const HostStateRef& state, size_t begin, size_t end, cons
   });
 }
 
+void ReplayPool::ApplyChain(const HostStateRef& state, size_t begin, size_t end,
+                            const std::vector<ChainStep>& steps) {
+  GS_CHECK(end <= state.numel && begin <= end) << begin << ".." << end << " of " << state.numel;
+  ParallelFor(end - begin, [&](size_t b, size_t e) {
+    for (size_t lo = b; lo < e; lo += kChainBlock) {
+      const size_t hi = std::min(e, lo + kChainBlock), i0 = begin + lo;
+      for (const ChainStep& s : steps) {
+        if (s.update.skipped) continue;  // the device skipped this update too
+        if (s.dtype == DType::kBF16) {
+          AdamWUpdateHostBf16(state.params + i0, state.m + i0, state.v + i0,
+                              static_cast<const uint16_t*>(s.grad) + lo, hi - lo,
+                              s.update.adamw);
+        } else {
+          AdamWUpdateHost(state.params + i0, state.m + i0, state.v + i0,
+                          static_cast<const float*>(s.grad) + lo, hi - lo, s.update.adamw);
+        }
+      }
+    }
+  });
+}
+
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

@@ -52,6 +52,20 @@ class ReplayPool {
   void Apply(const HostStateRef& state, size_t begin, size_t end, const void* grad, DType dtype,
              const UpdateParams& u);
 
+  // One update of a chain: its gradient of elements [begin, end) and how it was applied.
+  struct ChainStep {
+    const void* grad = nullptr;
+    DType dtype = DType::kF32;
+    UpdateParams update;
+  };
+  // Applies `steps` in order to elements [begin, end) of `state`, block by block: every update
+  // of a block of kChainBlock elements while it is in cache, so the state is read and written
+  // once for the chain, not once per update. Each element sees the same operations in the same
+  // order as Apply called per step, so the result is bit-identical.
+  static constexpr size_t kChainBlock = 4096;
+  void ApplyChain(const HostStateRef& state, size_t begin, size_t end,
+                  const std::vector<ChainStep>& steps);
+
  private:
   void Worker(int index);
 

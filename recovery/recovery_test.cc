@@ -122,8 +122,10 @@ class RecoveryTest : public ::testing::Test {
     }
   }
 
-  // DELTA u on `base` written by `world` ranks; advances the reference state.
-  void SaveDelta(int64_t u, int64_t base, int world) {
+  // DELTA u on `base` written by `world` ranks; advances the reference state. With
+  // `wrong_header_rank` >= 0 that rank's header names a slice one element off (it reads back
+  // intact but does not match its checkpoint).
+  void SaveDelta(int64_t u, int64_t base, int world, int wrong_header_rank = -1) {
     const std::string text = StateText(u, world);
     const std::vector<float> g = Random(100 + u, kTotal, 0.5f);
     ASSERT_TRUE(client_->BeginCheckpoint({"j", u, CheckpointKind::kDelta, base, world, text}).ok());
@@ -134,7 +136,7 @@ class RecoveryTest : public ::testing::Test {
       h.base_step = base;
       h.update.adamw = Update(u);
       h.numel = hi - lo;
-      h.elem_offset = lo;
+      h.elem_offset = lo + (r == wrong_header_rank ? 1 : 0);
       const std::string header = gpu_snapshot::EncodeDeltaHeader(h);
       client::ShardSpec s{"j", u, r, {}, text};
       std::vector<TensorRef> refs = {{Bytes(kDeltaHeaderTensor, header.size()), header.data()},
@@ -305,6 +307,39 @@ TEST_F(RecoveryTest, DamagedDeltaCutsTheChainDamagedFullFallsBack) {
   FlipMiddle(5, 1);
   r = restore();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+}
+
+// A DELTA's headers are read beside its gradient and the FULL, and checked before it is replayed:
+// one that reads back intact but names another slice stops the chain before it, and the DELTAs
+// after it, read in the same batch, are not applied either.
+TEST_F(RecoveryTest, MismatchedDeltaHeaderStopsTheChainBeforeIt) {
+  SaveFull(5, 2);
+  SaveDelta(6, 5, 2);
+  const std::vector<float> p6 = p_, m6 = m_, v6 = v_;
+  SaveDelta(7, 5, 2, /*wrong_header_rank=*/1);
+  SaveDelta(8, 5, 2);
+  auto src = NewClientSource(client_.get(), "j");
+  std::vector<float> p(kTotal), m(kTotal), v(kTotal);
+  std::vector<std::string> damage;
+  for (int batch : {1, 4}) {
+    SCOPED_TRACE(batch);
+    RestoreOptions o;
+    o.prefetch_deltas = batch;
+    o.threads = 1 + batch;
+    damage.clear();
+    auto r = RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), o, &damage);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->full_step, 5);
+    EXPECT_EQ(r->step, 6);
+    EXPECT_EQ(r->deltas, 1);
+    EXPECT_EQ(0, std::memcmp(p.data(), p6.data(), kTotal * 4));
+    EXPECT_EQ(0, std::memcmp(m.data(), m6.data(), kTotal * 4));
+    EXPECT_EQ(0, std::memcmp(v.data(), v6.data(), kTotal * 4));
+    ASSERT_EQ(damage.size(), 1u);
+    EXPECT_NE(damage[0].find("step 7 rank 1 tensor delta_header: does not match its checkpoint"),
+              std::string::npos)
+        << damage[0];
+  }
 }
 
 TEST(RecoveryPointTest, PlansAndMissingBases) {

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "gpu_snapshot/grad_log.h"
@@ -19,40 +22,85 @@ namespace {
 
 // One ranged read into caller memory; `group` says which record it belongs to.
 struct ReadTask {
-  int64_t step;
-  int32_t rank;
-  const std::string* tensor;
-  uint64_t offset;
-  uint64_t length;
-  char* out;
-  size_t group;
+  int64_t step = 0;
+  int32_t rank = 0;
+  const std::string* tensor = nullptr;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  char* out = nullptr;
+  size_t group = 0;
 };
 
-// Runs the reads on up to `threads` threads. Returns each group's first error (DATA_LOSS
-// preferred); a group after a failed one may be left unread (OK is then not meaningful for it,
-// callers stop at the first failed group).
-std::vector<absl::Status> RunReads(StateSource& source, const std::vector<ReadTask>& tasks,
-                                   size_t groups, int threads) {
-  std::vector<absl::Status> status(groups);
-  std::atomic<size_t> next{0};
-  absl::Mutex mu;
-  auto worker = [&] {
-    for (size_t i = next++; i < tasks.size(); i = next++) {
-      const ReadTask& t = tasks[i];
-      absl::Status s = source.Read(t.step, t.rank, *t.tensor, t.offset, t.length, t.out);
+// The tensor every DELTA shard's header is read from.
+const std::string& DeltaHeaderName() {
+  static const std::string* name = new std::string(kDeltaHeaderTensor);
+  return *name;
+}
+
+// Ranged reads run by up to `threads` threads as they are added, so the FULL's reads go out
+// while the DELTAs are still being described and their headers read (round trips). Finish
+// returns each group's first error (DATA_LOSS preferred); callers stop at the first failed group.
+// The destructor waits for the reads in flight (they write into the caller's buffers).
+class ReadRunner {
+ public:
+  ReadRunner(StateSource& source, int threads) : source_(source), threads_(std::max(1, threads)) {}
+  ~ReadRunner() { Finish(0); }
+
+  void Add(const std::vector<ReadTask>& tasks) {
+    absl::MutexLock lock(&mu_);
+    for (const ReadTask& t : tasks) {
+      queue_.push_back(t);
+      if (status_.size() <= t.group) status_.resize(t.group + 1);
+    }
+    added_ += tasks.size();
+    while (workers_.size() < std::min<size_t>(threads_, added_)) {
+      workers_.emplace_back([this] { Work(); });
+    }
+  }
+
+  std::vector<absl::Status> Finish(size_t groups) {
+    std::vector<std::thread> workers;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      workers.swap(workers_);
+    }
+    for (std::thread& t : workers) t.join();
+    absl::MutexLock lock(&mu_);
+    std::vector<absl::Status> out = status_;
+    out.resize(std::max(groups, out.size()));
+    return out;
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      ReadTask t;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this] { return closed_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        t = queue_.front();
+        queue_.pop_front();
+      }
+      absl::Status s = source_.Read(t.step, t.rank, *t.tensor, t.offset, t.length, t.out);
       if (s.ok()) continue;
-      absl::MutexLock lock(&mu);
-      absl::Status& g = status[t.group];
+      absl::MutexLock lock(&mu_);
+      absl::Status& g = status_[t.group];
       if (g.ok() || (absl::IsDataLoss(s) && !absl::IsDataLoss(g))) g = s;
     }
-  };
-  const int n = std::max(1, std::min<int>(threads, static_cast<int>(tasks.size())));
-  std::vector<std::thread> pool;
-  for (int i = 1; i < n; ++i) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  return status;
-}
+  }
+
+  StateSource& source_;
+  const size_t threads_;
+  absl::Mutex mu_;
+  std::deque<ReadTask> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
+  size_t added_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 // Whether two headers describe the same update (they differ only in their slice).
 bool SameUpdate(gpu_snapshot::DeltaHeader a, gpu_snapshot::DeltaHeader b) {
@@ -108,7 +156,8 @@ absl::Status PlanFlat(StateSource& source, const CheckpointView& view, const std
   return absl::OkStatus();
 }
 
-// A DELTA of the chain, checked and with its gradient reads planned.
+// A DELTA of the chain: described, its gradient slice and the headers of the shards that hold
+// it read (all as ranged reads beside the FULL's), then the headers checked before it is replayed.
 struct DeltaPlan {
   int64_t step = 0;
   CheckpointView view;
@@ -116,18 +165,17 @@ struct DeltaPlan {
   gpu_snapshot::DeltaHeader update;
   DType dtype = DType::kF32;
   std::unique_ptr<char[]> grad;
+  std::vector<const FlatPiece*> pieces;        // the grad pieces overlapping [lo, hi)
+  std::vector<std::unique_ptr<char[]>> headers;  // their shards' headers, as read
 };
 
-// Describes DELTA u, reads and checks the headers of the shards overlapping [lo, hi) and plans
-// the reads of its gradient slice. DATA_LOSS: the record is damaged or inconsistent.
-absl::Status PrepareDelta(StateSource& source, int64_t full_step, int64_t u, uint64_t lo,
-                          uint64_t hi, const RestoreOptions& o, size_t group, DeltaPlan* d,
-                          uint64_t* bytes, std::vector<ReadTask>* tasks) {
+// Describes DELTA u and checks it is one on FULL full_step carrying its own step's state.
+// DATA_LOSS: the record is damaged or inconsistent.
+absl::Status DescribeDelta(StateSource& source, int64_t full_step, int64_t u, DeltaPlan* d) {
   d->step = u;
   ASSIGN_OR_RETURN(d->view, source.Describe(u));
-  const FlatBuffer* grad = d->view.Flat(kFlatGrad);
   if (d->view.info.kind != storage::CheckpointKind::kDelta || d->view.info.base_step != full_step ||
-      grad == nullptr) {
+      d->view.Flat(kFlatGrad) == nullptr) {
     return absl::DataLossError(
         absl::StrCat(source.Name(), " step ", u, ": not a DELTA on FULL ", full_step));
   }
@@ -136,26 +184,69 @@ absl::Status PrepareDelta(StateSource& source, int64_t full_step, int64_t u, uin
     return absl::DataLossError(
         absl::StrCat(source.Name(), " DELTA ", u, " carries the state of step ", state_step));
   }
+  return absl::OkStatus();
+}
+
+// Plans the reads of a described DELTA's gradient slice [lo, hi) and of the headers of the
+// shards holding it, in `group`.
+absl::Status PlanDelta(StateSource& source, uint64_t lo, uint64_t hi, const RestoreOptions& o,
+                       size_t group, DeltaPlan* d, uint64_t* bytes, std::vector<ReadTask>* tasks) {
+  const FlatBuffer* grad = d->view.Flat(kFlatGrad);
+  DType dtype = DType::kF32;
   for (const FlatPiece& p : grad->pieces) {
     if (p.flat_offset >= hi || p.flat_offset + p.count <= lo) continue;
-    std::string bytes_h(gpu_snapshot::kDeltaHeaderBytes, '\0');
-    RETURN_IF_ERROR(source.Read(u, p.rank, kDeltaHeaderTensor, 0, bytes_h.size(), bytes_h.data()));
-    absl::StatusOr<gpu_snapshot::DeltaHeader> h = gpu_snapshot::DecodeDeltaHeader(bytes_h);
-    if (!h.ok() || h->step != u || h->base_step != full_step || h->numel != p.count ||
+    if (d->pieces.empty()) dtype = p.dtype;
+    d->pieces.push_back(&p);
+    d->headers.push_back(std::make_unique<char[]>(gpu_snapshot::kDeltaHeaderBytes));
+    tasks->push_back(ReadTask{d->step, p.rank, &DeltaHeaderName(), 0,
+                              gpu_snapshot::kDeltaHeaderBytes, d->headers.back().get(), group});
+  }
+  d->grad = std::make_unique<char[]>(std::max<uint64_t>((hi - lo) * DTypeSize(dtype), 1));
+  return PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), &d->dtype, o, group, bytes,
+                  tasks);
+}
+
+// Checks the headers PlanDelta had read: each names this DELTA, its FULL and its shard's slice,
+// and all describe the same update (kept in d->update). DATA_LOSS otherwise.
+absl::Status CheckDeltaHeaders(StateSource& source, int64_t full_step, DeltaPlan* d) {
+  for (size_t i = 0; i < d->pieces.size(); ++i) {
+    const FlatPiece& p = *d->pieces[i];
+    absl::StatusOr<gpu_snapshot::DeltaHeader> h = gpu_snapshot::DecodeDeltaHeader(
+        std::string(d->headers[i].get(), gpu_snapshot::kDeltaHeaderBytes));
+    if (!h.ok() || h->step != d->step || h->base_step != full_step || h->numel != p.count ||
         h->elem_offset != p.flat_offset || h->grad_dtype != p.dtype ||
         (d->have_update && !SameUpdate(*h, d->update))) {
       return absl::DataLossError(
-          absl::StrCat(source.Name(), " step ", u, " rank ", p.rank, " tensor ", kDeltaHeaderTensor,
-                       ": does not match its checkpoint",
+          absl::StrCat(source.Name(), " step ", d->step, " rank ", p.rank, " tensor ",
+                       kDeltaHeaderTensor, ": does not match its checkpoint",
                        h.ok() ? "" : absl::StrCat(" (", h.status().message(), ")")));
     }
     d->update = *h;
     d->have_update = true;
   }
-  const size_t es = DTypeSize(d->have_update ? d->update.grad_dtype : DType::kF32);
-  d->grad = std::make_unique<char[]>(std::max<uint64_t>((hi - lo) * es, 1));
-  return PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), &d->dtype, o, group, bytes,
-                  tasks);
+  return absl::OkStatus();
+}
+
+// Describes DELTAs rp.delta_steps[next, next + count) at once, each on its own thread (each a
+// round trip to the store), while the caller's thread runs `meanwhile` (if any). Fills *plans
+// and returns each one's DescribeDelta status.
+std::vector<absl::Status> DescribeDeltas(StateSource& source, const RecoveryPoint& rp, size_t next,
+                                         size_t count,
+                                         std::vector<std::unique_ptr<DeltaPlan>>* plans,
+                                         const std::function<void()>& meanwhile) {
+  plans->clear();
+  std::vector<absl::Status> status(count);
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < count; ++k) {
+    plans->push_back(std::make_unique<DeltaPlan>());
+    DeltaPlan* d = plans->back().get();
+    threads.emplace_back([&source, &rp, &status, d, k, next] {
+      status[k] = DescribeDelta(source, rp.full_step, rp.delta_steps[next + k], d);
+    });
+  }
+  if (meanwhile) meanwhile();
+  for (std::thread& t : threads) t.join();
+  return status;
 }
 
 }  // namespace
@@ -180,11 +271,20 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
   r.full_step = rp.full_step;
   r.step = rp.full_step;
   Stopwatch fetch;
-  // The FULL's slices and the first DELTAs' gradients are fetched together, in parallel; the
-  // rest of the chain in batches of prefetch_deltas, each replayed once it is in.
+  // The FULL and the first batch of DELTAs are described at once (round trips), then all their
+  // reads go out together: the FULL's slices, each DELTA's gradient slice and the headers of its
+  // shards (checked once in, before the DELTA is replayed). The rest of the chain comes in
+  // batches of prefetch_deltas, each replayed once it is in.
+  size_t chain = rp.delta_steps.size();
+  if (o.max_deltas >= 0) chain = std::min<size_t>(chain, static_cast<size_t>(o.max_deltas));
+  const size_t batch = static_cast<size_t>(std::max(1, o.prefetch_deltas));
+  std::vector<std::unique_ptr<DeltaPlan>> described;
+  absl::StatusOr<CheckpointView> full = absl::UnknownError("not described");
+  std::vector<absl::Status> described_status =
+      DescribeDeltas(source, rp, 0, std::min(batch, chain), &described,
+                     [&] { full = source.Describe(rp.full_step); });
   std::vector<ReadTask> tasks;
   DType dts[3] = {DType::kF32, DType::kF32, DType::kF32};
-  absl::StatusOr<CheckpointView> full = source.Describe(rp.full_step);
   absl::Status s = full.status();
   if (s.ok()) {
     ASSIGN_OR_RETURN(uint64_t total, FlatTotal(*full));
@@ -206,27 +306,36 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
     }
   }
   if (!s.ok() && !absl::IsDataLoss(s)) return s;
-  size_t chain = rp.delta_steps.size();
-  if (o.max_deltas >= 0) chain = std::min<size_t>(chain, static_cast<size_t>(o.max_deltas));
-  const size_t batch = static_cast<size_t>(std::max(1, o.prefetch_deltas));
   gpu_snapshot::ReplayPool pool(std::max(1, std::min(o.threads, 4)));
   const gpu_snapshot::HostStateRef state{master, m, v, static_cast<size_t>(hi - lo)};
   bool first_batch = true;
   for (size_t next = 0; s.ok() && (first_batch || next < chain);) {
+    if (!first_batch) {
+      described_status =
+          DescribeDeltas(source, rp, next, std::min(batch, chain - next), &described, nullptr);
+    }
     // Plan this batch: group 0 is the FULL (first batch only), group k the k-th DELTA.
     std::vector<std::unique_ptr<DeltaPlan>> plans;
     absl::Status stop;  // a DELTA that could not even be planned ends the chain there
-    while (next < chain && plans.size() < batch) {
-      auto d = std::make_unique<DeltaPlan>();
-      stop = PrepareDelta(source, rp.full_step, rp.delta_steps[next], lo, hi, o, plans.size() + 1,
-                          d.get(), &r.bytes_read, &tasks);
+    for (size_t k = 0; k < described.size(); ++k) {
+      stop = described_status[k];
+      if (stop.ok()) {
+        stop = PlanDelta(source, lo, hi, o, plans.size() + 1, described[k].get(), &r.bytes_read,
+                         &tasks);
+      }
       if (!stop.ok()) break;
-      plans.push_back(std::move(d));
+      plans.push_back(std::move(described[k]));
       ++next;
     }
+    described.clear();
     if (!stop.ok() && !absl::IsDataLoss(stop)) return stop;
-    std::vector<absl::Status> st = RunReads(source, tasks, plans.size() + 1, o.threads);
-    tasks.clear();
+    std::vector<absl::Status> st;
+    {
+      ReadRunner runner(source, o.threads);
+      runner.Add(tasks);
+      tasks.clear();
+      st = runner.Finish(plans.size() + 1);
+    }
     if (first_batch) {
       first_batch = false;
       for (int i = 0; i < 3 && st[0].ok(); ++i) {
@@ -246,6 +355,8 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
     }
     r.fetch_ms += fetch.ElapsedMillis();
     Stopwatch replay;
+    // The DELTAs that read back and check, in order, replayed in one pass over the state.
+    std::vector<gpu_snapshot::ReplayPool::ChainStep> steps;
     for (size_t k = 0; k < plans.size(); ++k) {
       if (!st[k + 1].ok()) {
         if (!absl::IsDataLoss(st[k + 1])) return st[k + 1];
@@ -253,13 +364,16 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
         break;
       }
       DeltaPlan& d = *plans[k];
-      if (d.have_update && hi > lo) {
-        pool.Apply(state, 0, hi - lo, d.grad.get(), d.dtype, d.update.update);
+      if (absl::Status h = CheckDeltaHeaders(source, rp.full_step, &d); !h.ok()) {
+        stop = h;
+        break;
       }
+      if (d.have_update && hi > lo) steps.push_back({d.grad.get(), d.dtype, d.update.update});
       r.state = d.view.info.metadata;
       r.step = d.step;
       ++r.deltas;
     }
+    if (!steps.empty()) pool.ApplyChain(state, 0, hi - lo, steps);
     r.replay_ms += replay.ElapsedMillis();
     fetch = Stopwatch();
     if (!stop.ok()) {

@@ -4,10 +4,11 @@
 // The trainer (resume, resharding, --init-from) and the CLI (restore, export) both call it.
 //
 // OVERVIEW
-//   RestoreRange reads [lo, hi) of "params", "adam_m" and "adam_v" of FULL rp.full_step from
-//   whichever shards hold those elements (several ranges in parallel), then for each DELTA of
-//   rp.delta_steps reads the headers of the shards it overlaps and the same range of "grad" and
-//   applies the update. A DATA_LOSS while reading the FULL marks it damaged (nothing restored);
+//   RestoreRange describes FULL rp.full_step and the first DELTAs of rp.delta_steps at once, then
+//   reads, all in parallel, [lo, hi) of the FULL's "params", "adam_m" and "adam_v" from
+//   whichever shards hold those elements, the same range of each DELTA's "grad" and the headers
+//   of the shards it overlaps; it checks the headers and applies the updates in one pass over the
+//   state (ReplayPool::ApplyChain: every update of a cache-sized block at once). A DATA_LOSS while reading the FULL marks it damaged (nothing restored);
 //   one while reading a DELTA stops the chain at the previous step. Either way it is reported
 //   (job, step, rank, tensor) in RestoredRange::damage, never returned as data.
 //   RestoreRecoveryPoint adds the fallback: newest FULL and chain, else the previous FULL...
@@ -29,8 +30,9 @@ namespace gradsnap {
 namespace recovery {
 
 struct RestoreOptions {
-  // Ranged reads in flight at once. Default: 4
-  int threads = 4;
+  // Ranged reads in flight at once. A FULL and one DELTA are 3 + 1 flat pieces, plus a DELTA
+  // header per shard; with fewer threads the last reads wait for the first. Default: 8
+  int threads = 8;
   // A piece is fetched as ranges of at most this many bytes, cut at multiples of it from the
   // tensor's start. The store reads whole chunks (4 MiB by default) and a chunk two ranges
   // share is read twice, so ranges are long; within one range the engine reads ahead up to

@@ -12,7 +12,8 @@
 //   Reads of damaged data return DATA_LOSS naming the job, step, rank and tensor.
 //
 // THREAD SAFETY
-//   Read may be called from several threads at once; List and Describe from one at a time.
+//   Read and Describe may be called from several threads at once (a restore describes a FULL
+//   and its DELTAs together); List from one at a time.
 #ifndef GRADSNAP_RECOVERY_STATE_SOURCE_H_
 #define GRADSNAP_RECOVERY_STATE_SOURCE_H_
 
