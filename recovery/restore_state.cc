@@ -7,6 +7,8 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -37,9 +39,10 @@ const std::string& DeltaHeaderName() {
   return *name;
 }
 
-// Ranged reads run by up to `threads` threads as they are added, so the FULL's reads go out
-// while the DELTAs are still being described and their headers read (round trips). Finish
-// returns each group's first error (DATA_LOSS preferred); callers stop at the first failed group.
+// Ranged reads run by up to `threads` threads as they are added. Finish returns each group's
+// error: DATA_LOSS preferred, then the one of the read added first (so a damaged chunk that a
+// DELTA's header and gradient share is reported under the header, whichever read failed first);
+// callers stop at the first failed group.
 // The destructor waits for the reads in flight (they write into the caller's buffers).
 class ReadRunner {
  public:
@@ -49,10 +52,12 @@ class ReadRunner {
   void Add(const std::vector<ReadTask>& tasks) {
     absl::MutexLock lock(&mu_);
     for (const ReadTask& t : tasks) {
-      queue_.push_back(t);
-      if (status_.size() <= t.group) status_.resize(t.group + 1);
+      queue_.push_back({added_++, t});
+      if (status_.size() <= t.group) {
+        status_.resize(t.group + 1);
+        failed_at_.resize(t.group + 1, SIZE_MAX);
+      }
     }
-    added_ += tasks.size();
     while (workers_.size() < std::min<size_t>(threads_, added_)) {
       workers_.emplace_back([this] { Work(); });
     }
@@ -73,30 +78,38 @@ class ReadRunner {
   }
 
  private:
+  bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || !queue_.empty();
+  }
   void Work() {
     for (;;) {
+      size_t order = 0;
       ReadTask t;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this] { return closed_ || !queue_.empty(); };
-        mu_.Await(absl::Condition(&ready));
+        mu_.Await(absl::Condition(this, &ReadRunner::HasWorkOrClosed));
         if (queue_.empty()) return;
-        t = queue_.front();
+        std::tie(order, t) = queue_.front();
         queue_.pop_front();
       }
       absl::Status s = source_.Read(t.step, t.rank, *t.tensor, t.offset, t.length, t.out);
       if (s.ok()) continue;
       absl::MutexLock lock(&mu_);
       absl::Status& g = status_[t.group];
-      if (g.ok() || (absl::IsDataLoss(s) && !absl::IsDataLoss(g))) g = s;
+      const bool loss = absl::IsDataLoss(s), had_loss = absl::IsDataLoss(g);
+      if (g.ok() || (loss && !had_loss) || (loss == had_loss && order < failed_at_[t.group])) {
+        g = s;
+        failed_at_[t.group] = order;
+      }
     }
   }
 
   StateSource& source_;
   const size_t threads_;
   absl::Mutex mu_;
-  std::deque<ReadTask> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<size_t, ReadTask>> queue_ ABSL_GUARDED_BY(mu_);  // (order added, read)
   std::vector<absl::Status> status_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> failed_at_ ABSL_GUARDED_BY(mu_);  // order of the read status_ reports
   std::vector<std::thread> workers_ ABSL_GUARDED_BY(mu_);
   size_t added_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -303,7 +303,8 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
       meta_(std::move(meta)),
       record_pool_(std::make_shared<BufferPool>(MaxRecordSize(options.chunk_bytes),
                                                 kRecordPoolBuffers)),
-      small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256) {}
+      small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256),
+      shared_records_(options.share_edge_records) {}
 
 void EngineImpl::PrefaultRecordBuffers() {
   const size_t writers = options_.read_only ? 0

@@ -22,6 +22,7 @@
 #include "storage/engine.h"
 #include "storage/file_system.h"
 #include "storage/metadata.h"
+#include "storage/shared_records.h"
 
 namespace gradsnap {
 namespace storage {
@@ -71,6 +72,8 @@ class EngineImpl : public Engine {
   std::atomic<int>* open_readers() { return &open_readers_; }
   // Record buffers for chunks of at most kSmallChunkBytes (small tensors, tensor tails).
   BufferPool* small_record_pool() { return &small_record_pool_; }
+  // Records two ranged reads share (EngineOptions::shared_edge_bytes).
+  SharedRecords* shared_records() { return &shared_records_; }
   std::string CheckpointDir(const std::string& job, int64_t step) const;
   std::string SegmentPath(const std::string& job, int64_t step, int32_t rank,
                           uint32_t seq) const;
@@ -122,6 +125,7 @@ class EngineImpl : public Engine {
   const std::shared_ptr<BufferPool> record_pool_;
   BufferPool small_record_pool_;
   std::atomic<int> open_readers_{0};
+  SharedRecords shared_records_;
 
   absl::Mutex mu_;
   // Shard keys with an open writer. A leaf lock (taken after mu_, never before it), so the

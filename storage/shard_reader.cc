@@ -52,6 +52,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/shared_records.h"
 #include "storage/storage_stats.h"
 #include "storage/task_pool.h"
 #include "storage/uring_reader.h"
@@ -119,6 +120,10 @@ struct Slot {
   bool done = false;
   bool crc_pending = false;  // a raw record whose payload CRC the caller checks (VerifyHeld)
   bool prehashed = false;    // VerifyHeld fed its bytes to the stream's digest
+  // An edge chunk's record, shared with the other reads that need it (shared_records.h): read
+  // into its buffer (by this reader or another), not into `record`.
+  std::shared_ptr<SharedRecords::Record> shared;
+  uint8_t* record_data() { return shared != nullptr ? shared->buffer()->data() : record->data(); }
 };
 
 class ShardReaderImpl : public ShardReader {
@@ -214,6 +219,11 @@ class ShardReaderImpl : public ShardReader {
   // Starts reading `chunk` into a spare slot or a new one; false (nothing started) when a new
   // one would need a fresh buffer and `must` is not set.
   bool Schedule(size_t chunk, bool must);
+  // Whether this read starts or ends inside `c`: its record may be another read's too.
+  bool IsEdge(const ChunkRecord& c) const;
+  // The shared record for edge chunk `c` (SharedRecords::Acquire), or null.
+  std::shared_ptr<SharedRecords::Record> ShareEdge(const ChunkRecord& c, size_t len, bool* first);
+  void CompleteShared(Slot* slot, const absl::Status& s);
   // Makes cur_ the decoded chunk `chunk` (kept when it already is); errors name `tensor`.
   // `hash_from`: where a streaming read (Read, ReadView) enters the chunk; a chunk checked
   // here (VerifyHeld) feeds the stream's digests from there. kNoHash for ReadTensor, which
@@ -233,7 +243,7 @@ class ShardReaderImpl : public ShardReader {
   // Gives the slot a record buffer of at least `len` bytes (new_record when it is a new one).
   void SizeRecord(Slot* slot, size_t len);
   void StartRing(std::vector<File*> files, std::vector<std::string> names);
-  void ReadWithRing(const std::shared_ptr<Slot>& slot);
+  void ReadWithRing(const std::shared_ptr<Slot>& slot, bool fill_shared);
   void Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx);
   void Finish(const std::shared_ptr<Slot>& slot, const absl::Status& s);
   void Cancel();
@@ -251,6 +261,7 @@ class ShardReaderImpl : public ShardReader {
   size_t window_limit_ = 4;
   size_t max_raw_len_ = 0;  // of the shard's chunks: bounds every record (compressed ones too)
   uint64_t read_end_ = UINT64_MAX;  // SetReadEnd: no read-ahead of chunks starting past it
+  uint64_t read_start_ = UINT64_MAX;  // where the first Read started (UINT64_MAX: none yet)
   std::deque<std::shared_ptr<Slot>> window_;  // scheduled, in order
   absl::Mutex mu_;
   // Streaming state.
@@ -298,40 +309,77 @@ bool ShardReaderImpl::Schedule(size_t chunk, bool must) {
     slot->new_record = pooled != nullptr;
     slot->record = std::move(pooled);
   }
+  bool first = true;
+  slot->shared = IsEdge(chunks_[chunk]) ? ShareEdge(chunks_[chunk], len, &first) : nullptr;
   // In the caller's thread: which buffer a chunk gets does not depend on the pool's timing.
-  SizeRecord(slot.get(), len);
+  if (slot->shared == nullptr) SizeRecord(slot.get(), len);
   slot->chunk = chunk;
   slot->done = false;
   slot->crc_pending = slot->prehashed = false;
   slot->status = absl::OkStatus();
   window_.push_back(slot);
+  if (!first) {  // another reader reads (or has read) the record: decode it once it is in
+    slot->shared->OnReady([this, slot](const absl::Status& s) {
+      if (!s.ok()) return Finish(slot, s);
+      pool_->Run([this, slot](ReaderContext* ctx) { Decode(slot, ctx); });
+    });
+    return true;
+  }
   if (ring_ != nullptr) {
-    ReadWithRing(slot);
+    ReadWithRing(slot, slot->shared != nullptr);
     return true;
   }
   pool_->Run([this, slot](ReaderContext* ctx) {
     const ChunkRecord& c = chunks_[slot->chunk];
-    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, slot->record.get());
+    AlignedBuffer* buf = slot->shared != nullptr ? slot->shared->buffer() : slot->record.get();
+    absl::Status s = ReadRecord(files_.at(c.segment).get(), c, buf);
+    if (slot->shared != nullptr) CompleteShared(slot.get(), s);
     if (!s.ok()) return Finish(slot, s);
     Decode(slot, ctx);
   });
   return true;
 }
 
-// The record goes out on the ring; its completion queues the decode on the pool.
-void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
+bool ShardReaderImpl::IsEdge(const ChunkRecord& c) const {
+  return read_start_ != UINT64_MAX &&
+         (c.header.stream_offset < read_start_ ||
+          c.header.stream_offset + c.header.raw_len > read_end_);
+}
+
+std::shared_ptr<SharedRecords::Record> ShardReaderImpl::ShareEdge(const ChunkRecord& c,
+                                                                  size_t len, bool* first) {
+  SharedRecords::Key key{engine_->SegmentPath(job_, step_, info_.rank, c.segment), c.offset,
+                         static_cast<uint32_t>(c.header.record_len()), c.header.crc_raw};
+  return engine_->shared_records()->Acquire(key, len, engine_->shared_record_pool(), first);
+}
+
+// The read of a shared record this reader made is over: the other readers waiting for it go
+// on; a failed one is not shared again.
+void ShardReaderImpl::CompleteShared(Slot* slot, const absl::Status& s) {
+  if (!s.ok()) engine_->shared_records()->Forget(slot->shared.get());
+  slot->shared->Complete(s);
+}
+
+// The record goes out on the ring; its completion queues the decode on the pool. With
+// `fill_shared`, into the slot's shared record (not registered: it is not the slot's buffer),
+// which the completion hands to the readers waiting for it.
+void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot, bool fill_shared) {
   const ChunkRecord& c = chunks_[slot->chunk];
   size_t len = AlignUp(c.header.record_len());
-  int fixed = slot->index;
-  if (slot->new_record &&
-      !ring_->RegisterBuffer(slot->index, slot->record->data(), slot->record->capacity())) {
-    fixed = -1;
+  int fixed = -1;
+  if (!fill_shared) {
+    fixed = slot->index;
+    if (slot->new_record &&
+        !ring_->RegisterBuffer(slot->index, slot->record->data(), slot->record->capacity())) {
+      fixed = -1;
+    }
+    slot->new_record = false;
   }
-  slot->new_record = false;
-  ring_->Read(file_index_.at(c.segment), c.offset, slot->record->data(), len, fixed,
-              [this, slot](absl::StatusOr<size_t> got) {
+  ring_->Read(file_index_.at(c.segment), c.offset, slot->record_data(), len, fixed,
+              [this, slot, fill_shared](absl::StatusOr<size_t> got) {
                 absl::Status s =
                     got.ok() ? CheckLength(chunks_[slot->chunk], *got) : got.status();
+                if (fill_shared) CompleteShared(slot.get(), s);
                 if (!s.ok()) return Finish(slot, s);
                 pool_->Run([this, slot](ReaderContext* ctx) { Decode(slot, ctx); });
               });
@@ -340,10 +388,12 @@ void ShardReaderImpl::ReadWithRing(const std::shared_ptr<Slot>& slot) {
 void ShardReaderImpl::Decode(const std::shared_ptr<Slot>& slot, ReaderContext* ctx) {
   const ChunkRecord& c = chunks_[slot->chunk];
   const bool defer = defer_crc_.load(std::memory_order_relaxed);
-  absl::Status s = ctx->decoder.DecodeView(slot->record->data(), c.header.record_len(), &c.header,
+  absl::Status s = ctx->decoder.DecodeView(slot->record_data(), c.header.record_len(), &c.header,
                                            &slot->decoded, &slot->data,
                                            defer ? &slot->crc_pending : nullptr);
   slot->size = c.header.raw_len;
+  // Bytes that do not check are not shared again: a retry reads the disk.
+  if (!s.ok() && slot->shared != nullptr) engine_->shared_records()->Forget(slot->shared.get());
   Finish(slot, s);
 }
 
@@ -445,6 +495,7 @@ absl::Status ShardReaderImpl::VerifyHeld(uint32_t tensor, uint64_t hash_from) {
   }
   if (crc != c.header.crc_raw) {
     hash_tensor_ = -1;
+    if (cur_->shared != nullptr) engine_->shared_records()->Forget(cur_->shared.get());
     return Loss(tensor, PackedLoss(c, absl::DataLossError(kStoredCrcMismatch)));
   }
   if (mismatch >= 0) return Loss(static_cast<uint32_t>(mismatch), DigestMismatch());
@@ -587,6 +638,7 @@ absl::Status ShardReaderImpl::CopyOut(uint32_t tensor, const uint8_t* src, uint6
 }
 
 absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t n) {
+  if (read_start_ == UINT64_MAX) read_start_ = offset;
   uint64_t total = tensor_start_.back();
   if (offset >= total || n == 0) return 0;
   uint8_t* dst = static_cast<uint8_t*>(out);
