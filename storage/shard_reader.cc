@@ -292,6 +292,9 @@ void ShardReaderImpl::StartRing(std::vector<File*> files, std::vector<std::strin
 
 bool ShardReaderImpl::Schedule(size_t chunk, bool must) {
   const size_t len = AlignUp(chunks_[chunk].header.record_len());
+  // An edge chunk is read into its shared record, not a slot buffer: a new slot for it takes
+  // none (and so no fresh memory of the readers' share).
+  const bool edge = IsEdge(chunks_[chunk]) && engine_->shared_records()->enabled();
   std::shared_ptr<Slot> slot;
   if (!spare_.empty()) {
     slot = std::move(spare_.back());
@@ -301,7 +304,8 @@ bool ShardReaderImpl::Schedule(size_t chunk, bool must) {
     const size_t want = RecordCapacity(len);
     const size_t readers = static_cast<size_t>(std::max(1, engine_->open_readers()->load()));
     const size_t share = std::clamp(kFreshBuffers / readers, kMinWindow, kMaxFresh);
-    const bool fresh_ok = must || window_.size() + lent_.size() < share || !Pooled(want);
+    const bool fresh_ok =
+        edge || must || window_.size() + lent_.size() < share || !Pooled(want);
     if (!fresh_ok && (pooled = engine_->record_pool()->TryGet()) == nullptr) return false;
     slot = std::make_shared<Slot>();
     slot->index = slots_made_++;
@@ -310,7 +314,7 @@ bool ShardReaderImpl::Schedule(size_t chunk, bool must) {
     slot->record = std::move(pooled);
   }
   bool first = true;
-  slot->shared = IsEdge(chunks_[chunk]) ? ShareEdge(chunks_[chunk], len, &first) : nullptr;
+  slot->shared = edge ? ShareEdge(chunks_[chunk], len, &first) : nullptr;
   // In the caller's thread: which buffer a chunk gets does not depend on the pool's timing.
   if (slot->shared == nullptr) SizeRecord(slot.get(), len);
   slot->chunk = chunk;

@@ -84,6 +84,7 @@ class SharedRecords {
 
   // enabled = false: Acquire returns null (every reader reads its own records).
   explicit SharedRecords(bool enabled) : enabled_(enabled) {}
+  bool enabled() const { return enabled_; }
 
   // The record for `key`. *first = true: a new one, with a buffer of at least `capacity` bytes
   // (from `pool` when of its size), that the caller must read and Complete. *first = false: one
