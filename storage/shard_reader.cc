@@ -352,8 +352,12 @@ bool ShardReaderImpl::IsEdge(const ChunkRecord& c) const {
 
 std::shared_ptr<SharedRecords::Record> ShardReaderImpl::ShareEdge(const ChunkRecord& c,
                                                                   size_t len, bool* first) {
-  SharedRecords::Key key{engine_->SegmentPath(job_, step_, info_.rank, c.segment), c.offset,
-                         static_cast<uint32_t>(c.header.record_len()), c.header.crc_raw};
+  SharedRecords::Key key{engine_->SegmentPath(job_, step_, info_.rank, c.segment),
+                         c.offset,
+                         static_cast<uint32_t>(c.header.record_len()),
+                         c.header.crc_raw,
+                         c.header.crc_stored,
+                         c.header.stream_offset};
   return engine_->shared_records()->Acquire(key, len, engine_->shared_record_pool(), first);
 }
 

@@ -16,9 +16,10 @@
 //   damaged on the disk since is seen). A record whose read failed or whose CRC did not match is
 //   Forgotten at once, so a retry reads the disk again.
 //
-//   The key names the segment file, the record's offset, length and payload CRC: a checkpoint
-//   saved again under the same step writes other segment files or other records, so a stale
-//   record is never taken for a new one.
+//   The key names the segment file, the record's offset and length, its payload CRCs and its
+//   place in the shard: a checkpoint saved again under the same step (while a reader of the
+//   old one still holds a record) is taken for the old one only where all of these agree, and
+//   then the reader's own CRC and header checks still stand between it and the bytes.
 //
 // THREAD SAFETY
 //   Thread-safe. OnReady callbacks run on the thread that Completes the record, or at once on
@@ -46,12 +47,15 @@ namespace storage {
 class SharedRecords {
  public:
   struct Key {
-    std::string segment;  // the segment file's path
-    uint64_t offset = 0;  // of the record in it
-    uint32_t length = 0;  // of the record
-    uint32_t crc = 0;     // of its raw payload (ChunkHeader::crc_raw)
+    std::string segment;         // the segment file's path
+    uint64_t offset = 0;         // of the record in it
+    uint32_t length = 0;         // of the record
+    uint32_t crc = 0;            // of its raw payload (ChunkHeader::crc_raw)
+    uint32_t crc_stored = 0;     // of its stored payload (ChunkHeader::crc_stored)
+    uint64_t stream_offset = 0;  // of its first byte in the shard (ChunkHeader::stream_offset)
     bool operator<(const Key& o) const {
-      return std::tie(segment, offset, length, crc) < std::tie(o.segment, o.offset, o.length, o.crc);
+      return std::tie(segment, offset, length, crc, crc_stored, stream_offset) <
+             std::tie(o.segment, o.offset, o.length, o.crc, o.crc_stored, o.stream_offset);
     }
   };
 
