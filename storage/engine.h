@@ -129,9 +129,9 @@ struct EngineOptions {
   bool prefault_read_ahead = false;
   // Reads of one shard share the records of the chunks their ranges start or end inside of
   // (storage/shared_records.h): such a chunk is read from the disk once for the reads that
-  // need it at the same time (the neighbouring slices of a resharded restore, the tensors of
-  // one shard restored in parallel); every reader still checks its CRC itself. false: each
-  // reader reads its own. Default: true.
+  // need it at the same time (the neighbouring slices of a resharded restore; small tensors of
+  // one packed chunk read by separate ranged reads); every reader still checks its CRC itself.
+  // false: each reader reads its own. Default: true.
   bool share_edge_records = true;
   // Time source (gradsnap/clock.h) of stored timestamps (created/committed/written_unix_ms),
   // quarantine entry names and their ages in Gc; not owned. nullptr: the real clock.
