@@ -125,7 +125,10 @@ class RecoveryTest : public ::testing::Test {
   // DELTA u on `base` written by `world` ranks; advances the reference state. With
   // `wrong_header_rank` >= 0 that rank's header names a slice one element off (it reads back
   // intact but does not match its checkpoint).
-  void SaveDelta(int64_t u, int64_t base, int world, int wrong_header_rank = -1) {
+  // `short_grad_rank` >= 0: that rank's gradient slice lacks its last element (the pieces do
+  // not cover the flat buffer).
+  void SaveDelta(int64_t u, int64_t base, int world, int wrong_header_rank = -1,
+                 int short_grad_rank = -1) {
     const std::string text = StateText(u, world);
     const std::vector<float> g = Random(100 + u, kTotal, 0.5f);
     ASSERT_TRUE(client_->BeginCheckpoint({"j", u, CheckpointKind::kDelta, base, world, text}).ok());
@@ -140,7 +143,9 @@ class RecoveryTest : public ::testing::Test {
       const std::string header = gpu_snapshot::EncodeDeltaHeader(h);
       client::ShardSpec s{"j", u, r, {}, text};
       std::vector<TensorRef> refs = {{Bytes(kDeltaHeaderTensor, header.size()), header.data()},
-                                     {Flat(kFlatGrad, DType::kF32, lo, hi - lo), g.data() + lo},
+                                     {Flat(kFlatGrad, DType::kF32, lo,
+                                           hi - lo - (r == short_grad_rank ? 1 : 0)),
+                                      g.data() + lo},
                                      {Bytes(kReplicatedTensor, text.size()), text.data()}};
       ASSERT_TRUE(client_->SaveShard(s, refs).ok());
     }
@@ -340,6 +345,26 @@ TEST_F(RecoveryTest, MismatchedDeltaHeaderStopsTheChainBeforeIt) {
               std::string::npos)
         << damage[0];
   }
+}
+
+// A DELTA whose gradient pieces do not cover the range is not planned (its reads never go out,
+// so none is left writing into its buffers): the chain stops before it.
+TEST_F(RecoveryTest, DeltaWithAHoleInItsGradientStopsTheChainBeforeIt) {
+  SaveFull(5, 2);
+  SaveDelta(6, 5, 2);
+  const std::vector<float> p6 = p_;
+  SaveDelta(7, 5, 2, -1, /*short_grad_rank=*/0);
+  SaveDelta(8, 5, 2);
+  auto src = NewClientSource(client_.get(), "j");
+  std::vector<float> p(kTotal), m(kTotal), v(kTotal);
+  std::vector<std::string> damage;
+  auto r = RestoreRecoveryPoint(*src, 0, kTotal, p.data(), m.data(), v.data(), RestoreOptions(),
+                                &damage);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step, 6);
+  EXPECT_EQ(0, std::memcmp(p.data(), p6.data(), kTotal * 4));
+  ASSERT_EQ(damage.size(), 1u);
+  EXPECT_NE(damage[0].find("step 7: grad does not hold elements"), std::string::npos) << damage[0];
 }
 
 TEST(RecoveryPointTest, PlansAndMissingBases) {

@@ -201,22 +201,28 @@ absl::Status DescribeDelta(StateSource& source, int64_t full_step, int64_t u, De
 }
 
 // Plans the reads of a described DELTA's gradient slice [lo, hi) and of the headers of the
-// shards holding it, in `group`.
+// shards holding it, in `group`. Appends to *tasks and *bytes only when all of it is planned (a
+// failed plan's buffers go with it: no read may be left pointing into them).
 absl::Status PlanDelta(StateSource& source, uint64_t lo, uint64_t hi, const RestoreOptions& o,
                        size_t group, DeltaPlan* d, uint64_t* bytes, std::vector<ReadTask>* tasks) {
   const FlatBuffer* grad = d->view.Flat(kFlatGrad);
   DType dtype = DType::kF32;
+  std::vector<ReadTask> planned;
   for (const FlatPiece& p : grad->pieces) {
     if (p.flat_offset >= hi || p.flat_offset + p.count <= lo) continue;
     if (d->pieces.empty()) dtype = p.dtype;
     d->pieces.push_back(&p);
     d->headers.push_back(std::make_unique<char[]>(gpu_snapshot::kDeltaHeaderBytes));
-    tasks->push_back(ReadTask{d->step, p.rank, &DeltaHeaderName(), 0,
-                              gpu_snapshot::kDeltaHeaderBytes, d->headers.back().get(), group});
+    planned.push_back(ReadTask{d->step, p.rank, &DeltaHeaderName(), 0,
+                               gpu_snapshot::kDeltaHeaderBytes, d->headers.back().get(), group});
   }
   d->grad = std::make_unique<char[]>(std::max<uint64_t>((hi - lo) * DTypeSize(dtype), 1));
-  return PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), &d->dtype, o, group, bytes,
-                  tasks);
+  uint64_t planned_bytes = 0;
+  RETURN_IF_ERROR(PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), &d->dtype, o, group,
+                           &planned_bytes, &planned));
+  tasks->insert(tasks->end(), planned.begin(), planned.end());
+  *bytes += planned_bytes;
+  return absl::OkStatus();
 }
 
 // Checks the headers PlanDelta had read: each names this DELTA, its FULL and its shard's slice,
