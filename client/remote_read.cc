@@ -14,6 +14,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
+#include "common/populate.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
 
@@ -456,6 +457,7 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
       }
       // One stream over exactly the tensor: the server then checks its digest.
       uint64_t filled = 0;
+      PopulateAhead populate(out, out_len);  // a fresh destination faulted in ahead of the copy
       return ReadRange(job, step, rank, offset, offset + out_len,
                        CopyInto(static_cast<char*>(out), out_len, &filled), nullptr);
     }
@@ -472,6 +474,7 @@ absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, 
   const size_t streams = std::min<size_t>(std::max(1, options_.read_streams), count);
   std::atomic<size_t> next{0};
   std::vector<absl::Status> results(streams);
+  PopulateAhead populate(out, length);  // a fresh destination faulted in ahead of the copies
   auto fetch = [&](size_t worker) {
     for (size_t k = next++; k < count && results[worker].ok(); k = next++) {
       const uint64_t b = k * kReadBlockBytes;

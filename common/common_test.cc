@@ -1,5 +1,10 @@
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -8,6 +13,7 @@
 #include "common/dtype.h"
 #include "common/flag_names.h"
 #include "common/names.h"
+#include "common/populate.h"
 #include "common/sha256.h"
 #include "common/stats.h"
 #include "common/status.h"
@@ -15,6 +21,59 @@
 
 namespace gradsnap {
 namespace {
+
+// Waits (at most max_ms) until `p` has populated `want` bytes.
+size_t WaitPopulated(const PopulateAhead& p, size_t want, int max_ms = 5000) {
+  for (int i = 0; i < max_ms && p.populated() < want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return p.populated();
+}
+
+// PopulateAhead faults in every whole page inside the destination and nothing else, leaves
+// the bytes as they were, skips small destinations and stops quietly on memory it may not
+// populate.
+TEST(PopulateAheadTest, FaultsInWholePagesInsideOnlyAndKeepsTheBytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t pages = (PopulateAhead::kMinBytes + 3 * PopulateAhead::kStep) / page + 2;
+  // Guard pages on both sides: populating one of them would fail, not write it.
+  char* map = static_cast<char*>(::mmap(nullptr, (pages + 2) * page, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(::mprotect(map, page, PROT_NONE), 0);
+  ASSERT_EQ(::mprotect(map + (pages + 1) * page, page, PROT_NONE), 0);
+  char* area = map + page;
+  // The destination starts 100 bytes into the first page and ends 100 bytes into the last.
+  char* dst = area + 100;
+  const size_t n = (pages - 1) * page;
+  std::memset(area + (pages / 2) * page, 0x5a, page);  // one page touched and written before
+  std::vector<unsigned char> resident(pages + 2);
+  {
+    PopulateAhead p(dst, n);
+    const size_t inside = (pages - 2) * page;  // the whole pages within [dst, dst + n)
+    EXPECT_EQ(WaitPopulated(p, inside), inside);
+    ASSERT_EQ(::mincore(map, (pages + 2) * page, resident.data()), 0);
+  }
+  EXPECT_FALSE(resident[1] & 1) << "the partial first page was populated";
+  for (size_t i = 2; i < pages; ++i) ASSERT_TRUE(resident[i] & 1) << "page " << i;
+  EXPECT_FALSE(resident[pages] & 1) << "the partial last page was populated";
+  for (size_t i = 0; i < page; ++i) {
+    ASSERT_EQ(area[(pages / 2) * page + i], 0x5a);  // contents kept
+    ASSERT_EQ(area[page + i], 0);                   // fresh pages stay zero
+  }
+  {
+    PopulateAhead small(dst, PopulateAhead::kMinBytes - 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(small.populated(), 0u);
+  }
+  // Read-only memory is not populated for writing: the helper stops at once.
+  ASSERT_EQ(::mprotect(area, pages * page, PROT_READ), 0);
+  {
+    PopulateAhead ro(area, pages * page);
+    EXPECT_EQ(WaitPopulated(ro, 1, 100), 0u);
+  }
+  ::munmap(map, (pages + 2) * page);
+}
 
 TEST(Crc32c, KnownVectors) {
   // RFC 3720 B.4 test vectors.

@@ -50,6 +50,7 @@
 #include "common/crc32c.h"
 #include "common/digest.h"
 #include "common/logging.h"
+#include "common/populate.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/shared_records.h"
@@ -583,6 +584,7 @@ absl::Status ShardReaderImpl::ReadTensor(size_t index, void* out, size_t out_len
   }
   Digester digest(info_.digest_algo);
   uint8_t* dst = static_cast<uint8_t*>(out);
+  PopulateAhead populate(out, out_len);  // a fresh destination faulted in ahead of the copy
   const uint64_t end = tensor_start_[index + 1];
   uint64_t pos = tensor_start_[index];
   while (pos < end) {
@@ -650,6 +652,8 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   uint64_t total = tensor_start_.back();
   if (offset >= total || n == 0) return 0;
   uint8_t* dst = static_cast<uint8_t*>(out);
+  // A fresh destination faulted in ahead of the copy (not for ReadView: no destination).
+  PopulateAhead populate(out, out == nullptr ? 0 : std::min<uint64_t>(n, total - offset));
   size_t copied = 0;
   while (copied < n && offset < total) {
     const uint32_t tensor = TensorAt(offset);

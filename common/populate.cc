@@ -1,0 +1,36 @@
+#include "common/populate.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+namespace gradsnap {
+
+PopulateAhead::PopulateAhead(void* dst, size_t n) {
+  if (n < kMinBytes) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(dst) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(dst) + n) / page * page;
+  if (end <= begin) return;
+  helper_ = std::thread([this, begin, end] {
+    for (uintptr_t at = begin; at < end && !stop_.load(std::memory_order_relaxed);) {
+      const size_t len = std::min<uintptr_t>(kStep, end - at);
+      if (::madvise(reinterpret_cast<void*>(at), len, MADV_POPULATE_WRITE) != 0) return;
+      at += len;
+      populated_.store(at - begin, std::memory_order_relaxed);
+    }
+  });
+}
+
+PopulateAhead::~PopulateAhead() {
+  stop_.store(true, std::memory_order_relaxed);
+  if (helper_.joinable()) helper_.join();
+}
+
+}  // namespace gradsnap
