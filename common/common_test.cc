@@ -31,8 +31,8 @@ size_t WaitPopulated(const PopulateAhead& p, size_t want, int max_ms = 5000) {
 }
 
 // PopulateAhead faults in every whole page inside the destination and nothing else, leaves
-// the bytes as they were, skips small destinations and stops quietly on memory it may not
-// populate.
+// the bytes as they were, skips small and already faulted-in destinations and stops quietly on
+// memory it may not populate.
 TEST(PopulateAheadTest, FaultsInWholePagesInsideOnlyAndKeepsTheBytes) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t pages = (PopulateAhead::kMinBytes + 3 * PopulateAhead::kStep) / page + 2;
@@ -60,6 +60,11 @@ TEST(PopulateAheadTest, FaultsInWholePagesInsideOnlyAndKeepsTheBytes) {
   for (size_t i = 0; i < page; ++i) {
     ASSERT_EQ(area[(pages / 2) * page + i], 0x5a);  // contents kept
     ASSERT_EQ(area[page + i], 0);                   // fresh pages stay zero
+  }
+  {  // Faulted in already (the pages above): no helper.
+    PopulateAhead again(dst, n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(again.populated(), 0u);
   }
   {
     PopulateAhead small(dst, PopulateAhead::kMinBytes - 1);

@@ -8,7 +8,8 @@
 //   helper thread fault the destination in, 2 MiB at a time (madvise MADV_POPULATE_WRITE: one
 //   system call instead of 512 faults), from its start onwards, while the caller copies: the
 //   copy mostly finds its pages present, and where it catches up it faults them itself, as
-//   before. Pages already present cost the helper a page-table walk, nothing more.
+//   before. A destination that looks faulted in already (8 pages spread over it resident,
+//   mincore) gets no helper: a reused buffer costs nothing.
 //
 //   Only whole pages inside the destination are populated (never a byte outside it), and the
 //   contents never change: MADV_POPULATE_WRITE faults pages in as a write would, without
