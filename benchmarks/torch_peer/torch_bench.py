@@ -80,7 +80,10 @@ def main():
     except ImportError:
         sys.exit("torch_bench: PyTorch is not installed: python3 -m venv V && "
                  "V/bin/pip install torch, then run this with V/bin/python3")
-    total = parse_bytes(a.bytes) // 4 // a.tensors * 4 * a.tensors
+    try:
+        total = parse_bytes(a.bytes) // 4 // max(1, a.tensors) * 4 * a.tensors
+    except ValueError:
+        sys.exit(f"torch_bench: --bytes {a.bytes}: not a size (e.g. 256M, 1G)")
     if total <= 0 or a.tensors <= 0 or not 1 <= a.passes <= 20:
         sys.exit("torch_bench: --bytes, --tensors must be positive, --passes 1..20")
     if not os.access(a.io, os.X_OK):
