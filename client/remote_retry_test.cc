@@ -33,6 +33,7 @@ TEST(RemoteRetryTest, UnavailableIsRetriedWithDoublingBackoffOnTheClientsClock) 
   EXPECT_EQ(clock.NowUnixMillis() - start, clock.slept());
 }
 
+// A stream reset under the call (INTERNAL "RST_STREAM") is retried like UNAVAILABLE.
 TEST(RemoteRetryTest, AbortedAndBusyAreRetriedToo) {
   FakeClock clock;
   int calls = 0;
@@ -40,19 +41,22 @@ TEST(RemoteRetryTest, AbortedAndBusyAreRetriedToo) {
     ++calls;
     if (calls == 1) return absl::AbortedError("superseded write, try again");
     if (calls == 2) return absl::ResourceExhaustedError("server busy: memory limit");
+    if (calls == 3) {
+      return absl::InternalError("127.0.0.1:4000: Received RST_STREAM with error code 1");
+    }
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
-  EXPECT_EQ(calls, 3);
-  EXPECT_GE(clock.slept(), 150 * 3 / 4 - 2);
-  EXPECT_LE(clock.slept(), 150 * 5 / 4);
+  EXPECT_EQ(calls, 4);
+  EXPECT_GE(clock.slept(), 350 * 3 / 4 - 3);
+  EXPECT_LE(clock.slept(), 350 * 5 / 4);
 }
 
 TEST(RemoteRetryTest, OtherErrorsReturnAtOnceWithoutWaiting) {
   FakeClock clock;
   for (const absl::Status& error :
        {absl::NotFoundError("no such checkpoint"), absl::DataLossError("bad chunk"),
-        absl::ResourceExhaustedError("out of disk")}) {
+        absl::ResourceExhaustedError("out of disk"), absl::InternalError("bad state")}) {
     int calls = 0;
     absl::Status s = remote::WithRetry(WithFakeClock(&clock, 8), nullptr, [&] {
       ++calls;

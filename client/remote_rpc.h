@@ -138,6 +138,8 @@ inline void PrepareContext(grpc::ClientContext* ctx, const ClientOptions& o, int
   }
 }
 
+// Whether a call that failed with `s` may be made again (every call of this protocol is
+// idempotent or resumes: docs/protocol.md, "Status codes").
 inline bool IsRetryable(const absl::Status& s) {
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
@@ -145,6 +147,12 @@ inline bool IsRetryable(const absl::Status& s) {
       return true;
     case absl::StatusCode::kResourceExhausted:
       return absl::StartsWith(s.message(), "server busy");
+    case absl::StatusCode::kInternal:
+      // The stream was reset under the call (HTTP/2 RST_STREAM, which gRPC reports as INTERNAL):
+      // seen when the server ended an upload early (e.g. "server busy") while the client was
+      // still sending, so the reset reached the client before the server's status. A transport
+      // failure like UNAVAILABLE; any other INTERNAL is returned at once.
+      return absl::StrContains(s.message(), "RST_STREAM");
     default:
       return false;
   }
