@@ -72,7 +72,7 @@ class EngineImpl : public Engine {
   std::atomic<int>* open_readers() { return &open_readers_; }
   // Record buffers for chunks of at most kSmallChunkBytes (small tensors, tensor tails).
   BufferPool* small_record_pool() { return &small_record_pool_; }
-  // Records two ranged reads share (EngineOptions::shared_edge_bytes).
+  // Records ranged reads of one shard share (EngineOptions::share_edge_records).
   SharedRecords* shared_records() { return &shared_records_; }
   std::string CheckpointDir(const std::string& job, int64_t step) const;
   std::string SegmentPath(const std::string& job, int64_t step, int32_t rank,

@@ -232,9 +232,14 @@ class ShardReaderImpl : public ShardReader {
   absl::Status Hold(size_t chunk, uint32_t tensor, uint64_t hash_from);
   // Checks cur_'s deferred CRC and hashes its bytes from `hash_from` in the same pass.
   absl::Status VerifyHeld(uint32_t tensor, uint64_t hash_from);
-  // Feeds stream bytes [from, to) of cur_ to the digest when they continue or start a tensor,
-  // checking each tensor that ends there; the first mismatch goes to *mismatch.
+  // Feeds stream bytes [from, to) of cur_ to the digest (HashRun, tensor by tensor).
   void HashHeld(uint64_t from, uint64_t to, int64_t* mismatch);
+  // The stream digest's one rule, for CopyOut and VerifyHeld alike: bytes [from, from + n) of
+  // tensor `t` (at p) begin its digest when `from` is the tensor's start, extend it when they
+  // continue where it stopped, and otherwise stop hashing until the next tensor start (the
+  // stream started mid-tensor or jumped: CRCs only). The run that reaches the tensor's end
+  // checks the digest; a mismatch puts `t` in *mismatch (the first one is kept).
+  void HashRun(uint32_t t, uint64_t from, const uint8_t* p, size_t n, int64_t* mismatch);
   absl::Status Take(size_t chunk, uint32_t tensor, std::shared_ptr<Slot>* slot);
   void Recycle(std::shared_ptr<Slot> slot);
   void Reclaim();
@@ -518,20 +523,27 @@ void ShardReaderImpl::HashHeld(uint64_t from, uint64_t to, int64_t* mismatch) {
   while (from < to) {
     const uint32_t t = TensorAt(from);
     const uint64_t end = std::min(to, tensor_start_[t + 1]);
-    if (from == tensor_start_[t]) {
-      digest_.Reset();
-      hash_tensor_ = t;
-      hash_next_ = from;
-    }
-    if (hash_tensor_ == static_cast<int64_t>(t) && hash_next_ == from) {
-      digest_.Update(cur_->data + (from - chunk_start), end - from);
-      hash_next_ = end;
-      if (end == tensor_start_[t + 1]) {
-        hash_tensor_ = -1;
-        if (digest_.FinishHex() != info_.tensors[t].digest && *mismatch < 0) *mismatch = t;
-      }
-    }
+    HashRun(t, from, cur_->data + (from - chunk_start), end - from, mismatch);
     from = end;
+  }
+}
+
+void ShardReaderImpl::HashRun(uint32_t t, uint64_t from, const uint8_t* p, size_t n,
+                              int64_t* mismatch) {
+  if (from == tensor_start_[t]) {
+    digest_.Reset();
+    hash_tensor_ = t;
+    hash_next_ = from;
+  }
+  if (hash_tensor_ != static_cast<int64_t>(t) || hash_next_ != from) {
+    hash_tensor_ = -1;
+    return;
+  }
+  digest_.Update(p, n);
+  hash_next_ += n;
+  if (hash_next_ == tensor_start_[t + 1]) {
+    hash_tensor_ = -1;
+    if (digest_.FinishHex() != info_.tensors[t].digest && *mismatch < 0) *mismatch = t;
   }
 }
 
@@ -623,27 +635,14 @@ absl::Status ShardReaderImpl::CopyOut(uint32_t tensor, const uint8_t* src, uint6
     if (dst != nullptr) std::memcpy(dst, src, n);
     return absl::OkStatus();
   }
-  if (offset == tensor_start_[tensor]) {
-    digest_.Reset();
-    hash_tensor_ = tensor;
-    hash_next_ = offset;
-  }
-  const bool hashing = hash_tensor_ == static_cast<int64_t>(tensor) && hash_next_ == offset;
-  if (!hashing) hash_tensor_ = -1;  // the stream started mid-tensor or jumped: CRCs only
-  if (dst == nullptr) {  // ReadView: hashed where they lie
-    if (hashing) digest_.Update(src, n);
-  }
+  int64_t mismatch = -1;
+  if (dst == nullptr) HashRun(tensor, offset, src, n, &mismatch);  // ReadView: where they lie
   for (size_t done = 0; dst != nullptr && done < n; done += kFuseBlock) {
     size_t len = std::min(kFuseBlock, n - done);
     std::memcpy(dst + done, src + done, len);
-    if (hashing) digest_.Update(dst + done, len);
+    HashRun(tensor, offset + done, dst + done, len, &mismatch);
   }
-  if (!hashing) return absl::OkStatus();
-  hash_next_ += n;
-  if (hash_next_ == tensor_start_[tensor + 1]) {
-    hash_tensor_ = -1;
-    if (digest_.FinishHex() != info_.tensors[tensor].digest) return Loss(tensor, DigestMismatch());
-  }
+  if (mismatch >= 0) return Loss(tensor, DigestMismatch());
   return absl::OkStatus();
 }
 
