@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/rank_slice.h"
+#include "common/sha256.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gpu_snapshot/host_replay.h"
 #include "gtest/gtest.h"
@@ -266,6 +267,43 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
   auto got = RestoreRange(**d, RecoveryPoint{11, {}}, 0, kTotal, p.data(), m.data(), v.data(),
                           RestoreOptions());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kFailedPrecondition) << got.status();
+
+  // f64 weights (an export converted by another tool, its digests recomputed): refused before
+  // any read, since their bytes are twice what the f32 buffers hold. Each buffer here is
+  // followed by a guard of as many floats, which must come back untouched.
+  const std::string wide = scratch_ + "/f64";
+  fs::create_directories(wide);
+  auto wide_files = WriteConsolidated(wide, s, DType::kF32);
+  ASSERT_TRUE(wide_files.ok());
+  auto kv = ParseStateText(s.state);
+  ASSERT_TRUE(kv.ok());
+  auto layout = DecodeLayout(kv->at(std::string(kParamLayoutKey)));
+  ASSERT_TRUE(layout.ok());
+  std::vector<double> f64(s.master.begin(), s.master.end());
+  std::vector<SafetensorsTensor> model;
+  std::vector<std::pair<std::string, std::string>> meta = {
+      {"format", "gradsnap-model-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)},
+      {"dtype", "f64"}, {"train_state", s.state}};
+  for (const ParamEntry& e : *layout) {
+    model.push_back({e.name, DType::kF64, e.shape, f64.data() + e.offset, e.numel() * 8});
+    meta.push_back({"sha256." + e.name, Sha256Hex(model.back().data, model.back().bytes)});
+  }
+  ASSERT_TRUE(WriteSafetensors(wide + "/model.safetensors", meta, model).ok());
+  for (WrittenFile& f : *wide_files) {
+    if (f.path == wide + "/model.safetensors") f.bytes = f64.size() * 8;
+  }
+  ASSERT_TRUE(WriteRestoreManifest(wide, s, 1, true, *wide_files).ok());
+  auto wd = OpenDirSource(wide, /*verify_all=*/true);
+  ASSERT_TRUE(wd.ok()) << wd.status();
+  constexpr float kGuard = 12345.5f;
+  std::vector<float> gp(2 * kTotal, kGuard), gm(2 * kTotal, kGuard), gv(2 * kTotal, kGuard);
+  auto refused = RestoreRange(**wd, RecoveryPoint{11, {}}, 0, kTotal, gp.data(), gm.data(),
+                              gv.data(), RestoreOptions());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("f64"), std::string::npos) << refused.status();
+  for (const std::vector<float>* b : {&gp, &gm, &gv}) {
+    for (size_t i = kTotal; i < b->size(); ++i) ASSERT_EQ((*b)[i], kGuard) << "written past at " << i;
+  }
 }
 
 TEST_F(RecoveryTest, DamagedDeltaCutsTheChainDamagedFullFallsBack) {

@@ -129,9 +129,12 @@ absl::StatusOr<int64_t> StateStep(const std::string& text) {
 
 // Appends the reads of elements [lo, hi) of flat buffer `flat` of `view` into out (element size
 // of the pieces' dtype, returned in *dtype). DATA_LOSS when the pieces do not cover the range.
+// `out` holds (hi - lo) elements of `max_elem_bytes` (0: sized for the pieces' dtype): pieces of
+// a wider dtype are FAILED_PRECONDITION before any read is planned, so none writes past it.
 absl::Status PlanFlat(StateSource& source, const CheckpointView& view, const std::string& flat,
-                      uint64_t lo, uint64_t hi, void* out, DType* dtype, const RestoreOptions& o,
-                      size_t group, uint64_t* bytes, std::vector<ReadTask>* tasks) {
+                      uint64_t lo, uint64_t hi, void* out, size_t max_elem_bytes, DType* dtype,
+                      const RestoreOptions& o, size_t group, uint64_t* bytes,
+                      std::vector<ReadTask>* tasks) {
   const FlatBuffer* f = view.Flat(flat);
   if (f == nullptr || hi > f->total || lo > hi) {
     return absl::DataLossError(absl::StrCat(source.Name(), " step ", view.info.step,
@@ -146,6 +149,11 @@ absl::Status PlanFlat(StateSource& source, const CheckpointView& view, const std
     *dtype = p.dtype;
     typed = true;
     const uint64_t es = DTypeSize(p.dtype);
+    if (max_elem_bytes != 0 && es > max_elem_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          source.Name(), " step ", view.info.step, ": ", flat, " is ", DTypeName(p.dtype),
+          ", not f32 (training state is restored as f32)"));
+    }
     char* dst = static_cast<char*>(out) + (b - lo) * es;
     uint64_t off = (p.first + b - p.flat_offset) * es;
     // Ranges end on multiples of range_bytes from the tensor's start (and on elements).
@@ -218,8 +226,8 @@ absl::Status PlanDelta(StateSource& source, uint64_t lo, uint64_t hi, const Rest
   }
   d->grad = std::make_unique<char[]>(std::max<uint64_t>((hi - lo) * DTypeSize(dtype), 1));
   uint64_t planned_bytes = 0;
-  RETURN_IF_ERROR(PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), &d->dtype, o, group,
-                           &planned_bytes, &planned));
+  RETURN_IF_ERROR(PlanFlat(source, d->view, kFlatGrad, lo, hi, d->grad.get(), /*max_elem_bytes=*/0,
+                           &d->dtype, o, group, &planned_bytes, &planned));
   tasks->insert(tasks->end(), planned.begin(), planned.end());
   *bytes += planned_bytes;
   return absl::OkStatus();
@@ -321,7 +329,8 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
     float* bufs[3] = {master, m, v};
     const char* names[3] = {kFlatParams, kFlatAdamM, kFlatAdamV};
     for (int i = 0; i < 3 && s.ok(); ++i) {
-      s = PlanFlat(source, *full, names[i], lo, hi, bufs[i], &dts[i], o, 0, &r.bytes_read, &tasks);
+      s = PlanFlat(source, *full, names[i], lo, hi, bufs[i], sizeof(float), &dts[i], o, 0,
+                   &r.bytes_read, &tasks);
     }
   }
   if (!s.ok() && !absl::IsDataLoss(s)) return s;
