@@ -136,6 +136,10 @@ class RemoteClient final : public Client {
   // total_out (may be null) receives the payload size.
   absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,
                          uint64_t end, const PieceSink& sink, uint64_t* total_out);
+  // ReadRange of [from, to) copied to dst[0, to - from); OUT_OF_RANGE when the shard ends
+  // before `to` (the stream then ends normally at the shard's end).
+  absl::Status ReadInto(const std::string& job, int64_t step, int32_t rank, uint64_t from,
+                        uint64_t to, char* dst);
   // The payload ranges ending at `cuts` over `streams` parallel Read streams, delivered in
   // order.
   absl::Status ReadRangesInOrder(const std::string& job, int64_t step, int32_t rank,

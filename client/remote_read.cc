@@ -456,14 +456,27 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
                                                        out_len));
       }
       // One stream over exactly the tensor: the server then checks its digest.
-      uint64_t filled = 0;
       PopulateAhead populate(out, out_len);  // a fresh destination faulted in ahead of the copy
-      return ReadRange(job, step, rank, offset, offset + out_len,
-                       CopyInto(static_cast<char*>(out), out_len, &filled), nullptr);
+      absl::Status s = ReadInto(job, step, rank, offset, offset + out_len, static_cast<char*>(out));
+      // The range came from the manifest: a node whose shard is shorter holds other data.
+      if (absl::IsOutOfRange(s)) return absl::DataLossError(s.message());
+      return s;
     }
     return absl::NotFoundError(absl::StrCat("no tensor ", tensor, " in rank ", rank));
   }
   return absl::NotFoundError(absl::StrCat("no rank ", rank, " in ", job, " step ", step));
+}
+
+absl::Status RemoteClient::ReadInto(const std::string& job, int64_t step, int32_t rank,
+                                    uint64_t from, uint64_t to, char* dst) {
+  uint64_t filled = 0;  // ReadRange resumes a broken stream where it stopped
+  RETURN_IF_ERROR(ReadRange(job, step, rank, from, to, CopyInto(dst, to - from, &filled), nullptr));
+  if (filled != to - from) {  // the stream ended OK at the end of a shorter shard
+    return absl::OutOfRangeError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                                              ": bytes [", from, ", ", to,
+                                              ") past the payload of ", from + filled));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, int32_t rank,
@@ -479,9 +492,8 @@ absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, 
     for (size_t k = next++; k < count && results[worker].ok(); k = next++) {
       const uint64_t b = k * kReadBlockBytes;
       const uint64_t e = std::min(length, b + kReadBlockBytes);
-      uint64_t filled = 0;  // ReadRange resumes a broken stream where it stopped
-      results[worker] = ReadRange(job, step, rank, offset + b, offset + e,
-                                  CopyInto(static_cast<char*>(out) + b, e - b, &filled), nullptr);
+      results[worker] =
+          ReadInto(job, step, rank, offset + b, offset + e, static_cast<char*>(out) + b);
     }
   };
   std::vector<std::thread> threads;

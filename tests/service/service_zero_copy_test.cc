@@ -41,6 +41,11 @@ void ExpectReadsEqual(const std::string& address, const TestShard& s, const std:
     ASSERT_TRUE(
         c->ReadShardRange(s.spec.job, s.spec.step, s.spec.rank, off, len, part.data()).ok());
     EXPECT_TRUE(part == want.substr(off, len)) << "ReadShardRange with " << streams << " streams";
+    // A range running past the payload is OUT_OF_RANGE, as documented, not a short read.
+    std::string past(200, '\0');
+    absl::Status ps = c->ReadShardRange(s.spec.job, s.spec.step, s.spec.rank, want.size() - 100,
+                                        past.size(), past.data());
+    EXPECT_EQ(ps.code(), absl::StatusCode::kOutOfRange) << ps;
     std::string t3(s.data[3].size(), '\0');
     ASSERT_TRUE(c->RestoreTensor(s.spec.job, s.spec.step, s.spec.rank, s.spec.tensors[3].name,
                                  t3.data(), t3.size())
