@@ -11,10 +11,13 @@
 //
 //   Only the raw record is shared: every reader checks its CRC (and digests) itself, so a reader
 //   never hands out a byte it did not check. The table holds records weakly: one is found only
-//   while a reader (or a chunk ReadShared lent out) still holds it, so it costs no memory of its
-//   own, and a read that starts after every reader of a chunk is done reads the disk (a byte
-//   damaged on the disk since is seen). A record whose read failed or whose CRC did not match is
-//   Forgotten at once, so a retry reads the disk again.
+//   while an open reader still holds it (in its read-ahead window, as its current chunk, or
+//   as a spare slot it has not reused yet) or a chunk ReadShared lent out does, so it costs no
+//   memory of its own, and a read that starts after every reader of a chunk is closed reads
+//   the disk (a byte damaged on the disk since is seen). A record whose read failed or whose
+//   CRC did not match is Forgotten at once, so a retry reads the disk again. A reader waiting
+//   for a record whose read failed (EIO, a short read) fails with that error too, without
+//   reading the disk itself: a retry of either reads it again.
 //
 //   The key names the segment file, the record's offset and length, its payload CRCs and its
 //   place in the shard: a checkpoint saved again under the same step (while a reader of the
