@@ -1,7 +1,7 @@
 // Shared edge records (storage/shared_records.h): the table alone, then through shard readers
 // of a real engine on real files: neighbouring ranges read their common chunk once, concurrent
 // ranged reads stay exact, a damaged shared chunk is DATA_LOSS for every reader and is read
-// from the disk again afterwards.
+// from the disk again afterwards; compressed (zstd) records are shared and decoded exactly too.
 #include "storage/shared_records.h"
 
 #include <algorithm>
@@ -258,6 +258,92 @@ TEST_P(SharedEdgesTest, ReadErrorsFailEveryReaderThenTheDiskIsReadAgain) {
   auto b = Reader(stream_.size());
   EXPECT_TRUE(ReadRange(a.get(), 0, cut, true).ok());
   EXPECT_TRUE(ReadRange(b.get(), cut, stream_.size(), true).ok());
+}
+
+// Compressed records are shared the same way: each reader decompresses the shared record into
+// its own buffer and checks both CRCs itself.
+TEST(SharedEdgesZstdTest, CompressedEdgeRecordsAreSharedAndExact) {
+  gradsnap::testing::TempDir dir("shared_edges_zstd");
+  EngineOptions o;
+  o.data_dir = dir.path();
+  o.chunk_bytes = 32 << 10;
+  o.zstd_level = 1;
+  o.adapt_compression = false;  // every chunk that shrinks is stored compressed
+  auto e = Engine::Open(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->BeginCheckpoint({"zj", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ShardData d = MakeShard("zj", 1, 0, 1, 60000);
+  for (size_t i = 0; i < 60000; ++i) {  // compressible weights
+    const float f = static_cast<float>(i % 97) * 0.25f;
+    std::memcpy(d.bytes[0].data() + 4 * i, &f, 4);
+  }
+  ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
+  EngineImpl* impl = static_cast<EngineImpl*>(e->get());
+  absl::StatusOr<std::vector<ChunkRecord>> chunks = absl::NotFoundError("no chunks");
+  for (uint32_t n = 64; n > 0 && !chunks.ok(); --n) chunks = impl->LoadChunks("zj", 1, 0, n);
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  size_t zstd = 0;
+  for (const ChunkRecord& c : *chunks) zstd += c.header.codec == ChunkCodec::kZstd ? 1 : 0;
+  ASSERT_GT(zstd, 3u) << "the weights' chunks should be stored compressed";
+  const std::vector<uint8_t> stream = d.stream();
+  auto read = [&](uint64_t from, uint64_t end, bool shared) -> absl::Status {
+    auto r = (*e)->OpenShardReader("zj", 1, 0);
+    if (!r.ok()) return r.status();
+    (*r)->SetReadEnd(end);
+    std::vector<std::shared_ptr<const void>> holds;
+    std::vector<uint8_t> buf(end - from);
+    for (uint64_t pos = from; pos < end;) {
+      const uint8_t* p = buf.data();
+      absl::StatusOr<size_t> got = 0;
+      if (shared) {
+        std::shared_ptr<const void> hold;
+        got = (*r)->ReadShared(pos, end - pos, &p, &hold);
+        holds.push_back(std::move(hold));
+      } else {
+        got = (*r)->Read(pos, buf.data(), end - pos);
+      }
+      if (!got.ok()) return got.status();
+      if (*got == 0) return absl::DataLossError("ended early");
+      if (std::memcmp(p, stream.data() + pos, *got) != 0) {
+        return absl::InternalError(absl::StrCat("wrong bytes at ", pos));
+      }
+      pos += *got;
+    }
+    return absl::OkStatus();
+  };
+  SharedRecords* table = impl->shared_records();
+  {  // Neighbours, the first still open while the second reads: their common chunk is shared.
+    const uint64_t cut = 100000;
+    auto a = (*e)->OpenShardReader("zj", 1, 0);
+    ASSERT_TRUE(a.ok());
+    (*a)->SetReadEnd(cut);
+    std::vector<uint8_t> head(cut);
+    for (uint64_t pos = 0; pos < cut;) {
+      auto got = (*a)->Read(pos, head.data() + pos, cut - pos);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_GT(*got, 0u);
+      pos += *got;
+    }
+    EXPECT_EQ(std::memcmp(head.data(), stream.data(), cut), 0);
+    ASSERT_TRUE(read(cut, stream.size(), true).ok());
+    EXPECT_EQ(table->hits(), 1u);
+  }
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<uint64_t> cuts = {0, stream.size()};
+    for (int i = 0; i < 3; ++i) cuts.push_back(1 + rng() % (stream.size() - 1));
+    std::sort(cuts.begin(), cuts.end());
+    std::vector<absl::Status> status(4);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i) {
+      threads.emplace_back([&, i] {
+        status[i] = read(cuts[i], cuts[i + 1], (round + i) % 2 == 0);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 4; ++i) EXPECT_TRUE(status[i].ok()) << round << " " << i << status[i];
+  }
+  EXPECT_EQ(table->live(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Uring, SharedEdgesTest, ::testing::Bool(),
