@@ -36,9 +36,10 @@ absl::Status Preallocate(storage::File& f, const std::string& path, uint64_t byt
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DirectFileWriter>> DirectFileWriter::Create(
-    const std::string& path, storage::FileSystem* fs, uint64_t expected_bytes) {
+    const std::string& path, storage::FileSystem* fs, uint64_t expected_bytes, bool exclusive) {
   storage::OpenOptions o;
   o.write = o.create = o.truncate = o.direct = true;
+  o.exclusive = exclusive;
   ASSIGN_OR_RETURN(std::unique_ptr<storage::File> file, fs->Open(path, o));
   RETURN_IF_ERROR(Preallocate(*file, path, expected_bytes));
   if (!file->direct()) {  // the file system refused O_DIRECT at open (EINVAL)

@@ -67,9 +67,11 @@ class DirectFileWriter {
   static constexpr int kBuffers = kWriters + 2;     // one filling, one queued, kWriters writing
 
   // Creates (or truncates) `path`, mode 0644, through `fs` (tests pass a fault-injecting one).
+  // With `exclusive`, only creates: ALREADY_EXISTS where `path` exists (see
+  // storage::UniqueTempPath).
   static absl::StatusOr<std::unique_ptr<DirectFileWriter>> Create(
       const std::string& path, storage::FileSystem* fs = storage::FileSystem::Default(),
-      uint64_t expected_bytes = 0);
+      uint64_t expected_bytes = 0, bool exclusive = false);
   ~DirectFileWriter();  // stops the writer threads and closes the file (does not remove it)
   DirectFileWriter(const DirectFileWriter&) = delete;
   DirectFileWriter& operator=(const DirectFileWriter&) = delete;

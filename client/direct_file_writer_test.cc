@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -229,6 +230,33 @@ TEST(DirectFileWriter, LentWriteErrorReleasesEveryPiece) {
   }
   // Every piece handed over was let go once the writer was gone.
   EXPECT_EQ(released->load(), handed);
+}
+
+// An exclusive create never opens what is there: a file (left as it was) or a symlink (its
+// target untouched), on a disk file system and on tmpfs.
+TEST(DirectFileWriter, ExclusiveCreateRefusesAnExistingName) {
+  for (const char* base : {"", "/dev/shm"}) {
+    struct stat st;
+    if (*base != '\0' && ::stat(base, &st) != 0) continue;
+    gradsnap::testing::TempDir dir("dfw-excl", base);
+    const std::string file = dir.path() + "/taken", target = dir.path() + "/target";
+    const std::string link = dir.path() + "/link";
+    std::ofstream(file) << "keep";
+    std::ofstream(target) << "target";
+    ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+    for (const std::string& path : {file, link}) {
+      auto w = DirectFileWriter::Create(path, storage::FileSystem::Default(), 0, true);
+      EXPECT_EQ(w.status().code(), absl::StatusCode::kAlreadyExists) << path << w.status();
+    }
+    EXPECT_EQ(gradsnap::testing::ReadFileOrEmpty(file), "keep");
+    EXPECT_EQ(gradsnap::testing::ReadFileOrEmpty(target), "target");
+    // A new name is created and written as usual.
+    auto w = DirectFileWriter::Create(dir.path() + "/new", storage::FileSystem::Default(), 5, true);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append("hello", 5).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+    EXPECT_EQ(gradsnap::testing::ReadFileOrEmpty(dir.path() + "/new"), "hello");
+  }
 }
 
 TEST(DirectFileWriter, MissingDirectoryIsNotFound) {

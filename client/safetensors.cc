@@ -1,6 +1,7 @@
 #include "client/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -138,12 +139,20 @@ absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t r
         absl::StrCat("job ", m.info.job, " step ", m.info.step, " has no rank ", rank));
   }
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, *shard));
-  std::string tmp = path + ".tmp";
+  struct stat st_out;
+  if (::stat(path.c_str(), &st_out) == 0 && S_ISDIR(st_out.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory: name the file"));
+  }
+  // A temporary name of this export's own (exclusive: never another export's file, nor a
+  // symlink's target), renamed over `path` once complete: two exports to one path each leave
+  // a whole file, the later one's.
+  const std::string tmp = storage::UniqueTempPath(path);
   // The file's length is known: its space is allocated up front (see DirectFileWriter).
   auto out = DirectFileWriter::Create(tmp, storage::FileSystem::Default(),
-                                      header.size() + shard->raw_bytes);
+                                      header.size() + shard->raw_bytes, /*exclusive=*/true);
   if (!out.ok()) {
-    ::unlink(tmp.c_str());  // created, then no room for it
+    // Created, then no room for it; a name already taken is not this export's to remove.
+    if (!absl::IsAlreadyExists(out.status())) ::unlink(tmp.c_str());
     return out.status();
   }
   absl::Status st = StreamShard(client, m, *shard, header, out->get(), progress);

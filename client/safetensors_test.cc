@@ -1,11 +1,14 @@
 // ExportShardSafetensors through the embedded client: the file is the header and then exactly
 // the bytes a restore returns, tensor by tensor (on a disk file system, O_DIRECT, and on tmpfs),
 // across several of the file writer's buffers; a corrupt chunk met halfway is DATA_LOSS and
-// leaves nothing at the destination name (an older file there stays as it was) and no .tmp.
+// leaves nothing at the destination name (an older file there stays as it was) and no temporary
+// file; two exports to one path at once each write a temporary of their own and leave a whole
+// file; a directory as the destination is refused before anything is read.
 #include <sys/stat.h>
 
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
@@ -21,6 +24,15 @@ namespace client {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Temporary files (storage::UniqueTempPath: NAME.tmp-PID-N) left in `dir`.
+int TempFilesIn(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    n += e.path().filename().string().find(".tmp-") != std::string::npos ? 1 : 0;
+  }
+  return n;
+}
 
 // Larger than two of the file writer's buffers, so the export writes while it restores.
 constexpr uint64_t kBigBytes = 2 * DirectFileWriter::kBufferBytes + (3u << 20) + 4;
@@ -60,7 +72,7 @@ class SafetensorsExportTest : public ::testing::Test {
     std::string want = Expected();
     EXPECT_EQ(got.size(), want.size());
     EXPECT_TRUE(got == want) << "exported file differs from header + restored tensors";
-    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    EXPECT_EQ(TempFilesIn(dir), 0);
   }
 
   gradsnap::testing::TempDir store_{"st-export"};
@@ -90,10 +102,32 @@ TEST_F(SafetensorsExportTest, CorruptChunkIsDataLossAndLeavesNoFile) {
   for (const std::string& path : {fresh, older}) {
     absl::Status s = ExportShardSafetensors(**c, manifest_, 0, path);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
-    EXPECT_FALSE(fs::exists(path + ".tmp")) << path;
   }
+  EXPECT_EQ(TempFilesIn(store_.path()), 0);
   EXPECT_FALSE(fs::exists(fresh));
   EXPECT_TRUE(gradsnap::testing::ReadFileOrEmpty(older) == before) << "older export changed";
+}
+
+TEST_F(SafetensorsExportTest, ConcurrentExportsToOnePathEachLeaveAWholeFile) {
+  const std::string path = store_.path() + "/same.safetensors";
+  const std::string want = Expected();
+  for (int round = 0; round < 3; ++round) {
+    absl::Status st[2];
+    std::thread t([&] { st[1] = ExportShardSafetensors(*client_, manifest_, 0, path); });
+    st[0] = ExportShardSafetensors(*client_, manifest_, 0, path);
+    t.join();
+    EXPECT_TRUE(st[0].ok()) << st[0];
+    EXPECT_TRUE(st[1].ok()) << st[1];
+    EXPECT_TRUE(gradsnap::testing::ReadFileOrEmpty(path) == want) << "round " << round;
+    EXPECT_EQ(TempFilesIn(store_.path()), 0);
+  }
+}
+
+TEST_F(SafetensorsExportTest, DirectoryDestinationIsRefusedBeforeReading) {
+  absl::Status s = ExportShardSafetensors(*client_, manifest_, 0, store_.path());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("is a directory"), std::string::npos) << s;
+  EXPECT_EQ(TempFilesIn(fs::path(store_.path()).parent_path().string()), 0);
 }
 
 }  // namespace

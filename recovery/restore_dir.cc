@@ -20,6 +20,7 @@
 #include "recovery/layout.h"
 #include "recovery/state_source.h"
 #include "recovery/state_text.h"
+#include "storage/file_system.h"
 
 namespace gradsnap {
 namespace recovery {
@@ -41,10 +42,13 @@ absl::Status WriteAll(int fd, const void* data, uint64_t n, const std::string& p
   return absl::OkStatus();
 }
 
+}  // namespace
+
 absl::Status WriteFileAtomically(const std::string& path,
                                  const std::vector<std::pair<const void*, uint64_t>>& parts) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // This call's own temporary name (storage::UniqueTempPath), created exclusively.
+  const std::string tmp = storage::UniqueTempPath(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return PosixError(absl::StrCat("open ", tmp), errno);
   absl::Status st;
   for (const auto& [p, n] : parts) {
@@ -58,6 +62,8 @@ absl::Status WriteFileAtomically(const std::string& path,
   if (!st.ok()) ::unlink(tmp.c_str());
   return st;
 }
+
+namespace {
 
 // A float from the state text's "0x%08x" bit pattern, printed for JSON.
 std::string FloatText(const std::map<std::string, std::string>& kv, const std::string& key) {

@@ -63,6 +63,12 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
 absl::Status WriteRestoreManifest(const std::string& dir, const FullState& s, int world_size,
                                   bool consolidated, const std::vector<WrittenFile>& files);
 
+// Writes `parts` back to back as `path`: to a temporary of this call's own
+// (storage::UniqueTempPath, created exclusively), fdatasynced, then renamed over `path`; on
+// error the temporary is removed and `path` is as it was.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::vector<std::pair<const void*, uint64_t>>& parts);
+
 // One safetensors tensor to write.
 struct SafetensorsTensor {
   std::string name;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 
@@ -84,13 +85,16 @@ class PosixFileSystem : public FileSystem {
   absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
                                              const OpenOptions& o) override {
     int flags = O_CLOEXEC | (o.write ? O_RDWR : O_RDONLY) | (o.create ? O_CREAT : 0) |
-                (o.truncate ? O_TRUNC : 0);
+                (o.truncate ? O_TRUNC : 0) | (o.create && o.exclusive ? O_EXCL : 0);
     int fd = -1;
     bool direct = false;
     if (o.direct) {
       fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
       direct = fd >= 0;
       if (fd < 0 && errno != EINVAL) return PosixError(absl::StrCat("open ", path), errno);
+      // A file system that refuses O_DIRECT may have created the file before refusing it: the
+      // exclusive open already made the name this call's, so the buffered retry opens it.
+      if (fd < 0) flags &= ~O_EXCL;
     }
     if (fd < 0) fd = ::open(path.c_str(), flags, 0644);
     if (fd < 0) return PosixError(absl::StrCat("open ", path), errno);
@@ -163,6 +167,11 @@ class PosixFileSystem : public FileSystem {
 FileSystem* FileSystem::Default() {
   static FileSystem* fs = new PosixFileSystem();
   return fs;
+}
+
+std::string UniqueTempPath(const std::string& path) {
+  static std::atomic<uint64_t> next{0};
+  return absl::StrCat(path, ".tmp-", ::getpid(), "-", next.fetch_add(1));
 }
 
 }  // namespace storage

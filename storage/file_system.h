@@ -65,7 +65,14 @@ struct OpenOptions {
   bool create = false;    // O_CREAT
   bool truncate = false;  // O_TRUNC
   bool direct = false;    // try O_DIRECT; falls back to buffered where unsupported
+  bool exclusive = false;  // O_EXCL with create: ALREADY_EXISTS where the path exists (a
+                           // symlink too), so a file is only ever one this call created
 };
+
+// A name for a temporary file beside `path` that no other writer in this or another process
+// picks: "PATH.tmp-PID-N". Written, synced, then renamed over `path`; opened with
+// OpenOptions::exclusive. One left by a killed process is safe to delete.
+std::string UniqueTempPath(const std::string& path);
 
 class FileSystem {
  public:

@@ -1,7 +1,6 @@
 // Commands that stream checkpoint data: verify, restore, export.
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -10,6 +9,7 @@
 #include "client/json.h"
 #include "client/safetensors.h"
 #include "common/status.h"
+#include "recovery/restore_dir.h"
 
 namespace gradsnap {
 namespace cli {
@@ -72,17 +72,7 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
 }
 
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.close();
-    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("rename ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
+  return recovery::WriteFileAtomically(path, {{text.data(), text.size()}});
 }
 
 }  // namespace
