@@ -129,7 +129,8 @@ std::string RankFileName(const std::string& file, int32_t rank, int32_t world_si
 }
 
 absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t rank,
-                                    const std::string& path, const ProgressFn& progress) {
+                                    const std::string& path, const ProgressFn& progress,
+                                    std::string* staged) {
   const ShardInfo* shard = nullptr;
   for (const ShardInfo& s : m.shards) {
     if (s.rank == rank) shard = &s;
@@ -157,6 +158,10 @@ absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t r
   }
   absl::Status st = StreamShard(client, m, *shard, header, out->get(), progress);
   out->reset();
+  if (st.ok() && staged != nullptr) {
+    *staged = tmp;
+    return st;
+  }
   if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     st = PosixError(absl::StrCat("rename ", tmp, " to ", path), errno);
   }

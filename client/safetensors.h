@@ -47,11 +47,15 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
 // "model.rank3.safetensors"; no extension: "model" -> "model.rank3").
 std::string RankFileName(const std::string& file, int32_t rank, int32_t world_size);
 
-// Streams shard `rank` of the committed checkpoint `m` to `path` as a safetensors file. Writes
-// path + ".tmp", fsyncs and renames, so `path` is either complete or absent. Memory use is the
-// client's read buffer, not the shard. `progress` gets this shard's payload bytes.
+// Streams shard `rank` of the committed checkpoint `m` to `path` as a safetensors file. Writes a
+// temporary of its own beside it (storage::UniqueTempPath), fsyncs and renames it over `path`,
+// so `path` is either complete or as it was. Memory use is the client's read buffer, not the
+// shard. `progress` gets this shard's payload bytes. With `staged`, the complete, synced
+// temporary is not renamed: its name goes to *staged, for the caller to rename (several files
+// replaced together) or remove.
 absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t rank,
-                                    const std::string& path, const ProgressFn& progress = nullptr);
+                                    const std::string& path, const ProgressFn& progress = nullptr,
+                                    std::string* staged = nullptr);
 
 }  // namespace client
 }  // namespace gradsnap

@@ -1,4 +1,6 @@
 // Commands that stream checkpoint data: verify, restore, export.
+#include <unistd.h>
+
 #include <cerrno>
 #include <filesystem>
 
@@ -50,11 +52,24 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
   ProgressBar bar(absl::StrCat(verb, " step ", m.info.step), ctx.progress);
   uint64_t base = 0;
   std::vector<std::string> json, lines;
+  // Every rank's file is written complete and synced under a temporary name first; only then
+  // are they renamed into place, together: a failure on any rank leaves every earlier file of
+  // these names as it was, never a set mixing two checkpoints.
+  std::vector<std::pair<std::string, std::string>> staged;  // temporary, final name
+  auto drop_staged = [&] {
+    for (const auto& [tmp, path] : staged) ::unlink(tmp.c_str());
+  };
   for (int32_t r : ranks) {
     std::string path = file_of(r);
     auto progress = [&](uint64_t done, uint64_t) { bar.Update(base + done, total); };
-    RETURN_IF_ERROR(client::ExportShardSafetensors(*c, m, r, path,
-                                                   ctx.progress ? progress : client::ProgressFn()));
+    std::string tmp;
+    absl::Status s = client::ExportShardSafetensors(
+        *c, m, r, path, ctx.progress ? progress : client::ProgressFn(), &tmp);
+    if (!s.ok()) {
+      drop_staged();
+      return s;
+    }
+    staged.push_back({tmp, path});
     uint64_t n = RankBytes(m, r);
     base += n;
     json.push_back(absl::StrCat("{\"rank\":", r, ",\"path\":", JsonQuote(path),
@@ -62,6 +77,14 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
     lines.push_back(absl::StrCat("rank ", r, " -> ", path, " (", HumanBytes(n), ")\n"));
   }
   bar.Finish();
+  for (size_t i = 0; i < staged.size(); ++i) {
+    if (::rename(staged[i].first.c_str(), staged[i].second.c_str()) != 0) {
+      absl::Status s = PosixError(
+          absl::StrCat("rename ", staged[i].first, " to ", staged[i].second), errno);
+      for (size_t j = i; j < staged.size(); ++j) ::unlink(staged[j].first.c_str());
+      return s;
+    }
+  }
   if (ctx.json) {
     Print(absl::StrCat("{\"job\":", JsonQuote(m.info.job), ",\"step\":", m.info.step,
                        ",\"files\":[", absl::StrJoin(json, ","), "]}\n"));

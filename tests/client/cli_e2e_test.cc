@@ -283,6 +283,55 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// An export of several ranks that fails on one leaves every file of those names as it was (an
+// earlier export's), never a set mixing two checkpoints, and no temporary files.
+TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
+  const TempDir tmp("cli-export-fail");
+  const std::string scratch = tmp.path();
+  const std::string dir = scratch + "/ckpt";
+  {
+    auto c = client::testing::ConnectLocal(dir);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int64_t step : {1, 2}) {
+      ASSERT_TRUE(SaveTestCheckpoint(**c, "two", step, 2, 5, 256 << 10).ok());
+    }
+  }
+  auto cli = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--ckpt-dir", dir});
+    return RunProgram(GRADSNAP_CLI_PATH, args);
+  };
+  const std::string file = scratch + "/model.safetensors";
+  RunResult r = cli({"export", "two", "1", "--out", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string f0 = scratch + "/model.rank0.safetensors";
+  const std::string f1 = scratch + "/model.rank1.safetensors";
+  const std::string before0 = ReadFileOrEmpty(f0), before1 = ReadFileOrEmpty(f1);
+  ASSERT_FALSE(before0.empty());
+  ASSERT_FALSE(before1.empty());
+  // Damage rank 1 of step 2 only: rank 0 exports fine, then rank 1 fails.
+  int flipped = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir + "/segments/two")) {
+    const std::string p = e.path().string();
+    if (!e.is_regular_file() || !absl::StrContains(p, "/00000000000000000002/") ||
+        !absl::StartsWith(e.path().filename().string(), "r0000000001-")) {
+      continue;
+    }
+    for (uint64_t off = 100; off < fs::file_size(e.path()); off += 4096) {
+      ASSERT_TRUE(FlipByte(p, off, 0x5a).ok());
+      ++flipped;
+    }
+  }
+  ASSERT_GT(flipped, 0);
+  r = cli({"export", "two", "2", "--out", file});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: DATA_LOSS")) << r.err;
+  EXPECT_TRUE(ReadFileOrEmpty(f0) == before0) << "rank 0 was replaced by step 2's";
+  EXPECT_TRUE(ReadFileOrEmpty(f1) == before1);
+  for (const auto& e : fs::directory_iterator(scratch)) {
+    EXPECT_FALSE(absl::StrContains(e.path().filename().string(), ".tmp")) << e.path();
+  }
+}
+
 // A directory held open by another engine (a trainer) is reported as in use, not as a crash.
 TEST(CliLockTest, DirectoryInUseIsOneLineUnavailable) {
   const TempDir tmp("cli-lock");
