@@ -191,6 +191,9 @@ absl::Status ParseReadResponse(const grpc::ByteBuffer& bb, OnShard&& on_shard, O
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
                                     int32_t rank, uint64_t* offset, uint64_t end,
                                     const PieceSink& sink, uint64_t* total) {
+  // Nothing left (an empty tensor, or a stream that broke after its last bytes): no call. A
+  // read_limit of 0 would mean "to the end of the shard" to the server.
+  if (end != kToEnd && *offset >= end) return absl::OkStatus();
   auto req = JobStep<v1::ReadRequest>(job, step);
   req.set_rank(rank);
   req.set_read_offset(*offset);

@@ -51,6 +51,12 @@ void ExpectReadsEqual(const std::string& address, const TestShard& s, const std:
                                  t3.data(), t3.size())
                     .ok());
     EXPECT_TRUE(t3 == s.data[3]);
+    // An empty tensor between others: nothing to read, and not the rest of the shard either.
+    ASSERT_EQ(s.spec.tensors[4].byte_length, 0u);
+    char none = 0;
+    absl::Status empty =
+        c->RestoreTensor(s.spec.job, s.spec.step, s.spec.rank, s.spec.tensors[4].name, &none, 0);
+    EXPECT_TRUE(empty.ok()) << empty;
   }
 }
 
