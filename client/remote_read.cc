@@ -8,12 +8,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
+#include "common/clock.h"
 #include "common/populate.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
@@ -186,6 +188,58 @@ absl::Status ParseReadResponse(const grpc::ByteBuffer& bb, OnShard&& on_shard, O
       });
 }
 
+// Cancels a Read stream that brings nothing for `timeout_ms` while its reader waits for it (a
+// frozen node, a hung disk, a partition that drops packets without a reset: TCP alone never
+// ends a stream that only receives). The time the reader's sink takes does not count. One
+// thread per stream; none when timeout_ms <= 0.
+class StallWatch {
+ public:
+  StallWatch(grpc::ClientContext* ctx, int timeout_ms) : ctx_(ctx), timeout_ns_(timeout_ms * 1000000LL) {
+    if (timeout_ms > 0) thread_ = std::thread([this] { Run(); });
+  }
+  ~StallWatch() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  StallWatch(const StallWatch&) = delete;
+  StallWatch& operator=(const StallWatch&) = delete;
+
+  // The reader starts waiting for the next message / got one (and runs its sink).
+  void Waiting() { waiting_since_.store(MonotonicNanos(), std::memory_order_relaxed); }
+  void Got() { waiting_since_.store(0, std::memory_order_relaxed); }
+  bool fired() const { return fired_.load(); }
+
+ private:
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    while (!stop_) {
+      const int64_t since = waiting_since_.load(std::memory_order_relaxed);
+      const int64_t now = MonotonicNanos();
+      int64_t wait_ns = timeout_ns_;
+      if (since != 0) {
+        if (now - since >= timeout_ns_) {
+          fired_ = true;
+          ctx_->TryCancel();
+          return;
+        }
+        wait_ns = timeout_ns_ - (now - since);
+      }
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Nanoseconds(wait_ns));
+    }
+  }
+
+  grpc::ClientContext* const ctx_;
+  const int64_t timeout_ns_;
+  std::atomic<int64_t> waiting_since_{0};  // 0: not waiting
+  std::atomic<bool> fired_{false};
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 }  // namespace
 
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
@@ -210,7 +264,11 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
   grpc::ByteBuffer bb;
   absl::Status status;
   bool first = true;
-  while (status.ok() && stream->Read(&bb)) {
+  StallWatch watch(&ctx, options_.rpc_timeout_ms);
+  for (;;) {
+    watch.Waiting();
+    if (!status.ok() || !stream->Read(&bb)) break;
+    watch.Got();
     auto on_shard = [&](const std::string& bytes) -> absl::Status {
       if (!first) return absl::OkStatus();  // only the first message's counts
       v1::ShardInfo pinfo;
@@ -251,7 +309,13 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
     stream->Finish().IgnoreError();
     return status;
   }
-  RETURN_IF_ERROR(Annotate(proto::FromGrpc(stream->Finish()), node.endpoint));
+  watch.Got();  // the stream has ended: Finish is not a wait for data
+  absl::Status finished = Annotate(proto::FromGrpc(stream->Finish()), node.endpoint);
+  if (watch.fired()) {  // cancelled by the watch: a node to retry or fail over from
+    return absl::UnavailableError(absl::StrCat(node.endpoint, ": Read stalled: no data for ",
+                                               options_.rpc_timeout_ms, " ms at byte ", *offset));
+  }
+  RETURN_IF_ERROR(finished);
   const uint64_t want = std::min(end, *total);
   if (*offset != want) {
     return absl::UnavailableError(absl::StrCat(node.endpoint, ": Read ended at ", *offset,

@@ -89,7 +89,10 @@ struct ClientOptions {
   // starts counting again. Default: 8.
   int max_attempts = 8;
   // Deadline for unary calls, in milliseconds; an upload stream gets this plus the time its
-  // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever.
+  // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever; a Read
+  // stream (restore) that receives nothing for this long while the client waits for it (a
+  // frozen node, a hung disk, a silent partition) is cancelled and resumed like one that
+  // broke: retried, or read from another replica, from the byte it stopped at.
   // Default: 30000.
   int rpc_timeout_ms = 30000;
   // Remote mode: Read streams one shard's restore (RestoreShard, ReadShardRange) uses at once,

@@ -2,6 +2,7 @@
 // restart (the client's retry resumes from the committed offset and the checkpoint verifies),
 // SIGTERM during an upload, and a client that disconnects mid-stream. Never a partial
 // checkpoint listed.
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <string>
@@ -89,6 +90,45 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   auto body = HttpGet(server->metrics_port());
   ASSERT_TRUE(body.ok());
   EXPECT_LT(MetricValue(*body, "gradsnap_bytes_in_total"), static_cast<double>(kBytes));
+}
+
+// A node frozen mid-restore (SIGSTOP: the kernel keeps the connection, so TCP alone would
+// wait for ever) is given up on after rpc_timeout_ms without data: one clear UNAVAILABLE with
+// a single attempt allowed (with more, the next attempt would resume from the byte reached);
+// thawed, the same client restores the shard whole.
+TEST(ServiceFault, FrozenNodeMidRestoreIsCancelledNotWaitedFor) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  auto c = ConnectTo(server.address(), kRideOutRestart);
+  ASSERT_NE(c, nullptr);
+  TestShard shard = MakeShard("frozen", 1, 0, {24u << 20}, 5);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("frozen", 1, 1)).ok());
+  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  client::ClientOptions o;
+  o.endpoints = {server.address()};
+  o.rpc_timeout_ms = 1000;
+  o.max_attempts = 1;
+  auto rc = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  std::atomic<bool> stopped{false};
+  Stopwatch w;
+  auto restore = std::async(std::launch::async, [&] {
+    return (*rc)->RestoreShard("frozen", 1, 0, [&](const void*, size_t) {
+      if (!stopped.exchange(true)) server.Signal(SIGSTOP);  // frozen after the first bytes
+      return absl::OkStatus();
+    });
+  });
+  const bool returned = restore.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  server.Signal(SIGCONT);  // also lets a restore that waited on finish, so the test ends
+  absl::Status s = restore.get();
+  ASSERT_TRUE(returned) << "the restore waited 30 s for a frozen node";
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("stalled"), std::string::npos) << s;
+  EXPECT_GE(w.ElapsedSeconds(), 1.0);
+  auto whole = RestoreToString(rc->get(), "frozen", 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == shard.data[0]);
 }
 
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
