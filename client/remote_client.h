@@ -128,18 +128,32 @@ class RemoteClient final : public Client {
   static constexpr uint64_t kReadBlockBytes = 16u << 20;
   // Receives payload bytes as references to received gRPC slices (no copy).
   using PieceSink = std::function<absl::Status(const grpc::Slice& piece)>;
+  // The version of a shard the reads of one call take their bytes from: the first node to
+  // answer sets it (tensor names, sizes and digests); a node holding another version (the
+  // step deleted on some nodes and saved again: replicas that disagree) is ABORTED for this
+  // call, so bytes of two versions are never put together. Thread-safe.
+  class ShardVersion {
+   public:
+    absl::Status Check(const storage::ShardInfo& info, const std::string& endpoint);
+   private:
+    absl::Mutex mu_;
+    std::string fingerprint_ ABSL_GUARDED_BY(mu_);
+  };
   // Streams [*offset, end) of a shard from one node through sink, advancing *offset; end may
   // be kToEnd (or past the shard: it stops at its end). *total receives the payload size.
   absl::Status ReadFrom(Node& node, const std::string& job, int64_t step, int32_t rank,
-                        uint64_t* offset, uint64_t end, const PieceSink& sink, uint64_t* total);
+                        uint64_t* offset, uint64_t end, const PieceSink& sink, uint64_t* total,
+                        ShardVersion* version);
   // ReadFrom over the shard's replicas in preference order, resuming where the last left off.
-  // total_out (may be null) receives the payload size.
+  // total_out (may be null) receives the payload size. `version` (null: one of its own) is
+  // shared by the reads of one restore.
   absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,
-                         uint64_t end, const PieceSink& sink, uint64_t* total_out);
+                         uint64_t end, const PieceSink& sink, uint64_t* total_out,
+                         ShardVersion* version = nullptr);
   // ReadRange of [from, to) copied to dst[0, to - from); OUT_OF_RANGE when the shard ends
   // before `to` (the stream then ends normally at the shard's end).
   absl::Status ReadInto(const std::string& job, int64_t step, int32_t rank, uint64_t from,
-                        uint64_t to, char* dst);
+                        uint64_t to, char* dst, ShardVersion* version = nullptr);
   // The payload ranges ending at `cuts` over `streams` parallel Read streams, delivered in
   // order.
   absl::Status ReadRangesInOrder(const std::string& job, int64_t step, int32_t rank,

@@ -16,6 +16,7 @@
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
 #include "common/clock.h"
+#include "common/digest.h"
 #include "common/populate.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
@@ -242,9 +243,29 @@ class StallWatch {
 
 }  // namespace
 
+absl::Status RemoteClient::ShardVersion::Check(const storage::ShardInfo& info,
+                                               const std::string& endpoint) {
+  std::string fp;
+  for (const storage::TensorInfo& t : info.tensors) {
+    absl::StrAppend(&fp, t.spec.name, "\n", t.spec.byte_length, "\n", DigestAlgoName(t.digest_algo),
+                    ":", t.digest, "\n");
+  }
+  absl::MutexLock lock(&mu_);
+  if (fingerprint_.empty()) {
+    fingerprint_ = std::move(fp);
+    return absl::OkStatus();
+  }
+  if (fp == fingerprint_) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      endpoint, ": holds another version of rank ", info.rank,
+      " (the step was saved again under the same number on some nodes): not mixed with the "
+      "bytes read from the first"));
+}
+
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
                                     int32_t rank, uint64_t* offset, uint64_t end,
-                                    const PieceSink& sink, uint64_t* total) {
+                                    const PieceSink& sink, uint64_t* total,
+                                    ShardVersion* version) {
   // Nothing left (an empty tensor, or a stream that broke after its last bytes): no call. A
   // read_limit of 0 would mean "to the end of the shard" to the server.
   if (end != kToEnd && *offset >= end) return absl::OkStatus();
@@ -279,6 +300,7 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
       if (IsPlaceholder(info)) {
         return absl::NotFoundError(absl::StrCat(node.endpoint, ": shard is held elsewhere"));
       }
+      RETURN_IF_ERROR(version->Check(info, node.endpoint));
       uint64_t size = 0;
       for (const auto& t : info.tensors) size += t.spec.byte_length;
       *total = size;
@@ -326,7 +348,9 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
 
 absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32_t rank,
                                      uint64_t offset, uint64_t end, const PieceSink& sink,
-                                     uint64_t* total_out) {
+                                     uint64_t* total_out, ShardVersion* version) {
+  ShardVersion own;
+  if (version == nullptr) version = &own;
   std::vector<size_t> order = RankEndpoints(endpoints_, job, rank);
   absl::Status last = absl::NotFoundError("no node holds the shard");
   uint64_t local_total = 0;
@@ -335,7 +359,7 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
     if (failures > 0) Backoff(options_, failures);
     uint64_t before = offset;
     for (size_t i : order) {
-      absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, total);
+      absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, total, version);
       if (s.ok()) return s;
       if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
       // Another replica may have it: move on for missing, unavailable or busy nodes.
@@ -454,6 +478,7 @@ absl::Status RemoteClient::ReadRangesInOrder(const std::string& job, int64_t ste
   size_t delivering = 0;  // range being delivered
   bool stop = false;      // delivery failed: fetch no more
   const size_t ahead = 2 * streams;
+  ShardVersion version;  // every range from the same version of the shard
   auto fetch = [&] {
     for (;;) {
       size_t k = 0;
@@ -471,7 +496,7 @@ absl::Status RemoteClient::ReadRangesInOrder(const std::string& job, int64_t ste
                                    pieces.push_back(p);
                                    return absl::OkStatus();
                                  },
-                                 &total);
+                                 &total, &version);
       if (s.ok() && total != cuts.back()) {
         s = absl::AbortedError(absl::StrCat("rank ", rank, " of ", job, " step ", step,
                                             " has ", total, " bytes, its manifest said ",
@@ -535,9 +560,10 @@ absl::Status RemoteClient::RestoreTensor(const std::string& job, int64_t step, i
 }
 
 absl::Status RemoteClient::ReadInto(const std::string& job, int64_t step, int32_t rank,
-                                    uint64_t from, uint64_t to, char* dst) {
+                                    uint64_t from, uint64_t to, char* dst, ShardVersion* version) {
   uint64_t filled = 0;  // ReadRange resumes a broken stream where it stopped
-  RETURN_IF_ERROR(ReadRange(job, step, rank, from, to, CopyInto(dst, to - from, &filled), nullptr));
+  RETURN_IF_ERROR(ReadRange(job, step, rank, from, to, CopyInto(dst, to - from, &filled), nullptr,
+                            version));
   if (filled != to - from) {  // the stream ended OK at the end of a shorter shard
     return absl::OutOfRangeError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
                                               ": bytes [", from, ", ", to,
@@ -554,13 +580,14 @@ absl::Status RemoteClient::ReadShardRange(const std::string& job, int64_t step, 
   const size_t streams = std::min<size_t>(std::max(1, options_.read_streams), count);
   std::atomic<size_t> next{0};
   std::vector<absl::Status> results(streams);
+  ShardVersion version;  // every range from the same version of the shard
   PopulateAhead populate(out, length);  // a fresh destination faulted in ahead of the copies
   auto fetch = [&](size_t worker) {
     for (size_t k = next++; k < count && results[worker].ok(); k = next++) {
       const uint64_t b = k * kReadBlockBytes;
       const uint64_t e = std::min(length, b + kReadBlockBytes);
-      results[worker] =
-          ReadInto(job, step, rank, offset + b, offset + e, static_cast<char*>(out) + b);
+      results[worker] = ReadInto(job, step, rank, offset + b, offset + e,
+                                 static_cast<char*>(out) + b, &version);
     }
   };
   std::vector<std::thread> threads;

@@ -10,6 +10,7 @@
 
 #include "client/backends.h"
 #include "client/client.h"
+#include "client/remote_placement.h"
 #include "common/clock.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -129,6 +130,72 @@ TEST(ServiceFault, FrozenNodeMidRestoreIsCancelledNotWaitedFor) {
   auto whole = RestoreToString(rc->get(), "frozen", 1, 0);
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_TRUE(*whole == shard.data[0]);
+}
+
+// Two nodes holding rank 0 of one step; `second_seed` != `first_seed` gives the second node
+// another version of it (the step deleted on one node and saved again there). A client of both
+// restores it while the node it reads from first is SIGKILLed after the first bytes.
+struct FailoverRun {
+  absl::Status status;
+  std::string bytes;
+  std::string first_version, second_version;  // what each node held
+};
+FailoverRun RestoreAcrossAFailover(uint64_t first_seed, uint64_t second_seed) {
+  FailoverRun run;
+  TempDir dir_a, dir_b;
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  EXPECT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
+  EXPECT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
+  const std::vector<std::string> endpoints = {a.address(), b.address()};
+  const std::vector<size_t> order = client::RankEndpoints(endpoints, "rep", 0);
+  ServerProcess* first = order[0] == 0 ? &a : &b;
+  const uint64_t seeds[2] = {order[0] == 0 ? first_seed : second_seed,
+                             order[0] == 0 ? second_seed : first_seed};
+  for (size_t i = 0; i < 2; ++i) {  // each node saved on its own
+    auto c = ConnectTo(endpoints[i], kRideOutRestart);
+    TestShard shard = MakeShard("rep", 1, 0, {24u << 20}, seeds[i]);
+    EXPECT_TRUE(c->BeginCheckpoint(FullSpec("rep", 1, 1)).ok());
+    EXPECT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+    (i == order[0] ? run.first_version : run.second_version) = shard.data[0];
+  }
+  client::ClientOptions o;
+  o.endpoints = endpoints;
+  o.max_attempts = 3;
+  auto c = client::Client::ConnectRemote(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return run;
+  bool killed = false;
+  run.status = (*c)->RestoreShard("rep", 1, 0, [&](const void* p, size_t n) {
+    run.bytes.append(static_cast<const char*>(p), n);
+    if (!killed) {
+      killed = true;
+      first->Signal(SIGKILL);
+    }
+    return absl::OkStatus();
+  });
+  first->Wait();
+  return run;
+}
+
+TEST(ServiceFault, RestoreFailsOverToAReplicaMidStream) {
+  FailoverRun run = RestoreAcrossAFailover(7, 7);
+  ASSERT_EQ(run.first_version, run.second_version);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_TRUE(run.bytes == run.first_version);
+}
+
+// Replicas that disagree (a step saved again on one node only) are never mixed: the restore
+// that began on one version does not continue on the other.
+TEST(ServiceFault, DivergedReplicasAreNotMixedOnFailover) {
+  FailoverRun run = RestoreAcrossAFailover(7, 8);
+  ASSERT_NE(run.first_version, run.second_version);
+  if (run.status.ok()) {
+    EXPECT_TRUE(run.bytes == run.first_version || run.bytes == run.second_version)
+        << "a restore returned bytes of two versions of one shard";
+  } else {
+    EXPECT_EQ(run.status.code(), absl::StatusCode::kAborted) << run.status;
+    EXPECT_NE(run.status.message().find("another version"), std::string::npos) << run.status;
+  }
 }
 
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
