@@ -358,17 +358,22 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
   for (int failures = 0; failures < std::max(1, options_.max_attempts);) {
     if (failures > 0) Backoff(options_, failures);
     uint64_t before = offset;
+    bool retry = false;  // some node may answer differently later (unavailable, busy)
     for (size_t i : order) {
       absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, total, version);
       if (s.ok()) return s;
       if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
-      // Another replica may have it: move on for missing, unavailable or busy nodes.
-      if (!IsRetryable(s) && s.code() != absl::StatusCode::kNotFound) return s;
+      // Another replica may have it: move on for missing, unavailable or busy nodes, and for
+      // one where the step is not committed yet (each node commits when it holds every rank).
+      const bool elsewhere = s.code() == absl::StatusCode::kNotFound ||
+                             s.code() == absl::StatusCode::kFailedPrecondition;
+      if (!IsRetryable(s) && !elsewhere) return s;
+      retry = retry || IsRetryable(s);
       if (s.code() != absl::StatusCode::kNotFound || last.code() == absl::StatusCode::kNotFound) {
         last = s;
       }
     }
-    if (last.code() == absl::StatusCode::kNotFound) return last;
+    if (!retry) return last;  // every node: no such shard, or not committed there
     failures = offset > before ? 1 : failures + 1;
   }
   return last;

@@ -198,6 +198,34 @@ TEST(ServiceFault, DivergedReplicasAreNotMixedOnFailover) {
   }
 }
 
+// A node where the step is still pending (nodes commit when each holds every rank) does not
+// stop a restore: the committed replica serves it.
+TEST(ServiceFault, RestoreSkipsANodeWhereTheStepIsNotCommittedYet) {
+  TempDir dir_a, dir_b;
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
+  ASSERT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
+  const std::vector<std::string> endpoints = {a.address(), b.address()};
+  const std::vector<size_t> order = client::RankEndpoints(endpoints, "pend", 0);
+  auto pending = ConnectTo(endpoints[order[0]], kRideOutRestart);
+  ASSERT_TRUE(pending->BeginCheckpoint(FullSpec("pend", 1, 1)).ok());  // nothing saved there
+  auto holder = ConnectTo(endpoints[order[1]], kRideOutRestart);
+  TestShard shard = MakeShard("pend", 1, 0, {3u << 20}, 4);
+  ASSERT_TRUE(holder->BeginCheckpoint(FullSpec("pend", 1, 1)).ok());
+  ASSERT_TRUE(holder->SaveShard(shard.spec, shard.Refs()).ok());
+  client::ClientOptions o;
+  o.endpoints = endpoints;
+  auto c = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto whole = RestoreToString(c->get(), "pend", 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == shard.data[0]);
+  // Where no node has it committed, the answer is the node's, at once.
+  auto nowhere = ConnectTo(endpoints[order[0]], 1);
+  auto refused = RestoreToString(nowhere.get(), "pend", 1, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+}
+
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
