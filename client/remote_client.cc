@@ -168,7 +168,9 @@ absl::Status RemoteClient::UploadShard(Node& node, const ShardSpec& spec,
     }
     uint64_t committed = 0;
     s = UploadAttempt(node, spec, tensors, starts, total, &committed);
-    if (s.ok() || !IsRetryable(s)) return s;
+    // A deadline passed (a slow link, a node frozen for a while) is retried too: the next
+    // attempt resumes at what the server made durable, with a deadline for what is left.
+    if (s.ok() || !(IsRetryable(s) || s.code() == absl::StatusCode::kDeadlineExceeded)) return s;
     if (committed > progress) {
       progress = committed;
       failures = 1;

@@ -85,8 +85,8 @@ struct ClientOptions {
   // Upper bound on bytes buffered by asynchronous saves in this client. Default: 256 MiB.
   size_t max_inflight_bytes = 256u << 20;
   // Remote mode: attempts for an operation that fails with UNAVAILABLE, ABORTED or
-  // RESOURCE_EXHAUSTED from a busy server; an upload that makes progress between failures
-  // starts counting again. Default: 8.
+  // RESOURCE_EXHAUSTED from a busy server (an upload also after DEADLINE_EXCEEDED); an upload
+  // that makes progress between failures starts counting again. Default: 8.
   int max_attempts = 8;
   // Deadline for unary calls, in milliseconds; an upload stream gets this plus the time its
   // remaining bytes take at 8 MiB/s, so a hung server cannot hold a save forever; a Read

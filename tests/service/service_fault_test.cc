@@ -226,6 +226,33 @@ TEST(ServiceFault, RestoreSkipsANodeWhereTheStepIsNotCommittedYet) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
 }
 
+// A save to a node frozen for a while (SIGSTOP) runs into its deadlines and is retried, not
+// failed: once the node is thawed the upload completes and reads back exact.
+TEST(ServiceFault, UploadOutlastsANodeFrozenPastItsDeadline) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  client::ClientOptions o;
+  o.endpoints = {server.address()};
+  o.rpc_timeout_ms = 300;
+  o.max_attempts = 8;  // backoff 0.1, 0.2, 0.4, 0.8, 1.6, 2 s: longer than the freeze
+  auto c = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  TestShard shard = MakeShard("thaw", 1, 0, {6u << 20}, 2);
+  ASSERT_TRUE((*c)->BeginCheckpoint(FullSpec("thaw", 1, 1)).ok());
+  server.Signal(SIGSTOP);
+  std::thread thaw([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    server.Signal(SIGCONT);
+  });
+  absl::Status saved = (*c)->SaveShard(shard.spec, shard.Refs());
+  thaw.join();
+  ASSERT_TRUE(saved.ok()) << saved;
+  auto whole = RestoreToString(c->get(), "thaw", 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == shard.data[0]);
+}
+
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
