@@ -351,6 +351,14 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
                                      uint64_t* total_out, ShardVersion* version) {
   ShardVersion own;
   if (version == nullptr) version = &own;
+  // The caller's sink failing is its own error, not the node's: returned as it is, never
+  // retried (the piece would be offered to the sink again).
+  bool sink_failed = false;
+  const PieceSink guarded = [&](const grpc::Slice& piece) {
+    absl::Status s = sink(piece);
+    sink_failed = !s.ok();
+    return s;
+  };
   std::vector<size_t> order = RankEndpoints(endpoints_, job, rank);
   absl::Status last = absl::NotFoundError("no node holds the shard");
   uint64_t local_total = 0;
@@ -360,8 +368,9 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
     uint64_t before = offset;
     bool retry = false;  // some node may answer differently later (unavailable, busy)
     for (size_t i : order) {
-      absl::Status s = ReadFrom(*nodes_[i], job, step, rank, &offset, end, sink, total, version);
-      if (s.ok()) return s;
+      absl::Status s =
+          ReadFrom(*nodes_[i], job, step, rank, &offset, end, guarded, total, version);
+      if (s.ok() || sink_failed) return s;
       if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
       // Another replica may have it: move on for missing, unavailable or busy nodes, and for
       // one where the step is not committed yet (each node commits when it holds every rank).

@@ -253,6 +253,27 @@ TEST(ServiceFault, UploadOutlastsANodeFrozenPastItsDeadline) {
   EXPECT_TRUE(*whole == shard.data[0]);
 }
 
+// A restore's sink that fails (its destination gone) ends the restore with the sink's own
+// error at once: not taken for a node failure, so no piece is offered to it twice.
+TEST(ServiceFault, RestoreSinkErrorIsReturnedNotRetried) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  auto c = ConnectTo(server.address(), 8);
+  ASSERT_NE(c, nullptr);
+  TestShard shard = MakeShard("sink", 1, 0, {6u << 20}, 3);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("sink", 1, 1)).ok());
+  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  int calls = 0;
+  absl::Status s = c->RestoreShard("sink", 1, 0, [&](const void*, size_t) {
+    ++calls;
+    return absl::UnavailableError("destination disk went away");
+  });
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("destination disk went away"), std::string::npos) << s;
+  EXPECT_EQ(calls, 1);
+}
+
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
