@@ -274,6 +274,28 @@ TEST(ServiceFault, RestoreSinkErrorIsReturnedNotRetried) {
   EXPECT_EQ(calls, 1);
 }
 
+// A begin that reached one node of two (its client killed during the fan-out) is abandoned
+// through a client of both: the node without it is no error.
+TEST(ServiceFault, AbortOfAStepBegunOnSomeNodesOnly) {
+  TempDir dir_a, dir_b;
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
+  ASSERT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
+  auto only_a = ConnectTo(a.address(), 2);
+  ASSERT_TRUE(only_a->BeginCheckpoint(FullSpec("half", 1, 1)).ok());
+  client::ClientOptions o;
+  o.endpoints = {a.address(), b.address()};
+  auto both = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(both.ok()) << both.status();
+  absl::Status s = (*both)->AbortCheckpoint("half", 1);
+  EXPECT_TRUE(s.ok()) << s;
+  auto pending = only_a->List("half", /*include_pending=*/true);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  EXPECT_TRUE(pending->empty());
+  // Begun nowhere: NOT_FOUND, as with one node.
+  EXPECT_EQ((*both)->AbortCheckpoint("half", 2).code(), absl::StatusCode::kNotFound);
+}
+
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
