@@ -776,10 +776,16 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
     };
     for (auto& [seq, w] : sealed_) note(seq, w->end());
     if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
-    sealed_.clear();
   }
   s = engine_->CommitShardProgress(next, chunks, finish);
+  // A failed commit (a full catalog disk) may be retried with this writer: the segments it
+  // sealed stay listed until a commit names them, else the retry would commit a record
+  // without them (their chunks unreadable, the files quarantined at the next Open).
   if (!s.ok()) return s;
+  {
+    absl::MutexLock lock(&io_mu_);
+    sealed_.clear();  // named by the record just committed (no roll since: WaitIdle above)
+  }
   StorageStats& stats = StorageStats::Get();
   stats.raw_bytes_written->Add(static_cast<int64_t>(written_ - committed_));
   stats.stored_bytes_written->Add(static_cast<int64_t>(next.stored_bytes - rec_.stored_bytes));
