@@ -2,11 +2,14 @@
 // exactly as found), rebuild from shard footers, quarantine instead of unlink, DELTAs that
 // wait for their base, repair of old stores, read-only opens, writer-init failures.
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "storage/damage_util.h"
@@ -145,6 +148,44 @@ TEST(CatalogTest, MissingCatalogRefusesThenRebuilds) {
   RebuildAndCheck(dir.path(), st);
   // No byte of segment data was deleted: what the catalog no longer knows is in quarantine.
   EXPECT_EQ(CountFiles(dir.path() + "/segments") + CountFiles(dir.path() + "/quarantine"), segs);
+}
+
+// A missing catalog beside segment files the opener cannot all see (a job directory it may
+// not read) is refused like one beside visible data: a walk cut short never passes for "no
+// segment data", which would make a new, empty catalog and quarantine what it could see.
+// Run as an unprivileged user in a child (root reads everything); skipped when not root.
+TEST(CatalogTest, MissingCatalogBesideUnreadableSegmentsRefuses) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to switch to an unprivileged user";
+  TempDir dir;
+  Store st = WriteStore(dir.path());
+  fs::remove_all(dir.path() + "/meta");
+  const auto before = DirContents(dir.path());
+  // The store's directories readable and writable by anyone, but the job's segment directory
+  // only by root.
+  fs::permissions(dir.path(), fs::perms::all);
+  fs::permissions(dir.path() + "/segments", fs::perms::all);
+  std::string job_dir;
+  for (const auto& e : fs::directory_iterator(dir.path() + "/segments")) job_dir = e.path();
+  ASSERT_FALSE(job_dir.empty());
+  fs::permissions(job_dir, fs::perms::owner_all);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(100);
+    EngineOptions o;
+    o.data_dir = dir.path();
+    auto e = Engine::Open(o);
+    const bool says_why = !e.ok() && absl::StrContains(e.status().message(), "cannot list");
+    ::_exit(e.ok() ? 0 : says_why ? static_cast<int>(e.status().code()) : 101);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  fs::permissions(job_dir, fs::perms::all);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(fs::exists(dir.path() + "/meta")) << "a new catalog was made beside the data";
+  ExpectSameTree(before, DirContents(dir.path()));
+  RebuildAndCheck(dir.path(), st);
 }
 
 TEST(CatalogTest, EmptiedCatalogRefuses) {

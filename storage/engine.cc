@@ -54,16 +54,23 @@ EngineOptions WithClock(EngineOptions o) {
 
 // A catalog Open may use: one RocksDB can scan the checkpoint keys, and lists at least one
 // when segment data exists. Otherwise the refusal that leaves the directory as found.
-absl::Status CheckCatalogScans(MetaStore* meta, const std::string& dir,
-                               const std::function<uint64_t()>& segment_files) {
+absl::Status CheckCatalogScans(
+    MetaStore* meta, const std::string& dir,
+    const std::function<const absl::StatusOr<uint64_t>&()>& segment_files) {
   auto checkpoints = meta->Scan("c/");
   if (!checkpoints.ok()) {
     return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                             checkpoints.status().message(), ")"));
   }
-  if (checkpoints->empty() && segment_files() > 0) {
+  if (!checkpoints->empty()) return absl::OkStatus();
+  const absl::StatusOr<uint64_t>& files = segment_files();
+  if (!files.ok()) {  // an empty catalog is only trusted beside segments/ seen to be empty
+    return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint and ",
+                                            files.status().message()));
+  }
+  if (*files > 0) {
     return CatalogRefusal(dir, absl::StrCat("its catalog lists no checkpoint but segments/ "
-                                            "holds ", segment_files(), " files"));
+                                            "holds ", *files, " files"));
   }
   return absl::OkStatus();
 }
@@ -205,11 +212,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   CatalogState catalog = InspectCatalog(dir);
   // Walked (once) only where the guard needs it: a broken, missing or empty catalog. A store
   // whose catalog lists checkpoints opens without a walk over every segment file.
-  std::optional<uint64_t> counted;
-  auto segment_files = [&]() -> uint64_t {
+  std::optional<absl::StatusOr<uint64_t>> counted;
+  auto count_segments = [&]() -> const absl::StatusOr<uint64_t>& {
     if (!counted.has_value()) counted = CountSegmentFiles(dir);
     return *counted;
   };
+  // The guard takes segments/ as holding no data only after seeing every file in it.
+  if (catalog != CatalogState::kPresent && !count_segments().ok()) {
+    return CatalogRefusal(dir, absl::StrCat("its catalog meta/ is missing or unreadable and ",
+                                            count_segments().status().message()));
+  }
+  auto segment_files = [&]() -> uint64_t { return *count_segments(); };
   if (catalog == CatalogState::kBroken) {
     if (options.read_only || segment_files() > 0) {
       return CatalogRefusal(dir, "its catalog meta/ has files but no CURRENT (unreadable)");
@@ -277,7 +290,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
       return CatalogRefusal(dir, absl::StrCat("its catalog is unreadable (",
                                               probe.status().message(), ")"));
     }
-    RETURN_IF_ERROR(CheckCatalogScans(probe->get(), dir, segment_files));
+    RETURN_IF_ERROR(CheckCatalogScans(probe->get(), dir, count_segments));
   }
   auto meta = MetaStore::Open(dir + "/meta", mode);
   if (!meta.ok()) {
@@ -290,7 +303,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   (*meta)->set_reserve_bytes(options.catalog_reserve_bytes);
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
   // The probe above checked the same catalog already.
-  if (!probe_first) RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, segment_files));
+  if (!probe_first) RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, count_segments));
   if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
   engine->PrefaultRecordBuffers();  // a read-only engine takes only read-ahead buffers
   return std::unique_ptr<Engine>(std::move(engine));

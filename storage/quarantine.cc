@@ -64,12 +64,21 @@ absl::StatusOr<int> PurgeQuarantine(FileSystem* fs, const std::string& data_dir,
   return removed;
 }
 
-uint64_t CountSegmentFiles(const std::string& data_dir) {
+absl::StatusOr<uint64_t> CountSegmentFiles(const std::string& data_dir) {
+  const std::string segments = data_dir + "/segments";
   std::error_code ec;
   uint64_t n = 0;
-  std::filesystem::recursive_directory_iterator it(data_dir + "/segments", ec), end;
+  std::filesystem::recursive_directory_iterator it(segments, ec), end;
+  if (ec == std::errc::no_such_file_or_directory) return 0;
   for (; !ec && it != end; it.increment(ec)) {
-    if (it->is_regular_file(ec)) ++n;
+    std::error_code type_ec;
+    if (it->is_regular_file(type_ec)) ++n;
+  }
+  // A walk cut short (EACCES, EIO) has not seen every file: a count of what it saw could
+  // pass for "no segment data" and let a new, empty catalog be made beside the data.
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot list every file under ", segments, ": ", ec.message()));
   }
   return n;
 }

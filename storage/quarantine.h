@@ -31,8 +31,9 @@ absl::Status QuarantinePath(FileSystem* fs, const std::string& data_dir, const s
 absl::StatusOr<int> PurgeQuarantine(FileSystem* fs, const std::string& data_dir,
                                     int64_t grace_seconds, int64_t now_unix_ms);
 
-// Regular files below <data_dir>/segments (0 when it does not exist).
-uint64_t CountSegmentFiles(const std::string& data_dir);
+// Regular files below <data_dir>/segments (0 when it does not exist). FAILED_PRECONDITION when
+// the walk cannot see every file (a directory it may not read, an I/O error).
+absl::StatusOr<uint64_t> CountSegmentFiles(const std::string& data_dir);
 
 // The state of <data_dir>/meta before the engine opens it.
 enum class CatalogState {
