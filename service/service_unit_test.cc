@@ -50,6 +50,40 @@ TEST(ShardCache, ServesOnlyCommittedNewestStepAndStaysInBudget) {
   EXPECT_EQ(cache.used(), 0u);
 }
 
+// An entry staged for an earlier checkpoint saved under the same step (its delete or abort
+// missed it) is not served once the step commits with other content: the committed
+// manifest's digests decide. Entries that match, and those of other ranks' matching shards,
+// stay readable.
+TEST(ShardCache, CommitDropsEntriesOfAnotherVersionOfTheStep) {
+  ShardCache cache(1000);
+  auto info = [](int32_t rank, const std::string& digest) {
+    storage::ShardInfo i;
+    i.rank = rank;
+    storage::TensorInfo t;
+    t.spec.name = "w";
+    t.spec.byte_length = 100;
+    t.digest = digest;
+    i.tensors.push_back(t);
+    return i;
+  };
+  for (int32_t rank : {0, 1, 2}) {
+    ASSERT_TRUE(cache.Reserve("v", 3, 100));
+    CachedShard shard = Shard(100, 'x');
+    shard.info = info(rank, rank == 1 ? "old" : "new");
+    cache.Publish("v", 3, rank, std::move(shard));
+  }
+  // The committed checkpoint: rank 1 holds other content now, rank 2 is not in it.
+  const std::vector<storage::ShardInfo> manifest = {info(0, "new"), info(1, "new")};
+  cache.Committed("v", 3, &manifest);
+  EXPECT_NE(cache.Lookup("v", 3, 0), nullptr);
+  EXPECT_EQ(cache.Lookup("v", 3, 1), nullptr) << "an old version of rank 1 was served";
+  EXPECT_EQ(cache.Lookup("v", 3, 2), nullptr);
+  EXPECT_EQ(cache.used(), 100u);
+  cache.DropJob("v");
+  EXPECT_EQ(cache.Lookup("v", 3, 0), nullptr);
+  EXPECT_EQ(cache.used(), 0u);
+}
+
 TEST(ShardCache, EvictsLeastRecentlyUsedJobs) {
   ShardCache cache(1000);
   for (const char* job : {"a", "b", "c"}) {

@@ -84,10 +84,12 @@ void ShardCache::TouchJob(const std::string& job) {
   lru_pos_[job] = lru_.begin();
 }
 
-void ShardCache::EraseIf(const std::string& job, bool (*pred)(int64_t, int64_t), int64_t ref) {
+void ShardCache::EraseIf(
+    const std::string& job,
+    absl::FunctionRef<bool(int64_t step, int32_t rank, const CachedShard& shard)> pred) {
   auto it = entries_.lower_bound(Key(job, INT64_MIN, INT32_MIN));
   while (it != entries_.end() && std::get<0>(it->first) == job) {
-    if (pred(std::get<1>(it->first), ref)) {
+    if (pred(std::get<1>(it->first), std::get<2>(it->first), *it->second)) {
       used_ -= it->second->size;
       it = entries_.erase(it);
     } else {
@@ -108,13 +110,14 @@ bool ShardCache::MakeRoom(uint64_t need, const std::string& protect_job, int64_t
   if (need > budget_) return false;
   if (used_ + need <= budget_) return true;
   // Older steps of the job being written go first: they are about to be superseded.
-  EraseIf(protect_job, [](int64_t step, int64_t ref) { return step < ref; }, protect_step);
+  EraseIf(protect_job,
+          [&](int64_t step, int32_t, const CachedShard&) { return step < protect_step; });
   // Then whole jobs, least recently used first.
   std::vector<std::string> victims(lru_.rbegin(), lru_.rend());
   for (const std::string& job : victims) {
     if (used_ + need <= budget_) break;
     if (job == protect_job) continue;
-    EraseIf(job, [](int64_t, int64_t) { return true; }, 0);
+    EraseIf(job, [](int64_t, int32_t, const CachedShard&) { return true; });
   }
   return used_ + need <= budget_;
 }
@@ -145,18 +148,50 @@ void ShardCache::Publish(const std::string& job, int64_t step, int32_t rank,
   UpdateGauge();
 }
 
-void ShardCache::Committed(const std::string& job, int64_t step) {
+namespace {
+
+// Whether a cached shard holds the tensors `info` describes (names, sizes, digests).
+bool SameTensors(const storage::ShardInfo& a, const storage::ShardInfo& b) {
+  if (a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const storage::TensorInfo& x = a.tensors[i];
+    const storage::TensorInfo& y = b.tensors[i];
+    if (x.spec.name != y.spec.name || x.spec.byte_length != y.spec.byte_length ||
+        x.digest_algo != y.digest_algo || x.digest != y.digest) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void ShardCache::Committed(const std::string& job, int64_t step,
+                           const std::vector<storage::ShardInfo>* shards) {
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = committed_step_.emplace(job, step);
   if (!inserted && it->second < step) it->second = step;
-  EraseIf(job, [](int64_t s, int64_t ref) { return s < ref; }, step);
+  EraseIf(job, [&](int64_t s, int32_t rank, const CachedShard& cached) {
+    if (s < step) return true;
+    if (s != step || shards == nullptr) return false;
+    for (const storage::ShardInfo& info : *shards) {
+      if (info.rank == rank) return !SameTensors(cached.info, info);
+    }
+    return true;  // no such rank in the committed checkpoint
+  });
 }
 
 void ShardCache::Drop(const std::string& job, int64_t step) {
   absl::MutexLock lock(&mu_);
   auto c = committed_step_.find(job);
   if (c != committed_step_.end() && c->second == step) committed_step_.erase(c);
-  EraseIf(job, [](int64_t s, int64_t ref) { return s == ref; }, step);
+  EraseIf(job, [&](int64_t s, int32_t, const CachedShard&) { return s == step; });
+}
+
+void ShardCache::DropJob(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  committed_step_.erase(job);
+  EraseIf(job, [](int64_t, int32_t, const CachedShard&) { return true; });
 }
 
 Payload ShardCache::Lookup(const std::string& job, int64_t step, int32_t rank) {

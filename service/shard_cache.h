@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "common/stats.h"
 #include "grpcpp/support/slice.h"
@@ -89,10 +90,16 @@ class ShardCache {
   // Publishes a staged shard (its reservation becomes the entry).
   void Publish(const std::string& job, int64_t step, int32_t rank, CachedShard shard);
   // The checkpoint (job, step) committed: its entries become readable, entries of the job's
-  // older steps are dropped.
-  void Committed(const std::string& job, int64_t step);
+  // older steps are dropped. With `shards` (the committed manifest's), an entry of the step
+  // whose tensors (names, sizes, digests) are not those of its rank's shard is dropped too:
+  // one staged for an earlier checkpoint saved under the same step (deleted or aborted since,
+  // its entry missed) is never served as this one.
+  void Committed(const std::string& job, int64_t step,
+                 const std::vector<storage::ShardInfo>* shards = nullptr);
   // Drops every entry of (job, step) (delete, abort).
   void Drop(const std::string& job, int64_t step);
+  // Drops every entry of the job (a Gc that failed part-way).
+  void DropJob(const std::string& job);
   // The shard if cached and its checkpoint committed, else null. Counts hits and misses.
   Payload Lookup(const std::string& job, int64_t step, int32_t rank);
 
@@ -105,7 +112,8 @@ class ShardCache {
   bool MakeRoom(uint64_t need, const std::string& protect_job, int64_t protect_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchJob(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseIf(const std::string& job, bool (*pred)(int64_t step, int64_t ref), int64_t ref)
+  void EraseIf(const std::string& job,
+               absl::FunctionRef<bool(int64_t step, int32_t rank, const CachedShard& shard)> pred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

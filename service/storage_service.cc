@@ -69,9 +69,11 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
         }
       }
     }
-    RETURN_IF_ERROR(engine_->AbortCheckpoint(req->job(), req->step()));
+    // Dropped whatever the engine answers: an abort that fails part-way (a writer still open
+    // on the FULL) may have deleted the DELTAs already.
+    absl::Status aborted = engine_->AbortCheckpoint(req->job(), req->step());
     for (int64_t step : dropped) cache_->Drop(req->job(), step);
-    return absl::OkStatus();
+    return aborted;
   });
 }
 
@@ -202,8 +204,11 @@ grpc::Status StorageService::Delete(grpc::ServerContext* ctx, const v1::DeleteRe
                                     v1::DeleteResponse*) {
   return Unary([&]() -> absl::Status {
     RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
+    // Before and after: a commit of the step racing the delete may publish in between.
     cache_->Drop(req->job(), req->step());
-    return engine_->Delete(req->job(), req->step());
+    absl::Status deleted = engine_->Delete(req->job(), req->step());
+    cache_->Drop(req->job(), req->step());
+    return deleted;
   });
 }
 
@@ -219,7 +224,12 @@ grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* r
     storage::GcPolicy policy;
     policy.keep_last = req->keep_last();
     policy.keep_every = req->keep_every();
-    ASSIGN_OR_RETURN(storage::GcResult r, engine_->Gc(req->job(), policy));
+    absl::StatusOr<storage::GcResult> gc = engine_->Gc(req->job(), policy);
+    if (!gc.ok()) {  // which steps went before the failure is unknown: none is served from RAM
+      cache_->DropJob(req->job());
+      return gc.status();
+    }
+    storage::GcResult& r = *gc;
     for (int64_t step : r.deleted_steps) {
       cache_->Drop(req->job(), step);
       resp->add_deleted_steps(step);

@@ -289,7 +289,7 @@ absl::Status StorageService::FinishShard(const storage::ShardSpec& spec,
   }
   if (committed) {
     metrics_->checkpoint_commits->Add();
-    cache_->Committed(spec.job, spec.step);
+    cache_->Committed(spec.job, spec.step, &m->shards);
   }
   return absl::OkStatus();
 }
