@@ -308,8 +308,9 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, ReadStream* stream
   // A ranged read's read-ahead stops at its end (SetReadEnd below): it holds at most its
   // length, a message and a chunk on each side.
   uint64_t reserve = std::min(options_.per_read_bytes, read_limiter_->budget());
-  if (req.read_limit() > 0) {
-    reserve = std::min<uint64_t>(reserve, req.read_limit() + proto::kMaxDataBytes + (8u << 20));
+  constexpr uint64_t kRangeSlack = proto::kMaxDataBytes + (8u << 20);
+  if (req.read_limit() > 0 && req.read_limit() < UINT64_MAX - kRangeSlack) {  // no wrap-around
+    reserve = std::min<uint64_t>(reserve, req.read_limit() + kRangeSlack);
   }
   if (cached == nullptr &&
       !reservation.Acquire(read_limiter_, reserve, absl::Milliseconds(options_.busy_wait_ms))) {

@@ -296,6 +296,35 @@ TEST(ServiceFault, AbortOfAStepBegunOnSomeNodesOnly) {
   EXPECT_EQ((*both)->AbortCheckpoint("half", 2).code(), absl::StatusCode::kNotFound);
 }
 
+// A hostile read_limit near 2^64 does not wrap the read budget's reservation to nothing: the
+// read holds its read-ahead reservation (metric gradsnap_read_inflight_bytes) like any read.
+TEST(ServiceFault, HugeReadLimitStillReservesTheReadBudget) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  auto c = ConnectTo(server.address(), 2);
+  ASSERT_NE(c, nullptr);
+  TestShard shard = MakeShard("huge", 1, 0, {24u << 20}, 6);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("huge", 1, 1)).ok());
+  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  auto stub = v1::Storage::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ReadRequest req;
+  req.set_job("huge");
+  req.set_step(1);
+  req.set_rank(0);
+  req.set_read_limit(UINT64_MAX - (9u << 20) + 1);  // + 1 MiB message + 8 MiB slack: 2^64
+  auto reader = stub->Read(&ctx, req);
+  v1::ReadResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));  // the read is under way (and held there by flow control)
+  auto body = HttpGet(server.metrics_port());
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_GE(MetricValue(*body, "gradsnap_read_inflight_bytes"), double{9u << 20});
+  ctx.TryCancel();
+  reader->Finish().IgnoreError();
+}
+
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
