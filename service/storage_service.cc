@@ -149,6 +149,14 @@ absl::Status StorageService::ManifestPage(const storage::Manifest& m,
   bool any = false;
   for (; si < m.shards.size(); ++si, ti = 0) {
     const storage::ShardInfo& s = m.shards[si];
+    // A shard's metadata (up to 1 MiB) goes with its first tensor: the page ends before a
+    // shard whose metadata would take it past the limit (a shard without tensors too).
+    if (any && ti == 0 && bytes + 16 + s.metadata.size() > kPageBytes) {
+      resp->set_more(true);
+      resp->set_next_shard(static_cast<uint32_t>(si));
+      resp->set_next_tensor(0);
+      return absl::OkStatus();
+    }
     v1::ShardInfo* ps = out->add_shards();
     ps->set_rank(s.rank);
     ps->set_committed(s.committed);

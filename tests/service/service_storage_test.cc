@@ -407,6 +407,36 @@ TEST(ServiceStorage, ManifestOf2x20000TensorsIsShownAndRestored) {
   }
 }
 
+// Shards carrying (almost) the largest metadata allowed: a page of the manifest never grows
+// past the message limit by taking on the next shard's metadata.
+TEST(ServiceStorage, ManifestOfShardsWithLargeMetadataIsShown) {
+  TestNode node({"--zstd-level", "0"});
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
+  constexpr int kRanks = 4;
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("meta", 1, kRanks)).ok());
+  std::vector<TestShard> shards;
+  for (int32_t r = 0; r < kRanks; ++r) {
+    shards.push_back(MakeShard("meta", 1, r, std::vector<uint64_t>(200, 16), 60 + r));
+    TestShard& sh = shards.back();
+    sh.spec.metadata = std::string((1u << 20) - 100, static_cast<char>('a' + r));
+    for (size_t i = 0; i < sh.spec.tensors.size(); ++i) {
+      sh.spec.tensors[i].name = absl::StrCat("layer.", i, ".", std::string(100, 'n'));
+    }
+    std::vector<client::TensorRef> refs = sh.Refs();
+    for (size_t i = 0; i < refs.size(); ++i) refs[i].spec = sh.spec.tensors[i];
+    absl::Status saved = c->SaveShard(sh.spec, refs);
+    ASSERT_TRUE(saved.ok()) << saved;
+  }
+  auto m = c->Show("meta", 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards.size(), static_cast<size_t>(kRanks));
+  for (int32_t r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(m->shards[r].metadata, shards[r].spec.metadata) << r;
+    EXPECT_EQ(m->shards[r].tensors.size(), 200u);
+  }
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace gradsnap
