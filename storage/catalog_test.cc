@@ -16,6 +16,7 @@
 #include "storage/engine.h"
 #include "storage/fault_injection_fs.h"
 #include "storage/metadata.h"
+#include "storage/quarantine.h"
 #include "storage/rebuild.h"
 #include "storage/storage_stats.h"
 #include "storage/test_util.h"
@@ -303,6 +304,29 @@ TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
     EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 0);
     EXPECT_EQ(StorageStats::Get().quarantine_purged->Value(), purged + 1);  // one entry, 2 files
   }
+}
+
+// The purge compares ages without overflow: a grace of INT64_MAX ("never") keeps an entry a
+// year old, a grace of 0 removes it; names that are not timestamps are never touched.
+TEST(CatalogTest, QuarantinePurgeHonoursAnyGrace) {
+  TempDir dir;
+  const int64_t now = int64_t{1800000000} * 1000;
+  const int64_t year_ago = now - int64_t{365} * 24 * 3600 * 1000;
+  for (const std::string& name : {std::to_string(year_ago), std::string("notes"),
+                                  std::string("-5"), std::to_string(now + 60000)}) {
+    fs::create_directories(dir.path() + "/quarantine/" + name);
+  }
+  auto kept = PurgeQuarantine(FileSystem::Default(), dir.path(), INT64_MAX, now);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, 0);
+  EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/" + std::to_string(year_ago)));
+  auto purged = PurgeQuarantine(FileSystem::Default(), dir.path(), 0, now);
+  ASSERT_TRUE(purged.ok()) << purged.status();
+  EXPECT_EQ(*purged, 1);
+  EXPECT_FALSE(fs::exists(dir.path() + "/quarantine/" + std::to_string(year_ago)));
+  EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/notes"));
+  EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/-5"));
+  EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/" + std::to_string(now + 60000)));
 }
 
 TEST(CatalogTest, StoredTimestampsComeFromTheEnginesClock) {

@@ -53,8 +53,11 @@ absl::StatusOr<int> PurgeQuarantine(FileSystem* fs, const std::string& data_dir,
   int removed = 0;
   for (const std::string& name : *names) {
     int64_t ms = 0;
-    if (!absl::SimpleAtoi(name, &ms)) continue;  // not ours: never guess
-    if (ms + grace_seconds * 1000 > now_unix_ms) continue;
+    if (!absl::SimpleAtoi(name, &ms) || ms < 0) continue;  // not ours: never guess
+    if (ms > now_unix_ms) continue;  // stamped by a clock ahead of this one: not old yet
+    // Its age against the grace, in a form that cannot overflow (a grace of INT64_MAX keeps
+    // everything for ever).
+    if ((now_unix_ms - ms) / 1000 < grace_seconds) continue;
     RETURN_IF_ERROR(fs->RemoveAll(absl::StrCat(root, "/", name)));
     StorageStats::Get().quarantine_purged->Add();
     GS_LOG(INFO) << "storage: removed quarantine entry " << root << "/" << name;
