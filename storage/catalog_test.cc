@@ -14,6 +14,9 @@
 #include "gtest/gtest.h"
 #include "storage/damage_util.h"
 #include "storage/engine.h"
+#include "common/crc32c.h"
+#include "storage/record_coding.h"
+#include "storage/footer.h"
 #include "storage/fault_injection_fs.h"
 #include "storage/metadata.h"
 #include "storage/quarantine.h"
@@ -327,6 +330,23 @@ TEST(CatalogTest, QuarantinePurgeHonoursAnyGrace) {
   EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/notes"));
   EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/-5"));
   EXPECT_TRUE(fs::exists(dir.path() + "/quarantine/" + std::to_string(now + 60000)));
+}
+
+// A footer trailer that checks (magic, trailer CRC) but claims a payload near 2^64 bytes is
+// DATA_LOSS, not a wrapped size check and a buffer of that many bytes (an abort).
+TEST(CatalogTest, FooterClaimingAHugePayloadIsDataLoss) {
+  TempDir dir;
+  for (uint64_t claimed : {UINT64_MAX - 10, UINT64_MAX - kFooterTrailerSize + 1, uint64_t{1} << 40}) {
+    internal::Out t;
+    t(kFooterMagic, claimed, int64_t{0}, uint32_t{0});
+    t(Crc32c(t.bytes().data(), t.bytes().size()));
+    std::string file(4096 - t.bytes().size(), '\0');
+    file += t.bytes();
+    const std::string path = dir.path() + "/crafted.seg";
+    std::ofstream(path, std::ios::binary) << file;
+    auto f = ReadFooter(FileSystem::Default(), path);
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << claimed << " " << f.status();
+  }
 }
 
 TEST(CatalogTest, StoredTimestampsComeFromTheEnginesClock) {

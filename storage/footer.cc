@@ -61,6 +61,11 @@ absl::StatusOr<ShardFooter> ReadFooter(FileSystem* fs, const std::string& path) 
   In trailer(trailer_bytes);
   trailer(magic, payload_len, written, crc, tcrc);
   if (magic != kFooterMagic || tcrc != Crc32c(t, 28)) return none("no trailer");
+  // Checked before any arithmetic on it: a length near 2^64 would wrap the aligned size
+  // (and then ask for a buffer of that many bytes).
+  if (payload_len > size - kFooterTrailerSize) {
+    return absl::DataLossError(absl::StrCat(path, ": footer longer than file"));
+  }
   uint64_t footer_len = AlignUp(payload_len + kFooterTrailerSize);
   if (footer_len > size) return absl::DataLossError(absl::StrCat(path, ": footer longer than file"));
   std::string payload(payload_len, '\0');
