@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
     if (!report.ok()) return Fail(std::string(report.status().message()));
     for (const std::string& r : report->rebuilt) std::printf("rebuilt %s\n", r.c_str());
     for (const std::string& r : report->skipped) std::printf("skipped %s\n", r.c_str());
+    for (const std::string& r : report->epochs) std::printf("epoch %s\n", r.c_str());
     if (!report->old_catalog.empty()) {
       std::printf("previous catalog kept as %s\n", report->old_catalog.c_str());
     }

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "storage/damage_util.h"
@@ -71,7 +72,7 @@ absl::Status OpenStatus(const std::string& dir) {
 
 CheckpointSpec Spec(const std::string& job, int64_t step, int32_t world, int64_t base = -1) {
   const CheckpointKind kind = base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta;
-  return {job, step, kind, base, world, "m" + std::to_string(step)};
+  return {job, step, kind, base, world, absl::StrCat("m", step)};
 }
 
 // A store with: FULL 10 (2 ranks), DELTA 20 on 10 (1 rank... world 2), job b FULL 5, and a
@@ -190,6 +191,71 @@ TEST(CatalogTest, MissingCatalogBesideUnreadableSegmentsRefuses) {
   EXPECT_FALSE(fs::exists(dir.path() + "/meta")) << "a new catalog was made beside the data";
   ExpectSameTree(before, DirContents(dir.path()));
   RebuildAndCheck(dir.path(), st);
+}
+
+// Writer epochs survive a lost catalog: the rebuilt one takes them from their mirrors
+// (epochs/<job>), so a zombie of an older attempt is still refused and the next attempt gets a
+// new number, not one handed out before. A mirror that does not check is reported, not used.
+TEST(CatalogTest, RebuiltCatalogKeepsWriterEpochs) {
+  TempDir dir;
+  {
+    auto e = OpenOk(dir.path());
+    for (uint64_t want = 1; want <= 3; ++want) {
+      auto got = e->AcquireEpoch("fence");
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, want);
+    }
+    CheckpointSpec spec = Spec("fence", 1, 1, -1);
+    spec.epoch = 3;
+    ASSERT_TRUE(e->BeginCheckpoint(spec).ok());
+    ShardData d = MakeShard("fence", 1, 0, 5, 1000);
+    d.spec.epoch = 3;
+    ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  }
+  std::ofstream(dir.path() + "/epochs/bogus", std::ios::binary) << "not an epoch";
+  fs::remove_all(dir.path() + "/meta");
+  EngineOptions o;
+  o.data_dir = dir.path();
+  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rebuilt.size(), 1u);
+  ASSERT_EQ(report->epochs.size(), 1u);
+  EXPECT_EQ(report->epochs[0], "job fence: attempt 3");
+  ASSERT_EQ(report->skipped.size(), 1u);
+  EXPECT_NE(report->skipped[0].find("epochs/bogus"), std::string::npos) << report->skipped[0];
+  auto e = OpenOk(dir.path());
+  CheckpointSpec zombie = Spec("fence", 2, 1, -1);
+  zombie.epoch = 2;
+  absl::Status s = e->BeginCheckpoint(zombie);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("superseded"), std::string::npos) << s;
+  auto next = e->AcquireEpoch("fence");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, 4u);
+}
+
+// A DELTA that a later DELTA of the same chain replays on cannot be deleted on its own (the
+// later one would become unrestorable and the recovery point fall back silently): the chain
+// is deleted from its end.
+TEST(CatalogTest, DeleteRefusesADeltaALaterDeltaNeeds) {
+  TempDir dir;
+  auto e = OpenOk(dir.path());
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("ch", 1, 1)).ok());
+  ASSERT_TRUE(e->WriteShard(MakeShard("ch", 1, 0, 1, 1000).spec,
+                            MakeShard("ch", 1, 0, 1, 1000).ptrs()).ok());
+  for (int64_t step : {2, 3}) {
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("ch", step, 1, 1)).ok());
+    ShardData d = MakeShard("ch", step, 0, step, 500);
+    ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  }
+  absl::Status s = e->Delete("ch", 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("chain of DELTA step 3"), std::string::npos) << s;
+  EXPECT_EQ(e->ListCheckpoints("ch")->size(), 3u);
+  EXPECT_EQ(e->Delete("ch", 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(e->Delete("ch", 3).ok());
+  EXPECT_TRUE(e->Delete("ch", 2).ok());
+  EXPECT_TRUE(e->Delete("ch", 1).ok());
 }
 
 TEST(CatalogTest, EmptiedCatalogRefuses) {

@@ -615,6 +615,11 @@ absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
 absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckWritable());
+  // Mirrored first (storage/epoch.h): a catalog rebuilt later never hands out or admits an
+  // epoch older than one given out.
+  ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
+  RETURN_IF_ERROR(MirrorJobEpoch(fs_, options_.data_dir, job, current + 1));
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   return AcquireJobEpoch(meta_.get(), job);
 }
@@ -787,6 +792,17 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint job ", job, " step ", step, " is the base of DELTA step ",
           on_it.front().spec.step));
+    }
+  } else {
+    // A DELTA replays on every DELTA of its chain before it: one with a later step on the same
+    // FULL needs this one.
+    ASSIGN_OR_RETURN(std::vector<CheckpointRecord> chain, DeltasOf(job, ckpt.spec.base_step));
+    for (const CheckpointRecord& d : chain) {
+      if (d.spec.step > step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint job ", job, " step ", step, " is in the chain of DELTA step ",
+            d.spec.step, " (each DELTA replays on the ones before it): delete that first"));
+      }
     }
   }
   uint64_t reclaimed = 0;

@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/names.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -31,6 +33,60 @@ absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job
                       std::string(reinterpret_cast<const char*>(&next), sizeof(next)));
   RETURN_IF_ERROR(meta->Commit(b));
   return next;
+}
+
+absl::Status MirrorJobEpoch(FileSystem* fs, const std::string& data_dir, const std::string& job,
+                            uint64_t epoch) {
+  const std::string dir = data_dir + "/epochs";
+  RETURN_IF_ERROR(fs->CreateDirs(dir));
+  char bytes[12];
+  std::memcpy(bytes, &epoch, 8);
+  const uint32_t crc = Crc32c(bytes, 8);
+  std::memcpy(bytes + 8, &crc, 4);
+  const std::string path = dir + "/" + job;
+  const std::string tmp = UniqueTempPath(path);
+  OpenOptions o;
+  o.write = o.create = o.exclusive = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<File> f, fs->Open(tmp, o));
+  absl::Status s = f->Write(0, bytes, sizeof(bytes));
+  if (s.ok()) s = f->Sync();
+  f.reset();
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (!s.ok()) {
+    fs->RemoveAll(tmp).IgnoreError();
+    return s;
+  }
+  return fs->SyncDir(dir);
+}
+
+absl::StatusOr<std::map<std::string, uint64_t>> ReadEpochMirrors(FileSystem* fs,
+                                                                 const std::string& data_dir,
+                                                                 std::vector<std::string>* bad) {
+  std::map<std::string, uint64_t> out;
+  const std::string dir = data_dir + "/epochs";
+  auto names = fs->ListDir(dir);
+  if (absl::IsNotFound(names.status())) return out;
+  if (!names.ok()) return names.status();
+  for (const std::string& job : *names) {
+    if (!ValidateName(job, "job name").ok()) {
+      if (job.find(".tmp-") == std::string::npos) bad->push_back("epochs/" + job);
+      continue;  // a temporary left by a kill is not a mirror
+    }
+    OpenOptions o;
+    auto f = fs->Open(dir + "/" + job, o);
+    char bytes[13];
+    absl::StatusOr<size_t> got = f.ok() ? (*f)->Read(0, bytes, sizeof(bytes)) : f.status();
+    uint32_t crc = 0;
+    if (got.ok() && *got == 12) std::memcpy(&crc, bytes + 8, 4);
+    if (!got.ok() || *got != 12 || crc != Crc32c(bytes, 8)) {
+      bad->push_back("epochs/" + job);
+      continue;
+    }
+    uint64_t epoch = 0;
+    std::memcpy(&epoch, bytes, 8);
+    out[job] = epoch;
+  }
+  return out;
 }
 
 absl::Status CheckJobEpoch(MetaStore* meta, const std::string& job, uint64_t epoch) {

@@ -6,16 +6,24 @@
 // with FAILED_PRECONDITION "superseded by attempt N" when a newer epoch of the job exists, so
 // a zombie rank of an older attempt can never begin, write or commit anything.
 //
+// The catalog can be lost and rebuilt from the segments (storage/rebuild.h), which do not
+// record epochs. So every epoch is also mirrored, before the catalog commits it, in
+// <data_dir>/epochs/<job> (8 bytes little-endian, then their CRC-32C): a rebuilt catalog takes
+// its epochs from there, and a zombie of an attempt older than the newest is still refused.
+//
 // THREAD SAFETY: the functions read and write the MetaStore; callers serialize the
 // read-modify-write of AcquireJobEpoch (the engine holds its mutex).
 #ifndef GRADSNAP_STORAGE_EPOCH_H_
 #define GRADSNAP_STORAGE_EPOCH_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "storage/file_system.h"
 #include "storage/metadata.h"
 
 namespace gradsnap {
@@ -28,6 +36,17 @@ absl::StatusOr<uint64_t> CurrentJobEpoch(MetaStore* meta, const std::string& job
 
 // Increments and durably stores the job's epoch; returns the new value (>= 1).
 absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job);
+
+// Writes <data_dir>/epochs/<job> = epoch durably (a temporary of its own, synced, renamed,
+// the directory synced).
+absl::Status MirrorJobEpoch(FileSystem* fs, const std::string& data_dir, const std::string& job,
+                            uint64_t epoch);
+
+// The mirrored epochs under <data_dir>/epochs (none when it does not exist); a file that is
+// not a valid job name or does not check (size, CRC) is named in *bad and left out.
+absl::StatusOr<std::map<std::string, uint64_t>> ReadEpochMirrors(FileSystem* fs,
+                                                                 const std::string& data_dir,
+                                                                 std::vector<std::string>* bad);
 
 // OK when `epoch` is 0 (unfenced) or not older than the job's newest epoch; else
 // FAILED_PRECONDITION "job J: superseded by attempt N (request epoch E)".

@@ -17,6 +17,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/epoch.h"
 #include "storage/footer.h"
 
 namespace gradsnap {
@@ -248,6 +249,21 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
       continue;
     }
     RETURN_IF_ERROR(install(c));
+  }
+  // The writer epochs, from their mirrors: the segments do not record them.
+  std::vector<std::string> bad;
+  ASSIGN_OR_RETURN(auto epochs, ReadEpochMirrors(fs, dir, &bad));
+  for (const std::string& b : bad) {
+    report.skipped.push_back(absl::StrCat(b, ": not an epoch record (left as it is)"));
+  }
+  if (!epochs.empty()) {
+    MetaStore::Batch b;
+    for (const auto& [job, epoch] : epochs) {
+      b.puts.emplace_back(EpochKey(job),
+                          std::string(reinterpret_cast<const char*>(&epoch), sizeof(epoch)));
+      report.epochs.push_back(absl::StrCat("job ", job, ": attempt ", epoch));
+    }
+    RETURN_IF_ERROR(engine->meta()->Commit(b));
   }
   engine.reset();
   if (dry_run) {

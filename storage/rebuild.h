@@ -7,8 +7,9 @@
 // at least as long as its durable end, and a full Verify (every chunk's checksums and every
 // tensor's SHA-256) passes; a DELTA only when its base FULL is brought back too. Everything
 // else is reported as skipped, with the reason, and left on disk (the next Engine::Open moves
-// it to quarantine/). The new catalog is built in meta.rebuild/ and swapped in with renames;
-// an existing meta/ is kept as meta.old-<unix_ms>/, never deleted.
+// it to quarantine/). Writer epochs are taken from their mirrors in epochs/ (storage/epoch.h),
+// so zombies of older attempts stay fenced. The new catalog is built in meta.rebuild/ and
+// swapped in with renames; an existing meta/ is kept as meta.old-<unix_ms>/, never deleted.
 //
 // The data directory must not be open elsewhere (FAILED_PRECONDITION if meta/ is locked).
 #ifndef GRADSNAP_STORAGE_REBUILD_H_
@@ -26,6 +27,7 @@ namespace storage {
 struct RebuildReport {
   std::vector<std::string> rebuilt;  // "job J step S (FULL, 2 shards)"
   std::vector<std::string> skipped;  // "job J step S: reason"
+  std::vector<std::string> epochs;   // "job J: attempt N", writer epochs kept (epochs/<job>)
   std::string old_catalog;           // where the previous meta/ went ("" when there was none)
 };
 

@@ -64,7 +64,8 @@ absl::Status RunFsck(Context& ctx) {
                        rebuild ? "true" : "false", ",\"catalog\":",
                        client::JsonQuote(listed.ok() ? "ok" : std::string(listed.status().message())),
                        ",\"restorable\":", JsonList(report.rebuilt), ",\"skipped\":",
-                       JsonList(report.skipped), ",\"not_restorable\":", JsonList(lost),
+                       JsonList(report.skipped), ",\"epochs\":", JsonList(report.epochs),
+                       ",\"not_restorable\":", JsonList(lost),
                        ",\"old_catalog\":", client::JsonQuote(report.old_catalog), "}\n"));
   } else {
     std::string out;
@@ -73,6 +74,7 @@ absl::Status RunFsck(Context& ctx) {
       absl::StrAppend(&out, rebuild ? "rebuilt    " : "restorable ", r, "\n");
     }
     for (const std::string& r : report.skipped) absl::StrAppend(&out, "skipped    ", r, "\n");
+    for (const std::string& r : report.epochs) absl::StrAppend(&out, "epoch      ", r, "\n");
     for (const std::string& r : lost) {
       absl::StrAppend(&out, "LOST       ", r, ": listed by the catalog, not restorable from the "
                       "segments\n");
