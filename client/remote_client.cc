@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/backends.h"
 #include "client/remote_placement.h"
@@ -260,8 +261,13 @@ absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& opt
   ASSIGN_OR_RETURN(auto creds, remote::MakeChannelCredentials(options.tls));
   std::vector<std::unique_ptr<remote::Node>> nodes;
   for (const std::string& e : options.endpoints) {
-    if (e.empty() || e.find(':') == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("endpoint \"", e, "\" is not HOST:PORT"));
+    const size_t colon = e.rfind(':');
+    int port = 0;
+    if (e.empty() || colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(absl::string_view(e).substr(colon + 1), &port) || port < 1 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("endpoint \"", e, "\" is not HOST:PORT (PORT 1..65535)"));
     }
     for (const auto& n : nodes) {
       if (n->endpoint == e) return absl::InvalidArgumentError(absl::StrCat("endpoint ", e, " twice"));

@@ -2,7 +2,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -42,11 +44,14 @@ uint64_t RankBytes(const client::Manifest& m, int32_t rank) {
   return 0;
 }
 
-// Exports the selected ranks to file_of(rank); prints the files written.
+// Exports the selected ranks to file_of(rank); prints the files written. `before_rename` runs
+// once every file is staged, before the first is renamed into place (a failure there leaves
+// every file as it was).
 template <typename FileOf>
 absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest& m,
                         const std::vector<int32_t>& ranks, const std::string& verb,
-                        FileOf file_of) {
+                        FileOf file_of,
+                        const std::function<absl::Status()>& before_rename = nullptr) {
   uint64_t total = 0;
   for (int32_t r : ranks) total += RankBytes(m, r);
   ProgressBar bar(absl::StrCat(verb, " step ", m.info.step), ctx.progress);
@@ -77,6 +82,12 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
     lines.push_back(absl::StrCat("rank ", r, " -> ", path, " (", HumanBytes(n), ")\n"));
   }
   bar.Finish();
+  if (before_rename) {
+    if (absl::Status s = before_rename(); !s.ok()) {
+      drop_staged();
+      return s;
+    }
+  }
   for (size_t i = 0; i < staged.size(); ++i) {
     if (::rename(staged[i].first.c_str(), staged[i].second.c_str()) != 0) {
       absl::Status s = PosixError(
@@ -162,19 +173,29 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  // An earlier restore's manifest.json must not vouch for files this one is replacing.
-  std::filesystem::remove(dir + "/manifest.json", ec);
-  absl::Status st = WriteRanks(ctx, c, m, ranks, "restore", [&](int32_t r) {
-    return absl::StrCat(dir, "/rank", r, ".safetensors");
-  });
-  if (!st.ok()) {  // no partial set of rank files is left behind
-    for (int32_t r : ranks) {
-      std::filesystem::remove(absl::StrCat(dir, "/rank", r, ".safetensors"), ec);
-    }
-    return st;
+  // Every rank's file is staged first (WriteRanks): a failure leaves an earlier restore in
+  // DIR, its files and manifest.json, as it was. Once all are staged the earlier manifest goes
+  // (it must not vouch for files this restore is replacing), then the files are renamed in.
+  RETURN_IF_ERROR(WriteRanks(
+      ctx, c, m, ranks, "restore",
+      [&](int32_t r) { return absl::StrCat(dir, "/rank", r, ".safetensors"); },
+      [&]() -> absl::Status {
+        std::error_code rm;
+        std::filesystem::remove(dir + "/manifest.json", rm);
+        if (rm) {
+          return absl::InternalError(
+              absl::StrCat("cannot remove ", dir, "/manifest.json: ", rm.message()));
+        }
+        return absl::OkStatus();
+      }));
+  // Last, so a manifest.json only ever sits beside complete, verified shard files: the ones
+  // this restore wrote (with --rank, that rank's only; other files in DIR are not vouched for).
+  client::Manifest written = m;
+  written.shards.clear();
+  for (const client::ShardInfo& s : m.shards) {
+    if (std::find(ranks.begin(), ranks.end(), s.rank) != ranks.end()) written.shards.push_back(s);
   }
-  // Last, so a manifest.json only ever sits beside complete, verified shard files.
-  return WriteTextFile(dir + "/manifest.json", ManifestJson(m) + "\n");
+  return WriteTextFile(dir + "/manifest.json", ManifestJson(written) + "\n");
 }
 
 absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step) {

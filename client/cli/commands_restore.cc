@@ -215,7 +215,7 @@ absl::StatusOr<Request> RequestWithRank(Context& ctx, const std::string& target,
 
 absl::Status RunRestore(Context& ctx) {
   const std::vector<std::string>& pos = ctx.args.positional;
-  if (!ctx.args.Has("out")) return absl::InvalidArgumentError("restore needs --out DIR");
+  if (ctx.args.Get("out").empty()) return absl::InvalidArgumentError("restore needs --out DIR");
   ASSIGN_OR_RETURN(Request q, RequestWithRank(ctx, pos.size() > 1 ? pos[1] : "latest", false));
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   if (q.no_replay) {
@@ -259,7 +259,7 @@ absl::Status RunExport(Context& ctx) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown --format '", format, "' (supported: safetensors)"));
   }
-  if (!ctx.args.Has("out")) return absl::InvalidArgumentError("export needs --out FILE");
+  if (ctx.args.Get("out").empty()) return absl::InvalidArgumentError("export needs --out FILE");
   ASSIGN_OR_RETURN(Request q, RequestWithRank(ctx, pos[1], true));
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   if (q.no_replay) {

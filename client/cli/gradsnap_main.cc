@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
@@ -109,6 +110,15 @@ absl::Status BuildOptions(Context& ctx) {
   static const std::set<std::string> kReadOnly = {"ls", "show", "health", "verify", "restore",
                                                   "export"};
   o.read_only = kReadOnly.count(a.command) != 0;
+  // rm and gc change a store but never make one: a directory without a store (no meta/ and no
+  // segments/) is NOT_FOUND, as for the reading commands.
+  if (o.endpoints.empty() && (a.command == "rm" || a.command == "gc")) {
+    std::error_code ec;
+    if (!std::filesystem::exists(o.local_dir + "/meta", ec) &&
+        !std::filesystem::exists(o.local_dir + "/segments", ec)) {
+      return absl::NotFoundError(absl::StrCat("no gradsnap checkpoint store in ", o.local_dir));
+    }
+  }
   o.tls.ca_file = a.Get("tls-ca");
   o.tls.cert_file = a.Get("tls-cert");
   o.tls.key_file = a.Get("tls-key");

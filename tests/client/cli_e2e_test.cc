@@ -332,6 +332,80 @@ TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
   }
 }
 
+// A raw restore that fails (damage met in a later rank) leaves an earlier restore in its
+// directory as it was, files and manifest.json; a restore of one rank writes a manifest
+// vouching for that rank only.
+TEST(CliCorruptionTest, FailedRestoreKeepsTheEarlierRestore) {
+  const TempDir tmp("cli-restore-fail");
+  const std::string scratch = tmp.path();
+  const std::string dir = scratch + "/ckpt";
+  {
+    auto c = client::testing::ConnectLocal(dir);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int64_t step : {1, 2}) {
+      ASSERT_TRUE(SaveTestCheckpoint(**c, "two", step, 2, 7, 256 << 10).ok());
+    }
+  }
+  auto cli = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--ckpt-dir", dir});
+    return RunProgram(GRADSNAP_CLI_PATH, args);
+  };
+  const std::string out = scratch + "/out";
+  RunResult r = cli({"restore", "two", "1", "--out", out});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, std::string> before;
+  for (const char* f : {"/rank0.safetensors", "/rank1.safetensors", "/manifest.json"}) {
+    before[f] = ReadFileOrEmpty(out + f);
+    ASSERT_FALSE(before[f].empty()) << f;
+  }
+  for (const auto& e : fs::recursive_directory_iterator(dir + "/segments/two")) {
+    const std::string p = e.path().string();
+    if (!e.is_regular_file() || !absl::StrContains(p, "/00000000000000000002/") ||
+        !absl::StartsWith(e.path().filename().string(), "r0000000001-")) {
+      continue;
+    }
+    for (uint64_t off = 100; off < fs::file_size(e.path()); off += 4096) {
+      ASSERT_TRUE(FlipByte(p, off, 0x5a).ok());
+    }
+  }
+  r = cli({"restore", "two", "2", "--out", out});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  for (const auto& [f, bytes] : before) {
+    EXPECT_TRUE(ReadFileOrEmpty(out + f) == bytes) << f << " changed by a failed restore";
+  }
+  // One rank: the manifest names that rank only.
+  r = cli({"restore", "two", "1", "--out", out, "--rank", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string manifest = ReadFileOrEmpty(out + "/manifest.json");
+  EXPECT_TRUE(absl::StrContains(manifest, "\"rank\":1")) << manifest;
+  EXPECT_FALSE(absl::StrContains(manifest, "\"rank\":0")) << manifest;
+}
+
+// Commands that would write where there is nothing to write to, or to nowhere, are refused
+// before anything is created or read.
+TEST(CliCorruptionTest, NoStoreNoPathNoPortAreRefused) {
+  const TempDir tmp("cli-refusals");
+  const std::string empty = tmp.path() + "/userdir";
+  fs::create_directories(empty);
+  std::ofstream(empty + "/notes.txt") << "mine";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--ckpt-dir", empty, "gc", "j", "--keep-last", "1"},
+        std::vector<std::string>{"--ckpt-dir", empty, "rm", "j", "1"}}) {
+    RunResult r = RunProgram(GRADSNAP_CLI_PATH, args);
+    EXPECT_EQ(r.exit_code, 4) << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, "no gradsnap checkpoint store")) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(empty + "/meta"));
+  EXPECT_FALSE(fs::exists(empty + "/segments"));
+  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--server", "127.0.0.1:99999", "health"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "PORT 1..65535")) << r.err;
+  for (const char* cmd : {"export", "restore"}) {
+    r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", empty, cmd, "j", "1", "--out", ""});
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
+  }
+}
+
 // A directory held open by another engine (a trainer) is reported as in use, not as a crash.
 TEST(CliLockTest, DirectoryInUseIsOneLineUnavailable) {
   const TempDir tmp("cli-lock");
