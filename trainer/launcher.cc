@@ -24,6 +24,7 @@ volatile sig_atomic_t g_stop_signal = 0;
 void OnStopSignal(int sig) { g_stop_signal = sig; }
 
 void InstallHandlers() {
+  g_stop_signal = 0;  // a Launch starts unstopped (before the handlers, a signal kills)
   struct sigaction sa = {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
@@ -113,6 +114,12 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
   AttemptResult result;
   result.ok = true;
   while (running > 0) {
+    // A stop signal that arrived outside waitpid (while spawning, stopping or cleaning up)
+    // is seen here, not lost: waitpid would not return EINTR for it any more.
+    if (g_stop_signal != 0) {
+      StopAll(pids, g_stop_signal);
+      return AttemptResult{false, true, true, "interrupted"};
+    }
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
     if (pid < 0) {
@@ -173,7 +180,10 @@ int Launch(const LaunchOptions& o) {
       exit_code = 0;
       break;
     }
-    if (r.interrupted) {
+    if (r.interrupted || g_stop_signal != 0) {  // also one that came while stopping the ranks
+      if (!r.interrupted) {
+        std::fprintf(stderr, "gradsnap-train: %s in attempt %d\n", r.reason.c_str(), attempt);
+      }
       exit_code = 128 + g_stop_signal;
       break;
     }
@@ -187,6 +197,10 @@ int Launch(const LaunchOptions& o) {
                   attempt + 1, o.max_restarts, r.reason.c_str());
       std::fflush(stdout);
       if (o.before_restart) o.before_restart();
+      if (g_stop_signal != 0) {  // stopped during the clean-up: no new attempt
+        exit_code = 128 + g_stop_signal;
+        break;
+      }
     } else {
       std::fprintf(stderr, "gradsnap-train: giving up after %d restart(s)\n", o.max_restarts);
     }

@@ -98,15 +98,26 @@ absl::Status AgreeOnLatest(recovery::StateSource& source, Comm& comm, const Trai
       Report(view, r.damage);
       out->damage.push_back(r.damage);
     }
-    std::vector<double> vals(2 * world, 0.0);
-    vals[2 * view.rank] = r.full_damaged ? 1 : 0;
-    vals[2 * view.rank + 1] = r.full_damaged ? 0 : r.deltas;
+    // Per rank: FULL damaged, DELTAs replayed, and the FULL it chose (each rank lists the
+    // store itself; nodes that disagree for a moment could give ranks different answers).
+    std::vector<double> vals(3 * world, 0.0);
+    vals[3 * view.rank] = r.full_damaged ? 1 : 0;
+    vals[3 * view.rank + 1] = r.full_damaged ? 0 : r.deltas;
+    vals[3 * view.rank + 2] = static_cast<double>(rp.full_step);
     RETURN_IF_ERROR(comm.AllReduceSum(vals.data(), vals.size()));
+    for (int i = 0; i < world; ++i) {
+      if (vals[3 * i + 2] != static_cast<double>(rp.full_step)) {
+        return absl::UnavailableError(absl::StrCat(
+            "job ", o.ckpt.job, ": rank ", i, " would resume from FULL step ",
+            static_cast<int64_t>(vals[3 * i + 2]), ", rank ", view.rank, " from FULL step ",
+            rp.full_step, " (the storage nodes disagree on what is committed); retry"));
+      }
+    }
     bool full_damaged = false;
     int k = static_cast<int>(rp.delta_steps.size());
     for (int i = 0; i < world; ++i) {
-      full_damaged = full_damaged || vals[2 * i] != 0;
-      k = std::min(k, static_cast<int>(vals[2 * i + 1]));
+      full_damaged = full_damaged || vals[3 * i] != 0;
+      k = std::min(k, static_cast<int>(vals[3 * i + 1]));
     }
     if (full_damaged) {  // some rank could not read this FULL: all take the previous one
       max_full = rp.full_step - 1;
