@@ -258,6 +258,22 @@ TEST(CatalogTest, DeleteRefusesADeltaALaterDeltaNeeds) {
   EXPECT_TRUE(e->Delete("ch", 1).ok());
 }
 
+// A catalog made anew beside an old epoch mirror (its meta/ lost, no segment data) does not
+// count epochs from 1 again.
+TEST(CatalogTest, NewCatalogContinuesFromTheEpochMirror) {
+  TempDir dir;
+  {
+    auto e = OpenOk(dir.path());
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(e->AcquireEpoch("again").ok());
+  }
+  fs::remove_all(dir.path() + "/meta");
+  auto e = OpenOk(dir.path());  // no segment data: a new, empty catalog
+  ASSERT_NE(e, nullptr);
+  auto next = e->AcquireEpoch("again");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, 6u);
+}
+
 TEST(CatalogTest, EmptiedCatalogRefuses) {
   TempDir dir;
   Store st = WriteStore(dir.path());

@@ -1,5 +1,6 @@
 #include "storage/epoch.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -25,9 +26,10 @@ absl::StatusOr<uint64_t> CurrentJobEpoch(MetaStore* meta, const std::string& job
   return e;
 }
 
-absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job) {
+absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job,
+                                         uint64_t at_least) {
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta, job));
-  const uint64_t next = current + 1;
+  const uint64_t next = std::max(current + 1, at_least);
   MetaStore::Batch b;
   b.puts.emplace_back(EpochKey(job),
                       std::string(reinterpret_cast<const char*>(&next), sizeof(next)));
@@ -59,6 +61,30 @@ absl::Status MirrorJobEpoch(FileSystem* fs, const std::string& data_dir, const s
   return fs->SyncDir(dir);
 }
 
+namespace {
+
+// The epoch in mirror file `path`; false when it is missing or does not check.
+bool ReadMirror(FileSystem* fs, const std::string& path, uint64_t* epoch) {
+  OpenOptions o;
+  auto f = fs->Open(path, o);
+  if (!f.ok()) return false;
+  char bytes[13];
+  absl::StatusOr<size_t> got = (*f)->Read(0, bytes, sizeof(bytes));
+  if (!got.ok() || *got != 12) return false;
+  uint32_t crc = 0;
+  std::memcpy(&crc, bytes + 8, 4);
+  if (crc != Crc32c(bytes, 8)) return false;
+  std::memcpy(epoch, bytes, 8);
+  return true;
+}
+
+}  // namespace
+
+uint64_t MirroredJobEpoch(FileSystem* fs, const std::string& data_dir, const std::string& job) {
+  uint64_t epoch = 0;
+  return ReadMirror(fs, data_dir + "/epochs/" + job, &epoch) ? epoch : 0;
+}
+
 absl::StatusOr<std::map<std::string, uint64_t>> ReadEpochMirrors(FileSystem* fs,
                                                                  const std::string& data_dir,
                                                                  std::vector<std::string>* bad) {
@@ -72,18 +98,11 @@ absl::StatusOr<std::map<std::string, uint64_t>> ReadEpochMirrors(FileSystem* fs,
       if (job.find(".tmp-") == std::string::npos) bad->push_back("epochs/" + job);
       continue;  // a temporary left by a kill is not a mirror
     }
-    OpenOptions o;
-    auto f = fs->Open(dir + "/" + job, o);
-    char bytes[13];
-    absl::StatusOr<size_t> got = f.ok() ? (*f)->Read(0, bytes, sizeof(bytes)) : f.status();
-    uint32_t crc = 0;
-    if (got.ok() && *got == 12) std::memcpy(&crc, bytes + 8, 4);
-    if (!got.ok() || *got != 12 || crc != Crc32c(bytes, 8)) {
+    uint64_t epoch = 0;
+    if (!ReadMirror(fs, dir + "/" + job, &epoch)) {
       bad->push_back("epochs/" + job);
       continue;
     }
-    uint64_t epoch = 0;
-    std::memcpy(&epoch, bytes, 8);
     out[job] = epoch;
   }
   return out;

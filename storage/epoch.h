@@ -34,13 +34,18 @@ std::string EpochKey(const std::string& job);
 // The job's newest epoch (0 when none was ever acquired).
 absl::StatusOr<uint64_t> CurrentJobEpoch(MetaStore* meta, const std::string& job);
 
-// Increments and durably stores the job's epoch; returns the new value (>= 1).
-absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job);
+// Increments and durably stores the job's epoch (to at least `at_least`); returns the new
+// value (>= 1).
+absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job,
+                                         uint64_t at_least = 0);
 
 // Writes <data_dir>/epochs/<job> = epoch durably (a temporary of its own, synced, renamed,
 // the directory synced).
 absl::Status MirrorJobEpoch(FileSystem* fs, const std::string& data_dir, const std::string& job,
                             uint64_t epoch);
+
+// The job's mirrored epoch (0 when there is none or it does not check).
+uint64_t MirroredJobEpoch(FileSystem* fs, const std::string& data_dir, const std::string& job);
 
 // The mirrored epochs under <data_dir>/epochs (none when it does not exist); a file that is
 // not a valid job name or does not check (size, CRC) is named in *bad and left out.
