@@ -238,6 +238,12 @@ TEST_P(CliTest, TokenMatchesLibrary) {
 
 // A corrupted chunk on disk: verify and restore report DATA_LOSS (exit 3) and write nothing;
 // other checkpoints still verify. Embedded only: the test edits the engine's segment files.
+// The CLI on the embedded store `dir`.
+RunResult CliAt(const std::string& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), {"--ckpt-dir", dir});
+  return RunProgram(GRADSNAP_CLI_PATH, args);
+}
+
 TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   const TempDir tmp("cli-corrupt");
   const std::string scratch = tmp.path();
@@ -261,10 +267,7 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
     }
   }
   ASSERT_GT(flipped, 0) << "no segment files of step 2 under " << dir;
-  auto cli = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {"--ckpt-dir", dir});
-    return RunProgram(GRADSNAP_CLI_PATH, args);
-  };
+  auto cli = [&](std::vector<std::string> args) { return CliAt(dir, std::move(args)); };
   RunResult r = cli({"verify", "bad", "2"});
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: DATA_LOSS")) << r.err;
@@ -283,32 +286,17 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
-// An export of several ranks that fails on one leaves every file of those names as it was (an
-// earlier export's), never a set mixing two checkpoints, and no temporary files.
-TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
-  const TempDir tmp("cli-export-fail");
-  const std::string scratch = tmp.path();
-  const std::string dir = scratch + "/ckpt";
-  {
-    auto c = client::testing::ConnectLocal(dir);
-    ASSERT_TRUE(c.ok()) << c.status();
-    for (int64_t step : {1, 2}) {
-      ASSERT_TRUE(SaveTestCheckpoint(**c, "two", step, 2, 5, 256 << 10).ok());
-    }
+// Job "two" with FULL steps 1 and 2 of 2 ranks in the embedded store `dir`.
+void SaveTwoSteps(const std::string& dir, uint64_t seed) {
+  auto c = client::testing::ConnectLocal(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(SaveTestCheckpoint(**c, "two", step, 2, seed, 256 << 10).ok());
   }
-  auto cli = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {"--ckpt-dir", dir});
-    return RunProgram(GRADSNAP_CLI_PATH, args);
-  };
-  const std::string file = scratch + "/model.safetensors";
-  RunResult r = cli({"export", "two", "1", "--out", file});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::string f0 = scratch + "/model.rank0.safetensors";
-  const std::string f1 = scratch + "/model.rank1.safetensors";
-  const std::string before0 = ReadFileOrEmpty(f0), before1 = ReadFileOrEmpty(f1);
-  ASSERT_FALSE(before0.empty());
-  ASSERT_FALSE(before1.empty());
-  // Damage rank 1 of step 2 only: rank 0 exports fine, then rank 1 fails.
+}
+
+// Damages every 4 KiB of rank 1's segments of job "two" step 2: rank 0 of it reads fine.
+void DamageRank1OfStep2(const std::string& dir) {
   int flipped = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir + "/segments/two")) {
     const std::string p = e.path().string();
@@ -322,6 +310,26 @@ TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
     }
   }
   ASSERT_GT(flipped, 0);
+}
+
+// An export of several ranks that fails on one leaves every file of those names as it was (an
+// earlier export's), never a set mixing two checkpoints, and no temporary files.
+TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
+  const TempDir tmp("cli-export-fail");
+  const std::string scratch = tmp.path();
+  const std::string dir = scratch + "/ckpt";
+  SaveTwoSteps(dir, 5);
+  auto cli = [&](std::vector<std::string> args) { return CliAt(dir, std::move(args)); };
+  const std::string file = scratch + "/model.safetensors";
+  RunResult r = cli({"export", "two", "1", "--out", file});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string f0 = scratch + "/model.rank0.safetensors";
+  const std::string f1 = scratch + "/model.rank1.safetensors";
+  const std::string before0 = ReadFileOrEmpty(f0), before1 = ReadFileOrEmpty(f1);
+  ASSERT_FALSE(before0.empty());
+  ASSERT_FALSE(before1.empty());
+  // Damage rank 1 of step 2 only: rank 0 exports fine, then rank 1 fails.
+  DamageRank1OfStep2(dir);
   r = cli({"export", "two", "2", "--out", file});
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: DATA_LOSS")) << r.err;
@@ -339,17 +347,8 @@ TEST(CliCorruptionTest, FailedRestoreKeepsTheEarlierRestore) {
   const TempDir tmp("cli-restore-fail");
   const std::string scratch = tmp.path();
   const std::string dir = scratch + "/ckpt";
-  {
-    auto c = client::testing::ConnectLocal(dir);
-    ASSERT_TRUE(c.ok()) << c.status();
-    for (int64_t step : {1, 2}) {
-      ASSERT_TRUE(SaveTestCheckpoint(**c, "two", step, 2, 7, 256 << 10).ok());
-    }
-  }
-  auto cli = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {"--ckpt-dir", dir});
-    return RunProgram(GRADSNAP_CLI_PATH, args);
-  };
+  SaveTwoSteps(dir, 7);
+  auto cli = [&](std::vector<std::string> args) { return CliAt(dir, std::move(args)); };
   const std::string out = scratch + "/out";
   RunResult r = cli({"restore", "two", "1", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -358,16 +357,7 @@ TEST(CliCorruptionTest, FailedRestoreKeepsTheEarlierRestore) {
     before[f] = ReadFileOrEmpty(out + f);
     ASSERT_FALSE(before[f].empty()) << f;
   }
-  for (const auto& e : fs::recursive_directory_iterator(dir + "/segments/two")) {
-    const std::string p = e.path().string();
-    if (!e.is_regular_file() || !absl::StrContains(p, "/00000000000000000002/") ||
-        !absl::StartsWith(e.path().filename().string(), "r0000000001-")) {
-      continue;
-    }
-    for (uint64_t off = 100; off < fs::file_size(e.path()); off += 4096) {
-      ASSERT_TRUE(FlipByte(p, off, 0x5a).ok());
-    }
-  }
+  DamageRank1OfStep2(dir);
   r = cli({"restore", "two", "2", "--out", out});
   EXPECT_EQ(r.exit_code, 3) << r.err;
   for (const auto& [f, bytes] : before) {

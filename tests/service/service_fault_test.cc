@@ -93,6 +93,19 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   EXPECT_LT(MetricValue(*body, "gradsnap_bytes_in_total"), static_cast<double>(kBytes));
 }
 
+// Saves `job` step 1 rank 0 (one tensor of `bytes`) through a client of `server` that tries
+// each call `attempts` times; returns the shard.
+TestShard SaveOneShard(const ServerProcess& server, int attempts, const std::string& job,
+                       uint64_t bytes, uint64_t seed) {
+  auto c = ConnectTo(server.address(), attempts);
+  EXPECT_NE(c, nullptr);
+  TestShard shard = MakeShard(job, 1, 0, {bytes}, seed);
+  if (c == nullptr) return shard;
+  EXPECT_TRUE(c->BeginCheckpoint(FullSpec(job, 1, 1)).ok());
+  EXPECT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  return shard;
+}
+
 // A node frozen mid-restore (SIGSTOP: the kernel keeps the connection, so TCP alone would
 // wait for ever) is given up on after rpc_timeout_ms without data: one clear UNAVAILABLE with
 // a single attempt allowed (with more, the next attempt would resume from the byte reached);
@@ -101,11 +114,7 @@ TEST(ServiceFault, FrozenNodeMidRestoreIsCancelledNotWaitedFor) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
-  auto c = ConnectTo(server.address(), kRideOutRestart);
-  ASSERT_NE(c, nullptr);
-  TestShard shard = MakeShard("frozen", 1, 0, {24u << 20}, 5);
-  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("frozen", 1, 1)).ok());
-  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  TestShard shard = SaveOneShard(server, kRideOutRestart, "frozen", 24u << 20, 5);
   client::ClientOptions o;
   o.endpoints = {server.address()};
   o.rpc_timeout_ms = 1000;
@@ -259,11 +268,9 @@ TEST(ServiceFault, RestoreSinkErrorIsReturnedNotRetried) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  TestShard shard = SaveOneShard(server, 8, "sink", 6u << 20, 3);
   auto c = ConnectTo(server.address(), 8);
   ASSERT_NE(c, nullptr);
-  TestShard shard = MakeShard("sink", 1, 0, {6u << 20}, 3);
-  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("sink", 1, 1)).ok());
-  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
   int calls = 0;
   absl::Status s = c->RestoreShard("sink", 1, 0, [&](const void*, size_t) {
     ++calls;
@@ -302,11 +309,7 @@ TEST(ServiceFault, HugeReadLimitStillReservesTheReadBudget) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
-  auto c = ConnectTo(server.address(), 2);
-  ASSERT_NE(c, nullptr);
-  TestShard shard = MakeShard("huge", 1, 0, {24u << 20}, 6);
-  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("huge", 1, 1)).ok());
-  ASSERT_TRUE(c->SaveShard(shard.spec, shard.Refs()).ok());
+  SaveOneShard(server, 2, "huge", 24u << 20, 6);
   auto stub = v1::Storage::NewStub(
       grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
