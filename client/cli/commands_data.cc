@@ -171,12 +171,14 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
   ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));
   std::error_code ec;
+  const bool existed = std::filesystem::exists(dir, ec);
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   // Every rank's file is staged first (WriteRanks): a failure leaves an earlier restore in
-  // DIR, its files and manifest.json, as it was. Once all are staged the earlier manifest goes
-  // (it must not vouch for files this restore is replacing), then the files are renamed in.
-  RETURN_IF_ERROR(WriteRanks(
+  // DIR, its files and manifest.json, as it was (and a DIR this restore created is removed
+  // again: it is empty then). Once all are staged the earlier manifest goes (it must not
+  // vouch for files this restore is replacing), then the files are renamed in.
+  absl::Status staged = WriteRanks(
       ctx, c, m, ranks, "restore",
       [&](int32_t r) { return absl::StrCat(dir, "/rank", r, ".safetensors"); },
       [&]() -> absl::Status {
@@ -187,7 +189,11 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
               absl::StrCat("cannot remove ", dir, "/manifest.json: ", rm.message()));
         }
         return absl::OkStatus();
-      }));
+      });
+  if (!staged.ok()) {
+    if (!existed) std::filesystem::remove(dir, ec);  // only if empty: never anything else
+    return staged;
+  }
   // Last, so a manifest.json only ever sits beside complete, verified shard files: the ones
   // this restore wrote (with --rank, that rank's only; other files in DIR are not vouched for).
   client::Manifest written = m;

@@ -358,6 +358,9 @@ TEST(CliCorruptionTest, FailedRestoreKeepsTheEarlierRestore) {
     ASSERT_FALSE(before[f].empty()) << f;
   }
   DamageRank1OfStep2(dir);
+  r = cli({"restore", "two", "2", "--out", scratch + "/fresh"});  // a directory of its own
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_FALSE(fs::exists(scratch + "/fresh")) << "a failed restore left its directory";
   r = cli({"restore", "two", "2", "--out", out});
   EXPECT_EQ(r.exit_code, 3) << r.err;
   for (const auto& [f, bytes] : before) {
