@@ -41,14 +41,15 @@ const std::vector<FlagSpec>& GlobalFlags() {
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> kCommands = {
-      {"ls", "ls [JOB]", "list jobs with their checkpoint counts, or the checkpoints of JOB",
+      {"ls", "ls [JOB] [--all]", "list jobs with their checkpoint counts, or the checkpoints of JOB",
        "", {{"all", "", "also list PENDING (uncommitted) checkpoints. Default: off"}}, 0, 1,
        RunLs},
-      {"show", "show JOB STEP", "show a checkpoint: shards and tensors with sizes and SHA-256",
+      {"show", "show JOB STEP", "show a checkpoint: shards and tensors with sizes and digests",
        "STEP may be 'latest'.", {}, 2, 2, RunShow},
       {"verify", "verify JOB [STEP|latest|--all]",
-       "re-read and check every chunk checksum and tensor SHA-256",
-       "Without STEP verifies the latest checkpoint. Exit status 3 when corruption is found.",
+       "re-read and check every chunk checksum and tensor digest",
+       "Without STEP (or with latest) verifies the recovery point: its FULL and every DELTA of\n"
+       "its chain. Exit status 3 when corruption is found.",
        {{"all", "", "verify every committed checkpoint of JOB. Default: off"}}, 1, 2, RunVerify},
       {"restore",
        "restore JOB [STEP|latest] --out DIR [--world-size M | --consolidate [--dtype f32|bf16]] "
