@@ -87,6 +87,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(static_cast<int>(proto::kMaxMessageBytes));
   builder.SetMaxSendMessageSize(static_cast<int>(proto::kMaxMessageBytes));
   for (const auto& [name, value] : proto::TransportArgs()) builder.AddChannelArgument(name, value);
+  if (options.keepalive_ms > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                               std::max(1000, options.keepalive_ms / 3));
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+    // Pings while a call is stuck (no data moving) are the point: no cap on them.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   // gRPC's own buffers (HTTP/2 windows of streams waiting for the in-flight budget, read
   // slices) are capped too: under pressure gRPC shrinks its windows, so senders stall.
   // Idle sync-server pollers wake this often; a shorter period makes Shutdown() prompt (the

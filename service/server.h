@@ -53,6 +53,11 @@ struct ServerOptions {
   uint64_t max_inflight_bytes = 256u << 20;
   // Prometheus endpoint "host:port". Default: empty (off).
   std::string metrics_listen;
+  // While a connection has calls in flight the server pings its client every keepalive_ms and
+  // closes it when a ping goes unanswered for keepalive_ms / 3 (at least 1 s): a client frozen
+  // or cut off mid-upload frees its shard (and its share of the upload budget) instead of
+  // holding them until its own deadline. 0: off (gRPC's default, hours). Default: 30000.
+  int keepalive_ms = 30000;
   StorageServiceOptions service;
 };
 

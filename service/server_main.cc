@@ -30,6 +30,10 @@ ABSL_FLAG(uint64_t, cache_bytes, 0, "RAM tier: bytes of recent checkpoints kept 
 ABSL_FLAG(uint64_t, max_inflight_bytes, 256u << 20, "Cap on upload bytes held in memory. Default: 268435456.");
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics over HTTP. Default: off.");
 ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
+ABSL_FLAG(int, keepalive_ms, 30000,
+          "Ping clients with calls in flight this often; a connection whose ping goes "
+          "unanswered for a third of it (at least 1 s) is closed, so a frozen or cut-off client "
+          "frees its upload. 0: off. Default: 30000.");
 ABSL_FLAG(int, prefault_uploads, gradsnap::service::ServerOptions::kPrefaultUploads,
           "Uploads whose record buffers are faulted in at start (6 x 4 MiB each; 0: on first use). Default: 2.");
 ABSL_FLAG(bool, prefault_read_ahead, true,
@@ -111,6 +115,9 @@ int main(int argc, char** argv) {
   o.tls.ca_file = absl::GetFlag(FLAGS_tls_client_ca);
   o.cache_bytes = absl::GetFlag(FLAGS_cache_bytes);
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  o.keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
+  if (o.keepalive_ms < 0) return Fail("--keepalive-ms must be >= 0");
+  if (absl::GetFlag(FLAGS_shutdown_grace_ms) < 0) return Fail("--shutdown-grace-ms must be >= 0");
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!absl::GetFlag(FLAGS_auth_secret_file).empty()) {
     auto secret = gradsnap::ReadSecretFile(absl::GetFlag(FLAGS_auth_secret_file));

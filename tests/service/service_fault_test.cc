@@ -2,6 +2,8 @@
 // restart (the client's retry resumes from the committed offset and the checkpoint verifies),
 // SIGTERM during an upload, and a client that disconnects mid-stream. Never a partial
 // checkpoint listed.
+#include <sys/wait.h>
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -326,6 +328,43 @@ TEST(ServiceFault, HugeReadLimitStillReservesTheReadBudget) {
   EXPECT_GE(MetricValue(*body, "gradsnap_read_inflight_bytes"), double{9u << 20});
   ctx.TryCancel();
   reader->Finish().IgnoreError();
+}
+
+// A client frozen mid-upload (SIGSTOP, its stream open) does not hold its shard: the server's
+// keepalive ping goes unanswered, the connection is closed, and another writer of the shard
+// (here the same spec, as a restarted rank) gets it within seconds.
+TEST(ServiceFault, FrozenUploaderFreesItsShard) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  std::vector<std::string> args = ServerArgs(dir, 0);
+  args.insert(args.end(), {"--keepalive-ms", "1500"});
+  ASSERT_TRUE(server.Start(args).ok());
+  auto c = ConnectTo(server.address(), 10);  // about 12 s of backoff on ABORTED
+  ASSERT_NE(c, nullptr);
+  const uint64_t bytes = 8u << 20;
+  TestShard shard = MakeShard("frozenup", 1, 0, {bytes}, 9);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("frozenup", 1, 1)).ok());
+  const std::string port = server.address().substr(server.address().rfind(':') + 1);
+  const std::string address = server.address(), sz = std::to_string(bytes);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execl(GRADSNAP_STALLED_WRITER_BIN, "stalled_writer", address.c_str(), "frozenup", "1",
+            sz.c_str(), "9", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, WUNTRACED), pid);
+  ASSERT_TRUE(WIFSTOPPED(status)) << "the writer did not freeze mid-upload";
+  Stopwatch w;
+  absl::Status saved = c->SaveShard(shard.spec, shard.Refs());
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(saved.ok()) << saved;
+  EXPECT_LT(w.ElapsedSeconds(), 30.0);
+  auto whole = RestoreToString(c.get(), "frozenup", 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == shard.data[0]);
 }
 
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
