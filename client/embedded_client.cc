@@ -59,9 +59,10 @@ class EmbeddedClient : public Client {
   std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
                                            std::vector<TensorRef> tensors) override;
 
-  absl::Status AbortCheckpoint(const std::string& job, int64_t step) override {
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step,
+                               uint64_t epoch = 0) override {
     DropReaders();
-    return engine_->AbortCheckpoint(job, step);
+    return engine_->AbortCheckpoint(job, step, epoch);
   }
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
     return engine_->AcquireEpoch(job);

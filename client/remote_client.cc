@@ -61,8 +61,10 @@ absl::Status RemoteClient::BeginCheckpoint(const CheckpointSpec& spec) {
       [&](Node& node) { return Call(node, req, &v1::Storage::Stub::BeginCheckpoint); });
 }
 
-absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step) {
-  const auto req = JobStep<v1::AbortCheckpointRequest>(job, step);
+absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step,
+                                           uint64_t epoch) {
+  auto req = JobStep<v1::AbortCheckpointRequest>(job, step);
+  req.set_epoch(epoch);
   // A begin that reached only some nodes (its client killed during the fan-out) leaves the
   // step on those only: NOT_FOUND elsewhere is fine.
   return ForAllNodesTolerant(

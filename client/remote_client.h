@@ -58,7 +58,8 @@ class RemoteClient final : public Client {
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override;
   std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
                                            std::vector<TensorRef> tensors) override;
-  absl::Status AbortCheckpoint(const std::string& job, int64_t step) override;
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step,
+                               uint64_t epoch = 0) override;
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,

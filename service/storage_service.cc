@@ -71,7 +71,7 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
     }
     // Dropped whatever the engine answers: an abort that fails part-way (a writer still open
     // on the FULL) may have deleted the DELTAs already.
-    absl::Status aborted = engine_->AbortCheckpoint(req->job(), req->step());
+    absl::Status aborted = engine_->AbortCheckpoint(req->job(), req->step(), req->epoch());
     for (int64_t step : dropped) cache_->Drop(req->job(), step);
     return aborted;
   });

@@ -274,6 +274,27 @@ TEST(CatalogTest, NewCatalogContinuesFromTheEpochMirror) {
   EXPECT_EQ(*next, 6u);
 }
 
+// An abort carrying an older attempt's epoch (a zombie rank's rollback) is refused as
+// superseded and leaves the new attempt's PENDING checkpoint alone; the current epoch, or none
+// (an operator, the launcher), aborts it.
+TEST(CatalogTest, AbortFromASupersededAttemptIsRefused) {
+  TempDir dir;
+  auto e = OpenOk(dir.path());
+  ASSERT_TRUE(e->AcquireEpoch("zj").ok());
+  ASSERT_EQ(*e->AcquireEpoch("zj"), 2u);
+  CheckpointSpec spec = Spec("zj", 7, 1);
+  spec.epoch = 2;
+  ASSERT_TRUE(e->BeginCheckpoint(spec).ok());
+  absl::Status s = e->AbortCheckpoint("zj", 7, /*epoch=*/1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("superseded"), std::string::npos) << s;
+  EXPECT_EQ(e->ListCheckpoints("zj", /*include_pending=*/true)->size(), 1u);
+  EXPECT_TRUE(e->AbortCheckpoint("zj", 7, /*epoch=*/2).ok());
+  EXPECT_TRUE(e->ListCheckpoints("zj", /*include_pending=*/true)->empty());
+  ASSERT_TRUE(e->BeginCheckpoint(spec).ok());
+  EXPECT_TRUE(e->AbortCheckpoint("zj", 7).ok());  // unfenced
+}
+
 TEST(CatalogTest, EmptiedCatalogRefuses) {
   TempDir dir;
   Store st = WriteStore(dir.path());

@@ -586,10 +586,11 @@ absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, 
   return r.committed_size;
 }
 
-absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step) {
+absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step, uint64_t epoch) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.state == CheckpointState::kCommitted) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,

@@ -226,7 +226,10 @@ class Engine {
   virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
   // Abandons a PENDING checkpoint and frees its space. A PENDING FULL takes its PENDING DELTAs
   // with it; one with a committed DELTA (written by an older version) is FAILED_PRECONDITION.
-  virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
+  // A non-zero `epoch` older than the job's newest is FAILED_PRECONDITION "superseded" (a
+  // zombie's rollback never aborts the new attempt's checkpoint).
+  virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step,
+                                       uint64_t epoch = 0) = 0;
 
   virtual absl::StatusOr<std::vector<std::string>> ListJobs() = 0;
   // Checkpoints of a job by step; committed ones only unless include_pending.

@@ -44,7 +44,8 @@ class EngineImpl : public Engine {
   absl::Status WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) override;
   absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
                                               int32_t rank) override;
-  absl::Status AbortCheckpoint(const std::string& job, int64_t step) override;
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step,
+                               uint64_t epoch = 0) override;
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job,

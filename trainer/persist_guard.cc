@@ -61,7 +61,8 @@ absl::Status PersistGuard::RunWithRetry(const std::function<absl::Status()>& wor
 void PersistGuard::RollBack(int64_t step) {
   client::Client* c = store_->client();
   if (rank_ != 0 || c == nullptr) return;
-  absl::Status s = c->AbortCheckpoint(options_.job, step);
+  // With this attempt's epoch: a zombie of an older attempt never aborts the new one's step.
+  absl::Status s = c->AbortCheckpoint(options_.job, step, store_->epoch());
   // NOT_FOUND: nothing was begun; FAILED_PRECONDITION: it did commit after all (kept).
   if (!s.ok() && IsTransient(s)) pending_aborts_.push_back(step);
 }

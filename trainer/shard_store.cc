@@ -98,6 +98,7 @@ class DirectShardStore : public ShardStore {
     return WaitOutOutage([&] { return client_->AcquireEpoch(job); });
   }
   void SetEpoch(uint64_t epoch) override { epoch_ = epoch; }
+  uint64_t epoch() const override { return epoch_; }
   absl::StatusOr<bool> AllAgree(bool ok) override {
     if (comm_ == nullptr) return ok;
     double failed = ok ? 0 : 1;
@@ -137,6 +138,7 @@ class FunnelShardStore : public ShardStore {
     return WaitOutOutage([&] { return client_->AcquireEpoch(job); });
   }
   void SetEpoch(uint64_t epoch) override { epoch_ = epoch; }
+  uint64_t epoch() const override { return epoch_; }
 
   absl::StatusOr<bool> AllAgree(bool ok) override {
     if (comm_->rank() != 0) {

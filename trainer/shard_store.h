@@ -54,6 +54,7 @@ class ShardStore {
   // call of an attempt: it waits out an outage of the store (up to 30 s) before it fails.
   virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
   virtual void SetEpoch(uint64_t epoch) = 0;
+  virtual uint64_t epoch() const = 0;
   // True on every rank of the job when `ok` is true on every rank. Collective, on the store's
   // own communicator (not the training one), so a persist thread may call it.
   virtual absl::StatusOr<bool> AllAgree(bool ok) = 0;

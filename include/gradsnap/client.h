@@ -170,7 +170,10 @@ class Client {
   // Abandons a PENDING checkpoint and frees its space. NOT_FOUND: no such checkpoint.
   // FAILED_PRECONDITION: it is committed (use Delete). ABORTED: a shard of it is still being
   // written (its upload has not ended yet; remote mode retries this like any ABORTED).
-  virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step) = 0;
+  // A non-zero `epoch` older than the job's newest is FAILED_PRECONDITION "superseded by
+  // attempt N": a zombie rank's rollback never aborts the new attempt's checkpoint.
+  virtual absl::Status AbortCheckpoint(const std::string& job, int64_t step,
+                                       uint64_t epoch = 0) = 0;
   // Takes the job's next writer epoch (docs/protocol.md, "Epochs"). Saves and begins whose spec
   // carries an older non-zero epoch are refused from then on (FAILED_PRECONDITION "superseded by
   // attempt N"). Remote: the largest epoch over all nodes, every node told.

@@ -367,6 +367,25 @@ TEST(ServiceFault, FrozenUploaderFreesItsShard) {
   EXPECT_TRUE(*whole == shard.data[0]);
 }
 
+// The writer epoch of an abort crosses the wire: a superseded attempt's abort is refused by
+// the server, the current attempt's goes through.
+TEST(ServiceFault, AbortCarriesItsEpoch) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  auto c = ConnectTo(server.address(), 2);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->AcquireEpoch("ep").ok());
+  ASSERT_EQ(*c->AcquireEpoch("ep"), 2u);
+  client::CheckpointSpec spec = FullSpec("ep", 3, 1);
+  spec.epoch = 2;
+  ASSERT_TRUE(c->BeginCheckpoint(spec).ok());
+  absl::Status old_attempt = c->AbortCheckpoint("ep", 3, 1);
+  EXPECT_EQ(old_attempt.code(), absl::StatusCode::kFailedPrecondition) << old_attempt;
+  EXPECT_NE(old_attempt.message().find("superseded"), std::string::npos) << old_attempt;
+  EXPECT_TRUE(c->AbortCheckpoint("ep", 3, 2).ok());
+}
+
 TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   TempDir dir;
   auto server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
