@@ -54,7 +54,10 @@ std::string Describe(int status) {
 }
 
 // Stops every still-running child: SIGTERM, then SIGKILL after `grace`; reaps them all.
-void StopAll(std::vector<pid_t>& pids, int sig) {
+// Returns whether one of them had exited with kExitNoRestart meanwhile (a rank that found a
+// permanent error while another, reaped first, died of its effects).
+bool StopAll(std::vector<pid_t>& pids, int sig) {
+  bool no_restart = false;
   for (pid_t p : pids) {
     if (p > 0) kill(p, sig);
   }
@@ -64,16 +67,20 @@ void StopAll(std::vector<pid_t>& pids, int sig) {
       int status;
       const pid_t r = waitpid(p, &status, WNOHANG);
       if (r == p || (r < 0 && errno != EINTR)) {
+        no_restart = no_restart ||
+                     (r == p && WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart);
         p = 0;
       } else if (std::chrono::steady_clock::now() > deadline) {
         kill(p, SIGKILL);
-        waitpid(p, &status, 0);
+        while (waitpid(p, &status, 0) < 0 && errno == EINTR) {
+        }
         p = 0;
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
   }
+  return no_restart;
 }
 
 // How one attempt ended.
@@ -142,7 +149,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     result.no_restart = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart;
     result.reason =
         absl::StrCat("rank ", o.node_rank * o.nproc + rank, " ", Describe(status));
-    StopAll(pids, SIGTERM);
+    if (StopAll(pids, SIGTERM)) result.no_restart = true;
     break;
   }
   return result;

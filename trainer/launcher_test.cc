@@ -4,6 +4,8 @@
 // waitpid) ends the job with 128 + the signal: no new attempt is started.
 #include "trainer/launcher.h"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -37,12 +39,35 @@ TEST(Launcher, FailingRanksUseTheRestartsThenGiveUp) {
   EXPECT_EQ(cleanups, 2);
 }
 
+// Rank 0 fails at once (a transient error, say); rank 1 has found a permanent one and exits
+// with kExitNoRestart a moment later, while the launcher stops the ranks. Restarting cannot
+// help: no new attempt.
+TEST(Launcher, PermanentErrorOfALaterRankStopsTheRestarts) {
+  ::setenv("GRADSNAP_LAUNCHER_TEST", "late-no-restart", 1);
+  LaunchOptions o;
+  o.nproc = 2;
+  o.max_restarts = 3;
+  int cleanups = 0;
+  o.before_restart = [&] { ++cleanups; };
+  EXPECT_EQ(Launch(o), kExitNoRestart);
+  EXPECT_EQ(cleanups, 0);
+  ::unsetenv("GRADSNAP_LAUNCHER_TEST");
+}
+
 }  // namespace
 }  // namespace trainer
 }  // namespace gradsnap
 
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--rank=1") == 0) {
+      const char* mode = std::getenv("GRADSNAP_LAUNCHER_TEST");
+      if (mode != nullptr && std::strcmp(mode, "late-no-restart") == 0) {
+        std::signal(SIGTERM, SIG_IGN);  // finishes its own exit while being stopped
+        ::usleep(200 * 1000);
+        return gradsnap::trainer::kExitNoRestart;
+      }
+    }
     if (std::strncmp(argv[i], "--rank=", 7) == 0) return 1;  // a rank that fails at once
   }
   ::testing::InitGoogleTest(&argc, argv);
