@@ -195,7 +195,8 @@ absl::Status ParseReadResponse(const grpc::ByteBuffer& bb, OnShard&& on_shard, O
 // thread per stream; none when timeout_ms <= 0.
 class StallWatch {
  public:
-  StallWatch(grpc::ClientContext* ctx, int timeout_ms) : ctx_(ctx), timeout_ns_(timeout_ms * 1000000LL) {
+  StallWatch(grpc::ClientContext* ctx, int timeout_ms)
+      : ctx_(ctx), timeout_ns_(timeout_ms * 1000000LL) {
     if (timeout_ms > 0) thread_ = std::thread([this] { Run(); });
   }
   ~StallWatch() {
@@ -247,8 +248,8 @@ absl::Status RemoteClient::ShardVersion::Check(const storage::ShardInfo& info,
                                                const std::string& endpoint) {
   std::string fp;
   for (const storage::TensorInfo& t : info.tensors) {
-    absl::StrAppend(&fp, t.spec.name, "\n", t.spec.byte_length, "\n", DigestAlgoName(t.digest_algo),
-                    ":", t.digest, "\n");
+    absl::StrAppend(&fp, t.spec.name, "\n", t.spec.byte_length, "\n",
+                    DigestAlgoName(t.digest_algo), ":", t.digest, "\n");
   }
   absl::MutexLock lock(&mu_);
   if (fingerprint_.empty()) {

@@ -302,7 +302,9 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_NE(refused.status().message().find("f64"), std::string::npos) << refused.status();
   for (const std::vector<float>* b : {&gp, &gm, &gv}) {
-    for (size_t i = kTotal; i < b->size(); ++i) ASSERT_EQ((*b)[i], kGuard) << "written past at " << i;
+    for (size_t i = kTotal; i < b->size(); ++i) {
+      ASSERT_EQ((*b)[i], kGuard) << "written past at " << i;
+    }
   }
 }
 

@@ -41,7 +41,8 @@ const std::vector<FlagSpec>& GlobalFlags() {
 
 const std::vector<Command>& Commands() {
   static const std::vector<Command> kCommands = {
-      {"ls", "ls [JOB] [--all]", "list jobs with their checkpoint counts, or the checkpoints of JOB",
+      {"ls", "ls [JOB] [--all]",
+       "list jobs with their checkpoint counts, or the checkpoints of JOB",
        "", {{"all", "", "also list PENDING (uncommitted) checkpoints. Default: off"}}, 0, 1,
        RunLs},
       {"show", "show JOB STEP", "show a checkpoint: shards and tensors with sizes and digests",
