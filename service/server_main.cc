@@ -69,7 +69,12 @@ int main(int argc, char** argv) {
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
   // gRPC threads (common/malloc_tuning.h).
   gradsnap::TuneMallocForStreaming(/*few_arenas=*/true);
-  command_line.Parse();
+  const std::vector<char*> positional = command_line.Parse();
+  // A word without a flag (a value whose flag was forgotten, "--listen" left out) is an error,
+  // not ignored: the server would start somewhere else than meant.
+  if (positional.size() > 1) {
+    return Fail(std::string("unexpected argument: ") + positional[1] + " (see --help)");
+  }
   // Block the stop signals in every thread (gRPC's included); main waits for them below.
   sigset_t stop;
   sigemptyset(&stop);

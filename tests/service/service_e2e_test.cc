@@ -221,6 +221,16 @@ TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
   EXPECT_FALSE(
       bad_interval.StartOn(dir.File("data"), "127.0.0.1:0", {"--durable-every-mib", "0"}).ok());
   EXPECT_NE(bad_interval.Wait(), 0);
+  // A word without its flag (here --listen forgotten before an address) is refused, as are
+  // negative durations.
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"127.0.0.1:5999"},
+        std::vector<std::string>{"--keepalive-ms", "-1"},
+        std::vector<std::string>{"--shutdown-grace-ms", "-5"}}) {
+    ServerProcess refused(GRADSNAP_SERVER_BIN);
+    EXPECT_FALSE(refused.StartOn(dir.File("data"), "127.0.0.1:0", extra).ok()) << extra[0];
+    EXPECT_NE(refused.Wait(), 0) << extra[0];
+  }
 }
 
 TEST(ServiceE2E, TwoNodesWithPlacementAndReplicaFailover) {
