@@ -58,6 +58,9 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, const std::vector<Fl
     const FlagSpec* spec = Find(&globals, name);
     if (spec == nullptr) spec = Find(cmd_specs, name);
     if (spec == nullptr) {
+      if (!out.command.empty() && command_flags != nullptr && cmd_specs == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown command ", out.command));
+      }
       if (out.command.empty() && command_flags != nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("unknown flag --", name, " (command flags go after the command)"));
@@ -76,6 +79,12 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv, const std::vector<Fl
             absl::StrCat("flag --", name, " needs a value (", spec->value, ")"));
       }
       value = argv[++i];
+      // "--out --json": the value was left out and the next flag would be taken for it.
+      if (value.size() > 2 && value[0] == '-' && value[1] == '-') {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --", name, " needs a value (", spec->value, "), not the flag ",
+                         value, " (write --", name, "=", value, " if that is the value)"));
+      }
     }
     out.flags[name] = value;
   }

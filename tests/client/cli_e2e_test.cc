@@ -397,6 +397,15 @@ TEST(CliCorruptionTest, NoStoreNoPathNoPortAreRefused) {
     r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", empty, cmd, "j", "1", "--out", ""});
     EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
   }
+  // A flag taken for the value of the one before it ("--out --json") and a flag after an
+  // unknown command: the mistake is named, nothing is created.
+  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", empty, "restore", "j", "1", "--out", "--json"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "needs a value")) << r.err;
+  EXPECT_FALSE(fs::exists("--json"));
+  r = RunProgram(GRADSNAP_CLI_PATH, {"badcmd", "--foo"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "unknown command badcmd")) << r.err;
 }
 
 // A directory held open by another engine (a trainer) is reported as in use, not as a crash.
