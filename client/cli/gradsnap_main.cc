@@ -95,6 +95,14 @@ absl::Status BuildOptions(Context& ctx) {
     }
   }
   o.local_dir = a.Get("ckpt-dir", "./checkpoints");
+  if (o.endpoints.empty()) {  // flags that only a server connection uses: never silently ignored
+    for (const char* remote_only : {"tls-ca", "tls-cert", "tls-key", "replicas"}) {
+      if (a.Has(remote_only)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", remote_only, " applies to --server connections only"));
+      }
+    }
+  }
   if (a.Has("token") && a.Has("token-file")) {
     return absl::InvalidArgumentError("give --token or --token-file, not both");
   }

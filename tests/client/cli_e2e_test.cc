@@ -403,6 +403,9 @@ TEST(CliCorruptionTest, NoStoreNoPathNoPortAreRefused) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "needs a value")) << r.err;
   EXPECT_FALSE(fs::exists("--json"));
+  r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", empty, "--replicas", "2", "ls"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "--server connections only")) << r.err;
   r = RunProgram(GRADSNAP_CLI_PATH, {"badcmd", "--foo"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_TRUE(absl::StrContains(r.err, "unknown command badcmd")) << r.err;
