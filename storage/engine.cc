@@ -617,16 +617,17 @@ absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckWritable());
-  // Mirrored first (storage/epoch.h): a catalog rebuilt later never hands out or admits an
-  // epoch older than one given out.
-  // The next epoch is above the catalog's and the mirror's (a catalog made anew beside an
-  // old mirror does not start counting again).
+  // The next epoch is above the catalog's and the mirror's (a catalog made anew beside an old
+  // mirror does not count again), and is mirrored before the catalog commits it
+  // (storage/epoch.h): a catalog rebuilt later never hands out or admits an older one.
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
-  const uint64_t next =
-      std::max(current, MirroredJobEpoch(fs_, options_.data_dir, job)) + 1;
+  const uint64_t next = std::max(current, MirroredJobEpoch(fs_, options_.data_dir, job)) + 1;
   RETURN_IF_ERROR(MirrorJobEpoch(fs_, options_.data_dir, job, next));
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
-  return AcquireJobEpoch(meta_.get(), job, next);
+  MetaStore::Batch b;
+  PutJobEpoch(&b, job, next);
+  RETURN_IF_ERROR(meta_->Commit(b));
+  return next;
 }
 
 absl::StatusOr<std::vector<std::string>> EngineImpl::ListJobs() {

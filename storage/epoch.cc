@@ -1,6 +1,5 @@
 #include "storage/epoch.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -26,15 +25,9 @@ absl::StatusOr<uint64_t> CurrentJobEpoch(MetaStore* meta, const std::string& job
   return e;
 }
 
-absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job,
-                                         uint64_t at_least) {
-  ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta, job));
-  const uint64_t next = std::max(current + 1, at_least);
-  MetaStore::Batch b;
-  b.puts.emplace_back(EpochKey(job),
-                      std::string(reinterpret_cast<const char*>(&next), sizeof(next)));
-  RETURN_IF_ERROR(meta->Commit(b));
-  return next;
+void PutJobEpoch(MetaStore::Batch* b, const std::string& job, uint64_t epoch) {
+  b->puts.emplace_back(EpochKey(job),
+                       std::string(reinterpret_cast<const char*>(&epoch), sizeof(epoch)));
 }
 
 absl::Status MirrorJobEpoch(FileSystem* fs, const std::string& data_dir, const std::string& job,

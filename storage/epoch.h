@@ -12,7 +12,7 @@
 // its epochs from there, and a zombie of an attempt older than the newest is still refused.
 //
 // THREAD SAFETY: the functions read and write the MetaStore; callers serialize the
-// read-modify-write of AcquireJobEpoch (the engine holds its mutex).
+// read-modify-write of an epoch (Engine::AcquireEpoch holds the engine's mutex).
 #ifndef GRADSNAP_STORAGE_EPOCH_H_
 #define GRADSNAP_STORAGE_EPOCH_H_
 
@@ -34,10 +34,8 @@ std::string EpochKey(const std::string& job);
 // The job's newest epoch (0 when none was ever acquired).
 absl::StatusOr<uint64_t> CurrentJobEpoch(MetaStore* meta, const std::string& job);
 
-// Increments and durably stores the job's epoch (to at least `at_least`); returns the new
-// value (>= 1).
-absl::StatusOr<uint64_t> AcquireJobEpoch(MetaStore* meta, const std::string& job,
-                                         uint64_t at_least = 0);
+// Adds the record of the job's epoch (key e/<job>) to `b`.
+void PutJobEpoch(MetaStore::Batch* b, const std::string& job, uint64_t epoch);
 
 // Writes <data_dir>/epochs/<job> = epoch durably (a temporary of its own, synced, renamed,
 // the directory synced).

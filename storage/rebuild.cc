@@ -259,8 +259,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
   if (!epochs.empty()) {
     MetaStore::Batch b;
     for (const auto& [job, epoch] : epochs) {
-      b.puts.emplace_back(EpochKey(job),
-                          std::string(reinterpret_cast<const char*>(&epoch), sizeof(epoch)));
+      PutJobEpoch(&b, job, epoch);
       report.epochs.push_back(absl::StrCat("job ", job, ": attempt ", epoch));
     }
     RETURN_IF_ERROR(engine->meta()->Commit(b));
