@@ -27,6 +27,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -138,7 +139,7 @@ class RemoteClient final : public Client {
     absl::Status Check(const storage::ShardInfo& info, const std::string& endpoint);
    private:
     absl::Mutex mu_;
-    std::string fingerprint_ ABSL_GUARDED_BY(mu_);
+    std::optional<storage::ShardInfo> first_ ABSL_GUARDED_BY(mu_);  // the first node's answer
   };
   // Streams [*offset, end) of a shard from one node through sink, advancing *offset; end may
   // be kToEnd (or past the shard: it stops at its end). *total receives the payload size.

@@ -16,7 +16,6 @@
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
 #include "common/clock.h"
-#include "common/digest.h"
 #include "common/populate.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
@@ -246,17 +245,12 @@ class StallWatch {
 
 absl::Status RemoteClient::ShardVersion::Check(const storage::ShardInfo& info,
                                                const std::string& endpoint) {
-  std::string fp;
-  for (const storage::TensorInfo& t : info.tensors) {
-    absl::StrAppend(&fp, t.spec.name, "\n", t.spec.byte_length, "\n",
-                    DigestAlgoName(t.digest_algo), ":", t.digest, "\n");
-  }
   absl::MutexLock lock(&mu_);
-  if (fingerprint_.empty()) {
-    fingerprint_ = std::move(fp);
+  if (!first_.has_value()) {
+    first_ = info;
     return absl::OkStatus();
   }
-  if (fp == fingerprint_) return absl::OkStatus();
+  if (proto::SameTensorContent(*first_, info)) return absl::OkStatus();
   return absl::AbortedError(absl::StrCat(
       endpoint, ": holds another version of rank ", info.rank,
       " (the step was saved again under the same number on some nodes): not mixed with the "

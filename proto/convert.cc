@@ -57,6 +57,19 @@ absl::Status ValidateRank(int32_t rank) {
   return absl::OkStatus();
 }
 
+bool SameTensorContent(const storage::ShardInfo& a, const storage::ShardInfo& b) {
+  if (a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const storage::TensorInfo& x = a.tensors[i];
+    const storage::TensorInfo& y = b.tensors[i];
+    if (x.spec.name != y.spec.name || x.spec.byte_length != y.spec.byte_length ||
+        x.digest_algo != y.digest_algo || x.digest != y.digest) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void ToProto(const storage::TensorSpec& in, v1::TensorSpec* out) {
   out->set_name(in.name);
   out->set_dtype(static_cast<v1::DType>(in.dtype));

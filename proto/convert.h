@@ -42,6 +42,11 @@ absl::Status ValidateJob(const std::string& job);
 absl::Status ValidateStep(int64_t step);
 absl::Status ValidateRank(int32_t rank);
 
+// Whether two records of a shard describe the same bytes: the same tensors (names, sizes,
+// digest algorithms and digests), in order. A replica's answer against the one a restore
+// began with (remote client), a RAM-tier copy against the committed manifest (service).
+bool SameTensorContent(const storage::ShardInfo& a, const storage::ShardInfo& b);
+
 // Data model -> wire.
 void ToProto(const storage::TensorSpec& in, gradsnap::v1::TensorSpec* out);
 void ToProto(const storage::CheckpointSpec& in, gradsnap::v1::CheckpointSpec* out);

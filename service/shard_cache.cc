@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/convert.h"
 #include "proto/raw_message.h"
 
 namespace gradsnap {
@@ -148,24 +149,6 @@ void ShardCache::Publish(const std::string& job, int64_t step, int32_t rank,
   UpdateGauge();
 }
 
-namespace {
-
-// Whether a cached shard holds the tensors `info` describes (names, sizes, digests).
-bool SameTensors(const storage::ShardInfo& a, const storage::ShardInfo& b) {
-  if (a.tensors.size() != b.tensors.size()) return false;
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    const storage::TensorInfo& x = a.tensors[i];
-    const storage::TensorInfo& y = b.tensors[i];
-    if (x.spec.name != y.spec.name || x.spec.byte_length != y.spec.byte_length ||
-        x.digest_algo != y.digest_algo || x.digest != y.digest) {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
 void ShardCache::Committed(const std::string& job, int64_t step,
                            const std::vector<storage::ShardInfo>* shards) {
   absl::MutexLock lock(&mu_);
@@ -175,7 +158,7 @@ void ShardCache::Committed(const std::string& job, int64_t step,
     if (s < step) return true;
     if (s != step || shards == nullptr) return false;
     for (const storage::ShardInfo& info : *shards) {
-      if (info.rank == rank) return !SameTensors(cached.info, info);
+      if (info.rank == rank) return !proto::SameTensorContent(cached.info, info);
     }
     return true;  // no such rank in the committed checkpoint
   });
