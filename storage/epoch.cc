@@ -87,9 +87,10 @@ absl::StatusOr<std::map<std::string, uint64_t>> ReadEpochMirrors(FileSystem* fs,
   if (absl::IsNotFound(names.status())) return out;
   if (!names.ok()) return names.status();
   for (const std::string& job : *names) {
+    if (IsUniqueTempPath(job)) continue;  // a temporary left by a kill, complete or not
     if (!ValidateName(job, "job name").ok()) {
-      if (job.find(".tmp-") == std::string::npos) bad->push_back("epochs/" + job);
-      continue;  // a temporary left by a kill is not a mirror
+      bad->push_back("epochs/" + job);
+      continue;
     }
     uint64_t epoch = 0;
     if (!ReadMirror(fs, dir + "/" + job, &epoch)) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -172,6 +173,18 @@ FileSystem* FileSystem::Default() {
 std::string UniqueTempPath(const std::string& path) {
   static std::atomic<uint64_t> next{0};
   return absl::StrCat(path, ".tmp-", ::getpid(), "-", next.fetch_add(1));
+}
+
+bool IsUniqueTempPath(const std::string& name) {
+  const size_t tmp = name.rfind(".tmp-");
+  if (tmp == std::string::npos) return false;
+  const std::string rest = name.substr(tmp + 5);  // PID-N
+  const size_t dash = rest.find('-');
+  auto digits = [](absl::string_view s) {
+    return !s.empty() && s.find_first_not_of("0123456789") == absl::string_view::npos;
+  };
+  return dash != std::string::npos && digits(absl::string_view(rest).substr(0, dash)) &&
+         digits(absl::string_view(rest).substr(dash + 1));
 }
 
 }  // namespace storage

@@ -73,6 +73,8 @@ struct OpenOptions {
 // picks: "PATH.tmp-PID-N". Written, synced, then renamed over `path`; opened with
 // OpenOptions::exclusive. One left by a killed process is safe to delete.
 std::string UniqueTempPath(const std::string& path);
+// Whether `name` is one UniqueTempPath made (ends with ".tmp-PID-N").
+bool IsUniqueTempPath(const std::string& name);
 
 class FileSystem {
  public:
