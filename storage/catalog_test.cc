@@ -243,8 +243,8 @@ TEST(CatalogTest, DeleteRefusesADeltaALaterDeltaNeeds) {
   TempDir dir;
   auto e = OpenOk(dir.path());
   ASSERT_TRUE(e->BeginCheckpoint(Spec("ch", 1, 1)).ok());
-  ASSERT_TRUE(e->WriteShard(MakeShard("ch", 1, 0, 1, 1000).spec,
-                            MakeShard("ch", 1, 0, 1, 1000).ptrs()).ok());
+  ShardData full = MakeShard("ch", 1, 0, 1, 1000);
+  ASSERT_TRUE(e->WriteShard(full.spec, full.ptrs()).ok());
   for (int64_t step : {2, 3}) {
     ASSERT_TRUE(e->BeginCheckpoint(Spec("ch", step, 1, 1)).ok());
     ShardData d = MakeShard("ch", step, 0, step, 500);

@@ -92,6 +92,33 @@ TEST(SharedRecordsTest, ReleasedOrForgottenRecordsAreReadAgain) {
   EXPECT_TRUE(first);
 }
 
+// Reads [from, end) with r (ReadShared when `shared`, its pieces held to the end as gRPC may
+// hold them, else Read), checking every byte against `stream`; OK or the error.
+absl::Status ReadAndCheck(ShardReader* r, uint64_t from, uint64_t end, bool shared,
+                          const std::vector<uint8_t>& stream) {
+  std::vector<std::shared_ptr<const void>> holds;
+  for (uint64_t pos = from; pos < end;) {
+    const uint8_t* p = nullptr;
+    std::vector<uint8_t> buf(end - pos);
+    absl::StatusOr<size_t> got = 0;
+    if (shared) {
+      std::shared_ptr<const void> hold;
+      got = r->ReadShared(pos, end - pos, &p, &hold);
+      holds.push_back(std::move(hold));
+    } else {
+      got = r->Read(pos, buf.data(), end - pos);
+      p = buf.data();
+    }
+    if (!got.ok()) return got.status();
+    if (*got == 0) return absl::DataLossError("ended early");
+    if (std::memcmp(p, stream.data() + pos, *got) != 0) {
+      return absl::InternalError(absl::StrCat("wrong bytes at ", pos));
+    }
+    pos += *got;
+  }
+  return absl::OkStatus();
+}
+
 // Parameter: whether the readers read with io_uring (else pread on the decode pool).
 class SharedEdgesTest : public ::testing::TestWithParam<bool> {
  protected:
@@ -121,27 +148,7 @@ class SharedEdgesTest : public ::testing::TestWithParam<bool> {
   }
   // Reads [from, end) with r (ReadShared when `shared`), checking every byte; OK or the error.
   absl::Status ReadRange(ShardReader* r, uint64_t from, uint64_t end, bool shared) {
-    std::vector<std::shared_ptr<const void>> holds;  // held to the end, as gRPC may
-    for (uint64_t pos = from; pos < end;) {
-      const uint8_t* p = nullptr;
-      std::vector<uint8_t> buf(end - pos);
-      absl::StatusOr<size_t> got = 0;
-      if (shared) {
-        std::shared_ptr<const void> hold;
-        got = r->ReadShared(pos, end - pos, &p, &hold);
-        holds.push_back(std::move(hold));
-      } else {
-        got = r->Read(pos, buf.data(), end - pos);
-        p = buf.data();
-      }
-      if (!got.ok()) return got.status();
-      if (*got == 0) return absl::DataLossError("ended early");
-      if (std::memcmp(p, stream_.data() + pos, *got) != 0) {
-        return absl::InternalError(absl::StrCat("wrong bytes at ", pos));
-      }
-      pos += *got;
-    }
-    return absl::OkStatus();
+    return ReadAndCheck(r, from, end, shared, stream_);
   }
 
   gradsnap::testing::TempDir dir_{"shared_edges"};
@@ -290,26 +297,7 @@ TEST(SharedEdgesZstdTest, CompressedEdgeRecordsAreSharedAndExact) {
     auto r = (*e)->OpenShardReader("zj", 1, 0);
     if (!r.ok()) return r.status();
     (*r)->SetReadEnd(end);
-    std::vector<std::shared_ptr<const void>> holds;
-    std::vector<uint8_t> buf(end - from);
-    for (uint64_t pos = from; pos < end;) {
-      const uint8_t* p = buf.data();
-      absl::StatusOr<size_t> got = 0;
-      if (shared) {
-        std::shared_ptr<const void> hold;
-        got = (*r)->ReadShared(pos, end - pos, &p, &hold);
-        holds.push_back(std::move(hold));
-      } else {
-        got = (*r)->Read(pos, buf.data(), end - pos);
-      }
-      if (!got.ok()) return got.status();
-      if (*got == 0) return absl::DataLossError("ended early");
-      if (std::memcmp(p, stream.data() + pos, *got) != 0) {
-        return absl::InternalError(absl::StrCat("wrong bytes at ", pos));
-      }
-      pos += *got;
-    }
-    return absl::OkStatus();
+    return ReadAndCheck(r->get(), from, end, shared, stream);
   };
   SharedRecords* table = impl->shared_records();
   {  // Neighbours, the first still open while the second reads: their common chunk is shared.
@@ -317,14 +305,8 @@ TEST(SharedEdgesZstdTest, CompressedEdgeRecordsAreSharedAndExact) {
     auto a = (*e)->OpenShardReader("zj", 1, 0);
     ASSERT_TRUE(a.ok());
     (*a)->SetReadEnd(cut);
-    std::vector<uint8_t> head(cut);
-    for (uint64_t pos = 0; pos < cut;) {
-      auto got = (*a)->Read(pos, head.data() + pos, cut - pos);
-      ASSERT_TRUE(got.ok()) << got.status();
-      ASSERT_GT(*got, 0u);
-      pos += *got;
-    }
-    EXPECT_EQ(std::memcmp(head.data(), stream.data(), cut), 0);
+    absl::Status head = ReadAndCheck(a->get(), 0, cut, /*shared=*/false, stream);
+    ASSERT_TRUE(head.ok()) << head;
     ASSERT_TRUE(read(cut, stream.size(), true).ok());
     EXPECT_EQ(table->hits(), 1u);
   }

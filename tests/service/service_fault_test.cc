@@ -95,6 +95,13 @@ TEST(ServiceFault, SigkillMidUploadRestartAndResume) {
   EXPECT_LT(MetricValue(*body, "gradsnap_bytes_in_total"), static_cast<double>(kBytes));
 }
 
+// Rank 0 of (job, step 1) restores through `c` whole and equal to `shard`'s one tensor.
+void ExpectRestoresWhole(client::Client* c, const std::string& job, const TestShard& shard) {
+  auto whole = RestoreToString(c, job, 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == shard.data[0]);
+}
+
 // Saves `job` step 1 rank 0 (one tensor of `bytes`) through a client of `server` that tries
 // each call `attempts` times; returns the shard.
 TestShard SaveOneShard(const ServerProcess& server, int attempts, const std::string& job,
@@ -138,9 +145,7 @@ TEST(ServiceFault, FrozenNodeMidRestoreIsCancelledNotWaitedFor) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("stalled"), std::string::npos) << s;
   EXPECT_GE(w.ElapsedSeconds(), 1.0);
-  auto whole = RestoreToString(rc->get(), "frozen", 1, 0);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_TRUE(*whole == shard.data[0]);
+  ExpectRestoresWhole(rc->get(), "frozen", shard);
 }
 
 // Two nodes holding rank 0 of one step; `second_seed` != `first_seed` gives the second node
@@ -228,9 +233,7 @@ TEST(ServiceFault, RestoreSkipsANodeWhereTheStepIsNotCommittedYet) {
   o.endpoints = endpoints;
   auto c = client::Client::ConnectRemote(o);
   ASSERT_TRUE(c.ok()) << c.status();
-  auto whole = RestoreToString(c->get(), "pend", 1, 0);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_TRUE(*whole == shard.data[0]);
+  ExpectRestoresWhole(c->get(), "pend", shard);
   // Where no node has it committed, the answer is the node's, at once.
   auto nowhere = ConnectTo(endpoints[order[0]], 1);
   auto refused = RestoreToString(nowhere.get(), "pend", 1, 0);
@@ -259,9 +262,7 @@ TEST(ServiceFault, UploadOutlastsANodeFrozenPastItsDeadline) {
   absl::Status saved = (*c)->SaveShard(shard.spec, shard.Refs());
   thaw.join();
   ASSERT_TRUE(saved.ok()) << saved;
-  auto whole = RestoreToString(c->get(), "thaw", 1, 0);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_TRUE(*whole == shard.data[0]);
+  ExpectRestoresWhole(c->get(), "thaw", shard);
 }
 
 // A restore's sink that fails (its destination gone) ends the restore with the sink's own
@@ -362,9 +363,7 @@ TEST(ServiceFault, FrozenUploaderFreesItsShard) {
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(saved.ok()) << saved;
   EXPECT_LT(w.ElapsedSeconds(), 30.0);
-  auto whole = RestoreToString(c.get(), "frozenup", 1, 0);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_TRUE(*whole == shard.data[0]);
+  ExpectRestoresWhole(c.get(), "frozenup", shard);
 }
 
 // The writer epoch of an abort crosses the wire: a superseded attempt's abort is refused by
