@@ -105,10 +105,6 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
   return absl::OkStatus();
 }
 
-absl::Status WriteTextFile(const std::string& path, const std::string& text) {
-  return recovery::WriteFileAtomically(path, {{text.data(), text.size()}});
-}
-
 }  // namespace
 
 absl::Status RunVerify(Context& ctx) {
@@ -201,7 +197,8 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
   for (const client::ShardInfo& s : m.shards) {
     if (std::find(ranks.begin(), ranks.end(), s.rank) != ranks.end()) written.shards.push_back(s);
   }
-  return WriteTextFile(dir + "/manifest.json", ManifestJson(written) + "\n");
+  const std::string json = ManifestJson(written) + "\n";
+  return recovery::WriteFileAtomically(dir + "/manifest.json", {{json.data(), json.size()}});
 }
 
 absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step) {
