@@ -1,17 +1,24 @@
 #include "common/command_line.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 namespace gradsnap {
 
 CommandLine::CommandLine(int argc, char** argv, const char* usage,
                          std::vector<std::string> flag_files)
-    : argv_(argc, argv) {
+    : typed_(argv, argv + argc), argv_(argc, argv) {
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
   config.contains_help_flags = [files = std::move(flag_files)](absl::string_view f) {
@@ -23,7 +30,65 @@ CommandLine::CommandLine(int argc, char** argv, const char* usage,
   absl::SetFlagsUsageConfig(config);
 }
 
-std::vector<char*> CommandLine::Parse() {
+std::string FlagArgumentsError(const std::vector<std::string>& args) {
+  // Abseil's own flags whose values ParseCommandLine acts on itself: not set here.
+  auto acted_on = [](const std::string& name) {
+    return name == "flagfile" || name == "fromenv" || name == "tryfromenv" || name == "undefok";
+  };
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    if (a.size() < 2 || a[0] != '-' || a == "-") continue;  // a positional argument
+    const size_t dashes = a[1] == '-' ? 2 : 1;
+    const size_t eq = a.find('=');
+    const std::string typed = a.substr(0, eq);  // "--data-dir"
+    std::string name = absl::StrReplaceAll(typed.substr(dashes), {{"-", "_"}});
+    // Abseil's usage flags (not in its flag registry): it prints the help and exits.
+    if (name == "help" || name == "helpfull" || name == "helpshort" || name == "helppackage" ||
+        name == "version" || name == "only_check_args" || name == "helpon" ||
+        name == "helpmatch") {
+      return "";
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {  // --nofoo for a bool foo
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        if (eq != std::string::npos) return absl::StrCat(typed, " takes no value");
+        continue;
+      }
+    }
+    if (flag == nullptr) return absl::StrCat("unknown flag ", typed);
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return absl::StrCat("missing value for ", typed);
+    }
+    if (acted_on(name)) continue;
+    std::string error;
+    // Sets the flag, as ParseCommandLine will again with the same value.
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::StrCat("bad value '", value, "' for ", typed);
+    }
+  }
+  return "";
+}
+
+std::string CommandLine::FlagError() const { return FlagArgumentsError(typed_); }
+
+std::vector<char*> CommandLine::Parse(int bad_flag_exit) {
+  const std::string error = FlagError();
+  if (!error.empty()) {
+    std::string program = typed_.empty() ? "gradsnap" : typed_[0];
+    program = program.substr(program.rfind('/') + 1);
+    std::fprintf(stderr, "%s: %s (see %s --help)\n", program.c_str(), error.c_str(),
+                 program.c_str());
+    std::exit(bad_flag_exit);
+  }
   return absl::ParseCommandLine(argv_.argc(), argv_.argv());
 }
 

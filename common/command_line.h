@@ -14,6 +14,13 @@
 
 namespace gradsnap {
 
+// What is wrong with the flag arguments of `args` (argv[0] first, as typed; up to a lone "--"),
+// in one line naming the flag as it was typed: "unknown flag --data-dri", "missing value for
+// --steps", "bad value 'x' for --steps", "--nofoo takes no value"; empty when nothing is. Each
+// value is parsed by its registered flag's own parser, which sets it (ParseCommandLine sets
+// it again). Abseil's own messages span lines, name the flag with underscores and exit 1.
+std::string FlagArgumentsError(const std::vector<std::string>& args);
+
 class CommandLine {
  public:
   // `usage`: the first line of --help. `flag_files`: parts of the names of the source files
@@ -25,11 +32,16 @@ class CommandLine {
   // The arguments with flag names underscored, argv[0] first; valid while this object lives.
   const std::vector<char*>& args() const { return argv_.args(); }
 
-  // absl::ParseCommandLine over args(): exits on a bad flag or --help. Returns the positional
-  // arguments, argv[0] first.
-  std::vector<char*> Parse();
+  // absl::ParseCommandLine over args(): exits on --help, and on a bad flag with FlagError()'s
+  // line ("PROGRAM: unknown flag --x (see PROGRAM --help)") and status `bad_flag_exit`.
+  // Returns the positional arguments, argv[0] first.
+  std::vector<char*> Parse(int bad_flag_exit = 2);
+
+  // FlagArgumentsError over the arguments as given.
+  std::string FlagError() const;
 
  private:
+  std::vector<std::string> typed_;  // the arguments as given
   UnderscoredArgv argv_;
 };
 

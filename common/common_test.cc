@@ -338,6 +338,32 @@ TEST(CommandLine, DashSpellingsAndPositionalArguments) {
   EXPECT_STREQ(positional[1], "pos-1");
 }
 
+ABSL_FLAG(bool, command_line_test_switch, false, "a bool flag for CommandLine's test");
+
+// FlagError's one line for each kind of bad flag, naming the flag as typed (dashes kept).
+std::string FlagErrorOf(std::vector<const char*> in) {
+  in.insert(in.begin(), "prog");
+  return gradsnap::FlagArgumentsError(std::vector<std::string>(in.begin(), in.end()));
+}
+
+TEST(CommandLine, FlagErrorNamesTheFlagAsTyped) {
+  EXPECT_EQ(FlagErrorOf({"--command-line-test-value=3", "--command-line-test-switch"}), "");
+  EXPECT_EQ(FlagErrorOf({"--command-line-test-value", "4", "pos"}), "");
+  EXPECT_EQ(FlagErrorOf({"--nocommand-line-test-switch"}), "");
+  EXPECT_EQ(FlagErrorOf({"--help"}), "");  // Abseil's usage flags are Abseil's
+  EXPECT_EQ(FlagErrorOf({"--", "--no-such-flag"}), "");  // after "--" nothing is a flag
+  EXPECT_EQ(FlagErrorOf({"--no-such-flag=1"}), "unknown flag --no-such-flag");
+  EXPECT_EQ(FlagErrorOf({"-no-such-flag"}), "unknown flag -no-such-flag");
+  EXPECT_EQ(FlagErrorOf({"--command-line-test-value"}),
+            "missing value for --command-line-test-value");
+  EXPECT_EQ(FlagErrorOf({"--command_line_test_value=abc"}),
+            "bad value 'abc' for --command_line_test_value");
+  EXPECT_EQ(FlagErrorOf({"--command-line-test-switch=maybe"}),
+            "bad value 'maybe' for --command-line-test-switch");
+  EXPECT_EQ(FlagErrorOf({"--nocommand-line-test-switch=1"}),
+            "--nocommand-line-test-switch takes no value");
+}
+
 #include "common/key_value_text.h"
 
 TEST(KeyValueText, VersionLineThenKeyValueLines) {

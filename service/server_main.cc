@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
   // gRPC threads (common/malloc_tuning.h).
   gradsnap::TuneMallocForStreaming(/*few_arenas=*/true);
-  const std::vector<char*> positional = command_line.Parse();
+  const std::vector<char*> positional = command_line.Parse(/*bad_flag_exit=*/1);
   // A word without a flag (a value whose flag was forgotten, "--listen" left out) is an error,
   // not ignored: the server would start somewhere else than meant.
   if (positional.size() > 1) {

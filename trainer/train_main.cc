@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "absl/strings/str_join.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
@@ -158,46 +157,6 @@ int Fail(const std::string& msg) {
   return kExitNoRestart;
 }
 
-// absl's parser answers a bad flag with several lines and exit 1; the contract is one line and
-// exit 2. Checks every --flag[=value] (and --flag value) against the registered flags, parsing
-// each value with the flag's own parser. Returns the problem, or "" when all is well.
-std::string CheckFlagSyntax(const std::vector<char*>& args) {
-  static const char* const kBuiltins[] = {"help",    "helpfull",  "helpshort",      "helppackage",
-                                          "version", "helpon",    "helpmatch",      "only_check_args"};
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string a = args[i];
-    if (a == "--") break;
-    if (a.size() < 2 || a[0] != '-') continue;  // positional: reported after parsing
-    std::string body = a.substr(a[1] == '-' ? 2 : 1);
-    const size_t eq = body.find('=');
-    const bool has_value = eq != std::string::npos;
-    const std::string name = body.substr(0, eq);
-    std::string value = has_value ? body.substr(eq + 1) : "";
-    if (std::find(std::begin(kBuiltins), std::end(kBuiltins), name) != std::end(kBuiltins)) {
-      continue;
-    }
-    absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
-    if (f == nullptr && name.rfind("no", 0) == 0) {
-      absl::CommandLineFlag* b = absl::FindCommandLineFlag(name.substr(2));
-      if (b != nullptr && b->IsOfType<bool>()) {
-        if (has_value) return "--" + name + " takes no value";
-        continue;
-      }
-    }
-    if (f == nullptr) return "unknown flag --" + name + " (see --help)";
-    if (!has_value) {
-      if (f->IsOfType<bool>()) continue;
-      if (i + 1 >= args.size()) return "missing value for --" + name;
-      value = args[++i];
-    }
-    std::string err;
-    if (!f->ParseFrom(value, &err)) {
-      return "bad value '" + value + "' for --" + name + (err.empty() ? "" : ": " + err);
-    }
-  }
-  return "";
-}
-
 // The address this node's ranks listen on must resolve and be bindable here (Gloo's device
 // setup is not safe to feed a bad one).
 std::string CheckHostname(const std::string& host) {
@@ -306,8 +265,8 @@ int main(int argc, char** argv) {
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.",
       {"train_main", "device_flags"});
-  if (std::string bad = CheckFlagSyntax(command_line.args()); !bad.empty()) return Fail(bad);
-  std::vector<char*> positional = command_line.Parse();
+  // One line and exit 2 for a bad flag (docs/trainer.md), before anything starts.
+  std::vector<char*> positional = command_line.Parse(kExitNoRestart);
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
   absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(std::string(options.status().message()));
