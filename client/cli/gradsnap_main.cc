@@ -175,6 +175,9 @@ int Main(int argc, char** argv) {
   if (st.ok()) st = cmd->run(ctx);
   std::fflush(stdout);
   if (st.ok()) return kExitOk;
+  // Bad input (a value out of range, flags that do not go together, a bad job name or
+  // endpoint) is a usage error, whichever layer found it: said as one, with the command's help.
+  if (absl::IsInvalidArgument(st)) return UsageError(std::string(st.message()), cmd->name);
   std::fprintf(stderr, "gradsnap: %s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
                std::string(st.message()).c_str());
   return ExitCodeOf(st);

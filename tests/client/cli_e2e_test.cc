@@ -214,6 +214,10 @@ TEST_P(CliTest, ErrorsAreOneLineWithExitCodes) {
                                  << r.err;
     EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: ")) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    if (c.rc == 2) {  // bad input, wherever found, is said as a usage error with the help hint
+      EXPECT_FALSE(absl::StrContains(r.err, "INVALID_ARGUMENT")) << r.err;
+      EXPECT_TRUE(absl::StrContains(r.err, "--help')")) << r.err;
+    }
   }
   RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--ckpt-dir", scratch_ + "/none", "ls"});
   EXPECT_EQ(r.exit_code, 4) << r.err;
