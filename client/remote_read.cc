@@ -650,8 +650,15 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
 absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
   ForgetRestoreManifest();
   const auto req = JobStep<v1::DeleteRequest>(job, step);
-  return ForAllNodesTolerant(
-      [&](Node& node) { return Call(node, req, &v1::Storage::Stub::Delete); });
+  return ForAllNodesTolerant([&](Node& node) {
+    // A retry that finds the step gone after an answer was lost: the lost answer's delete.
+    return remote::WithRetryRemoving(options_, &node, [&]() -> absl::Status {
+      grpc::ClientContext ctx;
+      remote::PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
+      v1::DeleteResponse resp;
+      return Annotate(proto::FromGrpc(node.stub()->Delete(&ctx, req, &resp)), node.endpoint);
+    });
+  });
 }
 
 absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy) {

@@ -1,6 +1,8 @@
 // The remote back end's retry loop (client/remote_rpc.h) on a FakeClock: which codes are retried,
 // how often, and how long it waits between attempts, without sleeping.
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "client/remote_rpc.h"
@@ -50,6 +52,27 @@ TEST(RemoteRetryTest, AbortedAndBusyAreRetriedToo) {
   EXPECT_EQ(calls, 4);
   EXPECT_GE(clock.slept(), 350 * 3 / 4 - 3);
   EXPECT_LE(clock.slept(), 350 * 5 / 4);
+}
+
+// A Delete whose answer was lost (UNAVAILABLE, a reset stream) and whose retry finds the step
+// gone has deleted it; NOT_FOUND at the first attempt, or after a refusal, is NOT_FOUND.
+TEST(RemoteRetryTest, RemovalRetriedAfterALostAnswerFindsItGoneAndSucceeds) {
+  FakeClock clock;
+  auto run = [&](std::vector<absl::Status> answers) {
+    size_t calls = 0;
+    absl::Status s = remote::WithRetryRemoving(WithFakeClock(&clock, 8), nullptr, [&] {
+      return answers[std::min(calls++, answers.size() - 1)];
+    });
+    EXPECT_EQ(calls, answers.size());
+    return s;
+  };
+  const absl::Status gone = absl::NotFoundError("job j step 5 not found");
+  EXPECT_TRUE(run({absl::UnavailableError("connection reset"), gone}).ok());
+  EXPECT_TRUE(run({absl::InternalError("Received RST_STREAM with error code 2"), gone}).ok());
+  EXPECT_TRUE(absl::IsNotFound(run({gone})));
+  EXPECT_TRUE(absl::IsNotFound(run({absl::ResourceExhaustedError("server busy: memory"), gone})));
+  EXPECT_TRUE(absl::IsNotFound(run({absl::AbortedError("superseded"), gone})));
+  EXPECT_TRUE(run({absl::UnavailableError("down"), absl::OkStatus()}).ok());
 }
 
 TEST(RemoteRetryTest, OtherErrorsReturnAtOnceWithoutWaiting) {

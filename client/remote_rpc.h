@@ -183,6 +183,24 @@ absl::Status WithRetry(const ClientOptions& o, Node* node, Fn&& fn) {
   return s;
 }
 
+// WithRetry for a call that removes something (Delete): NOT_FOUND from an attempt made after
+// one whose outcome is unknown (UNAVAILABLE or a reset stream: it may have run on the server
+// and only its answer been lost) is that earlier attempt's removal, and OK. NOT_FOUND from the
+// first attempt, or after attempts the server refused, stays NOT_FOUND.
+template <typename Fn>
+absl::Status WithRetryRemoving(const ClientOptions& o, Node* node, Fn&& fn) {
+  bool may_have_run = false;
+  return WithRetry(o, node, [&]() -> absl::Status {
+    absl::Status s = fn();
+    if (absl::IsNotFound(s) && may_have_run) return absl::OkStatus();
+    if (absl::IsUnavailable(s) ||
+        (absl::IsInternal(s) && absl::StrContains(s.message(), "RST_STREAM"))) {
+      may_have_run = true;
+    }
+    return s;
+  });
+}
+
 }  // namespace remote
 }  // namespace client
 }  // namespace gradsnap
