@@ -85,6 +85,17 @@ void LogPreadOnce(const std::string& why) {
                  [&] { GS_LOG(WARNING) << "storage: reading with pread, not io_uring: " << why; });
 }
 
+// The failure `s` of reading a tensor's data, prefixed with `where`. DATA_LOSS where the data is
+// gone or wrong (a checksum, digest or length, a missing segment, EIO); a refusal of the machine
+// (EMFILE, ENOMEM, EPERM, a refused io_uring) keeps its code: the checkpoint is fine, and a
+// restore must not take it for a damaged one and fall back to an older step.
+absl::Status ReadFailure(const std::string& where, const absl::Status& s) {
+  const bool lost = absl::IsDataLoss(s) || absl::IsNotFound(s);
+  if (lost) StorageStats::Get().data_loss->Add();
+  return absl::Status(lost ? absl::StatusCode::kDataLoss : s.code(),
+                      absl::StrCat(where, ": ", s.message()));
+}
+
 // DATA_LOSS unless `got` bytes hold the whole record of `c`.
 absl::Status CheckLength(const ChunkRecord& c, size_t got) {
   if (got >= c.header.record_len()) return absl::OkStatus();
@@ -187,10 +198,8 @@ class ShardReaderImpl : public ShardReader {
 
  private:
   absl::Status Loss(uint32_t tensor, const absl::Status& s) const {
-    StorageStats::Get().data_loss->Add();
     std::string name = tensor < info_.tensors.size() ? info_.tensors[tensor].spec.name : "";
-    return absl::DataLossError(
-        absl::StrCat(Where(job_, step_, info_.rank, name), ": ", s.message()));
+    return ReadFailure(Where(job_, step_, info_.rank, name), s);
   }
   // A failed packed chunk loses every tensor in it (one CRC covers them all): the error
   // names them (the first kMaxNamed).
@@ -206,8 +215,8 @@ class ShardReaderImpl : public ShardReader {
     if (c.members.size() > kMaxNamed) {
       absl::StrAppend(&names, " and ", c.members.size() - kMaxNamed, " more");
     }
-    return absl::DataLossError(
-        absl::StrCat("packed chunk holding tensors ", names, ": ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("packed chunk holding tensors ", names, ": ", s.message()));
   }
   absl::Status DigestMismatch() const {
     return absl::DataLossError(
@@ -703,9 +712,7 @@ absl::StatusOr<size_t> ShardReaderImpl::ReadShared(uint64_t offset, size_t n,
 absl::Status ReadChunk(EngineImpl* engine, const std::string& job, int64_t step, int32_t rank,
                        const std::string& tensor, const ChunkRecord& chunk,
                        ChunkDecoder* decoder, uint8_t* out) {
-  auto loss = [&](const absl::Status& s) {
-    return absl::DataLossError(absl::StrCat(Where(job, step, rank, tensor), ": ", s.message()));
-  };
+  auto loss = [&](const absl::Status& s) { return ReadFailure(Where(job, step, rank, tensor), s); };
   auto file = OpenSegment(engine, job, step, rank, chunk.segment);
   if (!file.ok()) return loss(file.status());
   AlignedBuffer buf(AlignUp(chunk.header.record_len()));

@@ -2,6 +2,13 @@
 #ifndef GRADSNAP_STORAGE_TEST_UTIL_H_
 #define GRADSNAP_STORAGE_TEST_UTIL_H_
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+#include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <string>
@@ -18,6 +25,21 @@ namespace gradsnap {
 namespace storage {
 
 using ::gradsnap::testing::TempDir;  // tests/testing/temp_dir.h
+
+// Makes system call `nr` fail with `error` in the calling thread and in every thread or child
+// it starts from now on (a seccomp filter: it cannot be lifted, so tests call it in a death
+// test's child). E.g. __NR_io_uring_setup as in Docker's default profile. False if refused.
+inline bool DenySyscall(long nr, int error = EPERM) {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (static_cast<uint32_t>(error) & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
 
 inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

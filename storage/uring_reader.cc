@@ -4,6 +4,8 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <chrono>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -19,8 +21,12 @@ absl::StatusOr<std::unique_ptr<UringReader>> UringReader::Create(std::vector<Fil
     if (f->fd() < 0) return absl::UnimplementedError("file system has no descriptors");
   }
   std::unique_ptr<UringReader> r(new UringReader(std::move(files), std::move(names)));
-  RETURN_IF_ERROR(r->Setup(queue_depth, buffers));
-  r->reaper_ = std::thread([p = r.get()] { p->ReapLoop(); });
+  RETURN_IF_ERROR(r->Setup(queue_depth, buffers));  // on failure r is destroyed without a ring
+  try {
+    r->reaper_ = std::thread([p = r.get()] { p->ReapLoop(); });
+  } catch (const std::system_error& e) {  // out of threads (RLIMIT_NPROC, a pids cgroup)
+    return absl::ResourceExhaustedError(absl::StrCat("io_uring reader thread: ", e.what()));
+  }
   return r;
 }
 
@@ -50,24 +56,30 @@ absl::Status UringReader::Setup(int queue_depth, int buffers) {
 }
 
 UringReader::~UringReader() {
-  {
+  if (ring_ == nullptr) return;  // Setup failed: no ring, no reaper
+  if (reaper_.joinable()) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](UringReader* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
           return r->inflight_ == 0 && r->pending_.empty();
         },
         this));
-    stop_ = true;
-    // Wake the reaper with a NOP (user data nullptr). If even that cannot be submitted the
-    // reaper is woken by nothing: it only waits while reads are in flight, and none are.
-    io_uring_sqe* sqe = io_uring_get_sqe(ring_);
-    if (sqe != nullptr) {
-      io_uring_prep_nop(sqe);
-      io_uring_sqe_set_data(sqe, nullptr);
-      if (io_uring_submit(ring_) < 0) GS_LOG(ERROR) << "io_uring reader: cannot stop the reaper";
+    stop_.store(true);
+    // Wake the reaper at once with a NOP (user data nullptr). Not on a broken ring: a submit
+    // would also hand the kernel the stale SQEs of the failed submit, reads into buffers their
+    // requests no longer own. Without the NOP the reaper sees stop_ at its next wake-up
+    // (kReapWakeMs).
+    if (broken_.ok()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(ring_);
+      if (sqe != nullptr) {
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data(sqe, nullptr);
+        if (io_uring_submit(ring_) < 0) GS_LOG(WARNING) << "io_uring reader: no wake-up NOP";
+      }
     }
   }
-  reaper_.join();
+  if (reaper_.joinable()) reaper_.join();
+  // Closing the ring drops SQEs the kernel never took without running them.
   io_uring_queue_exit(ring_);
   delete ring_;
 }
@@ -133,8 +145,10 @@ std::vector<UringReader::Request*> UringReader::SubmitLocked() {
       continue;
     }
     if ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && attempts < 1000) continue;
-    // The kernel refuses the ring. What it never took fails, and so does everything after it:
-    // the stale SQEs die with the ring.
+    // The kernel refuses the ring. What it never took fails, and so does everything after it.
+    // Their SQEs stay in the submission queue (liburing published the tail before the enter):
+    // nothing is submitted on this ring again, not even the destructor's NOP, so the kernel
+    // never runs them, and closing the ring drops them.
     broken_ = PosixError("io_uring_submit (read)", -rc);
     GS_LOG(ERROR) << broken_;
     out.assign(prepared.begin() + static_cast<std::ptrdiff_t>(submitted), prepared.end());
@@ -156,11 +170,24 @@ void UringReader::Fail(const std::vector<Request*>& reqs, const absl::Status& s)
 void UringReader::ReapLoop() {
   for (;;) {
     io_uring_cqe* cqe = nullptr;
-    int rc = io_uring_wait_cqe(ring_, &cqe);
+    // A bounded wait, so a stop without the NOP (a broken ring) is seen too. With
+    // IORING_FEAT_EXT_ARG (Linux 5.11+) the timeout is an argument of the wait and submits
+    // nothing.
+    __kernel_timespec ts{0, kReapWakeMs * 1000000LL};
+    int rc = io_uring_wait_cqe_timeout(ring_, &cqe, &ts);
     if (rc == -EINTR) continue;
+    if (rc == -ETIME || rc == -EAGAIN) {
+      if (stop_.load()) return;
+      continue;
+    }
     if (rc < 0) {
-      // Cannot happen with a valid ring; waiting again would spin.
-      GS_LOG(FATAL) << "io_uring_wait_cqe: " << rc;
+      // The kernel refuses the wait (a seccomp filter, say): nothing can complete until it
+      // takes it again. Said once; polled at the idle pace, not spun, until the stop.
+      if (!wait_refused_) GS_LOG(ERROR) << PosixError("io_uring reader: wait for completions", -rc);
+      wait_refused_ = true;
+      if (stop_.load()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kReapWakeMs));
+      continue;
     }
     auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
     int res = cqe->res;

@@ -12,7 +12,8 @@
 //   A short read or -EAGAIN/-EINTR resubmits the rest; a read of 0 bytes ends the request at
 //   end of file (`done` gets the bytes read, fewer than asked). Any other error is the request's
 //   Status (PosixError: EIO becomes INTERNAL naming the file and offset). If the kernel refuses
-//   the ring, that request and every later one fail. Every completion goes through
+//   the ring, that request and every later one fail, and nothing is submitted on it again
+//   (its unsubmitted SQEs are dropped with it, never run). Every completion goes through
 //   File::OnUringRead, so a fault-injecting file system can shorten it or turn it into an error.
 //   Every `done` runs exactly once, from the reaping thread or from Read(), never under mu_.
 //
@@ -22,6 +23,7 @@
 #ifndef GRADSNAP_STORAGE_URING_READER_H_
 #define GRADSNAP_STORAGE_URING_READER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -96,7 +98,9 @@ class UringReader {
   std::deque<Request*> pending_ ABSL_GUARDED_BY(mu_);
   int inflight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // io_uring_submit failed hard
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool wait_refused_ = false;      // reaper only: a failed wait was logged
+  std::atomic<bool> stop_{false};  // the destructor runs: the reaper returns at its next wake
+  static constexpr int kReapWakeMs = 100;  // the reaper's longest sleep while idle
 };
 
 }  // namespace storage

@@ -1,10 +1,16 @@
 // UringReader on real files: reads with and without fixed buffers return the file's bytes, a
 // read past the end stops at end of file, many reads in flight each get their own bytes, short
-// completions (injected at every completion) are read again, and EIO is a clear error.
+// completions (injected at every completion) are read again, and EIO is a clear error. Where
+// the kernel refuses io_uring (a seccomp filter, as Docker's default profile has), Create is an
+// error, not a crash, and an engine reads with pread; a refused submit fails its reads, and
+// nothing it left in the submission queue ever runs.
 #include "storage/uring_reader.h"
+
+#include <unistd.h>
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -120,6 +126,115 @@ TEST_F(UringReaderTest, EioIsAClearError) {
   got = ReadSync(0, buf.data(), 64 << 10, -1);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(Same(buf.data(), 0, 64 << 10));
+}
+
+// Each case runs in a child process (a seccomp filter cannot be lifted); it exits 0 when all
+// its checks hold, else 1 with the failure on stderr.
+#define CHILD_CHECK(cond)                                                   \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      std::fprintf(stderr, "check failed at line %d: %s\n", __LINE__, #cond); \
+      std::fflush(stderr);                                                  \
+      _exit(1);                                                             \
+    }                                                                       \
+  } while (0)
+
+TEST_F(UringReaderTest, RingRefusedByTheKernelIsAnErrorNotACrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = [&] {
+        CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
+        auto u = UringReader::Create({file_.get()}, {"f"}, 8, 2);
+        CHILD_CHECK(!u.ok());
+        CHILD_CHECK(absl::IsPermissionDenied(u.status()));
+        _exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+TEST_F(UringReaderTest, RefusedSubmitFailsTheReadAndItsQueuedEntryNeverRuns) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto child = [&] {
+        // The reader is destroyed on a thread started before the filter (so it may submit):
+        // a destructor that submitted would hand the kernel the refused read's queued entry,
+        // a read into a buffer its request no longer owns.
+        absl::Notification destroy, destroyed;
+        std::thread destroyer([&] {
+          destroy.WaitForNotification();
+          reader_.reset();
+          destroyed.Notify();
+        });
+        CHILD_CHECK(DenySyscall(__NR_io_uring_enter));  // this thread's submits are refused
+        AlignedBuffer buf(64 << 10);
+        std::memset(buf.data(), 0xAA, buf.capacity());
+        auto got = ReadSync(0, buf.data(), 64 << 10, -1);
+        CHILD_CHECK(absl::IsPermissionDenied(got.status()));
+        got = ReadSync(0, buf.data(), 64 << 10, -1);  // the ring stays refused
+        CHILD_CHECK(!got.ok());
+        destroy.Notify();
+        destroyed.WaitForNotification();  // returns: the reaper stopped without a NOP
+        destroyer.join();
+        usleep(100 * 1000);
+        for (size_t i = 0; i < buf.capacity(); ++i) CHILD_CHECK(buf.data()[i] == 0xAA);
+        _exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+// As in a container whose seccomp profile refuses io_uring: the engine writes and reads with
+// pread/pwrite, every byte as written.
+TEST(UringRefusedEngineTest, EngineWritesAndRestoresWithoutIoUring) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  auto child = [&] {
+        CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
+        EngineOptions o;
+        o.data_dir = dir.path() + "/e";
+        auto e = Engine::Open(o);
+        CHILD_CHECK(e.ok());
+        CheckpointSpec cs{"nouring", 1, CheckpointKind::kFull, -1, 1, ""};
+        CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
+        ShardData d = MakeShard("nouring", 1, 0, 9);
+        CHILD_CHECK((*e)->WriteShard(d.spec, d.ptrs()).ok());
+        CHILD_CHECK((*e)->Verify("nouring", 1).ok());
+        auto r = (*e)->OpenShardReader("nouring", 1, 0);
+        CHILD_CHECK(r.ok());
+        const std::vector<uint8_t> want = d.stream();
+        std::vector<uint8_t> got(want.size());
+        for (uint64_t pos = 0; pos < got.size();) {
+          auto n = (*r)->Read(pos, got.data() + pos, got.size() - pos);
+          CHILD_CHECK(n.ok() && *n > 0);
+          pos += *n;
+        }
+        CHILD_CHECK(got == want);
+        _exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
+// A read the machine refuses (here io_uring_enter, as a seccomp profile added later might) is
+// that error, not DATA_LOSS: a restore must not take a sound checkpoint for a damaged one.
+TEST(UringRefusedEngineTest, RefusedReadIsNotDataLoss) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  auto child = [&] {
+    EngineOptions o;
+    o.data_dir = dir.path() + "/e";
+    auto e = Engine::Open(o);
+    CHILD_CHECK(e.ok());
+    CheckpointSpec cs{"refused", 1, CheckpointKind::kFull, -1, 1, ""};
+    CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
+    ShardData d = MakeShard("refused", 1, 0, 9);
+    CHILD_CHECK((*e)->WriteShard(d.spec, d.ptrs()).ok());
+    CHILD_CHECK(DenySyscall(__NR_io_uring_enter));
+    auto r = (*e)->OpenShardReader("refused", 1, 0);
+    CHILD_CHECK(r.ok());
+    std::vector<uint8_t> got(d.stream().size());
+    auto n = (*r)->Read(0, got.data(), got.size());
+    CHILD_CHECK(absl::IsPermissionDenied(n.status()));
+    CHILD_CHECK(n.status().message().find("job refused step 1 rank 0") != std::string::npos);
+    _exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
