@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <system_error>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
@@ -35,14 +36,18 @@ PopulateAhead::PopulateAhead(void* dst, size_t n) {
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(dst) + page - 1) / page * page;
   const uintptr_t end = (reinterpret_cast<uintptr_t>(dst) + n) / page * page;
   if (end <= begin || Resident(begin, end, page)) return;
-  helper_ = std::thread([this, begin, end] {
-    for (uintptr_t at = begin; at < end && !stop_.load(std::memory_order_relaxed);) {
-      const size_t len = std::min<uintptr_t>(kStep, end - at);
-      if (::madvise(reinterpret_cast<void*>(at), len, MADV_POPULATE_WRITE) != 0) return;
-      at += len;
-      populated_.store(at - begin, std::memory_order_relaxed);
-    }
-  });
+  try {
+    helper_ = std::thread([this, begin, end] {
+      for (uintptr_t at = begin; at < end && !stop_.load(std::memory_order_relaxed);) {
+        const size_t len = std::min<uintptr_t>(kStep, end - at);
+        if (::madvise(reinterpret_cast<void*>(at), len, MADV_POPULATE_WRITE) != 0) return;
+        at += len;
+        populated_.store(at - begin, std::memory_order_relaxed);
+      }
+    });
+  } catch (const std::system_error&) {
+    // Out of threads: the copy faults the pages in itself, as without a helper.
+  }
 }
 
 PopulateAhead::~PopulateAhead() {

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <mutex>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -35,7 +36,12 @@ absl::StatusOr<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(
   } else if (absl::Status s = w->SetupRing(o.queue_depth); !s.ok()) {
     LogFallbackOnce(std::string(s.message()));
   } else {
-    w->ring_thread_ = std::thread([p = w.get()] { p->RingLoop(); });
+    try {
+      w->ring_thread_ = std::thread([p = w.get()] { p->RingLoop(); });
+    } catch (const std::system_error& e) {  // out of threads: RLIMIT_NPROC, a pids cgroup
+      w->CloseRing();
+      LogFallbackOnce(absl::StrCat("no thread for the ring: ", e.what()));
+    }
   }
   return w;
 }
@@ -67,13 +73,18 @@ SegmentWriter::~SegmentWriter() {
       stop_ = true;
     }
     ring_thread_.join();
-    // The ring's own teardown is asynchronous: without this, the registered file could stay
-    // open (for writing) a moment after the writer is gone, e.g. keeping a read-only remount
-    // of its file system busy.
-    if (fixed_file_) io_uring_unregister_files(ring_);
-    io_uring_queue_exit(ring_);
-    delete ring_;
+    CloseRing();
   }
+}
+
+void SegmentWriter::CloseRing() {
+  // The ring's own teardown is asynchronous: without this, the registered file could stay
+  // open (for writing) a moment after the writer is gone, e.g. keeping a read-only remount
+  // of its file system busy.
+  if (fixed_file_) io_uring_unregister_files(ring_);
+  io_uring_queue_exit(ring_);
+  delete ring_;
+  ring_ = nullptr;
 }
 
 uint64_t SegmentWriter::end() const {

@@ -84,6 +84,7 @@ class SegmentWriter {
   };
   SegmentWriter(std::unique_ptr<File> file, std::string path);
   absl::Status SetupRing(int queue_depth);
+  void CloseRing();  // unregisters the file, tears the ring down; ring_ becomes null
   void RingLoop();
   int Prepare(std::deque<Request*>* ready);
   void Submit();

@@ -1,6 +1,7 @@
 // A fixed set of worker threads running queued tasks in FIFO order. Each worker owns a
 // per-thread context created by `make_context` (e.g. a zstd context), passed to every task it
-// runs. With zero threads, Run() executes the task on the caller's thread.
+// runs. With zero threads, Run() executes the task on the caller's thread; so it does when no
+// thread can be started (fewer start: the pool runs with those).
 //
 // THREAD SAFETY: Run() may be called from any thread. The destructor runs what is queued,
 // then joins.
@@ -10,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -25,8 +27,14 @@ class TaskPool {
   using Task = std::function<void(Context*)>;
   TaskPool(int threads, std::function<std::unique_ptr<Context>()> make_context)
       : make_context_(std::move(make_context)) {
-    if (threads <= 0) inline_context_ = make_context_();
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { Loop(); });
+    for (int i = 0; i < threads; ++i) {
+      try {
+        workers_.emplace_back([this] { Loop(); });
+      } catch (const std::system_error&) {
+        break;  // out of threads (RLIMIT_NPROC, a pids cgroup): fewer workers, or none
+      }
+    }
+    if (workers_.empty()) inline_context_ = make_context_();
   }
   ~TaskPool() {
     {

@@ -237,6 +237,39 @@ TEST(UringRefusedEngineTest, RefusedReadIsNotDataLoss) {
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
+// Out of threads (a pids cgroup, RLIMIT_NPROC; here clone refused with EAGAIN): the writer's
+// encoder pool and ring thread, the reader's reaper and decode pool cannot start. The engine
+// writes and reads on the caller's thread instead of aborting the process.
+TEST(ThreadsRefusedEngineTest, EngineWritesAndRestoresWithoutNewThreads) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  TempDir dir;
+  auto child = [&] {
+    EngineOptions o;
+    o.data_dir = dir.path() + "/e";
+    auto e = Engine::Open(o);
+    CHILD_CHECK(e.ok());
+    CheckpointSpec cs{"nothreads", 1, CheckpointKind::kFull, -1, 1, ""};
+    CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
+    CHILD_CHECK(DenySyscall(__NR_clone, EAGAIN));
+    CHILD_CHECK(DenySyscall(__NR_clone3, EAGAIN));
+    ShardData d = MakeShard("nothreads", 1, 0, 11, 3000000);  // 12 MB: several chunks
+    CHILD_CHECK((*e)->WriteShard(d.spec, d.ptrs()).ok());
+    CHILD_CHECK((*e)->Verify("nothreads", 1).ok());
+    auto r = (*e)->OpenShardReader("nothreads", 1, 0);
+    CHILD_CHECK(r.ok());
+    const std::vector<uint8_t> want = d.stream();
+    std::vector<uint8_t> got(want.size());
+    for (uint64_t pos = 0; pos < got.size();) {
+      auto n = (*r)->Read(pos, got.data() + pos, got.size() - pos);
+      CHILD_CHECK(n.ok() && *n > 0);
+      pos += *n;
+    }
+    CHILD_CHECK(got == want);
+    _exit(0);
+  };
+  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
 }  // namespace storage
 }  // namespace gradsnap
