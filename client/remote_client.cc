@@ -2,6 +2,7 @@
 #include "client/remote_client.h"
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <utility>
 
@@ -72,18 +73,34 @@ absl::Status RemoteClient::AbortCheckpoint(const std::string& job, int64_t step,
 }
 
 absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
-  v1::AcquireEpochRequest req;
-  req.set_job(job);
+  // Each node counts its own epochs, and they drift apart (a node down during an acquisition,
+  // a node added later). The attempt takes the largest answer; a second round raises every
+  // node that answered less to it, so each node refuses the same older attempts.
   absl::Mutex mu;
+  std::map<const Node*, uint64_t> answered;
   uint64_t newest = 0;
-  RETURN_IF_ERROR(ForAllNodes([&](Node& node) {
+  auto ask = [&](Node& node, uint64_t raise_to) -> absl::Status {
+    v1::AcquireEpochRequest req;
+    req.set_job(job);
+    req.set_raise_to(raise_to);
     v1::AcquireEpochResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AcquireEpochResponse* r) {
       return node.stub()->AcquireEpoch(ctx, req, r);
     }));
     absl::MutexLock lock(&mu);
-    newest = std::max<uint64_t>(newest, resp.epoch());
+    answered[&node] = resp.epoch();
+    if (raise_to == 0) newest = std::max<uint64_t>(newest, resp.epoch());
     return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(ForAllNodes([&](Node& node) { return ask(node, 0); }));
+  RETURN_IF_ERROR(ForAllNodes([&](Node& node) -> absl::Status {
+    {
+      absl::MutexLock lock(&mu);
+      if (answered[&node] >= newest) return absl::OkStatus();
+    }
+    // A node above `newest` after this took another attempt's newer epoch: that attempt
+    // supersedes this one there, as it should.
+    return ask(node, newest);
   }));
   return newest;
 }

@@ -83,7 +83,9 @@ grpc::Status StorageService::AcquireEpoch(grpc::ServerContext* ctx,
   return Unary([&]() -> absl::Status {
     if (!serving_) return absl::UnavailableError("server is shutting down");
     RETURN_IF_ERROR(Admit(*ctx, req->job()));
-    ASSIGN_OR_RETURN(uint64_t epoch, engine_->AcquireEpoch(req->job()));
+    ASSIGN_OR_RETURN(uint64_t epoch, req->raise_to() == 0
+                                         ? engine_->AcquireEpoch(req->job())
+                                         : engine_->RaiseEpoch(req->job(), req->raise_to()));
     resp->set_epoch(epoch);
     return absl::OkStatus();
   });

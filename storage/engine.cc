@@ -618,16 +618,32 @@ absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckWritable());
   // The next epoch is above the catalog's and the mirror's (a catalog made anew beside an old
-  // mirror does not count again), and is mirrored before the catalog commits it
-  // (storage/epoch.h): a catalog rebuilt later never hands out or admits an older one.
+  // mirror does not count again).
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
   const uint64_t next = std::max(current, MirroredJobEpoch(fs_, options_.data_dir, job)) + 1;
-  RETURN_IF_ERROR(MirrorJobEpoch(fs_, options_.data_dir, job, next));
+  RETURN_IF_ERROR(CommitEpochLocked(job, next));
+  return next;
+}
+
+absl::StatusOr<uint64_t> EngineImpl::RaiseEpoch(const std::string& job, uint64_t to) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckWritable());
+  ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
+  const uint64_t target =
+      std::max({current, MirroredJobEpoch(fs_, options_.data_dir, job), to});
+  if (target > current) RETURN_IF_ERROR(CommitEpochLocked(job, target));
+  return target;
+}
+
+absl::Status EngineImpl::CommitEpochLocked(const std::string& job, uint64_t epoch) {
+  // Mirrored before the catalog commits it (storage/epoch.h): a catalog rebuilt later never
+  // hands out or admits an older one.
+  RETURN_IF_ERROR(MirrorJobEpoch(fs_, options_.data_dir, job, epoch));
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   MetaStore::Batch b;
-  PutJobEpoch(&b, job, next);
-  RETURN_IF_ERROR(meta_->Commit(b));
-  return next;
+  PutJobEpoch(&b, job, epoch);
+  return meta_->Commit(b);
 }
 
 absl::StatusOr<std::vector<std::string>> EngineImpl::ListJobs() {

@@ -224,6 +224,10 @@ class Engine {
   // carrying an older non-zero epoch is refused with FAILED_PRECONDITION "superseded by attempt
   // N". Durable before it returns.
   virtual absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) = 0;
+  // Takes no new epoch: raises `job`'s epoch to `to` where it is below (durable before it
+  // returns) and answers the job's epoch, `to` or above. So a node that handed out fewer epochs
+  // than another (down during an acquisition, added later) fences the same older attempts.
+  virtual absl::StatusOr<uint64_t> RaiseEpoch(const std::string& job, uint64_t to) = 0;
   // Abandons a PENDING checkpoint and frees its space. A PENDING FULL takes its PENDING DELTAs
   // with it; one with a committed DELTA (written by an older version) is FAILED_PRECONDITION.
   // A non-zero `epoch` older than the job's newest is FAILED_PRECONDITION "superseded" (a

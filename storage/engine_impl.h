@@ -47,6 +47,7 @@ class EngineImpl : public Engine {
   absl::Status AbortCheckpoint(const std::string& job, int64_t step,
                                uint64_t epoch = 0) override;
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;
+  absl::StatusOr<uint64_t> RaiseEpoch(const std::string& job, uint64_t to) override;
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(const std::string& job,
                                                               bool include_pending) override;
@@ -105,6 +106,9 @@ class EngineImpl : public Engine {
   absl::Status CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckWritable() const;
+  // Makes `epoch` the job's epoch: the mirror, then the catalog (synced).
+  absl::Status CommitEpochLocked(const std::string& job, uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops from the catalog, and from *checkpoints, each committed DELTA without a committed
   // base FULL, quarantining its directory.
   absl::Status RepairOrphanDeltas(std::vector<CheckpointRecord>* checkpoints);

@@ -44,6 +44,21 @@ TEST_F(EpochTest, CountsUpPerJobAndSurvivesReopen) {
   EXPECT_EQ(e->ListJobs()->size(), 0u);
 }
 
+// RaiseEpoch takes no epoch of its own: it lifts a job's counter to a value another node handed
+// out, never lowers it, and the next AcquireEpoch counts on from there, also after a reopen.
+TEST_F(EpochTest, RaiseLiftsButNeverLowers) {
+  auto e = Open();
+  EXPECT_EQ(*e->RaiseEpoch("j", 7), 7u);
+  EXPECT_EQ(*e->RaiseEpoch("j", 3), 7u);
+  EXPECT_EQ(*e->RaiseEpoch("j", 7), 7u);
+  EXPECT_EQ(e->BeginCheckpoint(Ckpt(1, 6)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(e->BeginCheckpoint(Ckpt(1, 7)).ok());
+  e.reset();
+  e = Open();
+  EXPECT_EQ(*e->AcquireEpoch("j"), 8u);
+  EXPECT_EQ(e->RaiseEpoch("bad/name", 2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(EpochTest, OlderEpochIsRefusedEverywhere) {
   auto e = Open();
   const uint64_t old_epoch = *e->AcquireEpoch("j");

@@ -141,6 +141,33 @@ TEST(ServiceE2E, RePersistIdempotentConflictAndEpochs) {
   EXPECT_EQ(c->List("re")->size(), 1u);
 }
 
+// Two nodes whose epoch counters drifted apart (node a handed out four epochs node b never saw):
+// the attempt takes the largest answer and node b is raised to it, so b refuses an older
+// attempt just as a does.
+TEST(ServiceE2E, DriftedNodesFenceTheSameOlderAttempts) {
+  TempDir dir;
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(a.StartOn(dir.File("a")).ok());
+  ASSERT_TRUE(b.StartOn(dir.File("b")).ok());
+  auto only_a = Connect({a.address()});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(only_a->AcquireEpoch("drift").ok());
+  auto both = Connect({a.address(), b.address()});
+  auto epoch = both->AcquireEpoch("drift");
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_EQ(*epoch, 5u);
+  auto only_b = Connect({b.address()});
+  client::CheckpointSpec zombie = FullSpec("drift", 3, 1);
+  zombie.epoch = 4;  // an older attempt's
+  absl::Status refused = only_b->BeginCheckpoint(zombie);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("superseded by attempt 5"), absl::string_view::npos) << refused;
+  client::CheckpointSpec current = FullSpec("drift", 3, 1);
+  current.epoch = *epoch;
+  EXPECT_TRUE(both->BeginCheckpoint(current).ok());
+  // The next attempt counts on from the newest on every node.
+  EXPECT_EQ(*both->AcquireEpoch("drift"), 6u);
+}
+
 TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
