@@ -1,8 +1,8 @@
 // A byte budget for upload data that the server holds in memory (--max-inflight-bytes).
 //
-// Every Write stream reserves one message's worth of bytes before it reads the next message
-// and releases it once the engine has taken the data. When the budget is used up a stream
-// waits (so gRPC flow control stalls its sender) for a bounded time and then fails with
+// Every Write stream reserves its share once, after its first message and token check
+// (ServiceOptions::per_stream_bytes: a message plus what its engine writer can hold), and
+// releases it when the stream ends. When the budget is used up a stream waits (so gRPC flow control stalls its sender) for a bounded time and then fails with
 // RESOURCE_EXHAUSTED "server busy", which clients retry with backoff. Memory held by uploads
 // therefore never exceeds the budget, however many clients connect.
 //

@@ -172,13 +172,10 @@ absl::StatusOr<bool> StorageService::NextMessage(WriteStream* stream, WriteMessa
 absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stream,
                                      v1::WriteResponse* resp) {
   if (!serving_) return absl::UnavailableError("server is shutting down");
-  RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers get no memory
-  InflightReservation reservation;
-  if (!reservation.Acquire(limiter_, options_.per_stream_bytes,
-                           absl::Milliseconds(options_.busy_wait_ms))) {
-    metrics_->busy_rejections->Add();
-    return absl::ResourceExhaustedError("server busy: in-flight upload budget used up, retry");
-  }
+  RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers are refused at once
+  // The budget is reserved only for a caller whose token is the job's: a made-up token, or a
+  // stream that never sends its first message, holds none of it. The first message itself is
+  // bounded by gRPC's message size limit (proto::kMaxMessageBytes).
   WriteMessage msg;
   ASSIGN_OR_RETURN(bool any, NextMessage(stream, &msg));
   if (!any) return absl::InvalidArgumentError("empty Write stream");
@@ -187,6 +184,12 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
   }
   ASSIGN_OR_RETURN(storage::ShardSpec spec, proto::FromProto(msg.shard));
   RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
+  InflightReservation reservation;
+  if (!reservation.Acquire(limiter_, options_.per_stream_bytes,
+                           absl::Milliseconds(options_.busy_wait_ms))) {
+    metrics_->busy_rejections->Add();
+    return absl::ResourceExhaustedError("server busy: in-flight upload budget used up, retry");
+  }
   ActiveShard active(this, ShardKey(spec.job, spec.step, spec.rank));
   if (!active.Claim()) {
     return absl::AbortedError("another stream is writing this shard; retry later");

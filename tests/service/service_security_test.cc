@@ -7,6 +7,8 @@
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/token.h"
+#include "grpcpp/create_channel.h"
+#include "proto/gradsnap.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
 #include "tests/testing/gtest_util.h"
@@ -153,6 +155,38 @@ TEST_F(SecureServer, BadClientTlsFilesAreRefused) {
   o.tls.ca_file.clear();
   o.tls.key_file = dir_.File("client.key");
   EXPECT_EQ(code_of("needs tls.ca_file"), absl::StatusCode::kInvalidArgument);
+}
+
+// Upload streams carrying a made-up token of the right shape, which then send nothing, hold no
+// upload memory: the owner of a real token still saves, with the budget for one stream only.
+TEST(ServiceSecurity, ForgedTokenStreamsHoldNoUploadBudget) {
+  TempDir dir;
+  std::ofstream(dir.File("secret")) << kSecret << "\n";
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server
+                  .StartOn(dir.File("data"), "127.0.0.1:0",
+                           {"--auth-secret-file", dir.File("secret"), "--max-inflight-bytes",
+                            "50556928"})
+                  .ok());
+  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
+  auto stub = gradsnap::v1::Storage::NewStub(channel);
+  constexpr int kSilent = 3;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<gradsnap::v1::WriteResponse> responses(kSilent);
+  std::vector<std::unique_ptr<grpc::ClientWriter<gradsnap::v1::WriteRequest>>> silent;
+  for (int i = 0; i < kSilent; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->AddMetadata("authorization", "Bearer gs1." + std::string(64, 'c'));
+    silent.push_back(stub->Write(contexts.back().get(), &responses[i]));
+  }
+  ClientOptions o;
+  o.endpoints = {server.address()};
+  o.token = *MintJobToken(kSecret, "owner");
+  auto owner = Connect(o);
+  EXPECT_TRUE(SaveOne(owner.get(), "owner", 1).ok());
+  for (auto& ctx : contexts) ctx->TryCancel();
+  for (auto& w : silent) w->Finish().error_code();
+  EXPECT_TRUE(owner->Health().ok());
 }
 
 TEST(ServiceSecurity, PathTraversalNamesAreRejected) {
