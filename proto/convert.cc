@@ -1,9 +1,11 @@
 #include "proto/convert.h"
 
+#include <cstdint>
 #include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "common/digest.h"
 #include "common/dtype.h"
 #include "common/names.h"
@@ -128,6 +130,31 @@ void ToProto(const storage::ShardInfo& in, v1::ShardInfo* out) {
   out->set_metadata(in.metadata);
   out->set_digest_algorithm(static_cast<v1::DigestAlgorithm>(in.digest_algo));
   for (const auto& t : in.tensors) ToProto(t, out->add_tensors());
+}
+
+size_t ShardInfoBytesBound(const storage::ShardSpec& spec) {
+  using google::protobuf::io::CodedOutputStream;
+  v1::ShardInfo head;
+  head.set_rank(spec.rank);
+  head.set_committed(true);
+  head.set_raw_bytes(UINT64_MAX);
+  head.set_stored_bytes(UINT64_MAX);
+  head.set_metadata(spec.metadata);
+  head.set_digest_algorithm(v1::DIGEST_ALGORITHM_SHA256);
+  size_t bytes = head.ByteSizeLong();
+  v1::TensorInfo t;
+  t.set_stored_bytes(UINT64_MAX);
+  t.set_chunks(UINT32_MAX);
+  t.set_digest(std::string(64, 'f'));
+  for (const storage::TensorSpec& s : spec.tensors) {
+    t.mutable_spec()->Clear();  // ToProto appends the shape
+    ToProto(s, t.mutable_spec());
+    // A SHA-256 shard's info repeats the digest in spec.sha256.
+    if (s.sha256.empty()) t.mutable_spec()->set_sha256(std::string(64, 'f'));
+    const size_t n = t.ByteSizeLong();
+    bytes += 1 + CodedOutputStream::VarintSize64(n) + n;  // field 6: tag, length, message
+  }
+  return bytes;
 }
 
 void ToProto(const storage::TensorInfo& in, v1::TensorInfo* out) {

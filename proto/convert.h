@@ -24,6 +24,10 @@ namespace proto {
 
 // Largest message either side accepts (docs/protocol.md).
 constexpr size_t kMaxMessageBytes = 4u << 20;
+// What a Write or Read message's fields other than the spec or info and the data take at most
+// (tags, lengths, offset, finish flag): a first message holds the spec or info and at most
+// kMaxMessageBytes - kMaxFramingBytes - its size of data.
+constexpr size_t kMaxFramingBytes = 64;
 // Largest `data` field in WriteRequest / ReadResponse; senders use exactly this size.
 constexpr size_t kMaxDataBytes = 1u << 20;
 constexpr size_t kMaxMetadataBytes = 1u << 20;
@@ -67,6 +71,13 @@ absl::StatusOr<storage::Manifest> FromProto(const gradsnap::v1::Manifest& in);
 
 // Sum of byte_length over a shard's tensors (the payload size).
 uint64_t PayloadSize(const storage::ShardSpec& spec);
+
+// The most bytes the ShardInfo of a shard written from `spec` can take on the wire (its spec
+// plus, per tensor, a 64-digit digest, twice for a SHA-256 shard, sizes and chunk count at their
+// widest). A Read's first
+// message carries it whole, so a spec whose bound passes kMaxMessageBytes is refused at the
+// upload's first message: nothing the server stores is unreadable over the wire.
+size_t ShardInfoBytesBound(const storage::ShardSpec& spec);
 
 }  // namespace proto
 }  // namespace gradsnap

@@ -184,6 +184,16 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
   }
   ASSIGN_OR_RETURN(storage::ShardSpec spec, proto::FromProto(msg.shard));
   RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
+  // A Read sends the shard's info in one message: a shard whose info could not be sent is
+  // refused now, not stored unreadable.
+  constexpr size_t kMaxInfoBytes = proto::kMaxMessageBytes - proto::kMaxFramingBytes;
+  if (const size_t info = proto::ShardInfoBytesBound(spec); info > kMaxInfoBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": the shard's info (spec, ",
+        spec.tensors.size(), " tensors with their digests) takes up to ", info,
+        " bytes, more than one message holds (", kMaxInfoBytes,
+        "): fewer tensors, shorter names or metadata"));
+  }
   InflightReservation reservation;
   if (!reservation.Acquire(limiter_, options_.per_stream_bytes,
                            absl::Milliseconds(options_.busy_wait_ms))) {
@@ -371,9 +381,18 @@ absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cach
   v1::ShardInfo pinfo;
   proto::ToProto(info, &pinfo);
   const std::string info_bytes = pinfo.SerializeAsString();
+  if (info_bytes.size() + proto::kMaxFramingBytes > proto::kMaxMessageBytes) {
+    // Written where the wire's bound was not checked (an embedded engine, an older server).
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank ", info.rank, ": the shard's info takes ", info_bytes.size(),
+        " bytes, more than one message holds; restore it from the data directory "
+        "(gradsnap --ckpt-dir)"));
+  }
   bool first = true;
   do {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, end - offset));
+    size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, end - offset));
+    // The first message: the info and as much data as fits beside it (none beside a large one).
+    if (first) n = std::min(n, proto::kMaxMessageBytes - proto::kMaxFramingBytes - info_bytes.size());
     std::vector<grpc::Slice> data;
     if (cached != nullptr) {
       PayloadSlices(cached, offset, n, &data);

@@ -168,6 +168,41 @@ TEST(ServiceE2E, DriftedNodesFenceTheSameOlderAttempts) {
   EXPECT_EQ(*both->AcquireEpoch("drift"), 6u);
 }
 
+// A shard whose info nearly fills a 4 MiB message (14,000 tensors with 125-character names and
+// SHA-256 digests: 3.9 MB) saves and restores: a first message carries only the data that fits
+// beside the spec or the info. One whose info could not be sent in a message (18,000 tensors)
+// is refused at its first upload message with a clear error; nothing is stored.
+TEST(ServiceE2E, ShardInfoNearTheMessageLimit) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir.File("data"), "127.0.0.1:0", {"--digest", "sha256"}).ok());
+  auto c = Connect({server.address()});
+  auto shard_of = [](int tensors, int64_t step) {
+    TestShard shard = MakeShard("bigspec", step, 0, std::vector<uint64_t>(tensors, 64), 3);
+    for (int i = 0; i < tensors; ++i) {
+      shard.spec.tensors[i].name = absl::StrCat(std::string(120, 'n'), ".", i);
+    }
+    return shard;
+  };
+  TestShard fits = shard_of(14000, 1);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("bigspec", 1, 1)).ok());
+  absl::Status saved = c->SaveShard(fits.spec, fits.Refs());
+  ASSERT_TRUE(saved.ok()) << saved;
+  auto back = RestoreToString(c.get(), "bigspec", 1, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == fits.Payload());
+
+  TestShard too_big = shard_of(18000, 2);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("bigspec", 2, 1)).ok());
+  absl::Status refused = c->SaveShard(too_big.spec, too_big.Refs());
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("more than one message holds"), absl::string_view::npos)
+      << refused;
+  auto m = c->Show("bigspec", 2);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->shards.empty() || m->shards[0].raw_bytes == 0 || !m->shards[0].committed);
+}
+
 TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
