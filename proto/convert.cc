@@ -1,5 +1,6 @@
 #include "proto/convert.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -132,25 +133,27 @@ void ToProto(const storage::ShardInfo& in, v1::ShardInfo* out) {
   for (const auto& t : in.tensors) ToProto(t, out->add_tensors());
 }
 
-size_t ShardInfoBytesBound(const storage::ShardSpec& spec) {
+size_t ShardInfoBytesBound(const storage::ShardSpec& spec, DigestAlgo algo) {
   using google::protobuf::io::CodedOutputStream;
+  const size_t digits = algo == DigestAlgo::kSha256 ? 64 : 32;
   v1::ShardInfo head;
   head.set_rank(spec.rank);
   head.set_committed(true);
   head.set_raw_bytes(UINT64_MAX);
   head.set_stored_bytes(UINT64_MAX);
   head.set_metadata(spec.metadata);
-  head.set_digest_algorithm(v1::DIGEST_ALGORITHM_SHA256);
+  head.set_digest_algorithm(static_cast<v1::DigestAlgorithm>(algo));
   size_t bytes = head.ByteSizeLong();
   v1::TensorInfo t;
-  t.set_stored_bytes(UINT64_MAX);
-  t.set_chunks(UINT32_MAX);
-  t.set_digest(std::string(64, 'f'));
+  t.set_digest(std::string(digits, 'f'));
   for (const storage::TensorSpec& s : spec.tensors) {
     t.mutable_spec()->Clear();  // ToProto appends the shape
     ToProto(s, t.mutable_spec());
-    // A SHA-256 shard's info repeats the digest in spec.sha256.
-    if (s.sha256.empty()) t.mutable_spec()->set_sha256(std::string(64, 'f'));
+    if (algo == DigestAlgo::kSha256 && s.sha256.empty()) {
+      t.mutable_spec()->set_sha256(std::string(64, 'f'));  // the digest, repeated
+    }
+    t.set_stored_bytes(std::max<uint64_t>(s.byte_length * 2, 1u << 20));
+    t.set_chunks(static_cast<uint32_t>(std::min<uint64_t>(s.byte_length / 4096 + 2, UINT32_MAX)));
     const size_t n = t.ByteSizeLong();
     bytes += 1 + CodedOutputStream::VarintSize64(n) + n;  // field 6: tag, length, message
   }

@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                      "Read-ahead bytes reserved by disk reads", true));
   s->cache_ = std::make_unique<ShardCache>(options.cache_bytes);
   StorageServiceOptions so = options.service;
+  so.digest = options.engine.digest;
   if (so.per_stream_bytes == 0) {
     so.per_stream_bytes =
         proto::kMaxMessageBytes +

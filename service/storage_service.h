@@ -70,6 +70,9 @@ struct StorageServiceOptions {
   // resend at most this much. Each Flush waits for the writer's queue and two fsyncs, so fewer
   // is faster. Default: 64 MiB.
   uint64_t flush_bytes = 64u << 20;
+  // The engine's digest for new shards (EngineOptions::digest): sizes the largest shard info a
+  // Read must send (proto::ShardInfoBytesBound). Default: XXH3-128.
+  DigestAlgo digest = DigestAlgo::kXxh3_128;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {

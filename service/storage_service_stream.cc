@@ -187,7 +187,8 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
   // A Read sends the shard's info in one message: a shard whose info could not be sent is
   // refused now, not stored unreadable.
   constexpr size_t kMaxInfoBytes = proto::kMaxMessageBytes - proto::kMaxFramingBytes;
-  if (const size_t info = proto::ShardInfoBytesBound(spec); info > kMaxInfoBytes) {
+  if (const size_t info = proto::ShardInfoBytesBound(spec, options_.digest);
+      info > kMaxInfoBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": the shard's info (spec, ",
         spec.tensors.size(), " tensors with their digests) takes up to ", info,
