@@ -198,9 +198,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   if (options.zstd_level < 0 || options.zstd_level > 22) {
     return absl::InvalidArgumentError("zstd_level outside 0..22");
   }
-  if (options.queue_depth < 1 || options.queue_depth > 4096 || options.encode_threads < -1 ||
-      options.encode_threads > 256 || options.segment_bytes < (1u << 20)) {
-    return absl::InvalidArgumentError("queue_depth, encode_threads or segment_bytes out of range");
+  if (options.queue_depth < 1 || options.queue_depth > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue_depth ", options.queue_depth, " outside 1..4096"));
+  }
+  if (options.encode_threads < -1 || options.encode_threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("encode_threads ", options.encode_threads, " outside -1..256"));
+  }
+  if (options.segment_bytes < (1u << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment_bytes ", options.segment_bytes, " below 1 MiB"));
   }
   if (!IsKnownDigestAlgo(static_cast<uint8_t>(options.digest))) {
     return absl::InvalidArgumentError("unknown digest algorithm");

@@ -139,6 +139,8 @@ class ShardWriterImpl : public ShardWriter {
   void NoteWriteDone(size_t bytes);
   absl::Status Persist(bool finish);
   absl::Status OpenSegmentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);
+  void RetireSegments(std::vector<std::pair<uint32_t, std::unique_ptr<SegmentWriter>>> retire)
+      ABSL_LOCKS_EXCLUDED(io_mu_, mu_);
   absl::Status AppendFooter(const ShardRecord& next, const std::vector<ChunkRecord>& chunks);
   absl::Status SyncSegments();
   void WaitIdle();
@@ -215,7 +217,22 @@ class ShardWriterImpl : public ShardWriter {
   absl::Mutex io_mu_;
   std::unique_ptr<SegmentWriter> seg_ ABSL_GUARDED_BY(io_mu_);
   uint32_t seg_seq_ ABSL_GUARDED_BY(io_mu_) = 0;
-  std::vector<std::pair<uint32_t, std::unique_ptr<SegmentWriter>>> sealed_ ABSL_GUARDED_BY(io_mu_);
+  // Bytes promised to seg_ (appended, or about to be by an encoder that left io_mu_), and how
+  // many of those appends were not handed to it yet: a roll goes by what is promised, so a
+  // segment never grows past segment_bytes, and a sealed segment is closed only once every
+  // append promised to it was handed over.
+  uint64_t seg_promised_ ABSL_GUARDED_BY(io_mu_) = 0;
+  int seg_unsubmitted_ ABSL_GUARDED_BY(io_mu_) = 0;
+  // Segments rolled over since the last commit, named by the next one. Each is retired (its
+  // writes waited for, synced, its file, ring and ring thread closed) at a later roll once no
+  // append to it is outstanding, so a writer holds one open segment however many it fills.
+  struct SealedSegment {
+    uint32_t seq = 0;
+    std::unique_ptr<SegmentWriter> writer;  // null once retired
+    uint64_t end = 0;                        // the retired file's end
+    int unsubmitted = 0;
+  };
+  std::vector<SealedSegment> sealed_ ABSL_GUARDED_BY(io_mu_);
   bool new_files_ ABSL_GUARDED_BY(io_mu_) = false;
 
   std::unique_ptr<TaskPool<ChunkEncoder>> pool_;  // last: destroyed (joined) first
@@ -579,24 +596,62 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   size_t padded = AlignUp(len);
   std::memset(rec + len, 0, padded - len);
   SegmentWriter* w = nullptr;
+  uint32_t seq = 0;
+  std::vector<std::pair<uint32_t, std::unique_ptr<SegmentWriter>>> retire;
   {
     absl::MutexLock lock(&io_mu_);
-    if (seg_ == nullptr || (seg_->end() > 0 && seg_->end() + padded > opt_.segment_bytes)) {
+    if (seg_ == nullptr || (seg_promised_ > 0 && seg_promised_ + padded > opt_.segment_bytes)) {
       absl::Status created = OpenSegmentLocked();
       if (!created.ok()) {
         Release(job, created);
         return;
       }
+      for (SealedSegment& s : sealed_) {
+        if (s.writer != nullptr && s.unsubmitted == 0) retire.emplace_back(s.seq, std::move(s.writer));
+      }
     }
-    job->record.segment = seg_seq_ - 1;
-    w = seg_.get();  // stays alive until Persist(), which first waits for this job
+    seq = seg_seq_ - 1;
+    job->record.segment = seq;
+    seg_promised_ += padded;
+    ++seg_unsubmitted_;
+    w = seg_.get();  // open until every append promised to it was handed over (see sealed_)
   }
+  RetireSegments(std::move(retire));
   NoteWriteQueued();
   w->Append(rec, padded, [this, job, padded](const absl::Status& st, uint64_t offset) {
     NoteWriteDone(st.ok() ? padded : 0);
     job->record.offset = offset;
     Release(job, st);
   });
+  absl::MutexLock lock(&io_mu_);
+  if (seq == seg_seq_ - 1) {
+    --seg_unsubmitted_;
+  } else {
+    for (SealedSegment& s : sealed_) {
+      if (s.seq == seq) --s.unsubmitted;
+    }
+  }
+}
+
+// Outside io_mu_: each writer's queued writes are waited for and synced, then it is closed.
+// A failure fails the writer (error_), as a failed write does.
+void ShardWriterImpl::RetireSegments(
+    std::vector<std::pair<uint32_t, std::unique_ptr<SegmentWriter>>> retire) {
+  for (auto& [seq, w] : retire) {
+    absl::Status s = w->Sync();
+    const uint64_t end = w->end();
+    w.reset();
+    {
+      absl::MutexLock lock(&io_mu_);
+      for (SealedSegment& e : sealed_) {
+        if (e.seq == seq) e.end = end;
+      }
+    }
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (error_.ok()) error_ = s;
+    }
+  }
 }
 
 // Rolls to a new segment file: the old one finishes its queue and is synced by the next
@@ -608,8 +663,12 @@ absl::Status ShardWriterImpl::OpenSegmentLocked() {
                    SegmentWriter::Create(engine_->fs(),
                                          engine_->SegmentPath(sp.job, sp.step, sp.rank, seg_seq_),
                                          so));
-  if (seg_ != nullptr) sealed_.emplace_back(seg_seq_ - 1, std::move(seg_));
+  if (seg_ != nullptr) {
+    sealed_.push_back(SealedSegment{seg_seq_ - 1, std::move(seg_), 0, seg_unsubmitted_});
+  }
   seg_ = std::move(created);
+  seg_promised_ = 0;
+  seg_unsubmitted_ = 0;
   ring_.store(seg_->uses_io_uring());
   ++seg_seq_;
   new_files_ = true;
@@ -644,7 +703,7 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
       }
       f.shard.segments.push_back(SegmentRef{s, end});
     };
-    for (auto& [s, sw] : sealed_) note(s, sw->end());
+    for (const SealedSegment& s : sealed_) note(s.seq, s.writer ? s.writer->end() : s.end);
     note(seq, off);  // placeholder: the size does not depend on the value
     note(seq, off + FooterSize(f));
   }
@@ -715,7 +774,9 @@ void ShardWriterImpl::Release(Job* job, const absl::Status& s) {
 
 absl::Status ShardWriterImpl::SyncSegments() {
   absl::MutexLock lock(&io_mu_);
-  for (auto& [seq, w] : sealed_) RETURN_IF_ERROR(w->Sync());
+  for (SealedSegment& s : sealed_) {
+    if (s.writer != nullptr) RETURN_IF_ERROR(s.writer->Sync());  // a retired one was synced
+  }
   if (seg_ != nullptr) RETURN_IF_ERROR(seg_->Sync());
   if (new_files_) {
     RETURN_IF_ERROR(engine_->fs()->SyncDir(
@@ -774,7 +835,7 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
       }
       next.segments.push_back(SegmentRef{seq, end});
     };
-    for (auto& [seq, w] : sealed_) note(seq, w->end());
+    for (const SealedSegment& s : sealed_) note(s.seq, s.writer ? s.writer->end() : s.end);
     if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
   }
   s = engine_->CommitShardProgress(next, chunks, finish);

@@ -3,8 +3,13 @@
 // than its shard has chunks), so the engine's pool reaches its steady size in the first write
 // and a later write of the same shape allocates none; they return to the pool when it closes.
 // EngineOptions::prefault_writers fills the pool at Open.
+#include <dirent.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "storage/engine.h"
@@ -123,6 +128,69 @@ TEST_F(ShardWriterBuffersTest, PrefaultReadAheadFillsThePoolForReaders) {
                 std::min<size_t>(w + EngineImpl::kReaderFreshBuffers, 64))
           << writers << " " << read_only;
     }
+  }
+}
+
+// Entries of /proc/self/<what> (fd: open files, task: threads).
+int CountProcEntries(const char* what) {
+  DIR* d = ::opendir((std::string("/proc/self/") + what).c_str());
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+// A shard spread over many segments without a Flush (the embedded client never flushes) keeps
+// one segment open, not one file, io_uring ring and ring thread per segment until the commit;
+// and no segment grows past segment_bytes, whatever the encoders do at once.
+TEST(ShardWriterSegmentsTest, RolledSegmentsAreClosedAndStayWithinTheirSize) {
+  TempDir dir;
+  EngineOptions o;
+  o.data_dir = dir.path();
+  o.chunk_bytes = 256 << 10;
+  o.segment_bytes = 1 << 20;
+  o.zstd_level = 0;
+  o.encode_threads = 4;
+  auto engine = gradsnap::testing::ValueOrNull(Engine::Open(o));
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(engine->BeginCheckpoint({"segs", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  constexpr size_t kBytes = 48 << 20;  // 48 segments of 1 MiB
+  ShardSpec spec = MakeShard("segs", 1, 0, 1, 1).spec;
+  spec.tensors = {Tensor("w", DType::kU8, kBytes)};
+  const std::vector<uint8_t> bytes = RandomBytes(kBytes, 5);
+  const int fds = CountProcEntries("fd"), threads = CountProcEntries("task");
+  auto w = engine->OpenShardWriter(spec);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->Append(bytes.data(), kBytes - (1 << 20)).ok());
+  // Open while most of the shard went out: the writer's own few, not one per segment.
+  EXPECT_LT(CountProcEntries("fd") - fds, 12);
+  EXPECT_LT(CountProcEntries("task") - threads, 16);
+  ASSERT_TRUE((*w)->Append(bytes.data() + kBytes - (1 << 20), 1 << 20).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  w->reset();
+  ASSERT_TRUE(engine->Verify("segs", 1).ok());
+  auto r = engine->OpenShardReader("segs", 1, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_TRUE((*r)->ReadTensor(0, back.data(), back.size()).ok());
+  EXPECT_TRUE(back == bytes);
+  // Every segment but the last (which ends with the shard footer) is at most segment_bytes.
+  std::vector<uint64_t> sizes;
+  const std::string segs = static_cast<EngineImpl*>(engine.get())->CheckpointDir("segs", 1);
+  DIR* d = ::opendir(segs.c_str());
+  ASSERT_NE(d, nullptr) << segs;
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    if (std::string(e->d_name).find(".seg") != std::string::npos) names.push_back(e->d_name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  ASSERT_GE(names.size(), 40u);
+  for (size_t i = 0; i + 1 < names.size(); ++i) {
+    struct stat st;
+    ASSERT_EQ(::stat((segs + "/" + names[i]).c_str(), &st), 0);
+    EXPECT_LE(static_cast<uint64_t>(st.st_size), o.segment_bytes) << names[i];
   }
 }
 
