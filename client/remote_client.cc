@@ -209,6 +209,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
                                          uint64_t* committed) {
   auto query = JobStep<v1::QueryWriteStatusRequest>(spec.job, spec.step);
   query.set_rank(spec.rank);
+  query.set_epoch(spec.epoch);
   v1::QueryWriteStatusResponse status;
   {
     grpc::ClientContext ctx;

@@ -105,7 +105,8 @@ grpc::Status StorageService::QueryWriteStatus(grpc::ServerContext* ctx,
       }
     }
     ASSIGN_OR_RETURN(uint64_t size,
-                     engine_->ShardCommittedSize(req->job(), req->step(), req->rank()));
+                     engine_->ShardCommittedSize(req->job(), req->step(), req->rank(),
+                                                 req->epoch()));
     resp->set_committed_size(size);
     return absl::OkStatus();
   });

@@ -344,9 +344,19 @@ TEST_F(DigestTest, BadOptionAndBadRecord) {
   ShardRecord back;
   ASSERT_TRUE(DecodeShard(v, &back).ok());
   EXPECT_EQ(back.digest_algo, DigestAlgo::kXxh3_128);
+  EXPECT_EQ(v[0], 2);  // version 2: no epoch, readable by the versions before epochs
   v.back() = 9;  // unknown algorithm
   EXPECT_EQ(DecodeShard(v, &back).code(), absl::StatusCode::kDataLoss);
-  v[0] = 3;      // unknown version
+  v[0] = 4;      // unknown version
+  EXPECT_EQ(DecodeShard(v, &back).code(), absl::StatusCode::kDataLoss);
+  // Version 3 appends the writer epoch of the durable prefix.
+  r.epoch = 7;
+  v = EncodeShard(r);
+  EXPECT_EQ(v[0], 3);
+  ASSERT_TRUE(DecodeShard(v, &back).ok());
+  EXPECT_EQ(back.epoch, 7u);
+  EXPECT_EQ(back.digest_algo, DigestAlgo::kXxh3_128);
+  v.pop_back();  // a cut epoch
   EXPECT_EQ(DecodeShard(v, &back).code(), absl::StatusCode::kDataLoss);
 }
 

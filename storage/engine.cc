@@ -451,6 +451,15 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
       fresh = true;
     }
   }
+  // Durable bytes of an older attempt are not this attempt's to resume (they may differ from
+  // what it writes): the shard starts over. Its old segment files are truncated as the new
+  // writer reuses their numbers; any left over are unreferenced and quarantined at an Open.
+  if (!fresh && !rec.committed && rec.committed_size > 0 && spec.epoch > rec.epoch) {
+    GS_LOG(WARNING) << Where(spec.job, spec.step, spec.rank) << ": the " << rec.committed_size
+                    << " durable bytes of attempt " << rec.epoch << " are dropped; attempt "
+                    << spec.epoch << " writes the shard anew";
+    fresh = true;
+  }
   if (!fresh && rec.committed) {
     // Already committed with this spec: a writer with nothing left to do.
   } else if (ckpt.state == CheckpointState::kCommitted) {
@@ -462,6 +471,7 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
     rec.spec = spec;
     rec.tensor_digests.resize(spec.tensors.size());
     rec.digest_algo = options_.digest;
+    rec.epoch = spec.epoch;
     MetaStore::Batch b;
     b.puts.emplace_back(key, EncodeShard(rec));
     b.delete_prefixes.push_back(ChunkPrefix(spec.job, spec.step, spec.rank));
@@ -471,6 +481,7 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
   absl::MutexLock lock(&writers_mu_);
   active_writers_.insert(key);
   rec.spec.epoch = spec.epoch;  // checked again when the writer commits
+  rec.epoch = std::max(rec.epoch, spec.epoch);  // stored with the writer's next commit
   return rec;
 }
 
@@ -582,7 +593,7 @@ absl::Status EngineImpl::WriteShard(const ShardSpec& spec, const std::vector<con
 }
 
 absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, int64_t step,
-                                                        int32_t rank) {
+                                                        int32_t rank, uint64_t epoch) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   (void)ckpt;
@@ -591,6 +602,8 @@ absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, 
   if (!v.ok()) return v.status();
   ShardRecord r;
   RETURN_IF_ERROR(DecodeShard(*v, &r));
+  // An older attempt's bytes: the asker's writer will start the shard over.
+  if (!r.committed && epoch > r.epoch) return 0;
   return r.committed_size;
 }
 

@@ -217,9 +217,10 @@ class Engine {
   virtual absl::Status WriteShard(const ShardSpec& spec,
                                   const std::vector<const void*>& data) = 0;
   // Durable bytes of a partly written shard (0 if never started), as in ByteStream's
-  // QueryWriteStatus.
+  // QueryWriteStatus. For a writer of `epoch`: 0 where those bytes are an older attempt's
+  // (its writer starts the shard over: ShardRecord::epoch).
   virtual absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
-                                                      int32_t rank) = 0;
+                                                      int32_t rank, uint64_t epoch = 0) = 0;
   // Takes the next writer epoch of `job` (storage/epoch.h): every later request of the job
   // carrying an older non-zero epoch is refused with FAILED_PRECONDITION "superseded by attempt
   // N". Durable before it returns.

@@ -43,7 +43,7 @@ class EngineImpl : public Engine {
   absl::StatusOr<std::unique_ptr<ShardWriter>> OpenShardWriter(const ShardSpec& spec) override;
   absl::Status WriteShard(const ShardSpec& spec, const std::vector<const void*>& data) override;
   absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
-                                              int32_t rank) override;
+                                              int32_t rank, uint64_t epoch = 0) override;
   absl::Status AbortCheckpoint(const std::string& job, int64_t step,
                                uint64_t epoch = 0) override;
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;

@@ -59,6 +59,44 @@ TEST_F(EpochTest, RaiseLiftsButNeverLowers) {
   EXPECT_EQ(e->RaiseEpoch("bad/name", 2).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A shard's durable prefix carries the epoch that wrote it: a writer of a newer attempt is told
+// there is nothing to resume and starts the shard over, so the committed shard never mixes two
+// attempts' bytes. The writer of the same attempt resumes as before.
+TEST_F(EpochTest, NewerAttemptStartsAnOlderAttemptsShardOver) {
+  auto e = Open();
+  const uint64_t first = *e->AcquireEpoch("j");
+  ASSERT_TRUE(e->BeginCheckpoint(Ckpt(1, first)).ok());
+  ShardData old_data = MakeShard("j", 1, 0, 7, 300000);
+  old_data.spec.epoch = first;
+  const std::vector<uint8_t> old_bytes = old_data.stream();
+  const size_t cut = old_bytes.size() / 2;
+  {
+    auto w = e->OpenShardWriter(old_data.spec);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append(old_bytes.data(), cut).ok());
+    ASSERT_TRUE((*w)->Flush().ok());
+  }
+  const uint64_t durable = *e->ShardCommittedSize("j", 1, 0);
+  ASSERT_GT(durable, 0u);
+  EXPECT_EQ(*e->ShardCommittedSize("j", 1, 0, first), durable);  // its own attempt resumes
+  const uint64_t second = *e->AcquireEpoch("j");
+  EXPECT_EQ(*e->ShardCommittedSize("j", 1, 0, second), 0u);
+  ShardData new_data = MakeShard("j", 1, 0, 8, 300000);
+  new_data.spec.epoch = second;
+  const std::vector<uint8_t> new_bytes = new_data.stream();
+  {
+    auto w = e->OpenShardWriter(new_data.spec);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->written_size(), 0u);
+    ASSERT_TRUE((*w)->Append(new_bytes.data(), new_bytes.size()).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  e.reset();
+  e = Open();  // and it holds after a reopen: nothing of attempt 1 came back
+  ExpectRestores(e.get(), new_data);
+  EXPECT_TRUE(e->Verify("j", 1).ok());
+}
+
 TEST_F(EpochTest, OlderEpochIsRefusedEverywhere) {
   auto e = Open();
   const uint64_t old_epoch = *e->AcquireEpoch("j");

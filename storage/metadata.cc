@@ -20,12 +20,15 @@ namespace storage {
 namespace {
 
 // Version bytes (docs/format.md, "Metadata"). A ShardRecord of version 1 has SHA-256 digests
-// and no algorithm field; version 2 appends the digest algorithm ("Digests"). A ChunkRecord of
-// version 2 is a packed chunk (format 3) and appends where each tensor lies in it.
+// and no algorithm field; version 2 appends the digest algorithm ("Digests"); version 3 then
+// the writer epoch (written only when it is not 0, so unfenced stores stay readable by older
+// versions). A ChunkRecord of version 2 is a packed chunk (format 3) and appends where each
+// tensor lies in it.
 enum : uint8_t {
   kRecordVersion = 1,             // CheckpointRecord; ChunkRecord of one tensor
   kShardRecordVersionSha256 = 1,
-  kShardRecordVersion = 2,
+  kShardRecordVersionAlgo = 2,
+  kShardRecordVersion = 3,
   kPackedChunkRecordVersion = 2,
 };
 
@@ -173,9 +176,10 @@ absl::Status DecodeCheckpoint(const std::string& v, CheckpointRecord* r) {
 
 std::string EncodeShard(const ShardRecord& r) {
   Out o;
-  o(kShardRecordVersion);
+  o(r.epoch == 0 ? kShardRecordVersionAlgo : kShardRecordVersion);
   ShardFields(o, r, 0);
   o(r.digest_algo);  // version 2
+  if (r.epoch != 0) o(r.epoch);  // version 3
   return o.Take();
 }
 
@@ -185,11 +189,16 @@ absl::Status DecodeShard(const std::string& v, ShardRecord* r) {
   if (version == 0) return Malformed("shard");
   ShardFields(in, *r, v.size());
   r->digest_algo = DigestAlgo::kSha256;
-  if (version == kShardRecordVersion) {
+  r->epoch = 0;
+  if (version >= kShardRecordVersionAlgo) {
     uint8_t algo = 0;
     in(algo);
     if (!in.ok() || !IsKnownDigestAlgo(algo)) return Malformed("shard");
     r->digest_algo = static_cast<DigestAlgo>(algo);
+  }
+  if (version >= kShardRecordVersion) {
+    in(r->epoch);
+    if (!in.ok() || r->epoch == 0) return Malformed("shard");
   }
   if (!in.done()) return Malformed("shard");
   return absl::OkStatus();

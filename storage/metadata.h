@@ -58,6 +58,10 @@ struct ShardRecord {
   // The algorithm of tensor_digests, fixed when the shard record is created. Records of
   // version 1 (written before digests were selectable) are SHA-256.
   DigestAlgo digest_algo = DigestAlgo::kSha256;
+  // The writer epoch of the attempt whose bytes the durable prefix holds (0: unfenced writers
+  // only). A writer of a newer attempt starts the shard over instead of resuming another
+  // attempt's bytes. Records of version 1 and 2 have none (0).
+  uint64_t epoch = 0;
 };
 
 // Where one tensor's bytes lie in a packed chunk (docs/format.md, "Packed chunks").

@@ -420,6 +420,59 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   EXPECT_EQ(server->Wait(), 0);
 }
 
+// Attempt 1 left 5 MiB of its shard durable (its stream cut without finish_write); attempt 2
+// saves the same step with other bytes. Its client is told there is nothing to resume for it,
+// and the server starts the shard over: the committed shard holds attempt 2's bytes only, not
+// attempt 1's prefix followed by attempt 2's rest.
+TEST(ServiceFault, NewAttemptDoesNotResumeAnOlderAttemptsBytes) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  auto c = ConnectTo(server.address(), kRideOutRestart);
+  const uint64_t first = *c->AcquireEpoch("twice");
+  client::CheckpointSpec cspec = FullSpec("twice", 3, 1);
+  cspec.epoch = first;
+  ASSERT_TRUE(c->BeginCheckpoint(cspec).ok());
+  TestShard old_bytes = MakeShard("twice", 3, 0, {8u << 20}, 1);
+  old_bytes.spec.epoch = first;
+  auto stub = v1::Storage::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    v1::WriteResponse resp;
+    auto stream = stub->Write(&ctx, &resp);
+    v1::WriteRequest msg;
+    proto::ToProto(old_bytes.spec, msg.mutable_shard());
+    for (uint64_t off = 0; off < (5u << 20); off += 1 << 20) {
+      msg.set_write_offset(off);
+      msg.set_data(old_bytes.data[0].substr(off, 1 << 20));
+      ASSERT_TRUE(stream->Write(msg));
+      msg.clear_shard();
+    }
+    stream->WritesDone();  // ends without finish_write: what arrived is made durable
+    EXPECT_TRUE(stream->Finish().ok());
+    EXPECT_EQ(resp.committed_size(), 5u << 20);
+  }
+  const uint64_t second = *c->AcquireEpoch("twice");
+  v1::QueryWriteStatusRequest q;
+  q.set_job("twice");
+  q.set_step(3);
+  q.set_epoch(second);
+  v1::QueryWriteStatusResponse qr;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->QueryWriteStatus(&ctx, q, &qr).ok());
+  }
+  EXPECT_EQ(qr.committed_size(), 0u);  // nothing of attempt 1 is attempt 2's to resume
+  TestShard new_bytes = MakeShard("twice", 3, 0, {8u << 20}, 2);
+  new_bytes.spec.epoch = second;
+  ASSERT_TRUE(c->SaveShard(new_bytes.spec, new_bytes.Refs()).ok());
+  auto got = RestoreToString(c.get(), "twice", 3, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == new_bytes.Payload()) << "attempt 1's prefix was resumed";
+  EXPECT_TRUE(c->Verify("twice", 3).ok());
+}
+
 TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
