@@ -1,8 +1,13 @@
 // Engine basics: write, list, manifest, read back, verify, resume, bad input, delete, GC.
 #include "storage/engine.h"
 
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "common/digest.h"
 #include "common/sha256.h"
@@ -281,6 +286,51 @@ TEST_P(EngineTest, RecordsLargerThanThePoolBuffersRead) {
   ExpectRestores(e.get(), d);
   ExpectRestores(e.get(), d);
   EXPECT_TRUE(e->Verify("big", 1).ok());
+}
+
+// Resident memory of this process, bytes.
+uint64_t ResidentBytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+  std::fclose(f);
+  return static_cast<uint64_t>(resident) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// A reader's read-ahead holds 128 MiB of the shard's own chunks, whatever the reading engine's
+// chunk_bytes: a shard of 64 MiB chunks read by an engine of 64 KiB ones keeps two of them
+// ahead, not 32 (2 GiB; here the whole 512 MiB shard).
+TEST(EngineReadAheadTest, WindowCountsTheShardsChunksNotTheEngines) {
+  TempDir dir;
+  EngineOptions big;
+  big.data_dir = dir.path();
+  big.chunk_bytes = 64 << 20;
+  big.zstd_level = 0;
+  constexpr size_t kBytes = 512 << 20;
+  {
+    auto e = Engine::Open(big);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_TRUE((*e)->BeginCheckpoint({"ahead", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+    ShardSpec spec = MakeShard("ahead", 1, 0, 1, 1).spec;
+    spec.tensors = {Tensor("w", DType::kU8, kBytes)};
+    std::vector<uint8_t> bytes(kBytes, 7);
+    ASSERT_TRUE((*e)->WriteShard(spec, {bytes.data()}).ok());
+  }
+  EngineOptions small = big;
+  small.chunk_bytes = 64 << 10;
+  auto e = Engine::Open(small);
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto r = (*e)->OpenShardReader("ahead", 1, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const uint64_t before = ResidentBytes();
+  std::vector<uint8_t> out(1 << 20);
+  auto got = (*r)->Read(0, out.data(), out.size());
+  ASSERT_TRUE(got.ok()) << got.status();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the read-ahead run
+  const uint64_t grown = ResidentBytes() - before;
+  EXPECT_LT(grown, 300u << 20) << "read ahead " << (grown >> 20) << " MiB";
+  r->reset();
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, EngineTest,

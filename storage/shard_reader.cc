@@ -153,8 +153,10 @@ class ShardReaderImpl : public ShardReader {
     for (const ChunkRecord& c : chunks_) {
       max_raw_len_ = std::max<size_t>(max_raw_len_, c.header.raw_len);
     }
-    window_limit_ = std::clamp<size_t>(kReadAheadBytes / engine->options().chunk_bytes, 4,
-                                       kMaxWindow);
+    // The shard's own chunk size, not this engine's (a shard written with 64 MiB chunks read by
+    // an engine of 4 MiB ones would read 2 GiB ahead): the window holds kReadAheadBytes.
+    window_limit_ = std::clamp<size_t>(
+        kReadAheadBytes / std::max<size_t>(max_raw_len_, 4096), kMinWindow, kMaxWindow);
     engine->open_readers()->fetch_add(1);
   }
   // Slots only this reader holds die with it (their buffers go back to the pool); lent ones
