@@ -118,6 +118,10 @@ std::vector<uint64_t> TensorStarts(const ShardSpec& spec) {
   return starts;
 }
 
+// The largest shard payload (sum of its tensors' byte_length): 2^56 bytes, so offsets and sums
+// of a shard never overflow 64 bits.
+constexpr uint64_t kMaxShardPayloadBytes = uint64_t{1} << 56;
+
 absl::Status ValidateShardSpec(const ShardSpec& s, const CheckpointRecord& ckpt) {
   if (s.rank < 0 || s.rank >= ckpt.spec.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", s.rank, " outside world_size ",
@@ -130,6 +134,7 @@ absl::Status ValidateShardSpec(const ShardSpec& s, const CheckpointRecord& ckpt)
     return absl::InvalidArgumentError("more than 100000 tensors in a shard");
   }
   std::set<std::string> names;
+  unsigned __int128 payload = 0;
   for (const TensorSpec& t : s.tensors) {
     RETURN_IF_ERROR(ValidateName(t.name, "tensor name"));
     if (!names.insert(t.name).second) {
@@ -156,10 +161,16 @@ absl::Status ValidateShardSpec(const ShardSpec& s, const CheckpointRecord& ckpt)
     }
     if (!t.flat_name.empty()) {
       RETURN_IF_ERROR(ValidateName(t.flat_name, "flat buffer name"));
-      if (t.flat_offset + static_cast<uint64_t>(numel) > t.flat_total) {
+      if (t.flat_offset > t.flat_total ||
+          static_cast<uint64_t>(numel) > t.flat_total - t.flat_offset) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name,
                                                        ": slice outside its flat buffer"));
       }
+    }
+    payload += t.byte_length;
+    if (payload > kMaxShardPayloadBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard payload over ", kMaxShardPayloadBytes, " bytes (at tensor ", t.name, ")"));
     }
     if (!t.sha256.empty()) {
       bool hex = t.sha256.size() == 64 &&
@@ -197,6 +208,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   }
   if (options.zstd_level < 0 || options.zstd_level > 22) {
     return absl::InvalidArgumentError("zstd_level outside 0..22");
+  }
+  if (!(options.max_compressed_ratio > 0 && options.max_compressed_ratio <= 1)) {  // NaN too
+    return absl::InvalidArgumentError(absl::StrCat("max_compressed_ratio ",
+                                                   options.max_compressed_ratio,
+                                                   " outside (0, 1]"));
   }
   if (options.queue_depth < 1 || options.queue_depth > 4096) {
     return absl::InvalidArgumentError(
@@ -513,6 +529,7 @@ absl::Status EngineImpl::CommitShardProgress(const ShardRecord& shard,
   if (finish) {
     // A shard is counted once, even if a second writer races to finish it.
     auto prev = meta_->Get(ShardKey(s.job, s.step, s.rank));
+    if (!prev.ok() && !absl::IsNotFound(prev.status())) return prev.status();
     ShardRecord old;
     if (prev.ok() && DecodeShard(*prev, &old).ok() && old.committed) {
       return absl::OkStatus();

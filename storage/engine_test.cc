@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/digest.h"
 #include "common/sha256.h"
 #include "gtest/gtest.h"
@@ -286,6 +288,44 @@ TEST_P(EngineTest, RecordsLargerThanThePoolBuffersRead) {
   ExpectRestores(e.get(), d);
   ExpectRestores(e.get(), d);
   EXPECT_TRUE(e->Verify("big", 1).ok());
+}
+
+// Specs a library user can pass that the wire's checks would have caught: a flat slice whose
+// offset wraps around, a shard whose tensors sum past 64 bits, and a compression ratio that is
+// not a ratio. Each is INVALID_ARGUMENT naming the problem, at open.
+TEST(EngineValidationTest, OverflowingSpecsAndOptionsAreRefused) {
+  TempDir dir;
+  EngineOptions o;
+  o.data_dir = dir.path();
+  for (double bad : {0.0, -1.0, 1.5, std::nan("")}) {
+    EngineOptions b = o;
+    b.max_compressed_ratio = bad;
+    auto e = Engine::Open(b);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  o.queue_depth = 0;
+  auto e = Engine::Open(o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("queue_depth 0"), std::string::npos) << e.status();
+  o.queue_depth = 32;
+  e = Engine::Open(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE((*e)->BeginCheckpoint({"v", 1, CheckpointKind::kFull, -1, 1, ""}).ok());
+  ShardSpec wraps = MakeShard("v", 1, 0, 1, 1).spec;
+  wraps.tensors = {Tensor("w", DType::kF32, 16)};
+  wraps.tensors[0].flat_name = "flat";
+  wraps.tensors[0].flat_total = 64;
+  wraps.tensors[0].flat_offset = UINT64_MAX - 4;
+  auto w = (*e)->OpenShardWriter(wraps);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  ShardSpec huge = MakeShard("v", 1, 0, 1, 1).spec;
+  huge.tensors.clear();
+  for (int i = 0; i < 2048; ++i) {
+    huge.tensors.push_back(Tensor(absl::StrCat("t", i), DType::kF64, int64_t{1} << 50));
+  }
+  w = (*e)->OpenShardWriter(huge);
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("shard payload over"), std::string::npos) << w.status();
 }
 
 // Resident memory of this process, bytes.
