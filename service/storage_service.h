@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
@@ -170,7 +171,13 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   std::atomic<bool> serving_{true};
 
   absl::Mutex mu_;
-  std::set<ShardKey> active_ ABSL_GUARDED_BY(mu_);
+  // The stream writing each shard: its writer epoch and its call, which a stream of a newer
+  // attempt cancels (valid while the entry exists: the claim is dropped before the call ends).
+  struct ShardWriterCall {
+    uint64_t epoch = 0;
+    grpc::ServerContext* ctx = nullptr;
+  };
+  std::map<ShardKey, ShardWriterCall> active_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace service

@@ -19,6 +19,8 @@
 namespace gradsnap {
 namespace service {
 // Claims a shard for one writing stream; a second claim fails until the first is released.
+// A stream of a newer attempt (a larger writer epoch) cancels the older one holding the shard
+// (a zombie rank still uploading) and waits for it to let go.
 class StorageService::ActiveShard {
  public:
   ActiveShard(StorageService* service, ShardKey key) : service_(service), key_(std::move(key)) {}
@@ -27,10 +29,31 @@ class StorageService::ActiveShard {
     absl::MutexLock lock(&service_->mu_);
     service_->active_.erase(key_);
   }
-  bool Claim() {
+  bool Claim(uint64_t epoch, grpc::ServerContext* ctx) {
+    constexpr absl::Duration kOlderStreamGrace = absl::Seconds(5);
+    const absl::Time give_up = absl::Now() + kOlderStreamGrace;
     absl::MutexLock lock(&service_->mu_);
-    claimed_ = service_->active_.insert(key_).second;
-    return claimed_;
+    for (bool cancelled = false;;) {
+      auto [it, inserted] = service_->active_.emplace(key_, ShardWriterCall{epoch, ctx});
+      if (inserted) return claimed_ = true;
+      if (epoch <= it->second.epoch) return false;  // the same attempt's, or a newer one's
+      if (!cancelled) {
+        GS_LOG(WARNING) << "shard " << std::get<0>(key_) << "/" << std::get<1>(key_) << "/"
+                        << std::get<2>(key_) << ": cancelling the upload of attempt "
+                        << it->second.epoch << " for attempt " << epoch;
+        it->second.ctx->TryCancel();
+        cancelled = true;
+      }
+      // Its handler flushes (refused as superseded) and lets go of the shard.
+      auto released = [this] {
+        service_->mu_.AssertHeld();
+        return service_->active_.count(key_) == 0;
+      };
+      if (!service_->mu_.AwaitWithDeadline(absl::Condition(&released), give_up) &&
+          service_->active_.count(key_) != 0) {
+        return false;
+      }
+    }
   }
 
  private:
@@ -202,7 +225,7 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
     return absl::ResourceExhaustedError("server busy: in-flight upload budget used up, retry");
   }
   ActiveShard active(this, ShardKey(spec.job, spec.step, spec.rank));
-  if (!active.Claim()) {
+  if (!active.Claim(spec.epoch, ctx)) {
     return absl::AbortedError("another stream is writing this shard; retry later");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardWriter> writer, engine_->OpenShardWriter(spec));

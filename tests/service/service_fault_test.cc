@@ -473,6 +473,48 @@ TEST(ServiceFault, NewAttemptDoesNotResumeAnOlderAttemptsBytes) {
   EXPECT_TRUE(c->Verify("twice", 3).ok());
 }
 
+// A zombie of attempt 1 keeps its upload stream of a shard open (alive, silent); attempt 2's
+// upload of the same shard cancels it instead of being refused ("another stream is writing")
+// until the zombie's stream dies on its own, and commits its own bytes.
+TEST(ServiceFault, NewAttemptCancelsAnOlderAttemptsOpenUpload) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
+  auto c = ConnectTo(server.address(), 3);  // the old server answered ABORTED to every try
+  const uint64_t first = *c->AcquireEpoch("zombie");
+  client::CheckpointSpec cspec = FullSpec("zombie", 4, 1);
+  cspec.epoch = first;
+  ASSERT_TRUE(c->BeginCheckpoint(cspec).ok());
+  TestShard old_bytes = MakeShard("zombie", 4, 0, {4u << 20}, 1);
+  old_bytes.spec.epoch = first;
+  auto stub = v1::Storage::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext zombie_ctx;
+  v1::WriteResponse zombie_resp;
+  auto zombie = stub->Write(&zombie_ctx, &zombie_resp);
+  v1::WriteRequest msg;
+  proto::ToProto(old_bytes.spec, msg.mutable_shard());
+  msg.set_write_offset(0);
+  msg.set_data(old_bytes.data[0].substr(0, 1 << 20));
+  ASSERT_TRUE(zombie->Write(msg));
+  // The zombie's stream now holds the shard; wait until the server has its first message.
+  Stopwatch w;
+  while (w.ElapsedSeconds() < 30 && MetricValue(*HttpGet(server.metrics_port()),
+                                               "gradsnap_bytes_in_total") < (1 << 20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const uint64_t second = *c->AcquireEpoch("zombie");
+  TestShard new_bytes = MakeShard("zombie", 4, 0, {4u << 20}, 2);
+  new_bytes.spec.epoch = second;
+  absl::Status saved = c->SaveShard(new_bytes.spec, new_bytes.Refs());
+  ASSERT_TRUE(saved.ok()) << saved;
+  auto got = RestoreToString(c.get(), "zombie", 4, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == new_bytes.Payload());
+  // The zombie's stream was ended by the server.
+  EXPECT_FALSE(zombie->Finish().ok());
+}
+
 TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
