@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -33,6 +34,8 @@ uint8_t* MapHuge(size_t bytes) {
 }  // namespace
 
 AlignedBuffer::AlignedBuffer(size_t capacity) : capacity_(AlignUp(capacity == 0 ? 1 : capacity)) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   if (capacity_ >= kHugePageBytes) {
     data_ = MapHuge(capacity_);
     return;
@@ -57,16 +60,20 @@ void AlignedBuffer::Release() {
   }
   data_ = nullptr;
   capacity_ = 0;
+  id_ = 0;
 }
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), capacity_(std::exchange(o.capacity_, 0)) {}
+    : data_(std::exchange(o.data_, nullptr)),
+      capacity_(std::exchange(o.capacity_, 0)),
+      id_(std::exchange(o.id_, 0)) {}
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   if (this != &o) {
     Release();
     data_ = std::exchange(o.data_, nullptr);
     capacity_ = std::exchange(o.capacity_, 0);
+    id_ = std::exchange(o.id_, 0);
   }
   return *this;
 }

@@ -50,6 +50,9 @@ class AlignedBuffer {
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
   size_t capacity() const { return capacity_; }
+  // Unique to this allocation in the process, never reused (0: no memory): what an io_uring
+  // fixed-buffer table is keyed by, since a freed buffer's address may come back for another.
+  uint64_t id() const { return id_; }
   // Writes a zero into every page, so the kernel maps (and zeroes) them now instead of in the
   // first copy into the buffer (copies into freshly faulted pages run at a fraction of memcpy
   // speed). Cheap on a buffer whose pages are already mapped.
@@ -60,6 +63,7 @@ class AlignedBuffer {
 
   uint8_t* data_ = nullptr;
   size_t capacity_ = 0;
+  uint64_t id_ = 0;
 };
 
 // Hands out buffers of one fixed capacity; keeps up to `max_cached` returned ones.

@@ -1,6 +1,7 @@
 #include "storage/segment_writer.h"
 
 #include <liburing.h>
+#include <sys/uio.h>
 
 #include <cerrno>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "storage/aligned_buffer.h"
+#include "storage/storage_stats.h"
 
 namespace gradsnap {
 namespace storage {
@@ -62,6 +64,9 @@ absl::Status SegmentWriter::SetupRing(int queue_depth) {
   // write. Optional: where registration fails (old kernel, limits) the descriptor is used.
   const int fd = file_->fd();
   fixed_file_ = io_uring_register_files(ring, &fd, 1) == 0;
+  // A sparse table of fixed buffers, filled as buffers are first written from (FixedSlotFor).
+  // Optional like the file: where the kernel refuses it every write is a plain one.
+  if (io_uring_register_buffers_sparse(ring, kFixedSlots) == 0) fixed_slots_.resize(kFixedSlots);
   return absl::OkStatus();
 }
 
@@ -82,6 +87,7 @@ void SegmentWriter::CloseRing() {
   // open (for writing) a moment after the writer is gone, e.g. keeping a read-only remount
   // of its file system busy.
   if (fixed_file_) io_uring_unregister_files(ring_);
+  if (!fixed_slots_.empty()) io_uring_unregister_buffers(ring_);  // unpins them now
   io_uring_queue_exit(ring_);
   delete ring_;
   ring_ = nullptr;
@@ -92,8 +98,15 @@ uint64_t SegmentWriter::end() const {
   return end_;
 }
 
-void SegmentWriter::Append(const uint8_t* data, size_t len, DoneFn done) {
+void SegmentWriter::Append(const uint8_t* data, size_t len, DoneFn done,
+                           const AlignedBuffer* buffer) {
   auto* r = new Request{data, len, 0, 0, std::move(done)};
+  if (buffer != nullptr && len >= kMinFixedBytes && data >= buffer->data() &&
+      data + len <= buffer->data() + buffer->capacity()) {
+    r->buffer_id = buffer->id();
+    r->buffer_base = buffer->data();
+    r->buffer_len = buffer->capacity();
+  }
   absl::Status fail;
   {
     absl::MutexLock lock(&mu_);
@@ -117,6 +130,7 @@ void SegmentWriter::Append(const uint8_t* data, size_t len, DoneFn done) {
 
 // Runs `done` outside mu_, then accounts the request as finished.
 void SegmentWriter::Finish(Request* r, const absl::Status& s) {
+  if (r->slot >= 0) --fixed_slots_[static_cast<size_t>(r->slot)].users;  // ring thread
   r->done(s, r->offset);
   delete r;
   absl::MutexLock lock(&mu_);
@@ -174,8 +188,17 @@ int SegmentWriter::Prepare(std::deque<Request*>* ready) {
     if (sqe == nullptr) break;  // SQ full until the next submit
     Request* r = from->front();
     from->pop_front();
-    io_uring_prep_write(sqe, fixed_file_ ? 0 : file_->fd(), r->data + r->done_bytes,
-                        static_cast<unsigned>(r->len - r->done_bytes), r->offset + r->done_bytes);
+    const int fd = fixed_file_ ? 0 : file_->fd();
+    const auto len = static_cast<unsigned>(r->len - r->done_bytes);
+    if (r->slot < 0) r->slot = FixedSlotFor(*r);  // a retried remainder keeps its slot
+    if (r->slot >= 0) {
+      io_uring_prep_write_fixed(sqe, fd, r->data + r->done_bytes, len,
+                                r->offset + r->done_bytes, r->slot);
+      fixed_writes_.fetch_add(1, std::memory_order_relaxed);
+      StorageStats::Get().fixed_buffer_writes->Add();
+    } else {
+      io_uring_prep_write(sqe, fd, r->data + r->done_bytes, len, r->offset + r->done_bytes);
+    }
     if (fixed_file_) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
     io_uring_sqe_set_data(sqe, r);
     unsubmitted_.push_back(r);
@@ -183,6 +206,32 @@ int SegmentWriter::Prepare(std::deque<Request*>* ready) {
     ++n;
   }
   return n;
+}
+
+int SegmentWriter::FixedSlotFor(const Request& r) {
+  if (r.buffer_id == 0 || fixed_slots_.empty()) return -1;
+  int free_slot = -1;
+  for (size_t i = 0; i < fixed_slots_.size(); ++i) {
+    FixedSlot& s = fixed_slots_[i];
+    if (s.id == r.buffer_id) {
+      ++s.users;
+      return static_cast<int>(i);
+    }
+    // An unused slot, the empty ones first; a slot in use by a prepared write is never replaced.
+    if (s.users == 0 && (free_slot < 0 || s.id == 0)) free_slot = static_cast<int>(i);
+  }
+  if (free_slot < 0) return -1;
+  iovec iov{const_cast<uint8_t*>(r.buffer_base), r.buffer_len};
+  __u64 tag = 0;
+  FixedSlot& s = fixed_slots_[static_cast<size_t>(free_slot)];
+  if (io_uring_register_buffers_update_tag(ring_, static_cast<unsigned>(free_slot), &iov, &tag,
+                                           1) != 1) {
+    s.id = 0;  // the kernel refused this buffer (a limit): plain writes for it
+    return -1;
+  }
+  s.id = r.buffer_id;
+  s.users = 1;
+  return free_slot;
 }
 
 void SegmentWriter::Submit() {

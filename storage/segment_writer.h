@@ -27,6 +27,7 @@
 #ifndef GRADSNAP_STORAGE_SEGMENT_WRITER_H_
 #define GRADSNAP_STORAGE_SEGMENT_WRITER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -34,11 +35,13 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "storage/aligned_buffer.h"
 #include "storage/file_system.h"
 
 struct io_uring;
@@ -64,8 +67,15 @@ class SegmentWriter {
 
   // Queues data[0, len) at the end of the file; `done(status, offset)` runs when it is
   // written. `len` must be a multiple of 4 KiB and `data` 4 KiB aligned; the bytes must stay
-  // valid until `done` runs.
-  void Append(const uint8_t* data, size_t len, DoneFn done);
+  // valid until `done` runs. With `buffer` (the AlignedBuffer data lies in, kept alive as the
+  // bytes are), the write goes out as a fixed-buffer write (io_uring_prep_write_fixed): the
+  // buffer is registered with the ring on first use, in one of kFixedSlots slots keyed by its
+  // id() (an address may come back for another buffer; an id never does), so the kernel pins
+  // its pages once per ring, not once per write.
+  void Append(const uint8_t* data, size_t len, DoneFn done,
+              const AlignedBuffer* buffer = nullptr);
+  // Writes that went out as fixed-buffer writes so far.
+  uint64_t fixed_writes() const { return fixed_writes_.load(); }
   // Waits until every queued write completed; returns the sticky error, if any.
   absl::Status Wait();
   // Wait(), then fdatasync.
@@ -81,7 +91,20 @@ class SegmentWriter {
     uint64_t offset;
     size_t done_bytes;
     DoneFn done;
+    uint64_t buffer_id = 0;            // AlignedBuffer::id(), 0: not a fixed-buffer candidate
+    const uint8_t* buffer_base = nullptr;
+    size_t buffer_len = 0;
+    int slot = -1;                     // fixed-buffer slot while prepared (ring thread)
   };
+  // A registered buffer: which one (id), and how many prepared writes use it.
+  struct FixedSlot {
+    uint64_t id = 0;
+    int users = 0;
+  };
+  static constexpr int kFixedSlots = 16;
+  static constexpr size_t kMinFixedBytes = 256 << 10;  // smaller writes: plain
+  // The slot holding r's buffer, registering it in a free slot if need be; -1: a plain write.
+  int FixedSlotFor(const Request& r);
   SegmentWriter(std::unique_ptr<File> file, std::string path);
   absl::Status SetupRing(int queue_depth);
   void CloseRing();  // unregisters the file, tears the ring down; ring_ becomes null
@@ -101,10 +124,12 @@ class SegmentWriter {
   std::thread ring_thread_;
 
   // Ring thread only.
+  std::vector<FixedSlot> fixed_slots_;  // empty: the kernel refused a buffer table
   int inflight_ = 0;      // submitted or prepared, not completed
   std::deque<Request*> unsubmitted_;  // prepared SQEs, in ring order
   std::deque<Request*> retry_;
   bool broken_ = false;   // io_uring_submit failed hard: no more submissions
+  std::atomic<uint64_t> fixed_writes_{0};
 
   mutable absl::Mutex mu_;
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;

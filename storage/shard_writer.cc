@@ -591,6 +591,7 @@ void ShardWriterImpl::Encode(Job* job, ChunkEncoder* enc) {
 }
 
 void ShardWriterImpl::SubmitIo(Job* job) {
+  const AlignedBuffer* buffer = job->alt != nullptr ? job->alt.get() : job->raw.get();
   uint8_t* rec = job->alt != nullptr ? job->alt->data() : job->raw->data();
   size_t len = job->record.header.record_len();
   size_t padded = AlignUp(len);
@@ -618,11 +619,14 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   }
   RetireSegments(std::move(retire));
   NoteWriteQueued();
-  w->Append(rec, padded, [this, job, padded](const absl::Status& st, uint64_t offset) {
-    NoteWriteDone(st.ok() ? padded : 0);
-    job->record.offset = offset;
-    Release(job, st);
-  });
+  w->Append(
+      rec, padded,
+      [this, job, padded](const absl::Status& st, uint64_t offset) {
+        NoteWriteDone(st.ok() ? padded : 0);
+        job->record.offset = offset;
+        Release(job, st);
+      },
+      buffer);
   absl::MutexLock lock(&io_mu_);
   if (seq == seg_seq_ - 1) {
     --seg_unsubmitted_;

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "storage/engine.h"
 #include "storage/engine_impl.h"
+#include "storage/storage_stats.h"
 #include "storage/test_util.h"
 #include "tests/testing/gtest_util.h"
 
@@ -160,6 +161,7 @@ TEST(ShardWriterSegmentsTest, RolledSegmentsAreClosedAndStayWithinTheirSize) {
   spec.tensors = {Tensor("w", DType::kU8, kBytes)};
   const std::vector<uint8_t> bytes = RandomBytes(kBytes, 5);
   const int fds = CountProcEntries("fd"), threads = CountProcEntries("task");
+  const int64_t fixed_before = StorageStats::Get().fixed_buffer_writes->Value();
   auto w = engine->OpenShardWriter(spec);
   ASSERT_TRUE(w.ok()) << w.status();
   ASSERT_TRUE((*w)->Append(bytes.data(), kBytes - (1 << 20)).ok());
@@ -169,6 +171,8 @@ TEST(ShardWriterSegmentsTest, RolledSegmentsAreClosedAndStayWithinTheirSize) {
   ASSERT_TRUE((*w)->Append(bytes.data() + kBytes - (1 << 20), 1 << 20).ok());
   ASSERT_TRUE((*w)->Finish().ok());
   w->reset();
+  // The 192 chunk records went out from registered (fixed) buffers.
+  EXPECT_GE(StorageStats::Get().fixed_buffer_writes->Value() - fixed_before, 192);
   ASSERT_TRUE(engine->Verify("segs", 1).ok());
   auto r = engine->OpenShardReader("segs", 1, 0);
   ASSERT_TRUE(r.ok()) << r.status();

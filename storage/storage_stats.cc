@@ -20,6 +20,8 @@ StorageStats& StorageStats::Get() {
         {&S::stored_bytes_written, "stored_bytes_written", "Chunk record bytes made durable"},
         {&S::chunks_written, "chunks_written", "Chunk records made durable"},
         {&S::chunks_compressed, "chunks_compressed", "Chunk records stored zstd-compressed"},
+        {&S::fixed_buffer_writes, "fixed_buffer_writes",
+         "Segment writes from registered (fixed) io_uring buffers"},
         {&S::raw_bytes_read, "raw_bytes_read", "Payload bytes returned by shard readers"},
         {&S::quarantined, "quarantined",
          "Segment files or directories the catalog does not know, moved to quarantine/"},

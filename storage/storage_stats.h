@@ -13,6 +13,7 @@ struct StorageStats {
   Counter* stored_bytes_written;  // record bytes (after compression) made durable
   Counter* chunks_written;
   Counter* chunks_compressed;
+  Counter* fixed_buffer_writes;   // segment writes from registered (fixed) io_uring buffers
   Counter* raw_bytes_read;        // payload bytes returned by readers
   Counter* data_loss;             // DATA_LOSS errors reported by readers
   Counter* quarantined;           // segment files/directories moved to quarantine/
