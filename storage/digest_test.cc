@@ -64,8 +64,9 @@ class DigestTest : public ::testing::Test {
     EXPECT_EQ(r.digest_algo, DigestAlgo::kSha256);
     ASSERT_TRUE((*meta)->Commit({{{key, old}}, {}, {}}).ok());
   }
-  // Replaces the stored digest of tensor 0 ("w") of step's shard by `hex`.
-  void TamperDigest(int64_t step, const std::string& hex) {
+  // Replaces the stored digest of tensor `index` (0: "w", 1: the empty "empty") of step's
+  // shard by `hex`.
+  void TamperDigest(int64_t step, const std::string& hex, size_t index = 0) {
     engine_.reset();
     auto meta = MetaStore::Open(dir_.path() + "/meta");
     ASSERT_TRUE(meta.ok()) << meta.status();
@@ -74,7 +75,7 @@ class DigestTest : public ::testing::Test {
     ASSERT_TRUE(v.ok());
     ShardRecord r;
     ASSERT_TRUE(DecodeShard(*v, &r).ok());
-    r.tensor_digests.at(0) = hex;
+    r.tensor_digests.at(index) = hex;
     ASSERT_TRUE((*meta)->Commit({{{key, EncodeShard(r)}}, {}, {}}).ok());
   }
   void ExpectTensorLoss(int64_t step, const std::string& what) {
@@ -185,6 +186,25 @@ TEST_F(DigestTest, WrongStoredDigestIsDataLossWithEitherAlgorithm) {
   EXPECT_EQ(n.status().code(), absl::StatusCode::kDataLoss) << n.status();
 }
 
+// An empty tensor has no byte to hash: its recorded digest must still be the empty input's, or
+// Verify and a stream that passes it report DATA_LOSS (ReadTensor always checked it).
+TEST_F(DigestTest, WrongDigestOfAnEmptyTensorIsDataLoss) {
+  Open(DigestAlgo::kXxh3_128);
+  Write(1);
+  TamperDigest(1, std::string(32, 'b'), /*index=*/1);
+  Open(DigestAlgo::kXxh3_128);
+  absl::Status v = engine_->Verify("dj", 1);
+  EXPECT_EQ(v.code(), absl::StatusCode::kDataLoss) << v;
+  EXPECT_NE(v.message().find("tensor empty"), std::string::npos) << v;
+  auto r = engine_->OpenShardReader("dj", 1, 0);
+  ASSERT_TRUE(r.ok());
+  std::vector<uint8_t> w(80000);
+  EXPECT_TRUE((*r)->Read(0, w.data(), w.size()).ok());  // w alone, before "empty": fine
+  std::vector<uint8_t> buf(1000);
+  EXPECT_EQ((*r)->Read(80000, buf.data(), buf.size()).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST_F(DigestTest, StreamReadInSmallPiecesChecksTheDigestAtTheTensorEnd) {
   Open(DigestAlgo::kXxh3_128);
   ShardData d = Write(1);
@@ -208,6 +228,10 @@ TEST_F(DigestTest, StreamReadInSmallPiecesChecksTheDigestAtTheTensorEnd) {
   }
   EXPECT_EQ(failed.code(), absl::StatusCode::kDataLoss) << failed;
   EXPECT_EQ(pos, 77000u);  // the read that reaches the end of w fails
+  // Read again on the same reader, from inside w: it knows w is bad (it would not hash w again
+  // from there), so w's bytes are not handed out now either.
+  auto again = (*r)->Read(pos, buf.data(), buf.size());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
   // A stream that starts inside w checks CRCs only, and reads the rest of the shard.
   auto r2 = engine_->OpenShardReader("dj", 1, 0);
   ASSERT_TRUE(r2.ok());

@@ -43,6 +43,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -150,6 +151,12 @@ class ShardReaderImpl : public ShardReader {
       pos += t.spec.byte_length;
     }
     tensor_start_.push_back(pos);
+    const std::string empty_digest = DigestHex(info_.digest_algo, nullptr, 0);
+    for (size_t t = 0; t < info_.tensors.size(); ++t) {
+      if (info_.tensors[t].spec.byte_length == 0 && info_.tensors[t].digest != empty_digest) {
+        bad_tensors_.insert(static_cast<uint32_t>(t));
+      }
+    }
     for (const ChunkRecord& c : chunks_) {
       max_raw_len_ = std::max<size_t>(max_raw_len_, c.header.raw_len);
     }
@@ -228,6 +235,8 @@ class ShardReaderImpl : public ShardReader {
   size_t ChunkAt(uint64_t offset) const;
   // The tensor holding stream byte `offset` (< the total).
   uint32_t TensorAt(uint64_t offset) const;
+  // DATA_LOSS when [from, to) of the stream touches a tensor in bad_tensors_.
+  absl::Status CheckKnownBad(uint64_t from, uint64_t to);
   // Starts reading `chunk` into a spare slot or a new one; false (nothing started) when a new
   // one would need a fresh buffer and `must` is not set.
   bool Schedule(size_t chunk, bool must);
@@ -289,6 +298,11 @@ class ShardReaderImpl : public ShardReader {
   int64_t hash_tensor_ = -1;
   uint64_t hash_next_ = 0;
   Digester digest_;
+  // Tensors known bad: a digest this reader found wrong (a retry at an offset inside the
+  // tensor would not see its start and hash it again), and empty tensors whose recorded digest
+  // is not the empty input's (a stream passes them without a byte to hash). A read that
+  // touches or passes one fails again.
+  std::set<uint32_t> bad_tensors_;
   std::atomic<bool> defer_crc_{false};  // set by ReadView, read by the decode pool
   std::map<uint32_t, int> file_index_;  // segment -> its index in the ring
   int slots_made_ = 0;
@@ -523,7 +537,10 @@ absl::Status ShardReaderImpl::VerifyHeld(uint32_t tensor, uint64_t hash_from) {
     if (cur_->shared != nullptr) engine_->shared_records()->Forget(cur_->shared.get());
     return Loss(tensor, PackedLoss(c, absl::DataLossError(kStoredCrcMismatch)));
   }
-  if (mismatch >= 0) return Loss(static_cast<uint32_t>(mismatch), DigestMismatch());
+  if (mismatch >= 0) {
+    bad_tensors_.insert(static_cast<uint32_t>(mismatch));
+    return Loss(static_cast<uint32_t>(mismatch), DigestMismatch());
+  }
   cur_->crc_pending = false;
   cur_->prehashed = hash_from != kNoHash;
   return absl::OkStatus();
@@ -653,7 +670,24 @@ absl::Status ShardReaderImpl::CopyOut(uint32_t tensor, const uint8_t* src, uint6
     std::memcpy(dst + done, src + done, len);
     HashRun(tensor, offset + done, dst + done, len, &mismatch);
   }
-  if (mismatch >= 0) return Loss(tensor, DigestMismatch());
+  if (mismatch >= 0) {
+    bad_tensors_.insert(static_cast<uint32_t>(mismatch));
+    return Loss(tensor, DigestMismatch());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardReaderImpl::CheckKnownBad(uint64_t from, uint64_t to) {
+  const uint64_t total = tensor_start_.back();
+  for (uint32_t t : bad_tensors_) {
+    // A tensor with bytes in [from, to), or an empty one the range starts at or passes (one at
+    // the very end: a range that reaches the end).
+    const uint64_t s = tensor_start_[t];
+    const bool touched = s == tensor_start_[t + 1]
+                             ? from <= s && (s < to || (s == total && to == total))
+                             : s < to && from < tensor_start_[t + 1];
+    if (touched) return Loss(t, DigestMismatch());
+  }
   return absl::OkStatus();
 }
 
@@ -661,6 +695,9 @@ absl::StatusOr<size_t> ShardReaderImpl::Read(uint64_t offset, void* out, size_t 
   if (read_start_ == UINT64_MAX) read_start_ = offset;
   uint64_t total = tensor_start_.back();
   if (offset >= total || n == 0) return 0;
+  if (!bad_tensors_.empty()) {
+    RETURN_IF_ERROR(CheckKnownBad(offset, std::min<uint64_t>(total, offset + n)));
+  }
   uint8_t* dst = static_cast<uint8_t*>(out);
   // A fresh destination faulted in ahead of the copy (not for ReadView: no destination).
   PopulateAhead populate(out, out == nullptr ? 0 : std::min<uint64_t>(n, total - offset));
