@@ -71,7 +71,6 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
     }
     // Dropped whatever the engine answers: an abort that fails part-way (a writer still open
     // on the FULL) may have deleted the DELTAs already.
-    absl::WriterMutexLock gate(&cache_gate_);  // no shard commit publishes in between
     absl::Status aborted = engine_->AbortCheckpoint(req->job(), req->step(), req->epoch());
     for (int64_t step : dropped) cache_->Drop(req->job(), step);
     return aborted;
@@ -218,7 +217,6 @@ grpc::Status StorageService::Delete(grpc::ServerContext* ctx, const v1::DeleteRe
     RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
     // Before and after: a commit of the step racing the delete may publish in between.
     cache_->Drop(req->job(), req->step());
-    absl::WriterMutexLock gate(&cache_gate_);  // no shard commit publishes in between
     absl::Status deleted = engine_->Delete(req->job(), req->step());
     cache_->Drop(req->job(), req->step());
     return deleted;
@@ -237,7 +235,6 @@ grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* r
     storage::GcPolicy policy;
     policy.keep_last = req->keep_last();
     policy.keep_every = req->keep_every();
-    absl::WriterMutexLock gate(&cache_gate_);  // no shard commit publishes in between
     absl::StatusOr<storage::GcResult> gc = engine_->Gc(req->job(), policy);
     if (!gc.ok()) {  // which steps went before the failure is unknown: none is served from RAM
       cache_->DropJob(req->job());

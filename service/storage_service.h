@@ -170,10 +170,6 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   ServiceMetrics* const metrics_;
   std::atomic<bool> serving_{true};
 
-  // Orders a shard commit's RAM-tier publication (readers: manifest read, Publish, Committed)
-  // against Delete, AbortCheckpoint and Gc (writer: engine change, then Drop), so a deleted
-  // step is never published after its drop.
-  absl::Mutex cache_gate_;
   absl::Mutex mu_;
   // The stream writing each shard: its writer epoch and its call, which a stream of a newer
   // attempt cancels (valid while the entry exists: the claim is dropped before the call ends).

@@ -330,9 +330,6 @@ absl::Status StorageService::FinishShard(const storage::ShardSpec& spec,
     }
     return absl::OkStatus();
   }
-  // A Delete, Abort or Gc of the step runs wholly before this (the manifest is gone: nothing
-  // is published) or wholly after (it drops what was published), never in between.
-  absl::ReaderMutexLock gate(&cache_gate_);
   absl::StatusOr<storage::Manifest> m = engine_->GetManifest(spec.job, spec.step);
   if (!m.ok()) return absl::OkStatus();  // committed; the RAM tier simply misses this shard
   const bool committed = m->info.state == storage::CheckpointState::kCommitted;
