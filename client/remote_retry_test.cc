@@ -72,6 +72,13 @@ TEST(RemoteRetryTest, RemovalRetriedAfterALostAnswerFindsItGoneAndSucceeds) {
   EXPECT_TRUE(absl::IsNotFound(run({gone})));
   EXPECT_TRUE(absl::IsNotFound(run({absl::ResourceExhaustedError("server busy: memory"), gone})));
   EXPECT_TRUE(absl::IsNotFound(run({absl::AbortedError("superseded"), gone})));
+  // A call that never reached the server, or that it refused, did not run.
+  EXPECT_TRUE(absl::IsNotFound(run(
+      {absl::UnavailableError("127.0.0.1:4000: failed to connect to all addresses; last error: "
+                              "UNKNOWN: ipv4:127.0.0.1:4000: Failed to connect to remote host: "
+                              "Connection refused"),
+       gone})));
+  EXPECT_TRUE(absl::IsNotFound(run({absl::UnavailableError("server is shutting down"), gone})));
   EXPECT_TRUE(run({absl::UnavailableError("down"), absl::OkStatus()}).ok());
 }
 

@@ -183,20 +183,31 @@ absl::Status WithRetry(const ClientOptions& o, Node* node, Fn&& fn) {
   return s;
 }
 
+// Whether a call that failed with `s` may have run on the server, its answer lost: a stream
+// reset or a connection broken under the call. Not a connection that was never made ("failed
+// to connect", "Connection refused") nor the server's own refusal ("shutting down"), where the
+// request certainly did not run.
+inline bool MayHaveRun(const absl::Status& s) {
+  if (absl::IsInternal(s)) return absl::StrContains(s.message(), "RST_STREAM");
+  if (!absl::IsUnavailable(s)) return false;
+  for (const char* never_sent : {"failed to connect", "onnection refused", "shutting down",
+                                 "DNS resolution failed", "Name resolution"}) {
+    if (absl::StrContains(s.message(), never_sent)) return false;
+  }
+  return true;
+}
+
 // WithRetry for a call that removes something (Delete): NOT_FOUND from an attempt made after
-// one whose outcome is unknown (UNAVAILABLE or a reset stream: it may have run on the server
-// and only its answer been lost) is that earlier attempt's removal, and OK. NOT_FOUND from the
-// first attempt, or after attempts the server refused, stays NOT_FOUND.
+// one that may have run (MayHaveRun) is that earlier attempt's removal, and OK. NOT_FOUND from
+// the first attempt, or after attempts that never reached the server or that it refused,
+// stays NOT_FOUND.
 template <typename Fn>
 absl::Status WithRetryRemoving(const ClientOptions& o, Node* node, Fn&& fn) {
   bool may_have_run = false;
   return WithRetry(o, node, [&]() -> absl::Status {
     absl::Status s = fn();
     if (absl::IsNotFound(s) && may_have_run) return absl::OkStatus();
-    if (absl::IsUnavailable(s) ||
-        (absl::IsInternal(s) && absl::StrContains(s.message(), "RST_STREAM"))) {
-      may_have_run = true;
-    }
+    if (MayHaveRun(s)) may_have_run = true;
     return s;
   });
 }
