@@ -43,6 +43,7 @@ absl::Status UringReader::Setup(int queue_depth, int buffers) {
     return PosixError("io_uring_queue_init", -rc);
   }
   ring_ = ring;
+  ext_arg_ = (ring->features & IORING_FEAT_EXT_ARG) != 0;
   std::vector<int> fds;
   for (File* f : files_) fds.push_back(f->fd());
   // Registered files and buffers only save per-I/O work: without them reads still work.
@@ -65,17 +66,14 @@ UringReader::~UringReader() {
         },
         this));
     stop_.store(true);
-    // Wake the reaper at once with a NOP (user data nullptr). Not on a broken ring: a submit
-    // would also hand the kernel the stale SQEs of the failed submit, reads into buffers their
-    // requests no longer own. Without the NOP the reaper sees stop_ at its next wake-up
-    // (kReapWakeMs).
-    if (broken_.ok()) {
-      io_uring_sqe* sqe = io_uring_get_sqe(ring_);
-      if (sqe != nullptr) {
-        io_uring_prep_nop(sqe);
-        io_uring_sqe_set_data(sqe, nullptr);
-        if (io_uring_submit(ring_) < 0) GS_LOG(WARNING) << "io_uring reader: no wake-up NOP";
-      }
+    // Wake the reaper with a NOP (user data nullptr); on a broken ring it flushes the failed
+    // submit's entries too, NOPs by now. If it cannot be submitted the reaper sees stop_ at its
+    // next timed wake-up (kReapWakeMs; kernels with IORING_FEAT_EXT_ARG, Linux 5.11+).
+    io_uring_sqe* sqe = io_uring_get_sqe(ring_);
+    if (sqe != nullptr) {
+      io_uring_prep_nop(sqe);
+      io_uring_sqe_set_data(sqe, nullptr);
+      if (io_uring_submit(ring_) < 0) GS_LOG(WARNING) << "io_uring reader: no wake-up NOP";
     }
   }
   if (reaper_.joinable()) reaper_.join();
@@ -119,6 +117,7 @@ std::vector<UringReader::Request*> UringReader::SubmitLocked() {
     return out;
   }
   std::vector<Request*> prepared;
+  std::vector<io_uring_sqe*> sqes;
   while (!pending_.empty() && inflight_ < depth_) {
     io_uring_sqe* sqe = io_uring_get_sqe(ring_);
     if (sqe == nullptr) break;  // SQ full until the next submit
@@ -135,20 +134,27 @@ std::vector<UringReader::Request*> UringReader::SubmitLocked() {
     if (fixed_files_) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, r);
     prepared.push_back(r);
+    sqes.push_back(sqe);
     ++inflight_;
   }
   size_t submitted = 0;
   for (int attempts = 0; submitted < prepared.size(); ++attempts) {
     int rc = io_uring_submit(ring_);
-    if (rc >= 0) {
+    if (rc > 0) {
       submitted += static_cast<size_t>(rc);
       continue;
     }
+    if (rc == 0) break;  // nothing left in the queue to hand over: all of it went out
     if ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && attempts < 1000) continue;
     // The kernel refuses the ring. What it never took fails, and so does everything after it.
     // Their SQEs stay in the submission queue (liburing published the tail before the enter):
-    // nothing is submitted on this ring again, not even the destructor's NOP, so the kernel
-    // never runs them, and closing the ring drops them.
+    // they become NOPs the reaper ignores, so whatever submits on this ring later (the
+    // destructor's wake-up NOP) never hands the kernel a read into a buffer its request no
+    // longer owns. No read is submitted on this ring again.
+    for (size_t i = submitted; i < sqes.size(); ++i) {
+      io_uring_prep_nop(sqes[i]);
+      io_uring_sqe_set_data(sqes[i], kStaleEntry);
+    }
     broken_ = PosixError("io_uring_submit (read)", -rc);
     GS_LOG(ERROR) << broken_;
     out.assign(prepared.begin() + static_cast<std::ptrdiff_t>(submitted), prepared.end());
@@ -170,11 +176,13 @@ void UringReader::Fail(const std::vector<Request*>& reqs, const absl::Status& s)
 void UringReader::ReapLoop() {
   for (;;) {
     io_uring_cqe* cqe = nullptr;
-    // A bounded wait, so a stop without the NOP (a broken ring) is seen too. With
-    // IORING_FEAT_EXT_ARG (Linux 5.11+) the timeout is an argument of the wait and submits
-    // nothing.
+    // A bounded wait where the kernel takes the timeout as an argument of the wait
+    // (IORING_FEAT_EXT_ARG, Linux 5.11+), so a stop whose NOP could not be submitted is seen
+    // too. Older kernels would need a timeout SQE, submitted from this thread outside mu_,
+    // racing Read for the submission queue: they wait for the NOP.
     __kernel_timespec ts{0, kReapWakeMs * 1000000LL};
-    int rc = io_uring_wait_cqe_timeout(ring_, &cqe, &ts);
+    int rc = ext_arg_ ? io_uring_wait_cqe_timeout(ring_, &cqe, &ts)
+                      : io_uring_wait_cqe(ring_, &cqe);
     if (rc == -EINTR) continue;
     if (rc == -ETIME || rc == -EAGAIN) {
       if (stop_.load()) return;
@@ -189,10 +197,12 @@ void UringReader::ReapLoop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(kReapWakeMs));
       continue;
     }
-    auto* r = static_cast<Request*>(io_uring_cqe_get_data(cqe));
+    void* data = io_uring_cqe_get_data(cqe);
     int res = cqe->res;
     io_uring_cqe_seen(ring_, cqe);
-    if (r == nullptr) return;  // the NOP of the destructor
+    if (data == nullptr) return;       // the NOP of the destructor
+    if (data == kStaleEntry) continue;  // an entry of a refused submit, made a NOP
+    auto* r = static_cast<Request*>(data);
     res = files_[r->file]->OnUringRead(r->offset + r->got, r->buf + r->got, r->n - r->got, res);
     absl::Status status;
     Request* finished = Complete(r, res, &status);

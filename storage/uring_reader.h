@@ -11,9 +11,10 @@
 // ERROR HANDLING
 //   A short read or -EAGAIN/-EINTR resubmits the rest; a read of 0 bytes ends the request at
 //   end of file (`done` gets the bytes read, fewer than asked). Any other error is the request's
-//   Status (PosixError: EIO becomes INTERNAL naming the file and offset). If the kernel refuses
-//   the ring, that request and every later one fail, and nothing is submitted on it again
-//   (its unsubmitted SQEs are dropped with it, never run). Every completion goes through
+//   Status (PosixError: EIO becomes DATA_LOSS naming the file and offset). If the kernel refuses
+//   the ring, that request and every later one fail, and no read is submitted on it again
+//   (its unsubmitted SQEs become NOPs, so nothing submitted later runs them). Every completion
+//   goes through
 //   File::OnUringRead, so a fault-injecting file system can shorten it or turn it into an error.
 //   Every `done` runs exactly once, from the reaping thread or from Read(), never under mu_.
 //
@@ -89,6 +90,7 @@ class UringReader {
   const std::vector<File*> files_;
   const std::vector<std::string> names_;
   io_uring* ring_ = nullptr;
+  bool ext_arg_ = false;  // the kernel takes a wait's timeout as an argument (5.11+)
   bool fixed_files_ = false;
   std::vector<bool> fixed_buffer_ ABSL_GUARDED_BY(mu_);  // per slot: registered
   std::thread reaper_;
@@ -101,6 +103,8 @@ class UringReader {
   bool wait_refused_ = false;      // reaper only: a failed wait was logged
   std::atomic<bool> stop_{false};  // the destructor runs: the reaper returns at its next wake
   static constexpr int kReapWakeMs = 100;  // the reaper's longest sleep while idle
+  // User data of an entry of a refused submit, rewritten as a NOP: its completion is ignored.
+  static inline void* const kStaleEntry = reinterpret_cast<void*>(uintptr_t{1});
 };
 
 }  // namespace storage
