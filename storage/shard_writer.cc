@@ -607,7 +607,10 @@ void ShardWriterImpl::SubmitIo(Job* job) {
         Release(job, created);
         return;
       }
-      for (SealedSegment& s : sealed_) {
+      // Earlier sealed segments only: the one just sealed still has writes on the disk's
+      // queue, and waiting for them here would drain the queue at every roll.
+      for (size_t i = 0; i + 1 < sealed_.size(); ++i) {
+        SealedSegment& s = sealed_[i];
         if (s.writer != nullptr && s.unsubmitted == 0) retire.emplace_back(s.seq, std::move(s.writer));
       }
     }
