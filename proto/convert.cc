@@ -152,8 +152,10 @@ size_t ShardInfoBytesBound(const storage::ShardSpec& spec, DigestAlgo algo) {
     if (algo == DigestAlgo::kSha256 && s.sha256.empty()) {
       t.mutable_spec()->set_sha256(std::string(64, 'f'));  // the digest, repeated
     }
-    t.set_stored_bytes(std::max<uint64_t>(s.byte_length * 2, 1u << 20));
-    t.set_chunks(static_cast<uint32_t>(std::min<uint64_t>(s.byte_length / 4096 + 2, UINT32_MAX)));
+    // Widest varints: a tensor written over many resumed streams has more (and smaller)
+    // chunks than its size suggests.
+    t.set_stored_bytes(UINT64_MAX);
+    t.set_chunks(UINT32_MAX);
     const size_t n = t.ByteSizeLong();
     bytes += 1 + CodedOutputStream::VarintSize64(n) + n;  // field 6: tag, length, message
   }

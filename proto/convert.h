@@ -73,9 +73,8 @@ absl::StatusOr<storage::Manifest> FromProto(const gradsnap::v1::Manifest& in);
 uint64_t PayloadSize(const storage::ShardSpec& spec);
 
 // The most bytes the ShardInfo of a shard written from `spec` with digests `algo` can take on
-// the wire: its spec plus, per tensor, the digest (repeated in spec.sha256 for SHA-256), the
-// stored size (at most twice the tensor or 1 MiB) and the chunk count (at most one per 4 KiB,
-// plus two). A Read's first message carries it whole, so a spec whose bound passes
+// the wire: its spec plus, per tensor, the digest (repeated in spec.sha256 for SHA-256) and the
+// stored size and chunk count at their widest. A Read's first message carries it whole, so a spec whose bound passes
 // kMaxMessageBytes is refused at the upload's first message: nothing the server stores is
 // unreadable over the wire.
 size_t ShardInfoBytesBound(const storage::ShardSpec& spec, DigestAlgo algo);
