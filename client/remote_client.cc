@@ -100,7 +100,14 @@ absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
     }
     // A node above `newest` after this took another attempt's newer epoch: that attempt
     // supersedes this one there, as it should.
-    return ask(node, newest);
+    RETURN_IF_ERROR(ask(node, newest));
+    absl::MutexLock lock(&mu);
+    if (answered[&node] < newest) {  // a server from before raise_to took a new epoch instead
+      return absl::FailedPreconditionError(absl::StrCat(
+          node.endpoint, ": answered epoch ", answered[&node], " when raised to ", newest,
+          ": a server without AcquireEpochRequest.raise_to cannot fence this job (upgrade it)"));
+    }
+    return absl::OkStatus();
   }));
   return newest;
 }

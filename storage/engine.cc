@@ -459,6 +459,18 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
   if (!fresh) {
     if (!v.ok()) return v.status();
     RETURN_IF_ERROR(DecodeShard(*v, &rec));
+    // Durable bytes of an older attempt are not this attempt's to resume (they may differ from
+    // what it writes, its spec too): the shard starts over. Its old segment files are truncated
+    // as the new writer reuses their numbers; any left over are unreferenced and quarantined at
+    // an Open.
+    if (!rec.committed && rec.committed_size > 0 && spec.epoch > rec.epoch) {
+      GS_LOG(WARNING) << Where(spec.job, spec.step, spec.rank) << ": the " << rec.committed_size
+                      << " durable bytes of attempt " << rec.epoch << " are dropped; attempt "
+                      << spec.epoch << " writes the shard anew";
+      fresh = true;
+    }
+  }
+  if (!fresh) {
     if (!SameShardSpec(rec.spec, spec)) {
       if (rec.committed || rec.committed_size > 0) {
         return absl::AlreadyExistsError(absl::StrCat(
@@ -466,15 +478,6 @@ absl::StatusOr<ShardRecord> EngineImpl::ReserveWriterLocked(const ShardSpec& spe
       }
       fresh = true;
     }
-  }
-  // Durable bytes of an older attempt are not this attempt's to resume (they may differ from
-  // what it writes): the shard starts over. Its old segment files are truncated as the new
-  // writer reuses their numbers; any left over are unreferenced and quarantined at an Open.
-  if (!fresh && !rec.committed && rec.committed_size > 0 && spec.epoch > rec.epoch) {
-    GS_LOG(WARNING) << Where(spec.job, spec.step, spec.rank) << ": the " << rec.committed_size
-                    << " durable bytes of attempt " << rec.epoch << " are dropped; attempt "
-                    << spec.epoch << " writes the shard anew";
-    fresh = true;
   }
   if (!fresh && rec.committed) {
     // Already committed with this spec: a writer with nothing left to do.
@@ -658,13 +661,21 @@ absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
   // The next epoch is above the catalog's and the mirror's (a catalog made anew beside an old
   // mirror does not count again).
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
-  const uint64_t next = std::max(current, MirroredJobEpoch(fs_, options_.data_dir, job)) + 1;
+  const uint64_t newest = std::max(current, MirroredJobEpoch(fs_, options_.data_dir, job));
+  if (newest >= kMaxEpoch) {  // never wraps to 0, which is unfenced
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, ": writer epochs exhausted (", newest, ")"));
+  }
+  const uint64_t next = newest + 1;
   RETURN_IF_ERROR(CommitEpochLocked(job, next));
   return next;
 }
 
 absl::StatusOr<uint64_t> EngineImpl::RaiseEpoch(const std::string& job, uint64_t to) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
+  if (to > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("epoch ", to, " above ", kMaxEpoch));
+  }
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckWritable());
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));

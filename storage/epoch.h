@@ -29,6 +29,9 @@
 namespace gradsnap {
 namespace storage {
 
+// The largest writer epoch a job takes (2^62): an epoch never wraps around to 0 (unfenced).
+inline constexpr uint64_t kMaxEpoch = uint64_t{1} << 62;
+
 std::string EpochKey(const std::string& job);
 
 // The job's newest epoch (0 when none was ever acquired).

@@ -57,6 +57,10 @@ TEST_F(EpochTest, RaiseLiftsButNeverLowers) {
   e = Open();
   EXPECT_EQ(*e->AcquireEpoch("j"), 8u);
   EXPECT_EQ(e->RaiseEpoch("bad/name", 2).status().code(), absl::StatusCode::kInvalidArgument);
+  // Epochs stop at kMaxEpoch: never wrapping around to 0, which is unfenced.
+  EXPECT_EQ(e->RaiseEpoch("j", kMaxEpoch + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*e->RaiseEpoch("j", kMaxEpoch), kMaxEpoch);
+  EXPECT_EQ(e->AcquireEpoch("j").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // A shard's durable prefix carries the epoch that wrote it: a writer of a newer attempt is told
@@ -81,7 +85,7 @@ TEST_F(EpochTest, NewerAttemptStartsAnOlderAttemptsShardOver) {
   EXPECT_EQ(*e->ShardCommittedSize("j", 1, 0, first), durable);  // its own attempt resumes
   const uint64_t second = *e->AcquireEpoch("j");
   EXPECT_EQ(*e->ShardCommittedSize("j", 1, 0, second), 0u);
-  ShardData new_data = MakeShard("j", 1, 0, 8, 300000);
+  ShardData new_data = MakeShard("j", 1, 0, 8, 300004);  // its spec differs too
   new_data.spec.epoch = second;
   const std::vector<uint8_t> new_bytes = new_data.stream();
   {
