@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 
 namespace gradsnap {
 
@@ -35,6 +37,20 @@ std::string FlagArgumentsError(const std::vector<std::string>& args) {
   auto acted_on = [](const std::string& name) {
     return name == "flagfile" || name == "fromenv" || name == "tryfromenv" || name == "undefok";
   };
+  // Names --undefok lists (Abseil's own flag): those may be unknown.
+  std::set<std::string> undefok;
+  for (size_t i = 1; i < args.size() && args[i] != "--"; ++i) {
+    std::string a = args[i];
+    std::string value;
+    if (absl::StartsWith(a, "--undefok=") || absl::StartsWith(a, "-undefok=")) {
+      value = a.substr(a.find('=') + 1);
+    } else if ((a == "--undefok" || a == "-undefok") && i + 1 < args.size()) {
+      value = args[i + 1];
+    }
+    for (absl::string_view name : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      undefok.insert(absl::StrReplaceAll(name, {{"-", "_"}}));
+    }
+  }
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") break;
@@ -57,7 +73,14 @@ std::string FlagArgumentsError(const std::vector<std::string>& args) {
         continue;
       }
     }
-    if (flag == nullptr) return absl::StrCat("unknown flag ", typed);
+    if (flag == nullptr) {
+      if (undefok.count(name) != 0 ||
+          (absl::StartsWith(name, "no") && undefok.count(name.substr(2)) != 0)) {
+        // Abseil skips it; a value given apart ("--x v") is then a positional argument.
+        continue;
+      }
+      return absl::StrCat("unknown flag ", typed);
+    }
     std::string value;
     if (eq != std::string::npos) {
       value = a.substr(eq + 1);

@@ -362,6 +362,9 @@ TEST(CommandLine, FlagErrorNamesTheFlagAsTyped) {
             "bad value 'maybe' for --command-line-test-switch");
   EXPECT_EQ(FlagErrorOf({"--nocommand-line-test-switch=1"}),
             "--nocommand-line-test-switch takes no value");
+  // --undefok names flags that may be unknown, as Abseil has it.
+  EXPECT_EQ(FlagErrorOf({"--undefok=old-flag,gone", "--old-flag=1", "--gone"}), "");
+  EXPECT_EQ(FlagErrorOf({"--undefok=gone", "--other"}), "unknown flag --other");
 }
 
 #include "common/key_value_text.h"
