@@ -2,9 +2,12 @@
 //
 // Every Write stream reserves its share once, after its first message and token check
 // (ServiceOptions::per_stream_bytes: a message plus what its engine writer can hold), and
-// releases it when the stream ends. When the budget is used up a stream waits (so gRPC flow control stalls its sender) for a bounded time and then fails with
-// RESOURCE_EXHAUSTED "server busy", which clients retry with backoff. Memory held by uploads
-// therefore never exceeds the budget, however many clients connect.
+// releases it when the stream ends. When the budget is used up a stream waits (so gRPC flow
+// control stalls its sender) for a bounded time and then fails with RESOURCE_EXHAUSTED
+// "server busy", which clients retry with backoff. Memory held by uploads past their first
+// message therefore never exceeds the budget, however many clients connect; first messages
+// (up to 4 MiB each, held while their stream waits) are bounded by gRPC's resource quota,
+// which the server sets to the same budget (docs/protocol.md).
 //
 // Thread-safe.
 #ifndef GRADSNAP_SERVICE_INFLIGHT_LIMITER_H_
