@@ -180,33 +180,43 @@ TEST_F(UringReaderTest, RefusedSubmitFailsTheReadAndItsQueuedEntryNeverRuns) {
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
+// In a death test's child: an engine in `dir` with checkpoint (job, 1) begun.
+std::unique_ptr<Engine> OpenWithCheckpoint(const TempDir& dir, const std::string& job) {
+  EngineOptions o;
+  o.data_dir = dir.path() + "/e";
+  auto e = Engine::Open(o);
+  CHILD_CHECK(e.ok());
+  CheckpointSpec cs{job, 1, CheckpointKind::kFull, -1, 1, ""};
+  CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
+  return *std::move(e);
+}
+
+// In a death test's child: writes `d`, verifies it and streams it back, byte for byte.
+void WriteVerifyAndStreamBack(Engine* e, const ShardData& d) {
+  CHILD_CHECK(e->WriteShard(d.spec, d.ptrs()).ok());
+  CHILD_CHECK(e->Verify(d.spec.job, 1).ok());
+  auto r = e->OpenShardReader(d.spec.job, 1, 0);
+  CHILD_CHECK(r.ok());
+  const std::vector<uint8_t> want = d.stream();
+  std::vector<uint8_t> got(want.size());
+  for (uint64_t pos = 0; pos < got.size();) {
+    auto n = (*r)->Read(pos, got.data() + pos, got.size() - pos);
+    CHILD_CHECK(n.ok() && *n > 0);
+    pos += *n;
+  }
+  CHILD_CHECK(got == want);
+}
+
 // As in a container whose seccomp profile refuses io_uring: the engine writes and reads with
 // pread/pwrite, every byte as written.
 TEST(UringRefusedEngineTest, EngineWritesAndRestoresWithoutIoUring) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
   auto child = [&] {
-        CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
-        EngineOptions o;
-        o.data_dir = dir.path() + "/e";
-        auto e = Engine::Open(o);
-        CHILD_CHECK(e.ok());
-        CheckpointSpec cs{"nouring", 1, CheckpointKind::kFull, -1, 1, ""};
-        CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
-        ShardData d = MakeShard("nouring", 1, 0, 9);
-        CHILD_CHECK((*e)->WriteShard(d.spec, d.ptrs()).ok());
-        CHILD_CHECK((*e)->Verify("nouring", 1).ok());
-        auto r = (*e)->OpenShardReader("nouring", 1, 0);
-        CHILD_CHECK(r.ok());
-        const std::vector<uint8_t> want = d.stream();
-        std::vector<uint8_t> got(want.size());
-        for (uint64_t pos = 0; pos < got.size();) {
-          auto n = (*r)->Read(pos, got.data() + pos, got.size() - pos);
-          CHILD_CHECK(n.ok() && *n > 0);
-          pos += *n;
-        }
-        CHILD_CHECK(got == want);
-        _exit(0);
+    CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
+    auto e = OpenWithCheckpoint(dir, "nouring");
+    WriteVerifyAndStreamBack(e.get(), MakeShard("nouring", 1, 0, 9));
+    _exit(0);
   };
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
@@ -217,16 +227,11 @@ TEST(UringRefusedEngineTest, RefusedReadIsNotDataLoss) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
   auto child = [&] {
-    EngineOptions o;
-    o.data_dir = dir.path() + "/e";
-    auto e = Engine::Open(o);
-    CHILD_CHECK(e.ok());
-    CheckpointSpec cs{"refused", 1, CheckpointKind::kFull, -1, 1, ""};
-    CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
+    auto e = OpenWithCheckpoint(dir, "refused");
     ShardData d = MakeShard("refused", 1, 0, 9);
-    CHILD_CHECK((*e)->WriteShard(d.spec, d.ptrs()).ok());
+    CHILD_CHECK(e->WriteShard(d.spec, d.ptrs()).ok());
     CHILD_CHECK(DenySyscall(__NR_io_uring_enter));
-    auto r = (*e)->OpenShardReader("refused", 1, 0);
+    auto r = e->OpenShardReader("refused", 1, 0);
     CHILD_CHECK(r.ok());
     std::vector<uint8_t> got(d.stream().size());
     auto n = (*r)->Read(0, got.data(), got.size());
@@ -244,27 +249,10 @@ TEST(ThreadsRefusedEngineTest, EngineWritesAndRestoresWithoutNewThreads) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
   auto child = [&] {
-    EngineOptions o;
-    o.data_dir = dir.path() + "/e";
-    auto e = Engine::Open(o);
-    CHILD_CHECK(e.ok());
-    CheckpointSpec cs{"nothreads", 1, CheckpointKind::kFull, -1, 1, ""};
-    CHILD_CHECK((*e)->BeginCheckpoint(cs).ok());
+    auto e = OpenWithCheckpoint(dir, "nothreads");
     CHILD_CHECK(DenySyscall(__NR_clone, EAGAIN));
     CHILD_CHECK(DenySyscall(__NR_clone3, EAGAIN));
-    ShardData d = MakeShard("nothreads", 1, 0, 11, 3000000);  // 12 MB: several chunks
-    CHILD_CHECK((*e)->WriteShard(d.spec, d.ptrs()).ok());
-    CHILD_CHECK((*e)->Verify("nothreads", 1).ok());
-    auto r = (*e)->OpenShardReader("nothreads", 1, 0);
-    CHILD_CHECK(r.ok());
-    const std::vector<uint8_t> want = d.stream();
-    std::vector<uint8_t> got(want.size());
-    for (uint64_t pos = 0; pos < got.size();) {
-      auto n = (*r)->Read(pos, got.data() + pos, got.size() - pos);
-      CHILD_CHECK(n.ok() && *n > 0);
-      pos += *n;
-    }
-    CHILD_CHECK(got == want);
+    WriteVerifyAndStreamBack(e.get(), MakeShard("nothreads", 1, 0, 11, 3000000));  // 12 MB
     _exit(0);
   };
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
