@@ -4,6 +4,7 @@
 // checkpoint listed.
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -420,6 +421,21 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   EXPECT_EQ(server->Wait(), 0);
 }
 
+// Sends the first `bytes` of single-tensor shard `shard` on `stream` (a raw Write: the spec in
+// the first message, then 1 MiB messages), without finish_write. False if a write failed.
+bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard& shard,
+                   uint64_t bytes) {
+  v1::WriteRequest msg;
+  proto::ToProto(shard.spec, msg.mutable_shard());
+  for (uint64_t off = 0; off < bytes; off += 1 << 20) {
+    msg.set_write_offset(off);
+    msg.set_data(shard.data[0].substr(off, std::min<uint64_t>(1 << 20, bytes - off)));
+    if (!stream->Write(msg)) return false;
+    msg.clear_shard();
+  }
+  return true;
+}
+
 // Attempt 1 left 5 MiB of its shard durable (its stream cut without finish_write); attempt 2
 // saves the same step with other bytes. Its client is told there is nothing to resume for it,
 // and the server starts the shard over: the committed shard holds attempt 2's bytes only, not
@@ -441,14 +457,7 @@ TEST(ServiceFault, NewAttemptDoesNotResumeAnOlderAttemptsBytes) {
     grpc::ClientContext ctx;
     v1::WriteResponse resp;
     auto stream = stub->Write(&ctx, &resp);
-    v1::WriteRequest msg;
-    proto::ToProto(old_bytes.spec, msg.mutable_shard());
-    for (uint64_t off = 0; off < (5u << 20); off += 1 << 20) {
-      msg.set_write_offset(off);
-      msg.set_data(old_bytes.data[0].substr(off, 1 << 20));
-      ASSERT_TRUE(stream->Write(msg));
-      msg.clear_shard();
-    }
+    ASSERT_TRUE(SendRawPrefix(stream.get(), old_bytes, 5u << 20));
     stream->WritesDone();  // ends without finish_write: what arrived is made durable
     EXPECT_TRUE(stream->Finish().ok());
     EXPECT_EQ(resp.committed_size(), 5u << 20);
@@ -492,11 +501,7 @@ TEST(ServiceFault, NewAttemptCancelsAnOlderAttemptsOpenUpload) {
   grpc::ClientContext zombie_ctx;
   v1::WriteResponse zombie_resp;
   auto zombie = stub->Write(&zombie_ctx, &zombie_resp);
-  v1::WriteRequest msg;
-  proto::ToProto(old_bytes.spec, msg.mutable_shard());
-  msg.set_write_offset(0);
-  msg.set_data(old_bytes.data[0].substr(0, 1 << 20));
-  ASSERT_TRUE(zombie->Write(msg));
+  ASSERT_TRUE(SendRawPrefix(zombie.get(), old_bytes, 1 << 20));
   // The zombie's stream now holds the shard; wait until the server has its first message.
   Stopwatch w;
   while (w.ElapsedSeconds() < 30 && MetricValue(*HttpGet(server.metrics_port()),
@@ -528,14 +533,7 @@ TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
     grpc::ClientContext ctx;
     v1::WriteResponse resp;
     auto stream = stub->Write(&ctx, &resp);
-    v1::WriteRequest msg;
-    proto::ToProto(shard.spec, msg.mutable_shard());
-    for (uint64_t off = 0; off < (5u << 20); off += 1 << 20) {
-      msg.set_write_offset(off);
-      msg.set_data(shard.data[0].substr(off, 1 << 20));
-      ASSERT_TRUE(stream->Write(msg));
-      msg.clear_shard();
-    }
+    ASSERT_TRUE(SendRawPrefix(stream.get(), shard, 5u << 20));
     ctx.TryCancel();  // vanish without finish_write
     EXPECT_FALSE(stream->Finish().ok());
   }
