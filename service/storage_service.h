@@ -46,6 +46,7 @@
 #include "proto/gradsnap.grpc.pb.h"
 #include "proto/raw_message.h"
 #include "service/auth.h"
+#include "service/idle_watch.h"
 #include "service/inflight_limiter.h"
 #include "service/metrics.h"
 #include "service/shard_cache.h"
@@ -74,6 +75,10 @@ struct StorageServiceOptions {
   // The engine's digest for new shards (EngineOptions::digest): sizes the largest shard info a
   // Read must send (proto::ShardInfoBytesBound). Default: XXH3-128.
   DigestAlgo digest = DigestAlgo::kXxh3_128;
+  // An upload that receives no message for this long is cancelled (service/idle_watch.h): a
+  // live client that goes silent holds its shard and budget no longer. 0: off. Default:
+  // 120000 (2 min; clients stream their bytes without pauses).
+  int upload_idle_ms = 120000;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {
@@ -123,10 +128,12 @@ class StorageService final : public gradsnap::v1::Storage::Service {
 
   absl::Status DoWrite(grpc::ServerContext* ctx, WriteStream* stream, v1::WriteResponse* resp);
   // Reads and parses the next message; false at the end of the stream.
-  absl::StatusOr<bool> NextMessage(WriteStream* stream, WriteMessage* msg);
+  absl::StatusOr<bool> NextMessage(WriteStream* stream, WriteMessage* msg,
+                                   IdleWatch::Scope* watch);
   // Appends messages to the writer (the first one is in *msg) until finish_write or the end of
   // the stream; true when finish_write arrived.
-  absl::StatusOr<bool> ReceivePayload(WriteStream* stream, storage::ShardWriter* writer,
+  absl::StatusOr<bool> ReceivePayload(WriteStream* stream, IdleWatch::Scope* watch,
+                                      storage::ShardWriter* writer,
                                       WriteMessage* msg, StagedPayload* stage);
   // Appends one message's data past what the writer already has.
   absl::Status AppendMessage(storage::ShardWriter* writer, const WriteMessage& msg,
@@ -167,6 +174,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   InflightLimiter* const read_limiter_;
   ShardCache* const cache_;
   const StorageServiceOptions options_;
+  IdleWatch idle_watch_{absl::Milliseconds(options_.upload_idle_ms)};
   ServiceMetrics* const metrics_;
   std::atomic<bool> serving_{true};
 

@@ -152,9 +152,13 @@ grpc::Status StorageService::RawWrite(grpc::ServerContext* ctx, WriteStream* str
   return Done(s);
 }
 
-absl::StatusOr<bool> StorageService::NextMessage(WriteStream* stream, WriteMessage* msg) {
+absl::StatusOr<bool> StorageService::NextMessage(WriteStream* stream, WriteMessage* msg,
+                                                 IdleWatch::Scope* watch) {
   grpc::ByteBuffer bb;
-  if (!stream->Read(&bb)) return false;
+  watch->Waiting(true);
+  const bool got = stream->Read(&bb);
+  watch->Waiting(false);
+  if (!got) return false;
   *msg = WriteMessage();
   RETURN_IF_ERROR(proto::ForEachField(
       bb, "Write message", absl::StatusCode::kInvalidArgument,
@@ -196,11 +200,12 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
                                      v1::WriteResponse* resp) {
   if (!serving_) return absl::UnavailableError("server is shutting down");
   RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers are refused at once
+  IdleWatch::Scope watch(&idle_watch_, ctx);  // a silent stream is cancelled after the limit
   // The budget is reserved only for a caller whose token is the job's: a made-up token, or a
   // stream that never sends its first message, holds none of it. The first message itself is
   // bounded by gRPC's message size limit (proto::kMaxMessageBytes).
   WriteMessage msg;
-  ASSIGN_OR_RETURN(bool any, NextMessage(stream, &msg));
+  ASSIGN_OR_RETURN(bool any, NextMessage(stream, &msg, &watch));
   if (!any) return absl::InvalidArgumentError("empty Write stream");
   if (!msg.has_shard) {
     return absl::InvalidArgumentError("the first Write message must carry the shard spec");
@@ -238,7 +243,7 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
   if (msg.write_offset == 0 && writer->written_size() == 0) {
     stage.Start(spec.job, spec.step, writer->total_size());
   }
-  absl::StatusOr<bool> finish = ReceivePayload(stream, writer.get(), &msg, &stage);
+  absl::StatusOr<bool> finish = ReceivePayload(stream, &watch, writer.get(), &msg, &stage);
   if (!finish.ok()) {
     writer->Flush().IgnoreError();  // keep what arrived resumable
     return finish.status();
@@ -248,6 +253,7 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
 }
 
 absl::StatusOr<bool> StorageService::ReceivePayload(WriteStream* stream,
+                                                    IdleWatch::Scope* watch,
                                                     storage::ShardWriter* writer,
                                                     WriteMessage* msg, StagedPayload* stage) {
   uint64_t offset = msg->write_offset;
@@ -274,7 +280,7 @@ absl::StatusOr<bool> StorageService::ReceivePayload(WriteStream* stream,
       unflushed = 0;
     }
     if (msg->finish_write) return true;
-    ASSIGN_OR_RETURN(bool more, NextMessage(stream, msg));
+    ASSIGN_OR_RETURN(bool more, NextMessage(stream, msg, watch));
     if (!more) return false;
   }
 }

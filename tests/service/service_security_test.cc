@@ -8,6 +8,7 @@
 #include "client/client.h"
 #include "common/token.h"
 #include "grpcpp/create_channel.h"
+#include "proto/convert.h"
 #include "proto/gradsnap.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
@@ -187,6 +188,47 @@ TEST(ServiceSecurity, ForgedTokenStreamsHoldNoUploadBudget) {
   for (auto& ctx : contexts) ctx->TryCancel();
   for (auto& w : silent) w->Finish().error_code();
   EXPECT_TRUE(owner->Health().ok());
+}
+
+// A client that opens an upload, sends its first message and then nothing, while answering
+// keepalive pings (alive, silent), is cancelled after --upload-idle-ms: its share of a
+// one-stream budget goes back, another upload gets through, and what it sent stays resumable.
+TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server
+                  .StartOn(dir.File("data"), "127.0.0.1:0",
+                           {"--upload-idle-ms", "1000", "--max-inflight-bytes", "50556928"})
+                  .ok());
+  ClientOptions o;
+  o.endpoints = {server.address()};
+  auto c = Connect(o);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("quiet", 1, 2)).ok());
+  TestShard silent = MakeShard("quiet", 1, 0, {4u << 20}, 1);
+  auto stub = gradsnap::v1::Storage::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;  // no deadline: only the server can end it
+  gradsnap::v1::WriteResponse resp;
+  auto stream = stub->Write(&ctx, &resp);
+  gradsnap::v1::WriteRequest msg;
+  proto::ToProto(silent.spec, msg.mutable_shard());
+  msg.set_write_offset(0);
+  msg.set_data(silent.data[0].substr(0, 1 << 20));
+  ASSERT_TRUE(stream->Write(msg));
+  // Rank 1 needs the one stream's budget the silent one holds (5 s of "server busy" a try).
+  TestShard other = MakeShard("quiet", 1, 1, {1u << 20}, 2);
+  absl::Status saved = c->SaveShard(other.spec, other.Refs());
+  EXPECT_TRUE(saved.ok()) << saved << "\n" << server.Log();
+  grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::CANCELLED) << ended.error_message();
+  gradsnap::v1::QueryWriteStatusRequest q;
+  q.set_job("quiet");
+  q.set_step(1);
+  q.set_rank(0);
+  gradsnap::v1::QueryWriteStatusResponse qr;
+  grpc::ClientContext qctx;
+  ASSERT_TRUE(stub->QueryWriteStatus(&qctx, q, &qr).ok());
+  EXPECT_EQ(qr.committed_size(), 1u << 20);  // the silent stream's bytes stay resumable
 }
 
 TEST(ServiceSecurity, PathTraversalNamesAreRejected) {

@@ -1,0 +1,71 @@
+// IdleWatch: cancels upload calls that stop making progress (--upload-idle-ms).
+//
+// Keepalive (--keepalive-ms) ends calls of a client that is gone or frozen below gRPC; a
+// client whose process is alive but sends nothing (a malicious one, one wedged above gRPC
+// without a deadline) answers the pings and would hold its shard and its share of the upload
+// budget for as long as it likes. Each Write call registers a Scope and says when it waits for
+// the client's next message (Waiting); a call that has waited `limit` is cancelled
+// (ServerContext::TryCancel), and its handler flushes what arrived (resumable) and ends. Time
+// the server spends on its own (waiting for budget, flushing) does not count.
+//
+// THREAD SAFETY: thread-safe. A Scope must end before its call does (the watch holds the
+// context pointer only while the Scope lives).
+#ifndef GRADSNAP_SERVICE_IDLE_WATCH_H_
+#define GRADSNAP_SERVICE_IDLE_WATCH_H_
+
+#include <cstdint>
+#include <map>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/server_context.h"
+
+namespace gradsnap {
+namespace service {
+
+class IdleWatch {
+ public:
+  // A limit of zero or less watches nothing (no thread).
+  explicit IdleWatch(absl::Duration limit);
+  ~IdleWatch();
+  IdleWatch(const IdleWatch&) = delete;
+  IdleWatch& operator=(const IdleWatch&) = delete;
+
+  class Scope {
+   public:
+    Scope(IdleWatch* watch, grpc::ServerContext* ctx);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    // The call now waits for the client's next message (true), or has it (false).
+    void Waiting(bool waiting);
+
+   private:
+    IdleWatch* const watch_;
+    grpc::ServerContext* const ctx_;
+  };
+
+  // Calls cancelled for idleness so far.
+  int64_t cancelled() const;
+
+ private:
+  struct Entry {
+    absl::Time waiting_since = absl::InfiniteFuture();  // InfiniteFuture: not waiting
+    bool cancelled = false;
+  };
+  void Loop();
+
+  const absl::Duration limit_;
+  mutable absl::Mutex mu_;
+  std::map<grpc::ServerContext*, Entry> calls_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace service
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_SERVICE_IDLE_WATCH_H_
