@@ -13,7 +13,7 @@ IdleWatch::IdleWatch(absl::Duration limit) : limit_(limit) {
   try {
     thread_ = std::thread([this] { Loop(); });
   } catch (const std::system_error& e) {
-    GS_LOG(ERROR) << "upload idle watch not started (" << e.what() << "): idle uploads are "
+    GS_LOG(ERROR) << "stream idle watch not started (" << e.what() << "): idle streams are "
                   << "ended only by keepalive and their deadlines";
   }
 }
@@ -63,9 +63,9 @@ void IdleWatch::Loop() {
     const absl::Time now = absl::Now();
     for (auto& [ctx, e] : calls_) {
       if (e.cancelled || now - e.waiting_since < limit_) continue;
-      GS_LOG(WARNING) << "upload from " << ctx->peer() << " sent nothing for "
+      GS_LOG(WARNING) << "stream of " << ctx->peer() << " idle for "
                       << absl::FormatDuration(now - e.waiting_since)
-                      << ": cancelled (--upload-idle-ms)";
+                      << ": cancelled (--stream-idle-ms)";
       ctx->TryCancel();  // the call's handler ends it; its Scope then leaves calls_
       e.cancelled = true;
       ++cancelled_;

@@ -1,12 +1,14 @@
-// IdleWatch: cancels upload calls that stop making progress (--upload-idle-ms).
+// IdleWatch: cancels streaming calls whose client stops taking part (--stream-idle-ms).
 //
 // Keepalive (--keepalive-ms) ends calls of a client that is gone or frozen below gRPC; a
-// client whose process is alive but sends nothing (a malicious one, one wedged above gRPC
+// client whose process is alive but does nothing (a malicious one, one wedged above gRPC
 // without a deadline) answers the pings and would hold its shard and its share of the upload
-// budget for as long as it likes. Each Write call registers a Scope and says when it waits for
-// the client's next message (Waiting); a call that has waited `limit` is cancelled
-// (ServerContext::TryCancel), and its handler flushes what arrived (resumable) and ends. Time
-// the server spends on its own (waiting for budget, flushing) does not count.
+// or read budget for as long as it likes. Each Write and Read call registers a Scope and says
+// when it waits on the client (Waiting): for an upload's next message, or for a download's
+// client to take the next one (flow control holding the server's write). A call that has
+// waited `limit` is cancelled (ServerContext::TryCancel); an upload's handler then flushes
+// what arrived (resumable). Time the server spends on its own (waiting for budget, reading
+// the disk, flushing) does not count.
 //
 // THREAD SAFETY: thread-safe. A Scope must end before its call does (the watch holds the
 // context pointer only while the Scope lives).
@@ -39,7 +41,8 @@ class IdleWatch {
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
-    // The call now waits for the client's next message (true), or has it (false).
+    // The call now waits on the client (true: its next message, or room to send it one), or
+    // no longer (false).
     void Waiting(bool waiting);
 
    private:

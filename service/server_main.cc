@@ -30,9 +30,9 @@ ABSL_FLAG(uint64_t, cache_bytes, 0, "RAM tier: bytes of recent checkpoints kept 
 ABSL_FLAG(uint64_t, max_inflight_bytes, 256u << 20, "Cap on upload bytes held in memory. Default: 268435456.");
 ABSL_FLAG(std::string, metrics_listen, "", "HOST:PORT for Prometheus metrics over HTTP. Default: off.");
 ABSL_FLAG(int, shutdown_grace_ms, 10000, "On SIGTERM, how long running calls may finish. Default: 10000.");
-ABSL_FLAG(int, upload_idle_ms, 120000,
-          "Cancel an upload that receives nothing for this long (a live client gone silent); "
-          "0: off. Default: 120000.");
+ABSL_FLAG(int, stream_idle_ms, 120000,
+          "Cancel an upload or download whose client does nothing for this long (sends no "
+          "message, takes no message: a live client gone silent); 0: off. Default: 120000.");
 ABSL_FLAG(int, keepalive_ms, 30000,
           "Ping clients with calls in flight this often; a connection whose ping goes "
           "unanswered for a third of it (at least 1 s) is closed, so a frozen or cut-off client "
@@ -125,8 +125,8 @@ int main(int argc, char** argv) {
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
   if (o.keepalive_ms < 0) return Fail("--keepalive-ms must be >= 0");
-  o.service.upload_idle_ms = absl::GetFlag(FLAGS_upload_idle_ms);
-  if (o.service.upload_idle_ms < 0) return Fail("--upload-idle-ms must be >= 0");
+  o.service.stream_idle_ms = absl::GetFlag(FLAGS_stream_idle_ms);
+  if (o.service.stream_idle_ms < 0) return Fail("--stream-idle-ms must be >= 0");
   if (absl::GetFlag(FLAGS_shutdown_grace_ms) < 0) return Fail("--shutdown-grace-ms must be >= 0");
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!absl::GetFlag(FLAGS_auth_secret_file).empty()) {

@@ -75,10 +75,11 @@ struct StorageServiceOptions {
   // The engine's digest for new shards (EngineOptions::digest): sizes the largest shard info a
   // Read must send (proto::ShardInfoBytesBound). Default: XXH3-128.
   DigestAlgo digest = DigestAlgo::kXxh3_128;
-  // An upload that receives no message for this long is cancelled (service/idle_watch.h): a
-  // live client that goes silent holds its shard and budget no longer. 0: off. Default:
-  // 120000 (2 min; clients stream their bytes without pauses).
-  int upload_idle_ms = 120000;
+  // A Write or Read call that waits on its client this long (an upload's next message, a
+  // download's client taking the next one) is cancelled (service/idle_watch.h): a live client
+  // that stops taking part holds its shard and budget no longer. 0: off. Default: 120000
+  // (2 min; clients stream without pauses).
+  int stream_idle_ms = 120000;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {
@@ -147,7 +148,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   absl::Status DoRead(grpc::ServerContext* ctx, ReadStream* stream);
   // Streams payload [offset, end) in messages of at most kMaxDataBytes; the first carries the
   // shard info. From the RAM tier when cached is set, else from reader.
-  absl::Status SendPayload(ReadStream* stream, const Payload& cached,
+  absl::Status SendPayload(ReadStream* stream, IdleWatch::Scope* watch, const Payload& cached,
                            storage::ShardReader* reader, const storage::ShardInfo& info,
                            uint64_t offset, uint64_t end);
   // Slices lending the reader's decoded chunks for payload [offset, offset + n).
@@ -174,7 +175,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   InflightLimiter* const read_limiter_;
   ShardCache* const cache_;
   const StorageServiceOptions options_;
-  IdleWatch idle_watch_{absl::Milliseconds(options_.upload_idle_ms)};
+  IdleWatch idle_watch_{absl::Milliseconds(options_.stream_idle_ms)};
   ServiceMetrics* const metrics_;
   std::atomic<bool> serving_{true};
 

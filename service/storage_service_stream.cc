@@ -356,8 +356,12 @@ grpc::Status StorageService::RawRead(grpc::ServerContext* ctx, ReadStream* strea
 }
 
 absl::Status StorageService::DoRead(grpc::ServerContext* ctx, ReadStream* stream) {
+  IdleWatch::Scope watch(&idle_watch_, ctx);  // a client that stops taking messages is cancelled
   v1::ReadRequest req;
-  if (!stream->Read(&req)) return absl::InvalidArgumentError("Read without a valid request");
+  watch.Waiting(true);
+  const bool got = stream->Read(&req);
+  watch.Waiting(false);
+  if (!got) return absl::InvalidArgumentError("Read without a valid request");
   RETURN_IF_ERROR(Admit(*ctx, req.job(), req.step(), req.rank()));
   Payload cached = cache_->Lookup(req.job(), req.step(), req.rank());
   InflightReservation reservation;  // disk reads hold the engine reader's read-ahead window
@@ -393,7 +397,7 @@ absl::Status StorageService::DoRead(grpc::ServerContext* ctx, ReadStream* stream
     end = req.read_offset() + req.read_limit();
   }
   if (reader != nullptr) reader->SetReadEnd(end);  // a ranged read: no read-ahead past it
-  return SendPayload(stream, cached, reader.get(), *info, req.read_offset(), end);
+  return SendPayload(stream, &watch, cached, reader.get(), *info, req.read_offset(), end);
 }
 
 // Slices over the reader's decoded chunks for payload bytes [offset, offset + n): one per chunk
@@ -417,7 +421,8 @@ absl::Status StorageService::LendChunks(storage::ShardReader* reader,
   return absl::OkStatus();
 }
 
-absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cached,
+absl::Status StorageService::SendPayload(ReadStream* stream, IdleWatch::Scope* watch,
+                                         const Payload& cached,
                                          storage::ShardReader* reader,
                                          const storage::ShardInfo& info, uint64_t offset,
                                          uint64_t end) {
@@ -446,7 +451,10 @@ absl::Status StorageService::SendPayload(ReadStream* stream, const Payload& cach
     if (first) b.AddBytes(proto::field::kReadShard, info_bytes);
     b.AddVarint(proto::field::kReadOffset, offset);
     b.AddSlices(proto::field::kReadData, std::move(data), n);
-    if (!stream->Write(b.Finish())) return absl::CancelledError("client went away during Read");
+    watch->Waiting(true);  // flow control holds the write while the client takes nothing
+    const bool sent = stream->Write(b.Finish());
+    watch->Waiting(false);
+    if (!sent) return absl::CancelledError("client went away during Read");
     offset += n;
     first = false;
     metrics_->bytes_out->Add(static_cast<int64_t>(n));

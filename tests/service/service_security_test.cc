@@ -191,14 +191,14 @@ TEST(ServiceSecurity, ForgedTokenStreamsHoldNoUploadBudget) {
 }
 
 // A client that opens an upload, sends its first message and then nothing, while answering
-// keepalive pings (alive, silent), is cancelled after --upload-idle-ms: its share of a
+// keepalive pings (alive, silent), is cancelled after --stream-idle-ms: its share of a
 // one-stream budget goes back, another upload gets through, and what it sent stays resumable.
 TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
   TempDir dir;
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server
                   .StartOn(dir.File("data"), "127.0.0.1:0",
-                           {"--upload-idle-ms", "1000", "--max-inflight-bytes", "50556928"})
+                           {"--stream-idle-ms", "1000", "--max-inflight-bytes", "50556928"})
                   .ok());
   ClientOptions o;
   o.endpoints = {server.address()};
@@ -229,6 +229,44 @@ TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
   grpc::ClientContext qctx;
   ASSERT_TRUE(stub->QueryWriteStatus(&qctx, q, &qr).ok());
   EXPECT_EQ(qr.committed_size(), 1u << 20);  // the silent stream's bytes stay resumable
+}
+
+// A download whose client takes the first message and then no more (flow control holds the
+// server's writes; the client answers pings) is cancelled after --stream-idle-ms: the read
+// budget it held (all of it here) goes back and another restore gets through.
+TEST(ServiceSecurity, StalledDownloadIsCancelledAfterTheIdleLimit) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server
+                  .StartOn(dir.File("data"), "127.0.0.1:0",
+                           {"--stream-idle-ms", "1000", "--max-inflight-bytes", "50556928"})
+                  .ok());
+  ClientOptions o;
+  o.endpoints = {server.address()};
+  auto c = Connect(o);
+  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("stall", 1, 2)).ok());
+  TestShard big = MakeShard("stall", 1, 0, {96u << 20}, 1);
+  TestShard small = MakeShard("stall", 1, 1, {1u << 20}, 2);
+  ASSERT_TRUE(c->SaveShard(big.spec, big.Refs()).ok());
+  ASSERT_TRUE(c->SaveShard(small.spec, small.Refs()).ok());
+  auto stub = gradsnap::v1::Storage::NewStub(
+      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;  // no deadline: only the server can end it
+  gradsnap::v1::ReadRequest req;
+  req.set_job("stall");
+  req.set_step(1);
+  req.set_rank(0);
+  auto reader = stub->Read(&ctx, req);
+  gradsnap::v1::ReadResponse first;
+  ASSERT_TRUE(reader->Read(&first));  // then takes nothing more
+  auto got = RestoreToString(c.get(), "stall", 1, 1);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << server.Log();
+  EXPECT_TRUE(*got == small.Payload());
+  ctx.TryCancel();
+  gradsnap::v1::ReadResponse rest;
+  while (reader->Read(&rest)) {
+  }
+  EXPECT_FALSE(reader->Finish().ok());
 }
 
 TEST(ServiceSecurity, PathTraversalNamesAreRejected) {
