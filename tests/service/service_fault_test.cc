@@ -421,21 +421,6 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   EXPECT_EQ(server->Wait(), 0);
 }
 
-// Sends the first `bytes` of single-tensor shard `shard` on `stream` (a raw Write: the spec in
-// the first message, then 1 MiB messages), without finish_write. False if a write failed.
-bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard& shard,
-                   uint64_t bytes) {
-  v1::WriteRequest msg;
-  proto::ToProto(shard.spec, msg.mutable_shard());
-  for (uint64_t off = 0; off < bytes; off += 1 << 20) {
-    msg.set_write_offset(off);
-    msg.set_data(shard.data[0].substr(off, std::min<uint64_t>(1 << 20, bytes - off)));
-    if (!stream->Write(msg)) return false;
-    msg.clear_shard();
-  }
-  return true;
-}
-
 // Attempt 1 left 5 MiB of its shard durable (its stream cut without finish_write); attempt 2
 // saves the same step with other bytes. Its client is told there is nothing to resume for it,
 // and the server starts the shard over: the committed shard holds attempt 2's bytes only, not

@@ -8,7 +8,6 @@
 #include "client/client.h"
 #include "common/token.h"
 #include "grpcpp/create_channel.h"
-#include "proto/convert.h"
 #include "proto/gradsnap.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
@@ -193,32 +192,26 @@ TEST(ServiceSecurity, ForgedTokenStreamsHoldNoUploadBudget) {
 // A client that opens an upload, sends its first message and then nothing, while answering
 // keepalive pings (alive, silent), is cancelled after --stream-idle-ms: its share of a
 // one-stream budget goes back, another upload gets through, and what it sent stays resumable.
+// A server that cancels streams idle for 1 s, with upload and read budgets for one stream each.
+const std::vector<std::string> kIdleOneStreamServer = {"--stream-idle-ms", "1000",
+                                                        "--max-inflight-bytes", "50556928"};
+
 TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
-  TempDir dir;
-  ServerProcess server(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(server
-                  .StartOn(dir.File("data"), "127.0.0.1:0",
-                           {"--stream-idle-ms", "1000", "--max-inflight-bytes", "50556928"})
-                  .ok());
-  ClientOptions o;
-  o.endpoints = {server.address()};
-  auto c = Connect(o);
+  TestNode node(kIdleOneStreamServer);
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("quiet", 1, 2)).ok());
   TestShard silent = MakeShard("quiet", 1, 0, {4u << 20}, 1);
   auto stub = gradsnap::v1::Storage::NewStub(
-      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(node.server.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;  // no deadline: only the server can end it
   gradsnap::v1::WriteResponse resp;
   auto stream = stub->Write(&ctx, &resp);
-  gradsnap::v1::WriteRequest msg;
-  proto::ToProto(silent.spec, msg.mutable_shard());
-  msg.set_write_offset(0);
-  msg.set_data(silent.data[0].substr(0, 1 << 20));
-  ASSERT_TRUE(stream->Write(msg));
+  ASSERT_TRUE(SendRawPrefix(stream.get(), silent, 1 << 20));
   // Rank 1 needs the one stream's budget the silent one holds (5 s of "server busy" a try).
   TestShard other = MakeShard("quiet", 1, 1, {1u << 20}, 2);
   absl::Status saved = c->SaveShard(other.spec, other.Refs());
-  EXPECT_TRUE(saved.ok()) << saved << "\n" << server.Log();
+  EXPECT_TRUE(saved.ok()) << saved << "\n" << node.server.Log();
   grpc::Status ended = stream->Finish();
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::CANCELLED) << ended.error_message();
   gradsnap::v1::QueryWriteStatusRequest q;
@@ -235,22 +228,16 @@ TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
 // server's writes; the client answers pings) is cancelled after --stream-idle-ms: the read
 // budget it held (all of it here) goes back and another restore gets through.
 TEST(ServiceSecurity, StalledDownloadIsCancelledAfterTheIdleLimit) {
-  TempDir dir;
-  ServerProcess server(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(server
-                  .StartOn(dir.File("data"), "127.0.0.1:0",
-                           {"--stream-idle-ms", "1000", "--max-inflight-bytes", "50556928"})
-                  .ok());
-  ClientOptions o;
-  o.endpoints = {server.address()};
-  auto c = Connect(o);
+  TestNode node(kIdleOneStreamServer);
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("stall", 1, 2)).ok());
   TestShard big = MakeShard("stall", 1, 0, {96u << 20}, 1);
   TestShard small = MakeShard("stall", 1, 1, {1u << 20}, 2);
   ASSERT_TRUE(c->SaveShard(big.spec, big.Refs()).ok());
   ASSERT_TRUE(c->SaveShard(small.spec, small.Refs()).ok());
   auto stub = gradsnap::v1::Storage::NewStub(
-      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(node.server.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;  // no deadline: only the server can end it
   gradsnap::v1::ReadRequest req;
   req.set_job("stall");
@@ -259,8 +246,8 @@ TEST(ServiceSecurity, StalledDownloadIsCancelledAfterTheIdleLimit) {
   auto reader = stub->Read(&ctx, req);
   gradsnap::v1::ReadResponse first;
   ASSERT_TRUE(reader->Read(&first));  // then takes nothing more
-  auto got = RestoreToString(c.get(), "stall", 1, 1);
-  ASSERT_TRUE(got.ok()) << got.status() << "\n" << server.Log();
+  auto got = RestoreToString(c, "stall", 1, 1);
+  ASSERT_TRUE(got.ok()) << got.status() << "\n" << node.server.Log();
   EXPECT_TRUE(*got == small.Payload());
   ctx.TryCancel();
   gradsnap::v1::ReadResponse rest;

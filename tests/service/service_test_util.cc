@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "proto/convert.h"
 
 namespace gradsnap {
 namespace testing {
@@ -172,6 +174,19 @@ absl::StatusOr<std::string> RestoreToString(client::Client* c, const std::string
     return absl::OkStatus();
   }));
   return out;
+}
+
+bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard& shard,
+                   uint64_t bytes) {
+  v1::WriteRequest msg;
+  proto::ToProto(shard.spec, msg.mutable_shard());
+  for (uint64_t off = 0; off < bytes; off += 1 << 20) {
+    msg.set_write_offset(off);
+    msg.set_data(shard.data[0].substr(off, std::min<uint64_t>(1 << 20, bytes - off)));
+    if (!stream->Write(msg)) return false;
+    msg.clear_shard();
+  }
+  return true;
 }
 
 }  // namespace testing

@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/gradsnap.pb.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 
@@ -63,6 +65,12 @@ TestShard MakeShard(const std::string& job, int64_t step, int32_t rank,
                     const std::vector<uint64_t>& tensor_bytes, uint64_t seed);
 
 client::CheckpointSpec FullSpec(const std::string& job, int64_t step, int32_t world_size);
+
+// Sends the first `bytes` of single-tensor shard `shard` on a raw Write `stream` (the spec in
+// the first message, then 1 MiB messages), without finish_write: a client that stops or
+// vanishes part-way. False if a write failed.
+bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard& shard,
+                   uint64_t bytes);
 
 // Restores a whole shard into a string.
 absl::StatusOr<std::string> RestoreToString(client::Client* c, const std::string& job,

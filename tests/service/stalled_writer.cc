@@ -2,13 +2,13 @@
 // rank 0 of (JOB, STEP) (MakeShard's shard of one BYTES tensor with SEED: the same spec as a
 // test's own save of it), sends its first MiB without finishing, prints "stalled" and stops
 // itself (SIGSTOP) with the stream open. Used by service_fault_test.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "grpcpp/create_channel.h"
-#include "proto/convert.h"
 #include "proto/gradsnap.grpc.pb.h"
 #include "tests/service/service_test_util.h"
 
@@ -27,11 +27,7 @@ int main(int argc, char** argv) {
   grpc::ClientContext ctx;
   gradsnap::v1::WriteResponse resp;
   auto stream = stub->Write(&ctx, &resp);
-  gradsnap::v1::WriteRequest msg;
-  gradsnap::proto::ToProto(shard.spec, msg.mutable_shard());
-  msg.set_write_offset(0);
-  msg.set_data(shard.data[0].substr(0, 1u << 20));
-  if (!stream->Write(msg)) {
+  if (!gradsnap::testing::SendRawPrefix(stream.get(), shard, std::min<uint64_t>(bytes, 1u << 20))) {
     std::fprintf(stderr, "stalled_writer: the stream broke at once\n");
     return 1;
   }
