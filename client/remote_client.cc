@@ -261,7 +261,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   const std::string spec_bytes = pspec.SerializeAsString();
   // The first message carries the spec and as much data as fits beside it in one message (none
   // beside a spec near the 4 MiB limit).
-  if (spec_bytes.size() + proto::kMaxFramingBytes > proto::kMaxMessageBytes) {
+  if (spec_bytes.size() > proto::kMaxHeadBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": the shard spec takes ",
         spec_bytes.size(), " bytes, more than one ", proto::kMaxMessageBytes,
@@ -270,7 +270,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   bool first = true;
   do {
     size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, total - offset));
-    if (first) n = std::min(n, proto::kMaxMessageBytes - proto::kMaxFramingBytes - spec_bytes.size());
+    if (first) n = proto::FirstMessageData(spec_bytes.size(), n);
     proto::RawMessageBuilder msg;
     if (first) msg.AddBytes(proto::field::kWriteShard, spec_bytes);
     msg.AddVarint(proto::field::kWriteOffset, offset);

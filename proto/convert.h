@@ -25,9 +25,15 @@ namespace proto {
 // Largest message either side accepts (docs/protocol.md).
 constexpr size_t kMaxMessageBytes = 4u << 20;
 // What a Write or Read message's fields other than the spec or info and the data take at most
-// (tags, lengths, offset, finish flag): a first message holds the spec or info and at most
-// kMaxMessageBytes - kMaxFramingBytes - its size of data.
+// (tags, lengths, offset, finish flag).
 constexpr size_t kMaxFramingBytes = 64;
+// The largest spec (first Write message) or shard info (first Read message) a message holds.
+constexpr size_t kMaxHeadBytes = kMaxMessageBytes - kMaxFramingBytes;
+// The data a first message carries beside a head of `head_bytes` (<= kMaxHeadBytes), out of
+// `want` (<= kMaxDataBytes): what fits, possibly none.
+constexpr size_t FirstMessageData(size_t head_bytes, size_t want) {
+  return want < kMaxHeadBytes - head_bytes ? want : kMaxHeadBytes - head_bytes;
+}
 // Largest `data` field in WriteRequest / ReadResponse; senders use exactly this size.
 constexpr size_t kMaxDataBytes = 1u << 20;
 constexpr size_t kMaxMetadataBytes = 1u << 20;

@@ -47,11 +47,6 @@ void IdleWatch::Scope::Waiting(bool waiting) {
   }
 }
 
-int64_t IdleWatch::cancelled() const {
-  absl::MutexLock lock(&mu_);
-  return cancelled_;
-}
-
 void IdleWatch::Loop() {
   // Checks a few times per limit (at most once a second): a call is cancelled between limit
   // and limit plus one period after its last message.
@@ -68,7 +63,6 @@ void IdleWatch::Loop() {
                       << ": cancelled (--stream-idle-ms)";
       ctx->TryCancel();  // the call's handler ends it; its Scope then leaves calls_
       e.cancelled = true;
-      ++cancelled_;
     }
   }
 }

@@ -41,17 +41,22 @@ class IdleWatch {
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
-    // The call now waits on the client (true: its next message, or room to send it one), or
-    // no longer (false).
-    void Waiting(bool waiting);
+    // Runs `wait` (a stream Read or Write: the call waits on the client, for its next message
+    // or for room to send it one) with the idle clock running; returns what it returns.
+    template <typename Fn>
+    bool WhileWaiting(Fn&& wait) {
+      Waiting(true);
+      const bool done = wait();
+      Waiting(false);
+      return done;
+    }
 
    private:
+    void Waiting(bool waiting);
+
     IdleWatch* const watch_;
     grpc::ServerContext* const ctx_;
   };
-
-  // Calls cancelled for idleness so far.
-  int64_t cancelled() const;
 
  private:
   struct Entry {
@@ -64,7 +69,6 @@ class IdleWatch {
   mutable absl::Mutex mu_;
   std::map<grpc::ServerContext*, Entry> calls_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

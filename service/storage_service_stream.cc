@@ -155,10 +155,7 @@ grpc::Status StorageService::RawWrite(grpc::ServerContext* ctx, WriteStream* str
 absl::StatusOr<bool> StorageService::NextMessage(WriteStream* stream, WriteMessage* msg,
                                                  IdleWatch::Scope* watch) {
   grpc::ByteBuffer bb;
-  watch->Waiting(true);
-  const bool got = stream->Read(&bb);
-  watch->Waiting(false);
-  if (!got) return false;
+  if (!watch->WhileWaiting([&] { return stream->Read(&bb); })) return false;
   *msg = WriteMessage();
   RETURN_IF_ERROR(proto::ForEachField(
       bb, "Write message", absl::StatusCode::kInvalidArgument,
@@ -214,13 +211,12 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
   RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
   // A Read sends the shard's info in one message: a shard whose info could not be sent is
   // refused now, not stored unreadable.
-  constexpr size_t kMaxInfoBytes = proto::kMaxMessageBytes - proto::kMaxFramingBytes;
   if (const size_t info = proto::ShardInfoBytesBound(spec, options_.digest);
-      info > kMaxInfoBytes) {
+      info > proto::kMaxHeadBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": the shard's info (spec, ",
         spec.tensors.size(), " tensors with their digests) takes up to ", info,
-        " bytes, more than one message holds (", kMaxInfoBytes,
+        " bytes, more than one message holds (", proto::kMaxHeadBytes,
         "): fewer tensors, shorter names or metadata"));
   }
   InflightReservation reservation;
@@ -358,10 +354,9 @@ grpc::Status StorageService::RawRead(grpc::ServerContext* ctx, ReadStream* strea
 absl::Status StorageService::DoRead(grpc::ServerContext* ctx, ReadStream* stream) {
   IdleWatch::Scope watch(&idle_watch_, ctx);  // a client that stops taking messages is cancelled
   v1::ReadRequest req;
-  watch.Waiting(true);
-  const bool got = stream->Read(&req);
-  watch.Waiting(false);
-  if (!got) return absl::InvalidArgumentError("Read without a valid request");
+  if (!watch.WhileWaiting([&] { return stream->Read(&req); })) {
+    return absl::InvalidArgumentError("Read without a valid request");
+  }
   RETURN_IF_ERROR(Admit(*ctx, req.job(), req.step(), req.rank()));
   Payload cached = cache_->Lookup(req.job(), req.step(), req.rank());
   InflightReservation reservation;  // disk reads hold the engine reader's read-ahead window
@@ -429,7 +424,7 @@ absl::Status StorageService::SendPayload(ReadStream* stream, IdleWatch::Scope* w
   v1::ShardInfo pinfo;
   proto::ToProto(info, &pinfo);
   const std::string info_bytes = pinfo.SerializeAsString();
-  if (info_bytes.size() + proto::kMaxFramingBytes > proto::kMaxMessageBytes) {
+  if (info_bytes.size() > proto::kMaxHeadBytes) {
     // Written where the wire's bound was not checked (an embedded engine, an older server).
     return absl::ResourceExhaustedError(absl::StrCat(
         "rank ", info.rank, ": the shard's info takes ", info_bytes.size(),
@@ -440,7 +435,7 @@ absl::Status StorageService::SendPayload(ReadStream* stream, IdleWatch::Scope* w
   do {
     size_t n = static_cast<size_t>(std::min<uint64_t>(proto::kMaxDataBytes, end - offset));
     // The first message: the info and as much data as fits beside it (none beside a large one).
-    if (first) n = std::min(n, proto::kMaxMessageBytes - proto::kMaxFramingBytes - info_bytes.size());
+    if (first) n = proto::FirstMessageData(info_bytes.size(), n);
     std::vector<grpc::Slice> data;
     if (cached != nullptr) {
       PayloadSlices(cached, offset, n, &data);
@@ -451,10 +446,10 @@ absl::Status StorageService::SendPayload(ReadStream* stream, IdleWatch::Scope* w
     if (first) b.AddBytes(proto::field::kReadShard, info_bytes);
     b.AddVarint(proto::field::kReadOffset, offset);
     b.AddSlices(proto::field::kReadData, std::move(data), n);
-    watch->Waiting(true);  // flow control holds the write while the client takes nothing
-    const bool sent = stream->Write(b.Finish());
-    watch->Waiting(false);
-    if (!sent) return absl::CancelledError("client went away during Read");
+    // Flow control holds the write while the client takes nothing.
+    if (!watch->WhileWaiting([&] { return stream->Write(b.Finish()); })) {
+      return absl::CancelledError("client went away during Read");
+    }
     offset += n;
     first = false;
     metrics_->bytes_out->Add(static_cast<int64_t>(n));
