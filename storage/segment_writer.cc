@@ -194,7 +194,6 @@ int SegmentWriter::Prepare(std::deque<Request*>* ready) {
     if (r->slot >= 0) {
       io_uring_prep_write_fixed(sqe, fd, r->data + r->done_bytes, len,
                                 r->offset + r->done_bytes, r->slot);
-      fixed_writes_.fetch_add(1, std::memory_order_relaxed);
       StorageStats::Get().fixed_buffer_writes->Add();
     } else {
       io_uring_prep_write(sqe, fd, r->data + r->done_bytes, len, r->offset + r->done_bytes);

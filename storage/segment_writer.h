@@ -27,7 +27,6 @@
 #ifndef GRADSNAP_STORAGE_SEGMENT_WRITER_H_
 #define GRADSNAP_STORAGE_SEGMENT_WRITER_H_
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -74,8 +73,6 @@ class SegmentWriter {
   // its pages once per ring, not once per write.
   void Append(const uint8_t* data, size_t len, DoneFn done,
               const AlignedBuffer* buffer = nullptr);
-  // Writes that went out as fixed-buffer writes so far.
-  uint64_t fixed_writes() const { return fixed_writes_.load(); }
   // Waits until every queued write completed; returns the sticky error, if any.
   absl::Status Wait();
   // Wait(), then fdatasync.
@@ -129,7 +126,6 @@ class SegmentWriter {
   std::deque<Request*> unsubmitted_;  // prepared SQEs, in ring order
   std::deque<Request*> retry_;
   bool broken_ = false;   // io_uring_submit failed hard: no more submissions
-  std::atomic<uint64_t> fixed_writes_{0};
 
   mutable absl::Mutex mu_;
   uint64_t end_ ABSL_GUARDED_BY(mu_) = 0;

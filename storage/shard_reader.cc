@@ -227,6 +227,12 @@ class ShardReaderImpl : public ShardReader {
     return absl::Status(s.code(),
                         absl::StrCat("packed chunk holding tensors ", names, ": ", s.message()));
   }
+  // Tensor `t`'s digest came out wrong in a streaming read: DATA_LOSS, now and for any later
+  // read of this reader that touches it (bad_tensors_).
+  absl::Status DigestFailed(uint32_t t) {
+    bad_tensors_.insert(t);
+    return Loss(t, DigestMismatch());
+  }
   absl::Status DigestMismatch() const {
     return absl::DataLossError(
         absl::StrCat("tensor ", DigestAlgoName(info_.digest_algo), " digest mismatch"));
@@ -537,10 +543,7 @@ absl::Status ShardReaderImpl::VerifyHeld(uint32_t tensor, uint64_t hash_from) {
     if (cur_->shared != nullptr) engine_->shared_records()->Forget(cur_->shared.get());
     return Loss(tensor, PackedLoss(c, absl::DataLossError(kStoredCrcMismatch)));
   }
-  if (mismatch >= 0) {
-    bad_tensors_.insert(static_cast<uint32_t>(mismatch));
-    return Loss(static_cast<uint32_t>(mismatch), DigestMismatch());
-  }
+  if (mismatch >= 0) return DigestFailed(static_cast<uint32_t>(mismatch));
   cur_->crc_pending = false;
   cur_->prehashed = hash_from != kNoHash;
   return absl::OkStatus();
@@ -670,10 +673,7 @@ absl::Status ShardReaderImpl::CopyOut(uint32_t tensor, const uint8_t* src, uint6
     std::memcpy(dst + done, src + done, len);
     HashRun(tensor, offset + done, dst + done, len, &mismatch);
   }
-  if (mismatch >= 0) {
-    bad_tensors_.insert(static_cast<uint32_t>(mismatch));
-    return Loss(tensor, DigestMismatch());
-  }
+  if (mismatch >= 0) return DigestFailed(static_cast<uint32_t>(mismatch));
   return absl::OkStatus();
 }
 

@@ -91,6 +91,17 @@ struct Job {
   ChunkRecord record;
 };
 
+// Sets the durable end of segment `seq` in `refs`, adding it when not listed yet.
+void NoteSegmentEnd(std::vector<SegmentRef>* refs, uint32_t seq, uint64_t end) {
+  for (SegmentRef& r : *refs) {
+    if (r.seq == seq) {
+      r.durable_end = end;
+      return;
+    }
+  }
+  refs->push_back(SegmentRef{seq, end});
+}
+
 class ShardWriterImpl : public ShardWriter {
  public:
   ShardWriterImpl(EngineImpl* engine, ShardRecord rec);
@@ -231,8 +242,13 @@ class ShardWriterImpl : public ShardWriter {
     std::unique_ptr<SegmentWriter> writer;  // null once retired
     uint64_t end = 0;                        // the retired file's end
     int unsubmitted = 0;
+    uint64_t End() const { return writer != nullptr ? writer->end() : end; }
   };
   std::vector<SealedSegment> sealed_ ABSL_GUARDED_BY(io_mu_);
+  // Sets each sealed segment's end in `refs` (NoteSegmentEnd).
+  void NoteSealedLocked(std::vector<SegmentRef>* refs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_) {
+    for (const SealedSegment& s : sealed_) NoteSegmentEnd(refs, s.seq, s.End());
+  }
   bool new_files_ ABSL_GUARDED_BY(io_mu_) = false;
 
   std::unique_ptr<TaskPool<ChunkEncoder>> pool_;  // last: destroyed (joined) first
@@ -704,15 +720,9 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
     w = seg_.get();
     off = w->end();
     seq = seg_seq_ - 1;
-    auto note = [&f](uint32_t s, uint64_t end) {
-      for (SegmentRef& r : f.shard.segments) {
-        if (r.seq == s) { r.durable_end = end; return; }
-      }
-      f.shard.segments.push_back(SegmentRef{s, end});
-    };
-    for (const SealedSegment& s : sealed_) note(s.seq, s.writer ? s.writer->end() : s.end);
-    note(seq, off);  // placeholder: the size does not depend on the value
-    note(seq, off + FooterSize(f));
+    NoteSealedLocked(&f.shard.segments);
+    NoteSegmentEnd(&f.shard.segments, seq, off);  // placeholder: the size does not depend on it
+    NoteSegmentEnd(&f.shard.segments, seq, off + FooterSize(f));
   }
   std::string bytes = EncodeFooter(f);
   AlignedBuffer buf(bytes.size());
@@ -836,14 +846,8 @@ absl::Status ShardWriterImpl::Persist(bool finish) {
   }
   {
     absl::MutexLock lock(&io_mu_);
-    auto note = [&next](uint32_t seq, uint64_t end) {
-      for (SegmentRef& r : next.segments) {
-        if (r.seq == seq) { r.durable_end = end; return; }
-      }
-      next.segments.push_back(SegmentRef{seq, end});
-    };
-    for (const SealedSegment& s : sealed_) note(s.seq, s.writer ? s.writer->end() : s.end);
-    if (seg_ != nullptr) note(seg_seq_ - 1, seg_->end());
+    NoteSealedLocked(&next.segments);
+    if (seg_ != nullptr) NoteSegmentEnd(&next.segments, seg_seq_ - 1, seg_->end());
   }
   s = engine_->CommitShardProgress(next, chunks, finish);
   // A failed commit (a full catalog disk) may be retried with this writer: the segments it
