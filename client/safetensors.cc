@@ -128,6 +128,28 @@ std::string RankFileName(const std::string& file, int32_t rank, int32_t world_si
   return absl::StrCat(file.substr(0, dot), ".rank", rank, file.substr(dot));
 }
 
+absl::Status CheckOutputFile(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string last = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (last.empty() || last == "." || last == "..") {
+    return absl::InvalidArgumentError(absl::StrCat("'", path, "' names a directory, not a file"));
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();  // a new name (or none to see)
+  if (S_ISLNK(st.st_mode)) {
+    // The link itself is replaced, never its target; one to a directory is refused as that.
+    if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return absl::OkStatus();
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is a device, FIFO or socket, not a regular file: it would be replaced"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t rank,
                                     const std::string& path, const ProgressFn& progress,
                                     std::string* staged) {
@@ -140,10 +162,7 @@ absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t r
         absl::StrCat("job ", m.info.job, " step ", m.info.step, " has no rank ", rank));
   }
   ASSIGN_OR_RETURN(std::string header, SafetensorsHeader(m.info, *shard));
-  struct stat st_out;
-  if (::stat(path.c_str(), &st_out) == 0 && S_ISDIR(st_out.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is a directory: name the file"));
-  }
+  RETURN_IF_ERROR(CheckOutputFile(path));
   // A temporary name of this export's own (exclusive: never another export's file, nor a
   // symlink's target), renamed over `path` once complete: two exports to one path each leave
   // a whole file, the later one's.

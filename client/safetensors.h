@@ -47,12 +47,18 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
 // "model.rank3.safetensors"; no extension: "model" -> "model.rank3").
 std::string RankFileName(const std::string& file, int32_t rank, int32_t world_size);
 
+// OK where a file may be written as `path` (replacing whatever of that name is there): not an
+// existing directory (nor a symlink to one), not a device, FIFO or socket (an export must never
+// replace /dev/null), and not a name that can only be a directory's (ending in '/', or whose
+// last part is "." or ".."). INVALID_ARGUMENT naming `path` otherwise.
+absl::Status CheckOutputFile(const std::string& path);
+
 // Streams shard `rank` of the committed checkpoint `m` to `path` as a safetensors file. Writes a
 // temporary of its own beside it (storage::UniqueTempPath), fsyncs and renames it over `path`,
 // so `path` is either complete or as it was. Memory use is the client's read buffer, not the
 // shard. `progress` gets this shard's payload bytes. With `staged`, the complete, synced
 // temporary is not renamed: its name goes to *staged, for the caller to rename (several files
-// replaced together) or remove.
+// replaced together) or remove. `path` is checked first (CheckOutputFile).
 absl::Status ExportShardSafetensors(Client& client, const Manifest& m, int32_t rank,
                                     const std::string& path, const ProgressFn& progress = nullptr,
                                     std::string* staged = nullptr);

@@ -171,6 +171,7 @@ class DirSource : public StateSource {
     }
     view_.info.kind = storage::CheckpointKind::kFull;
     view_.info.state = storage::CheckpointState::kCommitted;
+    RETURN_IF_ERROR(ReadManifestIdentity(m, static_cast<int>(world)));
     if (cons != nullptr && cons->boolean) return OpenConsolidated();
     return OpenRankFiles(static_cast<int>(world));
   }
@@ -229,10 +230,58 @@ class DirSource : public StateSource {
     return absl::OkStatus();
   }
 
+  // The checkpoint manifest.json vouches for (job, step) and the ranks it lists: a restore's
+  // "files" (rank files with their rank), a raw restore's "shards". Files of a directory that
+  // two restores wrote into (another step, or --rank of another one) must not be read as one
+  // state: each file's own job and step are checked against these (CheckIdentity).
+  absl::Status ReadManifestIdentity(const JsonValue& m, int world) {
+    const JsonValue* job = m.Find("job");
+    const JsonValue* step = m.Find("step");
+    if (job == nullptr || job->type != JsonValue::Type::kString || step == nullptr ||
+        !step->AsInt(&manifest_step_)) {
+      return absl::DataLossError(absl::StrCat(dir_, "/manifest.json: no job or step"));
+    }
+    manifest_job_ = job->text;
+    const JsonValue* files = m.Find("files");
+    if (files == nullptr) files = m.Find("shards");
+    for (const JsonValue& f : files != nullptr ? files->array : std::vector<JsonValue>()) {
+      int64_t r = -1;
+      const JsonValue* rank = f.Find("rank");
+      if (rank != nullptr && rank->AsInt(&r) && r >= 0 && r < world) listed_.insert(r);
+    }
+    return absl::OkStatus();
+  }
+
+  // `f` (rank `rank`, or -1 for a consolidated file) belongs to the manifest's checkpoint.
+  absl::Status CheckIdentity(const StFile& f, int rank, int world) {
+    if (rank >= 0 && listed_.count(rank) == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          dir_, "/manifest.json (job ", manifest_job_, " step ", manifest_step_,
+          ") does not list rank ", rank, " (written by a restore with --rank?): restore every "
+          "rank of one step into an empty directory to resume from it"));
+    }
+    auto field = [&](const char* k) {
+      auto it = f.meta.find(k);
+      return it == f.meta.end() ? std::string() : it->second;
+    };
+    std::string want_world = rank >= 0 ? absl::StrCat(world) : field("world_size");
+    if (field("job") != manifest_job_ || field("step") != absl::StrCat(manifest_step_) ||
+        field("world_size") != want_world) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          f.path, " is job '", field("job"), "' step ", field("step"), " of world size ",
+          field("world_size"), ", but ", dir_, "/manifest.json says job '", manifest_job_,
+          "' step ", manifest_step_,
+          rank >= 0 ? absl::StrCat(" of world size ", world) : std::string(),
+          " (two restores into one directory?): restore again into an empty directory"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status OpenRankFiles(int world) {
     for (int r = 0; r < world; ++r) {
       ASSIGN_OR_RETURN(std::unique_ptr<StFile> f,
                        OpenSafetensors(absl::StrCat(dir_, "/rank", r, ".safetensors")));
+      RETURN_IF_ERROR(CheckIdentity(*f, r, world));
       if (verify_all_) RETURN_IF_ERROR(VerifyTensors(*f));
       if (f->meta["kind"] != "full") {
         return absl::FailedPreconditionError(
@@ -287,6 +336,8 @@ class DirSource : public StateSource {
   absl::Status OpenConsolidated() {
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> model, OpenSafetensors(dir_ + "/model.safetensors"));
     ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt, OpenSafetensors(dir_ + "/optimizer.safetensors"));
+    RETURN_IF_ERROR(CheckIdentity(*model, -1, 0));
+    RETURN_IF_ERROR(CheckIdentity(*opt, -1, 0));
     if (verify_all_) {
       RETURN_IF_ERROR(VerifyTensors(*model));
       RETURN_IF_ERROR(VerifyTensors(*opt));
@@ -323,6 +374,9 @@ class DirSource : public StateSource {
   const bool verify_all_;
   CheckpointView view_;
   std::vector<std::unique_ptr<StFile>> files_;  // by rank (consolidated: model, optimizer)
+  std::string manifest_job_;    // the job and step manifest.json names
+  int64_t manifest_step_ = -1;
+  std::set<int64_t> listed_;    // the ranks it lists
   absl::Mutex mu_;
   std::set<std::pair<int32_t, std::string>> verified_ ABSL_GUARDED_BY(mu_);
 };

@@ -308,6 +308,50 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
   }
 }
 
+// WriteRankFiles stages every rank's file before renaming any: a failure on a later rank
+// leaves the earlier ranks' files of those names as they were (no set of two checkpoints).
+TEST_F(RecoveryTest, RankFilesAreReplacedTogetherOrNotAtAll) {
+  SaveFull(10, 2);
+  auto src = NewClientSource(client_.get(), "j");
+  FullState s;
+  s.job = "j";
+  s.master.resize(kTotal);
+  s.m.resize(kTotal);
+  s.v.resize(kTotal);
+  std::vector<std::string> damage;
+  auto r = RestoreRecoveryPoint(*src, 0, kTotal, s.master.data(), s.m.data(), s.v.data(),
+                                RestoreOptions(), &damage);
+  ASSERT_TRUE(r.ok()) << r.status();
+  s.step = r->step;
+  s.state = r->state;
+  const std::string dir = scratch_ + "/staged";
+  fs::create_directories(dir);
+  auto first = WriteRankFiles(s, 2, [&](int k) { return RankFilePath(dir, k); });
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string rank0 = gradsnap::testing::ReadFileOrEmpty(RankFilePath(dir, 0));
+  ASSERT_FALSE(rank0.empty());
+  s.step = 99;  // another checkpoint; rank 1's file cannot be created (no such directory)
+  auto failed = WriteRankFiles(s, 2, [&](int k) {
+    return k == 0 ? RankFilePath(dir, 0) : scratch_ + "/missing/rank1.safetensors";
+  });
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kNotFound) << failed.status();
+  EXPECT_EQ(gradsnap::testing::ReadFileOrEmpty(RankFilePath(dir, 0)), rank0);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+  // The same for a consolidated set: a trainer_state.json that cannot be replaced (a directory
+  // of that name) leaves model.safetensors as it was, and nothing staged behind.
+  const std::string cons = scratch_ + "/staged_cons";
+  fs::create_directories(cons + "/trainer_state.json");
+  auto c = WriteConsolidated(cons, s, DType::kF32);
+  EXPECT_FALSE(c.ok());
+  EXPECT_FALSE(fs::exists(cons + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(cons + "/optimizer.safetensors"));
+  for (const auto& e : fs::directory_iterator(cons)) {
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+}
+
 TEST_F(RecoveryTest, DamagedDeltaCutsTheChainDamagedFullFallsBack) {
   SaveFull(5, 2);
   SaveDelta(6, 5, 2);
@@ -351,7 +395,7 @@ TEST_F(RecoveryTest, DamagedDeltaCutsTheChainDamagedFullFallsBack) {
   EXPECT_EQ(r->step, 6);
   FlipMiddle(5, 1);
   r = restore();
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
 }
 
 // A DELTA's headers are read beside its gradient and the FULL, and checked before it is replayed:

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -44,8 +45,32 @@ absl::Status WriteAll(int fd, const void* data, uint64_t n, const std::string& p
 
 }  // namespace
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::vector<std::pair<const void*, uint64_t>>& parts) {
+StagedFiles::~StagedFiles() {
+  for (const auto& [tmp, path] : files_) ::unlink(tmp.c_str());
+}
+
+void StagedFiles::Add(std::string tmp, std::string path) {
+  files_.emplace_back(std::move(tmp), std::move(path));
+}
+
+absl::Status StagedFiles::Commit() {
+  for (const auto& [tmp, path] : files_) RETURN_IF_ERROR(client::CheckOutputFile(path));
+  absl::Status st;
+  size_t done = 0;
+  for (; done < files_.size() && st.ok(); ++done) {
+    const auto& [tmp, path] = files_[done];
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      st = PosixError(absl::StrCat("rename onto ", path), errno);
+      ::unlink(tmp.c_str());
+    }
+  }
+  files_.erase(files_.begin(), files_.begin() + static_cast<ptrdiff_t>(done));
+  return st;  // the rest: removed by the destructor
+}
+
+absl::Status StageFile(const std::string& path,
+                       const std::vector<std::pair<const void*, uint64_t>>& parts,
+                       StagedFiles* staged) {
   // This call's own temporary name (storage::UniqueTempPath), created exclusively.
   const std::string tmp = storage::UniqueTempPath(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -56,11 +81,19 @@ absl::Status WriteFileAtomically(const std::string& path,
   }
   if (st.ok() && ::fdatasync(fd) != 0) st = PosixError(absl::StrCat("fdatasync ", tmp), errno);
   if (::close(fd) != 0 && st.ok()) st = PosixError(absl::StrCat("close ", tmp), errno);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = PosixError(absl::StrCat("rename ", tmp, " to ", path), errno);
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
   }
-  if (!st.ok()) ::unlink(tmp.c_str());
-  return st;
+  staged->Add(tmp, path);
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::vector<std::pair<const void*, uint64_t>>& parts) {
+  StagedFiles staged;
+  RETURN_IF_ERROR(StageFile(path, parts, &staged));
+  return staged.Commit();
 }
 
 namespace {
@@ -111,6 +144,14 @@ std::string TrainerStateJson(const FullState& s, const std::map<std::string, std
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, std::string>>& metadata,
                               const std::vector<SafetensorsTensor>& tensors) {
+  StagedFiles staged;
+  RETURN_IF_ERROR(StageSafetensors(path, metadata, tensors, &staged));
+  return staged.Commit();
+}
+
+absl::Status StageSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, std::string>>& metadata,
+                              const std::vector<SafetensorsTensor>& tensors, StagedFiles* staged) {
   std::vector<std::string> meta;
   for (const auto& [k, v] : metadata) meta.push_back(absl::StrCat(JsonQuote(k), ":", JsonQuote(v)));
   std::vector<client::SafetensorsEntry> entries;
@@ -118,7 +159,7 @@ absl::Status WriteSafetensors(const std::string& path,
   const std::string head = client::EncodeSafetensorsHeader(meta, entries);
   std::vector<std::pair<const void*, uint64_t>> parts = {{head.data(), head.size()}};
   for (const SafetensorsTensor& t : tensors) parts.emplace_back(t.data, t.bytes);
-  return WriteFileAtomically(path, parts);
+  return StageFile(path, parts, staged);
 }
 
 std::string RankFilePath(const std::string& dir, int rank) {
@@ -132,6 +173,7 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
   const std::string state = SetStateField(s.state, "world_size", absl::StrCat(world_size));
   const std::string state_b64 = absl::Base64Escape(state);
   std::vector<WrittenFile> files;
+  StagedFiles staged;
   for (int r = 0; r < world_size; ++r) {
     if (only_rank >= 0 && r != only_rank) continue;
     const auto [lo, hi] = SliceOfRank(total, r, world_size);
@@ -163,9 +205,10 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
     meta.push_back(
         {absl::StrCat("sha256.", kReplicatedTensor), Sha256Hex(state.data(), state.size())});
     const std::string path = path_of(r);
-    RETURN_IF_ERROR(WriteSafetensors(path, meta, tensors));
+    RETURN_IF_ERROR(StageSafetensors(path, meta, tensors, &staged));
     files.push_back(WrittenFile{path, 3 * bytes + state.size(), r});
   }
+  RETURN_IF_ERROR(staged.Commit());
   return files;
 }
 
@@ -212,19 +255,21 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
       {"dtype", DTypeName(dtype)}, {"train_state", s.state}};
   meta.insert(meta.end(), model_sha.begin(), model_sha.end());
   std::vector<WrittenFile> files;
+  StagedFiles staged;
   const std::string model_path = dir + "/model.safetensors";
-  RETURN_IF_ERROR(WriteSafetensors(model_path, meta, model));
+  RETURN_IF_ERROR(StageSafetensors(model_path, meta, model, &staged));
   files.push_back({model_path, s.master.size() * es, -1});
   const std::string opt_path = dir + "/optimizer.safetensors";
   std::vector<std::pair<std::string, std::string>> opt_meta = {
       {"format", "gradsnap-optimizer-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)}};
   opt_meta.insert(opt_meta.end(), opt_sha.begin(), opt_sha.end());
-  RETURN_IF_ERROR(WriteSafetensors(opt_path, opt_meta, opt));
+  RETURN_IF_ERROR(StageSafetensors(opt_path, opt_meta, opt, &staged));
   files.push_back({opt_path, 2 * s.master.size() * sizeof(float), -1});
   const std::string json = TrainerStateJson(s, kv);
   const std::string state_path = dir + "/trainer_state.json";
-  RETURN_IF_ERROR(WriteFileAtomically(state_path, {{json.data(), json.size()}}));
+  RETURN_IF_ERROR(StageFile(state_path, {{json.data(), json.size()}}, &staged));
   files.push_back({state_path, json.size(), -1});
+  RETURN_IF_ERROR(staged.Commit());
   return files;
 }
 

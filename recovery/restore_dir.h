@@ -50,22 +50,51 @@ struct WrittenFile {
 
 // Writes the rank files of `s` cut for world_size ranks to path_of(R) (DIR/rank<R>.safetensors
 // for a restore directory), every rank or only `only_rank` (>= 0). The directory must exist.
+// Every file is staged before any is renamed into place (StagedFiles): on error the files of
+// these names are as they were.
 absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
     const FullState& s, int world_size, const std::function<std::string(int)>& path_of,
     int only_rank = -1);
 // DIR/rank<R>.safetensors
 std::string RankFilePath(const std::string& dir, int rank);
 // Writes model.safetensors (in `dtype`: kF32 or kBF16), optimizer.safetensors and
-// trainer_state.json. FAILED_PRECONDITION when the state carries no model layout.
+// trainer_state.json, staged together as WriteRankFiles's. FAILED_PRECONDITION when the state
+// carries no model layout.
 absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& dir,
                                                            const FullState& s, DType dtype);
 // Writes DIR/manifest.json describing the files: call last.
 absl::Status WriteRestoreManifest(const std::string& dir, const FullState& s, int world_size,
                                   bool consolidated, const std::vector<WrittenFile>& files);
 
-// Writes `parts` back to back as `path`: to a temporary of this call's own
-// (storage::UniqueTempPath, created exclusively), fdatasynced, then renamed over `path`; on
-// error the temporary is removed and `path` is as it was.
+// Files written complete under temporary names, then renamed over their final names together
+// (Commit): a failure before Commit leaves every final name as it was, so a set of files (the
+// rank files of one export or restore) is never left mixing two checkpoints. Whatever was not
+// renamed is removed by the destructor.
+class StagedFiles {
+ public:
+  StagedFiles() = default;
+  StagedFiles(const StagedFiles&) = delete;
+  StagedFiles& operator=(const StagedFiles&) = delete;
+  ~StagedFiles();
+  // `tmp`, complete and synced, is to become `path`.
+  void Add(std::string tmp, std::string path);
+  // Renames every staged file into place, in the order added. Every final name is checked
+  // first (client::CheckOutputFile): one taken by a directory or a device fails before any
+  // rename. A rename failing after that (rare: the names share their directory) is reported,
+  // naming the final name, with the files renamed before it in place and the rest removed.
+  absl::Status Commit();
+
+ private:
+  std::vector<std::pair<std::string, std::string>> files_;  // temporary, final; not renamed
+};
+
+// Writes `parts` back to back to a temporary name of `path`'s own (storage::UniqueTempPath,
+// created exclusively), fdatasynced, and adds it to `staged`; on error the temporary is
+// removed.
+absl::Status StageFile(const std::string& path,
+                       const std::vector<std::pair<const void*, uint64_t>>& parts,
+                       StagedFiles* staged);
+// StageFile, then Commit: `path` is replaced whole or left as it was.
 absl::Status WriteFileAtomically(const std::string& path,
                                  const std::vector<std::pair<const void*, uint64_t>>& parts);
 
@@ -77,7 +106,12 @@ struct SafetensorsTensor {
   const void* data = nullptr;
   uint64_t bytes = 0;
 };
-// Writes `path` (via path.tmp, fsync, rename) with the tensors in order and string metadata.
+// Stages (StageFile) a safetensors file for `path` with the tensors in order and string
+// metadata.
+absl::Status StageSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, std::string>>& metadata,
+                              const std::vector<SafetensorsTensor>& tensors, StagedFiles* staged);
+// StageSafetensors, then Commit.
 absl::Status WriteSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, std::string>>& metadata,
                               const std::vector<SafetensorsTensor>& tensors);

@@ -424,9 +424,12 @@ absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t
   int64_t max_full = -1;
   for (;;) {
     const RecoveryPoint rp = FindRecoveryPoint(list, max_full);
-    if (rp.full_step < 0) {
-      return absl::NotFoundError(absl::StrCat(
-          source.Name(), " has no ", max_full < 0 ? "" : "undamaged ", "committed FULL checkpoint",
+    if (rp.full_step < 0 && max_full < 0) {
+      return absl::NotFoundError(absl::StrCat(source.Name(), " has no committed FULL checkpoint"));
+    }
+    if (rp.full_step < 0) {  // FULLs there are, every one damaged: not "nothing to resume"
+      return absl::DataLossError(absl::StrCat(
+          source.Name(), " has no undamaged committed FULL checkpoint",
           damage->empty() ? "" : absl::StrCat(" (", damage->back(), ")")));
     }
     ASSIGN_OR_RETURN(RestoredRange r, RestoreRange(source, rp, lo, hi, master, m, v, o));

@@ -65,7 +65,9 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
 
 // The recovery point with fallback: the newest FULL and its chain as far as it verifies; a
 // damaged FULL falls back to the previous FULL. Every damage found is appended to *damage.
-// NOT_FOUND when no FULL is left.
+// NOT_FOUND when the source has no committed FULL at all; DATA_LOSS when it has some and every
+// one is damaged (naming the last damage), so that a caller never takes that for "nothing to
+// resume" and starts over.
 absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo, uint64_t hi,
                                                    float* master, float* m, float* v,
                                                    const RestoreOptions& options,

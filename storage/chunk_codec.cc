@@ -155,7 +155,8 @@ void Transpose(const uint8_t* in, uint8_t* out, size_t n, size_t width) {
     case 8: Planes<8, kShuffle>(in, out, elems); break;
     default: elems = 0; break;
   }
-  std::memcpy(out + elems * width, in + elems * width, n - elems * width);
+  // The tail past whole elements (none for an empty input, whose pointers may be null).
+  if (n > elems * width) std::memcpy(out + elems * width, in + elems * width, n - elems * width);
 }
 
 // Whether a record header equals the chunk's metadata, field by field.

@@ -144,7 +144,7 @@ class GlooComm : public Comm {
         },
         [&](int j) { return Region{recv.data() + j * n, n * sizeof(float)}; }, &sends, &recvs);
     RETURN_IF_ERROR(WaitAll(recvs, /*send=*/false));
-    std::memcpy(recv.data() + me * n, buf + mine.lo, n * sizeof(float));
+    if (n > 0) std::memcpy(recv.data() + me * n, buf + mine.lo, n * sizeof(float));
     // Sum in rank order, independent of arrival order.
     float* out = buf + mine.lo;
     for (size_t i = 0; i < n; ++i) out[i] = recv[i];

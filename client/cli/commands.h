@@ -68,6 +68,16 @@ absl::Status RunFsck(Context& ctx);  // commands_fsck.cc
 // (commands_restore.cc) use them when nothing needs replaying or re-cutting.
 absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step);
 absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step);
+// Creates `dir` and its parents where missing; a failure keeps the system's reason (EROFS:
+// PERMISSION_DENIED, ENOTDIR: FAILED_PRECONDITION, ...), naming `dir`.
+absl::Status CreateDirectories(const std::string& dir);
+// The files an export of `world_size` ranks to `file` (only `rank` where >= 0) writes, each
+// checked by client::CheckOutputFile, `file` itself too: before anything is read.
+absl::Status CheckExportNames(const std::string& file, int32_t world_size, int rank);
+// The same for the files a restore writes into `dir`: rank<R>.safetensors (only `rank` where
+// >= 0) of `world_size` ranks, or with `consolidated` the consolidated files.
+absl::Status CheckRestoreNames(const std::string& dir, int32_t world_size, int rank,
+                               bool consolidated);
 
 // Helpers shared by the commands.
 absl::Status CheckJob(const std::string& job);

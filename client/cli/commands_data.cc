@@ -60,21 +60,14 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
   // Every rank's file is written complete and synced under a temporary name first; only then
   // are they renamed into place, together: a failure on any rank leaves every earlier file of
   // these names as it was, never a set mixing two checkpoints.
-  std::vector<std::pair<std::string, std::string>> staged;  // temporary, final name
-  auto drop_staged = [&] {
-    for (const auto& [tmp, path] : staged) ::unlink(tmp.c_str());
-  };
+  recovery::StagedFiles staged;
   for (int32_t r : ranks) {
     std::string path = file_of(r);
     auto progress = [&](uint64_t done, uint64_t) { bar.Update(base + done, total); };
     std::string tmp;
-    absl::Status s = client::ExportShardSafetensors(
-        *c, m, r, path, ctx.progress ? progress : client::ProgressFn(), &tmp);
-    if (!s.ok()) {
-      drop_staged();
-      return s;
-    }
-    staged.push_back({tmp, path});
+    RETURN_IF_ERROR(client::ExportShardSafetensors(
+        *c, m, r, path, ctx.progress ? progress : client::ProgressFn(), &tmp));
+    staged.Add(tmp, path);
     uint64_t n = RankBytes(m, r);
     base += n;
     json.push_back(absl::StrCat("{\"rank\":", r, ",\"path\":", JsonQuote(path),
@@ -82,20 +75,8 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
     lines.push_back(absl::StrCat("rank ", r, " -> ", path, " (", HumanBytes(n), ")\n"));
   }
   bar.Finish();
-  if (before_rename) {
-    if (absl::Status s = before_rename(); !s.ok()) {
-      drop_staged();
-      return s;
-    }
-  }
-  for (size_t i = 0; i < staged.size(); ++i) {
-    if (::rename(staged[i].first.c_str(), staged[i].second.c_str()) != 0) {
-      absl::Status s = PosixError(
-          absl::StrCat("rename ", staged[i].first, " to ", staged[i].second), errno);
-      for (size_t j = i; j < staged.size(); ++j) ::unlink(staged[j].first.c_str());
-      return s;
-    }
-  }
+  if (before_rename) RETURN_IF_ERROR(before_rename());
+  RETURN_IF_ERROR(staged.Commit());
   if (ctx.json) {
     Print(absl::StrCat("{\"job\":", JsonQuote(m.info.job), ",\"step\":", m.info.step,
                        ",\"files\":[", absl::StrJoin(json, ","), "]}\n"));
@@ -106,6 +87,39 @@ absl::Status WriteRanks(Context& ctx, client::Client* c, const client::Manifest&
 }
 
 }  // namespace
+
+absl::Status CreateDirectories(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec) return absl::OkStatus();
+  // std::filesystem reports the system's errno values (generic category).
+  return PosixError(absl::StrCat("create directory ", dir), ec.value());
+}
+
+absl::Status CheckExportNames(const std::string& file, int32_t world_size, int rank) {
+  RETURN_IF_ERROR(client::CheckOutputFile(file));
+  for (int32_t r = 0; r < world_size; ++r) {
+    if (rank < 0 || r == rank) {
+      RETURN_IF_ERROR(client::CheckOutputFile(client::RankFileName(file, r, world_size)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRestoreNames(const std::string& dir, int32_t world_size, int rank,
+                               bool consolidated) {
+  std::vector<std::string> names;
+  if (consolidated) {
+    names = {"model.safetensors", "optimizer.safetensors", "trainer_state.json"};
+  } else {
+    for (int32_t r = 0; r < world_size; ++r) {
+      if (rank < 0 || r == rank) names.push_back(absl::StrCat("rank", r, ".safetensors"));
+    }
+  }
+  names.push_back("manifest.json");
+  for (const std::string& n : names) RETURN_IF_ERROR(client::CheckOutputFile(dir + "/" + n));
+  return absl::OkStatus();
+}
 
 absl::Status RunVerify(Context& ctx) {
   const std::vector<std::string>& pos = ctx.args.positional;
@@ -166,10 +180,11 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
   ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));
+  RETURN_IF_ERROR(CheckRestoreNames(dir, m.info.world_size, ranks.size() == 1 ? ranks[0] : -1,
+                                    false));
   std::error_code ec;
   const bool existed = std::filesystem::exists(dir, ec);
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  RETURN_IF_ERROR(CreateDirectories(dir));
   // Every rank's file is staged first (WriteRanks): a failure leaves an earlier restore in
   // DIR, its files and manifest.json, as it was (and a DIR this restore created is removed
   // again: it is empty then). Once all are staged the earlier manifest goes (it must not
@@ -180,10 +195,7 @@ absl::Status RestoreRaw(Context& ctx, const std::string& job, int64_t step) {
       [&]() -> absl::Status {
         std::error_code rm;
         std::filesystem::remove(dir + "/manifest.json", rm);
-        if (rm) {
-          return absl::InternalError(
-              absl::StrCat("cannot remove ", dir, "/manifest.json: ", rm.message()));
-        }
+        if (rm) return PosixError(absl::StrCat("remove ", dir, "/manifest.json"), rm.value());
         return absl::OkStatus();
       });
   if (!staged.ok()) {
@@ -206,6 +218,7 @@ absl::Status ExportRaw(Context& ctx, const std::string& job, int64_t step) {
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   ASSIGN_OR_RETURN(client::Manifest m, c->Show(job, step));
   ASSIGN_OR_RETURN(std::vector<int32_t> ranks, SelectRanks(ctx, m));
+  RETURN_IF_ERROR(CheckExportNames(file, m.info.world_size, ranks.size() == 1 ? ranks[0] : -1));
   return WriteRanks(ctx, c, m, ranks, "export", [&](int32_t r) {
     return client::RankFileName(file, r, m.info.world_size);
   });

@@ -68,6 +68,11 @@ absl::StatusOr<Request> ParseRequest(Context& ctx, const std::string& target, bo
     if (q.consolidate && ctx.args.Has("rank")) {
       return absl::InvalidArgumentError("--consolidate writes whole files: drop --rank");
     }
+    if (q.consolidate && q.world_size > 0) {
+      return absl::InvalidArgumentError(
+          "--consolidate writes the whole model by parameter name, for no world size: drop "
+          "--world-size");
+    }
   }
   return q;
 }
@@ -202,6 +207,15 @@ absl::StatusOr<Plan> MakePlan(recovery::StateSource& source, const Request& q) {
   return p;
 }
 
+// After a stored FULL streamed as it is (`raw`) failed: whether `latest` goes on past the
+// damage, replaying the previous FULL and its chain (a warning says what was skipped).
+bool FallBackPastDamage(const Request& q, const Plan& p, const absl::Status& raw) {
+  if (!(q.latest && absl::IsDataLoss(raw) && p.total > 0)) return false;
+  std::fprintf(stderr, "gradsnap: warning: damaged record skipped: %s\n",
+               std::string(raw.message()).c_str());
+  return true;
+}
+
 absl::StatusOr<Request> RequestWithRank(Context& ctx, const std::string& target, bool export_) {
   ASSIGN_OR_RETURN(Request q, ParseRequest(ctx, target, export_));
   if (ctx.args.Has("rank")) {
@@ -224,20 +238,18 @@ absl::Status RunRestore(Context& ctx) {
   }
   std::unique_ptr<recovery::StateSource> source = recovery::NewClientSource(c, q.job);
   ASSIGN_OR_RETURN(Plan p, MakePlan(*source, q));
+  const std::string dir = ctx.args.Get("out");
+  RETURN_IF_ERROR(CheckRestoreNames(dir, p.world_size, q.rank, q.consolidate));
   if (!p.replay) {
     absl::Status raw = RestoreRaw(ctx, q.job, p.rp.full_step);
-    // `latest` falls back past a damaged FULL (replaying the previous one and its chain).
-    if (!(q.latest && absl::IsDataLoss(raw) && p.total > 0)) return raw;
-    std::fprintf(stderr, "gradsnap: warning: damaged record skipped: %s\n",
-                 std::string(raw.message()).c_str());
+    if (!FallBackPastDamage(q, p, raw)) return raw;
   }
   ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total));
-  const std::string dir = ctx.args.Get("out");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  RETURN_IF_ERROR(CreateDirectories(dir));
   // An earlier restore's manifest.json must not vouch for files this one is replacing.
+  std::error_code ec;
   std::filesystem::remove(dir + "/manifest.json", ec);
+  if (ec) return PosixError(absl::StrCat("remove ", dir, "/manifest.json"), ec.value());
   std::vector<recovery::WrittenFile> files;
   if (q.consolidate) {
     ASSIGN_OR_RETURN(files, recovery::WriteConsolidated(dir, s, q.dtype));
@@ -268,9 +280,13 @@ absl::Status RunExport(Context& ctx) {
   }
   std::unique_ptr<recovery::StateSource> source = recovery::NewClientSource(c, q.job);
   ASSIGN_OR_RETURN(Plan p, MakePlan(*source, q));
-  if (!p.replay) return ExportRaw(ctx, q.job, p.rp.full_step);
-  ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total));
   const std::string file = ctx.args.Get("out");
+  if (!p.replay) {
+    absl::Status raw = ExportRaw(ctx, q.job, p.rp.full_step);
+    if (!FallBackPastDamage(q, p, raw)) return raw;
+  }
+  RETURN_IF_ERROR(CheckExportNames(file, p.world_size, q.rank));
+  ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total));
   ASSIGN_OR_RETURN(std::vector<recovery::WrittenFile> files,
                    recovery::WriteRankFiles(
                        s, p.world_size,

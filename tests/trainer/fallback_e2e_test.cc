@@ -107,6 +107,27 @@ TEST(FallbackTest, DamagedNewestFullWithoutChain) {
   ASSERT_EQ(from_dir.exit_code, 0) << from_dir.out;
   EXPECT_EQ(SummaryField(from_dir.out, "params_sha256"),
             SummaryField(trained.out, "params_sha256"));
+  // The export's `latest` falls back as the restore's does.
+  const std::string file = dir + "/latest.safetensors";
+  const RunResult exported = RunCommand(kCli + store + " export j latest --out " + file);
+  EXPECT_EQ(exported.exit_code, 0) << exported.out;
+  EXPECT_TRUE(absl::StrContains(exported.out, "damaged record skipped: job j step 8 rank 0"))
+      << exported.out;
+  EXPECT_EQ(SafetensorsMetadata(dir + "/latest.rank0.safetensors", "step"), "4");
+  EXPECT_EQ(SafetensorsMetadata(dir + "/latest.rank1.safetensors", "step"), "4");
+  // Every FULL damaged: DATA_LOSS (exit 3), never "no such checkpoint" (exit 4), which a
+  // wrapper could take for "nothing to resume" and start the job over.
+  ASSERT_EQ(FlipSegmentBytes(ckpt, "j", 4, 1), 1);
+  for (const std::string& cmd : {" restore j latest --out " + dir + "/none",
+                                  " export j latest --out " + dir + "/none.safetensors"}) {
+    const RunResult r = RunCommand(kCli + store + cmd);
+    EXPECT_EQ(r.exit_code, 3) << cmd << ": " << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "DATA_LOSS")) << r.out;
+    EXPECT_TRUE(absl::StrContains(r.out, "job j step 4 rank 1")) << r.out;
+  }
+  const RunResult none = Train("--steps 8 --resume latest --job j" + store);
+  EXPECT_NE(none.exit_code, 0) << none.out;
+  EXPECT_TRUE(absl::StrContains(none.out, "every FULL checkpoint is damaged")) << none.out;
 }
 
 // After a rank failure the launcher restarts the job; rank 0 prints the time from the failure to

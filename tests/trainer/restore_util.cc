@@ -47,6 +47,19 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
   return out;
 }
 
+std::string SafetensorsMetadata(const std::string& path, const std::string& key) {
+  const std::string blob = ReadFileOrEmpty(path);
+  if (blob.size() < 8) return "";
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
+  if (len > blob.size() - 8) return "";
+  auto header = recovery::ParseJson(absl::string_view(blob).substr(8, len), "header");
+  if (!header.ok()) return "";
+  const recovery::JsonValue* meta = header->Find("__metadata__");
+  const recovery::JsonValue* v = meta == nullptr ? nullptr : meta->Find(key);
+  return v == nullptr ? "" : v->text;
+}
+
 std::string WithoutWorldSize(const std::string& state) {
   std::string out;
   for (absl::string_view line : absl::StrSplit(state, '\n')) {

@@ -16,6 +16,10 @@ namespace testing {
 // metadata), and rank 0's "replicated_state" text under that name. Empty map on a bad file.
 std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n);
 
+// The string `key` of a safetensors file's "__metadata__"; empty where the file, its header or
+// the key is missing.
+std::string SafetensorsMetadata(const std::string& path, const std::string& key);
+
 // "key=value" lines of a train state text without the world_size line (it changes on a reshard).
 std::string WithoutWorldSize(const std::string& state);
 
