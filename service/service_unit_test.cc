@@ -84,6 +84,44 @@ TEST(ShardCache, CommitDropsEntriesOfAnotherVersionOfTheStep) {
   EXPECT_EQ(cache.used(), 0u);
 }
 
+// A DELTA's commit keeps its base FULL and the DELTAs between; a FULL's drops them. Room for a
+// new FULL comes from the job's superseded steps before any other job's; room for a DELTA from
+// other jobs before the chain it extends.
+TEST(ShardCache, KeepsTheChainOfTheNewestDelta) {
+  ShardCache cache(1000);
+  Put(&cache, "a", 10, 0, 300);
+  cache.Committed("a", 10);
+  ASSERT_TRUE(cache.Reserve("a", 11, 10, 100));
+  cache.Publish("a", 11, 0, Shard(100, 'd'));
+  cache.Committed("a", 11, 10);
+  ASSERT_TRUE(cache.Reserve("a", 12, 10, 100));
+  cache.Publish("a", 12, 0, Shard(100, 'd'));
+  cache.Committed("a", 12, 10);
+  for (int64_t step : {10, 11, 12}) EXPECT_NE(cache.Lookup("a", step, 0), nullptr) << step;
+  Put(&cache, "b", 1, 0, 400);
+  cache.Committed("b", 1);
+  // A DELTA of a's chain that needs room: b goes, not a's base FULL.
+  ASSERT_TRUE(cache.Reserve("a", 13, 10, 200));
+  EXPECT_EQ(cache.Lookup("b", 1, 0), nullptr);
+  EXPECT_NE(cache.Lookup("a", 10, 0), nullptr);
+  cache.Unreserve(200);
+  Put(&cache, "b", 2, 0, 400);
+  cache.Committed("b", 2);
+  // A new FULL of a that needs room: a's old chain goes (superseded), b stays.
+  Put(&cache, "a", 20, 0, 300);
+  EXPECT_NE(cache.Lookup("b", 2, 0), nullptr);
+  cache.Committed("a", 20);
+  for (int64_t step : {10, 11, 12}) EXPECT_EQ(cache.Lookup("a", step, 0), nullptr) << step;
+  EXPECT_NE(cache.Lookup("a", 20, 0), nullptr);
+  EXPECT_EQ(cache.used(), 700u);
+  // An older step committing late does not move the chain back.
+  Put(&cache, "a", 15, 0, 100);
+  cache.Committed("a", 15);
+  EXPECT_EQ(cache.Lookup("a", 15, 0), nullptr);
+  EXPECT_NE(cache.Lookup("a", 20, 0), nullptr);
+  EXPECT_EQ(cache.used(), 700u);
+}
+
 TEST(ShardCache, EvictsLeastRecentlyUsedJobs) {
   ShardCache cache(1000);
   for (const char* job : {"a", "b", "c"}) {

@@ -107,26 +107,29 @@ void ShardCache::EraseIf(
   UpdateGauge();
 }
 
-bool ShardCache::MakeRoom(uint64_t need, const std::string& protect_job, int64_t protect_step) {
+bool ShardCache::MakeRoom(uint64_t need, const std::string& job, int64_t step, int64_t base) {
   if (need > budget_) return false;
   if (used_ + need <= budget_) return true;
-  // Older steps of the job being written go first: they are about to be superseded.
-  EraseIf(protect_job,
-          [&](int64_t step, int32_t, const CachedShard&) { return step < protect_step; });
+  // The job's entries below the chain being written: superseded once it commits.
+  EraseIf(job, [&](int64_t s, int32_t, const CachedShard&) { return s < base; });
   // Then whole jobs, least recently used first.
   std::vector<std::string> victims(lru_.rbegin(), lru_.rend());
-  for (const std::string& job : victims) {
+  for (const std::string& other : victims) {
     if (used_ + need <= budget_) break;
-    if (job == protect_job) continue;
-    EraseIf(job, [](int64_t, int32_t, const CachedShard&) { return true; });
+    if (other == job) continue;
+    EraseIf(other, [](int64_t, int32_t, const CachedShard&) { return true; });
+  }
+  // Last, the job's own older steps (its chain so far).
+  if (used_ + need > budget_) {
+    EraseIf(job, [&](int64_t s, int32_t, const CachedShard&) { return s < step; });
   }
   return used_ + need <= budget_;
 }
 
-bool ShardCache::Reserve(const std::string& job, int64_t step, uint64_t size) {
+bool ShardCache::Reserve(const std::string& job, int64_t step, int64_t base, uint64_t size) {
   if (budget_ == 0) return false;
   absl::MutexLock lock(&mu_);
-  if (!MakeRoom(size, job, step)) return false;
+  if (!MakeRoom(size, job, step, base)) return false;
   used_ += size;
   UpdateGauge();
   return true;
@@ -149,13 +152,18 @@ void ShardCache::Publish(const std::string& job, int64_t step, int32_t rank,
   UpdateGauge();
 }
 
-void ShardCache::Committed(const std::string& job, int64_t step,
+void ShardCache::Committed(const std::string& job, int64_t step, int64_t base,
                            const std::vector<storage::ShardInfo>* shards) {
   absl::MutexLock lock(&mu_);
-  auto [it, inserted] = committed_step_.emplace(job, step);
-  if (!inserted && it->second < step) it->second = step;
+  Chain& c = chains_[job];
+  c.committed.insert(step);
+  if (step >= c.newest) {
+    c.newest = step;
+    c.base = std::min(base, step);
+  }
+  c.committed.erase(c.committed.begin(), c.committed.lower_bound(c.base));
   EraseIf(job, [&](int64_t s, int32_t rank, const CachedShard& cached) {
-    if (s < step) return true;
+    if (s < c.base) return true;
     if (s != step || shards == nullptr) return false;
     for (const storage::ShardInfo& info : *shards) {
       if (info.rank == rank) return !proto::SameTensorContent(cached.info, info);
@@ -166,14 +174,14 @@ void ShardCache::Committed(const std::string& job, int64_t step,
 
 void ShardCache::Drop(const std::string& job, int64_t step) {
   absl::MutexLock lock(&mu_);
-  auto c = committed_step_.find(job);
-  if (c != committed_step_.end() && c->second == step) committed_step_.erase(c);
+  auto c = chains_.find(job);
+  if (c != chains_.end()) c->second.committed.erase(step);
   EraseIf(job, [&](int64_t s, int32_t, const CachedShard&) { return s == step; });
 }
 
 void ShardCache::DropJob(const std::string& job) {
   absl::MutexLock lock(&mu_);
-  committed_step_.erase(job);
+  chains_.erase(job);
   EraseIf(job, [](int64_t, int32_t, const CachedShard&) { return true; });
 }
 
@@ -183,9 +191,9 @@ Payload ShardCache::Lookup(const std::string& job, int64_t step, int32_t rank) {
     return nullptr;
   }
   absl::MutexLock lock(&mu_);
-  auto c = committed_step_.find(job);
+  auto c = chains_.find(job);
   auto it = entries_.find(Key(job, step, rank));
-  if (it == entries_.end() || c == committed_step_.end() || c->second != step) {
+  if (it == entries_.end() || c == chains_.end() || c->second.committed.count(step) == 0) {
     misses_->Add();
     return nullptr;
   }

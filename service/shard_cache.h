@@ -3,10 +3,13 @@
 //
 // Entries are whole shard payloads keyed by (job, step, rank). Uploads stage the bytes as they
 // stream through the server (Stage/Append/Publish) so the cache is filled at commit time, not on
-// first read. When a checkpoint of a job commits, entries of older steps of that job are dropped:
-// the newest committed checkpoint of each job stays, bounded by the byte budget, evicting least
-// recently used jobs first. Staged (not yet published) bytes count against the budget too, so
-// the cache never holds more than `budget` bytes.
+// first read. What stays is each job's recovery point: the newest committed checkpoint and, when
+// it is a DELTA, its base FULL and the committed DELTAs between (GoCkpt with --grad-log commits
+// a DELTA every step; a restore of `latest` reads the FULL and replays the chain, so all of it
+// must be here for the restore not to touch the disk). When a checkpoint commits, entries of
+// the job below its chain's base (its own step for a FULL) are dropped. Bounded by the byte
+// budget, evicting least recently used jobs first. Staged (not yet published) bytes count
+// against the budget too, so the cache never holds more than `budget` bytes.
 //
 // Thread-safe. A returned payload is immutable and stays valid while the caller holds it, even
 // if the entry is evicted meanwhile (it then no longer counts against the budget).
@@ -17,6 +20,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -82,25 +86,37 @@ class ShardCache {
  public:
   explicit ShardCache(uint64_t budget);
 
-  // Reserves `size` bytes for staging a shard of (job, step), evicting LRU entries of other
-  // jobs or older steps. False when it cannot fit (the upload then simply is not cached).
-  [[nodiscard]] bool Reserve(const std::string& job, int64_t step, uint64_t size);
+  // Reserves `size` bytes for staging a shard of (job, step) whose chain starts at `base` (the
+  // step itself for a FULL, the base FULL's for a DELTA). Evicts, until it fits: the job's
+  // entries below `base` (superseded once the step commits), then other jobs' least recently
+  // used first, then the job's own older steps. False when it cannot fit (the upload then
+  // simply is not cached).
+  [[nodiscard]] bool Reserve(const std::string& job, int64_t step, int64_t base, uint64_t size);
+  bool Reserve(const std::string& job, int64_t step, uint64_t size) {  // a FULL
+    return Reserve(job, step, step, size);
+  }
   // Returns a reservation that was not published (failed upload).
   void Unreserve(uint64_t size);
   // Publishes a staged shard (its reservation becomes the entry).
   void Publish(const std::string& job, int64_t step, int32_t rank, CachedShard shard);
-  // The checkpoint (job, step) committed: its entries become readable, entries of the job's
-  // older steps are dropped. With `shards` (the committed manifest's), an entry of the step
-  // whose tensors (names, sizes, digests) are not those of its rank's shard is dropped too:
-  // one staged for an earlier checkpoint saved under the same step (deleted or aborted since,
-  // its entry missed) is never served as this one.
-  void Committed(const std::string& job, int64_t step,
+  // The checkpoint (job, step) committed, its chain starting at `base` (as for Reserve): its
+  // entries become readable. When it is the job's newest committed step, entries and committed
+  // steps of the job below `base` are dropped. With `shards` (the committed manifest's), an
+  // entry of the step whose tensors (names, sizes, digests) are not those of its rank's shard
+  // is dropped too: one staged for an earlier checkpoint saved under the same step (deleted or
+  // aborted since, its entry missed) is never served as this one.
+  void Committed(const std::string& job, int64_t step, int64_t base,
                  const std::vector<storage::ShardInfo>* shards = nullptr);
+  void Committed(const std::string& job, int64_t step,  // a FULL
+                 const std::vector<storage::ShardInfo>* shards = nullptr) {
+    Committed(job, step, step, shards);
+  }
   // Drops every entry of (job, step) (delete, abort).
   void Drop(const std::string& job, int64_t step);
   // Drops every entry of the job (a Gc that failed part-way).
   void DropJob(const std::string& job);
-  // The shard if cached and its checkpoint committed, else null. Counts hits and misses.
+  // The shard if cached and its checkpoint committed (any step of the job's kept chain), else
+  // null. Counts hits and misses.
   Payload Lookup(const std::string& job, int64_t step, int32_t rank);
 
   uint64_t budget() const { return budget_; }
@@ -108,8 +124,8 @@ class ShardCache {
 
  private:
   using Key = std::tuple<std::string, int64_t, int32_t>;
-  // Evicts until `need` more bytes fit, never touching (protect_job, >= protect_step).
-  bool MakeRoom(uint64_t need, const std::string& protect_job, int64_t protect_step)
+  // Evicts until `need` more bytes fit (see Reserve), never touching (job, >= step).
+  bool MakeRoom(uint64_t need, const std::string& job, int64_t step, int64_t base)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchJob(const std::string& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseIf(const std::string& job,
@@ -127,7 +143,13 @@ class ShardCache {
   std::map<Key, Payload> entries_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // jobs, most recent first
   std::map<std::string, std::list<std::string>::iterator> lru_pos_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> committed_step_ ABSL_GUARDED_BY(mu_);  // newest per job
+  // Per job: the committed steps kept (the newest one's chain, from its base on).
+  struct Chain {
+    int64_t newest = -1;  // the newest committed step
+    int64_t base = -1;    // its chain's base FULL (itself for a FULL)
+    std::set<int64_t> committed;
+  };
+  std::map<std::string, Chain> chains_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace service

@@ -143,6 +143,9 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   absl::Status KeepResumable(grpc::ServerContext* ctx, storage::ShardWriter* writer,
                              v1::WriteResponse* resp);
   // finish_write: commits the shard and publishes the staged payload.
+  // The first step of the chain (job, step) belongs to, for the RAM tier: the base FULL of a
+  // DELTA, else the step itself.
+  int64_t ChainBase(const std::string& job, int64_t step);
   absl::Status FinishShard(const storage::ShardSpec& spec, storage::ShardWriter* writer,
                            StagedPayload* stage, v1::WriteResponse* resp);
   absl::Status DoRead(grpc::ServerContext* ctx, ReadStream* stream);

@@ -73,9 +73,10 @@ class StorageService::StagedPayload {
   StagedPayload(const StagedPayload&) = delete;
   StagedPayload& operator=(const StagedPayload&) = delete;
 
-  // Stages a shard of `total` bytes when the cache can reserve it.
-  void Start(const std::string& job, int64_t step, uint64_t total) {
-    if (total > 0 && cache_->Reserve(job, step, total)) reserved_ = total;
+  // Stages a shard of `total` bytes of (job, step), whose chain starts at `base` (see
+  // ShardCache::Reserve), when the cache can reserve it.
+  void Start(const std::string& job, int64_t step, int64_t base, uint64_t total) {
+    if (total > 0 && cache_->Reserve(job, step, base, total)) reserved_ = total;
   }
   bool active() const { return reserved_ > 0; }
   void Append(const std::vector<grpc::Slice>& pieces) {
@@ -236,8 +237,8 @@ absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stre
   }
   // Stage the payload for the RAM tier when it streams from the start and fits.
   StagedPayload stage(cache_);
-  if (msg.write_offset == 0 && writer->written_size() == 0) {
-    stage.Start(spec.job, spec.step, writer->total_size());
+  if (msg.write_offset == 0 && writer->written_size() == 0 && cache_->budget() > 0) {
+    stage.Start(spec.job, spec.step, ChainBase(spec.job, spec.step), writer->total_size());
   }
   absl::StatusOr<bool> finish = ReceivePayload(stream, &watch, writer.get(), &msg, &stage);
   if (!finish.ok()) {
@@ -307,6 +308,16 @@ absl::Status StorageService::KeepResumable(grpc::ServerContext* ctx,
   return absl::OkStatus();
 }
 
+int64_t StorageService::ChainBase(const std::string& job, int64_t step) {
+  auto listed = engine_->ListCheckpoints(job, /*include_pending=*/true);
+  if (listed.ok()) {
+    for (const storage::CheckpointInfo& c : *listed) {
+      if (c.step == step && c.kind == storage::CheckpointKind::kDelta) return c.base_step;
+    }
+  }
+  return step;  // a FULL (or not known: its older entries are then evicted first)
+}
+
 absl::Status StorageService::FinishShard(const storage::ShardSpec& spec,
                                          storage::ShardWriter* writer, StagedPayload* stage,
                                          v1::WriteResponse* resp) {
@@ -341,7 +352,8 @@ absl::Status StorageService::FinishShard(const storage::ShardSpec& spec,
   }
   if (committed) {
     metrics_->checkpoint_commits->Add();
-    cache_->Committed(spec.job, spec.step, &m->shards);
+    const bool delta = m->info.kind == storage::CheckpointKind::kDelta;
+    cache_->Committed(spec.job, spec.step, delta ? m->info.base_step : spec.step, &m->shards);
   }
   return absl::OkStatus();
 }

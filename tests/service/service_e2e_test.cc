@@ -241,6 +241,43 @@ TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
   EXPECT_EQ(MetricValue(*body, "gradsnap_inflight_bytes"), 0);
 }
 
+// GoCkpt with --grad-log commits a DELTA every step: the RAM tier keeps the recovery point's
+// base FULL and every DELTA of its chain, so restoring `latest` (the FULL, then each DELTA)
+// never reads the disk. A new FULL supersedes the chain.
+TEST(ServiceE2E, RamTierKeepsTheDeltaChainOfTheRecoveryPoint) {
+  TempDir dir;
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  auto c = ValueOrNull(StartAndConnect(
+      &server, dir.File("data"), {"--cache-bytes", "64000000", "--metrics-listen", "127.0.0.1:0"}));
+  ASSERT_NE(c, nullptr);
+  auto save = [&](int64_t step, int64_t base) {
+    client::CheckpointSpec spec = FullSpec("chain", step, 1);
+    if (base >= 0) {
+      spec.kind = client::CheckpointKind::kDelta;
+      spec.base_step = base;
+    }
+    ASSERT_TRUE(c->BeginCheckpoint(spec).ok());
+    TestShard s = MakeShard("chain", step, 0, {base >= 0 ? 100000u : 1000000u}, step);
+    ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
+  };
+  auto counts = [&] {
+    auto body = HttpGet(server.metrics_port());
+    EXPECT_TRUE(body.ok()) << body.status();
+    return std::make_pair(MetricValue(*body, "gradsnap_cache_hits_total"),
+                          MetricValue(*body, "gradsnap_cache_misses_total"));
+  };
+  save(10, -1);
+  for (int64_t step = 11; step <= 13; ++step) save(step, 10);
+  for (int64_t step = 10; step <= 13; ++step) {
+    auto got = RestoreToString(c.get(), "chain", step, 0);
+    ASSERT_TRUE(got.ok()) << got.status();
+  }
+  EXPECT_EQ(counts(), std::make_pair(4.0, 0.0)) << "the chain was read from disk";
+  save(14, -1);  // a new FULL: the old chain is superseded
+  for (int64_t step : {10, 13, 14}) ASSERT_TRUE(RestoreToString(c.get(), "chain", step, 0).ok());
+  EXPECT_EQ(counts(), std::make_pair(5.0, 2.0));
+}
+
 // --digest picks the algorithm of new shards; a restarted server with another choice keeps
 // serving and verifying the old ones with the algorithm that wrote them.
 TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
