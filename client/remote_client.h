@@ -137,16 +137,24 @@ class RemoteClient final : public Client {
   class ShardVersion {
    public:
     absl::Status Check(const storage::ShardInfo& info, const std::string& endpoint);
+    // Where a read of a range that began at `start` resumes after it broke at `offset`: the
+    // start of the tensor `offset` lies strictly inside, when that tensor begins at or after
+    // `start` (the range covers it from its start, so the resumed stream does too, and the
+    // server checks its digest); else `offset` itself.
+    uint64_t ResumePoint(uint64_t offset, uint64_t start);
    private:
     absl::Mutex mu_;
     std::optional<storage::ShardInfo> first_ ABSL_GUARDED_BY(mu_);  // the first node's answer
   };
-  // Streams [*offset, end) of a shard from one node through sink, advancing *offset; end may
-  // be kToEnd (or past the shard: it stops at its end). *total receives the payload size.
+  // Streams [from, end) of a shard from one node, handing the bytes from *offset on
+  // (from <= *offset: those before were delivered already, and are read again only so that the
+  // server sees the tensor they belong to whole) through sink, advancing *offset; end may be
+  // kToEnd (or past the shard: it stops at its end). *total receives the payload size.
   absl::Status ReadFrom(Node& node, const std::string& job, int64_t step, int32_t rank,
-                        uint64_t* offset, uint64_t end, const PieceSink& sink, uint64_t* total,
-                        ShardVersion* version);
-  // ReadFrom over the shard's replicas in preference order, resuming where the last left off.
+                        uint64_t from, uint64_t* offset, uint64_t end, const PieceSink& sink,
+                        uint64_t* total, ShardVersion* version);
+  // ReadFrom over the shard's replicas in preference order, resuming where the last left off
+  // (from the start of a tensor the break cut, ShardVersion::ResumePoint).
   // total_out (may be null) receives the payload size. `version` (null: one of its own) is
   // shared by the reads of one restore.
   absl::Status ReadRange(const std::string& job, int64_t step, int32_t rank, uint64_t offset,

@@ -257,17 +257,31 @@ absl::Status RemoteClient::ShardVersion::Check(const storage::ShardInfo& info,
       "bytes read from the first"));
 }
 
+uint64_t RemoteClient::ShardVersion::ResumePoint(uint64_t offset, uint64_t start) {
+  absl::MutexLock lock(&mu_);
+  if (!first_.has_value()) return offset;
+  uint64_t begin = 0;
+  for (const storage::TensorInfo& t : first_->tensors) {
+    const uint64_t end = begin + t.spec.byte_length;
+    if (offset < end) return begin < offset && begin >= start ? begin : offset;
+    begin = end;
+  }
+  return offset;
+}
+
 absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t step,
-                                    int32_t rank, uint64_t* offset, uint64_t end,
+                                    int32_t rank, uint64_t from, uint64_t* offset, uint64_t end,
                                     const PieceSink& sink, uint64_t* total,
                                     ShardVersion* version) {
   // Nothing left (an empty tensor, or a stream that broke after its last bytes): no call. A
   // read_limit of 0 would mean "to the end of the shard" to the server.
   if (end != kToEnd && *offset >= end) return absl::OkStatus();
+  from = std::min(from, *offset);
+  uint64_t pos = from;  // the stream's position
   auto req = JobStep<v1::ReadRequest>(job, step);
   req.set_rank(rank);
-  req.set_read_offset(*offset);
-  if (end != kToEnd) req.set_read_limit(end - *offset);
+  req.set_read_offset(from);
+  if (end != kToEnd) req.set_read_limit(end - from);
   grpc::ClientContext ctx;
   PrepareContext(&ctx, options_, 0);
   // The method called with raw ByteBuffer responses (parsed below without copying the data).
@@ -304,16 +318,19 @@ absl::Status RemoteClient::ReadFrom(Node& node, const std::string& job, int64_t 
     };
     auto on_data = [&](uint64_t at, const grpc::Slice& piece) -> absl::Status {
       if (first) return absl::DataLossError(absl::StrCat(node.endpoint, ": Read data first"));
-      if (at != *offset) {
+      if (at != pos) {
         return absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent offset ", at,
-                                                ", expected ", *offset));
+                                                ", expected ", pos));
       }
-      if (piece.size() > std::min(end, *total) - *offset) {
+      if (pos > std::min(end, *total) || piece.size() > std::min(end, *total) - pos) {
         return absl::DataLossError(absl::StrCat(node.endpoint, ": Read sent bytes past ",
                                                 std::min(end, *total)));
       }
-      RETURN_IF_ERROR(sink(piece));
-      *offset += piece.size();
+      pos += piece.size();
+      if (pos <= *offset) return absl::OkStatus();  // read again, delivered before
+      const size_t skip = static_cast<size_t>(piece.size() - (pos - *offset));
+      RETURN_IF_ERROR(sink(skip == 0 ? piece : piece.sub(skip, piece.size())));
+      *offset = pos;
       return absl::OkStatus();
     };
     status = ParseReadResponse(bb, on_shard, on_data);
@@ -355,6 +372,7 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
     return s;
   };
   std::vector<size_t> order = RankEndpoints(endpoints_, job, rank);
+  const uint64_t start = offset;  // the range's own start
   absl::Status last = absl::NotFoundError("no node holds the shard");
   uint64_t local_total = 0;
   uint64_t* total = total_out != nullptr ? total_out : &local_total;
@@ -363,8 +381,11 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
     uint64_t before = offset;
     bool retry = false;  // some node may answer differently later (unavailable, busy)
     for (size_t i : order) {
+      // A resumed read starts again at the tensor the break cut (when this range holds its
+      // start), so that the server checks that tensor's digest too.
+      const uint64_t from = offset > start ? version->ResumePoint(offset, start) : offset;
       absl::Status s =
-          ReadFrom(*nodes_[i], job, step, rank, &offset, end, guarded, total, version);
+          ReadFrom(*nodes_[i], job, step, rank, from, &offset, end, guarded, total, version);
       if (s.ok() || sink_failed) return s;
       if (s.code() == absl::StatusCode::kUnavailable) nodes_[i]->OnUnavailable();
       // Another replica may have it: move on for missing, unavailable or busy nodes, and for

@@ -156,6 +156,7 @@ struct FailoverRun {
   absl::Status status;
   std::string bytes;
   std::string first_version, second_version;  // what each node held
+  double second_bytes_out = -1;  // payload bytes the node failed over to sent
 };
 FailoverRun RestoreAcrossAFailover(uint64_t first_seed, uint64_t second_seed) {
   FailoverRun run;
@@ -166,6 +167,7 @@ FailoverRun RestoreAcrossAFailover(uint64_t first_seed, uint64_t second_seed) {
   const std::vector<std::string> endpoints = {a.address(), b.address()};
   const std::vector<size_t> order = client::RankEndpoints(endpoints, "rep", 0);
   ServerProcess* first = order[0] == 0 ? &a : &b;
+  ServerProcess* second = order[0] == 0 ? &b : &a;
   const uint64_t seeds[2] = {order[0] == 0 ? first_seed : second_seed,
                              order[0] == 0 ? second_seed : first_seed};
   for (size_t i = 0; i < 2; ++i) {  // each node saved on its own
@@ -191,14 +193,20 @@ FailoverRun RestoreAcrossAFailover(uint64_t first_seed, uint64_t second_seed) {
     return absl::OkStatus();
   });
   first->Wait();
+  auto body = HttpGet(second->metrics_port());
+  if (body.ok()) run.second_bytes_out = MetricValue(*body, "gradsnap_bytes_out_total");
   return run;
 }
 
+// The stream broke inside the shard's one tensor: the replica resumes at that tensor's start
+// (the bytes before the break are read again, not delivered twice), so it sees the tensor whole
+// and checks its digest.
 TEST(ServiceFault, RestoreFailsOverToAReplicaMidStream) {
   FailoverRun run = RestoreAcrossAFailover(7, 7);
   ASSERT_EQ(run.first_version, run.second_version);
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_TRUE(run.bytes == run.first_version);
+  EXPECT_EQ(run.second_bytes_out, static_cast<double>(24u << 20));
 }
 
 // Replicas that disagree (a step saved again on one node only) are never mixed: the restore
