@@ -124,6 +124,8 @@ TEST(FallbackTest, DamagedNewestFullWithoutChain) {
     EXPECT_EQ(r.exit_code, 3) << cmd << ": " << r.out;
     EXPECT_TRUE(absl::StrContains(r.out, "DATA_LOSS")) << r.out;
     EXPECT_TRUE(absl::StrContains(r.out, "job j step 4 rank 1")) << r.out;
+    const size_t first = r.out.find("job j step 4 rank 1");  // named once, not twice
+    EXPECT_EQ(r.out.find("job j step 4 rank 1", first + 1), std::string::npos) << r.out;
   }
   const RunResult none = Train("--steps 8 --resume latest --job j" + store);
   EXPECT_NE(none.exit_code, 0) << none.out;
