@@ -264,6 +264,35 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
   return absl::OkStatus();
 }
 
+absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
+                                const TrainStateView& view, const ReplicatedState& run) {
+  client::Client* c = store == nullptr ? nullptr : store->client();
+  if (c == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, c->List(o.ckpt.job));
+  if (o.resume == "none") {
+    if (list.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", o.ckpt.job, " already has checkpoints (newest step ", list.back().step,
+        "); pass --resume latest to continue it or --job NAME for a new job"));
+  }
+  int64_t step = -1;
+  recovery::RecoveryPoint rp;
+  if (o.resume == "latest") {
+    rp = recovery::FindRecoveryPoint(list);
+  } else if (absl::SimpleAtoi(o.resume, &step) && step >= 0) {
+    absl::StatusOr<recovery::RecoveryPoint> planned = recovery::PlanForStep(list, step);
+    if (!planned.ok()) return absl::OkStatus();  // the restore reports it
+    rp = *planned;
+  }
+  if (rp.full_step < 0) return absl::OkStatus();
+  std::unique_ptr<recovery::StateSource> source = NewRestoreSource(*store, o.ckpt.job);
+  int32_t saved_world_size = 0;
+  absl::Status s = PreCheck(*source, rp.full_step, view, run, o.allow_batch_change,
+                            &saved_world_size);
+  // A record that does not read back is the restore's to skip or report, not a refusal.
+  return absl::IsFailedPrecondition(s) ? s : absl::OkStatus();
+}
+
 absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore* store, Comm& comm,
                                                const TrainStateView& view,
                                                const ReplicatedState& run, float* master, float* m,

@@ -48,6 +48,15 @@ struct ResumeOutcome {
 absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState& run,
                              bool allow_batch_change);
 
+// The checks that refuse a launch, done by rank 0 alone through its own client before the
+// launch takes a writer epoch (taking one fences out the job's running attempt, so a launch that
+// is then refused must not have taken it): a fresh run (--resume none) of a job that already
+// has checkpoints; a --resume whose checkpoint does not fit this run (model, sequence length,
+// data, batch). Reads only; not collective. OK where nothing is to be checked here (the
+// restore itself reports a missing or damaged checkpoint).
+absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
+                                const TrainStateView& view, const ReplicatedState& run);
+
 // Restores this rank's slice (view.lo..view.hi) into host buffers master/m/v (view.count()
 // each), from the store (`store`, when o.resume != "none") or from o.init_from. `run` is the
 // fresh state of this run, for the compatibility check. Collective over `comm`.

@@ -109,6 +109,7 @@ class RankRunner {
 
  private:
   absl::Status Setup();
+  absl::Status TakeEpoch();  // end of Setup
   absl::Status Resume();
   absl::Status Step(int64_t s);
   absl::Status Timed(double* stall_ms, const absl::Status& s, const Stopwatch& sw);
@@ -159,15 +160,6 @@ absl::Status RankRunner::Setup() {
   // --init-from alone needs no store.
   if (o_.ckpt.mode != SnapshotMode::kNone || o_.resume != "none") {
     ASSIGN_OR_RETURN(store_, OpenStore(o_));
-    // One writer per job: this attempt takes a new epoch (rank 0), every rank writes with it,
-    // and the store refuses the writes of every older attempt (docs/protocol.md, "Epochs").
-    double epoch = 0;
-    if (o_.rank == 0) {
-      ASSIGN_OR_RETURN(uint64_t e, store_->AcquireEpoch(o_.ckpt.job));
-      epoch = static_cast<double>(e);
-    }
-    RETURN_IF_ERROR(comm_->AllReduceSum(&epoch, 1));
-    store_->SetEpoch(static_cast<uint64_t>(epoch));
   }
   const int local_batch = o_.global_batch / o_.world_size;
   // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
@@ -189,6 +181,33 @@ absl::Status RankRunner::Setup() {
                                          o_.world_size);
   inputs_.resize(static_cast<size_t>(local_batch) * seq_len_);
   targets_.resize(inputs_.size());
+  return TakeEpoch();
+}
+
+absl::Status RankRunner::TakeEpoch() {
+  // One writer per job: an attempt that writes takes a new epoch (rank 0), every rank writes
+  // with it, and the store refuses the writes of every older attempt (docs/protocol.md,
+  // "Epochs"). Taking it fences out the job's running attempt, so it is taken only by a launch
+  // that will write (checkpointing on) and only once rank 0's checks have not refused it
+  // (CheckBeforeFencing): a refused launch, or one that only reads, leaves the running one be.
+  if (store_ == nullptr || o_.ckpt.mode == SnapshotMode::kNone) return absl::OkStatus();
+  double epoch = 0;
+  absl::Status refused;
+  if (o_.rank == 0) {
+    refused = CheckBeforeFencing(o_, store_.get(), backend_->View(), state_);
+    if (refused.ok()) {
+      ASSIGN_OR_RETURN(uint64_t e, store_->AcquireEpoch(o_.ckpt.job));
+      epoch = static_cast<double>(e);
+    } else {
+      epoch = -1;
+    }
+  }
+  RETURN_IF_ERROR(comm_->AllReduceSum(&epoch, 1));
+  if (epoch < 0) {
+    if (!refused.ok()) return refused;
+    return absl::FailedPreconditionError("rank 0 refused this launch (its message says why)");
+  }
+  store_->SetEpoch(static_cast<uint64_t>(epoch));
   return absl::OkStatus();
 }
 

@@ -173,6 +173,34 @@ TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
   EXPECT_EQ(SummaryField(again.out, "params_sha256"), Reference());
 }
 
+// Taking a writer epoch fences out the running attempt, so only a launch that will write takes
+// one: a second launch that is refused (a fresh run of a job that has checkpoints; a resume with
+// another model) or one that only reads (checkpointing off) leaves the running job training.
+TEST_F(TrainerFaultTest, RefusedOrReadOnlyLaunchLeavesTheRunningJobAlone) {
+  const std::string store = StartServer();
+  ASSERT_TRUE(server_.running());
+  ChildProcess running;
+  StartLauncher(&running, kJob + store + " --test-step-delay-ms 60", dir_ + "/running.log");
+  ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(running, 10); })) << running.Output();
+  const RunResult fresh = RunTrainer(kTrain, kJob + store);
+  EXPECT_EQ(fresh.exit_code, 2) << fresh.out;
+  EXPECT_NE(fresh.out.find("already has checkpoints"), std::string::npos) << fresh.out;
+  const RunResult other_model =
+      RunTrainer(kTrain, absl::StrCat(kJob, store, " --resume latest --model small"));
+  EXPECT_EQ(other_model.exit_code, 2) << other_model.out;
+  EXPECT_NE(other_model.out.find("does not match this run"), std::string::npos)
+      << other_model.out;
+  const RunResult read_only = RunTrainer(
+      kTrain, " --model tiny --batch 4 --seq 16 --steps 2 --nproc 1 --job j --resume latest" +
+                  store);
+  EXPECT_EQ(read_only.exit_code, 0) << read_only.out;
+  EXPECT_NE(read_only.out.find("resumed job j from step"), std::string::npos) << read_only.out;
+  EXPECT_EQ(running.Wait(), 0) << running.Output();
+  EXPECT_EQ(running.Output().find("superseded"), std::string::npos) << running.Output();
+  EXPECT_EQ(SummaryField(running.Output(), "params_sha256"), Reference()) << running.Output();
+  EXPECT_EQ(SummaryField(running.Output(), "ckpt_failures"), "0") << running.Output();
+}
+
 // The server dies for good mid-run: with --ckpt-on-failure continue (the default) the job
 // trains to the end with the uninterrupted parameters and counts its failed persists; with stop
 // the first failed persist stops it.
