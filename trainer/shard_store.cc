@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <utility>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -126,11 +127,16 @@ class FunnelShardStore : public ShardStore {
   FunnelShardStore(std::unique_ptr<client::Client> c, std::unique_ptr<Comm> comm)
       : client_(std::move(c)), comm_(std::move(comm)) {}
 
+  // Rank 0 begins it for everyone. Its failure is returned by the SaveShard that follows, on
+  // every rank: the other ranks are on their way to send their shards, which rank 0 must take
+  // (a rank 0 that returned here would wait for their agreement while they wait to send: both
+  // stuck for good, as on a full disk).
   absl::Status BeginCheckpoint(const client::CheckpointSpec& spec) override {
-    if (comm_->rank() != 0) return absl::OkStatus();  // rank 0 begins it for everyone
+    if (comm_->rank() != 0) return absl::OkStatus();
     client::CheckpointSpec fenced = spec;
     fenced.epoch = epoch_;
-    return client_->BeginCheckpoint(fenced);
+    begin_error_ = client_->BeginCheckpoint(fenced);
+    return absl::OkStatus();
   }
 
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
@@ -169,10 +175,11 @@ class FunnelShardStore : public ShardStore {
     }
     client::ShardSpec fenced = spec;
     fenced.epoch = epoch_;
-    absl::Status result = client_->SaveShard(fenced, std::move(tensors));
+    const absl::Status begun = std::exchange(begin_error_, absl::OkStatus());
+    absl::Status result = begun.ok() ? client_->SaveShard(fenced, std::move(tensors)) : begun;
     for (int r = 1; r < comm_->world_size(); ++r) {
       ASSIGN_OR_RETURN(std::string msg, RecvMessage(*comm_, r, kSave));
-      absl::Status s = SaveEncoded(msg);
+      absl::Status s = begun.ok() ? SaveEncoded(msg) : begun;
       RETURN_IF_ERROR(SendMessage(*comm_, r, kSaveAck, EncodeStatus(s)));
       if (result.ok()) result = s;
     }
@@ -207,6 +214,7 @@ class FunnelShardStore : public ShardStore {
   std::unique_ptr<client::Client> client_;
   std::unique_ptr<Comm> comm_;
   uint64_t epoch_ = 0;
+  absl::Status begin_error_;  // rank 0: the last BeginCheckpoint's, for the next SaveShard
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 //  - bad input: exit status 2 and one line, never a crash;
 //  - a job without a token on a secured server stops at once with one line.
 #include <signal.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -199,6 +200,33 @@ TEST_F(TrainerFaultTest, RefusedOrReadOnlyLaunchLeavesTheRunningJobAlone) {
   EXPECT_EQ(running.Output().find("superseded"), std::string::npos) << running.Output();
   EXPECT_EQ(SummaryField(running.Output(), "params_sha256"), Reference()) << running.Output();
   EXPECT_EQ(SummaryField(running.Output(), "ckpt_failures"), "0") << running.Output();
+}
+
+// Two ranks saving into one embedded directory on a disk that fills up: rank 0 begins each
+// checkpoint for both, and when the begin is refused (the catalog's free-space reserve) rank 1
+// is already sending its shard. Both must agree on the failure and train on; the old rank 0
+// returned at once and waited for rank 1's agreement while rank 1 waited to send: stuck for good.
+TEST_F(TrainerFaultTest, FullDiskUnderTwoEmbeddedRanksDegradesNotHangs) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::string small = dir_ + "/small";
+  ASSERT_EQ(::mkdir(small.c_str(), 0755), 0);
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=30m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here";
+  }
+  const RunResult r = RunCommand(
+      kTrain + absl::StrCat(" --model tiny --batch 4 --seq 16 --steps 60 --nproc 2 "
+                            "--ckpt-mode gockpt --ckpt-every 5 --gockpt-window 2 --grad-log "
+                            "--ckpt-persist-timeout-ms 200 --job j --ckpt-dir ",
+                            small, "/d 2>&1"),
+      /*timeout_s=*/120);
+  ::umount2(small.c_str(), MNT_DETACH);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpointing degraded (training continues)"), std::string::npos) << r.out;
+  EXPECT_NE(SummaryField(r.out, "ckpt_failures"), "0") << r.out;
+  EXPECT_EQ(SummaryField(r.out, "params_sha256"),
+            SummaryField(RunTrainer(kTrain, " --model tiny --batch 4 --seq 16 --steps 60 "
+                                            "--nproc 2").out,
+                         "params_sha256"));
 }
 
 // The server dies for good mid-run: with --ckpt-on-failure continue (the default) the job
