@@ -666,7 +666,12 @@ absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job, ": writer epochs exhausted (", newest, ")"));
   }
-  const uint64_t next = newest + 1;
+  // Also at least the wall clock in milliseconds: an attempt started after another gets a
+  // larger epoch even from a node that lost its data (a new disk, a new data dir), where a
+  // counter would start again below a zombie's (storage/epoch.h).
+  const uint64_t next =
+      std::min(kMaxEpoch, std::max(newest + 1, static_cast<uint64_t>(std::max<int64_t>(
+                                                    0, UnixMillis()))));
   RETURN_IF_ERROR(CommitEpochLocked(job, next));
   return next;
 }

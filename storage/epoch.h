@@ -1,7 +1,10 @@
 // Writer epochs ("one writer per job", DESIGN.md section 3, docs/protocol.md "Epochs").
 //
-// Every attempt of a training job takes a new epoch from the store (AcquireEpoch), a counter
-// per job kept in RocksDB under key e/<job> (8 bytes, little-endian). Requests that carry an
+// Every attempt of a training job takes a new epoch from the store (AcquireEpoch): one more than
+// the job's newest, and at least the node's wall clock in milliseconds since the Unix epoch (a
+// hybrid clock), kept per job in RocksDB under key e/<job> (8 bytes, little-endian). The clock
+// keeps epochs growing across a node that lost its data: a counter on a fresh data dir would
+// start again at 1, below the epoch of a zombie of the attempt before, and fence nothing. Requests that carry an
 // epoch (CheckpointSpec::epoch, ShardSpec::epoch; 0 = not fenced, e.g. the CLI) are refused
 // with FAILED_PRECONDITION "superseded by attempt N" when a newer epoch of the job exists, so
 // a zombie rank of an older attempt can never begin, write or commit anything.

@@ -4,6 +4,8 @@
 #include "storage/epoch.h"
 
 #include "common/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "gtest/gtest.h"
 #include "storage/engine.h"
 #include "storage/test_util.h"
@@ -33,12 +35,15 @@ class EpochTest : public ::testing::Test {
 
 TEST_F(EpochTest, CountsUpPerJobAndSurvivesReopen) {
   auto e = Open();
-  EXPECT_EQ(*e->AcquireEpoch("j"), 1u);
-  EXPECT_EQ(*e->AcquireEpoch("j"), 2u);
-  EXPECT_EQ(*e->AcquireEpoch("other"), 1u);
+  const uint64_t before = static_cast<uint64_t>(UnixMillis());
+  const uint64_t first = *e->AcquireEpoch("j");
+  EXPECT_GE(first, before);  // at least the wall clock in ms
+  const uint64_t second = *e->AcquireEpoch("j");
+  EXPECT_GT(second, first);
+  EXPECT_GE(*e->AcquireEpoch("other"), before);
   e.reset();
   e = Open();
-  EXPECT_EQ(*e->AcquireEpoch("j"), 3u);
+  EXPECT_GT(*e->AcquireEpoch("j"), second);
   EXPECT_EQ(e->AcquireEpoch("bad/name").status().code(), absl::StatusCode::kInvalidArgument);
   // The epoch key is not a job's checkpoint.
   EXPECT_EQ(e->ListJobs()->size(), 0u);
@@ -48,14 +53,15 @@ TEST_F(EpochTest, CountsUpPerJobAndSurvivesReopen) {
 // out, never lowers it, and the next AcquireEpoch counts on from there, also after a reopen.
 TEST_F(EpochTest, RaiseLiftsButNeverLowers) {
   auto e = Open();
-  EXPECT_EQ(*e->RaiseEpoch("j", 7), 7u);
-  EXPECT_EQ(*e->RaiseEpoch("j", 3), 7u);
-  EXPECT_EQ(*e->RaiseEpoch("j", 7), 7u);
-  EXPECT_EQ(e->BeginCheckpoint(Ckpt(1, 6)).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(e->BeginCheckpoint(Ckpt(1, 7)).ok());
+  const uint64_t high = uint64_t{1} << 50;  // far above the clock
+  EXPECT_EQ(*e->RaiseEpoch("j", high), high);
+  EXPECT_EQ(*e->RaiseEpoch("j", 3), high);
+  EXPECT_EQ(*e->RaiseEpoch("j", high), high);
+  EXPECT_EQ(e->BeginCheckpoint(Ckpt(1, high - 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(e->BeginCheckpoint(Ckpt(1, high)).ok());
   e.reset();
   e = Open();
-  EXPECT_EQ(*e->AcquireEpoch("j"), 8u);
+  EXPECT_EQ(*e->AcquireEpoch("j"), high + 1);
   EXPECT_EQ(e->RaiseEpoch("bad/name", 2).status().code(), absl::StatusCode::kInvalidArgument);
   // Epochs stop at kMaxEpoch: never wrapping around to 0, which is unfenced.
   EXPECT_EQ(e->RaiseEpoch("j", kMaxEpoch + 1).status().code(), absl::StatusCode::kInvalidArgument);
@@ -116,7 +122,9 @@ TEST_F(EpochTest, OlderEpochIsRefusedEverywhere) {
   // The zombie's commit, its next begin and its next writer are all refused.
   absl::Status commit = (*w)->Finish();
   EXPECT_TRUE(IsSuperseded(commit)) << commit;
-  EXPECT_NE(commit.message().find("superseded by attempt 2"), absl::string_view::npos);
+  EXPECT_NE(commit.message().find(absl::StrCat("superseded by attempt ", new_epoch)),
+            absl::string_view::npos)
+      << commit;
   w->reset();
   EXPECT_TRUE(IsSuperseded(e->BeginCheckpoint(Ckpt(2, old_epoch))));
   EXPECT_TRUE(IsSuperseded(e->OpenShardWriter(d.spec).status()));

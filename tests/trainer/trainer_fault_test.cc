@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -172,6 +173,30 @@ TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
   const RunResult again = RunTrainer(kTrain, kJob + store + " --resume latest");
   ASSERT_EQ(again.exit_code, 0) << again.out;
   EXPECT_EQ(SummaryField(again.out, "params_sha256"), Reference());
+}
+
+// The storage node comes back with its data gone (a new disk) while a zombie of the previous
+// attempt still runs: the node's epoch counter starts anew, yet the next attempt still gets an
+// epoch above the zombie's (epochs are at least the wall clock in ms), so the zombie is refused
+// and exits instead of writing beside the new attempt.
+TEST_F(TrainerFaultTest, ZombieIsFencedAfterTheServerLostItsData) {
+  const std::string store = StartServer();
+  ASSERT_TRUE(server_.running());
+  ChildProcess launcher;
+  const std::vector<pid_t> zombies = KillLauncherAtStep(
+      &launcher, kJob + store + " --test-step-delay-ms 150 --test-ignore-parent-death",
+      dir_ + "/zombie.log", 6);
+  ASSERT_EQ(zombies.size(), 2u);
+  server_.Kill();
+  std::filesystem::rename(dir_ + "/data", dir_ + "/data.lost");
+  ASSERT_TRUE(server_.Restart().ok());
+  ASSERT_TRUE(Alive(zombies[0]) && Alive(zombies[1]));
+  const RunResult r = RunTrainer(kTrain, kJob + store + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(SummaryField(r.out, "params_sha256"), Reference()) << r.out;
+  EXPECT_TRUE(WaitFor(60, [&] { return !Alive(zombies[0]) && !Alive(zombies[1]); }));
+  EXPECT_NE(launcher.Output().find("superseded by attempt"), std::string::npos)
+      << launcher.Output();
 }
 
 // Taking a writer epoch fences out the running attempt, so only a launch that will write takes
