@@ -891,6 +891,29 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
     return absl::InvalidArgumentError("keep_last and keep_every must be >= 0");
   }
   RETURN_IF_ERROR(CheckWritable());
+  // The FULLs kept: from the newest down, until keep_last of them verify (every chunk checksum
+  // and tensor digest read back). A damaged one is kept but not counted, so gc never deletes
+  // the checkpoint a restore of `latest` falls back to (nothing deleted by guesswork). Read
+  // outside the lock: a verify reads whole checkpoints.
+  int64_t keep_from = INT64_MIN;  // FULLs below this step may go
+  if (policy.keep_last > 0) {
+    ASSIGN_OR_RETURN(std::vector<CheckpointInfo> listed, ListCheckpoints(job, /*include_pending=*/false));
+    int verified = 0;
+    for (auto it = listed.rbegin(); it != listed.rend() && verified < policy.keep_last; ++it) {
+      if (it->kind != CheckpointKind::kFull) continue;
+      keep_from = it->step;
+      absl::Status v = Verify(job, it->step);
+      if (v.ok()) {
+        ++verified;
+      } else if (absl::IsDataLoss(v)) {
+        GS_LOG(WARNING) << "gc: job " << job << " FULL " << it->step
+                        << " does not verify; kept, not counted toward keep_last: " << v.message();
+      } else {
+        return v;  // cannot tell: delete nothing
+      }
+    }
+    if (verified < policy.keep_last) keep_from = INT64_MIN;  // too few good FULLs: keep all
+  }
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
                                   options_.clock->NowUnixMillis())
@@ -909,11 +932,10 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
     }
   }
   std::set<int64_t> doomed_fulls;
-  if (policy.keep_last > 0) {
-    for (size_t i = 0; i + policy.keep_last < fulls.size(); ++i) {
-      if (policy.keep_every > 0 && fulls[i] % policy.keep_every == 0) continue;
-      doomed_fulls.insert(fulls[i]);
-    }
+  for (int64_t step : fulls) {
+    if (step >= keep_from) break;
+    if (policy.keep_every > 0 && step % policy.keep_every == 0) continue;
+    doomed_fulls.insert(step);
   }
   GcResult result;
   // DELTAs of a doomed FULL go first, then the FULL itself.

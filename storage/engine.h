@@ -249,7 +249,10 @@ class Engine {
   // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it.
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
   // Retention: deletes FULLs outside the policy (with their DELTAs) and reclaims segment space;
-  // also empties quarantine entries older than quarantine_grace_seconds.
+  // also empties quarantine entries older than quarantine_grace_seconds. keep_last counts only
+  // FULLs that verify (each kept FULL is read back whole, newest first, until keep_last pass): a
+  // damaged one is kept but not counted, and with fewer good FULLs than keep_last nothing is
+  // deleted, so the checkpoint a restore of `latest` falls back to is never the one deleted.
   virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
 };
 

@@ -193,6 +193,22 @@ TEST_F(IntegrityTest, BadInputIsInvalidArgument) {
   EXPECT_EQ(engine_->ListCheckpoints("no/pe").status().code(), kInvalid);
 }
 
+// gc's keep_last counts FULLs that verify: with the newest FULL damaged, the one before it (the
+// checkpoint `latest` falls back to) is kept, not deleted; with too few good FULLs nothing goes.
+TEST_F(IntegrityTest, GcNeverDeletesWhatLatestFallsBackTo) {
+  for (int64_t s : {10, 20, 30}) Write(s);
+  ASSERT_GT(gradsnap::testing::FlipSegmentBytes(dir_.path(), "ij", 30, 0), 0);
+  auto r = engine_->Gc("ij", GcPolicy{1, 0});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, std::vector<int64_t>{10});  // 30 damaged, kept; 20 good, kept
+  EXPECT_TRUE(engine_->Verify("ij", 20).ok());
+  ASSERT_GT(gradsnap::testing::FlipSegmentBytes(dir_.path(), "ij", 20, 0), 0);
+  r = engine_->Gc("ij", GcPolicy{1, 0});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->deleted_steps.empty());  // no good FULL left: nothing is deleted
+  EXPECT_EQ(engine_->ListCheckpoints("ij")->size(), 2u);
+}
+
 TEST_F(IntegrityTest, GcKeepsDeltaChainsAndReclaimsSpace) {
   // FULL 10, 20, 30, 40 with a DELTA on 20 and one on 40.
   for (int64_t s : {10, 20, 30, 40}) Write(s);
