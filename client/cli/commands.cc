@@ -89,14 +89,18 @@ const std::vector<Command>& Commands() {
        "", {{"secret-file", "F", "the server's --auth-secret-file. Required"}}, 1, 1, RunToken},
       {"health", "health", "check that every server answers (or the embedded engine opens)", "",
        {}, 0, 0, RunHealth},
-      {"fsck", "fsck [--rebuild]",
+      {"fsck", "fsck [--rebuild [--force]]",
        "check an engine directory's catalog against the shard footers in its segments",
        "Embedded engine directories only (--ckpt-dir), with no trainer or server using it.\n"
        "Without --rebuild nothing is changed: it reports which checkpoints a rebuild would\n"
        "restore and which it would skip. With --rebuild the catalog (meta/) is rebuilt from the\n"
-       "footers (the old one is kept as meta.old-<ms>). Exit status 3 when a checkpoint the\n"
-       "catalog lists is not restorable from the segments.",
-       {{"rebuild", "", "replace the catalog with one rebuilt from the segments. Default: off"}},
+       "footers (the old one is kept as meta.old-<ms>); a readable catalog that lists a\n"
+       "checkpoint the footers cannot restore is kept (nothing changed) unless --force. Exit\n"
+       "status 3 when a checkpoint the catalog lists is not restorable from the segments.",
+       {{"rebuild", "", "replace the catalog with one rebuilt from the segments. Default: off"},
+        {"force", "",
+         "with --rebuild: rebuild even when that loses checkpoints the current catalog lists. "
+         "Default: off"}},
        0, 0, RunFsck},
   };
   return kCommands;

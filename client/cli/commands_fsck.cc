@@ -45,19 +45,34 @@ absl::Status RunFsck(Context& ctx) {
     return absl::InvalidArgumentError("fsck works on an engine directory (--ckpt-dir), not --server");
   }
   const std::string& dir = ctx.options.local_dir;
-  const bool rebuild = ctx.args.Has("rebuild");
+  bool rebuild = ctx.args.Has("rebuild");
+  if (ctx.args.Has("force") && !rebuild) return absl::InvalidArgumentError("--force needs --rebuild");
   // The catalog as it is now (before a rebuild replaces it).
   auto listed = CatalogCheckpoints(dir);
   storage::EngineOptions eo;
   eo.data_dir = dir;
-  ASSIGN_OR_RETURN(storage::RebuildReport report, storage::RebuildCatalog(eo, !rebuild));
-  std::set<std::string> restorable;
-  for (const std::string& r : report.rebuilt) restorable.insert(r.substr(0, r.find(" (")));
-  std::vector<std::string> lost;  // listed by the catalog, not restorable from the segments
-  if (listed.ok()) {
-    for (const std::string& c : *listed) {
+  // A readable catalog is replaced only by one that restores all it lists (or with --force): a
+  // dry run first. The catalog may still restore what the footers cannot (a damaged footer).
+  const bool check_first = rebuild && listed.ok() && !ctx.args.Has("force");
+  ASSIGN_OR_RETURN(storage::RebuildReport report,
+                   storage::RebuildCatalog(eo, !rebuild || check_first));
+  auto lost_of = [&](const storage::RebuildReport& r) {
+    std::set<std::string> restorable;
+    for (const std::string& x : r.rebuilt) restorable.insert(x.substr(0, x.find(" (")));
+    std::vector<std::string> lost;  // listed by the catalog, not restorable from the segments
+    for (const std::string& c : listed.ok() ? *listed : std::vector<std::string>()) {
       if (restorable.count(c) == 0) lost.push_back(c);
     }
+    return lost;
+  };
+  std::vector<std::string> lost = lost_of(report);
+  bool refused = false;
+  if (check_first && lost.empty()) {
+    ASSIGN_OR_RETURN(report, storage::RebuildCatalog(eo, /*dry_run=*/false));
+    lost = lost_of(report);
+  } else if (check_first) {
+    refused = true;
+    rebuild = false;
   }
   if (ctx.json) {
     Print(absl::StrCat("{\"directory\":", client::JsonQuote(dir), ",\"rebuilt\":",
@@ -85,6 +100,12 @@ absl::Status RunFsck(Context& ctx) {
     absl::StrAppend(&out, rebuild ? "catalog rebuilt: " : "", report.rebuilt.size(),
                     " checkpoints restorable, ", report.skipped.size(), " skipped\n");
     Print(out);
+  }
+  if (refused) {
+    return absl::DataLossError(absl::StrCat(
+        "catalog not rebuilt: ", lost.size(), " checkpoint(s) it lists are not restorable from "
+        "the segments' footers (they may still restore through the catalog: try verify); pass "
+        "--rebuild --force to rebuild anyway (the old catalog is kept as meta.old-<ms>)"));
   }
   if (!lost.empty()) {
     return absl::DataLossError(absl::StrCat(lost.size(), " checkpoint(s) listed by the catalog "

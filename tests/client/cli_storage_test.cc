@@ -159,6 +159,33 @@ TEST_F(CliStorageTest, FsckFindsACheckpointTheSegmentsCannotRestore) {
   EXPECT_TRUE(absl::StrContains(r.out, "restorable job j step 2")) << r.out;
 }
 
+// A damaged footer (step 1, rank 0) leaves step 1 restorable through the catalog, though not
+// from the footers: `fsck --rebuild` keeps the catalog (nothing changed, exit 3) rather than
+// drop step 1; --force rebuilds anyway, keeping the old catalog.
+TEST_F(CliStorageTest, RebuildKeepsACatalogThatRestoresMoreThanTheFooters) {
+  const std::string dir = scratch_ + "/store";
+  SaveTwo(dir);
+  std::string seg = dir + "/segments/j/00000000000000000001/r0000000000-000000.seg";
+  ASSERT_TRUE(FlipByte(seg, fs::file_size(seg) - 20, 0x40).ok());
+  RunResult r = Cli({"--ckpt-dir", dir, "verify", "j", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto before = DirContents(dir);
+  r = Cli({"--ckpt-dir", dir, "fsck", "--rebuild"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "catalog not rebuilt")) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_TRUE(before == DirContents(dir)) << "a refused rebuild changed " << dir;
+  r = Cli({"--ckpt-dir", dir, "verify", "j", "1"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  r = Cli({"--ckpt-dir", dir, "fsck", "--force"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = Cli({"--ckpt-dir", dir, "fsck", "--rebuild", "--force"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "previous catalog kept as")) << r.out;
+  r = Cli({"--ckpt-dir", dir, "verify", "j", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace gradsnap
