@@ -134,10 +134,15 @@ absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step
   const auto req = JobStep<v1::GetManifestRequest>(job, step);
   absl::Mutex mu;
   std::vector<Manifest> found;
+  bool all_answered = true;  // every node gave its manifest or said it has none
   RETURN_IF_ERROR(ForAnyNode([&](Node& node) -> absl::Status {
-    ASSIGN_OR_RETURN(Manifest m, FetchManifest(node, req));
+    absl::StatusOr<Manifest> m = FetchManifest(node, req);
     absl::MutexLock lock(&mu);
-    found.push_back(std::move(m));
+    if (!m.ok()) {
+      if (!absl::IsNotFound(m.status())) all_answered = false;
+      return m.status();
+    }
+    found.push_back(*std::move(m));
     return absl::OkStatus();
   }));
   Manifest out = found[0];
@@ -159,6 +164,20 @@ absl::StatusOr<Manifest> RemoteClient::Show(const std::string& job, int64_t step
       out.info.stored_bytes += s.stored_bytes;
     }
     out.shards.push_back(std::move(s));
+  }
+  // Committed, every node answered, and a rank held by none of them (only placeholders left:
+  // the node or nodes with its copies lost their data): the checkpoint cannot be restored, and
+  // must not pass for one (a restore of `latest` falls back past it). With a node that did not
+  // answer, the rank may be there: the manifest is returned as it is, and a read of the rank
+  // reports the node unavailable.
+  if (out.info.state == CheckpointState::kCommitted && all_answered) {
+    for (int32_t r = 0; r < out.info.world_size; ++r) {
+      if (shards.count(r) == 0) {
+        return absl::DataLossError(absl::StrCat(
+            "job ", job, " step ", step, " rank ", r, ": no node holds its data (every node "
+            "answered; only placeholders of it are left: its copies were lost)"));
+      }
+    }
   }
   return out;
 }
@@ -634,6 +653,9 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
   // hold (each replica is verified), known from their manifests before verifying starts. The
   // checkpoint's info, which holds that count, is in every page: one page per node is enough.
   std::atomic<uint64_t> total{0};
+  // Every rank must be held somewhere: each node verifies only what it holds, and a rank whose
+  // copies were all lost leaves placeholders that verify trivially.
+  if (nodes_.size() > 1) RETURN_IF_ERROR(Show(job, step).status());
   if (progress) {
     auto mreq = JobStep<v1::GetManifestRequest>(job, step);
     mreq.set_paged(true);

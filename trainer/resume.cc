@@ -90,8 +90,11 @@ absl::Status AgreeOnLatest(recovery::StateSource& source, Comm& comm, const Trai
                                               ": every FULL checkpoint is damaged; last: ",
                                               out->damage.empty() ? "?" : out->damage.back()));
     }
-    RETURN_IF_ERROR(
-        PreCheck(source, rp.full_step, view, run, o.allow_batch_change, &out->saved_world_size));
+    // A FULL whose description is DATA_LOSS (a rank no node holds any more) is damage like a
+    // bad chunk: RestoreRange reports it (full_damaged) and the ranks fall back together.
+    absl::Status pre =
+        PreCheck(source, rp.full_step, view, run, o.allow_batch_change, &out->saved_world_size);
+    if (!pre.ok() && !absl::IsDataLoss(pre)) return pre;
     ASSIGN_OR_RETURN(recovery::RestoredRange r,
                      recovery::RestoreRange(source, rp, view.lo, view.hi, master, m, v, ro));
     if (!r.damage.empty()) {

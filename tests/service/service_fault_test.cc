@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -221,6 +222,60 @@ TEST(ServiceFault, DivergedReplicasAreNotMixedOnFailover) {
     EXPECT_EQ(run.status.code(), absl::StatusCode::kAborted) << run.status;
     EXPECT_NE(run.status.message().find("another version"), std::string::npos) << run.status;
   }
+}
+
+// A node comes back with an older copy of its data (a restore from backup, a swapped disk): the
+// ranks it held of the newer checkpoint are gone, and the other node holds only placeholders of
+// them. That checkpoint reads as DATA_LOSS (Show, Verify), never as a committed checkpoint of
+// 0 bytes; the older one is whole. While the node is down, nothing is concluded.
+TEST(ServiceFault, CheckpointWhoseRankNoNodeHoldsIsDataLoss) {
+  TempDir dir_a, dir_b;
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
+  ASSERT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
+  const std::vector<std::string> endpoints = {a.address(), b.address()};
+  // The node holding rank 0 (one replica) loses its newer data.
+  const bool a_holds_rank0 = client::RankEndpoints(endpoints, "lost", 0)[0] == 0;
+  ServerProcess& loser = a_holds_rank0 ? a : b;
+  const TempDir& loser_dir = a_holds_rank0 ? dir_a : dir_b;
+  client::ClientOptions o;
+  o.endpoints = endpoints;
+  o.max_attempts = kRideOutRestart;
+  auto c = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto save = [&](int64_t step) {
+    ASSERT_TRUE((*c)->BeginCheckpoint(FullSpec("lost", step, 4)).ok());
+    for (int32_t r = 0; r < 4; ++r) {
+      TestShard shard = MakeShard("lost", step, r, {1 << 20}, step * 10 + r);
+      ASSERT_TRUE((*c)->SaveShard(shard.spec, shard.Refs()).ok());
+    }
+  };
+  save(1);
+  loser.Kill();
+  std::filesystem::copy(loser_dir.File("data"), loser_dir.File("backup"),
+                        std::filesystem::copy_options::recursive);
+  ASSERT_TRUE(loser.Restart().ok());
+  save(2);
+  loser.Kill();
+  std::filesystem::remove_all(loser_dir.File("data"));
+  std::filesystem::rename(loser_dir.File("backup"), loser_dir.File("data"));
+  ASSERT_TRUE(loser.Restart().ok());
+  auto shown = (*c)->Show("lost", 2);
+  EXPECT_EQ(shown.status().code(), absl::StatusCode::kDataLoss) << shown.status();
+  EXPECT_NE(shown.status().message().find("rank 0: no node holds its data"), std::string::npos)
+      << shown.status();
+  absl::Status verified = (*c)->Verify("lost", 2);
+  EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss) << verified;
+  ASSERT_TRUE((*c)->Show("lost", 1).ok());
+  EXPECT_TRUE((*c)->Verify("lost", 1).ok());
+  // The node down: its ranks may be there; nothing is concluded from the others alone.
+  loser.Kill();
+  client::ClientOptions quick = o;
+  quick.max_attempts = 1;
+  auto q = client::Client::ConnectRemote(quick);
+  ASSERT_TRUE(q.ok());
+  auto partial = (*q)->Show("lost", 2);
+  EXPECT_NE(partial.status().code(), absl::StatusCode::kDataLoss) << partial.status();
 }
 
 // A node where the step is still pending (nodes commit when each holds every rank) does not
