@@ -120,6 +120,18 @@ void ExpectStoreRestores(const std::string& dir, const Store& st) {
   for (const ShardData& d : st.committed) ExpectRestores(e.get(), d);
   EXPECT_TRUE(e->Verify("a", 10).ok());
   EXPECT_TRUE(e->Verify("b", 5).ok());
+  // Sizes as written: the sum of the checkpoint's shards, each counted once.
+  for (const char* job : {"a", "b"}) {
+    auto listed = e->ListCheckpoints(job);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    for (const CheckpointInfo& c : *listed) {
+      uint64_t raw = 0;
+      for (const ShardData& d : st.committed) {
+        if (d.spec.job == job && d.spec.step == c.step) raw += d.stream().size();
+      }
+      EXPECT_EQ(c.raw_bytes, raw) << job << " step " << c.step;
+    }
+  }
 }
 
 void ExpectRefusal(const std::string& dir) {
@@ -141,6 +153,31 @@ void RebuildAndCheck(const std::string& dir, const Store& st) {
   ASSERT_EQ(report->skipped.size(), 1u);
   EXPECT_NE(report->skipped[0].find("job a step 30"), std::string::npos) << report->skipped[0];
   ExpectStoreRestores(dir, st);
+}
+
+// A rebuilt checkpoint's sizes are its shards' sum, whichever shard committed last (each footer
+// carries the checkpoint as it stood when that shard was written).
+TEST(CatalogTest, RebuiltSizesCountEachShardOnce) {
+  TempDir dir;
+  uint64_t raw = 0;
+  {
+    auto e = OpenOk(dir.path());
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("sz", 1, 2, -1)).ok());
+    for (int32_t r : {1, 0}) {  // rank 0, whose footer the rebuild starts from, last
+      ShardData d = MakeShard("sz", 1, r, 7 + r, 200000);
+      ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+      raw += d.stream().size();
+    }
+    ASSERT_EQ((*e->ListCheckpoints("sz"))[0].raw_bytes, raw);
+  }
+  fs::remove_all(dir.path() + "/meta");
+  EngineOptions o;
+  o.data_dir = dir.path();
+  ASSERT_TRUE(RebuildCatalog(o, /*dry_run=*/false).ok());
+  auto e = OpenOk(dir.path());
+  auto listed = e->ListCheckpoints("sz");
+  ASSERT_TRUE(listed.ok() && listed->size() == 1u);
+  EXPECT_EQ((*listed)[0].raw_bytes, raw);
 }
 
 TEST(CatalogTest, MissingCatalogRefusesThenRebuilds) {

@@ -101,6 +101,10 @@ absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const 
   }
   Candidate c;
   c.ckpt = footers.begin()->second.checkpoint;
+  // That record is the checkpoint as it stood when that shard was written (the shards
+  // committed before it counted): the sizes are summed below over every shard, once.
+  c.ckpt.raw_bytes = 0;
+  c.ckpt.stored_bytes = 0;
   const CheckpointSpec& spec = c.ckpt.spec;
   if (spec.job != job || spec.step != step) {
     return absl::DataLossError(absl::StrCat("footers name ", Name(spec.job, spec.step)));
