@@ -38,6 +38,9 @@ absl::Status RunGc(Context& ctx) {
   policy.keep_last = static_cast<int>(keep_last);
   policy.keep_every = static_cast<int>(keep_every);
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
+  // A job name with no checkpoint at all (a typo) is exit 4, as for every other command.
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> any, c->List(job, /*include_pending=*/true));
+  if (any.empty()) return absl::NotFoundError(absl::StrCat("job ", job, " has no checkpoints"));
   ASSIGN_OR_RETURN(client::GcResult r, c->Gc(job, policy));
   if (ctx.json) {
     Print(absl::StrCat("{\"job\":", JsonQuote(job), ",\"deleted_steps\":[",

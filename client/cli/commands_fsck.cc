@@ -101,6 +101,13 @@ absl::Status RunFsck(Context& ctx) {
                     " checkpoints restorable, ", report.skipped.size(), " skipped\n");
     Print(out);
   }
+  if (!listed.ok() && !rebuild) {
+    // Every other command refuses such a directory; fsck reported it (and what a rebuild
+    // would restore) and says so in its status too.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the catalog cannot be read (", listed.status().message(),
+        "); fsck --rebuild replaces it with the one reported above"));
+  }
   if (refused) {
     return absl::DataLossError(absl::StrCat(
         "catalog not rebuilt: ", lost.size(), " checkpoint(s) it lists are not restorable from "

@@ -132,7 +132,10 @@ TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
   EXPECT_TRUE(absl::StrContains(r.err, "--rebuild-catalog")) << r.err;
   const auto before = DirContents(dir);
   r = Cli({"--ckpt-dir", dir, "fsck"});
-  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Reported, and not exit 0: the directory is unusable until rebuilt.
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "fsck --rebuild")) << r.err;
   EXPECT_TRUE(absl::StrContains(r.out, "restorable job j step 1 (FULL, 2 shards)")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "restorable job j step 2 (FULL, 2 shards)")) << r.out;
   EXPECT_TRUE(before == DirContents(dir)) << "fsck without --rebuild changed " << dir;
@@ -144,6 +147,9 @@ TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
   r = Cli({"--json", "--ckpt-dir", dir, "fsck"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(PythonParsesJson(r.out)) << r.out;
+  // gc of a job that has no checkpoint (a typo) is "not found", as for ls or verify.
+  r = Cli({"--ckpt-dir", dir, "gc", "nosuchjob", "--keep-last", "1"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
 }
 
 TEST_F(CliStorageTest, FsckFindsACheckpointTheSegmentsCannotRestore) {
