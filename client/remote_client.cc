@@ -1,6 +1,9 @@
 // The remote back end: construction, checkpoint begin/abort and saves (remote_client.h).
 #include "client/remote_client.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <map>
 #include <cstring>
@@ -292,6 +295,30 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
 
 }  // namespace remote
 
+namespace {
+
+// INVALID_ARGUMENT where the name service says `host` does not exist (EAI_NONAME: a typo, which
+// no wait or retry mends; gRPC would report it as UNAVAILABLE, an outage to ride out). A
+// temporary failure (EAI_AGAIN: the name service down) is left to the connection's retries.
+absl::Status CheckHostResolves(std::string host, const std::string& endpoint) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);  // [IPv6]
+  }
+  if (host.find('/') != std::string::npos) return absl::OkStatus();  // a gRPC target URI
+  struct addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  if (rc == EAI_NONAME) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("endpoint \"", endpoint, "\": unknown host ", host));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("no endpoints");
   ASSIGN_OR_RETURN(auto creds, remote::MakeChannelCredentials(options.tls));
@@ -308,6 +335,7 @@ absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& opt
     for (const auto& n : nodes) {
       if (n->endpoint == e) return absl::InvalidArgumentError(absl::StrCat("endpoint ", e, " twice"));
     }
+    RETURN_IF_ERROR(CheckHostResolves(e.substr(0, colon), e));
     nodes.push_back(remote::MakeNode(e, creds, options.connections_per_node));
   }
   return std::unique_ptr<Client>(new remote::RemoteClient(options, std::move(nodes)));

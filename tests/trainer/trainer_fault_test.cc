@@ -5,6 +5,7 @@
 //    attempt's epoch: its writes are refused as superseded and it exits;
 //  - bad input: exit status 2 and one line, never a crash;
 //  - a job without a token on a secured server stops at once with one line.
+#include <netdb.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -297,7 +298,7 @@ TEST_F(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
 }
 
 TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
-  const std::vector<std::string> cases = {
+  std::vector<std::string> cases = {
       "--nproc 2 --hostname 999.1.1.1",
       "--nproc 2 --hostname 192.0.2.1",  // a valid address, but not this machine's
       "--data /dev/zero",
@@ -315,6 +316,13 @@ TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--storage nohostport --ckpt-mode sync --ckpt-every 2",
       "--grad-log=maybe",
   };
+  // A host the name service says does not exist: a typo, not an outage to wait out (where the
+  // name service answers here at all).
+  struct addrinfo* found = nullptr;
+  if (::getaddrinfo("no-such-host.invalid", nullptr, nullptr, &found) == EAI_NONAME) {
+    cases.push_back("--storage no-such-host.invalid:47101 --ckpt-mode sync --ckpt-every 2");
+  }
+  if (found != nullptr) ::freeaddrinfo(found);
   for (const std::string& c : cases) {
     const RunResult r = RunTrainer(kTrain, " --model tiny --steps 2 " + c);
     EXPECT_EQ(r.exit_code, 2) << c << ": " << r.out;
