@@ -155,6 +155,28 @@ void RebuildAndCheck(const std::string& dir, const Store& st) {
   ExpectStoreRestores(dir, st);
 }
 
+// The data directory removed (or swapped for another) under an open engine, as by `rm -rf` next
+// to a running server: every mutation is refused, naming the directory, instead of being
+// acknowledged as durable into deleted files. Reads of what is open go on.
+TEST(CatalogTest, DataDirRemovedUnderAnOpenEngineRefusesWrites) {
+  TempDir dir;
+  const std::string data = dir.path() + "/data";
+  auto e = OpenOk(data);
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("rm", 1, 1, -1)).ok());
+  fs::rename(data, dir.path() + "/gone");
+  fs::create_directories(data);  // another, empty directory of the same name
+  for (const absl::Status& s :
+       {e->BeginCheckpoint(Spec("rm", 2, 1, -1)), e->AcquireEpoch("rm").status(),
+        e->Delete("rm", 1)}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("was removed or replaced while open"), std::string::npos) << s;
+  }
+  fs::remove_all(data);
+  EXPECT_EQ(e->BeginCheckpoint(Spec("rm", 3, 1, -1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 // A rebuilt checkpoint's sizes are its shards' sum, whichever shard committed last (each footer
 // carries the checkpoint as it stood when that shard was written).
 TEST(CatalogTest, RebuiltSizesCountEachShardOnce) {

@@ -1,4 +1,6 @@
 // EngineImpl: checkpoint lifecycle, metadata commits, recovery, listing, delete and GC.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -341,7 +343,13 @@ EngineImpl::EngineImpl(const EngineOptions& options, FileSystem* fs,
       record_pool_(std::make_shared<BufferPool>(MaxRecordSize(options.chunk_bytes),
                                                 kRecordPoolBuffers)),
       small_record_pool_(MaxRecordSize(kSmallChunkBytes), 256),
-      shared_records_(options.share_edge_records) {}
+      shared_records_(options.share_edge_records) {
+  struct stat st;
+  if (::stat(options_.data_dir.c_str(), &st) == 0) {
+    data_dev_ = static_cast<uint64_t>(st.st_dev);
+    data_ino_ = static_cast<uint64_t>(st.st_ino);
+  }
+}
 
 void EngineImpl::PrefaultRecordBuffers() {
   const size_t writers = options_.read_only ? 0
@@ -440,6 +448,14 @@ absl::Status EngineImpl::CheckWritable() const {
   if (options_.read_only) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint store ", options_.data_dir,
                                                       " is open read-only"));
+  }
+  struct stat st;
+  if (data_ino_ != 0 && (::stat(options_.data_dir.c_str(), &st) != 0 ||
+                         static_cast<uint64_t>(st.st_dev) != data_dev_ ||
+                         static_cast<uint64_t>(st.st_ino) != data_ino_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint store ", options_.data_dir, " was removed or replaced while open: nothing "
+        "more is written to it; restart (with --rebuild-catalog if its catalog is gone)"));
   }
   return absl::OkStatus();
 }

@@ -105,6 +105,9 @@ class EngineImpl : public Engine {
   // base is committed); a FULL also promotes its waiting DELTAs in `b`.
   absl::Status CommitCheckpointLocked(CheckpointRecord* ckpt, MetaStore::Batch* b)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION for a read-only engine, and for one whose data directory was removed
+  // or replaced since it opened (rm -rf under a running server: writes would land in deleted
+  // files and be acknowledged as durable). A stat() per mutation.
   absl::Status CheckWritable() const;
   // Makes `epoch` the job's epoch: the mirror, then the catalog (synced).
   absl::Status CommitEpochLocked(const std::string& job, uint64_t epoch)
@@ -120,6 +123,8 @@ class EngineImpl : public Engine {
 
   // Constant after construction.
   const EngineOptions options_;
+  // The data directory's identity at open (st_dev, st_ino; 0 when it could not be read).
+  uint64_t data_dev_ = 0, data_ino_ = 0;
   FileSystem* const fs_;
   const std::unique_ptr<MetaStore> meta_;
   // Full-size record buffers the pool keeps (EngineOptions::prefault_writers fills at most
