@@ -155,6 +155,42 @@ void RebuildAndCheck(const std::string& dir, const Store& st) {
   ExpectStoreRestores(dir, st);
 }
 
+// Two processes opening one new directory at once (two servers started together): they take
+// turns creating the store, so at least one opens it (the other finds it made and then in use),
+// and the directory is a sound store afterwards; before, both could fail and leave a catalog
+// without segments/ that no later open could use.
+TEST(CatalogTest, TwoProcessesCreatingOneStoreTakeTurns) {
+  for (int round = 0; round < 6; ++round) {
+    TempDir dir;
+    const std::string data = dir.path() + "/data";
+    pid_t kids[2];
+    for (pid_t& kid : kids) {
+      kid = ::fork();
+      ASSERT_GE(kid, 0);
+      if (kid == 0) {
+        EngineOptions o;
+        o.data_dir = data;
+        auto e = Engine::Open(o);
+        if (e.ok()) ::usleep(200 * 1000);  // still open while the other one tries
+        ::_exit(e.ok() ? 0 : absl::IsFailedPrecondition(e.status()) ? 1 : 2);
+      }
+    }
+    int opened = 0;
+    for (pid_t kid : kids) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(kid, &status, 0), kid);
+      ASSERT_TRUE(WIFEXITED(status));
+      EXPECT_NE(WEXITSTATUS(status), 2) << "an open failed other than with 'in use'";
+      opened += WEXITSTATUS(status) == 0;
+    }
+    EXPECT_GE(opened, 1) << "round " << round;
+    EXPECT_TRUE(fs::is_directory(data + "/segments")) << "round " << round;
+    auto e = OpenOk(data);
+    ASSERT_NE(e, nullptr) << "round " << round;
+    EXPECT_TRUE(e->BeginCheckpoint(Spec("race", 1, 1, -1)).ok());
+  }
+}
+
 // The data directory removed (or swapped for another) under an open engine, as by `rm -rf` next
 // to a running server: every mutation is refused, naming the directory, instead of being
 // acknowledged as durable into deleted files. Reads of what is open go on.

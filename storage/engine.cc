@@ -1,5 +1,8 @@
 // EngineImpl: checkpoint lifecycle, metadata commits, recovery, listing, delete and GC.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -281,6 +284,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
           " (read-only commands such as ls, verify and restore still work)"));
     }
   }
+  // Held while a new store is created (below), released at the end of Open.
+  struct DirLock {
+    int fd = -1;
+    ~DirLock() {
+      if (fd >= 0) ::close(fd);  // releases the flock
+    }
+  } dir_lock;
   if (mode == MetaStore::Mode::kCreate) {
     // A new store. The catalog is created whole in meta.new/ and renamed to meta/, so a kill
     // at any instant leaves either no catalog (the next open starts over; meta.new/ is this
@@ -288,24 +298,40 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     // created is removed again.
     std::error_code ec;
     const bool had_dir = std::filesystem::exists(dir, ec);
-    const bool had_segments = std::filesystem::exists(dir + "/segments", ec);
-    const std::string fresh = dir + "/meta.new";
-    auto undo = [&]() {
-      std::error_code e;
-      std::filesystem::remove_all(fresh, e);
-      if (!had_segments) std::filesystem::remove(dir + "/segments", e);
-      if (!had_dir) std::filesystem::remove(dir, e);
-    };
-    absl::Status created = fs->CreateDirs(dir + "/segments");
-    if (created.ok()) created = fs->RemoveAll(fresh);
-    if (created.ok()) created = MetaStore::Open(fresh, mode).status();  // closed again here
-    if (created.ok()) created = fs->Rename(fresh, dir + "/meta");
-    if (created.ok()) created = fs->SyncDir(dir);
-    if (!created.ok()) {
-      undo();
-      return created;
+    // Two processes creating one store at once (two servers started together on a new
+    // --data-dir) take turns: each holds an flock on the directory while it creates, and the
+    // later one, finding the catalog made, opens it as existing (and is then refused by
+    // RocksDB's lock as "in use"). Without it they removed each other's meta.new/ and could
+    // leave a catalog without segments/.
+    RETURN_IF_ERROR(fs->CreateDirs(dir));
+    dir_lock.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_lock.fd < 0) return PosixError(absl::StrCat("open ", dir), errno);
+    while (::flock(dir_lock.fd, LOCK_EX) != 0) {
+      if (errno != EINTR) return PosixError(absl::StrCat("lock ", dir), errno);
     }
-    mode = MetaStore::Mode::kExisting;
+    if (std::filesystem::exists(dir + "/meta/CURRENT", ec)) {
+      mode = MetaStore::Mode::kExisting;  // made meanwhile by the process that held the lock
+    }
+    if (mode == MetaStore::Mode::kCreate) {
+      const bool had_segments = std::filesystem::exists(dir + "/segments", ec);
+      const std::string fresh = dir + "/meta.new";
+      auto undo = [&]() {
+        std::error_code e;
+        std::filesystem::remove_all(fresh, e);
+        if (!had_segments) std::filesystem::remove(dir + "/segments", e);
+        if (!had_dir) std::filesystem::remove(dir, e);
+      };
+      absl::Status created = fs->CreateDirs(dir + "/segments");
+      if (created.ok()) created = fs->RemoveAll(fresh);
+      if (created.ok()) created = MetaStore::Open(fresh, mode).status();  // closed again here
+      if (created.ok()) created = fs->Rename(fresh, dir + "/meta");
+      if (created.ok()) created = fs->SyncDir(dir);
+      if (!created.ok()) {
+        undo();
+        return created;
+      }
+      mode = MetaStore::Mode::kExisting;
+    }
   }
   const bool probe_first = mode == MetaStore::Mode::kExisting;
   if (probe_first) {
