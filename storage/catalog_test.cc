@@ -790,6 +790,32 @@ TEST(CatalogTest, FullDiskGivesResourceExhaustedAndReadsGoOn) {
   }
 }
 
+// A real disk filled by checkpoint data (a 64 MiB tmpfs): segment writes stop short of the
+// last kSegmentFloorBytes, so a delete can still commit and free space, and writes go on
+// after it. Before, segment data took the disk to 0 bytes and rm and gc were refused too.
+TEST(CatalogTest, DiskFilledByDataStillLetsDeletesFreeSpace) {
+  TempDir dir;
+  gradsnap::testing::Tmpfs tmpfs(dir.path() + "/small");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  auto e = OpenOk(dir.path() + "/small/data");
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("full", 1, 1, -1)).ok());
+  ShardData first = MakeShard("full", 1, 0, 1, 4 << 20);  // 16 MiB
+  ASSERT_TRUE(e->WriteShard(first.spec, first.ptrs()).ok());
+  // Begun with room to spare, then larger than what is left: the disk fills up under it.
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("full", 2, 1, -1)).ok());
+  ShardData big = MakeShard("full", 2, 0, 2, 16 << 20);  // 64 MiB
+  absl::Status s = e->WriteShard(big.spec, big.ptrs());
+  ASSERT_TRUE(absl::IsResourceExhausted(s)) << s;
+  absl::Status aborted = e->AbortCheckpoint("full", 2);
+  EXPECT_TRUE(aborted.ok()) << "abort on a full disk: " << aborted;
+  absl::Status d = e->Delete("full", 1);
+  EXPECT_TRUE(d.ok()) << "rm on a full disk: " << d;
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("full", 3, 1, -1)).ok());
+  ShardData again = MakeShard("full", 3, 0, 3, 4 << 20);
+  EXPECT_TRUE(e->WriteShard(again.spec, again.ptrs()).ok());
+}
+
 }  // namespace
 }  // namespace storage
 }  // namespace gradsnap

@@ -61,6 +61,9 @@ class EngineImpl : public Engine {
 
   // For writers and readers.
   const EngineOptions& options() const { return options_; }
+  // Segment bytes handed to the disk and not yet written, over every writer: the free-space
+  // floor (kSegmentFloorBytes) counts them as taken.
+  std::atomic<uint64_t>& segment_bytes_in_flight() { return segment_bytes_in_flight_; }
   FileSystem* fs() const { return fs_; }
   MetaStore* meta() const { return meta_.get(); }
   // Record buffers the open shard readers share for read-ahead in buffers the pool does not
@@ -123,6 +126,7 @@ class EngineImpl : public Engine {
 
   // Constant after construction.
   const EngineOptions options_;
+  std::atomic<uint64_t> segment_bytes_in_flight_{0};
   // The data directory's identity at open (st_dev, st_ino; 0 when it could not be read).
   uint64_t data_dev_ = 0, data_ino_ = 0;
   FileSystem* const fs_;

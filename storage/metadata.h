@@ -99,6 +99,11 @@ bool ParseSegmentName(const std::string& name, int32_t* rank, uint32_t* seq);
 // existing ancestor); UINT64_MAX when unknown.
 uint64_t FreeBytes(const std::string& path);
 
+// Free space segment data never takes where the catalog keeps a reserve
+// (EngineOptions::catalog_reserve_bytes > 0): twice what a batch that only deletes needs, so
+// that on a disk filled by checkpoint data `rm` and `gc` can still commit and free space.
+inline constexpr uint64_t kSegmentFloorBytes = 2u << 20;
+
 std::string EncodeCheckpoint(const CheckpointRecord& r);
 std::string EncodeShard(const ShardRecord& r);
 std::string EncodeChunk(const ChunkRecord& r);

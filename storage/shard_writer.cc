@@ -615,6 +615,19 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   SegmentWriter* w = nullptr;
   uint32_t seq = 0;
   std::vector<std::pair<uint32_t, std::unique_ptr<SegmentWriter>>> retire;
+  // Segment data leaves the catalog room to delete (kSegmentFloorBytes): a full disk is
+  // RESOURCE_EXHAUSTED here, as ENOSPC would be, with rm and gc still able to free space.
+  std::atomic<uint64_t>& in_flight = engine_->segment_bytes_in_flight();
+  if (opt_.catalog_reserve_bytes > 0) {
+    const uint64_t free = FreeBytes(opt_.data_dir);
+    if (free < padded + kSegmentFloorBytes + in_flight.load()) {
+      Release(job, absl::ResourceExhaustedError(absl::StrCat(
+                       "out of disk space: ", free, " bytes free under ", opt_.data_dir,
+                       ", the last ", kSegmentFloorBytes,
+                       " are kept so that rm and gc can free space")));
+      return;
+    }
+  }
   {
     absl::MutexLock lock(&io_mu_);
     if (seg_ == nullptr || (seg_promised_ > 0 && seg_promised_ + padded > opt_.segment_bytes)) {
@@ -638,9 +651,11 @@ void ShardWriterImpl::SubmitIo(Job* job) {
   }
   RetireSegments(std::move(retire));
   NoteWriteQueued();
+  in_flight += padded;
   w->Append(
       rec, padded,
       [this, job, padded](const absl::Status& st, uint64_t offset) {
+        engine_->segment_bytes_in_flight() -= padded;
         NoteWriteDone(st.ok() ? padded : 0);
         job->record.offset = offset;
         Release(job, st);
