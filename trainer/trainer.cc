@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -242,6 +243,27 @@ absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
 
 namespace {
 
+// A resumed run continues the checkpoint's optimization exactly: its schedule, clipping, AdamW
+// settings and seed are kept, whatever this run's flags say. Where they differ, one line says
+// so (they were silently dropped before).
+void NoteKeptHyperparameters(const ReplicatedState& run, const ReplicatedState& kept) {
+  std::vector<std::string> diffs;
+  auto note = [&](const char* flag, auto mine, auto theirs) {
+    if (mine != theirs) diffs.push_back(absl::StrCat(flag, " ", theirs, " (this run: ", mine, ")"));
+  };
+  note("--lr", run.max_lr, kept.max_lr);
+  note("min lr", run.min_lr, kept.min_lr);
+  note("--warmup", run.warmup_steps, kept.warmup_steps);
+  note("LR horizon (--steps)", run.total_steps, kept.total_steps);
+  note("--grad-clip", run.grad_clip, kept.grad_clip);
+  note("--weight-decay", run.adamw.weight_decay, kept.adamw.weight_decay);
+  note("--seed", run.seed, kept.seed);
+  if (diffs.empty()) return;
+  std::printf("resume keeps the checkpoint's hyper-parameters: %s\n",
+              absl::StrJoin(diffs, ", ").c_str());
+  std::fflush(stdout);
+}
+
 absl::Status RankRunner::Resume() {
   if (store_ != nullptr && o_.resume == "none") {
     // A fresh run (or one started from --init-from) must not collide with a job's checkpoints.
@@ -261,6 +283,7 @@ absl::Status RankRunner::Resume() {
                                                      master.data(), m.data(), v.data()));
   if (!r.resumed) return absl::OkStatus();
   RETURN_IF_ERROR(backend_->SliceFromHost(master.data(), m.data(), v.data()));
+  if (o_.rank == 0) NoteKeptHyperparameters(state_, r.state);
   state_ = r.state;
   resumed_from_ = state_.step;
   resume_ = r;

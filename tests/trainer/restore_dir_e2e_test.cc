@@ -141,6 +141,22 @@ TEST_F(RestoreDirTest, ReplayedExportChecksEveryNameFirst) {
   }
 }
 
+// A resume continues the checkpoint's optimization exactly and keeps its hyper-parameters;
+// flags that say otherwise are named in one line instead of being dropped without a word.
+TEST_F(RestoreDirTest, ResumeNamesTheHyperparametersItKeeps) {
+  const RunResult r = Train("--steps 13 --resume latest --job j --lr 0.1 --seed 7 --ckpt-dir " +
+                            Ckpt());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("resume keeps the checkpoint's hyper-parameters: --lr 0.0006 (this run: "
+                       "0.1)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--seed 5 (this run: 7)"), std::string::npos) << r.out;
+  const RunResult same = Train("--steps 12 --resume latest --job j --ckpt-dir " + Ckpt());
+  ASSERT_EQ(same.exit_code, 0) << same.out;
+  EXPECT_EQ(same.out.find("resume keeps"), std::string::npos) << same.out;
+}
+
 TEST_F(RestoreDirTest, ConsolidateWithWorldSizeIsRefused) {
   const RunResult r = Cli("restore j latest --consolidate --world-size 5 --out " + Dir("cons"));
   EXPECT_EQ(r.exit_code, 2) << r.out;
