@@ -155,6 +155,63 @@ void RebuildAndCheck(const std::string& dir, const Store& st) {
   ExpectStoreRestores(dir, st);
 }
 
+// The real file system, but removing a checkpoint's directory fails: a delete stopped after its
+// catalog commit, before its files went (as by a kill there).
+class NoRemoveAllFs : public FileSystem {
+ public:
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                             const OpenOptions& options) override {
+    return base_->Open(path, options);
+  }
+  absl::Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
+  absl::Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+  absl::Status RemoveAll(const std::string& path) override {
+    if (path.find("/segments/") == std::string::npos) return base_->RemoveAll(path);
+    return absl::UnavailableError("stopped before the files were removed");
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return base_->Rename(from, to);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override {
+    return base_->ListDir(path);
+  }
+
+ private:
+  FileSystem* const base_ = FileSystem::Default();
+};
+
+// An rm stopped between its catalog commit and the removal of its files is not undone by a
+// later rebuild from the footers: the checkpoint's directory carries the delete's marker.
+TEST(CatalogTest, InterruptedDeleteIsNotBroughtBackByARebuild) {
+  TempDir dir;
+  NoRemoveAllFs no_remove;
+  {
+    EngineOptions o;
+    o.data_dir = dir.path();
+    o.fs = &no_remove;
+    auto e = Engine::Open(o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    for (int64_t step : {1, 2}) {
+      ASSERT_TRUE((*e)->BeginCheckpoint(Spec("del", step, 1, -1)).ok());
+      ShardData d = MakeShard("del", step, 0, step, 1000);
+      ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
+    }
+    EXPECT_FALSE((*e)->Delete("del", 2).ok());  // the catalog is committed, the files stay
+    EXPECT_EQ((*e)->ListCheckpoints("del")->size(), 1u);
+  }
+  ASSERT_TRUE(fs::exists(dir.path() + "/segments/del/00000000000000000002"));
+  fs::remove_all(dir.path() + "/meta");
+  EngineOptions o;
+  o.data_dir = dir.path();
+  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->rebuilt.size(), 1u);
+  EXPECT_NE(report->rebuilt[0].find("step 1"), std::string::npos) << report->rebuilt[0];
+  ASSERT_EQ(report->skipped.size(), 1u);
+  EXPECT_NE(report->skipped[0].find("step 2: deleted"), std::string::npos) << report->skipped[0];
+}
+
 // Two processes opening one new directory at once (two servers started together): they take
 // turns creating the store, so at least one opens it (the other finds it made and then in use),
 // and the directory is a sound store afterwards; before, both could fail and leave a catalog

@@ -74,6 +74,10 @@ absl::StatusOr<uint64_t> FileSize(FileSystem* fs, const std::string& path) {
 absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const std::string& job,
                                   int64_t step) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(dir));
+  if (std::find(names.begin(), names.end(), kDeletedMarker) != names.end()) {
+    return absl::FailedPreconditionError(
+        "deleted (an rm or gc was stopped before it removed the files): not brought back");
+  }
   std::map<int32_t, std::vector<uint32_t>> seqs;
   for (const std::string& n : names) {
     int32_t rank = 0;

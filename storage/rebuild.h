@@ -24,6 +24,11 @@
 namespace gradsnap {
 namespace storage {
 
+// The file Delete writes (synced) into a checkpoint's directory before it removes the
+// checkpoint from the catalog: a rebuild skips such a directory, so an rm or gc stopped between
+// its catalog commit and the removal of the files is not undone by a later rebuild.
+inline constexpr char kDeletedMarker[] = "DELETED";
+
 struct RebuildReport {
   std::vector<std::string> rebuilt;  // "job J step S (FULL, 2 shards)"
   std::vector<std::string> skipped;  // "job J step S: reason"
