@@ -99,6 +99,11 @@ grpc::Status StorageService::QueryWriteStatus(grpc::ServerContext* ctx,
     ASSIGN_OR_RETURN(storage::Manifest m, engine_->GetManifest(req->job(), req->step()));
     for (const auto& shard : m.shards) {
       if (shard.rank == req->rank() && shard.committed) {
+        // "complete" makes the client count the shard saved: only while it reads back (a
+        // damaged copy is DATA_LOSS, naming the remedy; storage::Engine::ShardCommittedSize).
+        RETURN_IF_ERROR(engine_->ShardCommittedSize(req->job(), req->step(), req->rank(),
+                                                    req->epoch())
+                            .status());
         resp->set_committed_size(shard.raw_bytes);
         resp->set_complete(true);
         return absl::OkStatus();

@@ -461,6 +461,19 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
 absl::StatusOr<std::unique_ptr<ShardWriter>> EngineImpl::OpenShardWriter(const ShardSpec& spec) {
   RETURN_IF_ERROR(ValidateName(spec.job, "job name"));
   RETURN_IF_ERROR(CheckWritable());
+  // The same shard saved again (a run resumed from an older step persists the steps after it
+  // once more; a retry after a lost answer) is a writer with nothing to do, but only if what
+  // is stored still reads back: a damaged one must not be reported saved (the trainer would
+  // count a recovery point it cannot restore). Read outside the lock: a whole shard.
+  bool committed_same = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto v = meta_->Get(ShardKey(spec.job, spec.step, spec.rank));
+    ShardRecord old;
+    committed_same = v.ok() && DecodeShard(*v, &old).ok() && old.committed &&
+                     SameShardSpec(old.spec, spec);
+  }
+  if (committed_same) RETURN_IF_ERROR(SavedShardReadsBack(spec.job, spec.step, spec.rank));
   ShardRecord rec;
   {
     absl::MutexLock lock(&mu_);
@@ -667,7 +680,19 @@ absl::StatusOr<uint64_t> EngineImpl::ShardCommittedSize(const std::string& job, 
   RETURN_IF_ERROR(DecodeShard(*v, &r));
   // An older attempt's bytes: the asker's writer will start the shard over.
   if (!r.committed && epoch > r.epoch) return 0;
+  // Asked about a committed shard, the client takes "complete" as saved (an idempotent save,
+  // docs/protocol.md): only if what is stored reads back (OpenShardWriter's rule).
+  if (r.committed) RETURN_IF_ERROR(SavedShardReadsBack(job, step, rank));
   return r.committed_size;
+}
+
+absl::Status EngineImpl::SavedShardReadsBack(const std::string& job, int64_t step,
+                                             int32_t rank) {
+  absl::Status readable = ReadBackShard(job, step, rank);
+  if (!absl::IsDataLoss(readable)) return absl::OkStatus();  // other trouble: the save's own
+  return absl::DataLossError(absl::StrCat(
+      Where(job, step, rank), " is already saved, and what is stored does not read back (",
+      readable.message(), "): delete the checkpoint (gradsnap rm) to save it again"));
 }
 
 absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step, uint64_t epoch) {
@@ -845,6 +870,22 @@ absl::StatusOr<std::unique_ptr<ShardReader>> EngineImpl::OpenShardReader(const s
   return NewShardReader(this, std::move(r));
 }
 
+absl::Status EngineImpl::ReadBackShard(const std::string& job, int64_t step, int32_t rank) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> r, OpenShardReader(job, step, rank));
+  std::vector<uint8_t> buf(options_.chunk_bytes);
+  uint64_t pos = 0;
+  for (;;) {
+    ASSIGN_OR_RETURN(size_t n, r->Read(pos, buf.data(), buf.size()));
+    if (n == 0) break;
+    pos += n;
+  }
+  if (pos != r->info().raw_bytes) {
+    return absl::DataLossError(absl::StrCat(Where(job, step, rank), ": read ", pos, " of ",
+                                            r->info().raw_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EngineImpl::Verify(const std::string& job, int64_t step) {
   ASSIGN_OR_RETURN(Manifest m, GetManifest(job, step));
   if (m.info.state != CheckpointState::kCommitted) {
@@ -856,20 +897,7 @@ absl::Status EngineImpl::Verify(const std::string& job, int64_t step) {
                                             m.shards.size(), " of ", m.info.world_size,
                                             " shards"));
   }
-  std::vector<uint8_t> buf(options_.chunk_bytes);
-  for (const ShardInfo& s : m.shards) {
-    ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> r, OpenShardReader(job, step, s.rank));
-    uint64_t pos = 0;
-    for (;;) {
-      ASSIGN_OR_RETURN(size_t n, r->Read(pos, buf.data(), buf.size()));
-      if (n == 0) break;
-      pos += n;
-    }
-    if (pos != s.raw_bytes) {
-      return absl::DataLossError(absl::StrCat(Where(job, step, s.rank), ": read ", pos,
-                                              " of ", s.raw_bytes, " bytes"));
-    }
-  }
+  for (const ShardInfo& s : m.shards) RETURN_IF_ERROR(ReadBackShard(job, step, s.rank));
   return absl::OkStatus();
 }
 

@@ -218,7 +218,10 @@ class Engine {
                                   const std::vector<const void*>& data) = 0;
   // Durable bytes of a partly written shard (0 if never started), as in ByteStream's
   // QueryWriteStatus. For a writer of `epoch`: 0 where those bytes are an older attempt's
-  // (its writer starts the shard over: ShardRecord::epoch).
+  // (its writer starts the shard over: ShardRecord::epoch). For a committed shard (a save
+  // again, which then sends nothing) the stored shard is read back first: DATA_LOSS ("already
+  // saved, and what is stored does not read back ... rm") when damaged, so a damaged copy is
+  // never counted saved; OpenShardWriter applies the same rule.
   virtual absl::StatusOr<uint64_t> ShardCommittedSize(const std::string& job, int64_t step,
                                                       int32_t rank, uint64_t epoch = 0) = 0;
   // Takes the next writer epoch of `job` (storage/epoch.h): every later request of the job

@@ -112,6 +112,12 @@ class EngineImpl : public Engine {
   // or replaced since it opened (rm -rf under a running server: writes would land in deleted
   // files and be acknowledged as durable). A stat() per mutation.
   absl::Status CheckWritable() const;
+  // Reads shard (job, step, rank) whole, checking every chunk's checksums and every tensor's
+  // digest (Verify, and the same shard saved again).
+  absl::Status ReadBackShard(const std::string& job, int64_t step, int32_t rank);
+  // For a shard saved again over a committed one: DATA_LOSS ("already saved, and what is
+  // stored does not read back ... rm") when ReadBackShard finds it damaged, else OK.
+  absl::Status SavedShardReadsBack(const std::string& job, int64_t step, int32_t rank);
   // Makes `epoch` the job's epoch: the mirror, then the catalog (synced).
   absl::Status CommitEpochLocked(const std::string& job, uint64_t epoch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

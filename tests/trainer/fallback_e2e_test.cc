@@ -103,6 +103,15 @@ TEST(FallbackTest, DamagedNewestFullWithoutChain) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
   EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), "4") << resumed.out;
   EXPECT_EQ(SummaryField(resumed.out, "params_sha256"), SummaryField(trained.out, "params_sha256"));
+  // Resumed with checkpointing on, step 8 saved again is not reported saved over its damaged
+  // copy: the persist fails (the stored shard does not read back) and the recovery point
+  // stays at 4.
+  const RunResult again =
+      Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --resume latest --job j" + store);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(SummaryField(again.out, "ckpt_failures"), "1") << again.out;
+  EXPECT_EQ(SummaryField(again.out, "recovery_point"), "4") << again.out;
+  EXPECT_TRUE(absl::StrContains(again.out, "does not read back")) << again.out;
   const RunResult from_dir = Train("--steps 8 --init-from " + dir + "/latest");
   ASSERT_EQ(from_dir.exit_code, 0) << from_dir.out;
   EXPECT_EQ(SummaryField(from_dir.out, "params_sha256"),
@@ -177,6 +186,30 @@ TEST(FallbackTest, ServerRanksAgreeOnTheStep) {
   ASSERT_TRUE(server.Restart().ok()) << server.Log();
   ExpectFallback(dir, " --storage " + server.address(), " --server " + server.address(), 12,
                  "a damaged record on another rank");
+}
+
+// Through a server: after a fallback past a damaged FULL, the run saves that step again; the
+// client asks whether the shard is complete before uploading it, and a damaged stored copy is
+// not "complete" (DATA_LOSS): the persist fails, and the recovery point is not claimed.
+TEST(FallbackTest, ServerDoesNotCountADamagedStepSavedAgain) {
+  const TempDir tmp("fallback_resave");
+  const std::string dir = tmp.path();
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir + "/server").ok()) << server.Log();
+  const std::string store = " --storage " + server.address();
+  const RunResult trained = Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --job j" + store);
+  ASSERT_EQ(trained.exit_code, 0) << trained.out;
+  server.Signal(SIGTERM);
+  ASSERT_EQ(server.Wait(), 0) << server.Log();
+  ASSERT_EQ(FlipSegmentBytes(dir + "/server", "j", 8, 0), 1);
+  ASSERT_TRUE(server.Restart().ok()) << server.Log();
+  const RunResult again =
+      Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --resume latest --job j" + store);
+  ASSERT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_EQ(SummaryField(again.out, "resumed_from"), "4") << again.out;
+  EXPECT_EQ(SummaryField(again.out, "ckpt_failures"), "1") << again.out;
+  EXPECT_EQ(SummaryField(again.out, "recovery_point"), "4") << again.out;
+  EXPECT_TRUE(absl::StrContains(again.out, "does not read back")) << again.out;
 }
 
 }  // namespace
