@@ -206,21 +206,26 @@ TEST_F(RecoveryTest, ReshardsAnyWorldSizeToAnyOtherExactly) {
   }
 }
 
+// The whole state at job "j"'s recovery point, as `gradsnap restore` holds it before writing.
+void RestoreLatest(client::Client* c, FullState* s) {
+  auto src = NewClientSource(c, "j");
+  s->job = "j";
+  s->master.resize(kTotal);
+  s->m.resize(kTotal);
+  s->v.resize(kTotal);
+  std::vector<std::string> damage;
+  auto r = RestoreRecoveryPoint(*src, 0, kTotal, s->master.data(), s->m.data(), s->v.data(),
+                                RestoreOptions(), &damage);
+  ASSERT_TRUE(r.ok()) << r.status();
+  s->step = r->step;
+  s->state = r->state;
+}
+
 TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
   SaveFull(10, 2);
   SaveDelta(11, 10, 2);
-  auto src = NewClientSource(client_.get(), "j");
   FullState s;
-  s.job = "j";
-  s.master.resize(kTotal);
-  s.m.resize(kTotal);
-  s.v.resize(kTotal);
-  std::vector<std::string> damage;
-  auto r = RestoreRecoveryPoint(*src, 0, kTotal, s.master.data(), s.m.data(), s.v.data(),
-                                RestoreOptions(), &damage);
-  ASSERT_TRUE(r.ok()) << r.status();
-  s.step = r->step;
-  s.state = r->state;
+  ASSERT_NO_FATAL_FAILURE(RestoreLatest(client_.get(), &s));
   s.source = RecoveryPoint{10, {11}};
   for (bool consolidated : {false, true}) {
     SCOPED_TRACE(consolidated);
@@ -312,18 +317,8 @@ TEST_F(RecoveryTest, RestoreDirectoriesReadBackExactly) {
 // leaves the earlier ranks' files of those names as they were (no set of two checkpoints).
 TEST_F(RecoveryTest, RankFilesAreReplacedTogetherOrNotAtAll) {
   SaveFull(10, 2);
-  auto src = NewClientSource(client_.get(), "j");
   FullState s;
-  s.job = "j";
-  s.master.resize(kTotal);
-  s.m.resize(kTotal);
-  s.v.resize(kTotal);
-  std::vector<std::string> damage;
-  auto r = RestoreRecoveryPoint(*src, 0, kTotal, s.master.data(), s.m.data(), s.v.data(),
-                                RestoreOptions(), &damage);
-  ASSERT_TRUE(r.ok()) << r.status();
-  s.step = r->step;
-  s.state = r->state;
+  ASSERT_NO_FATAL_FAILURE(RestoreLatest(client_.get(), &s));
   const std::string dir = scratch_ + "/staged";
   fs::create_directories(dir);
   auto first = WriteRankFiles(s, 2, [&](int k) { return RankFilePath(dir, k); });

@@ -269,9 +269,11 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
 
 absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
                                 const TrainStateView& view, const ReplicatedState& run) {
-  client::Client* c = store == nullptr ? nullptr : store->client();
-  if (c == nullptr) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, c->List(o.ckpt.job));
+  if (store == nullptr || store->client() == nullptr) return absl::OkStatus();
+  // Through the patient source: its calls wait out an outage of the store (up to 30 s), as
+  // AcquireEpoch did when it came first.
+  std::unique_ptr<recovery::StateSource> source = NewRestoreSource(*store, o.ckpt.job);
+  ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, source->List());
   if (o.resume == "none") {
     if (list.empty()) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(
@@ -288,7 +290,6 @@ absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
     rp = *planned;
   }
   if (rp.full_step < 0) return absl::OkStatus();
-  std::unique_ptr<recovery::StateSource> source = NewRestoreSource(*store, o.ckpt.job);
   int32_t saved_world_size = 0;
   absl::Status s = PreCheck(*source, rp.full_step, view, run, o.allow_batch_change,
                             &saved_world_size);

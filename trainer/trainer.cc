@@ -200,13 +200,17 @@ absl::Status RankRunner::TakeEpoch() {
       ASSIGN_OR_RETURN(uint64_t e, store_->AcquireEpoch(o_.ckpt.job));
       epoch = static_cast<double>(e);
     } else {
-      epoch = -1;
+      // -1: refused for good (no restart); -2: the store could not be asked (restartable).
+      epoch = absl::IsFailedPrecondition(refused) ? -1 : -2;
     }
   }
   RETURN_IF_ERROR(comm_->AllReduceSum(&epoch, 1));
   if (epoch < 0) {
     if (!refused.ok()) return refused;
-    return absl::FailedPreconditionError("rank 0 refused this launch (its message says why)");
+    if (epoch == -1) {
+      return absl::FailedPreconditionError("rank 0 refused this launch (its message says why)");
+    }
+    return absl::UnavailableError("rank 0 could not check the store (its message says why)");
   }
   store_->SetEpoch(static_cast<uint64_t>(epoch));
   return absl::OkStatus();

@@ -154,6 +154,18 @@ TEST_F(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentServer) {
   RePersistIsIdempotent(store);
 }
 
+// The next attempt (resumed at once) fences the zombies: it ends exact, and they are refused
+// ("superseded") and exit.
+void ExpectNextAttemptFencesZombies(const std::string& store, const ChildProcess& launcher,
+                                    const std::vector<pid_t>& zombies) {
+  const RunResult r = RunTrainer(kTrain, kJob + store + " --resume latest");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(SummaryField(r.out, "params_sha256"), Reference()) << r.out;
+  EXPECT_TRUE(WaitFor(60, [&] { return !Alive(zombies[0]) && !Alive(zombies[1]); }));
+  EXPECT_NE(launcher.Output().find("superseded by attempt"), std::string::npos)
+      << launcher.Output();
+}
+
 TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
   const std::string store = StartServer();
   ASSERT_TRUE(server_.running());
@@ -164,12 +176,7 @@ TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
   ASSERT_EQ(zombies.size(), 2u);
   ASSERT_TRUE(Alive(zombies[0]) && Alive(zombies[1]));  // kept alive on purpose
   // The next attempt takes a newer epoch: the zombies' next writes are refused and they exit.
-  const RunResult r = RunTrainer(kTrain, kJob + store + " --resume latest");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(SummaryField(r.out, "params_sha256"), Reference()) << r.out;
-  EXPECT_TRUE(WaitFor(60, [&] { return !Alive(zombies[0]) && !Alive(zombies[1]); }));
-  EXPECT_NE(launcher.Output().find("superseded by attempt"), std::string::npos)
-      << launcher.Output();
+  ExpectNextAttemptFencesZombies(store, launcher, zombies);
   // Nothing the zombies did leaves a broken store: resuming once more is still exact.
   const RunResult again = RunTrainer(kTrain, kJob + store + " --resume latest");
   ASSERT_EQ(again.exit_code, 0) << again.out;
@@ -192,12 +199,25 @@ TEST_F(TrainerFaultTest, ZombieIsFencedAfterTheServerLostItsData) {
   std::filesystem::rename(dir_ + "/data", dir_ + "/data.lost");
   ASSERT_TRUE(server_.Restart().ok());
   ASSERT_TRUE(Alive(zombies[0]) && Alive(zombies[1]));
-  const RunResult r = RunTrainer(kTrain, kJob + store + " --resume latest");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(SummaryField(r.out, "params_sha256"), Reference()) << r.out;
-  EXPECT_TRUE(WaitFor(60, [&] { return !Alive(zombies[0]) && !Alive(zombies[1]); }));
-  EXPECT_NE(launcher.Output().find("superseded by attempt"), std::string::npos)
+  ExpectNextAttemptFencesZombies(store, launcher, zombies);
+}
+
+// A launch (or a restart) while the server is down waits the outage out before its checks and
+// its epoch, as before them, and trains once the server is back: it is not refused.
+TEST_F(TrainerFaultTest, LaunchDuringAnOutageWaitsForTheServer) {
+  const std::string store = StartServer();
+  ASSERT_TRUE(server_.running());
+  const RunResult first = RunTrainer(kTrain, kJob + store + " --steps 12");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  server_.Kill();
+  ChildProcess launcher;
+  StartLauncher(&launcher, kJob + store + " --resume latest", dir_ + "/outage.log");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ASSERT_TRUE(server_.Restart().ok());
+  EXPECT_EQ(launcher.Wait(), 0) << launcher.Output();
+  EXPECT_NE(launcher.Output().find("resumed job j from step 12"), std::string::npos)
       << launcher.Output();
+  EXPECT_EQ(SummaryField(launcher.Output(), "ckpt_failures"), "0") << launcher.Output();
 }
 
 // Taking a writer epoch fences out the running attempt, so only a launch that will write takes
