@@ -267,6 +267,14 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
   return absl::OkStatus();
 }
 
+absl::Status RefuseFreshRunOfExistingJob(const std::string& job,
+                                         const std::vector<storage::CheckpointInfo>& committed) {
+  if (committed.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job, " already has checkpoints (newest step ", committed.back().step,
+      "); pass --resume latest to continue it or --job NAME for a new job"));
+}
+
 absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
                                 const TrainStateView& view, const ReplicatedState& run) {
   if (store == nullptr || store->client() == nullptr) return absl::OkStatus();
@@ -274,12 +282,7 @@ absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
   // AcquireEpoch did when it came first.
   std::unique_ptr<recovery::StateSource> source = NewRestoreSource(*store, o.ckpt.job);
   ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, source->List());
-  if (o.resume == "none") {
-    if (list.empty()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", o.ckpt.job, " already has checkpoints (newest step ", list.back().step,
-        "); pass --resume latest to continue it or --job NAME for a new job"));
-  }
+  if (o.resume == "none") return RefuseFreshRunOfExistingJob(o.ckpt.job, list);
   int64_t step = -1;
   recovery::RecoveryPoint rp;
   if (o.resume == "latest") {

@@ -54,6 +54,11 @@ absl::Status CheckCompatible(const ReplicatedState& ckpt, const ReplicatedState&
 // has checkpoints; a --resume whose checkpoint does not fit this run (model, sequence length,
 // data, batch). Reads only; not collective. OK where nothing is to be checked here (the
 // restore itself reports a missing or damaged checkpoint).
+// FAILED_PRECONDITION for a fresh run (--resume none) of a job whose checkpoints `committed`
+// (oldest first) lists; OK when it lists none.
+absl::Status RefuseFreshRunOfExistingJob(const std::string& job,
+                                         const std::vector<storage::CheckpointInfo>& committed);
+
 absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
                                 const TrainStateView& view, const ReplicatedState& run);
 

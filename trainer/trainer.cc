@@ -273,11 +273,7 @@ absl::Status RankRunner::Resume() {
     // A fresh run (or one started from --init-from) must not collide with a job's checkpoints.
     ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> existing,
                      store_->ListCommitted(o_.ckpt.job));
-    if (!existing.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", o_.ckpt.job, " already has checkpoints (newest step ", existing.back().step,
-          "); pass --resume latest to continue it or --job NAME for a new job"));
-    }
+    RETURN_IF_ERROR(RefuseFreshRunOfExistingJob(o_.ckpt.job, existing));
   }
   if (o_.resume == "none" && o_.init_from.empty()) return absl::OkStatus();
   // Any world size: each rank restores its own slice (resume.h).

@@ -22,11 +22,9 @@ namespace gradsnap {
 namespace testing {
 namespace {
 
-const std::string kTrain = GRADSNAP_TRAIN_BIN;
 const std::string kCli = GRADSNAP_CLI_BIN;
-const std::string kFlags = " --model tiny --batch 12 --seed 5 --nproc 2";
 
-RunResult Train(const std::string& args) { return RunTrainer(kTrain, kFlags + " " + args); }
+RunResult Train(const std::string& args) { return TrainTwoRanks(args); }
 
 // FULLs 5 and 10, DELTAs 6..9 on 5 and 11..13 on 10: the recovery point is step 13.
 void TrainJob(const std::string& store) {

@@ -7,22 +7,36 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "recovery/json_value.h"
+#include "tests/testing/trainer.h"
 #include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
+
+namespace {
+
+// The JSON header of safetensors bytes `blob`; *data_start: where its data section begins.
+absl::StatusOr<recovery::JsonValue> SafetensorsHeader(const std::string& blob,
+                                                      uint64_t* data_start) {
+  if (blob.size() < 8) return absl::DataLossError("shorter than a safetensors header");
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
+  if (len > blob.size() - 8) return absl::DataLossError("header length past the end");
+  *data_start = 8 + len;
+  return recovery::ParseJson(absl::string_view(blob).substr(8, len), "header");
+}
+
+}  // namespace
 
 std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
   std::map<std::string, std::string> out;
   std::map<std::string, std::map<uint64_t, std::string>> pieces;
   for (int r = 0; r < n; ++r) {
     const std::string blob = ReadFileOrEmpty(absl::StrCat(dir, "/rank", r, ".safetensors"));
-    if (blob.size() < 8) return {};
-    uint64_t len = 0;
-    for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
-    auto header = recovery::ParseJson(absl::string_view(blob).substr(8, len), "header");
+    uint64_t data_start = 0;
+    auto header = SafetensorsHeader(blob, &data_start);
     if (!header.ok()) return {};
-    const std::string data = blob.substr(8 + len);
+    const std::string data = blob.substr(data_start);
     const recovery::JsonValue* meta = header->Find("__metadata__");
     for (const auto& [name, e] : header->object) {
       if (name == "__metadata__") continue;
@@ -47,13 +61,13 @@ std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n) {
   return out;
 }
 
+RunResult TrainTwoRanks(const std::string& args) {
+  return RunTrainer(GRADSNAP_TRAIN_BIN, " --model tiny --batch 12 --seed 5 --nproc 2 " + args);
+}
+
 std::string SafetensorsMetadata(const std::string& path, const std::string& key) {
-  const std::string blob = ReadFileOrEmpty(path);
-  if (blob.size() < 8) return "";
-  uint64_t len = 0;
-  for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(blob[i]);
-  if (len > blob.size() - 8) return "";
-  auto header = recovery::ParseJson(absl::string_view(blob).substr(8, len), "header");
+  uint64_t data_start = 0;
+  auto header = SafetensorsHeader(ReadFileOrEmpty(path), &data_start);
   if (!header.ok()) return "";
   const recovery::JsonValue* meta = header->Find("__metadata__");
   const recovery::JsonValue* v = meta == nullptr ? nullptr : meta->Find(key);

@@ -8,6 +8,8 @@
 #include <map>
 #include <string>
 
+#include "tests/testing/process.h"
+
 namespace gradsnap {
 namespace testing {
 
@@ -15,6 +17,10 @@ namespace testing {
 // buffer ("params", "adam_m", "adam_v") put together from its slices (by the "slice.<tensor>"
 // metadata), and rank 0's "replicated_state" text under that name. Empty map on a bad file.
 std::map<std::string, std::string> ReadRankDir(const std::string& dir, int n);
+
+// gradsnap-train with the job flags the restore and fallback tests share (tiny model, batch 12,
+// seed 5, two ranks) and `args`.
+RunResult TrainTwoRanks(const std::string& args);
 
 // The string `key` of a safetensors file's "__metadata__"; empty where the file, its header or
 // the key is missing.
