@@ -75,7 +75,7 @@ CheckpointSpec Spec(const std::string& job, int64_t step, int32_t world, int64_t
   return {job, step, kind, base, world, absl::StrCat("m", step)};
 }
 
-// A store with: FULL 10 (2 ranks), DELTA 20 on 10 (1 rank... world 2), job b FULL 5, and a
+// A store with: FULL 10 (2 ranks), DELTA 11 on 10 (2 ranks), job b FULL 5, and a
 // PENDING FULL 30 whose rank 0 is committed and rank 1 half written (flushed).
 struct Store {
   std::vector<ShardData> committed;
@@ -93,7 +93,7 @@ Store WriteStore(const std::string& dir) {
     }
   };
   write("a", 10, 2, -1);
-  write("a", 20, 2, 10);
+  write("a", 11, 2, 10);
   write("b", 5, 1, -1);
   EXPECT_TRUE(e->BeginCheckpoint(Spec("a", 30, 2)).ok());
   ShardData d0 = MakeShard("a", 30, 0, 300, 300000);
@@ -113,10 +113,10 @@ void ExpectStoreRestores(const std::string& dir, const Store& st) {
   ASSERT_TRUE(a.ok());
   ASSERT_EQ(a->size(), 2u);  // 10 and 20; the half-written 30 is not brought back
   EXPECT_EQ((*a)[0].step, 10);
-  EXPECT_EQ((*a)[1].step, 20);
+  EXPECT_EQ((*a)[1].step, 11);
   EXPECT_EQ((*a)[1].kind, CheckpointKind::kDelta);
   EXPECT_EQ((*a)[1].base_step, 10);
-  EXPECT_EQ((*a)[1].metadata, "m20");
+  EXPECT_EQ((*a)[1].metadata, "m11");
   for (const ShardData& d : st.committed) ExpectRestores(e.get(), d);
   EXPECT_TRUE(e->Verify("a", 10).ok());
   EXPECT_TRUE(e->Verify("b", 5).ok());
@@ -413,6 +413,37 @@ TEST(CatalogTest, DeleteRefusesADeltaALaterDeltaNeeds) {
   EXPECT_TRUE(e->Delete("ch", 3).ok());
   EXPECT_TRUE(e->Delete("ch", 2).ok());
   EXPECT_TRUE(e->Delete("ch", 1).ok());
+}
+
+// `rm` of the newest DELTA while its trainer writes on: the next DELTA of that chain is refused
+// at its begin (the trainer cuts the chain and takes a FULL next), so no later DELTA is listed
+// as committed without every DELTA it replays on.
+TEST(CatalogTest, DeltaAfterADeletedDeltaOfItsChainIsRefused) {
+  TempDir dir;
+  auto e = OpenOk(dir.path());
+  auto write = [&](int64_t step, int64_t base) {
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("ch", step, 1, base)).ok()) << step;
+    ShardData d = MakeShard("ch", step, 0, step, 500);
+    ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok()) << step;
+  };
+  write(1, -1);
+  write(2, 1);
+  ASSERT_TRUE(e->Delete("ch", 2).ok());
+  const absl::Status s = e->BeginCheckpoint(Spec("ch", 3, 1, 1));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("needs DELTA step 2 of its chain"), std::string::npos) << s;
+  // Nor does a DELTA skip one of its chain, or sit on a DELTA of another chain.
+  EXPECT_TRUE(absl::IsFailedPrecondition(e->BeginCheckpoint(Spec("ch", 4, 1, 1))));
+  auto listed = e->ListCheckpoints("ch", /*include_pending=*/true);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  // The chain written again, step by step, is taken; a new FULL starts a chain of its own.
+  write(2, 1);
+  write(3, 1);
+  write(4, -1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(e->BeginCheckpoint(Spec("ch", 6, 1, 4))));
+  write(5, 4);
+  EXPECT_EQ(e->ListCheckpoints("ch")->size(), 5u);
 }
 
 // A catalog made anew beside an old epoch mirror (its meta/ lost, no segment data) does not
@@ -752,7 +783,7 @@ TEST(CatalogTest, ReadOnlyOpenWritesNothing) {
     EXPECT_TRUE(e->Verify("a", 10).ok());
     ExpectRestores(e.get(), st.committed[0]);
     EXPECT_TRUE(absl::IsFailedPrecondition(e->BeginCheckpoint(Spec("a", 40, 1))));
-    EXPECT_TRUE(absl::IsFailedPrecondition(e->Delete("a", 20)));
+    EXPECT_TRUE(absl::IsFailedPrecondition(e->Delete("a", 11)));
     // A second, read-write engine may hold the directory at the same time.
     auto rw = OpenOk(dir.path());
     EXPECT_NE(rw, nullptr);

@@ -448,6 +448,21 @@ absl::Status EngineImpl::BeginCheckpoint(const CheckpointSpec& spec) {
           "DELTA step ", spec.step, " of job ", spec.job, " needs a FULL checkpoint at step ",
           spec.base_step));
     }
+    // A DELTA replays on every DELTA of its chain before it, so the one before must be here
+    // (pending or committed). Without this check, a DELTA deleted (`rm`) while its trainer
+    // wrote on would leave every later DELTA of the chain listed as committed and none of
+    // them restorable. Delete refuses the other order (a DELTA with later ones on its FULL).
+    if (spec.step > spec.base_step + 1) {
+      auto prev = LoadCheckpoint(spec.job, spec.step - 1);
+      if (!prev.ok() && !absl::IsNotFound(prev.status())) return prev.status();
+      if (!prev.ok() || prev->spec.kind != CheckpointKind::kDelta ||
+          prev->spec.base_step != spec.base_step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "DELTA step ", spec.step, " of job ", spec.job, " on FULL ", spec.base_step,
+            " needs DELTA step ", spec.step - 1, " of its chain, which this store does not "
+            "hold (deleted?): the chain is cut; the next FULL starts a new one"));
+      }
+    }
   }
   CheckpointRecord r;
   r.spec = spec;

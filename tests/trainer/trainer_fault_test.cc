@@ -4,15 +4,19 @@
 //  - a zombie rank kept alive on purpose (--test_ignore_parent_death) is fenced off by the next
 //    attempt's epoch: its writes are refused as superseded and it exits;
 //  - bad input: exit status 2 and one line, never a crash;
-//  - a job without a token on a secured server stops at once with one line.
+//  - a job without a token on a secured server stops at once with one line;
+//  - `gradsnap rm` of the newest DELTA under a running job cuts its chain (nothing unrestorable
+//    is listed) and the job trains on.
 #include <netdb.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -32,6 +36,7 @@ namespace testing {
 namespace {
 
 const std::string kTrain = GRADSNAP_TRAIN_BIN;
+const std::string kCli = GRADSNAP_CLI_BIN;
 constexpr int kSteps = 40;
 const std::string kJob = absl::StrCat(" --model tiny --batch 4 --seq 16 --steps ", kSteps,
                                       " --nproc 2 --ckpt-mode gockpt --ckpt-every 4"
@@ -304,6 +309,59 @@ TEST_F(TrainerFaultTest, ServerGoneForGoodContinueOrStop) {
       EXPECT_EQ(out.find("\nsummary "), std::string::npos) << out;
     }
   }
+}
+
+// The committed checkpoints of job j as (step, kind) from `gradsnap --json ls j`, oldest first.
+std::vector<std::pair<int64_t, std::string>> Committed(const std::string& cli) {
+  const RunResult r = RunCommand(cli + " --json ls j");
+  std::vector<std::pair<int64_t, std::string>> out;
+  static const std::regex re(R"re("step":(\d+),"kind":"(full|delta)"[^}]*"state":"committed")re");
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), re), end; it != end; ++it) {
+    out.emplace_back(std::stoll((*it)[1]), (*it)[2]);
+  }
+  return out;
+}
+
+// `gradsnap rm` of the newest DELTA while its job writes on: the store refuses the DELTA after
+// the gap ("the chain is cut"), the job trains to the end with the uninterrupted parameters,
+// and every checkpoint listed afterwards restores. Before the store checked the chain, the
+// later DELTAs of the cut chain were committed and listed, and none of them restored.
+TEST_F(TrainerFaultTest, RmOfTheNewestDeltaUnderARunningJobCutsItsChain) {
+  const std::string store = StartServer();
+  const std::string cli = kCli + " --server " + server_.address();
+  ChildProcess job;
+  StartLauncher(&job, kJob + store + " --test-step-delay-ms 60", dir_ + "/job.log");
+  int64_t removed = -1;
+  for (int attempt = 0; attempt < 200 && removed < 0; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto listed = Committed(cli);
+    // A DELTA of the FULL at 8 or later (the chain on 4 may still be the only one).
+    if (listed.empty() || listed.back().second != "delta" || listed.back().first < 10) continue;
+    // Refused when the trainer committed the next DELTA meanwhile: try the new newest.
+    if (RunCommand(absl::StrCat(cli, " rm j ", listed.back().first)).exit_code == 0) {
+      removed = listed.back().first;
+    }
+  }
+  ASSERT_GE(removed, 0) << "no DELTA removed: " << job.Output();
+  ASSERT_EQ(job.Wait(), 0) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_EQ(SummaryField(out, "params_sha256"), Reference()) << out;
+  const auto listed = Committed(cli);
+  ASSERT_FALSE(listed.empty());
+  // Unless the job ended there or began a FULL next, its next DELTA on that chain was refused.
+  if (removed < kSteps &&
+      std::find(listed.begin(), listed.end(), std::make_pair(removed + 1, std::string("full"))) ==
+          listed.end()) {
+    EXPECT_NE(out.find("the chain is cut"), std::string::npos) << out;
+  }
+  for (const auto& [step, kind] : listed) {
+    EXPECT_NE(step, removed);
+    const RunResult r = RunCommand(absl::StrCat(cli, " restore j ", step, " --out ", dir_,
+                                                "/restored", step));
+    EXPECT_EQ(r.exit_code, 0) << kind << " " << step << ": " << r.out;
+  }
+  const RunResult resumed = RunTrainer(kTrain, kJob + store + " --resume latest");
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
 }
 
 TEST_F(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
