@@ -55,6 +55,8 @@ void StagedFiles::Add(std::string tmp, std::string path) {
 
 absl::Status StagedFiles::Commit() {
   for (const auto& [tmp, path] : files_) RETURN_IF_ERROR(client::CheckOutputFile(path));
+  // An interrupt (the CLI's SIGINT) waits for the renames to end: the set is never cut in two.
+  storage::TempRenameSection renaming;
   absl::Status st;
   size_t done = 0;
   for (; done < files_.size() && st.ok(); ++done) {

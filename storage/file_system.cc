@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -170,9 +172,68 @@ FileSystem* FileSystem::Default() {
   return fs;
 }
 
+namespace {
+
+// The directories of this process's temporaries, and the lock that RemoveOwnTempFiles takes
+// exclusively (and keeps) while renames of finished temporaries share it.
+struct TempRegistry {
+  absl::Mutex mu;
+  std::set<std::string> dirs ABSL_GUARDED_BY(mu);
+  absl::Mutex rename_mu;
+};
+
+TempRegistry& Temps() {
+  static TempRegistry* r = new TempRegistry();
+  return *r;
+}
+
+}  // namespace
+
 std::string UniqueTempPath(const std::string& path) {
   static std::atomic<uint64_t> next{0};
+  const size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  {
+    TempRegistry& r = Temps();
+    absl::MutexLock lock(&r.mu);
+    r.dirs.insert(std::move(dir));
+  }
   return absl::StrCat(path, ".tmp-", ::getpid(), "-", next.fetch_add(1));
+}
+
+// The lock outlives these scopes by design (a section's, and the remover's until exit).
+TempRenameSection::TempRenameSection() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Temps().rename_mu.ReaderLock();
+}
+TempRenameSection::~TempRenameSection() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Temps().rename_mu.ReaderUnlock();
+}
+
+int RemoveOwnTempFiles() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  TempRegistry& r = Temps();
+  r.rename_mu.Lock();  // never released: the caller exits
+  std::set<std::string> dirs;
+  {
+    absl::MutexLock lock(&r.mu);
+    dirs = r.dirs;
+  }
+  const std::string own = absl::StrCat(".tmp-", ::getpid(), "-");
+  int removed = 0;
+  for (const std::string& dir : dirs) {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) continue;
+    while (struct dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      const size_t at = name.rfind(own);
+      if (at == std::string::npos || !IsUniqueTempPath(name) ||
+          name.find('-', at + own.size()) != std::string::npos) {
+        continue;
+      }
+      if (::unlinkat(::dirfd(d), name.c_str(), 0) == 0) ++removed;
+    }
+    ::closedir(d);
+  }
+  return removed;
 }
 
 bool IsUniqueTempPath(const std::string& name) {

@@ -75,6 +75,20 @@ struct OpenOptions {
 std::string UniqueTempPath(const std::string& path);
 // Whether `name` is one UniqueTempPath made (ends with ".tmp-PID-N").
 bool IsUniqueTempPath(const std::string& name);
+// Removes this process's own unfinished temporaries: every "NAME.tmp-<getpid()>-N" in the
+// directories UniqueTempPath has named in this process. For a command interrupted by a signal
+// (the CLI's SIGINT/SIGTERM), which then exits without returning: it waits for renames in a
+// TempRenameSection to end and keeps later ones from starting. Returns the number removed.
+int RemoveOwnTempFiles();
+// Held around the renames that put finished temporaries in place (StagedFiles::Commit), so
+// RemoveOwnTempFiles never cuts a set of renames in two. Sections may overlap each other.
+class TempRenameSection {
+ public:
+  TempRenameSection();
+  ~TempRenameSection();
+  TempRenameSection(const TempRenameSection&) = delete;
+  TempRenameSection& operator=(const TempRenameSection&) = delete;
+};
 
 class FileSystem {
  public:

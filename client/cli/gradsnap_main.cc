@@ -4,15 +4,19 @@
 //            [--tls-ca F] [--json] COMMAND [ARGS]
 //
 // Errors are one line on stderr ("gradsnap: <reason>") with the exit codes of commands.h.
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <filesystem>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -22,6 +26,7 @@
 #include "common/malloc_tuning.h"
 #include "common/small_file.h"
 #include "common/status.h"
+#include "storage/file_system.h"
 
 namespace gradsnap {
 namespace cli {
@@ -147,7 +152,32 @@ int UsageError(const std::string& msg, const std::string& command) {
   return kExitUsage;
 }
 
+// SIGINT, SIGTERM and SIGHUP end the command as they would by default, but first remove the
+// unfinished temporaries it was writing (an export's or a restore's "NAME.tmp-PID-N", which
+// can be gigabytes): one thread waits for them, blocked in every other thread. Call before any
+// thread starts (each inherits the mask).
+void StartInterruptHandler() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
+  std::thread([set] {
+    int sig = 0;
+    if (::sigwait(&set, &sig) != 0) return;
+    const int removed = storage::RemoveOwnTempFiles();
+    std::string line = absl::StrCat("gradsnap: interrupted by ", ::strsignal(sig));
+    if (removed > 0) {
+      absl::StrAppend(&line, "; removed ", removed, " unfinished temporary file",
+                      removed == 1 ? "" : "s");
+    }
+    line += "\n";
+    (void)!::write(STDERR_FILENO, line.data(), line.size());
+    ::_exit(128 + sig);
+  }).detach();
+}
+
 int Main(int argc, char** argv) {
+  StartInterruptHandler();
   if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kWarning);
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argc, argv, GlobalFlags(), CommandFlags);
   if (!parsed.ok()) return UsageError(std::string(parsed.status().message()), "");

@@ -1,6 +1,10 @@
 // End-to-end tests of the gradsnap CLI: the real build/bin/gradsnap binary run as a subprocess
 // against checkpoints written through the client library, on the embedded engine and against a
 // real gradsnap-server process on 127.0.0.1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tests/client/cli_target.h"
 #include "tests/client/cli_test_util.h"
+#include "tests/testing/server_process.h"
 
 namespace gradsnap {
 namespace testing {
@@ -342,6 +347,70 @@ TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
   for (const auto& e : fs::directory_iterator(scratch)) {
     EXPECT_FALSE(absl::StrContains(e.path().filename().string(), ".tmp")) << e.path();
   }
+}
+
+// The files under `dir` whose names contain ".tmp-" (unfinished temporaries).
+std::vector<std::string> TempFilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (absl::StrContains(e.path().filename().string(), ".tmp-")) out.push_back(e.path());
+  }
+  return out;
+}
+
+// SIGINT or SIGTERM in the middle of an export ends the CLI at once, as the signal would
+// (exit 128 + the signal, one line), and removes the unfinished temporaries it was writing
+// (each as large as its rank's file); no output name is made. The server is stopped
+// (SIGSTOP) once the first temporary appears, so the export is surely still streaming.
+TEST(CliInterruptTest, InterruptedExportRemovesItsTemporaries) {
+  const TempDir tmp("cli-interrupt");
+  const std::string scratch = tmp.path();
+  ServerProcess server(GRADSNAP_SERVER_PATH);
+  ASSERT_TRUE(server.StartOn(scratch + "/data").ok()) << server.Describe();
+  {
+    client::ClientOptions o;
+    o.endpoints = {server.address()};
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE(SaveTestCheckpoint(**c, "big", 1, 2, 7, 96u << 20).ok());
+  }
+  const std::string out_dir = scratch + "/out";
+  fs::create_directories(out_dir);
+  for (int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig == SIGINT ? "SIGINT" : "SIGTERM");
+    ChildProcess cli;
+    const std::string log = scratch + "/cli.log";
+    ASSERT_TRUE(cli.Start({GRADSNAP_CLI_PATH, "--server", server.address(), "export", "big", "1",
+                           "--out", out_dir + "/model.safetensors"},
+                          log)
+                    .ok());
+    bool seen = false;
+    for (int i = 0; i < 30000 && !seen && cli.running(); ++i) {  // up to 30 s
+      seen = !TempFilesIn(out_dir).empty();
+      if (!seen) ::usleep(1000);
+    }
+    ASSERT_TRUE(seen) << "no temporary appeared; " << ReadFileOrEmpty(log);
+    server.Signal(SIGSTOP);
+    cli.Signal(sig);
+    int code = -1;
+    for (int i = 0; i < 1000 && (code = cli.Poll()) < 0; ++i) ::usleep(10000);  // up to 10 s
+    server.Signal(SIGCONT);
+    if (code < 0) code = cli.Kill();
+    EXPECT_EQ(code, 128 + sig) << ReadFileOrEmpty(log);
+    const std::string err = ReadFileOrEmpty(log);
+    EXPECT_TRUE(absl::StartsWith(err, "gradsnap: interrupted by ")) << err;
+    EXPECT_TRUE(absl::StrContains(err, "removed ")) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_TRUE(TempFilesIn(out_dir).empty()) << TempFilesIn(out_dir)[0];
+    EXPECT_FALSE(fs::exists(out_dir + "/model.rank0.safetensors"));
+    EXPECT_FALSE(fs::exists(out_dir + "/model.rank1.safetensors"));
+  }
+  // Not interrupted, the same export completes.
+  RunResult r = RunProgram(GRADSNAP_CLI_PATH, {"--server", server.address(), "export", "big", "1",
+                                               "--out", out_dir + "/model.safetensors"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out_dir + "/model.rank1.safetensors"));
+  EXPECT_TRUE(TempFilesIn(out_dir).empty());
 }
 
 // A raw restore that fails (damage met in a later rank) leaves an earlier restore in its
