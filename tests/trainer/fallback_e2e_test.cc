@@ -4,13 +4,18 @@
 // or the previous FULL and its chain), prints the steps lost, and ends equal to an
 // uninterrupted run from that point (gradsnap-train --init-from the CLI's restore of that step).
 // Embedded (rank 0 restores for all) and through a real server (every rank reads its own slice
-// and the ranks agree on the step).
+// and the ranks agree on the step). Across two servers, a node that came back with an older
+// copy of its data leaves the newest FULL with a rank no node holds: the CLI's `latest` and the
+// trainer both go back to the FULL before it.
 #include <signal.h>
 
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/remote_placement.h"
 #include "gtest/gtest.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
@@ -208,6 +213,72 @@ TEST(FallbackTest, ServerDoesNotCountADamagedStepSavedAgain) {
   EXPECT_EQ(SummaryField(again.out, "ckpt_failures"), "1") << again.out;
   EXPECT_EQ(SummaryField(again.out, "recovery_point"), "4") << again.out;
   EXPECT_TRUE(absl::StrContains(again.out, "does not read back")) << again.out;
+}
+
+// Two servers; the one holding rank 0 comes back with a copy of its data taken before FULL 8
+// was written. FULL 8 is still listed (the other node committed it) but rank 0 of it is held by
+// no node: `restore latest` and `export latest` go back to FULL 4 with a warning naming the
+// damage (before: DATA_LOSS, exit 3, while the trainer's resume went back), and the resume
+// agrees.
+TEST(FallbackTest, FullWithARankNoNodeHoldsFallsBackInTheCli) {
+  const TempDir tmp("fallback_lost_node");
+  const std::string dir = tmp.path();
+  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(a.StartOn(dir + "/a").ok()) << a.Log();
+  ASSERT_TRUE(b.StartOn(dir + "/b").ok()) << b.Log();
+  const bool a_holds_rank0 = client::RankEndpoints({a.address(), b.address()}, "j", 0)[0] == 0;
+  ServerProcess& loser = a_holds_rank0 ? a : b;
+  const std::string loser_dir = dir + (a_holds_rank0 ? "/a" : "/b");
+  const std::string store = " --storage " + a.address() + "," + b.address();
+  const std::string flags = " --ckpt-mode sync --ckpt-every 4 --job j" + store;
+  const RunResult first = Train("--steps 4" + flags);
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  loser.Signal(SIGTERM);
+  ASSERT_EQ(loser.Wait(), 0) << loser.Log();
+  std::filesystem::copy(loser_dir, dir + "/backup", std::filesystem::copy_options::recursive);
+  ASSERT_TRUE(loser.Restart().ok()) << loser.Log();
+  const RunResult second = Train("--steps 8 --resume latest" + flags);
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  loser.Signal(SIGTERM);
+  ASSERT_EQ(loser.Wait(), 0) << loser.Log();
+  std::filesystem::remove_all(loser_dir);
+  std::filesystem::rename(dir + "/backup", loser_dir);
+  ASSERT_TRUE(loser.Restart().ok()) << loser.Log();
+  const std::string cli = kCli + " --server " + a.address() + "," + b.address();
+  const RunResult restored = RunCommand(cli + " restore j latest --out " + dir + "/latest");
+  EXPECT_EQ(restored.exit_code, 0) << restored.out;
+  EXPECT_TRUE(absl::StrContains(restored.out, "damaged record skipped: ")) << restored.out;
+  EXPECT_TRUE(absl::StrContains(restored.out, "rank 0: no node holds its data")) << restored.out;
+  EXPECT_TRUE(absl::StrContains(restored.out, "fell back from step 8 to 4")) << restored.out;
+  EXPECT_EQ(SafetensorsMetadata(dir + "/latest/rank0.safetensors", "step"), "4") << restored.out;
+  const size_t named = restored.out.find("no node holds its data");  // said once
+  EXPECT_EQ(restored.out.find("no node holds its data", named + 1), std::string::npos)
+      << restored.out;
+  // Re-cut to one rank (replayed, not streamed as stored): the damage is named once as well.
+  const RunResult recut =
+      RunCommand(cli + " restore j latest --world-size 1 --out " + dir + "/one");
+  EXPECT_EQ(recut.exit_code, 0) << recut.out;
+  const size_t once = recut.out.find("no node holds its data");
+  EXPECT_NE(once, std::string::npos) << recut.out;
+  EXPECT_EQ(recut.out.find("no node holds its data", once + 1), std::string::npos) << recut.out;
+  EXPECT_TRUE(absl::StrContains(recut.out, "job j step 4 (full 4)")) << recut.out;
+  const std::string file = dir + "/latest.safetensors";
+  const RunResult exported = RunCommand(cli + " export j latest --out " + file);
+  EXPECT_EQ(exported.exit_code, 0) << exported.out;
+  EXPECT_EQ(SafetensorsMetadata(dir + "/latest.rank0.safetensors", "step"), "4");
+  EXPECT_EQ(SafetensorsMetadata(dir + "/latest.rank1.safetensors", "step"), "4");
+  // A named step is not replaced by another: still DATA_LOSS.
+  const RunResult named8 = RunCommand(cli + " restore j 8 --out " + dir + "/eight");
+  EXPECT_EQ(named8.exit_code, 3) << named8.out;
+  // The CLI's restore of step 4 is what the trainer resumes from.
+  const RunResult resumed = Train("--steps 8 --resume latest --job j" + store);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), "4") << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "params_sha256"), SummaryField(second.out, "params_sha256"))
+      << resumed.out;
+  const RunResult from_dir = Train("--steps 8 --init-from " + dir + "/latest");
+  ASSERT_EQ(from_dir.exit_code, 0) << from_dir.out;
+  EXPECT_EQ(SummaryField(from_dir.out, "params_sha256"), SummaryField(second.out, "params_sha256"));
 }
 
 }  // namespace
