@@ -211,7 +211,7 @@ absl::StatusOr<std::unique_ptr<Comm>> NewGlooComm(const GlooOptions& options) {
         std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
     ctx->setTimeout(options.timeout);
     ctx->connectFullMesh(store, dev);
-    return std::unique_ptr<Comm>(new GlooComm(std::move(ctx), options.timeout));
+    return std::unique_ptr<Comm>(new GlooComm(std::move(ctx), options.op_timeout));
   } catch (const std::exception& e) {
     return GlooError("rendezvous", e);
   }

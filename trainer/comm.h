@@ -56,8 +56,11 @@ struct GlooOptions {
   std::string prefix = "train";
   // Address this rank listens on for its peers. Default: 127.0.0.1.
   std::string hostname = "127.0.0.1";
-  // Per-operation timeout. Default: 300 s.
+  // How long the rendezvous waits for every rank to join. Default: 300 s.
   std::chrono::milliseconds timeout{300000};
+  // How long one operation (a collective, a send or receive) waits for its peers before it
+  // fails with UNAVAILABLE: what a hung or frozen peer costs. Default: 300 s.
+  std::chrono::milliseconds op_timeout{300000};
 };
 
 // Connects a full mesh of TCP pairs; blocks until all world_size ranks have joined.

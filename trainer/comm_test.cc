@@ -3,10 +3,12 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "trainer/model_config.h"
 
@@ -72,6 +74,35 @@ TEST(GlooCommTest, CollectivesAndPointToPoint) { RunCollectives(1001); }
 
 // Fewer elements than ranks: some slices are empty, and nothing is posted for them.
 TEST(GlooCommTest, EmptySlices) { RunCollectives(2); }
+
+// A peer that joined and then stops taking part (hung, frozen): the other's collective fails
+// with UNAVAILABLE after op_timeout, not after the rendezvous timeout (300 s).
+TEST(GlooCommTest, SilentPeerFailsTheCollectiveAfterTheOperationTimeout) {
+  const std::string dir = ::testing::TempDir() + "/comm_test_silent_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  absl::Status status[2];
+  absl::Notification done;
+  std::thread peer([&] {
+    GlooOptions o{1, 2, dir, "test"};
+    auto comm = NewGlooComm(o);
+    status[1] = comm.status();
+    done.WaitForNotification();  // joined, then silent until rank 0 gave up
+  });
+  GlooOptions o{0, 2, dir, "test"};
+  o.op_timeout = std::chrono::milliseconds(300);
+  auto comm = NewGlooComm(o);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  double v = 1.0;
+  status[0] = (*comm)->AllReduceSum(&v, 1);
+  done.Notify();
+  peer.join();
+  EXPECT_TRUE(status[1].ok()) << status[1];
+  EXPECT_EQ(status[0].code(), absl::StatusCode::kUnavailable) << status[0];
+  EXPECT_NE(status[0].message().find("Timed out waiting 300ms"), absl::string_view::npos)
+      << status[0];
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace trainer

@@ -54,6 +54,7 @@ ABSL_FLAG(int, nnodes, 1, "Nodes in the job. Default: 1");
 ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes). Default: 0");
 ABSL_FLAG(std::string, rdzv, "", "Rendezvous directory shared by all nodes (required when nnodes > 1). Default: a fresh temp dir");
 ABSL_FLAG(std::string, hostname, "127.0.0.1", "Address this node's ranks listen on for peers. Default: 127.0.0.1");
+ABSL_FLAG(int64_t, collective_timeout_s, 300, "How long a training collective waits for a peer before the rank fails (a hung or frozen rank ends the attempt; with --max_restarts the launcher restarts it). 1..86400. Default: 300");
 ABSL_FLAG(int, max_restarts, 0, "Job restarts after a rank failure. Default: 0");
 ABSL_FLAG(std::string, ckpt_mode, "none", "none, sync, async or gockpt. Default: none");
 ABSL_FLAG(int64_t, ckpt_every, 0, "FULL checkpoint every N steps; 0 = never. Default: 0");
@@ -119,6 +120,9 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   o.world_size = absl::GetFlag(FLAGS_world_size);
   o.rdzv_dir = absl::GetFlag(FLAGS_rdzv_dir);
   o.hostname = absl::GetFlag(FLAGS_hostname);
+  // Validate() refuses a value out of range; clamped here only so the product cannot overflow.
+  o.collective_timeout_ms =
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_collective_timeout_s), 1, 86400) * 1000;
   o.attempt = absl::GetFlag(FLAGS_attempt);
   const std::string mode = absl::GetFlag(FLAGS_ckpt_mode);
   std::optional<gs::SnapshotMode> parsed_mode = gs::ParseSnapshotMode(mode);
@@ -194,6 +198,10 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
     return Fail("--node_rank must be in [0, --nnodes)");
   }
   if (absl::GetFlag(FLAGS_max_restarts) < 0) return Fail("--max_restarts must be >= 0");
+  const int64_t collective_timeout_s = absl::GetFlag(FLAGS_collective_timeout_s);
+  if (collective_timeout_s < 1 || collective_timeout_s > 86400) {
+    return Fail("--collective_timeout_s must be in [1, 86400]");
+  }
   if (o.blas_threads < 1) return Fail("--blas_threads must be at least 1");
   if (o.seq_len < 0) return Fail("--seq must be >= 0 (0 = the model's context)");
   if (o.ckpt.every < 0) return Fail("--ckpt_every must be >= 0");

@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -70,6 +72,16 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
   if (o.world_size > 1) {
     // The store's own group: the funnel protocol, or the ranks' agreement on persist outcomes.
     GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
+    // Through servers each rank persists on its own and then they agree: one may arrive late
+    // by its persist's retries (--ckpt-persist-timeout-ms, then a store call's deadline), so
+    // its group waits that much longer than the training group for a frozen peer. Embedded,
+    // rank 0 writes every rank's shard while the others wait, for as long as the disk takes:
+    // that group keeps the rendezvous' 300 s (or the flag, where longer).
+    g.op_timeout = std::chrono::milliseconds(
+        !o.storage.empty()
+            ? o.collective_timeout_ms + std::min<int64_t>(o.ckpt.persist_timeout_ms, 86400000) +
+                  4 * co.rpc_timeout_ms
+            : std::max<int64_t>(o.collective_timeout_ms, 300000));
     ASSIGN_OR_RETURN(comm, NewGlooComm(g));
   }
   if (!o.storage.empty() || o.world_size == 1) {
@@ -156,6 +168,7 @@ absl::Status RankRunner::Setup() {
     comm_ = NewLocalComm();
   } else {
     GlooOptions g{o_.rank, o_.world_size, o_.rdzv_dir, "train", o_.hostname};
+    g.op_timeout = std::chrono::milliseconds(o_.collective_timeout_ms);
     ASSIGN_OR_RETURN(comm_, NewGlooComm(g));
   }
   // --init-from alone needs no store.

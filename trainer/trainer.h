@@ -46,6 +46,9 @@ struct TrainOptions {
   int world_size = 1;
   std::string rdzv_dir;        // Gloo FileStore directory of this attempt
   std::string hostname = "127.0.0.1";
+  // How long a training collective waits for a peer before the rank fails (a hung or frozen
+  // rank then ends the attempt, and the launcher restarts it). Default: 300000
+  int64_t collective_timeout_ms = 300000;
   int attempt = 0;             // 0 = first attempt
   // Checkpointing.
   CheckpointerOptions ckpt;

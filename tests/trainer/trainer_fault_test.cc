@@ -5,6 +5,7 @@
 //    attempt's epoch: its writes are refused as superseded and it exits;
 //  - bad input: exit status 2 and one line, never a crash;
 //  - a job without a token on a secured server stops at once with one line;
+//  - a frozen rank ends the attempt after --collective-timeout-s and the job restarts;
 //  - `gradsnap rm` of the newest DELTA under a running job cuts its chain (nothing unrestorable
 //    is listed) and the job trains on.
 #include <netdb.h>
@@ -364,6 +365,45 @@ TEST_F(TrainerFaultTest, RmOfTheNewestDeltaUnderARunningJobCutsItsChain) {
   EXPECT_EQ(resumed.exit_code, 0) << resumed.out;
 }
 
+// A rank that hangs (SIGSTOP: frozen, its sockets open, so no peer sees it gone) is found by
+// the others' collective timeout: with --collective-timeout-s 3 the attempt fails in seconds
+// (a rank waiting on the persist agreement instead: within half a minute),
+// the launcher stops the frozen rank (SIGKILL after its grace) and restarts the job from its
+// checkpoint, and it ends exactly like an uninterrupted run. The wait is bounded below the
+// default timeout (300 s), so on a trainer without the flag this test fails, not hangs.
+TEST_F(TrainerFaultTest, HungRankEndsTheAttemptAfterTheCollectiveTimeout) {
+  // Through a server: the ranks' persist agreement waits 3 s + 0.2 s of persist retries + 20 s of
+  // store deadlines at most (embedded, rank 0 writes for all and that group keeps 300 s).
+  const std::string store = StartServer();
+  ChildProcess job;
+  StartLauncher(&job,
+                kJob + store +
+                    " --test-step-delay-ms 40 --max-restarts 1 --ckpt-persist-timeout-ms 200"
+                    " --collective-timeout-s 3",
+                dir_ + "/job.log");
+  ASSERT_TRUE(WaitFor(60, [&] { return PrintedStep(job, 10); })) << job.Output();
+  pid_t rank1 = -1;
+  for (pid_t p : Children(job.pid())) {
+    std::string cmdline = ReadFileOrEmpty(absl::StrCat("/proc/", p, "/cmdline"));
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(" --rank=1 ") != std::string::npos) rank1 = p;
+  }
+  ASSERT_GT(rank1, 0) << job.Output();
+  ASSERT_EQ(kill(rank1, SIGSTOP), 0);
+  const bool ended = WaitFor(120, [&] { return !job.running(); });
+  if (!ended) {
+    kill(rank1, SIGKILL);
+    job.Kill();
+  }
+  ASSERT_TRUE(ended) << "the job did not end 120 s after a rank froze: " << job.Output();
+  const std::string out = job.Output();
+  EXPECT_EQ(job.Wait(), 0) << out;
+  EXPECT_NE(out.find("Timed out waiting 3000ms"), std::string::npos) << out;
+  EXPECT_NE(SummaryField(out, "resumed_from"), "") << out;
+  EXPECT_EQ(SummaryField(out, "params_sha256"), Reference()) << out;
+  EXPECT_FALSE(Alive(rank1));
+}
+
 TEST_F(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
   { std::ofstream(dir_ + "/secret") << "0123456789abcdef0123456789abcdef"; }
   const std::string store = StartServer({"--auth-secret-file", dir_ + "/secret"});
@@ -393,6 +433,8 @@ TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--job a/b --ckpt-mode sync --ckpt-every 2",
       "--storage nohostport --ckpt-mode sync --ckpt-every 2",
       "--grad-log=maybe",
+      "--collective-timeout-s 0",
+      "--collective-timeout-s 99999999999999999",
   };
   // A host the name service says does not exist: a typo, not an outage to wait out (where the
   // name service answers here at all).
