@@ -1032,9 +1032,17 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
     }
   }
   std::set<int64_t> doomed_fulls;
-  for (int64_t step : fulls) {
+  for (size_t i = 0; i < fulls.size(); ++i) {
+    const int64_t step = fulls[i];
     if (step >= keep_from) break;
-    if (policy.keep_every > 0 && step % policy.keep_every == 0) continue;
+    // keep_every K keeps, for every multiple of K, the newest FULL at or before it (the FULL
+    // a restore of that step starts from): FULLs on multiples of K where they are there, and
+    // one FULL per K steps where they are not (gockpt's FULLs end their window after it).
+    if (policy.keep_every > 0 && i + 1 < fulls.size()) {
+      const int64_t k = policy.keep_every;
+      const int64_t to_multiple = (k - step % k) % k;
+      if (to_multiple < fulls[i + 1] - step) continue;  // a multiple in [step, next FULL)
+    }
     doomed_fulls.insert(step);
   }
   GcResult result;

@@ -242,6 +242,27 @@ TEST_F(IntegrityTest, GcKeepsDeltaChainsAndReclaimsSpace) {
   EXPECT_TRUE(fs::is_empty(dir_.path() + "/segments/ij"));
 }
 
+// keep_every K keeps, for every multiple of K, the newest FULL at or before it: one FULL per K
+// steps also where FULLs are not on multiples (gockpt ends a FULL's window after its start).
+// Before, only FULLs whose step was a multiple were kept, so this kept none but the newest.
+TEST_F(IntegrityTest, GcKeepEveryKeepsTheFullBeforeEachMultiple) {
+  for (int64_t s : {5, 9, 13, 17, 21}) Write(s);
+  Write(10, CheckpointKind::kDelta, 9);
+  auto r = engine_->Gc("ij", GcPolicy{1, 8});  // 8 -> FULL 5, 16 -> FULL 13; 21 the newest
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{9, 10, 17}));
+  auto listed = engine_->ListCheckpoints("ij");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<int64_t> left;
+  for (const auto& c : *listed) left.push_back(c.step);
+  EXPECT_EQ(left, (std::vector<int64_t>{5, 13, 21}));
+  // FULLs on multiples: exactly those (and the newest).
+  for (int64_t s : {24, 32, 40}) Write(s);
+  r = engine_->Gc("ij", GcPolicy{1, 16});  // 16 -> 13, 32 -> 32; 40 the newest
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{5, 21, 24}));
+}
+
 TEST_F(IntegrityTest, AbortAndPendingAreNeverListed) {
   ASSERT_TRUE(engine_->BeginCheckpoint({"ij", 5, CheckpointKind::kFull, -1, 2, ""}).ok());
   ShardData d = MakeShard("ij", 5, 0, 5, 1000);

@@ -83,7 +83,9 @@ const std::vector<Command>& Commands() {
       {"gc", "gc JOB --keep-last N [--keep-every K]",
        "delete FULL checkpoints outside the retention policy (with their DELTAs)", "",
        {{"keep-last", "N", "keep the newest N FULL checkpoints. Required"},
-        {"keep-every", "K", "also keep every FULL whose step is a multiple of K. Default: 0 (off)"}},
+        {"keep-every", "K",
+         "also keep, for every multiple of K, the newest FULL at or before it (one FULL per K "
+         "steps). Default: 0 (off)"}},
        1, 1, RunGc},
       {"token", "token JOB --secret-file F", "mint the bearer token of JOB (no server needed)",
        "", {{"secret-file", "F", "the server's --auth-secret-file. Required"}}, 1, 1, RunToken},

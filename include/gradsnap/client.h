@@ -231,8 +231,9 @@ class Client {
   // checkpoint. FAILED_PRECONDITION: it is a FULL that a remaining DELTA is based on.
   // ABORTED: a shard of it is still being written (as AbortCheckpoint).
   virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
-  // Retention for `job`: keeps the newest policy.keep_last committed FULLs and every FULL whose
-  // step is a multiple of policy.keep_every, deletes the other FULLs with the DELTAs based on
+  // Retention for `job`: keeps the newest policy.keep_last committed FULLs that verify and, for
+  // every multiple m of policy.keep_every, the newest FULL at or before m (one per K steps
+  // where FULLs are not on multiples), deletes the other FULLs with the DELTAs based on
   // them, and returns the deleted steps (ascending) and the bytes freed. keep_last == 0 deletes
   // nothing. PENDING checkpoints are never touched. INVALID_ARGUMENT: a bad job name or a
   // negative keep_last / keep_every.

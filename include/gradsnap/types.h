@@ -96,7 +96,7 @@ struct Manifest {
 
 struct GcPolicy {
   int keep_last = 0;    // keep the newest N committed FULL checkpoints (0 = no limit)
-  int keep_every = 0;   // also keep every FULL whose step % K == 0 (0 = off)
+  int keep_every = 0;   // also keep, per multiple of K, the newest FULL at or before it (0 = off)
 };
 
 struct GcResult {
