@@ -37,6 +37,21 @@ using gpu_snapshot::SnapshotMode;
 
 namespace {
 
+// Aborts every PENDING checkpoint of `job` (with `epoch`, 0 for none); returns how many.
+absl::StatusOr<int> AbortPending(client::Client& c, const std::string& job, uint64_t epoch) {
+  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> all, c.List(job, /*include_pending=*/true));
+  int removed = 0;
+  for (const client::CheckpointInfo& info : all) {
+    if (info.state != client::CheckpointState::kPending) continue;
+    absl::Status s = c.AbortCheckpoint(job, info.step, epoch);
+    // A PENDING DELTA is aborted together with its PENDING base FULL (listed before it).
+    if (absl::IsNotFound(s) && info.kind == client::CheckpointKind::kDelta) continue;
+    RETURN_IF_ERROR(s);
+    ++removed;
+  }
+  return removed;
+}
+
 client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
@@ -212,6 +227,19 @@ absl::Status RankRunner::TakeEpoch() {
     if (refused.ok()) {
       ASSIGN_OR_RETURN(uint64_t e, store_->AcquireEpoch(o_.ckpt.job));
       epoch = static_cast<double>(e);
+      // Every older attempt is fenced off now, so a PENDING checkpoint is one of theirs (its
+      // launcher killed before it rolled them back): left, it would refuse this attempt's
+      // checkpoint of the same step with another spec (ALREADY_EXISTS, a cut chain).
+      if (client::Client* c = store_->client(); c != nullptr) {
+        absl::StatusOr<int> n = AbortPending(*c, o_.ckpt.job, e);
+        if (!n.ok()) {
+          GS_LOG(WARNING) << "rolling back the pending checkpoints of an earlier attempt: "
+                          << n.status();
+        } else if (*n > 0) {
+          std::printf("rolled back %d pending checkpoint(s) of an earlier attempt\n", *n);
+          std::fflush(stdout);
+        }
+      }
     } else {
       // -1: refused for good (no restart); -2: the store could not be asked (restartable).
       epoch = absl::IsFailedPrecondition(refused) ? -1 : -2;
@@ -244,18 +272,7 @@ absl::Status CheckStoreAccess(const TrainOptions& o) {
 
 absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
   ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, ConnectStore(StoreClientOptions(o)));
-  ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> all,
-                   c->List(o.ckpt.job, /*include_pending=*/true));
-  int removed = 0;
-  for (const client::CheckpointInfo& info : all) {
-    if (info.state != client::CheckpointState::kPending) continue;
-    absl::Status s = c->AbortCheckpoint(o.ckpt.job, info.step);
-    // A PENDING DELTA is aborted together with its PENDING base FULL (listed before it).
-    if (absl::IsNotFound(s) && info.kind == client::CheckpointKind::kDelta) continue;
-    RETURN_IF_ERROR(s);
-    ++removed;
-  }
-  return removed;
+  return AbortPending(*c, o.ckpt.job, 0);
 }
 
 namespace {

@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/client.h"
 #include "gtest/gtest.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_process.h"
@@ -402,6 +403,34 @@ TEST_F(TrainerFaultTest, HungRankEndsTheAttemptAfterTheCollectiveTimeout) {
   EXPECT_NE(SummaryField(out, "resumed_from"), "") << out;
   EXPECT_EQ(SummaryField(out, "params_sha256"), Reference()) << out;
   EXPECT_FALSE(Alive(rank1));
+}
+
+// A launch after one whose launcher was SIGKILLed (so nothing rolled its PENDING checkpoints
+// back) rolls them back once it holds the job's epoch. Here the killed attempt had begun FULL 9;
+// the resumed run's DELTA 9 on FULL 8 met it: ALREADY_EXISTS, a failed persist and a chain cut
+// until FULL 12 (ckpt_failures=1 on the old trainer).
+TEST_F(TrainerFaultTest, ResumeRollsBackAKilledAttemptsPendingCheckpoint) {
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string job =
+      " --model tiny --batch 4 --seq 16 --nproc 2 --ckpt-mode gockpt --ckpt-every 4"
+      " --gockpt-window 1 --grad-log --job j --ckpt-dir " + ckpt;
+  const RunResult first = RunTrainer(kTrain, job + " --steps 8");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  {
+    client::ClientOptions o;
+    o.local_dir = ckpt;
+    auto c = client::Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    const client::CheckpointSpec killed{"j", 9, client::CheckpointKind::kFull, -1, 2, ""};
+    ASSERT_TRUE((*c)->BeginCheckpoint(killed).ok());
+  }
+  const RunResult resumed = RunTrainer(kTrain, job + " --steps 12 --resume latest");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("rolled back 1 pending checkpoint(s) of an earlier attempt"),
+            std::string::npos)
+      << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "ckpt_failures"), "0") << resumed.out;
+  EXPECT_EQ(SummaryField(resumed.out, "recovery_point"), "12") << resumed.out;
 }
 
 TEST_F(TrainerFaultTest, NoTokenOnSecuredServerStopsWithOneLine) {
