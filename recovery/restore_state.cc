@@ -416,21 +416,25 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
   return r;
 }
 
+absl::Status NoUndamagedFullError(const StateSource& source, const std::string& last_damage) {
+  return absl::DataLossError(
+      absl::StrCat(source.Name(), " has no undamaged committed FULL checkpoint",
+                   last_damage.empty() ? "" : absl::StrCat(" (", last_damage, ")")));
+}
+
 absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo, uint64_t hi,
                                                    float* master, float* m, float* v,
                                                    const RestoreOptions& o,
-                                                   std::vector<std::string>* damage) {
+                                                   std::vector<std::string>* damage,
+                                                   int64_t max_full) {
   ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, source.List());
-  int64_t max_full = -1;
-  for (;;) {
+  for (bool first = true;; first = false) {
     const RecoveryPoint rp = FindRecoveryPoint(list, max_full);
-    if (rp.full_step < 0 && max_full < 0) {
+    if (rp.full_step < 0 && first && max_full < 0) {
       return absl::NotFoundError(absl::StrCat(source.Name(), " has no committed FULL checkpoint"));
     }
     if (rp.full_step < 0) {  // FULLs there are, every one damaged: not "nothing to resume"
-      return absl::DataLossError(absl::StrCat(
-          source.Name(), " has no undamaged committed FULL checkpoint",
-          damage->empty() ? "" : absl::StrCat(" (", damage->back(), ")")));
+      return NoUndamagedFullError(source, damage->empty() ? "" : damage->back());
     }
     ASSIGN_OR_RETURN(RestoredRange r, RestoreRange(source, rp, lo, hi, master, m, v, o));
     if (!r.damage.empty()) damage->push_back(r.damage);

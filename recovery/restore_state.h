@@ -67,11 +67,16 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
 // damaged FULL falls back to the previous FULL. Every damage found is appended to *damage.
 // NOT_FOUND when the source has no committed FULL at all; DATA_LOSS when it has some and every
 // one is damaged (naming the last damage), so that a caller never takes that for "nothing to
-// resume" and starts over.
+// resume" and starts over. With `max_full` >= 0 the FULLs above it are passed over, as ones a
+// caller already found damaged (no FULL at or below it is then DATA_LOSS too).
 absl::StatusOr<RestoredRange> RestoreRecoveryPoint(StateSource& source, uint64_t lo, uint64_t hi,
                                                    float* master, float* m, float* v,
                                                    const RestoreOptions& options,
-                                                   std::vector<std::string>* damage);
+                                                   std::vector<std::string>* damage,
+                                                   int64_t max_full = -1);
+
+// DATA_LOSS for a source whose FULLs are all damaged, naming the last damage (may be empty).
+absl::Status NoUndamagedFullError(const StateSource& source, const std::string& last_damage);
 
 // The flat length of a FULL checkpoint's params (and m, v); DATA_LOSS when they disagree.
 absl::StatusOr<uint64_t> FlatTotal(const CheckpointView& full);

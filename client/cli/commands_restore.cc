@@ -2,7 +2,6 @@
 // chain replayed with the trainer's host replay), re-cut to any world size, or consolidated
 // into named weights (docs/cli.md, "restore"). The stored shards are streamed as they are
 // (commands_data.cc) whenever nothing needs replaying or re-cutting.
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -88,8 +87,7 @@ absl::Status Foreign(const Request& q, int64_t step, const absl::Status& why) {
 // reported on stderr and skipped (recovery_point.h); for a given step it is an error.
 absl::StatusOr<recovery::FullState> RestoreWhole(recovery::StateSource& source, const Request& q,
                                                  const recovery::RecoveryPoint& rp,
-                                                 uint64_t total,
-                                                 const std::vector<std::string>& reported) {
+                                                 uint64_t total) {
   recovery::FullState s;
   s.job = q.job;
   s.master.resize(total);
@@ -97,12 +95,12 @@ absl::StatusOr<recovery::FullState> RestoreWhole(recovery::StateSource& source, 
   s.v.resize(total);
   recovery::RestoredRange r;
   if (q.latest) {
+    // From the plan's FULL down: newer ones the plan found damaged are not described again.
     std::vector<std::string> damage;
     ASSIGN_OR_RETURN(
         r, recovery::RestoreRecoveryPoint(source, 0, total, s.master.data(), s.m.data(), s.v.data(),
-                                          recovery::RestoreOptions(), &damage));
+                                          recovery::RestoreOptions(), &damage, rp.full_step));
     for (const std::string& d : damage) {
-      if (std::find(reported.begin(), reported.end(), d) != reported.end()) continue;
       std::fprintf(stderr, "gradsnap: warning: damaged record skipped: %s\n", d.c_str());
     }
     if (r.step < rp.step()) {
@@ -160,8 +158,6 @@ struct Plan {
   uint64_t total = 0;
   int world_size = 0;
   bool replay = true;
-  // Damage `latest` already went past while planning (said once, in MakePlan).
-  std::vector<std::string> reported;
 };
 
 absl::StatusOr<Plan> MakePlan(recovery::StateSource& source, const Request& q) {
@@ -186,15 +182,10 @@ absl::StatusOr<Plan> MakePlan(recovery::StateSource& source, const Request& q) {
   const int64_t newest = p.rp.step();
   absl::StatusOr<recovery::CheckpointView> described = source.Describe(p.rp.full_step);
   while (q.latest && absl::IsDataLoss(described.status())) {
-    p.reported.emplace_back(described.status().message());
-    std::fprintf(stderr, "gradsnap: warning: damaged record skipped: %s\n",
-                 p.reported.back().c_str());
+    const std::string damage(described.status().message());
+    std::fprintf(stderr, "gradsnap: warning: damaged record skipped: %s\n", damage.c_str());
     p.rp = recovery::FindRecoveryPoint(list, p.rp.full_step - 1);
-    if (p.rp.full_step < 0) {
-      return absl::DataLossError(absl::StrCat(source.Name(),
-                                              " has no undamaged committed FULL checkpoint (",
-                                              p.reported.back(), ")"));
-    }
+    if (p.rp.full_step < 0) return recovery::NoUndamagedFullError(source, damage);
     described = source.Describe(p.rp.full_step);
   }
   if (!described.ok()) return described.status();
@@ -271,7 +262,7 @@ absl::Status RunRestore(Context& ctx) {
     absl::Status raw = RestoreRaw(ctx, q.job, p.rp.full_step);
     if (!FallBackPastDamage(q, p, raw)) return raw;
   }
-  ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total, p.reported));
+  ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total));
   RETURN_IF_ERROR(CreateDirectories(dir));
   // An earlier restore's manifest.json must not vouch for files this one is replacing.
   std::error_code ec;
@@ -313,7 +304,7 @@ absl::Status RunExport(Context& ctx) {
     if (!FallBackPastDamage(q, p, raw)) return raw;
   }
   RETURN_IF_ERROR(CheckExportNames(file, p.world_size, q.rank));
-  ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total, p.reported));
+  ASSIGN_OR_RETURN(recovery::FullState s, RestoreWhole(*source, q, p.rp, p.total));
   ASSIGN_OR_RETURN(std::vector<recovery::WrittenFile> files,
                    recovery::WriteRankFiles(
                        s, p.world_size,
