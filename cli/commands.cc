@@ -1,5 +1,5 @@
 // The command table, the connection, and helpers shared by the commands.
-#include "client/cli/commands.h"
+#include "cli/commands.h"
 
 #include <sys/stat.h>
 

@@ -1,8 +1,8 @@
 // Human-friendly output of the gradsnap CLI: sizes, ages, ratios, aligned tables and a progress
 // bar drawn on stderr only when it is a terminal. Not thread-safe (the CLI is single-threaded
 // apart from callbacks it serializes).
-#ifndef GRADSNAP_CLIENT_CLI_FORMAT_H_
-#define GRADSNAP_CLIENT_CLI_FORMAT_H_
+#ifndef GRADSNAP_CLI_FORMAT_H_
+#define GRADSNAP_CLI_FORMAT_H_
 
 #include <cstdint>
 #include <string>
@@ -44,4 +44,4 @@ class ProgressBar {
 }  // namespace cli
 }  // namespace gradsnap
 
-#endif  // GRADSNAP_CLIENT_CLI_FORMAT_H_
+#endif  // GRADSNAP_CLI_FORMAT_H_

@@ -4,8 +4,8 @@
 // appear after the command; command flags only after it. Flags are `--name value` or
 // `--name=value`; boolean flags take no value. `--` ends flag parsing. Hand-rolled rather than
 // absl flags so each command has its own flag set and --help.
-#ifndef GRADSNAP_CLIENT_CLI_ARGS_H_
-#define GRADSNAP_CLIENT_CLI_ARGS_H_
+#ifndef GRADSNAP_CLI_ARGS_H_
+#define GRADSNAP_CLI_ARGS_H_
 
 #include <map>
 #include <string>
@@ -50,4 +50,4 @@ absl::StatusOr<int64_t> ParseInt(const std::string& s, int64_t lo, int64_t hi,
 }  // namespace cli
 }  // namespace gradsnap
 
-#endif  // GRADSNAP_CLIENT_CLI_ARGS_H_
+#endif  // GRADSNAP_CLI_ARGS_H_

@@ -1,4 +1,4 @@
-#include "client/cli/format.h"
+#include "cli/format.h"
 
 #include <unistd.h>
 

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/cli/commands.h"
+#include "cli/commands.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/small_file.h"

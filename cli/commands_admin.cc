@@ -1,8 +1,8 @@
 // Commands that change or administer storage: rm, gc, token.
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/cli/commands.h"
-#include "client/cli/format.h"
+#include "cli/commands.h"
+#include "cli/format.h"
 #include "client/json.h"
 #include "common/status.h"
 #include "common/token.h"

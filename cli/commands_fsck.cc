@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/cli/commands.h"
+#include "cli/commands.h"
 #include "client/json.h"
 #include "common/status.h"
 #include "storage/engine.h"

@@ -1,4 +1,4 @@
-#include "client/cli/args.h"
+#include "cli/args.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/cli/commands.h"
-#include "client/cli/format.h"
+#include "cli/commands.h"
+#include "cli/format.h"
 #include "client/json.h"
 #include "client/safetensors.h"
 #include "common/status.h"

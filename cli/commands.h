@@ -1,8 +1,8 @@
 // The commands of the gradsnap CLI (docs/cli.md). Each command prints its result on stdout
 // (a table, or JSON with --json) and returns a Status; gradsnap_main.cc turns a non-OK status
 // into a one-line error and an exit code.
-#ifndef GRADSNAP_CLIENT_CLI_COMMANDS_H_
-#define GRADSNAP_CLIENT_CLI_COMMANDS_H_
+#ifndef GRADSNAP_CLI_COMMANDS_H_
+#define GRADSNAP_CLI_COMMANDS_H_
 
 #include <cstdint>
 #include <memory>
@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/cli/args.h"
+#include "cli/args.h"
 #include "client/client.h"
 #include "recovery/recovery_point.h"
 
@@ -102,4 +102,4 @@ void Print(const std::string& text);
 }  // namespace cli
 }  // namespace gradsnap
 
-#endif  // GRADSNAP_CLIENT_CLI_COMMANDS_H_
+#endif  // GRADSNAP_CLI_COMMANDS_H_
