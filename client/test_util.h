@@ -1,6 +1,6 @@
 // Test-only helpers: deterministic random shards of several dtypes, saved through the Client
 // interface, with the expected bytes kept for comparison. Used by client_test and the CLI
-// end-to-end tests (tests/client/). Not part of the product library.
+// end-to-end tests (tests/cli/). Not part of the product library.
 #ifndef GRADSNAP_CLIENT_TEST_UTIL_H_
 #define GRADSNAP_CLIENT_TEST_UTIL_H_
 

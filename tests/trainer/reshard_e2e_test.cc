@@ -209,7 +209,7 @@ std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>&
                       step, "\"}}");
 }
 
-// The consolidated export, read by tests/client/read_safetensors.py, holds every parameter and
+// The consolidated export, read by tests/cli/read_safetensors.py, holds every parameter and
 // both moments by name, equal to the trainer's own saved state (its raw shards).
 TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
   const TempDir tmp("consolidate");

@@ -19,8 +19,8 @@
 #include "client/test_util.h"
 #include "common/token.h"
 #include "gtest/gtest.h"
-#include "tests/client/cli_target.h"
-#include "tests/client/cli_test_util.h"
+#include "tests/cli/cli_target.h"
+#include "tests/cli/cli_test_util.h"
 #include "tests/testing/server_process.h"
 
 namespace gradsnap {

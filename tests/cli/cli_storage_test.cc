@@ -12,7 +12,7 @@
 #include "client/client.h"
 #include "client/test_util.h"
 #include "gtest/gtest.h"
-#include "tests/client/cli_test_util.h"
+#include "tests/cli/cli_test_util.h"
 #include "tests/testing/util.h"
 
 namespace gradsnap {

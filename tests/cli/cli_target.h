@@ -1,7 +1,7 @@
 // Where the CLI end-to-end tests keep their checkpoints: an embedded engine directory, or a real
 // gradsnap-server process on 127.0.0.1.
-#ifndef GRADSNAP_TESTS_CLIENT_CLI_TARGET_H_
-#define GRADSNAP_TESTS_CLIENT_CLI_TARGET_H_
+#ifndef GRADSNAP_TESTS_CLI_CLI_TARGET_H_
+#define GRADSNAP_TESTS_CLI_CLI_TARGET_H_
 
 #include <memory>
 #include <string>
@@ -33,4 +33,4 @@ absl::StatusOr<std::unique_ptr<CliTarget>> MakeTarget(
 }  // namespace testing
 }  // namespace gradsnap
 
-#endif  // GRADSNAP_TESTS_CLIENT_CLI_TARGET_H_
+#endif  // GRADSNAP_TESTS_CLI_CLI_TARGET_H_

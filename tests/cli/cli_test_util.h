@@ -1,8 +1,8 @@
 // Helpers of the gradsnap CLI end-to-end tests: read safetensors payloads, write the
 // expectations the independent Python reader checks. Processes and temporary directories come
 // from tests/testing/.
-#ifndef GRADSNAP_TESTS_CLIENT_CLI_TEST_UTIL_H_
-#define GRADSNAP_TESTS_CLIENT_CLI_TEST_UTIL_H_
+#ifndef GRADSNAP_TESTS_CLI_CLI_TEST_UTIL_H_
+#define GRADSNAP_TESTS_CLI_CLI_TEST_UTIL_H_
 
 #include <string>
 #include <vector>
@@ -28,4 +28,4 @@ bool PythonParsesJson(const std::string& json);
 }  // namespace testing
 }  // namespace gradsnap
 
-#endif  // GRADSNAP_TESTS_CLIENT_CLI_TEST_UTIL_H_
+#endif  // GRADSNAP_TESTS_CLI_CLI_TEST_UTIL_H_

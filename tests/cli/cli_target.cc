@@ -1,4 +1,4 @@
-#include "tests/client/cli_target.h"
+#include "tests/cli/cli_target.h"
 
 #include <filesystem>
 

@@ -1,4 +1,4 @@
-#include "tests/client/cli_test_util.h"
+#include "tests/cli/cli_test_util.h"
 
 #include <fstream>
 
