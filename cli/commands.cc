@@ -13,15 +13,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "client/json.h"
 #include "common/digest.h"
+#include "common/json.h"
 #include "common/names.h"
 #include "common/status.h"
 
 namespace gradsnap {
 namespace cli {
-
-using client::JsonQuote;
 
 const std::vector<FlagSpec>& GlobalFlags() {
   static const std::vector<FlagSpec> kFlags = {

@@ -3,14 +3,12 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "cli/format.h"
-#include "client/json.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "common/token.h"
 
 namespace gradsnap {
 namespace cli {
-
-using client::JsonQuote;
 
 absl::Status RunRm(Context& ctx) {
   const std::string& job = ctx.args.positional[0];

@@ -10,16 +10,14 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "cli/format.h"
-#include "client/json.h"
 #include "client/safetensors.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "recovery/restore_dir.h"
 
 namespace gradsnap {
 namespace cli {
 namespace {
-
-using client::JsonQuote;
 
 // Ranks selected by --rank (all ranks of the checkpoint by default).
 absl::StatusOr<std::vector<int32_t>> SelectRanks(const Context& ctx, const client::Manifest& m) {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
-#include "client/json.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "storage/engine.h"
 #include "storage/rebuild.h"
@@ -18,7 +18,7 @@ namespace {
 std::string JsonList(const std::vector<std::string>& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) {
-    absl::StrAppend(&out, i > 0 ? "," : "", client::JsonQuote(v[i]));
+    absl::StrAppend(&out, i > 0 ? "," : "", JsonQuote(v[i]));
   }
   return out + "]";
 }
@@ -75,13 +75,13 @@ absl::Status RunFsck(Context& ctx) {
     rebuild = false;
   }
   if (ctx.json) {
-    Print(absl::StrCat("{\"directory\":", client::JsonQuote(dir), ",\"rebuilt\":",
+    Print(absl::StrCat("{\"directory\":", JsonQuote(dir), ",\"rebuilt\":",
                        rebuild ? "true" : "false", ",\"catalog\":",
-                       client::JsonQuote(listed.ok() ? "ok" : std::string(listed.status().message())),
+                       JsonQuote(listed.ok() ? "ok" : std::string(listed.status().message())),
                        ",\"restorable\":", JsonList(report.rebuilt), ",\"skipped\":",
                        JsonList(report.skipped), ",\"epochs\":", JsonList(report.epochs),
                        ",\"not_restorable\":", JsonList(lost),
-                       ",\"old_catalog\":", client::JsonQuote(report.old_catalog), "}\n"));
+                       ",\"old_catalog\":", JsonQuote(report.old_catalog), "}\n"));
   } else {
     std::string out;
     if (!listed.ok()) absl::StrAppend(&out, "catalog: ", listed.status().message(), "\n");

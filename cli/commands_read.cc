@@ -6,16 +6,14 @@
 #include "absl/time/time.h"
 #include "cli/commands.h"
 #include "cli/format.h"
-#include "client/json.h"
 #include "common/clock.h"
 #include "common/digest.h"
+#include "common/json.h"
 #include "common/status.h"
 
 namespace gradsnap {
 namespace cli {
 namespace {
-
-using client::JsonQuote;
 
 std::string WhenText(int64_t now_ms, int64_t ms) {
   if (ms <= 0) return "-";

@@ -9,8 +9,8 @@
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
 #include "cli/format.h"
-#include "client/json.h"
 #include "client/safetensors.h"
+#include "common/json.h"
 #include "common/status.h"
 #include "recovery/recovery_point.h"
 #include "recovery/restore_dir.h"
@@ -21,8 +21,6 @@
 namespace gradsnap {
 namespace cli {
 namespace {
-
-using client::JsonQuote;
 
 // What the user asked for.
 struct Request {

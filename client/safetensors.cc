@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/direct_file_writer.h"
-#include "client/json.h"
 #include "common/digest.h"
+#include "common/json.h"
 #include "common/status.h"
 
 namespace gradsnap {

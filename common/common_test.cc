@@ -12,6 +12,7 @@
 #include "common/digest.h"
 #include "common/dtype.h"
 #include "common/flag_names.h"
+#include "common/json.h"
 #include "common/names.h"
 #include "common/populate.h"
 #include "common/sha256.h"
@@ -216,6 +217,43 @@ TEST(Stats, PrometheusText) {
   EXPECT_NE(text.find("t_bytes_total{dir=\"in\"} 5"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE t_lat_seconds histogram"), std::string::npos);
   EXPECT_NE(text.find("t_lat_seconds_count 1"), std::string::npos);
+}
+
+TEST(JsonTest, ParsesWhatWeWriteAndRefusesGarbage) {
+  auto v = ParseJson(R"({"a":[1,2,{"b":"x\ny\u00e9"}],"c":true,"d":null,"e":-3.5e2})", "t");
+  ASSERT_TRUE(v.ok()) << v.status();
+  uint64_t one;
+  EXPECT_TRUE(v->Find("a")->array[0].AsUint(&one));
+  EXPECT_EQ(one, 1u);
+  EXPECT_EQ(v->Find("a")->array[2].Find("b")->text, "x\ny\xc3\xa9");
+  EXPECT_TRUE(v->Find("c")->boolean);
+  for (const char* bad :
+       {"", "{", "{\"a\":}", "[1,]", "{\"a\":1} x", "\"\\q\"", "[[[[", "{\"a\" 1}", "nul"}) {
+    EXPECT_EQ(ParseJson(bad, "t").status().code(), absl::StatusCode::kDataLoss) << bad;
+  }
+  EXPECT_FALSE(ParseJson(std::string(1000, '['), "t").ok());  // nesting bound
+}
+
+// What JsonQuote writes, ParseJson reads back as it was.
+TEST(JsonTest, QuotedStringsReadBack) {
+  std::string all;
+  for (int c = 1; c < 0x80; ++c) all.push_back(static_cast<char>(c));
+  for (const std::string& s : {std::string(), std::string("a\"b\\c"), all,
+                               std::string("x\xc3\xa9y")}) {
+    auto v = ParseJson(JsonQuote(s), "t");
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->text, s);
+  }
+  EXPECT_EQ(JsonQuote("a\nb\x01"), "\"a\\nb\\u0001\"");
+}
+
+TEST(JsonTest, EveryEscapeAndEmptyContainers) {
+  auto v = ParseJson(R"({"s":"\"\\\/\b\f\n\r\t\ud83d\ude00","a":[],"o":{}})", "t");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->Find("s")->text, "\"\\/\b\f\n\r\t\xf0\x9f\x98\x80");
+  EXPECT_TRUE(v->Find("a")->array.empty());
+  EXPECT_EQ(v->Find("o")->type, JsonValue::Type::kObject);
+  EXPECT_TRUE(v->Find("o")->object.empty());
 }
 
 }  // namespace

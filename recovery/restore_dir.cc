@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/json.h"
 #include "client/safetensors.h"
+#include "common/json.h"
 #include "common/rank_slice.h"
 #include "common/sha256.h"
 #include "common/status.h"
@@ -27,7 +27,6 @@ namespace gradsnap {
 namespace recovery {
 namespace {
 
-using client::JsonQuote;
 
 absl::Status WriteAll(int fd, const void* data, uint64_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/json.h"
 #include "common/dtype.h"
+#include "common/json.h"
 #include "common/sha256.h"
 
 namespace gradsnap {
@@ -26,12 +26,12 @@ std::string WriteExpectation(const client::testing::TestShard& shard, const std:
   std::vector<std::string> tensors;
   for (const auto& t : shard.tensors) {
     tensors.push_back(absl::StrCat(
-        "{\"name\":", client::JsonQuote(t.spec.name), ",\"dtype\":\"",
+        "{\"name\":", JsonQuote(t.spec.name), ",\"dtype\":\"",
         DTypeSafetensorsName(t.spec.dtype), "\",\"shape\":[", absl::StrJoin(t.spec.shape, ","),
         "],\"sha256\":\"", Sha256Hex(t.data.data(), t.data.size()), "\"}"));
   }
   std::string json = absl::StrCat("{\"tensors\":[", absl::StrJoin(tensors, ","),
-                                  "],\"metadata\":{\"job\":", client::JsonQuote(job),
+                                  "],\"metadata\":{\"job\":", JsonQuote(job),
                                   ",\"step\":\"", step, "\",\"rank\":\"", shard.rank, "\"}}");
   std::ofstream(path, std::ios::binary | std::ios::trunc) << json;
   return path;

@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "recovery/json_value.h"
+#include "common/json.h"
 #include "tests/testing/trainer.h"
 #include "tests/testing/util.h"
 

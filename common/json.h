@@ -1,11 +1,13 @@
-// A small JSON reader for the files gradsnap itself writes and reads back (safetensors headers,
-// a restore directory's trainer_state.json). Strict RFC 8259 syntax; numbers are kept as their
-// text. Nesting is bounded, so hostile input cannot exhaust the stack.
+// Minimal JSON: quoting strings for what gradsnap writes (the CLI's --json output, safetensors
+// headers, restore manifests), and a small reader for the files gradsnap itself writes and reads
+// back (safetensors headers, a restore directory's manifest.json). The reader takes strict
+// RFC 8259 syntax; numbers are kept as their text. Nesting is bounded, so hostile input cannot
+// exhaust the stack.
 //
 // THREAD SAFETY
 //   Plain values and functions.
-#ifndef GRADSNAP_RECOVERY_JSON_VALUE_H_
-#define GRADSNAP_RECOVERY_JSON_VALUE_H_
+#ifndef GRADSNAP_COMMON_JSON_H_
+#define GRADSNAP_COMMON_JSON_H_
 
 #include <cstdint>
 #include <map>
@@ -16,8 +18,12 @@
 #include "absl/strings/string_view.h"
 
 namespace gradsnap {
-namespace recovery {
 
+// `s` as a quoted JSON string: ", \ and control characters escaped; bytes >= 0x80 are passed
+// through (callers hand in UTF-8 or ASCII).
+std::string JsonQuote(absl::string_view s);
+
+// A parsed JSON value.
 struct JsonValue {
   enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
   Type type = Type::kNull;
@@ -36,7 +42,6 @@ struct JsonValue {
 // DATA_LOSS (naming `what`) on a syntax error or trailing bytes.
 absl::StatusOr<JsonValue> ParseJson(absl::string_view text, absl::string_view what);
 
-}  // namespace recovery
 }  // namespace gradsnap
 
-#endif  // GRADSNAP_RECOVERY_JSON_VALUE_H_
+#endif  // GRADSNAP_COMMON_JSON_H_

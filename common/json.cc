@@ -1,4 +1,4 @@
-#include "recovery/json_value.h"
+#include "common/json.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,9 +7,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace gradsnap {
-namespace recovery {
 namespace {
 
 constexpr int kMaxDepth = 64;
@@ -184,6 +184,29 @@ class Parser {
 
 }  // namespace
 
+std::string JsonQuote(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  out.push_back('"');
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += absl::StrFormat("\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+  return out;
+}
+
 const JsonValue* JsonValue::Find(const std::string& key) const {
   if (type != Type::kObject) return nullptr;
   auto it = object.find(key);
@@ -208,5 +231,4 @@ absl::StatusOr<JsonValue> ParseJson(absl::string_view text, absl::string_view wh
   return v;
 }
 
-}  // namespace recovery
 }  // namespace gradsnap
