@@ -2,6 +2,7 @@
 // random tensors of several dtypes and ranks, concurrency with bounded memory, error codes,
 // and the safetensors header.
 #include <future>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -370,6 +371,47 @@ TEST(SafetensorsTest, HeaderIsAlignedAndPrefixed) {
             std::string::npos) << *h;
   s.raw_bytes = 13;  // inconsistent manifest
   EXPECT_EQ(SafetensorsHeader(c, s).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// The one writer and the one reader of the header: exact bytes, a round trip, and damage.
+TEST(SafetensorsTest, HeaderBytesReadBackAndDamageIsDataLoss) {
+  const std::string h = EncodeSafetensorsHeader(
+      {{"format", "x"}, {"k", "a\"b"}},
+      {{"t", DType::kF32, {2}, 8}, {"u", DType::kU8, {3, 1}, 3}});
+  const std::string json =
+      "{\"__metadata__\":{\"format\":\"x\",\"k\":\"a\\\"b\"},"
+      "\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"u\":{\"dtype\":\"U8\",\"shape\":[3,1],\"data_offsets\":[8,11]}}";
+  const std::string padded = json + std::string((8 - json.size() % 8) % 8, ' ');
+  ASSERT_EQ(h.substr(8), padded);
+  EXPECT_EQ(static_cast<unsigned char>(h[0]), padded.size());
+  EXPECT_EQ(h.substr(1, 7), std::string(7, '\0'));
+
+  const std::string file = h + std::string(11, 'p');
+  auto r = ParseSafetensors(file, "f");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->data_start, h.size());
+  EXPECT_EQ(r->metadata, (std::map<std::string, std::string>{{"format", "x"}, {"k", "a\"b"}}));
+  ASSERT_EQ(r->tensors.size(), 2u);
+  EXPECT_EQ(r->tensors["t"].dtype, DType::kF32);
+  EXPECT_EQ(r->tensors["t"].shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(r->tensors["u"].dtype, DType::kU8);
+  EXPECT_EQ(r->tensors["u"].shape, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(r->tensors["u"].begin, 8u);
+  EXPECT_EQ(r->tensors["u"].end, 11u);
+
+  auto with_json = [](const std::string& j) {
+    std::string f(8, '\0');
+    for (int i = 0; i < 8; ++i) f[i] = static_cast<char>((j.size() >> (8 * i)) & 0xff);
+    return f + j;
+  };
+  for (const std::string& bad :
+       {std::string("1234567"), file.substr(0, h.size() - 1), with_json("[]"), with_json("{"),
+        with_json("{\"t\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,0]}}"),
+        with_json("{\"t\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}}"),
+        with_json("{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}")}) {
+    EXPECT_EQ(ParseSafetensors(bad, "f").status().code(), absl::StatusCode::kDataLoss) << bad;
+  }
 }
 
 TEST(ResolveShardSpecTest, FillsAndChecks) {

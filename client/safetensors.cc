@@ -53,10 +53,15 @@ absl::Status StreamShard(Client& client, const Manifest& m, const ShardInfo& sha
 
 }  // namespace
 
-std::string EncodeSafetensorsHeader(const std::vector<std::string>& metadata_members,
-                                    const std::vector<SafetensorsEntry>& tensors) {
-  std::string json =
-      absl::StrCat("{\"__metadata__\":{", absl::StrJoin(metadata_members, ","), "}");
+std::string EncodeSafetensorsHeader(
+    const std::vector<std::pair<std::string, std::string>>& metadata,
+    const std::vector<SafetensorsEntry>& tensors) {
+  std::string json = "{\"__metadata__\":{";
+  for (size_t i = 0; i < metadata.size(); ++i) {
+    absl::StrAppend(&json, i == 0 ? "" : ",", JsonQuote(metadata[i].first), ":",
+                    JsonQuote(metadata[i].second));
+  }
+  json.push_back('}');
   uint64_t offset = 0;
   for (const SafetensorsEntry& t : tensors) {
     absl::StrAppend(&json, ",", JsonQuote(t.name), ":{\"dtype\":\"", DTypeSafetensorsName(t.dtype),
@@ -74,18 +79,81 @@ std::string EncodeSafetensorsHeader(const std::vector<std::string>& metadata_mem
   return out;
 }
 
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view file_start,
+                                                 uint64_t file_bytes, const std::string& what) {
+  if (file_bytes < 8 || file_start.size() < 8) {
+    return absl::DataLossError(absl::StrCat(what, ": not a safetensors file"));
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(file_start[i]);
+  if (n > kMaxSafetensorsHeaderBytes || n > file_bytes - 8) {
+    return absl::DataLossError(absl::StrCat(what, ": bad safetensors header length ", n));
+  }
+  return n;
+}
+
+absl::StatusOr<SafetensorsHeaderInfo> ParseSafetensorsHeader(absl::string_view json,
+                                                             uint64_t file_bytes,
+                                                             const std::string& what) {
+  SafetensorsHeaderInfo h;
+  h.data_start = 8 + json.size();
+  if (h.data_start > file_bytes) {
+    return absl::DataLossError(absl::StrCat(what, ": bad safetensors header length ", json.size()));
+  }
+  ASSIGN_OR_RETURN(JsonValue root, ParseJson(json, what));
+  if (root.type != JsonValue::Type::kObject) {
+    return absl::DataLossError(absl::StrCat(what, ": header is not an object"));
+  }
+  const uint64_t data_bytes = file_bytes - h.data_start;
+  for (const auto& [name, v] : root.object) {
+    if (name == "__metadata__") {
+      for (const auto& [k, mv] : v.object) h.metadata[k] = mv.text;
+      continue;
+    }
+    SafetensorsHeaderInfo::Tensor t;
+    const JsonValue* dt = v.Find("dtype");
+    const JsonValue* shape = v.Find("shape");
+    const JsonValue* offs = v.Find("data_offsets");
+    bool ok = dt != nullptr && shape != nullptr && offs != nullptr && offs->array.size() == 2 &&
+              offs->array[0].AsUint(&t.begin) && offs->array[1].AsUint(&t.end) &&
+              t.begin <= t.end && t.end <= data_bytes;
+    for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32, DType::kI64,
+                    DType::kU8}) {
+      if (ok && dt->text == DTypeSafetensorsName(d)) t.dtype = d;
+    }
+    if (ok) {
+      for (const JsonValue& d : shape->array) {
+        int64_t x;
+        ok = ok && d.AsInt(&x) && x >= 0;
+        t.shape.push_back(x);
+      }
+    }
+    if (!ok || t.dtype == DType::kUnknown) {
+      return absl::DataLossError(absl::StrCat(what, ": bad entry for tensor ", name));
+    }
+    h.tensors[name] = std::move(t);
+  }
+  return h;
+}
+
+absl::StatusOr<SafetensorsHeaderInfo> ParseSafetensors(absl::string_view file,
+                                                       const std::string& what) {
+  ASSIGN_OR_RETURN(const uint64_t n, SafetensorsHeaderLength(file, file.size(), what));
+  return ParseSafetensorsHeader(file.substr(8, n), file.size(), what);
+}
+
 absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const ShardInfo& shard) {
   std::vector<SafetensorsEntry> entries;
-  std::vector<std::string> meta = {
-      absl::StrCat("\"format\":\"gradsnap-shard-v1\""),
-      absl::StrCat("\"job\":", JsonQuote(ckpt.job)),
-      absl::StrCat("\"step\":\"", ckpt.step, "\""),
-      absl::StrCat("\"kind\":\"", KindName(ckpt.kind), "\""),
-      absl::StrCat("\"base_step\":\"", ckpt.base_step, "\""),
-      absl::StrCat("\"world_size\":\"", ckpt.world_size, "\""),
-      absl::StrCat("\"rank\":\"", shard.rank, "\""),
-      absl::StrCat("\"checkpoint_metadata_b64\":", JsonQuote(absl::Base64Escape(ckpt.metadata))),
-      absl::StrCat("\"shard_metadata_b64\":", JsonQuote(absl::Base64Escape(shard.metadata)))};
+  std::vector<std::pair<std::string, std::string>> meta = {
+      {"format", "gradsnap-shard-v1"},
+      {"job", ckpt.job},
+      {"step", absl::StrCat(ckpt.step)},
+      {"kind", KindName(ckpt.kind)},
+      {"base_step", absl::StrCat(ckpt.base_step)},
+      {"world_size", absl::StrCat(ckpt.world_size)},
+      {"rank", absl::StrCat(shard.rank)},
+      {"checkpoint_metadata_b64", absl::Base64Escape(ckpt.metadata)},
+      {"shard_metadata_b64", absl::Base64Escape(shard.metadata)}};
   uint64_t offset = 0;
   for (const storage::TensorInfo& t : shard.tensors) {
     const TensorSpec& s = t.spec;
@@ -97,18 +165,13 @@ absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const 
     }
     entries.push_back({s.name, s.dtype, s.shape, s.byte_length});
     offset += s.byte_length;
-    if (!s.sha256.empty()) {
-      meta.push_back(absl::StrCat(JsonQuote("sha256." + s.name), ":", JsonQuote(s.sha256)));
-    }
+    if (!s.sha256.empty()) meta.push_back({"sha256." + s.name, s.sha256});
     if (t.digest_algo != DigestAlgo::kSha256) {
-      meta.push_back(absl::StrCat(JsonQuote(absl::StrCat(DigestAlgoName(t.digest_algo), ".",
-                                                         s.name)),
-                                  ":", JsonQuote(t.digest)));
+      meta.push_back({absl::StrCat(DigestAlgoName(t.digest_algo), ".", s.name), t.digest});
     }
     if (!s.flat_name.empty()) {
-      meta.push_back(absl::StrCat(JsonQuote("slice." + s.name), ":",
-                                  JsonQuote(absl::StrCat(s.flat_name, ":", s.flat_offset, ":",
-                                                         s.flat_total))));
+      meta.push_back({"slice." + s.name,
+                      absl::StrCat(s.flat_name, ":", s.flat_offset, ":", s.flat_total)});
     }
   }
   if (offset != shard.raw_bytes) {

@@ -7,6 +7,9 @@
 //   maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end)} relative to the
 //   start of the payload, plus "__metadata__" with string values describing the checkpoint
 //   (job, step, rank, world size, kind, per-tensor SHA-256, slices, base64 metadata blobs).
+//   EncodeSafetensorsHeader and ParseSafetensorsHeader are the one writer and the one reader of
+//   this header in the tree: the export here, restore directories (recovery/restore_dir.cc)
+//   and their reader (recovery/dir_source.cc).
 //
 // THREAD SAFETY
 //   Stateless functions; concurrent exports to different files are fine.
@@ -14,11 +17,14 @@
 #define GRADSNAP_CLIENT_SAFETENSORS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "client/client.h"
 
 namespace gradsnap {
@@ -32,12 +38,48 @@ struct SafetensorsEntry {
   uint64_t bytes = 0;
 };
 
-// The header bytes (length prefix included) for `tensors` in order, with `metadata_members`
-// ("key":"value" JSON members, already quoted) under "__metadata__"; the JSON is padded with
+// The header bytes (length prefix included) for `tensors` in order, with the string `metadata`
+// (key, value; JSON-quoted here, in this order) under "__metadata__"; the JSON is padded with
 // spaces to a multiple of 8 so the payload starts 8-byte aligned. The one encoder of the
 // layout: the export and `gradsnap restore`'s files (recovery/restore_dir.cc) both use it.
-std::string EncodeSafetensorsHeader(const std::vector<std::string>& metadata_members,
-                                    const std::vector<SafetensorsEntry>& tensors);
+std::string EncodeSafetensorsHeader(
+    const std::vector<std::pair<std::string, std::string>>& metadata,
+    const std::vector<SafetensorsEntry>& tensors);
+
+// Headers longer than this are refused by the reader (ours are a few KiB; gpt2-1558m's model
+// file ~100 KiB).
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 64u << 20;
+
+// A safetensors header as read back: the decoder of what EncodeSafetensorsHeader writes (and of
+// any safetensors file of the dtypes gradsnap knows).
+struct SafetensorsHeaderInfo {
+  struct Tensor {
+    DType dtype = DType::kUnknown;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // byte range in the data section
+  };
+  uint64_t data_start = 0;                    // where the data section begins: 8 + JSON length
+  std::map<std::string, std::string> metadata;  // "__metadata__" (a non-string value: its text)
+  std::map<std::string, Tensor> tensors;        // by name
+};
+
+// The JSON length N of a safetensors file of `file_bytes` bytes, from `file_start`, its first 8
+// bytes (fewer only when the file is shorter). DATA_LOSS naming `what` when the file is shorter
+// than 8 bytes or N runs past its end or over kMaxSafetensorsHeaderBytes.
+absl::StatusOr<uint64_t> SafetensorsHeaderLength(absl::string_view file_start,
+                                                 uint64_t file_bytes, const std::string& what);
+
+// Parses `json`, the header of a safetensors file of `file_bytes` bytes (its 8-byte length
+// prefix and `json` included). DATA_LOSS naming `what` on bad JSON, a header that is not an
+// object, or a tensor entry without a known dtype, a shape of non-negative integers, or a data
+// range inside the file.
+absl::StatusOr<SafetensorsHeaderInfo> ParseSafetensorsHeader(absl::string_view json,
+                                                             uint64_t file_bytes,
+                                                             const std::string& what);
+
+// SafetensorsHeaderLength and ParseSafetensorsHeader over a whole file in memory.
+absl::StatusOr<SafetensorsHeaderInfo> ParseSafetensors(absl::string_view file,
+                                                       const std::string& what);
 
 // The header bytes (length prefix included) of `shard` of checkpoint `ckpt`.
 absl::StatusOr<std::string> SafetensorsHeader(const CheckpointInfo& ckpt, const ShardInfo& shard);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "client/safetensors.h"
 #include "common/json.h"
 #include "common/sha256.h"
 #include "common/small_file.h"
@@ -24,15 +25,9 @@ namespace gradsnap {
 namespace recovery {
 namespace {
 
-// Headers larger than this are refused (ours are a few KiB; gpt2-1558m's model file ~100 KiB).
-constexpr uint64_t kMaxHeaderBytes = 64u << 20;
 constexpr uint64_t kMaxSmallFile = 16u << 20;
 
-struct StTensor {
-  DType dtype = DType::kUnknown;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  // data section offsets
-};
+using StTensor = client::SafetensorsHeaderInfo::Tensor;
 
 // One opened safetensors file.
 struct StFile {
@@ -40,7 +35,7 @@ struct StFile {
   int fd = -1;
   uint64_t data_start = 0;
   std::map<std::string, StTensor> tensors;
-  std::map<std::string, std::string> meta;
+  std::map<std::string, std::string> meta;  // "__metadata__"
   ~StFile() {
     if (fd >= 0) ::close(fd);
   }
@@ -68,49 +63,16 @@ absl::StatusOr<std::unique_ptr<StFile>> OpenSafetensors(const std::string& path)
   struct stat st;
   if (::fstat(f->fd, &st) != 0) return PosixError(absl::StrCat("stat ", path), errno);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  unsigned char len[8];
-  if (size < 8) return absl::DataLossError(absl::StrCat(path, ": not a safetensors file"));
-  RETURN_IF_ERROR(PreadAll(f->fd, 0, len, 8, path));
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  if (n > kMaxHeaderBytes || n > size - 8) {
-    return absl::DataLossError(absl::StrCat(path, ": bad safetensors header length ", n));
-  }
+  std::string start(std::min<uint64_t>(size, 8), '\0');
+  RETURN_IF_ERROR(PreadAll(f->fd, 0, start.data(), start.size(), path));
+  ASSIGN_OR_RETURN(const uint64_t n, client::SafetensorsHeaderLength(start, size, path));
   std::string header(n, '\0');
   RETURN_IF_ERROR(PreadAll(f->fd, 8, header.data(), n, path));
-  ASSIGN_OR_RETURN(JsonValue root, ParseJson(header, path));
-  if (root.type != JsonValue::Type::kObject) {
-    return absl::DataLossError(absl::StrCat(path, ": header is not an object"));
-  }
-  f->data_start = 8 + n;
-  for (const auto& [name, v] : root.object) {
-    if (name == "__metadata__") {
-      for (const auto& [k, mv] : v.object) f->meta[k] = mv.text;
-      continue;
-    }
-    StTensor t;
-    const JsonValue* dt = v.Find("dtype");
-    const JsonValue* shape = v.Find("shape");
-    const JsonValue* offs = v.Find("data_offsets");
-    bool ok = dt != nullptr && shape != nullptr && offs != nullptr && offs->array.size() == 2 &&
-              offs->array[0].AsUint(&t.begin) && offs->array[1].AsUint(&t.end) &&
-              t.begin <= t.end && t.end <= size - f->data_start;
-    for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64, DType::kI32, DType::kI64,
-                    DType::kU8}) {
-      if (ok && dt->text == DTypeSafetensorsName(d)) t.dtype = d;
-    }
-    if (ok && shape != nullptr) {
-      for (const JsonValue& d : shape->array) {
-        int64_t x;
-        ok = ok && d.AsInt(&x) && x >= 0;
-        t.shape.push_back(x);
-      }
-    }
-    if (!ok || t.dtype == DType::kUnknown) {
-      return absl::DataLossError(absl::StrCat(path, ": bad entry for tensor ", name));
-    }
-    f->tensors[name] = std::move(t);
-  }
+  ASSIGN_OR_RETURN(client::SafetensorsHeaderInfo h,
+                   client::ParseSafetensorsHeader(header, size, path));
+  f->data_start = h.data_start;
+  f->tensors = std::move(h.tensors);
+  f->meta = std::move(h.metadata);
   return f;
 }
 

@@ -153,11 +153,9 @@ absl::Status WriteSafetensors(const std::string& path,
 absl::Status StageSafetensors(const std::string& path,
                               const std::vector<std::pair<std::string, std::string>>& metadata,
                               const std::vector<SafetensorsTensor>& tensors, StagedFiles* staged) {
-  std::vector<std::string> meta;
-  for (const auto& [k, v] : metadata) meta.push_back(absl::StrCat(JsonQuote(k), ":", JsonQuote(v)));
   std::vector<client::SafetensorsEntry> entries;
   for (const SafetensorsTensor& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.bytes});
-  const std::string head = client::EncodeSafetensorsHeader(meta, entries);
+  const std::string head = client::EncodeSafetensorsHeader(metadata, entries);
   std::vector<std::pair<const void*, uint64_t>> parts = {{head.data(), head.size()}};
   for (const SafetensorsTensor& t : tensors) parts.emplace_back(t.data, t.bytes);
   return StageFile(path, parts, staged);
