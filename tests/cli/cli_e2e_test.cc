@@ -295,6 +295,15 @@ TEST(CliCorruptionTest, CorruptChunkFailsVerifyWithDataLoss) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// A scratch directory with an embedded store under it (scratch_/ckpt) and the CLI at it.
+class CliStoreTest : public ::testing::Test {
+ protected:
+  RunResult Cli(std::vector<std::string> args) { return CliAt(dir_, std::move(args)); }
+  const TempDir tmp_{"cli-store"};
+  const std::string scratch_ = tmp_.path();
+  const std::string dir_ = scratch_ + "/ckpt";
+};
+
 // Job "two" with FULL steps 1 and 2 of 2 ranks in the embedded store `dir`.
 void SaveTwoSteps(const std::string& dir, uint64_t seed) {
   auto c = client::testing::ConnectLocal(dir);
@@ -323,28 +332,24 @@ void DamageRank1OfStep2(const std::string& dir) {
 
 // An export of several ranks that fails on one leaves every file of those names as it was (an
 // earlier export's), never a set mixing two checkpoints, and no temporary files.
-TEST(CliCorruptionTest, FailedExportLeavesEarlierFilesAsTheyWere) {
-  const TempDir tmp("cli-export-fail");
-  const std::string scratch = tmp.path();
-  const std::string dir = scratch + "/ckpt";
-  SaveTwoSteps(dir, 5);
-  auto cli = [&](std::vector<std::string> args) { return CliAt(dir, std::move(args)); };
-  const std::string file = scratch + "/model.safetensors";
-  RunResult r = cli({"export", "two", "1", "--out", file});
+TEST_F(CliStoreTest, FailedExportLeavesEarlierFilesAsTheyWere) {
+  SaveTwoSteps(dir_, 5);
+  const std::string file = scratch_ + "/model.safetensors";
+  RunResult r = Cli({"export", "two", "1", "--out", file});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  const std::string f0 = scratch + "/model.rank0.safetensors";
-  const std::string f1 = scratch + "/model.rank1.safetensors";
+  const std::string f0 = scratch_ + "/model.rank0.safetensors";
+  const std::string f1 = scratch_ + "/model.rank1.safetensors";
   const std::string before0 = ReadFileOrEmpty(f0), before1 = ReadFileOrEmpty(f1);
   ASSERT_FALSE(before0.empty());
   ASSERT_FALSE(before1.empty());
   // Damage rank 1 of step 2 only: rank 0 exports fine, then rank 1 fails.
-  DamageRank1OfStep2(dir);
-  r = cli({"export", "two", "2", "--out", file});
+  DamageRank1OfStep2(dir_);
+  r = Cli({"export", "two", "2", "--out", file});
   EXPECT_EQ(r.exit_code, 3) << r.err;
   EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap: DATA_LOSS")) << r.err;
   EXPECT_TRUE(ReadFileOrEmpty(f0) == before0) << "rank 0 was replaced by step 2's";
   EXPECT_TRUE(ReadFileOrEmpty(f1) == before1);
-  for (const auto& e : fs::directory_iterator(scratch)) {
+  for (const auto& e : fs::directory_iterator(scratch_)) {
     EXPECT_FALSE(absl::StrContains(e.path().filename().string(), ".tmp")) << e.path();
   }
 }
@@ -416,31 +421,27 @@ TEST(CliInterruptTest, InterruptedExportRemovesItsTemporaries) {
 // A raw restore that fails (damage met in a later rank) leaves an earlier restore in its
 // directory as it was, files and manifest.json; a restore of one rank writes a manifest
 // vouching for that rank only.
-TEST(CliCorruptionTest, FailedRestoreKeepsTheEarlierRestore) {
-  const TempDir tmp("cli-restore-fail");
-  const std::string scratch = tmp.path();
-  const std::string dir = scratch + "/ckpt";
-  SaveTwoSteps(dir, 7);
-  auto cli = [&](std::vector<std::string> args) { return CliAt(dir, std::move(args)); };
-  const std::string out = scratch + "/out";
-  RunResult r = cli({"restore", "two", "1", "--out", out});
+TEST_F(CliStoreTest, FailedRestoreKeepsTheEarlierRestore) {
+  SaveTwoSteps(dir_, 7);
+  const std::string out = scratch_ + "/out";
+  RunResult r = Cli({"restore", "two", "1", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::map<std::string, std::string> before;
   for (const char* f : {"/rank0.safetensors", "/rank1.safetensors", "/manifest.json"}) {
     before[f] = ReadFileOrEmpty(out + f);
     ASSERT_FALSE(before[f].empty()) << f;
   }
-  DamageRank1OfStep2(dir);
-  r = cli({"restore", "two", "2", "--out", scratch + "/fresh"});  // a directory of its own
+  DamageRank1OfStep2(dir_);
+  r = Cli({"restore", "two", "2", "--out", scratch_ + "/fresh"});  // a directory of its own
   EXPECT_EQ(r.exit_code, 3) << r.err;
-  EXPECT_FALSE(fs::exists(scratch + "/fresh")) << "a failed restore left its directory";
-  r = cli({"restore", "two", "2", "--out", out});
+  EXPECT_FALSE(fs::exists(scratch_ + "/fresh")) << "a failed restore left its directory";
+  r = Cli({"restore", "two", "2", "--out", out});
   EXPECT_EQ(r.exit_code, 3) << r.err;
   for (const auto& [f, bytes] : before) {
     EXPECT_TRUE(ReadFileOrEmpty(out + f) == bytes) << f << " changed by a failed restore";
   }
   // One rank: the manifest names that rank only.
-  r = cli({"restore", "two", "1", "--out", out, "--rank", "1"});
+  r = Cli({"restore", "two", "1", "--out", out, "--rank", "1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string manifest = ReadFileOrEmpty(out + "/manifest.json");
   EXPECT_TRUE(absl::StrContains(manifest, "\"rank\":1")) << manifest;

@@ -213,12 +213,14 @@ TEST(ServiceE2E, ShardInfoNearTheMessageLimit) {
   EXPECT_TRUE(m->shards.empty() || m->shards[0].raw_bytes == 0 || !m->shards[0].committed);
 }
 
+// A server with a 64 MB RAM tier and a metrics port.
+const std::vector<std::string> kCachedServer = {"--cache-bytes", "64000000", "--metrics-listen",
+                                                "127.0.0.1:0"};
+
 TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
-  TempDir dir;
-  ServerProcess server(GRADSNAP_SERVER_BIN);
-  auto c = ValueOrNull(StartAndConnect(
-      &server, dir.File("data"), {"--cache-bytes", "64000000", "--metrics-listen", "127.0.0.1:0"}));
-  ASSERT_NE(c, nullptr);
+  TestNode node(kCachedServer);
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
   std::vector<TestShard> shards;
   for (int step : {1, 2}) {
     ASSERT_TRUE(c->BeginCheckpoint(FullSpec("cached", step, 2)).ok());
@@ -229,19 +231,19 @@ TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
     }
   }
   for (int r = 0; r < 2; ++r) {
-    auto got = RestoreToString(c.get(), "cached", 2, r);
+    auto got = RestoreToString(c, "cached", 2, r);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(*got == shards[r].Payload());
   }
   // The older step is no longer cached but still restorable from disk.
-  auto old = RestoreToString(c.get(), "cached", 1, 0);
+  auto old = RestoreToString(c, "cached", 1, 0);
   ASSERT_TRUE(old.ok()) << old.status();
   EXPECT_TRUE(*old == MakeShard("cached", 1, 0, {4 << 20, 1000}, 1).Payload());
   std::string tensor(1000, '\0');
   ASSERT_TRUE(c->RestoreTensor("cached", 2, 1, "layer1.weight", tensor.data(), 1000).ok());
   EXPECT_TRUE(tensor == shards[1].data[1]);
 
-  auto body = HttpGet(server.metrics_port());
+  auto body = HttpGet(node.server.metrics_port());
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_EQ(MetricValue(*body, "gradsnap_cache_hits_total"), 3);
   EXPECT_EQ(MetricValue(*body, "gradsnap_cache_misses_total"), 1);
@@ -255,11 +257,9 @@ TEST(ServiceE2E, RamTierServesRestoreAndCountsHits) {
 // base FULL and every DELTA of its chain, so restoring `latest` (the FULL, then each DELTA)
 // never reads the disk. A new FULL supersedes the chain.
 TEST(ServiceE2E, RamTierKeepsTheDeltaChainOfTheRecoveryPoint) {
-  TempDir dir;
-  ServerProcess server(GRADSNAP_SERVER_BIN);
-  auto c = ValueOrNull(StartAndConnect(
-      &server, dir.File("data"), {"--cache-bytes", "64000000", "--metrics-listen", "127.0.0.1:0"}));
-  ASSERT_NE(c, nullptr);
+  TestNode node(kCachedServer);
+  ASSERT_TRUE(node.status.ok()) << node.status;
+  client::Client* c = node.client.get();
   auto save = [&](int64_t step, int64_t base) {
     client::CheckpointSpec spec = FullSpec("chain", step, 1);
     if (base >= 0) {
@@ -271,7 +271,7 @@ TEST(ServiceE2E, RamTierKeepsTheDeltaChainOfTheRecoveryPoint) {
     ASSERT_TRUE(c->SaveShard(s.spec, s.Refs()).ok());
   };
   auto counts = [&] {
-    auto body = HttpGet(server.metrics_port());
+    auto body = HttpGet(node.server.metrics_port());
     EXPECT_TRUE(body.ok()) << body.status();
     return std::make_pair(MetricValue(*body, "gradsnap_cache_hits_total"),
                           MetricValue(*body, "gradsnap_cache_misses_total"));
@@ -279,12 +279,12 @@ TEST(ServiceE2E, RamTierKeepsTheDeltaChainOfTheRecoveryPoint) {
   save(10, -1);
   for (int64_t step = 11; step <= 13; ++step) save(step, 10);
   for (int64_t step = 10; step <= 13; ++step) {
-    auto got = RestoreToString(c.get(), "chain", step, 0);
+    auto got = RestoreToString(c, "chain", step, 0);
     ASSERT_TRUE(got.ok()) << got.status();
   }
   EXPECT_EQ(counts(), std::make_pair(4.0, 0.0)) << "the chain was read from disk";
   save(14, -1);  // a new FULL: the old chain is superseded
-  for (int64_t step : {10, 13, 14}) ASSERT_TRUE(RestoreToString(c.get(), "chain", step, 0).ok());
+  for (int64_t step : {10, 13, 14}) ASSERT_TRUE(RestoreToString(c, "chain", step, 0).ok());
   EXPECT_EQ(counts(), std::make_pair(5.0, 2.0));
 }
 

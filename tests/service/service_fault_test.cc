@@ -16,7 +16,7 @@
 #include "client/client.h"
 #include "client/remote_placement.h"
 #include "common/clock.h"
-#include "grpcpp/create_channel.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "proto/convert.h"
 #include "proto/gradsnap.grpc.pb.h"
@@ -150,6 +150,20 @@ TEST(ServiceFault, FrozenNodeMidRestoreIsCancelledNotWaitedFor) {
   ExpectRestoresWhole(rc->get(), "frozen", shard);
 }
 
+// Two gradsnap-servers on fresh directories; `status` says whether both started.
+struct TwoNodes {
+  TwoNodes() {
+    for (int i = 0; i < 2 && status.ok(); ++i) {
+      status = node[i].Start(ServerArgs(dir[i], 0));
+      endpoints.push_back(node[i].address());
+    }
+  }
+  TempDir dir[2];
+  ServerProcess node[2] = {ServerProcess(GRADSNAP_SERVER_BIN), ServerProcess(GRADSNAP_SERVER_BIN)};
+  absl::Status status;
+  std::vector<std::string> endpoints;  // node 0's address, node 1's
+};
+
 // Two nodes holding rank 0 of one step; `second_seed` != `first_seed` gives the second node
 // another version of it (the step deleted on one node and saved again there). A client of both
 // restores it while the node it reads from first is SIGKILLed after the first bytes.
@@ -161,14 +175,13 @@ struct FailoverRun {
 };
 FailoverRun RestoreAcrossAFailover(uint64_t first_seed, uint64_t second_seed) {
   FailoverRun run;
-  TempDir dir_a, dir_b;
-  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
-  EXPECT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
-  EXPECT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
-  const std::vector<std::string> endpoints = {a.address(), b.address()};
+  TwoNodes n;
+  EXPECT_TRUE(n.status.ok()) << n.status;
+  if (!n.status.ok()) return run;
+  const std::vector<std::string>& endpoints = n.endpoints;
   const std::vector<size_t> order = client::RankEndpoints(endpoints, "rep", 0);
-  ServerProcess* first = order[0] == 0 ? &a : &b;
-  ServerProcess* second = order[0] == 0 ? &b : &a;
+  ServerProcess* first = &n.node[order[0]];
+  ServerProcess* second = &n.node[order[1]];
   const uint64_t seeds[2] = {order[0] == 0 ? first_seed : second_seed,
                              order[0] == 0 ? second_seed : first_seed};
   for (size_t i = 0; i < 2; ++i) {  // each node saved on its own
@@ -229,17 +242,14 @@ TEST(ServiceFault, DivergedReplicasAreNotMixedOnFailover) {
 // them. That checkpoint reads as DATA_LOSS (Show, Verify), never as a committed checkpoint of
 // 0 bytes; the older one is whole. While the node is down, nothing is concluded.
 TEST(ServiceFault, CheckpointWhoseRankNoNodeHoldsIsDataLoss) {
-  TempDir dir_a, dir_b;
-  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
-  ASSERT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
-  const std::vector<std::string> endpoints = {a.address(), b.address()};
+  TwoNodes n;
+  ASSERT_TRUE(n.status.ok()) << n.status;
   // The node holding rank 0 (one replica) loses its newer data.
-  const bool a_holds_rank0 = client::RankEndpoints(endpoints, "lost", 0)[0] == 0;
-  ServerProcess& loser = a_holds_rank0 ? a : b;
-  const TempDir& loser_dir = a_holds_rank0 ? dir_a : dir_b;
+  const size_t holder = client::RankEndpoints(n.endpoints, "lost", 0)[0];
+  ServerProcess& loser = n.node[holder];
+  const TempDir& loser_dir = n.dir[holder];
   client::ClientOptions o;
-  o.endpoints = endpoints;
+  o.endpoints = n.endpoints;
   o.max_attempts = kRideOutRestart;
   auto c = client::Client::ConnectRemote(o);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -281,11 +291,9 @@ TEST(ServiceFault, CheckpointWhoseRankNoNodeHoldsIsDataLoss) {
 // A node where the step is still pending (nodes commit when each holds every rank) does not
 // stop a restore: the committed replica serves it.
 TEST(ServiceFault, RestoreSkipsANodeWhereTheStepIsNotCommittedYet) {
-  TempDir dir_a, dir_b;
-  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
-  ASSERT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
-  const std::vector<std::string> endpoints = {a.address(), b.address()};
+  TwoNodes n;
+  ASSERT_TRUE(n.status.ok()) << n.status;
+  const std::vector<std::string>& endpoints = n.endpoints;
   const std::vector<size_t> order = client::RankEndpoints(endpoints, "pend", 0);
   auto pending = ConnectTo(endpoints[order[0]], kRideOutRestart);
   ASSERT_TRUE(pending->BeginCheckpoint(FullSpec("pend", 1, 1)).ok());  // nothing saved there
@@ -351,14 +359,12 @@ TEST(ServiceFault, RestoreSinkErrorIsReturnedNotRetried) {
 // A begin that reached one node of two (its client killed during the fan-out) is abandoned
 // through a client of both: the node without it is no error.
 TEST(ServiceFault, AbortOfAStepBegunOnSomeNodesOnly) {
-  TempDir dir_a, dir_b;
-  ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(a.Start(ServerArgs(dir_a, 0)).ok());
-  ASSERT_TRUE(b.Start(ServerArgs(dir_b, 0)).ok());
-  auto only_a = ConnectTo(a.address(), 2);
+  TwoNodes n;
+  ASSERT_TRUE(n.status.ok()) << n.status;
+  auto only_a = ConnectTo(n.endpoints[0], 2);
   ASSERT_TRUE(only_a->BeginCheckpoint(FullSpec("half", 1, 1)).ok());
   client::ClientOptions o;
-  o.endpoints = {a.address(), b.address()};
+  o.endpoints = n.endpoints;
   auto both = client::Client::ConnectRemote(o);
   ASSERT_TRUE(both.ok()) << both.status();
   absl::Status s = (*both)->AbortCheckpoint("half", 1);
@@ -377,8 +383,7 @@ TEST(ServiceFault, HugeReadLimitStillReservesTheReadBudget) {
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
   SaveOneShard(server, 2, "huge", 24u << 20, 6);
-  auto stub = v1::Storage::NewStub(
-      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  auto stub = RawStub(server.address());
   grpc::ClientContext ctx;
   v1::ReadRequest req;
   req.set_job("huge");
@@ -485,86 +490,99 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   EXPECT_EQ(server->Wait(), 0);
 }
 
+// Attempt 1 of a one-rank job: a server on a fresh directory, a client of it, FULL `step` begun
+// under attempt 1's epoch, rank 0's shard (`bytes`, seed 1) made under that epoch but not sent,
+// and a raw stub to send it as attempt 1's zombie would. `status` says whether all that worked.
+struct FirstAttempt {
+  FirstAttempt(const std::string& job, int64_t step, uint64_t bytes, int max_attempts)
+      : job(job), step(step) {
+    status = server.Start(ServerArgs(dir, 0));
+    if (!status.ok()) return;
+    c = ConnectTo(server.address(), max_attempts);
+    absl::StatusOr<uint64_t> e = c->AcquireEpoch(job);
+    if (!e.ok()) {
+      status = e.status();
+      return;
+    }
+    epoch = *e;
+    client::CheckpointSpec cspec = FullSpec(job, step, 1);
+    cspec.epoch = epoch;
+    status = c->BeginCheckpoint(cspec);
+    shard = MakeShard(job, step, 0, {bytes}, 1);
+    shard.spec.epoch = epoch;
+    stub = RawStub(server.address());
+  }
+  // Attempt 2 (writer `epoch`) saves rank 0's shard with other bytes; the shard it saved.
+  absl::StatusOr<TestShard> SaveAgain(uint64_t new_epoch) {
+    TestShard again = MakeShard(job, step, 0, {shard.spec.tensors[0].byte_length}, 2);
+    again.spec.epoch = new_epoch;
+    RETURN_IF_ERROR(c->SaveShard(again.spec, again.Refs()));
+    return again;
+  }
+  // Whether rank 0's shard restores to exactly `expected`'s bytes.
+  ::testing::AssertionResult Holds(const TestShard& expected) {
+    absl::StatusOr<std::string> got = RestoreToString(c.get(), job, step, 0);
+    if (!got.ok()) return ::testing::AssertionFailure() << got.status();
+    if (*got != expected.Payload()) return ::testing::AssertionFailure() << "other bytes";
+    return ::testing::AssertionSuccess();
+  }
+
+  const std::string job;
+  const int64_t step;
+  TempDir dir;
+  ServerProcess server{GRADSNAP_SERVER_BIN};
+  absl::Status status;
+  std::unique_ptr<client::Client> c;
+  uint64_t epoch = 0;
+  TestShard shard;
+  std::unique_ptr<v1::Storage::Stub> stub;
+};
+
 // Attempt 1 left 5 MiB of its shard durable (its stream cut without finish_write); attempt 2
 // saves the same step with other bytes. Its client is told there is nothing to resume for it,
 // and the server starts the shard over: the committed shard holds attempt 2's bytes only, not
 // attempt 1's prefix followed by attempt 2's rest.
 TEST(ServiceFault, NewAttemptDoesNotResumeAnOlderAttemptsBytes) {
-  TempDir dir;
-  ServerProcess server(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
-  auto c = ConnectTo(server.address(), kRideOutRestart);
-  const uint64_t first = *c->AcquireEpoch("twice");
-  client::CheckpointSpec cspec = FullSpec("twice", 3, 1);
-  cspec.epoch = first;
-  ASSERT_TRUE(c->BeginCheckpoint(cspec).ok());
-  TestShard old_bytes = MakeShard("twice", 3, 0, {8u << 20}, 1);
-  old_bytes.spec.epoch = first;
-  auto stub = v1::Storage::NewStub(
-      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  FirstAttempt a("twice", 3, 8u << 20, kRideOutRestart);
+  ASSERT_TRUE(a.status.ok()) << a.status;
   {
     grpc::ClientContext ctx;
     v1::WriteResponse resp;
-    auto stream = stub->Write(&ctx, &resp);
-    ASSERT_TRUE(SendRawPrefix(stream.get(), old_bytes, 5u << 20));
+    auto stream = a.stub->Write(&ctx, &resp);
+    ASSERT_TRUE(SendRawPrefix(stream.get(), a.shard, 5u << 20));
     stream->WritesDone();  // ends without finish_write: what arrived is made durable
     EXPECT_TRUE(stream->Finish().ok());
     EXPECT_EQ(resp.committed_size(), 5u << 20);
   }
-  const uint64_t second = *c->AcquireEpoch("twice");
-  v1::QueryWriteStatusRequest q;
-  q.set_job("twice");
-  q.set_step(3);
-  q.set_epoch(second);
-  v1::QueryWriteStatusResponse qr;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->QueryWriteStatus(&ctx, q, &qr).ok());
-  }
-  EXPECT_EQ(qr.committed_size(), 0u);  // nothing of attempt 1 is attempt 2's to resume
-  TestShard new_bytes = MakeShard("twice", 3, 0, {8u << 20}, 2);
-  new_bytes.spec.epoch = second;
-  ASSERT_TRUE(c->SaveShard(new_bytes.spec, new_bytes.Refs()).ok());
-  auto got = RestoreToString(c.get(), "twice", 3, 0);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_TRUE(*got == new_bytes.Payload()) << "attempt 1's prefix was resumed";
-  EXPECT_TRUE(c->Verify("twice", 3).ok());
+  const uint64_t second = *a.c->AcquireEpoch("twice");
+  absl::StatusOr<uint64_t> resumable = QueryCommittedSize(a.stub.get(), "twice", 3, 0, second);
+  ASSERT_TRUE(resumable.ok()) << resumable.status();
+  EXPECT_EQ(*resumable, 0u);  // nothing of attempt 1 is attempt 2's to resume
+  absl::StatusOr<TestShard> saved = a.SaveAgain(second);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(a.Holds(*saved)) << "attempt 1's prefix was resumed";
+  EXPECT_TRUE(a.c->Verify("twice", 3).ok());
 }
 
 // A zombie of attempt 1 keeps its upload stream of a shard open (alive, silent); attempt 2's
 // upload of the same shard cancels it instead of being refused ("another stream is writing")
 // until the zombie's stream dies on its own, and commits its own bytes.
 TEST(ServiceFault, NewAttemptCancelsAnOlderAttemptsOpenUpload) {
-  TempDir dir;
-  ServerProcess server(GRADSNAP_SERVER_BIN);
-  ASSERT_TRUE(server.Start(ServerArgs(dir, 0)).ok());
-  auto c = ConnectTo(server.address(), 3);  // the old server answered ABORTED to every try
-  const uint64_t first = *c->AcquireEpoch("zombie");
-  client::CheckpointSpec cspec = FullSpec("zombie", 4, 1);
-  cspec.epoch = first;
-  ASSERT_TRUE(c->BeginCheckpoint(cspec).ok());
-  TestShard old_bytes = MakeShard("zombie", 4, 0, {4u << 20}, 1);
-  old_bytes.spec.epoch = first;
-  auto stub = v1::Storage::NewStub(
-      grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials()));
+  FirstAttempt a("zombie", 4, 4u << 20, 3);  // the old server answered ABORTED to every try
+  ASSERT_TRUE(a.status.ok()) << a.status;
   grpc::ClientContext zombie_ctx;
   v1::WriteResponse zombie_resp;
-  auto zombie = stub->Write(&zombie_ctx, &zombie_resp);
-  ASSERT_TRUE(SendRawPrefix(zombie.get(), old_bytes, 1 << 20));
+  auto zombie = a.stub->Write(&zombie_ctx, &zombie_resp);
+  ASSERT_TRUE(SendRawPrefix(zombie.get(), a.shard, 1 << 20));
   // The zombie's stream now holds the shard; wait until the server has its first message.
   Stopwatch w;
-  while (w.ElapsedSeconds() < 30 && MetricValue(*HttpGet(server.metrics_port()),
+  while (w.ElapsedSeconds() < 30 && MetricValue(*HttpGet(a.server.metrics_port()),
                                                "gradsnap_bytes_in_total") < (1 << 20)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  const uint64_t second = *c->AcquireEpoch("zombie");
-  TestShard new_bytes = MakeShard("zombie", 4, 0, {4u << 20}, 2);
-  new_bytes.spec.epoch = second;
-  absl::Status saved = c->SaveShard(new_bytes.spec, new_bytes.Refs());
-  ASSERT_TRUE(saved.ok()) << saved;
-  auto got = RestoreToString(c.get(), "zombie", 4, 0);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_TRUE(*got == new_bytes.Payload());
+  absl::StatusOr<TestShard> saved = a.SaveAgain(*a.c->AcquireEpoch("zombie"));
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_TRUE(a.Holds(*saved));
   // The zombie's stream was ended by the server.
   EXPECT_FALSE(zombie->Finish().ok());
 }
@@ -576,8 +594,7 @@ TEST(ServiceFault, ClientDisconnectMidStreamLeavesNothingListed) {
   auto c = ConnectTo(server.address(), kRideOutRestart);
   TestShard shard = MakeShard("dropped", 3, 0, {8u << 20}, 8);
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("dropped", 3, 1)).ok());
-  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Storage::NewStub(channel);
+  auto stub = RawStub(server.address());
   {
     grpc::ClientContext ctx;
     v1::WriteResponse resp;

@@ -9,7 +9,6 @@
 #include "client/backends.h"
 #include "client/client.h"
 #include "common/token.h"
-#include "grpcpp/create_channel.h"
 #include "proto/gradsnap.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_test_util.h"
@@ -170,8 +169,7 @@ TEST(ServiceSecurity, ForgedTokenStreamsHoldNoUploadBudget) {
                            {"--auth-secret-file", dir.File("secret"), "--max-inflight-bytes",
                             "50556928"})
                   .ok());
-  auto channel = grpc::CreateChannel(server.address(), grpc::InsecureChannelCredentials());
-  auto stub = gradsnap::v1::Storage::NewStub(channel);
+  auto stub = RawStub(server.address());
   constexpr int kSilent = 3;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<gradsnap::v1::WriteResponse> responses(kSilent);
@@ -195,17 +193,17 @@ TEST(ServiceSecurity, ForgedTokenStreamsHoldNoUploadBudget) {
 // keepalive pings (alive, silent), is cancelled after --stream-idle-ms: its share of a
 // one-stream budget goes back, another upload gets through, and what it sent stays resumable.
 // A server that cancels streams idle for 1 s, with upload and read budgets for one stream each.
-const std::vector<std::string> kIdleOneStreamServer = {"--stream-idle-ms", "1000",
-                                                        "--max-inflight-bytes", "50556928"};
+class ServiceSecurityIdle : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(node.status.ok()) << node.status; }
+  TestNode node{{"--stream-idle-ms", "1000", "--max-inflight-bytes", "50556928"}};
+  client::Client* const c = node.client.get();
+};
 
-TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
-  TestNode node(kIdleOneStreamServer);
-  ASSERT_TRUE(node.status.ok()) << node.status;
-  client::Client* c = node.client.get();
+TEST_F(ServiceSecurityIdle, SilentUploadIsCancelledAfterTheIdleLimit) {
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("quiet", 1, 2)).ok());
   TestShard silent = MakeShard("quiet", 1, 0, {4u << 20}, 1);
-  auto stub = gradsnap::v1::Storage::NewStub(
-      grpc::CreateChannel(node.server.address(), grpc::InsecureChannelCredentials()));
+  auto stub = RawStub(node.server.address());
   grpc::ClientContext ctx;  // no deadline: only the server can end it
   gradsnap::v1::WriteResponse resp;
   auto stream = stub->Write(&ctx, &resp);
@@ -216,36 +214,28 @@ TEST(ServiceSecurity, SilentUploadIsCancelledAfterTheIdleLimit) {
   EXPECT_TRUE(saved.ok()) << saved << "\n" << node.server.Log();
   grpc::Status ended = stream->Finish();
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::CANCELLED) << ended.error_message();
-  gradsnap::v1::QueryWriteStatusRequest q;
-  q.set_job("quiet");
-  q.set_step(1);
-  q.set_rank(0);
   // The silent stream's bytes stay resumable: the server flushes them as it tears the
   // cancelled stream down, which may end after the client saw CANCELLED (bounded wait).
-  gradsnap::v1::QueryWriteStatusResponse qr;
+  absl::StatusOr<uint64_t> resumable;
   for (int i = 0; i < 100; ++i) {
-    grpc::ClientContext qctx;
-    ASSERT_TRUE(stub->QueryWriteStatus(&qctx, q, &qr).ok());
-    if (qr.committed_size() == 1u << 20) break;
+    resumable = QueryCommittedSize(stub.get(), "quiet", 1, 0);
+    ASSERT_TRUE(resumable.ok()) << resumable.status();
+    if (*resumable == 1u << 20) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_EQ(qr.committed_size(), 1u << 20);
+  EXPECT_EQ(*resumable, 1u << 20);
 }
 
 // A download whose client takes the first message and then no more (flow control holds the
 // server's writes; the client answers pings) is cancelled after --stream-idle-ms: the read
 // budget it held (all of it here) goes back and another restore gets through.
-TEST(ServiceSecurity, StalledDownloadIsCancelledAfterTheIdleLimit) {
-  TestNode node(kIdleOneStreamServer);
-  ASSERT_TRUE(node.status.ok()) << node.status;
-  client::Client* c = node.client.get();
+TEST_F(ServiceSecurityIdle, StalledDownloadIsCancelledAfterTheIdleLimit) {
   ASSERT_TRUE(c->BeginCheckpoint(FullSpec("stall", 1, 2)).ok());
   TestShard big = MakeShard("stall", 1, 0, {96u << 20}, 1);
   TestShard small = MakeShard("stall", 1, 1, {1u << 20}, 2);
   ASSERT_TRUE(c->SaveShard(big.spec, big.Refs()).ok());
   ASSERT_TRUE(c->SaveShard(small.spec, small.Refs()).ok());
-  auto stub = gradsnap::v1::Storage::NewStub(
-      grpc::CreateChannel(node.server.address(), grpc::InsecureChannelCredentials()));
+  auto stub = RawStub(node.server.address());
   grpc::ClientContext ctx;  // no deadline: only the server can end it
   gradsnap::v1::ReadRequest req;
   req.set_job("stall");

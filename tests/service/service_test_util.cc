@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "proto/convert.h"
 
 namespace gradsnap {
@@ -164,6 +166,24 @@ client::CheckpointSpec FullSpec(const std::string& job, int64_t step, int32_t wo
   c.base_step = -1;
   c.world_size = world_size;
   return c;
+}
+
+std::unique_ptr<v1::Storage::Stub> RawStub(const std::string& address) {
+  return v1::Storage::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+absl::StatusOr<uint64_t> QueryCommittedSize(v1::Storage::Stub* stub, const std::string& job,
+                                            int64_t step, int32_t rank, uint64_t epoch) {
+  v1::QueryWriteStatusRequest q;
+  q.set_job(job);
+  q.set_step(step);
+  q.set_rank(rank);
+  q.set_epoch(epoch);
+  v1::QueryWriteStatusResponse r;
+  grpc::ClientContext ctx;
+  const grpc::Status s = stub->QueryWriteStatus(&ctx, q, &r);
+  if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+  return r.committed_size();
 }
 
 absl::StatusOr<std::string> RestoreToString(client::Client* c, const std::string& job,

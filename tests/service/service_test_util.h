@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "client/client.h"
 #include "grpcpp/support/sync_stream.h"
+#include "proto/gradsnap.grpc.pb.h"
 #include "proto/gradsnap.pb.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
@@ -71,6 +72,14 @@ client::CheckpointSpec FullSpec(const std::string& job, int64_t step, int32_t wo
 // vanishes part-way. False if a write failed.
 bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard& shard,
                    uint64_t bytes);
+
+// A raw (generated) stub of the Storage service at `address`, over an insecure channel: for
+// tests that speak the wire protocol below the client library.
+std::unique_ptr<v1::Storage::Stub> RawStub(const std::string& address);
+
+// Asks QueryWriteStatus how much of shard (job, step, rank) is durable for writer `epoch`.
+absl::StatusOr<uint64_t> QueryCommittedSize(v1::Storage::Stub* stub, const std::string& job,
+                                            int64_t step, int32_t rank, uint64_t epoch = 0);
 
 // Restores a whole shard into a string.
 absl::StatusOr<std::string> RestoreToString(client::Client* c, const std::string& job,

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "grpcpp/create_channel.h"
 #include "proto/gradsnap.grpc.pb.h"
 #include "tests/service/service_test_util.h"
 
@@ -22,8 +21,7 @@ int main(int argc, char** argv) {
   const uint64_t bytes = std::strtoull(argv[4], nullptr, 10);
   const uint64_t seed = std::strtoull(argv[5], nullptr, 10);
   gradsnap::testing::TestShard shard = gradsnap::testing::MakeShard(job, step, 0, {bytes}, seed);
-  auto stub = gradsnap::v1::Storage::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = gradsnap::testing::RawStub(address);
   grpc::ClientContext ctx;
   gradsnap::v1::WriteResponse resp;
   auto stream = stub->Write(&ctx, &resp);

@@ -136,6 +136,20 @@ class TrainerFaultTest : public ::testing::Test {
     return " --storage " + server_.address();
   }
 
+  // Starts the server and the job on it, its ranks slowed by `delay_ms` a step and kept alive
+  // when their parent dies (--test-ignore-parent-death), and SIGKILLs the launcher at `step`:
+  // the ranks left running (`zombies`) are zombies of that attempt. The job's store flags.
+  std::string LeaveZombies(ChildProcess* launcher, int delay_ms, int step,
+                           std::vector<pid_t>* zombies) {
+    const std::string store = StartServer();
+    *zombies = KillLauncherAtStep(
+        launcher,
+        absl::StrCat(kJob, store, " --test-step-delay-ms ", delay_ms,
+                     " --test-ignore-parent-death"),
+        dir_ + "/zombie.log", step);
+    return store;
+  }
+
   const TempDir tmp_{"trainer_fault"};
   const std::string dir_ = tmp_.path();
   ServerProcess server_{GRADSNAP_SERVER_BIN};
@@ -174,12 +188,9 @@ void ExpectNextAttemptFencesZombies(const std::string& store, const ChildProcess
 }
 
 TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
-  const std::string store = StartServer();
-  ASSERT_TRUE(server_.running());
   ChildProcess launcher;
-  const std::vector<pid_t> zombies = KillLauncherAtStep(
-      &launcher, kJob + store + " --test-step-delay-ms 60 --test-ignore-parent-death",
-      dir_ + "/zombie.log", 10);
+  std::vector<pid_t> zombies;
+  const std::string store = LeaveZombies(&launcher, 60, 10, &zombies);
   ASSERT_EQ(zombies.size(), 2u);
   ASSERT_TRUE(Alive(zombies[0]) && Alive(zombies[1]));  // kept alive on purpose
   // The next attempt takes a newer epoch: the zombies' next writes are refused and they exit.
@@ -195,12 +206,9 @@ TEST_F(TrainerFaultTest, ZombieIsFencedByTheNextAttempt) {
 // epoch above the zombie's (epochs are at least the wall clock in ms), so the zombie is refused
 // and exits instead of writing beside the new attempt.
 TEST_F(TrainerFaultTest, ZombieIsFencedAfterTheServerLostItsData) {
-  const std::string store = StartServer();
-  ASSERT_TRUE(server_.running());
   ChildProcess launcher;
-  const std::vector<pid_t> zombies = KillLauncherAtStep(
-      &launcher, kJob + store + " --test-step-delay-ms 150 --test-ignore-parent-death",
-      dir_ + "/zombie.log", 6);
+  std::vector<pid_t> zombies;
+  const std::string store = LeaveZombies(&launcher, 150, 6, &zombies);
   ASSERT_EQ(zombies.size(), 2u);
   server_.Kill();
   std::filesystem::rename(dir_ + "/data", dir_ + "/data.lost");
