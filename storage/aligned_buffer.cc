@@ -88,7 +88,7 @@ std::unique_ptr<AlignedBuffer> BufferPool::Get() {
 
 std::unique_ptr<AlignedBuffer> BufferPool::TryGet() {
   absl::MutexLock lock(&mu_);
-  if (free_.empty()) return nullptr;
+  if (free_.size() == set_aside_) return nullptr;
   auto b = std::move(free_.back());
   free_.pop_back();
   return b;
@@ -106,13 +106,67 @@ std::vector<std::unique_ptr<AlignedBuffer>> BufferPool::GetFaulted(size_t n) {
 
 size_t BufferPool::cached() {
   absl::MutexLock lock(&mu_);
-  return free_.size();
+  return free_.size() - set_aside_;
 }
 
 void BufferPool::Put(std::unique_ptr<AlignedBuffer> buf) {
   if (buf == nullptr || buf->capacity() != capacity_) return;
   absl::MutexLock lock(&mu_);
-  if (free_.size() < max_cached_) free_.push_back(std::move(buf));
+  if (free_.size() - set_aside_ < max_cached_) free_.push_back(std::move(buf));
+}
+
+void BufferPool::Reservation::Reserve(size_t n) {
+  std::vector<std::unique_ptr<AlignedBuffer>> bufs = pool_->GetFaulted(n);
+  absl::MutexLock lock(&pool_->mu_);
+  for (auto& b : bufs) pool_->free_.push_back(std::move(b));
+  reserved_ += n;
+  kept_ += n;
+  pool_->set_aside_ += n;
+}
+
+std::unique_ptr<AlignedBuffer> BufferPool::Reservation::Get() {
+  {
+    absl::MutexLock lock(&pool_->mu_);
+    if (kept_ > 0) {
+      --kept_;
+      --pool_->set_aside_;
+      auto b = std::move(pool_->free_.back());
+      pool_->free_.pop_back();
+      return b;
+    }
+  }
+  return pool_->Get();
+}
+
+void BufferPool::Reservation::Put(std::unique_ptr<AlignedBuffer> buf) {
+  if (buf == nullptr || buf->capacity() != pool_->capacity_) return;
+  {
+    absl::MutexLock lock(&pool_->mu_);
+    if (kept_ < reserved_) {
+      ++kept_;
+      ++pool_->set_aside_;
+      pool_->free_.push_back(std::move(buf));
+      return;
+    }
+  }
+  pool_->Put(std::move(buf));
+}
+
+void BufferPool::Reservation::Release() {
+  std::vector<std::unique_ptr<AlignedBuffer>> excess;  // freed outside the lock
+  absl::MutexLock lock(&pool_->mu_);
+  pool_->set_aside_ -= kept_;
+  kept_ = 0;
+  reserved_ = 0;
+  while (pool_->free_.size() - pool_->set_aside_ > pool_->max_cached_) {
+    excess.push_back(std::move(pool_->free_.back()));
+    pool_->free_.pop_back();
+  }
+}
+
+size_t BufferPool::Reservation::kept() {
+  absl::MutexLock lock(&pool_->mu_);
+  return kept_;
 }
 
 }  // namespace storage

@@ -66,9 +66,12 @@ class AlignedBuffer {
   uint64_t id_ = 0;
 };
 
-// Hands out buffers of one fixed capacity; keeps up to `max_cached` returned ones.
+// Hands out buffers of one fixed capacity; keeps up to `max_cached` returned ones, and besides
+// them the buffers set aside for a Reservation.
 class BufferPool {
  public:
+  class Reservation;
+
   BufferPool(size_t buffer_capacity, size_t max_cached);
   size_t buffer_capacity() const { return capacity_; }
   std::unique_ptr<AlignedBuffer> Get();
@@ -78,14 +81,52 @@ class BufferPool {
   // are paid here, not in the copy that fills them later.
   std::vector<std::unique_ptr<AlignedBuffer>> GetFaulted(size_t n);
   void Put(std::unique_ptr<AlignedBuffer> buf);
-  // Buffers waiting in the pool now.
+  // Buffers waiting in the pool now for any caller (not those set aside for a Reservation).
   size_t cached();
 
  private:
   const size_t capacity_;
   const size_t max_cached_;
   absl::Mutex mu_;
+  // The buffers waiting; `set_aside_` of them are the Reservations', no other caller's (the
+  // buffers are alike, so which ones is not tracked, only how many).
   std::vector<std::unique_ptr<AlignedBuffer>> free_ ABSL_GUARDED_BY(mu_);
+  size_t set_aside_ ABSL_GUARDED_BY(mu_) = 0;  // sum of the Reservations' kept_
+};
+
+// Buffers of a pool held for one owner (a shard writer) for its lifetime. Reserve(n) takes n
+// buffers, faulted in, and sets them aside in the pool: Get hands them out before new ones,
+// Put keeps up to n back for the owner, and no other caller's Get or TryGet takes them. So an
+// owner never waits for, or allocates in its copy, a buffer it reserved, while another owner
+// opening meanwhile takes its own. The pool's own cache (max_cached) stays as it was: buffers
+// past the reservation go back to it by BufferPool::Put's rule, and Release (or the destructor)
+// gives the kept ones back the same way.
+//
+// THREAD SAFETY: thread-safe; its counts are guarded by the pool's mutex. The pool must
+// outlive it.
+class BufferPool::Reservation {
+ public:
+  explicit Reservation(BufferPool* pool) : pool_(pool) {}
+  ~Reservation() { Release(); }
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+
+  // Takes `n` more buffers from the pool (BufferPool::GetFaulted) and sets them aside.
+  void Reserve(size_t n);
+  // A buffer set aside, else the pool's (BufferPool::Get): never blocks on another owner.
+  std::unique_ptr<AlignedBuffer> Get();
+  // Sets `buf` aside again while fewer than the reserved number are, else BufferPool::Put.
+  void Put(std::unique_ptr<AlignedBuffer> buf);
+  // Gives the buffers set aside back to the pool (kept up to its max_cached) and ends the
+  // reservation.
+  void Release();
+  // Buffers set aside now (reserved and not handed out).
+  size_t kept();
+
+ private:
+  BufferPool* const pool_;
+  size_t reserved_ ABSL_GUARDED_BY(pool_->mu_) = 0;  // taken by Reserve
+  size_t kept_ ABSL_GUARDED_BY(pool_->mu_) = 0;      // of them, set aside in the pool now
 };
 
 }  // namespace storage

@@ -126,6 +126,46 @@ TEST(BufferPoolTest, GetFaultedTakesPooledBuffersFirstAndMapsEveryOne) {
   }
 }
 
+TEST(BufferPoolTest, ReservationKeepsItsBuffersFromOtherCallers) {
+  BufferPool pool(4096, 2);
+  auto cached = pool.Get();
+  uint8_t* c = cached->data();
+  pool.Put(std::move(cached));
+  BufferPool::Reservation r(&pool);
+  r.Reserve(2);  // the cached buffer and a new one, set aside in the pool
+  EXPECT_EQ(r.kept(), 2u);
+  EXPECT_EQ(pool.cached(), 0u);
+  EXPECT_EQ(pool.TryGet(), nullptr);  // another caller finds none
+  auto other = pool.Get();            // and gets a new one
+  EXPECT_NE(other->data(), c);
+  std::vector<std::unique_ptr<AlignedBuffer>> mine;
+  for (int i = 0; i < 3; ++i) mine.push_back(r.Get());  // the two reserved, then a new one
+  EXPECT_EQ(r.kept(), 0u);
+  EXPECT_TRUE(mine[0]->data() == c || mine[1]->data() == c);
+  for (auto& b : mine) r.Put(std::move(b));  // two set aside again, the third to the pool
+  EXPECT_EQ(r.kept(), 2u);
+  EXPECT_EQ(pool.cached(), 1u);
+  pool.Put(std::move(other));
+  EXPECT_EQ(pool.cached(), 2u);
+  r.Release();  // the pool keeps max_cached (2): the two set aside are freed
+  EXPECT_EQ(r.kept(), 0u);
+  EXPECT_EQ(pool.cached(), 2u);
+  r.Put(pool.Get());  // released: a buffer put goes to the pool
+  EXPECT_EQ(r.kept(), 0u);
+  EXPECT_EQ(pool.cached(), 2u);
+}
+
+TEST(BufferPoolTest, ReservationEndsWithItsOwner) {
+  BufferPool pool(4096, 4);
+  {
+    BufferPool::Reservation r(&pool);
+    r.Reserve(3);
+    auto b = r.Get();  // freed by its holder, after the reservation ends
+    EXPECT_EQ(pool.cached(), 0u);
+  }  // the two kept go back to the pool with the reservation
+  EXPECT_EQ(pool.cached(), 2u);
+}
+
 }  // namespace
 }  // namespace storage
 }  // namespace gradsnap

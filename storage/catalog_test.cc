@@ -53,15 +53,27 @@ void ExpectSameTree(const std::map<std::string, std::string>& a,
 
 using testing::CountFiles;
 
+std::unique_ptr<Engine> OpenOk(const EngineOptions& o) {
+  auto e = Engine::Open(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? *std::move(e) : nullptr;
+}
+
 std::unique_ptr<Engine> OpenOk(const std::string& dir, bool read_only = false,
                                Clock* clock = nullptr) {
   EngineOptions o;
   o.data_dir = dir;
   o.read_only = read_only;
   o.clock = clock;
-  auto e = Engine::Open(o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? *std::move(e) : nullptr;
+  return OpenOk(o);
+}
+
+// The store in `dir` on file system `fs` (a fault-injecting one).
+std::unique_ptr<Engine> OpenOn(FileSystem* fs, const std::string& dir) {
+  EngineOptions o;
+  o.data_dir = dir;
+  o.fs = fs;
+  return OpenOk(o);
 }
 
 absl::Status OpenStatus(const std::string& dir) {
@@ -144,10 +156,21 @@ void ExpectRefusal(const std::string& dir) {
   ExpectSameTree(before, DirContents(dir));
 }
 
-void RebuildAndCheck(const std::string& dir, const Store& st) {
+// RebuildCatalog of the store in `dir` (not a dry run).
+absl::StatusOr<RebuildReport> Rebuild(const std::string& dir) {
   EngineOptions o;
   o.data_dir = dir;
-  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  return RebuildCatalog(o, /*dry_run=*/false);
+}
+
+// The same after removing its catalog, as if lost.
+absl::StatusOr<RebuildReport> RebuildWithoutCatalog(const std::string& dir) {
+  fs::remove_all(dir + "/meta");
+  return Rebuild(dir);
+}
+
+void RebuildAndCheck(const std::string& dir, const Store& st) {
+  auto report = Rebuild(dir);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->rebuilt.size(), 3u);
   ASSERT_EQ(report->skipped.size(), 1u);
@@ -187,24 +210,18 @@ TEST(CatalogTest, InterruptedDeleteIsNotBroughtBackByARebuild) {
   TempDir dir;
   NoRemoveAllFs no_remove;
   {
-    EngineOptions o;
-    o.data_dir = dir.path();
-    o.fs = &no_remove;
-    auto e = Engine::Open(o);
-    ASSERT_TRUE(e.ok()) << e.status();
+    auto e = OpenOn(&no_remove, dir.path());
+    ASSERT_NE(e, nullptr);
     for (int64_t step : {1, 2}) {
-      ASSERT_TRUE((*e)->BeginCheckpoint(Spec("del", step, 1, -1)).ok());
+      ASSERT_TRUE(e->BeginCheckpoint(Spec("del", step, 1, -1)).ok());
       ShardData d = MakeShard("del", step, 0, step, 1000);
-      ASSERT_TRUE((*e)->WriteShard(d.spec, d.ptrs()).ok());
+      ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
     }
-    EXPECT_FALSE((*e)->Delete("del", 2).ok());  // the catalog is committed, the files stay
-    EXPECT_EQ((*e)->ListCheckpoints("del")->size(), 1u);
+    EXPECT_FALSE(e->Delete("del", 2).ok());  // the catalog is committed, the files stay
+    EXPECT_EQ(e->ListCheckpoints("del")->size(), 1u);
   }
   ASSERT_TRUE(fs::exists(dir.path() + "/segments/del/00000000000000000002"));
-  fs::remove_all(dir.path() + "/meta");
-  EngineOptions o;
-  o.data_dir = dir.path();
-  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  auto report = RebuildWithoutCatalog(dir.path());
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->rebuilt.size(), 1u);
   EXPECT_NE(report->rebuilt[0].find("step 1"), std::string::npos) << report->rebuilt[0];
@@ -285,10 +302,7 @@ TEST(CatalogTest, RebuiltSizesCountEachShardOnce) {
     }
     ASSERT_EQ((*e->ListCheckpoints("sz"))[0].raw_bytes, raw);
   }
-  fs::remove_all(dir.path() + "/meta");
-  EngineOptions o;
-  o.data_dir = dir.path();
-  ASSERT_TRUE(RebuildCatalog(o, /*dry_run=*/false).ok());
+  ASSERT_TRUE(RebuildWithoutCatalog(dir.path()).ok());
   auto e = OpenOk(dir.path());
   auto listed = e->ListCheckpoints("sz");
   ASSERT_TRUE(listed.ok() && listed->size() == 1u);
@@ -370,10 +384,7 @@ TEST(CatalogTest, RebuiltCatalogKeepsWriterEpochs) {
   std::ofstream(dir.path() + "/epochs/bogus", std::ios::binary) << "not an epoch";
   // A mirror's temporary left whole by a kill between its sync and its rename: not a job.
   fs::copy_file(dir.path() + "/epochs/fence", dir.path() + "/epochs/fence.tmp-99-0");
-  fs::remove_all(dir.path() + "/meta");
-  EngineOptions o;
-  o.data_dir = dir.path();
-  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  auto report = RebuildWithoutCatalog(dir.path());
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->rebuilt.size(), 1u);
   ASSERT_EQ(report->epochs.size(), 1u);
@@ -851,14 +862,11 @@ TEST(CatalogTest, CreationKilledHalfWayStartsOver) {
 TEST(CatalogTest, FullDiskGivesResourceExhaustedAndReadsGoOn) {
   TempDir dir;
   FaultInjectionFileSystem ffs;
-  EngineOptions o;
-  o.data_dir = dir.path();
-  o.fs = &ffs;
-  auto e = Engine::Open(o);
-  ASSERT_TRUE(e.ok());
-  ASSERT_TRUE((*e)->BeginCheckpoint(Spec("j", 1, 1)).ok());
+  auto e = OpenOn(&ffs, dir.path());
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 1, 1)).ok());
   ShardData d1 = MakeShard("j", 1, 0, 1);
-  ASSERT_TRUE((*e)->WriteShard(d1.spec, d1.ptrs()).ok());
+  ASSERT_TRUE(e->WriteShard(d1.spec, d1.ptrs()).ok());
   // MakeShard's shard is three writes: w's chunk, g and step packed into one, the footer.
   for (int64_t at = 1; at <= 3; ++at) {
     FaultInjectionFileSystem::Faults f;
@@ -868,13 +876,13 @@ TEST(CatalogTest, FullDiskGivesResourceExhaustedAndReadsGoOn) {
     ffs.Reset();
     ffs.SetFaults(f);
     int64_t step = 10 + at;
-    ASSERT_TRUE((*e)->BeginCheckpoint(Spec("j", step, 1)).ok());
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("j", step, 1)).ok());
     ShardData d = MakeShard("j", step, 0, step);
-    absl::Status s = (*e)->WriteShard(d.spec, d.ptrs());
+    absl::Status s = e->WriteShard(d.spec, d.ptrs());
     EXPECT_TRUE(absl::IsResourceExhausted(s)) << "write " << at << ": " << s;
-    ExpectRestores(e->get(), d1);
-    EXPECT_TRUE((*e)->Verify("j", 1).ok());
-    ASSERT_TRUE((*e)->AbortCheckpoint("j", step).ok());
+    ExpectRestores(e.get(), d1);
+    EXPECT_TRUE(e->Verify("j", 1).ok());
+    ASSERT_TRUE(e->AbortCheckpoint("j", step).ok());
   }
 }
 

@@ -1,4 +1,9 @@
-// Internal: the Engine implementation shared by engine.cc, shard_writer.cc, shard_reader.cc.
+// Internal: the Engine implementation, one file per concern: engine_open.cc (Open, the catalog
+// guard, the constructor), engine_spec.cc (spec checks), engine_commit.cc (begin, commit and
+// abort: the FULL/DELTA rules), engine_write.cc (shard writers), engine_read.cc (catalog
+// reads, listing, manifests, readers, verify), engine_gc.cc (delete and GC), epoch.cc (writer
+// epochs), recovery.cc, quarantine.cc and rebuild.cc; shard_writer.cc and shard_reader.cc use
+// it too.
 //
 // Layout under data_dir: meta/ (RocksDB) and segments/<job>/<step:20>/r<rank>-<seq>.seg, one
 // directory per checkpoint, so deleting a checkpoint unlinks its files (docs/format.md).

@@ -1,11 +1,20 @@
+// Writer epochs (storage/epoch.h): the job's epoch record in the catalog, its mirror under
+// epochs/, and EngineImpl's AcquireEpoch and RaiseEpoch at the end.
+//
+// LOCKING: the free functions take no lock; their callers serialize an epoch's
+// read-modify-write. AcquireEpoch and RaiseEpoch take the engine's mu_ around it;
+// CommitEpochLocked requires mu_ held.
 #include "storage/epoch.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/names.h"
 #include "common/status.h"
+#include "storage/engine_impl.h"
 
 namespace gradsnap {
 namespace storage {
@@ -107,6 +116,52 @@ absl::Status CheckJobEpoch(MetaStore* meta, const std::string& job, uint64_t epo
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta, job));
   if (epoch >= current) return absl::OkStatus();
   return SupersededError(job, current, epoch);
+}
+
+absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckWritable());
+  // The next epoch is above the catalog's and the mirror's (a catalog made anew beside an old
+  // mirror does not count again).
+  ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
+  const uint64_t newest = std::max(current, MirroredJobEpoch(fs_, options_.data_dir, job));
+  if (newest >= kMaxEpoch) {  // never wraps to 0, which is unfenced
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, ": writer epochs exhausted (", newest, ")"));
+  }
+  // Also at least the wall clock in milliseconds: an attempt started after another gets a
+  // larger epoch even from a node that lost its data (a new disk, a new data dir), where a
+  // counter would start again below a zombie's (storage/epoch.h).
+  const uint64_t next =
+      std::min(kMaxEpoch, std::max(newest + 1, static_cast<uint64_t>(std::max<int64_t>(
+                                                    0, UnixMillis()))));
+  RETURN_IF_ERROR(CommitEpochLocked(job, next));
+  return next;
+}
+
+absl::StatusOr<uint64_t> EngineImpl::RaiseEpoch(const std::string& job, uint64_t to) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  if (to > kMaxEpoch) {
+    return absl::InvalidArgumentError(absl::StrCat("epoch ", to, " above ", kMaxEpoch));
+  }
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckWritable());
+  ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
+  const uint64_t target =
+      std::max({current, MirroredJobEpoch(fs_, options_.data_dir, job), to});
+  if (target > current) RETURN_IF_ERROR(CommitEpochLocked(job, target));
+  return target;
+}
+
+absl::Status EngineImpl::CommitEpochLocked(const std::string& job, uint64_t epoch) {
+  // Mirrored before the catalog commits it (storage/epoch.h): a catalog rebuilt later never
+  // hands out or admits an older one.
+  RETURN_IF_ERROR(MirrorJobEpoch(fs_, options_.data_dir, job, epoch));
+  RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
+  MetaStore::Batch b;
+  PutJobEpoch(&b, job, epoch);
+  return meta_->Commit(b);
 }
 
 }  // namespace storage

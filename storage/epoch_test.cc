@@ -30,6 +30,14 @@ class EpochTest : public ::testing::Test {
     c.epoch = epoch;
     return c;
   }
+  // A new attempt of job j: takes its epoch into *epoch, begins step 1 in it, and makes in
+  // *shard rank 0's shard of that step (MakeShard seed 7, `w_numel`) carrying the epoch.
+  static void BeginAttempt(Engine* e, int64_t w_numel, uint64_t* epoch, ShardData* shard) {
+    *epoch = *e->AcquireEpoch("j");
+    ASSERT_TRUE(e->BeginCheckpoint(Ckpt(1, *epoch)).ok());
+    *shard = MakeShard("j", 1, 0, 7, w_numel);
+    shard->spec.epoch = *epoch;
+  }
   TempDir dir_;
 };
 
@@ -74,10 +82,9 @@ TEST_F(EpochTest, RaiseLiftsButNeverLowers) {
 // attempts' bytes. The writer of the same attempt resumes as before.
 TEST_F(EpochTest, NewerAttemptStartsAnOlderAttemptsShardOver) {
   auto e = Open();
-  const uint64_t first = *e->AcquireEpoch("j");
-  ASSERT_TRUE(e->BeginCheckpoint(Ckpt(1, first)).ok());
-  ShardData old_data = MakeShard("j", 1, 0, 7, 300000);
-  old_data.spec.epoch = first;
+  uint64_t first = 0;
+  ShardData old_data;
+  ASSERT_NO_FATAL_FAILURE(BeginAttempt(e.get(), 300000, &first, &old_data));
   const std::vector<uint8_t> old_bytes = old_data.stream();
   const size_t cut = old_bytes.size() / 2;
   {
@@ -109,10 +116,9 @@ TEST_F(EpochTest, NewerAttemptStartsAnOlderAttemptsShardOver) {
 
 TEST_F(EpochTest, OlderEpochIsRefusedEverywhere) {
   auto e = Open();
-  const uint64_t old_epoch = *e->AcquireEpoch("j");
-  ASSERT_TRUE(e->BeginCheckpoint(Ckpt(1, old_epoch)).ok());
-  ShardData d = MakeShard("j", 1, 0, 7, 1000);
-  d.spec.epoch = old_epoch;
+  uint64_t old_epoch = 0;
+  ShardData d;
+  ASSERT_NO_FATAL_FAILURE(BeginAttempt(e.get(), 1000, &old_epoch, &d));
   auto w = e->OpenShardWriter(d.spec);
   ASSERT_TRUE(w.ok()) << w.status();
   std::vector<uint8_t> bytes = d.stream();

@@ -135,8 +135,8 @@ class ShardWriterImpl : public ShardWriter {
   // A record buffer for a chunk of `raw` bytes: a small one when that is enough.
   std::unique_ptr<AlignedBuffer> GetRecordBuffer(size_t raw);
   void PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf);
-  // Takes from the engine's pool, faulted in, the full-size record buffers this writer can
-  // hold at once (spare_), so they are this writer's until it closes.
+  // Reserves in the engine's pool, faulted in, the full-size record buffers this writer can
+  // hold at once (reserved_), so they are this writer's until it closes.
   void ReserveBuffers();
   void Dispatch();
   void AdvanceTensor();
@@ -213,17 +213,16 @@ class ShardWriterImpl : public ShardWriter {
   double encode_bps_ ABSL_GUARDED_BY(rate_mu_) = 0;      // moving averages of probes
   double decode_bps_ ABSL_GUARDED_BY(rate_mu_) = 0;
 
-  // Full-size record buffers taken from the engine's pool when the writer opened and faulted
-  // in then (ReserveBuffers), handed out before the pool's and returned here when their write
-  // completes; back to the pool when the writer closes. A writer keeps up to max_jobs_
-  // chunks in flight, and how many it reaches depends on how fast the copy runs against the
-  // disk: growing the pool on demand faulted new buffers inside the copy, pass after pass,
-  // until the copy was fast enough to reach the maximum (storage_bench: engine write CPU per
-  // GB 1.10, 0.70, 0.34 over three passes at 256 MiB). Reserving them all up front grows the
-  // pool to its steady size in the first write, and outside the copy loop.
-  absl::Mutex spare_mu_;
-  std::vector<std::unique_ptr<AlignedBuffer>> spare_ ABSL_GUARDED_BY(spare_mu_);
-  size_t reserved_ ABSL_GUARDED_BY(spare_mu_) = 0;  // buffers taken in ReserveBuffers
+  // Full-size record buffers reserved in the engine's pool when the writer opened and faulted
+  // in then (ReserveBuffers), handed out before the pool's others and set aside for this
+  // writer again when their write completes (no other writer takes them meanwhile); back to
+  // the pool when the writer closes. A writer keeps up to max_jobs_ chunks in flight, and how
+  // many it reaches depends on how fast the copy runs against the disk: growing the pool on
+  // demand faulted new buffers inside the copy, pass after pass, until the copy was fast
+  // enough to reach the maximum (storage_bench: engine write CPU per GB 1.10, 0.70, 0.34 over
+  // three passes at 256 MiB). Reserving them all up front grows the pool to its steady size
+  // in the first write, and outside the copy loop.
+  BufferPool::Reservation reserved_{engine_->record_pool()};
 
   absl::Mutex io_mu_;
   std::unique_ptr<SegmentWriter> seg_ ABSL_GUARDED_BY(io_mu_);
@@ -286,11 +285,7 @@ ShardWriterImpl::ShardWriterImpl(EngineImpl* engine, ShardRecord rec)
 ShardWriterImpl::~ShardWriterImpl() {
   WaitIdle();
   pool_.reset();
-  {
-    absl::MutexLock lock(&spare_mu_);
-    for (auto& b : spare_) engine_->record_pool()->Put(std::move(b));
-    spare_.clear();
-  }
+  reserved_.Release();
   engine_->ReleaseWriter(key_);
 }
 
@@ -361,25 +356,14 @@ void ShardWriterImpl::ReserveBuffers() {
   const uint64_t chunks = (total_ - written_ + opt_.chunk_bytes - 1) / opt_.chunk_bytes;
   const size_t want =
       static_cast<size_t>(std::min<uint64_t>(chunks, ShardWriterReservedBuffers(opt_)));
-  std::vector<std::unique_ptr<AlignedBuffer>> bufs = engine_->record_pool()->GetFaulted(want);
-  absl::MutexLock lock(&spare_mu_);
-  reserved_ = want;
-  spare_ = std::move(bufs);
+  reserved_.Reserve(want);
 }
 
 std::unique_ptr<AlignedBuffer> ShardWriterImpl::GetRecordBuffer(size_t raw) {
   if (raw <= kSmallChunkBytes && opt_.chunk_bytes > kSmallChunkBytes) {
     return engine_->small_record_pool()->Get();
   }
-  {
-    absl::MutexLock lock(&spare_mu_);
-    if (!spare_.empty()) {
-      auto b = std::move(spare_.back());
-      spare_.pop_back();
-      return b;
-    }
-  }
-  return engine_->record_pool()->Get();
+  return reserved_.Get();
 }
 
 void ShardWriterImpl::PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf) {
@@ -389,16 +373,9 @@ void ShardWriterImpl::PutRecordBuffer(std::unique_ptr<AlignedBuffer> buf) {
     engine_->small_record_pool()->Put(std::move(buf));
     return;
   }
-  {
-    // Kept for this writer's next chunks rather than returned to the engine's pool, where
-    // another writer opening now would take it and leave this one to allocate in its copy.
-    absl::MutexLock lock(&spare_mu_);
-    if (spare_.size() < reserved_) {
-      spare_.push_back(std::move(buf));
-      return;
-    }
-  }
-  engine_->record_pool()->Put(std::move(buf));
+  // Kept for this writer's next chunks rather than left to any caller of the engine's pool,
+  // where another writer opening now would take it and leave this one to allocate in its copy.
+  reserved_.Put(std::move(buf));
 }
 
 // Resets the running digests for tensor_ (caller thread).

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -139,45 +140,49 @@ TEST_F(UringReaderTest, EioIsAClearError) {
     }                                                                       \
   } while (0)
 
-TEST_F(UringReaderTest, RingRefusedByTheKernelIsAnErrorNotACrash) {
+// Runs `body` (its checks CHILD_CHECKs) in such a child and expects it to exit 0.
+void ExpectChildPasses(const std::function<void()>& body) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto child = [&] {
-        CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
-        auto u = UringReader::Create({file_.get()}, {"f"}, 8, 2);
-        CHILD_CHECK(!u.ok());
-        CHILD_CHECK(absl::IsPermissionDenied(u.status()));
-        _exit(0);
+    body();
+    _exit(0);
   };
   EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
 }
 
+TEST_F(UringReaderTest, RingRefusedByTheKernelIsAnErrorNotACrash) {
+  ExpectChildPasses([&] {
+    CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
+    auto u = UringReader::Create({file_.get()}, {"f"}, 8, 2);
+    CHILD_CHECK(!u.ok());
+    CHILD_CHECK(absl::IsPermissionDenied(u.status()));
+  });
+}
+
 TEST_F(UringReaderTest, RefusedSubmitFailsTheReadAndItsQueuedEntryNeverRuns) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  auto child = [&] {
-        // The reader is destroyed on a thread started before the filter (so it may submit):
-        // a destructor that submitted would hand the kernel the refused read's queued entry,
-        // a read into a buffer its request no longer owns.
-        absl::Notification destroy, destroyed;
-        std::thread destroyer([&] {
-          destroy.WaitForNotification();
-          reader_.reset();
-          destroyed.Notify();
-        });
-        CHILD_CHECK(DenySyscall(__NR_io_uring_enter));  // this thread's submits are refused
-        AlignedBuffer buf(64 << 10);
-        std::memset(buf.data(), 0xAA, buf.capacity());
-        auto got = ReadSync(0, buf.data(), 64 << 10, -1);
-        CHILD_CHECK(absl::IsPermissionDenied(got.status()));
-        got = ReadSync(0, buf.data(), 64 << 10, -1);  // the ring stays refused
-        CHILD_CHECK(!got.ok());
-        destroy.Notify();
-        destroyed.WaitForNotification();  // returns: the reaper stopped without a NOP
-        destroyer.join();
-        usleep(100 * 1000);
-        for (size_t i = 0; i < buf.capacity(); ++i) CHILD_CHECK(buf.data()[i] == 0xAA);
-        _exit(0);
-  };
-  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+  ExpectChildPasses([&] {
+    // The reader is destroyed on a thread started before the filter (so it may submit):
+    // a destructor that submitted would hand the kernel the refused read's queued entry,
+    // a read into a buffer its request no longer owns.
+    absl::Notification destroy, destroyed;
+    std::thread destroyer([&] {
+      destroy.WaitForNotification();
+      reader_.reset();
+      destroyed.Notify();
+    });
+    CHILD_CHECK(DenySyscall(__NR_io_uring_enter));  // this thread's submits are refused
+    AlignedBuffer buf(64 << 10);
+    std::memset(buf.data(), 0xAA, buf.capacity());
+    auto got = ReadSync(0, buf.data(), 64 << 10, -1);
+    CHILD_CHECK(absl::IsPermissionDenied(got.status()));
+    got = ReadSync(0, buf.data(), 64 << 10, -1);  // the ring stays refused
+    CHILD_CHECK(!got.ok());
+    destroy.Notify();
+    destroyed.WaitForNotification();  // returns: the reaper stopped without a NOP
+    destroyer.join();
+    usleep(100 * 1000);
+    for (size_t i = 0; i < buf.capacity(); ++i) CHILD_CHECK(buf.data()[i] == 0xAA);
+  });
 }
 
 // In a death test's child: an engine in `dir` with checkpoint (job, 1) begun.
@@ -210,23 +215,19 @@ void WriteVerifyAndStreamBack(Engine* e, const ShardData& d) {
 // As in a container whose seccomp profile refuses io_uring: the engine writes and reads with
 // pread/pwrite, every byte as written.
 TEST(UringRefusedEngineTest, EngineWritesAndRestoresWithoutIoUring) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
-  auto child = [&] {
+  ExpectChildPasses([&] {
     CHILD_CHECK(DenySyscall(__NR_io_uring_setup));
     auto e = OpenWithCheckpoint(dir, "nouring");
     WriteVerifyAndStreamBack(e.get(), MakeShard("nouring", 1, 0, 9));
-    _exit(0);
-  };
-  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+  });
 }
 
 // A read the machine refuses (here io_uring_enter, as a seccomp profile added later might) is
 // that error, not DATA_LOSS: a restore must not take a sound checkpoint for a damaged one.
 TEST(UringRefusedEngineTest, RefusedReadIsNotDataLoss) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
-  auto child = [&] {
+  ExpectChildPasses([&] {
     auto e = OpenWithCheckpoint(dir, "refused");
     ShardData d = MakeShard("refused", 1, 0, 9);
     CHILD_CHECK(e->WriteShard(d.spec, d.ptrs()).ok());
@@ -237,25 +238,20 @@ TEST(UringRefusedEngineTest, RefusedReadIsNotDataLoss) {
     auto n = (*r)->Read(0, got.data(), got.size());
     CHILD_CHECK(absl::IsPermissionDenied(n.status()));
     CHILD_CHECK(n.status().message().find("job refused step 1 rank 0") != std::string::npos);
-    _exit(0);
-  };
-  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+  });
 }
 
 // Out of threads (a pids cgroup, RLIMIT_NPROC; here clone refused with EAGAIN): the writer's
 // encoder pool and ring thread, the reader's reaper and decode pool cannot start. The engine
 // writes and reads on the caller's thread instead of aborting the process.
 TEST(ThreadsRefusedEngineTest, EngineWritesAndRestoresWithoutNewThreads) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
   TempDir dir;
-  auto child = [&] {
+  ExpectChildPasses([&] {
     auto e = OpenWithCheckpoint(dir, "nothreads");
     CHILD_CHECK(DenySyscall(__NR_clone, EAGAIN));
     CHILD_CHECK(DenySyscall(__NR_clone3, EAGAIN));
     WriteVerifyAndStreamBack(e.get(), MakeShard("nothreads", 1, 0, 11, 3000000));  // 12 MB
-    _exit(0);
-  };
-  EXPECT_EXIT(child(), ::testing::ExitedWithCode(0), "");
+  });
 }
 
 }  // namespace
