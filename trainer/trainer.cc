@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/retry.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "trainer/backend.h"
@@ -66,19 +67,19 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
 
 // The embedded engine's directory is locked by one process (RocksDB LOCK, an fcntl lock the
 // kernel drops when its owner dies). A rank of the previous attempt may still be dying when this
-// one starts: wait for the lock a bounded time (kLockWaitMs) instead of failing.
+// one starts: wait for the lock a bounded time (kLockWaitMs, polled every kLockPollMs) instead
+// of failing. The last poll may start up to kLockWaitMs after the first (the deadline of
+// RetryWhile counts to the end of a wait, hence the extra poll).
 constexpr int64_t kLockWaitMs = 10000;
+constexpr int64_t kLockPollMs = 100;
 
 absl::StatusOr<std::unique_ptr<client::Client>> ConnectStore(const client::ClientOptions& co) {
-  const int64_t deadline = MonotonicNanos() / 1000000 + kLockWaitMs;
-  for (;;) {
-    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(co);
-    const bool locked = !c.ok() && !co.local_dir.empty() &&
-                        absl::IsFailedPrecondition(c.status()) &&
-                        c.status().message().find("another process") != absl::string_view::npos;
-    if (!locked || MonotonicNanos() / 1000000 > deadline) return c;
-    usleep(100 * 1000);
-  }
+  const auto locked = [&co](const absl::Status& s) {
+    return !co.local_dir.empty() && absl::IsFailedPrecondition(s) &&
+           s.message().find("another process") != absl::string_view::npos;
+  };
+  return RetryWhile([&co] { return client::Client::Connect(co); }, locked,
+                    RetryPolicy{kLockWaitMs + kLockPollMs, kLockPollMs, kLockPollMs});
 }
 
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
