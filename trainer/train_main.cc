@@ -91,7 +91,8 @@ namespace {
 
 using gradsnap::trainer::kExitNoRestart;
 
-// The options of the flags; strings with an enum (--device, --ckpt_mode) are parsed here, once.
+// The options of the flags; strings with an enum (--device, --ckpt_mode, --resume) are parsed
+// here, once.
 absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   namespace gs = gradsnap::gpu_snapshot;
   gradsnap::trainer::TrainOptions o;
@@ -136,7 +137,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
   o.token = absl::GetFlag(FLAGS_token);
-  o.resume = absl::GetFlag(FLAGS_resume);
+  ASSIGN_OR_RETURN(o.resume, gradsnap::trainer::ParseResume(absl::GetFlag(FLAGS_resume)));
   o.init_from = absl::GetFlag(FLAGS_init_from);
   o.allow_batch_change = absl::GetFlag(FLAGS_allow_batch_change);
   o.recovery_failed_at_ms = absl::GetFlag(FLAGS_recovery_failed_at_ms);
@@ -238,12 +239,8 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
     return Fail(std::string("--ckpt_mode ") + gradsnap::gpu_snapshot::SnapshotModeName(o.ckpt.mode) +
                 " needs --ckpt_every N > 0");
   }
-  if (o.resume != "none" && o.resume != "latest" &&
-      o.resume.find_first_not_of("0123456789") != std::string::npos) {
-    return Fail("--resume must be none, latest or a step number");
-  }
   if (!o.init_from.empty()) {
-    if (o.resume != "none") return Fail("give --init_from DIR or --resume, not both");
+    if (o.resume.kind != t::ResumeKind::kNone) return Fail("give --init_from DIR or --resume, not both");
     // Every tensor checked once here, so a damaged directory is refused before any rank starts.
     auto dir = gradsnap::recovery::OpenDirSource(o.init_from, /*verify_all=*/true);
     if (!dir.ok()) return Fail("--init_from: " + std::string(dir.status().message()));
