@@ -8,10 +8,9 @@ namespace gradsnap {
 namespace gpu_snapshot {
 namespace {
 
-// How many devices of `kind` this process can open.
-absl::StatusOr<int> DevicesPresent(const std::string& kind) {
-  if (kind == "sim") return kSimDeviceCount;
-  if (kind != "cuda") return absl::InvalidArgumentError("--device must be cpu, cuda or sim");
+// How many devices of `kind` (kSim or kCuda) this process can open.
+absl::StatusOr<int> DevicesPresent(DeviceKind kind) {
+  if (kind == DeviceKind::kSim) return kSimDeviceCount;
   if (!CudaCompiledIn()) return absl::UnimplementedError("--device cuda: this build has no CUDA");
   absl::StatusOr<int> n = CudaDevicesPresent();
   if (!n.ok()) return Annotate(n.status(), "--device cuda");
@@ -38,12 +37,12 @@ absl::Status CheckCudaOrdinal(int ordinal) {
   return absl::OkStatus();
 }
 
-absl::Status CheckDevices(const std::string& kind, int first, int count) {
-  if (kind == "cpu") return absl::OkStatus();
+absl::Status CheckDevices(DeviceKind kind, int first, int count) {
+  if (kind == DeviceKind::kCpu) return absl::OkStatus();
   ASSIGN_OR_RETURN(const int present, DevicesPresent(kind));
   if (first < 0 || count < 1 || first > present - count) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--device_id ", first, " with ", count, count == 1 ? " rank" : " ranks", " needs ", kind,
+        "--device_id ", first, " with ", count, count == 1 ? " rank" : " ranks", " needs ", DeviceKindName(kind),
         " devices ", first, "..", first + count - 1, "; ", present, " present"));
   }
   return absl::OkStatus();

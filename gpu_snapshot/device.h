@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "gpu_snapshot/device_kind.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
@@ -109,13 +110,13 @@ absl::Status CheckCudaOrdinal(int ordinal);
 // True when this build includes the CUDA device.
 bool CudaCompiledIn();
 
-// Checks the command-line choice of devices: `kind` ("cpu", "sim" or "cuda") and the device
-// ordinals [first, first + count) of one node's ranks. "cpu" always passes. INVALID_ARGUMENT for
-// another kind or ordinals beyond the devices present ("--device_id 7 with 2 ranks needs sim
-// devices 7..8; 8 present"); UNIMPLEMENTED for cuda in a build without CUDA;
+// Checks the command-line choice of devices: `kind` and the device ordinals [first, first +
+// count) of one node's ranks. kCpu always passes. INVALID_ARGUMENT for ordinals beyond the
+// devices present ("--device_id 7 with 2 ranks needs sim devices 7..8; 8 present");
+// UNIMPLEMENTED for cuda in a build without CUDA;
 // FAILED_PRECONDITION when there is no CUDA device or driver; INTERNAL for other runtime errors.
 // Messages name the flags (--device, --device_id).
-absl::Status CheckDevices(const std::string& kind, int first, int count);
+absl::Status CheckDevices(DeviceKind kind, int first, int count);
 
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

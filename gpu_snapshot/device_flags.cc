@@ -2,6 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "gpu_snapshot/device.h"
 
 ABSL_FLAG(std::string, device, "cpu",
@@ -16,19 +17,21 @@ ABSL_FLAG(double, sim_copy_gbps, 0.1,
 namespace gradsnap {
 namespace gpu_snapshot {
 
+absl::StatusOr<DeviceKind> DeviceFlag() { return ParseDeviceKind(absl::GetFlag(FLAGS_device)); }
+
 absl::Status CheckDeviceFlags(int ranks) {
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (device == "sim" && !(absl::GetFlag(FLAGS_sim_copy_gbps) > 0)) {
+  ASSIGN_OR_RETURN(const DeviceKind device, DeviceFlag());
+  if (device == DeviceKind::kSim && !(absl::GetFlag(FLAGS_sim_copy_gbps) > 0)) {
     return absl::InvalidArgumentError("--sim_copy_gbps must be > 0");
   }
   return CheckDevices(device, absl::GetFlag(FLAGS_device_id), ranks);
 }
 
 std::vector<std::string> DeviceFlagArgs() {
-  const std::string device = absl::GetFlag(FLAGS_device);
-  std::vector<std::string> args = {absl::StrCat("--device=", device),
+  const absl::StatusOr<DeviceKind> device = DeviceFlag();
+  std::vector<std::string> args = {absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
                                    absl::StrCat("--device_id=", absl::GetFlag(FLAGS_device_id))};
-  if (device == "sim") {
+  if (device.ok() && *device == DeviceKind::kSim) {
     args.push_back(absl::StrCat("--sim_copy_gbps=", absl::GetFlag(FLAGS_sim_copy_gbps)));
   }
   return args;

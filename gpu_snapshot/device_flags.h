@@ -16,6 +16,8 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu_snapshot/device_kind.h"
 
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, device_id);
@@ -24,12 +26,16 @@ ABSL_DECLARE_FLAG(double, sim_copy_gbps);
 namespace gradsnap {
 namespace gpu_snapshot {
 
-// The flags' choice checked for `ranks` ranks on this node: INVALID_ARGUMENT "--sim_copy_gbps
-// must be > 0" with --device sim, else CheckDevices(--device, --device_id, ranks) (device.h).
+// --device parsed (ParseDeviceKind): the one place its string is read.
+absl::StatusOr<DeviceKind> DeviceFlag();
+
+// The flags' choice checked for `ranks` ranks on this node: DeviceFlag()'s error for an unknown
+// --device, INVALID_ARGUMENT "--sim_copy_gbps must be > 0" with --device sim, else
+// CheckDevices(--device, --device_id, ranks) (device.h).
 absl::Status CheckDeviceFlags(int ranks);
 
 // The flags as gradsnap-train arguments: --device=, --device_id= and, with --device sim,
-// --sim_copy_gbps=.
+// --sim_copy_gbps=. --device is passed on as given.
 std::vector<std::string> DeviceFlagArgs();
 
 }  // namespace gpu_snapshot

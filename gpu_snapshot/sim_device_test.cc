@@ -243,15 +243,21 @@ TEST_F(SimDeviceTest, BadOrdinalsAndBandwidth) {
 }
 
 TEST_F(SimDeviceTest, CheckDevicesNamesTheRangeAndTheFlags) {
-  EXPECT_TRUE(CheckDevices("cpu", 0, 64).ok());
-  EXPECT_TRUE(CheckDevices("sim", 0, kSimDeviceCount).ok());
-  const absl::Status over = CheckDevices("sim", 7, 2);
+  EXPECT_TRUE(CheckDevices(DeviceKind::kCpu, 0, 64).ok());
+  EXPECT_TRUE(CheckDevices(DeviceKind::kSim, 0, kSimDeviceCount).ok());
+  const absl::Status over = CheckDevices(DeviceKind::kSim, 7, 2);
   EXPECT_TRUE(absl::IsInvalidArgument(over));
   EXPECT_NE(over.message().find("needs sim devices 7..8; 8 present"), std::string::npos) << over;
-  EXPECT_TRUE(absl::IsInvalidArgument(CheckDevices("sim", -1, 1)));
-  EXPECT_TRUE(absl::IsInvalidArgument(CheckDevices("tpu", 0, 1)));
+  EXPECT_TRUE(absl::IsInvalidArgument(CheckDevices(DeviceKind::kSim, -1, 1)));
+  // An unknown kind is refused where the string is parsed.
+  const absl::StatusOr<DeviceKind> tpu = ParseDeviceKind("tpu");
+  EXPECT_TRUE(absl::IsInvalidArgument(tpu.status()));
+  EXPECT_EQ(tpu.status().message(), "--device must be cpu, cuda or sim");
+  for (DeviceKind d : {DeviceKind::kCpu, DeviceKind::kCuda, DeviceKind::kSim}) {
+    EXPECT_EQ(ParseDeviceKind(DeviceKindName(d)).value(), d);
+  }
   // cuda: UNIMPLEMENTED without CUDA, FAILED_PRECONDITION without a device, never a crash.
-  const absl::Status cuda = CheckDevices("cuda", 0, 1);
+  const absl::Status cuda = CheckDevices(DeviceKind::kCuda, 0, 1);
   if (!CudaCompiledIn()) {
     EXPECT_TRUE(absl::IsUnimplemented(cuda)) << cuda;
   }

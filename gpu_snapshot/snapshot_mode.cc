@@ -1,5 +1,8 @@
 #include "gpu_snapshot/snapshot_mode.h"
 
+#include <string>
+
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace gradsnap {
@@ -20,17 +23,14 @@ const char* SnapshotModeName(SnapshotMode m) {
   return "?";
 }
 
-std::optional<SnapshotMode> ParseSnapshotMode(absl::string_view name) {
+absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name) {
+  std::string known;
   for (SnapshotMode m : kModes) {
     if (name == SnapshotModeName(m)) return m;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", SnapshotModeName(m));
   }
-  return std::nullopt;
-}
-
-std::string SnapshotModeNames() {
-  std::string out;
-  for (SnapshotMode m : kModes) absl::StrAppend(&out, out.empty() ? "" : ", ", SnapshotModeName(m));
-  return out;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown --ckpt_mode '", name, "' (known: ", known, ")"));
 }
 
 }  // namespace gpu_snapshot

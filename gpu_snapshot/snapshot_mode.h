@@ -4,9 +4,7 @@
 #ifndef GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_MODE_H_
 #define GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_MODE_H_
 
-#include <optional>
-#include <string>
-
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace gradsnap {
@@ -16,10 +14,9 @@ enum class SnapshotMode { kNone, kSync, kAsync, kGoCkpt };
 
 // "none", "sync", "async" or "gockpt".
 const char* SnapshotModeName(SnapshotMode m);
-// The inverse of SnapshotModeName; nullopt for any other string.
-std::optional<SnapshotMode> ParseSnapshotMode(absl::string_view name);
-// "none, sync, async, gockpt", for error messages and --help.
-std::string SnapshotModeNames();
+// The inverse of SnapshotModeName; INVALID_ARGUMENT "unknown --ckpt_mode 'NAME' (known: none,
+// sync, async, gockpt)" for any other string.
+absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name);
 
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

@@ -282,13 +282,12 @@ absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
   // AcquireEpoch did when it came first.
   std::unique_ptr<recovery::StateSource> source = NewRestoreSource(*store, o.ckpt.job);
   ASSIGN_OR_RETURN(std::vector<storage::CheckpointInfo> list, source->List());
-  if (o.resume == "none") return RefuseFreshRunOfExistingJob(o.ckpt.job, list);
-  int64_t step = -1;
+  if (o.resume.kind == ResumeKind::kNone) return RefuseFreshRunOfExistingJob(o.ckpt.job, list);
   recovery::RecoveryPoint rp;
-  if (o.resume == "latest") {
+  if (o.resume.kind == ResumeKind::kLatest) {
     rp = recovery::FindRecoveryPoint(list);
-  } else if (absl::SimpleAtoi(o.resume, &step) && step >= 0) {
-    absl::StatusOr<recovery::RecoveryPoint> planned = recovery::PlanForStep(list, step);
+  } else {
+    absl::StatusOr<recovery::RecoveryPoint> planned = recovery::PlanForStep(list, o.resume.step);
     if (!planned.ok()) return absl::OkStatus();  // the restore reports it
     rp = *planned;
   }
@@ -308,18 +307,13 @@ absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore
   std::unique_ptr<recovery::StateSource> source;
   std::vector<storage::CheckpointInfo> list;
   const bool funnel = store != nullptr && o.storage.empty() && o.world_size > 1;
-  if (store != nullptr && o.resume != "none") {
+  if (store != nullptr && o.resume.kind != ResumeKind::kNone) {
     ASSIGN_OR_RETURN(list, store->ListCommitted(o.ckpt.job));  // collective
     source = NewRestoreSource(*store, o.ckpt.job);
   }
-  int64_t step = -1;  // -1: latest
-  if (o.resume != "none" && o.resume != "latest" &&
-      (!absl::SimpleAtoi(o.resume, &step) || step < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--resume must be none, latest or a step number, not '", o.resume, "'"));
-  }
+  const int64_t step = o.resume.kind == ResumeKind::kStep ? o.resume.step : -1;  // -1: latest
   const recovery::RecoveryPoint newest = recovery::FindRecoveryPoint(list);
-  const bool from_store = o.resume != "none" && (step >= 0 || newest.full_step >= 0);
+  const bool from_store = o.resume.kind != ResumeKind::kNone && (step >= 0 || newest.full_step >= 0);
   if (from_store) {
     out.source = absl::StrCat("job ", o.ckpt.job);
     out.newest_step = step >= 0 ? step : newest.step();

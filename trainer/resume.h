@@ -63,7 +63,7 @@ absl::Status CheckBeforeFencing(const TrainOptions& o, ShardStore* store,
                                 const TrainStateView& view, const ReplicatedState& run);
 
 // Restores this rank's slice (view.lo..view.hi) into host buffers master/m/v (view.count()
-// each), from the store (`store`, when o.resume != "none") or from o.init_from. `run` is the
+// each), from the store (`store`, when o.resume is not none) or from o.init_from. `run` is the
 // fresh state of this run, for the compatibility check. Collective over `comm`.
 absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore* store, Comm& comm,
                                                const TrainStateView& view,

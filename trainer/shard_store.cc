@@ -2,12 +2,11 @@
 #include "trainer/shard_store.h"
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <utility>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/retry.h"
 #include "common/status.h"
 #include "recovery/state_source.h"
 #include "trainer/comm.h"
@@ -36,27 +35,13 @@ absl::StatusOr<std::vector<client::CheckpointInfo>> ListFromClient(client::Clien
 // server outage, bounded (kReadWaitMs): an attempt that starts while the server restarts, or
 // whose server is killed again in the middle of its restore, must not fail and burn another
 // launcher restart. The client has already retried each call a few times (50-200 ms apart);
-// this covers outages of seconds.
+// this covers outages of seconds, waiting 100 ms doubling to 2 s between tries.
 constexpr int64_t kReadWaitMs = 30000;
-
-template <typename T>
-const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-const absl::Status& StatusOf(const absl::Status& s) { return s; }
 
 template <typename F>
 auto WaitOutOutage(F call) -> decltype(call()) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(kReadWaitMs);
-  for (int64_t backoff_ms = 100;; backoff_ms = std::min<int64_t>(2000, 2 * backoff_ms)) {
-    auto r = call();
-    if (!absl::IsUnavailable(StatusOf(r)) ||
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_ms) > deadline) {
-      return r;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
-  }
+  return RetryWhile(call, [](const absl::Status& s) { return absl::IsUnavailable(s); },
+                    RetryPolicy{kReadWaitMs, /*initial_backoff_ms=*/100, /*max_backoff_ms=*/2000});
 }
 
 // A StateSource whose every call waits out an outage of the store (WaitOutOutage).

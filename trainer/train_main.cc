@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +23,7 @@
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/names.h"
+#include "common/status.h"
 #include "gpu_snapshot/device_flags.h"
 #include "gpu_snapshot/snapshot_mode.h"
 #include "recovery/state_source.h"
@@ -91,16 +91,14 @@ namespace {
 
 using gradsnap::trainer::kExitNoRestart;
 
-// The options of the flags; strings with an enum (--ckpt_mode) are parsed here, once.
+// The options of the flags; strings with an enum (--device, --ckpt_mode, --resume) are parsed
+// here, once.
 absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   namespace gs = gradsnap::gpu_snapshot;
   gradsnap::trainer::TrainOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.data = absl::GetFlag(FLAGS_data);
-  std::optional<gradsnap::trainer::DeviceKind> device =
-      gradsnap::trainer::ParseDeviceKind(absl::GetFlag(FLAGS_device));
-  if (!device) return absl::InvalidArgumentError("--device must be cpu, cuda or sim");
-  o.device = *device;
+  ASSIGN_OR_RETURN(o.device, gs::DeviceFlag());
   o.device_id = absl::GetFlag(FLAGS_device_id);
   o.local_rank = absl::GetFlag(FLAGS_local_rank);
   o.sim.copy_gbps = absl::GetFlag(FLAGS_sim_copy_gbps);
@@ -124,13 +122,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   o.collective_timeout_ms =
       std::clamp<int64_t>(absl::GetFlag(FLAGS_collective_timeout_s), 1, 86400) * 1000;
   o.attempt = absl::GetFlag(FLAGS_attempt);
-  const std::string mode = absl::GetFlag(FLAGS_ckpt_mode);
-  std::optional<gs::SnapshotMode> parsed_mode = gs::ParseSnapshotMode(mode);
-  if (!parsed_mode) {
-    return absl::InvalidArgumentError("unknown --ckpt_mode '" + mode +
-                                      "' (known: " + gs::SnapshotModeNames() + ")");
-  }
-  o.ckpt.mode = *parsed_mode;
+  ASSIGN_OR_RETURN(o.ckpt.mode, gs::ParseSnapshotMode(absl::GetFlag(FLAGS_ckpt_mode)));
   o.ckpt.every = absl::GetFlag(FLAGS_ckpt_every);
   o.ckpt.grad_log = absl::GetFlag(FLAGS_grad_log);
   o.ckpt.job = absl::GetFlag(FLAGS_job);
@@ -145,7 +137,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
   o.token = absl::GetFlag(FLAGS_token);
-  o.resume = absl::GetFlag(FLAGS_resume);
+  ASSIGN_OR_RETURN(o.resume, gradsnap::trainer::ParseResume(absl::GetFlag(FLAGS_resume)));
   o.init_from = absl::GetFlag(FLAGS_init_from);
   o.allow_batch_change = absl::GetFlag(FLAGS_allow_batch_change);
   o.recovery_failed_at_ms = absl::GetFlag(FLAGS_recovery_failed_at_ms);
@@ -247,12 +239,8 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
     return Fail(std::string("--ckpt_mode ") + gradsnap::gpu_snapshot::SnapshotModeName(o.ckpt.mode) +
                 " needs --ckpt_every N > 0");
   }
-  if (o.resume != "none" && o.resume != "latest" &&
-      o.resume.find_first_not_of("0123456789") != std::string::npos) {
-    return Fail("--resume must be none, latest or a step number");
-  }
   if (!o.init_from.empty()) {
-    if (o.resume != "none") return Fail("give --init_from DIR or --resume, not both");
+    if (o.resume.kind != t::ResumeKind::kNone) return Fail("give --init_from DIR or --resume, not both");
     // Every tensor checked once here, so a damaged directory is refused before any rank starts.
     auto dir = gradsnap::recovery::OpenDirSource(o.init_from, /*verify_all=*/true);
     if (!dir.ok()) return Fail("--init_from: " + std::string(dir.status().message()));

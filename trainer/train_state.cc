@@ -14,22 +14,6 @@
 namespace gradsnap {
 namespace trainer {
 
-const char* DeviceKindName(DeviceKind d) {
-  switch (d) {
-    case DeviceKind::kCpu: return "cpu";
-    case DeviceKind::kCuda: return "cuda";
-    case DeviceKind::kSim: return "sim";
-  }
-  return "?";
-}
-
-std::optional<DeviceKind> ParseDeviceKind(absl::string_view name) {
-  for (DeviceKind d : {DeviceKind::kCpu, DeviceKind::kCuda, DeviceKind::kSim}) {
-    if (name == DeviceKindName(d)) return d;
-  }
-  return std::nullopt;
-}
-
 namespace {
 
 constexpr absl::string_view kVersionLine = "gradsnap-train-state v1";

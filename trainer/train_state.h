@@ -17,12 +17,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "gpu_snapshot/adamw.h"
+#include "gpu_snapshot/device_kind.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -69,12 +69,8 @@ struct ReplicatedState {
 // cosine decay to min_lr at total_steps, min_lr after. Computed in double, rounded once.
 float LearningRate(const ReplicatedState& s, int64_t step);
 
-// The compute back end (--device, docs/trainer.md).
-enum class DeviceKind { kCpu, kCuda, kSim };
-// "cpu", "cuda" or "sim".
-const char* DeviceKindName(DeviceKind d);
-// The inverse of DeviceKindName; nullopt for any other string.
-std::optional<DeviceKind> ParseDeviceKind(absl::string_view name);
+// The compute back end (--device, docs/trainer.md): the snapshot engine's device kind.
+using gpu_snapshot::DeviceKind;
 
 // A rank's view of its state. Pointers are valid for the whole run.
 struct TrainStateView {

@@ -11,12 +11,14 @@
 #include <cstdio>
 #include <memory>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/retry.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "trainer/backend.h"
@@ -34,6 +36,22 @@ namespace gradsnap {
 namespace trainer {
 
 using gpu_snapshot::SnapshotMode;
+
+absl::StatusOr<ResumeFrom> ParseResume(absl::string_view text) {
+  ResumeFrom r;
+  if (text == "none") return r;
+  if (text == "latest") {
+    r.kind = ResumeKind::kLatest;
+    return r;
+  }
+  if (!text.empty() && text.find_first_not_of("0123456789") == absl::string_view::npos &&
+      absl::SimpleAtoi(text, &r.step)) {
+    r.kind = ResumeKind::kStep;
+    return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--resume must be none, latest or a step number, not '", text, "'"));
+}
 
 namespace {
 
@@ -66,19 +84,19 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
 
 // The embedded engine's directory is locked by one process (RocksDB LOCK, an fcntl lock the
 // kernel drops when its owner dies). A rank of the previous attempt may still be dying when this
-// one starts: wait for the lock a bounded time (kLockWaitMs) instead of failing.
+// one starts: wait for the lock a bounded time (kLockWaitMs, polled every kLockPollMs) instead
+// of failing. The last poll may start up to kLockWaitMs after the first (the deadline of
+// RetryWhile counts to the end of a wait, hence the extra poll).
 constexpr int64_t kLockWaitMs = 10000;
+constexpr int64_t kLockPollMs = 100;
 
 absl::StatusOr<std::unique_ptr<client::Client>> ConnectStore(const client::ClientOptions& co) {
-  const int64_t deadline = MonotonicNanos() / 1000000 + kLockWaitMs;
-  for (;;) {
-    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(co);
-    const bool locked = !c.ok() && !co.local_dir.empty() &&
-                        absl::IsFailedPrecondition(c.status()) &&
-                        c.status().message().find("another process") != absl::string_view::npos;
-    if (!locked || MonotonicNanos() / 1000000 > deadline) return c;
-    usleep(100 * 1000);
-  }
+  const auto locked = [&co](const absl::Status& s) {
+    return !co.local_dir.empty() && absl::IsFailedPrecondition(s) &&
+           s.message().find("another process") != absl::string_view::npos;
+  };
+  return RetryWhile([&co] { return client::Client::Connect(co); }, locked,
+                    RetryPolicy{kLockWaitMs + kLockPollMs, kLockPollMs, kLockPollMs});
 }
 
 absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
@@ -187,7 +205,7 @@ absl::Status RankRunner::Setup() {
     ASSIGN_OR_RETURN(comm_, NewGlooComm(g));
   }
   // --init-from alone needs no store.
-  if (o_.ckpt.mode != SnapshotMode::kNone || o_.resume != "none") {
+  if (o_.ckpt.mode != SnapshotMode::kNone || o_.resume.kind != ResumeKind::kNone) {
     ASSIGN_OR_RETURN(store_, OpenStore(o_));
   }
   const int local_batch = o_.global_batch / o_.world_size;
@@ -260,7 +278,8 @@ absl::Status RankRunner::TakeEpoch() {
 }  // namespace
 
 absl::Status CheckStoreAccess(const TrainOptions& o) {
-  if (o.ckpt.mode == SnapshotMode::kNone && !o.ckpt.grad_log && o.resume == "none") {
+  if (o.ckpt.mode == SnapshotMode::kNone && !o.ckpt.grad_log &&
+      o.resume.kind == ResumeKind::kNone) {
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<client::Client>> c = ConnectStore(StoreClientOptions(o));
@@ -299,13 +318,13 @@ void NoteKeptHyperparameters(const ReplicatedState& run, const ReplicatedState& 
 }
 
 absl::Status RankRunner::Resume() {
-  if (store_ != nullptr && o_.resume == "none") {
+  if (store_ != nullptr && o_.resume.kind == ResumeKind::kNone) {
     // A fresh run (or one started from --init-from) must not collide with a job's checkpoints.
     ASSIGN_OR_RETURN(std::vector<client::CheckpointInfo> existing,
                      store_->ListCommitted(o_.ckpt.job));
     RETURN_IF_ERROR(RefuseFreshRunOfExistingJob(o_.ckpt.job, existing));
   }
-  if (o_.resume == "none" && o_.init_from.empty()) return absl::OkStatus();
+  if (o_.resume.kind == ResumeKind::kNone && o_.init_from.empty()) return absl::OkStatus();
   // Any world size: each rank restores its own slice (resume.h).
   const TrainStateView view = backend_->View();
   std::vector<float> master(view.count()), m(view.count()), v(view.count());

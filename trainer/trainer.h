@@ -17,11 +17,23 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "gpu_snapshot/sim_device.h"
 #include "trainer/checkpointer.h"
 
 namespace gradsnap {
 namespace trainer {
+
+// --resume: where a run starts from in its store.
+enum class ResumeKind { kNone, kLatest, kStep };
+struct ResumeFrom {
+  ResumeKind kind = ResumeKind::kNone;
+  int64_t step = -1;  // kStep: the checkpoint's step (>= 0)
+};
+// "none", "latest" or a step number; INVALID_ARGUMENT "--resume must be none, latest or a step
+// number, not 'X'" for anything else.
+absl::StatusOr<ResumeFrom> ParseResume(absl::string_view text);
 
 struct TrainOptions {
   std::string model = "tiny";  // Default: tiny
@@ -55,7 +67,7 @@ struct TrainOptions {
   std::vector<std::string> storage;  // --storage endpoints; empty = embedded
   std::string ckpt_dir = "checkpoints";
   std::string token;
-  std::string resume = "none";  // none | latest | STEP
+  ResumeFrom resume;             // --resume none | latest | STEP. Default: none
   // Start from a `gradsnap restore` directory (any world size, or consolidated). Default: empty
   std::string init_from;
   // Resume a checkpoint of another global batch size (changes the data order). Default: false

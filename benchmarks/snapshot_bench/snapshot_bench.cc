@@ -43,6 +43,7 @@
 #include "client/client.h"
 #include "common/command_line.h"
 #include "gpu_snapshot/device_flags.h"
+#include "gpu_snapshot/snapshot_mode.h"
 
 ABSL_FLAG(std::string, model, "small", "gradsnap-train model. Default: small (~10.8M parameters)");
 ABSL_FLAG(int, steps, 30, "Training steps per run. Default: 30");
@@ -59,9 +60,12 @@ ABSL_FLAG(std::string, dir, "", "Scratch directory (removed after). Default: a f
 namespace {
 
 namespace fs = std::filesystem;
+using gradsnap::gpu_snapshot::SnapshotMode;
 
+// A run: its label, the --ckpt_mode it trains with and its other flags.
 struct Mode {
   std::string name;
+  SnapshotMode mode;
   std::vector<std::string> flags;
 };
 
@@ -83,7 +87,7 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
-RunStats Parse(const std::string& out, const std::string& mode) {
+RunStats Parse(const std::string& out, SnapshotMode mode) {
   RunStats r;
   std::regex step_re(R"(^step \d+ loss \S+ step_ms \S+ stall_ms (\S+))");
   std::regex tps_re(R"(tokens_per_s=(\S+))");
@@ -102,7 +106,7 @@ RunStats Parse(const std::string& out, const std::string& mode) {
     }
     if (std::regex_search(line, m, mem_re)) r.host_mem_ratio = std::stod(m[1]);
   }
-  if (mode == "sync") r.fulls = absl::GetFlag(FLAGS_steps) / absl::GetFlag(FLAGS_every);
+  if (mode == SnapshotMode::kSync) r.fulls = absl::GetFlag(FLAGS_steps) / absl::GetFlag(FLAGS_every);
   return r;
 }
 
@@ -117,6 +121,7 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
       "--job=bench"};
   const std::vector<std::string> device = gradsnap::gpu_snapshot::DeviceFlagArgs();
   args.insert(args.end(), device.begin(), device.end());
+  args.push_back(absl::StrCat("--ckpt_mode=", gradsnap::gpu_snapshot::SnapshotModeName(mode.mode)));
   args.insert(args.end(), mode.flags.begin(), mode.flags.end());
   std::string out = absl::StrCat(dir, "/", mode.name, "_", round, ".out");
   std::string cmd = absl::StrCat(absl::StrJoin(args, " "), " >", out, " 2>&1");
@@ -128,7 +133,7 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
   const double cpu0 = cpu();
   int st = std::system(cmd.c_str());
   std::string text = Slurp(out);
-  RunStats r = Parse(text, mode.name);
+  RunStats r = Parse(text, mode.mode);
   r.cpu_s = cpu() - cpu0;
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r.ok) {
     r.ok = false;
@@ -209,12 +214,12 @@ int main(int argc, char** argv) {
   const std::string ev = absl::StrCat("--ckpt_every=", every);
   std::string win = absl::StrCat("--gockpt_window=", absl::GetFlag(FLAGS_window));
   const std::vector<Mode> modes = {
-      {"none", {"--ckpt_mode=none"}},
-      {"sync", {"--ckpt_mode=sync", ev}},
-      {"async", {"--ckpt_mode=async", ev}},
-      {"gockpt", {"--ckpt_mode=gockpt", ev, win}},
-      {"gockpt_noO", {"--ckpt_mode=gockpt", ev, win, "--gockpt_overlap=false"}},
-      {"gockpt_gradlog", {"--ckpt_mode=gockpt", ev, win, "--grad_log"}},
+      {"none", SnapshotMode::kNone, {}},
+      {"sync", SnapshotMode::kSync, {ev}},
+      {"async", SnapshotMode::kAsync, {ev}},
+      {"gockpt", SnapshotMode::kGoCkpt, {ev, win}},
+      {"gockpt_noO", SnapshotMode::kGoCkpt, {ev, win, "--gockpt_overlap=false"}},
+      {"gockpt_gradlog", SnapshotMode::kGoCkpt, {ev, win, "--grad_log"}},
   };
   std::map<std::string, std::vector<RunStats>> runs;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {

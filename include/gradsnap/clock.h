@@ -1,7 +1,7 @@
 // The time source gradsnap decides by: the storage engine's stored timestamps and quarantine
-// ages, and the client's retry backoff. Every options struct that takes one (ClientOptions,
-// storage::EngineOptions) treats nullptr as the real clock; tests pass a FakeClock and advance
-// it instead of sleeping.
+// ages, the client's retry backoff and the deadlines of bounded waits (common/retry.h). Every
+// options struct that takes one (ClientOptions, storage::EngineOptions) treats nullptr as the
+// real clock; tests pass a FakeClock and advance it instead of sleeping.
 #ifndef GRADSNAP_INCLUDE_GRADSNAP_CLOCK_H_
 #define GRADSNAP_INCLUDE_GRADSNAP_CLOCK_H_
 
@@ -15,6 +15,9 @@ class Clock {
   virtual ~Clock() = default;
   // Wall-clock milliseconds since the Unix epoch.
   virtual int64_t NowUnixMillis() = 0;
+  // Milliseconds of a time that never steps (for deadlines), from an arbitrary origin. The real
+  // clock reads the monotonic clock; by default (FakeClock) it is NowUnixMillis().
+  virtual int64_t NowMonotonicMillis() { return NowUnixMillis(); }
   // Waits `ms` milliseconds of this clock (the real clock sleeps; a fake one moves on).
   virtual void SleepForMillis(int64_t ms) = 0;
   // The real clock; never null, never freed.
