@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 
@@ -18,6 +19,12 @@ template <typename T>
 std::unique_ptr<T> ValueOrNull(absl::StatusOr<std::unique_ptr<T>> made) {
   EXPECT_TRUE(made.ok()) << made.status();
   return made.ok() ? *std::move(made) : nullptr;
+}
+
+// For ASSERT_TRUE(IsOk(s)) / EXPECT_TRUE(IsOk(s)): passes when `s` is OK, else fails with it.
+inline ::testing::AssertionResult IsOk(const absl::Status& s) {
+  if (s.ok()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << s;
 }
 
 }  // namespace testing

@@ -61,5 +61,13 @@ absl::Status ResumedExactly(const std::string& reference, const std::string& res
   return absl::OkStatus();
 }
 
+absl::Status ResumedFrom(const RunResult& run, int64_t from) {
+  const std::string resumed_from = SummaryField(run.out, "resumed_from");
+  if (run.exit_code == 0 && resumed_from == std::to_string(from)) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("exit ", run.exit_code, ", resumed_from=",
+                                          resumed_from, " (want exit 0, resumed_from=", from,
+                                          "):\n", run.out));
+}
+
 }  // namespace testing
 }  // namespace gradsnap

@@ -26,6 +26,9 @@ std::string SummaryField(const std::string& output, const std::string& key);
 // printed `reference` (their params_sha256, present), and printed the same loss for every step
 // after `from` that `reference` printed (one at least); otherwise what differs.
 absl::Status ResumedExactly(const std::string& reference, const std::string& resumed, int64_t from);
+// OK when `run` exited 0 and its summary says it resumed from step `from`; otherwise what
+// differs, with the run's output.
+absl::Status ResumedFrom(const RunResult& run, int64_t from);
 
 }  // namespace testing
 }  // namespace gradsnap

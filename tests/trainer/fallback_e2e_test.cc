@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/remote_placement.h"
 #include "gtest/gtest.h"
+#include "tests/testing/gtest_util.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/trainer.h"
@@ -43,8 +44,7 @@ void TrainJob(const std::string& store) {
 void ExpectFallback(const std::string& dir, const std::string& store, const std::string& cli_store,
                     int64_t expect_step, const std::string& damage) {
   const RunResult resumed = Train("--steps 15 --resume latest --job j" + store);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), std::to_string(expect_step)) << resumed.out;
+  ASSERT_TRUE(IsOk(ResumedFrom(resumed, expect_step)));
   EXPECT_TRUE(absl::StrContains(
       resumed.out, absl::StrCat("recovery point fell back from step 13 to step ", expect_step, ": ",
                                 13 - expect_step, " step(s) lost")))
@@ -103,8 +103,7 @@ TEST(FallbackTest, DamagedNewestFullWithoutChain) {
   EXPECT_TRUE(absl::StrContains(cli.out, "damaged record skipped: job j step 8 rank 0")) << cli.out;
   EXPECT_TRUE(absl::StrContains(cli.out, "job j step 4 (full 4)")) << cli.out;
   const RunResult resumed = Train("--steps 8 --resume latest --job j" + store);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), "4") << resumed.out;
+  ASSERT_TRUE(IsOk(ResumedFrom(resumed, 4)));
   EXPECT_EQ(SummaryField(resumed.out, "params_sha256"), SummaryField(trained.out, "params_sha256"));
   // Resumed with checkpointing on, step 8 saved again is not reported saved over its damaged
   // copy: the persist fails (the stored shard does not read back) and the recovery point
@@ -208,8 +207,7 @@ TEST(FallbackTest, ServerDoesNotCountADamagedStepSavedAgain) {
   ASSERT_TRUE(server.Restart().ok()) << server.Log();
   const RunResult again =
       Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --resume latest --job j" + store);
-  ASSERT_EQ(again.exit_code, 0) << again.out;
-  EXPECT_EQ(SummaryField(again.out, "resumed_from"), "4") << again.out;
+  ASSERT_TRUE(IsOk(ResumedFrom(again, 4)));
   EXPECT_EQ(SummaryField(again.out, "ckpt_failures"), "1") << again.out;
   EXPECT_EQ(SummaryField(again.out, "recovery_point"), "4") << again.out;
   EXPECT_TRUE(absl::StrContains(again.out, "does not read back")) << again.out;
@@ -272,8 +270,7 @@ TEST(FallbackTest, FullWithARankNoNodeHoldsFallsBackInTheCli) {
   EXPECT_EQ(named8.exit_code, 3) << named8.out;
   // The CLI's restore of step 4 is what the trainer resumes from.
   const RunResult resumed = Train("--steps 8 --resume latest --job j" + store);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  EXPECT_EQ(SummaryField(resumed.out, "resumed_from"), "4") << resumed.out;
+  ASSERT_TRUE(IsOk(ResumedFrom(resumed, 4)));
   EXPECT_EQ(SummaryField(resumed.out, "params_sha256"), SummaryField(second.out, "params_sha256"))
       << resumed.out;
   const RunResult from_dir = Train("--steps 8 --init-from " + dir + "/latest");

@@ -22,6 +22,7 @@
 #include "common/sha256.h"
 #include "gpu_snapshot/adamw.h"
 #include "gtest/gtest.h"
+#include "tests/testing/gtest_util.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/trainer.h"
@@ -190,8 +191,7 @@ TEST(ReshardChainTest, ChainWrittenByTwoWorldSizesReplaysExactly) {
   EXPECT_TRUE(absl::StrContains(ls.out, "recovery point: full 8 + 3 deltas -> step 11")) << ls.out;
   const RunResult one = Train("--steps 11 --nproc 1 --resume latest --job j --ckpt-dir " + dir +
                               "/ckpt");
-  ASSERT_EQ(one.exit_code, 0) << one.out;
-  EXPECT_EQ(SummaryField(one.out, "resumed_from"), "11");
+  ASSERT_TRUE(IsOk(ResumedFrom(one, 11)));
   EXPECT_EQ(SummaryField(one.out, "params_sha256"), SummaryField(three.out, "params_sha256"));
 }
 
@@ -350,8 +350,7 @@ TEST(RestoreBadInputTest, ClearErrorsAndNothingWritten) {
   // A changed global batch is allowed when asked for.
   const RunResult changed =
       Train("--steps 8 --resume latest --job j --batch 6 --allow-batch-change" + store);
-  EXPECT_EQ(changed.exit_code, 0) << changed.out;
-  EXPECT_EQ(SummaryField(changed.out, "resumed_from"), "6") << changed.out;  // 4 + DELTAs 5, 6
+  ASSERT_TRUE(IsOk(ResumedFrom(changed, 6)));  // 4 + DELTAs 5, 6
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testing/gtest_util.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/trainer.h"
 #include "tests/testing/util.h"
@@ -78,8 +79,7 @@ TEST_F(RestoreDirTest, InitFromRefusesRankFileOfAnotherStep) {
   EXPECT_TRUE(absl::StrContains(r.out, "manifest.json says job 'j' step 10")) << r.out;
   // Each directory on its own still resumes.
   const RunResult ok = Train("--steps 14 --init-from " + b);
-  EXPECT_EQ(ok.exit_code, 0) << ok.out;
-  EXPECT_EQ(SummaryField(ok.out, "resumed_from"), "12") << ok.out;
+  ASSERT_TRUE(IsOk(ResumedFrom(ok, 12)));
 }
 
 TEST_F(RestoreDirTest, ExportNeverReplacesFifoOrDevice) {

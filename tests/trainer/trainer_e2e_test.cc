@@ -9,6 +9,7 @@
 #include "client/client.h"
 #include "client/test_util.h"
 #include "gtest/gtest.h"
+#include "tests/testing/gtest_util.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/trainer.h"
@@ -174,8 +175,7 @@ TEST(TrainerE2eTest, CheckpointOfAnotherModelIsRefusedAndKept) {
   EXPECT_EQ(manifest_of(4), before);
   // The right model still resumes from it.
   const RunResult same = Train("--steps 6 --resume latest" + store);
-  ASSERT_EQ(same.exit_code, 0) << same.out;
-  EXPECT_EQ(SummaryField(same.out, "resumed_from"), "4");
+  ASSERT_TRUE(IsOk(ResumedFrom(same, 4)));
 }
 
 }  // namespace
