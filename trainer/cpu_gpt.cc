@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "trainer/cpu_layers.h"
+#include "trainer/layer_activations.h"
 
 namespace gradsnap {
 namespace trainer {
@@ -34,6 +35,11 @@ CpuGpt::CpuGpt(const ModelConfig& config, int B, int T)
   fch_gelu_.resize(L * BT * 4 * C);
   fcproj_.resize(L * BT * C);
   residual3_.resize(L * BT * C);
+  acts_ = {encoded_.data(), ln1_.data(),      ln1_mean_.data(),  ln1_rstd_.data(),
+           qkv_.data(),     atty_.data(),     preatt_.data(),    att_.data(),
+           attproj_.data(), residual2_.data(), ln2_.data(),      ln2_mean_.data(),
+           ln2_rstd_.data(), fch_.data(),     fch_gelu_.data(),  fcproj_.data(),
+           residual3_.data()};
   lnf_.resize(BT * C);
   lnf_mean_.resize(BT);
   lnf_rstd_.resize(BT);
@@ -54,33 +60,25 @@ CpuGpt::CpuGpt(const ModelConfig& config, int B, int T)
 double CpuGpt::Forward(const float* params, const int32_t* inputs, const int32_t* targets) {
   const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
   const int V = config_.vocab_size, BT = B * T;
-  const size_t sC = static_cast<size_t>(BT) * C, sT = static_cast<size_t>(BT);
+  const size_t sC = static_cast<size_t>(BT) * C;
   const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
   const ParamViews p = layout_.Views(const_cast<float*>(params));
   EncoderForward(encoded_.data(), inputs, p.wte, p.wpe, B, T, C);
   for (int l = 0; l < config_.num_layers; ++l) {
-    const float* residual = l == 0 ? encoded_.data() : residual3_.data() + (l - 1) * sC;
-    float* ln1 = ln1_.data() + l * sC;
-    float* qkv = qkv_.data() + l * 3 * sC;
-    float* atty = atty_.data() + l * sC;
-    float* attproj = attproj_.data() + l * sC;
-    float* res2 = residual2_.data() + l * sC;
-    float* ln2 = ln2_.data() + l * sC;
-    float* fch = fch_.data() + l * 4 * sC;
-    float* fch_gelu = fch_gelu_.data() + l * 4 * sC;
-    float* fcproj = fcproj_.data() + l * sC;
-    LayerNormForward(ln1, ln1_mean_.data() + l * sT, ln1_rstd_.data() + l * sT, residual,
-                     p.ln1w + l * C, p.ln1b + l * C, BT, C);
-    MatmulForward(qkv, ln1, p.qkvw + l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
-    AttentionForward(atty, preatt_.data() + l * sAtt, att_.data() + l * sAtt, qkv, B, T, C, NH);
-    MatmulForward(attproj, atty, p.attprojw + l * C * C, p.attprojb + l * C, BT, C, C);
-    ResidualForward(res2, residual, attproj, BT * C);
-    LayerNormForward(ln2, ln2_mean_.data() + l * sT, ln2_rstd_.data() + l * sT, res2,
-                     p.ln2w + l * C, p.ln2b + l * C, BT, C);
-    MatmulForward(fch, ln2, p.fcw + l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
-    GeluForward(fch_gelu, fch, BT * 4 * C);
-    MatmulForward(fcproj, fch_gelu, p.fcprojw + l * 4 * C * C, p.fcprojb + l * C, BT, 4 * C, C);
-    ResidualForward(residual3_.data() + l * sC, res2, fcproj, BT * C);
+    const LayerActivations a = acts_.Layer(l, BT, C, sAtt);
+    LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p.ln1w + l * C, p.ln1b + l * C,
+                     BT, C);
+    MatmulForward(a.qkv, a.ln1, p.qkvw + l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
+    AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
+    MatmulForward(a.attproj, a.atty, p.attprojw + l * C * C, p.attprojb + l * C, BT, C, C);
+    ResidualForward(a.residual2, a.residual, a.attproj, BT * C);
+    LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w + l * C, p.ln2b + l * C,
+                     BT, C);
+    MatmulForward(a.fch, a.ln2, p.fcw + l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
+    GeluForward(a.fch_gelu, a.fch, BT * 4 * C);
+    MatmulForward(a.fcproj, a.fch_gelu, p.fcprojw + l * 4 * C * C, p.fcprojb + l * C, BT, 4 * C,
+                  C);
+    ResidualForward(a.residual3, a.residual2, a.fcproj, BT * C);
   }
   const float* last = residual3_.data() + (config_.num_layers - 1) * sC;
   LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), last, p.lnfw, p.lnfb, BT, C);
@@ -103,7 +101,7 @@ void CpuGpt::Backward(const float* params, float* grads, const int32_t* inputs,
                       const int32_t* targets, float dloss) {
   const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
   const int V = config_.vocab_size, BT = B * T, L = config_.num_layers;
-  const size_t sC = static_cast<size_t>(BT) * C, sT = static_cast<size_t>(BT);
+  const size_t sC = static_cast<size_t>(BT) * C;
   const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
   const ParamViews p = layout_.Views(const_cast<float*>(params));
   const ParamViews g = layout_.Views(grads);
@@ -118,7 +116,7 @@ void CpuGpt::Backward(const float* params, float* grads, const int32_t* inputs,
                     lnf_rstd_.data(), BT, C);
 
   for (int l = L - 1; l >= 0; --l) {
-    const float* residual = l == 0 ? encoded_.data() : residual3_.data() + (l - 1) * sC;
+    const LayerActivations a = acts_.Layer(l, BT, C, sAtt);
     for (auto* v : {&dres_prev_, &dres2_, &dln_, &dqkv_, &datty_, &dpreatt_, &datt_, &dattproj_,
                     &dfch_, &dfch_gelu_, &dfcproj_}) {
       Zero(*v);
@@ -126,24 +124,24 @@ void CpuGpt::Backward(const float* params, float* grads, const int32_t* inputs,
     // dres_ holds d(residual3[l]); dres_prev_ collects d(residual of this layer's input).
     ResidualBackward(dres2_.data(), dfcproj_.data(), dres_.data(), BT * C);
     MatmulBackward(dfch_gelu_.data(), g.fcprojw + l * 4 * C * C, g.fcprojb + l * C,
-                   dfcproj_.data(), fch_gelu_.data() + l * 4 * sC, p.fcprojw + l * 4 * C * C, BT,
+                   dfcproj_.data(), a.fch_gelu, p.fcprojw + l * 4 * C * C, BT,
                    4 * C, C);
-    GeluBackward(dfch_.data(), fch_.data() + l * 4 * sC, dfch_gelu_.data(), BT * 4 * C);
+    GeluBackward(dfch_.data(), a.fch, dfch_gelu_.data(), BT * 4 * C);
     MatmulBackward(dln_.data(), g.fcw + l * 4 * C * C, g.fcb + l * 4 * C, dfch_.data(),
-                   ln2_.data() + l * sC, p.fcw + l * 4 * C * C, BT, C, 4 * C);
+                   a.ln2, p.fcw + l * 4 * C * C, BT, C, 4 * C);
     LayerNormBackward(dres2_.data(), g.ln2w + l * C, g.ln2b + l * C, dln_.data(),
-                      residual2_.data() + l * sC, p.ln2w + l * C, ln2_mean_.data() + l * sT,
-                      ln2_rstd_.data() + l * sT, BT, C);
+                      a.residual2, p.ln2w + l * C, a.ln2_mean,
+                      a.ln2_rstd, BT, C);
     ResidualBackward(dres_prev_.data(), dattproj_.data(), dres2_.data(), BT * C);
     MatmulBackward(datty_.data(), g.attprojw + l * C * C, g.attprojb + l * C, dattproj_.data(),
-                   atty_.data() + l * sC, p.attprojw + l * C * C, BT, C, C);
+                   a.atty, p.attprojw + l * C * C, BT, C, C);
     AttentionBackward(dqkv_.data(), dpreatt_.data(), datt_.data(), datty_.data(),
-                      qkv_.data() + l * 3 * sC, att_.data() + l * sAtt, B, T, C, NH);
+                      a.qkv, a.att, B, T, C, NH);
     Zero(dln_);
     MatmulBackward(dln_.data(), g.qkvw + l * 3 * C * C, g.qkvb + l * 3 * C, dqkv_.data(),
-                   ln1_.data() + l * sC, p.qkvw + l * 3 * C * C, BT, C, 3 * C);
-    LayerNormBackward(dres_prev_.data(), g.ln1w + l * C, g.ln1b + l * C, dln_.data(), residual,
-                      p.ln1w + l * C, ln1_mean_.data() + l * sT, ln1_rstd_.data() + l * sT, BT,
+                   a.ln1, p.qkvw + l * 3 * C * C, BT, C, 3 * C);
+    LayerNormBackward(dres_prev_.data(), g.ln1w + l * C, g.ln1b + l * C, dln_.data(), a.residual,
+                      p.ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT,
                       C);
     dres_.swap(dres_prev_);
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trainer/layer_activations.h"
 #include "trainer/model_config.h"
 
 namespace gradsnap {
@@ -19,6 +20,9 @@ class CpuGpt {
  public:
   // B sequences of T <= max_seq_len tokens per call.
   CpuGpt(const ModelConfig& config, int B, int T);
+  // acts_ points into the buffers: a copy would share them.
+  CpuGpt(const CpuGpt&) = delete;
+  CpuGpt& operator=(const CpuGpt&) = delete;
 
   // Forward pass; returns the SUM of the B*T token losses (cross-entropy, nats).
   double Forward(const float* params, const int32_t* inputs, const int32_t* targets);
@@ -47,6 +51,7 @@ class CpuGpt {
   std::vector<float> ln2_, ln2_mean_, ln2_rstd_;
   std::vector<float> fch_, fch_gelu_;           // (L,B,T,4C)
   std::vector<float> fcproj_, residual3_;       // (L,B,T,C)
+  LayerActivations acts_;  // layer 0's slices of the buffers above (Layer(l): layer l's)
   std::vector<float> lnf_, lnf_mean_, lnf_rstd_;  // (B,T,C), (B,T)
   std::vector<float> logits_, probs_;           // (B,T,V)
   std::vector<float> losses_;                   // (B,T)

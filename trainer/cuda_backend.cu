@@ -18,6 +18,7 @@
 #include "trainer/cuda_layers.h"
 #include "trainer/cuda_testing.h"
 #include "trainer/cuda_util.h"
+#include "trainer/layer_activations.h"
 
 #if defined(GRADSNAP_HAVE_NCCL)
 #include <nccl.h>
@@ -105,6 +106,10 @@ class CudaBackend : public Backend {
     RETURN_IF_ERROR(att_.Alloc(L * att));
     RETURN_IF_ERROR(fch_.Alloc(L * BT * 4 * C));
     RETURN_IF_ERROR(fch_gelu_.Alloc(L * BT * 4 * C));
+    acts_ = {encoded_.get(), ln1_.get(),      ln1_mean_.get(), ln1_rstd_.get(), qkv_.get(),
+             atty_.get(),    preatt_.get(),   att_.get(),      attproj_.get(),  residual2_.get(),
+             ln2_.get(),     ln2_mean_.get(), ln2_rstd_.get(), fch_.get(),      fch_gelu_.get(),
+             fcproj_.get(),  residual3_.get()};
     RETURN_IF_ERROR(logits_.Alloc(BT * V));
     RETURN_IF_ERROR(probs_.Alloc(BT * V));
     RETURN_IF_ERROR(dlogits_.Alloc(BT * V));
@@ -313,37 +318,28 @@ class CudaBackend : public Backend {
   void Forward() {
     const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
     const int V = config_.vocab_size, BT = B * T;
-    const size_t sC = static_cast<size_t>(BT) * C, sT = BT;
+    const size_t sC = static_cast<size_t>(BT) * C;
     const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
     cudaStream_t s = stream_;
     cuda::EncoderForward(s, encoded_.get(), inputs_.get(), P(kWte), P(kWpe), B, T, C);
     for (int l = 0; l < config_.num_layers; ++l) {
-      const float* residual = l == 0 ? encoded_.get() : residual3_.get() + (l - 1) * sC;
-      float* ln1 = ln1_.get() + l * sC;
-      float* qkv = qkv_.get() + l * 3 * sC;
-      float* atty = atty_.get() + l * sC;
-      float* res2 = residual2_.get() + l * sC;
-      float* ln2 = ln2_.get() + l * sC;
-      float* fch = fch_.get() + l * 4 * sC;
-      float* fch_gelu = fch_gelu_.get() + l * 4 * sC;
-      float* fcproj = fcproj_.get() + l * sC;
-      cuda::LayerNormForward(s, ln1, ln1_mean_.get() + l * sT, ln1_rstd_.get() + l * sT,
-                             residual, P(kLn1w) + l * C, P(kLn1b) + l * C, BT, C);
-      Blas(cuda::MatmulForward(cublas_, s, qkv, ln1, P(kQkvw) + l * 3 * C * C, P(kQkvb) + l * 3 * C,
-                          BT, C, 3 * C, scratch_a_.get()));
-      cuda::AttentionForward(s, atty, preatt_.get() + l * sAtt, att_.get() + l * sAtt, qkv, B, T,
-                             C, NH);
-      Blas(cuda::MatmulForward(cublas_, s, attproj_.get() + l * sC, atty, P(kAttprojw) + l * C * C,
-                          P(kAttprojb) + l * C, BT, C, C, scratch_a_.get()));
-      cuda::ResidualForward(s, res2, residual, attproj_.get() + l * sC, BT * C);
-      cuda::LayerNormForward(s, ln2, ln2_mean_.get() + l * sT, ln2_rstd_.get() + l * sT, res2,
-                             P(kLn2w) + l * C, P(kLn2b) + l * C, BT, C);
-      Blas(cuda::MatmulForward(cublas_, s, fch, ln2, P(kFcw) + l * 4 * C * C, P(kFcb) + l * 4 * C,
-                          BT, C, 4 * C, scratch_a_.get()));
-      cuda::GeluForward(s, fch_gelu, fch, BT * 4 * C);
-      Blas(cuda::MatmulForward(cublas_, s, fcproj, fch_gelu, P(kFcprojw) + l * 4 * C * C,
-                          P(kFcprojb) + l * C, BT, 4 * C, C, scratch_a_.get()));
-      cuda::ResidualForward(s, residual3_.get() + l * sC, res2, fcproj, BT * C);
+      const LayerActivations a = acts_.Layer(l, BT, C, sAtt);
+      cuda::LayerNormForward(s, a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, P(kLn1w) + l * C,
+                             P(kLn1b) + l * C, BT, C);
+      Blas(cuda::MatmulForward(cublas_, s, a.qkv, a.ln1, P(kQkvw) + l * 3 * C * C,
+                               P(kQkvb) + l * 3 * C, BT, C, 3 * C, scratch_a_.get()));
+      cuda::AttentionForward(s, a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
+      Blas(cuda::MatmulForward(cublas_, s, a.attproj, a.atty, P(kAttprojw) + l * C * C,
+                               P(kAttprojb) + l * C, BT, C, C, scratch_a_.get()));
+      cuda::ResidualForward(s, a.residual2, a.residual, a.attproj, BT * C);
+      cuda::LayerNormForward(s, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, P(kLn2w) + l * C,
+                             P(kLn2b) + l * C, BT, C);
+      Blas(cuda::MatmulForward(cublas_, s, a.fch, a.ln2, P(kFcw) + l * 4 * C * C,
+                               P(kFcb) + l * 4 * C, BT, C, 4 * C, scratch_a_.get()));
+      cuda::GeluForward(s, a.fch_gelu, a.fch, BT * 4 * C);
+      Blas(cuda::MatmulForward(cublas_, s, a.fcproj, a.fch_gelu, P(kFcprojw) + l * 4 * C * C,
+                               P(kFcprojb) + l * C, BT, 4 * C, C, scratch_a_.get()));
+      cuda::ResidualForward(s, a.residual3, a.residual2, a.fcproj, BT * C);
     }
     const float* last = residual3_.get() + (config_.num_layers - 1) * sC;
     cuda::LayerNormForward(s, lnf_.get(), lnf_mean_.get(), lnf_rstd_.get(), last, P(kLnfw),
@@ -361,7 +357,7 @@ class CudaBackend : public Backend {
   void Backward(float dloss) {
     const int B = B_, T = T_, C = config_.channels, NH = config_.num_heads;
     const int V = config_.vocab_size, BT = B * T, L = config_.num_layers;
-    const size_t sC = static_cast<size_t>(BT) * C, sT = BT;
+    const size_t sC = static_cast<size_t>(BT) * C;
     const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
     cudaStream_t s = stream_;
     bf16* sa = scratch_a_.get();
@@ -377,35 +373,35 @@ class CudaBackend : public Backend {
     cuda::LayerNormBackward(s, dres_.get(), G(kLnfw), G(kLnfb), dln_.get(), last, P(kLnfw),
                             lnf_mean_.get(), lnf_rstd_.get(), BT, C);
     for (int l = L - 1; l >= 0; --l) {
-      const float* residual = l == 0 ? encoded_.get() : residual3_.get() + (l - 1) * sC;
-      for (auto* a : {&dres_prev_, &dres2_, &dln_, &dqkv_, &datty_, &dattproj_, &dfch_,
+      const LayerActivations a = acts_.Layer(l, BT, C, sAtt);
+      for (auto* d : {&dres_prev_, &dres2_, &dln_, &dqkv_, &datty_, &dattproj_, &dfch_,
                       &dfch_gelu_, &dfcproj_}) {
-        Zero(*a);
+        Zero(*d);
       }
       cuda::ResidualBackward(s, dres2_.get(), dfcproj_.get(), dres_.get(), BT * C);
       Blas(cuda::MatmulBackward(cublas_, s, dfch_gelu_.get(), G(kFcprojw) + l * 4 * C * C,
-                           G(kFcprojb) + l * C, dfcproj_.get(), fch_gelu_.get() + l * 4 * sC,
+                           G(kFcprojb) + l * C, dfcproj_.get(), a.fch_gelu,
                            P(kFcprojw) + l * 4 * C * C, BT, 4 * C, C, sa, sb));
-      cuda::GeluBackward(s, dfch_.get(), fch_.get() + l * 4 * sC, dfch_gelu_.get(), BT * 4 * C);
+      cuda::GeluBackward(s, dfch_.get(), a.fch, dfch_gelu_.get(), BT * 4 * C);
       Blas(cuda::MatmulBackward(cublas_, s, dln_.get(), G(kFcw) + l * 4 * C * C, G(kFcb) + l * 4 * C,
-                           dfch_.get(), ln2_.get() + l * sC, P(kFcw) + l * 4 * C * C, BT, C,
+                           dfch_.get(), a.ln2, P(kFcw) + l * 4 * C * C, BT, C,
                            4 * C, sa, sb));
       cuda::LayerNormBackward(s, dres2_.get(), G(kLn2w) + l * C, G(kLn2b) + l * C, dln_.get(),
-                              residual2_.get() + l * sC, P(kLn2w) + l * C,
-                              ln2_mean_.get() + l * sT, ln2_rstd_.get() + l * sT, BT, C);
+                              a.residual2, P(kLn2w) + l * C,
+                              a.ln2_mean, a.ln2_rstd, BT, C);
       cuda::ResidualBackward(s, dres_prev_.get(), dattproj_.get(), dres2_.get(), BT * C);
       Blas(cuda::MatmulBackward(cublas_, s, datty_.get(), G(kAttprojw) + l * C * C,
-                           G(kAttprojb) + l * C, dattproj_.get(), atty_.get() + l * sC,
+                           G(kAttprojb) + l * C, dattproj_.get(), a.atty,
                            P(kAttprojw) + l * C * C, BT, C, C, sa, sb));
       cuda::AttentionBackward(s, dqkv_.get(), dpreatt_.get(), datty_.get(),
-                              qkv_.get() + l * 3 * sC, att_.get() + l * sAtt, B, T, C, NH);
+                              a.qkv, a.att, B, T, C, NH);
       Zero(dln_);
       Blas(cuda::MatmulBackward(cublas_, s, dln_.get(), G(kQkvw) + l * 3 * C * C,
-                           G(kQkvb) + l * 3 * C, dqkv_.get(), ln1_.get() + l * sC,
+                           G(kQkvb) + l * 3 * C, dqkv_.get(), a.ln1,
                            P(kQkvw) + l * 3 * C * C, BT, C, 3 * C, sa, sb));
       cuda::LayerNormBackward(s, dres_prev_.get(), G(kLn1w) + l * C, G(kLn1b) + l * C,
-                              dln_.get(), residual, P(kLn1w) + l * C, ln1_mean_.get() + l * sT,
-                              ln1_rstd_.get() + l * sT, BT, C);
+                              dln_.get(), a.residual, P(kLn1w) + l * C, a.ln1_mean,
+                              a.ln1_rstd, BT, C);
       dres_.Swap(dres_prev_);
     }
     cuda::EncoderBackward(s, G(kWte), G(kWpe), dres_.get(), inputs_.get(), B, T, C, V);
@@ -436,6 +432,7 @@ class CudaBackend : public Backend {
       lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
   DeviceArray<float> dres_, dres_prev_, dres2_, dln_, dqkv_, datty_, dpreatt_, dattproj_, dfch_,
       dfch_gelu_, dfcproj_, dlogits_;
+  LayerActivations acts_{};  // layer 0's slices of the buffers above (Layer(l): layer l's)
 };
 
 }  // namespace
