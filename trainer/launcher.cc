@@ -179,7 +179,14 @@ int Launch(const LaunchOptions& o) {
     if (ec) {
       std::fprintf(stderr, "gradsnap-train: cannot create the rendezvous directory %s: %s\n",
                    dir.c_str(), ec.message().c_str());
-      break;  // exit_code stays 1
+      // A path that cannot be a directory, or may not be written, is bad input that no restart
+      // mends (exit 2); anything else (a full disk, an I/O error) may pass (exit 1).
+      const int e = ec.value();
+      if (e == ENOTDIR || e == EEXIST || e == EACCES || e == EPERM || e == EROFS ||
+          e == ENAMETOOLONG || e == ELOOP) {
+        exit_code = kExitNoRestart;
+      }
+      break;
     }
     const AttemptResult r = RunAttempt(o, attempt, dir, failed_at_ms);
     failed_at_ms = r.failed_at_ms;

@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
@@ -130,11 +132,21 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   o.ckpt.overlap_grads = absl::GetFlag(FLAGS_gockpt_overlap);
   o.ckpt.trace_file = absl::GetFlag(FLAGS_trace);
   o.ckpt.persist_timeout_ms = absl::GetFlag(FLAGS_ckpt_persist_timeout_ms);
-  o.ckpt.stop_on_failure = absl::GetFlag(FLAGS_ckpt_on_failure) == "stop";
+  const std::string on_failure = absl::GetFlag(FLAGS_ckpt_on_failure);
+  if (on_failure != "continue" && on_failure != "stop") {
+    return absl::InvalidArgumentError("--ckpt_on_failure must be continue or stop");
+  }
+  o.ckpt.stop_on_failure = on_failure == "stop";
   o.test_skip_step = absl::GetFlag(FLAGS_test_skip_step);
   o.test_step_delay_ms = std::max<int64_t>(0, absl::GetFlag(FLAGS_test_step_delay_ms));
   const std::string storage = absl::GetFlag(FLAGS_storage);
-  if (!storage.empty()) o.storage = absl::StrSplit(storage, ',', absl::SkipEmpty());
+  if (!storage.empty()) {
+    o.storage = absl::StrSplit(storage, ',');
+    if (std::find(o.storage.begin(), o.storage.end(), "") != o.storage.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--storage must be host:port[,host:port...] with no empty entry, not '", storage, "'"));
+    }
+  }
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
   o.token = absl::GetFlag(FLAGS_token);
   ASSIGN_OR_RETURN(o.resume, gradsnap::trainer::ParseResume(absl::GetFlag(FLAGS_resume)));
@@ -195,14 +207,27 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
     return Fail("--collective_timeout_s must be in [1, 86400]");
   }
   if (o.blas_threads < 1) return Fail("--blas_threads must be at least 1");
+  // The hyper-parameters as given (double), before TrainOptions narrows them to float.
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (!(std::isfinite(lr) && lr > 0 && lr <= 1)) return Fail("--lr must be a number in (0, 1]");
+  const double min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  if (!(min_lr_ratio >= 0 && min_lr_ratio <= 1)) {
+    return Fail("--min_lr_ratio must be a number in [0, 1]");
+  }
+  const double grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  if (!(std::isfinite(grad_clip) && grad_clip >= 0)) {
+    return Fail("--grad_clip must be a number >= 0 (0 = off)");
+  }
+  const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  if (!(std::isfinite(weight_decay) && weight_decay >= 0 && weight_decay <= 1)) {
+    return Fail("--weight_decay must be a number in [0, 1]");
+  }
+  if (o.warmup_steps < -1) return Fail("--warmup must be >= 0, or -1 for steps/10");
+  if (o.fail_at_step < -1) return Fail("--fail_at_step must be a step >= 0, or -1 (off)");
   if (o.seq_len < 0) return Fail("--seq must be >= 0 (0 = the model's context)");
   if (o.ckpt.every < 0) return Fail("--ckpt_every must be >= 0");
   if (o.ckpt.gockpt_window < 0) return Fail("--gockpt_window must be >= 0");
   if (o.ckpt.persist_timeout_ms < 0) return Fail("--ckpt_persist_timeout_ms must be >= 0");
-  const std::string on_failure = absl::GetFlag(FLAGS_ckpt_on_failure);
-  if (on_failure != "continue" && on_failure != "stop") {
-    return Fail("--ckpt_on_failure must be continue or stop");
-  }
   if (o.fail_at_step >= 0 && (o.fail_rank < 0 || o.fail_rank >= nproc * nnodes)) {
     return Fail("--fail_rank must be a rank of the job");
   }

@@ -1,5 +1,6 @@
 // gradsnap-train end to end: learning, data parallelism, exact resume after a rank failure,
 // and bad input. Each test runs the real binary (launcher + ranks) on the tiny model.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -117,8 +118,9 @@ TEST(TrainerE2eTest, BadInputIsAClearError) {
   };
   for (const Case& c : cases) {
     const RunResult r = Train("--steps 2 " + c.args);
-    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.out;  // refused: no restart helps
     EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << ": " << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << c.args << ": " << r.out;
     EXPECT_EQ(r.out.find("step 1 "), std::string::npos) << c.args;
   }
 }

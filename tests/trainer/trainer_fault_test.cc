@@ -472,6 +472,18 @@ TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--grad-log=maybe",
       "--collective-timeout-s 0",
       "--collective-timeout-s 99999999999999999",
+      "--lr nan",
+      "--lr 1e30",
+      "--lr 0",
+      "--grad-clip -1",
+      "--grad-clip inf",
+      "--weight-decay -0.5",
+      "--warmup -5",
+      "--min-lr-ratio -1",
+      "--min-lr-ratio 2",
+      "--fail-at-step -7",
+      "--storage ,,, --ckpt-mode sync --ckpt-every 2",
+      "--storage 127.0.0.1:1,,127.0.0.1:2 --ckpt-mode sync --ckpt-every 2",
   };
   // A host the name service says does not exist: a typo, not an outage to wait out (where the
   // name service answers here at all).
