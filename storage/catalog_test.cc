@@ -567,6 +567,44 @@ TEST(CatalogTest, RebuildSkipsCorruptShardAndDryRunChangesNothing) {
   EXPECT_TRUE(b->empty());
 }
 
+// A rebuild brings back no DELTA chain with a hole: with DELTA 12 of the chain 10 <- 11, 12, 13
+// damaged, 13 (which replays on 12) is skipped too, naming the cut; the chain of FULL 20 is
+// untouched. (The rebuild before this installed 13, listed and unrestorable.)
+TEST(CatalogTest, RebuildSkipsTheDeltasAfterADamagedOne) {
+  TempDir dir;
+  {
+    auto e = OpenOk(dir.path());
+    for (const auto& [step, base] :
+         std::vector<std::pair<int64_t, int64_t>>{{10, -1}, {11, 10}, {12, 10}, {13, 10},
+                                                  {20, -1}, {21, 20}}) {
+      ASSERT_TRUE(e->BeginCheckpoint(Spec("ch", step, 1, base)).ok()) << step;
+      ShardData d = MakeShard("ch", step, 0, step, 100000);
+      ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok()) << step;
+    }
+  }
+  ASSERT_TRUE(testing::FlipByte(
+                  dir.path() + "/segments/ch/00000000000000000012/r0000000000-000000.seg",
+                  5000, 0x40)
+                  .ok());
+  EngineOptions o;
+  o.data_dir = dir.path();
+  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rebuilt.size(), 4u);
+  ASSERT_EQ(report->skipped.size(), 2u);
+  EXPECT_NE(report->skipped[0].find("job ch step 12"), std::string::npos) << report->skipped[0];
+  EXPECT_NE(report->skipped[1].find("job ch step 13: the DELTA before it on FULL step 10 "
+                                    "(step 12) was not rebuilt"),
+            std::string::npos)
+      << report->skipped[1];
+  auto e = OpenOk(dir.path());
+  auto listed = e->ListCheckpoints("ch");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<int64_t> steps;
+  for (const CheckpointInfo& c : *listed) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{10, 11, 20, 21}));
+}
+
 TEST(CatalogTest, UnknownSegmentDataIsQuarantinedAndGcPurgesAfterGrace) {
   TempDir dir;
   WriteStore(dir.path());

@@ -117,8 +117,13 @@ class EngineImpl : public Engine {
   // or replaced since it opened (rm -rf under a running server: writes would land in deleted
   // files and be acknowledged as durable). A stat() per mutation.
   absl::Status CheckWritable() const;
+  // A reader of shard (job, step, rank) whose own record is committed, whether or not its
+  // checkpoint is yet (a shard saved again inside a PENDING checkpoint is read back too):
+  // NOT_FOUND without a record, FAILED_PRECONDITION for a shard still being written.
+  absl::StatusOr<std::unique_ptr<ShardReader>> OpenCommittedShard(const std::string& job,
+                                                                  int64_t step, int32_t rank);
   // Reads shard (job, step, rank) whole, checking every chunk's checksums and every tensor's
-  // digest (Verify, and the same shard saved again).
+  // digest (Verify, and the same shard saved again, in a committed or a PENDING checkpoint).
   absl::Status ReadBackShard(const std::string& job, int64_t step, int32_t rank);
   // For a shard saved again over a committed one: DATA_LOSS ("already saved, and what is
   // stored does not read back ... rm") when ReadBackShard finds it damaged, else OK.

@@ -158,6 +158,11 @@ absl::StatusOr<std::unique_ptr<ShardReader>> EngineImpl::OpenShardReader(const s
     return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
                                                       " is not committed"));
   }
+  return OpenCommittedShard(job, step, rank);
+}
+
+absl::StatusOr<std::unique_ptr<ShardReader>> EngineImpl::OpenCommittedShard(
+    const std::string& job, int64_t step, int32_t rank) {
   auto v = meta_->Get(ShardKey(job, step, rank));
   if (absl::IsNotFound(v.status())) {
     return absl::NotFoundError(absl::StrCat("no shard ", Where(job, step, rank)));
@@ -165,11 +170,15 @@ absl::StatusOr<std::unique_ptr<ShardReader>> EngineImpl::OpenShardReader(const s
   if (!v.ok()) return v.status();
   ShardRecord r;
   RETURN_IF_ERROR(DecodeShard(*v, &r));
+  if (!r.committed) {
+    return absl::FailedPreconditionError(absl::StrCat(Where(job, step, rank),
+                                                      " is not committed"));
+  }
   return NewShardReader(this, std::move(r));
 }
 
 absl::Status EngineImpl::ReadBackShard(const std::string& job, int64_t step, int32_t rank) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> r, OpenShardReader(job, step, rank));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> r, OpenCommittedShard(job, step, rank));
   std::vector<uint8_t> buf(options_.chunk_bytes);
   uint64_t pos = 0;
   for (;;) {

@@ -263,6 +263,25 @@ TEST_F(IntegrityTest, GcKeepEveryKeepsTheFullBeforeEachMultiple) {
   EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{5, 21, 24}));
 }
 
+// A shard saved again while its checkpoint is still PENDING (rank 1 not written yet) is read
+// back like one in a committed checkpoint: a damaged stored copy is DATA_LOSS naming the
+// remedy, not counted as saved. (The read-back needed the checkpoint committed, and took its
+// FAILED_PRECONDITION for success.)
+TEST_F(IntegrityTest, ShardSavedAgainInAPendingCheckpointIsReadBack) {
+  ASSERT_TRUE(engine_->BeginCheckpoint({"ij", 6, CheckpointKind::kFull, -1, 2, ""}).ok());
+  ShardData d = MakeShard("ij", 6, 0, 6, 20000);
+  ASSERT_TRUE(engine_->WriteShard(d.spec, d.ptrs()).ok());
+  EXPECT_TRUE(engine_->WriteShard(d.spec, d.ptrs()).ok());  // intact: idempotent
+  const std::vector<std::string> segs = Segments(6);
+  ASSERT_FALSE(segs.empty());
+  FlipByte(segs[0], 3000);
+  absl::Status again = engine_->WriteShard(d.spec, d.ptrs());
+  EXPECT_EQ(again.code(), absl::StatusCode::kDataLoss) << again;
+  EXPECT_NE(again.message().find("does not read back"), std::string::npos) << again;
+  auto size = engine_->ShardCommittedSize("ij", 6, 0, 0);
+  EXPECT_EQ(size.status().code(), absl::StatusCode::kDataLoss) << size.status();
+}
+
 TEST_F(IntegrityTest, AbortAndPendingAreNeverListed) {
   ASSERT_TRUE(engine_->BeginCheckpoint({"ij", 5, CheckpointKind::kFull, -1, 2, ""}).ok());
   ShardData d = MakeShard("ij", 5, 0, 5, 1000);

@@ -231,7 +231,9 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
       (c->ckpt.spec.kind == CheckpointKind::kFull ? fulls : deltas).push_back(*std::move(c));
     }
   }
+  // (job, step) of every FULL rebuilt, and of every DELTA rebuilt with the base it replays on.
   std::set<std::pair<std::string, int64_t>> rebuilt_fulls;
+  std::map<std::pair<std::string, int64_t>, int64_t> rebuilt_deltas;
   auto install = [&](const Candidate& c) -> absl::Status {
     const CheckpointSpec& spec = c.ckpt.spec;
     absl::Status s = Install(engine.get(), c);
@@ -239,7 +241,11 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
       report.rebuilt.push_back(absl::StrCat(
           Name(spec.job, spec.step), " (", spec.kind == CheckpointKind::kFull ? "FULL" : "DELTA",
           ", ", spec.world_size, spec.world_size == 1 ? " shard)" : " shards)"));
-      if (spec.kind == CheckpointKind::kFull) rebuilt_fulls.insert({spec.job, spec.step});
+      if (spec.kind == CheckpointKind::kFull) {
+        rebuilt_fulls.insert({spec.job, spec.step});
+      } else {
+        rebuilt_deltas[{spec.job, spec.step}] = spec.base_step;
+      }
       return absl::OkStatus();
     }
     if (absl::IsDataLoss(s) || absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
@@ -249,12 +255,26 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
     return s;  // the new catalog itself failed: stop
   };
   for (const Candidate& c : fulls) RETURN_IF_ERROR(install(c));
+  // DELTAs in step order (the step directories were listed sorted), each only on what it
+  // replays on, as BeginCheckpoint asks of a new one: its FULL, and above base + 1 the DELTA
+  // before it on that FULL. A DELTA after a skipped one is skipped too, so no chain comes back
+  // with a hole (listed, and unrestorable past it).
   for (const Candidate& c : deltas) {
     const CheckpointSpec& spec = c.ckpt.spec;
     if (rebuilt_fulls.count({spec.job, spec.base_step}) == 0) {
       report.skipped.push_back(absl::StrCat(Name(spec.job, spec.step), ": its base FULL step ",
                                             spec.base_step, " was not rebuilt"));
       continue;
+    }
+    if (spec.step > spec.base_step + 1) {
+      auto before = rebuilt_deltas.find({spec.job, spec.step - 1});
+      if (before == rebuilt_deltas.end() || before->second != spec.base_step) {
+        report.skipped.push_back(absl::StrCat(Name(spec.job, spec.step),
+                                              ": the DELTA before it on FULL step ",
+                                              spec.base_step, " (step ", spec.step - 1,
+                                              ") was not rebuilt: the chain is cut there"));
+        continue;
+      }
     }
     RETURN_IF_ERROR(install(c));
   }
