@@ -16,6 +16,7 @@
 #include "client/remote_client.h"
 #include "client/remote_placement.h"
 #include "common/clock.h"
+#include "common/gc_plan.h"
 #include "common/populate.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
@@ -708,8 +709,21 @@ absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy
   ForgetRestoreManifest();
   v1::GcRequest req;
   req.set_job(job);
-  req.set_keep_last(policy.keep_last);
-  req.set_keep_every(policy.keep_every);
+  if (nodes_.size() == 1) {  // the node sees every shard: its own decision is the cluster's
+    req.set_keep_last(policy.keep_last);
+    req.set_keep_every(policy.keep_every);
+  } else {
+    // Each node holds only some ranks (placeholders for the others verify trivially), so the
+    // FULLs kept are decided here, over the merged listing, with a verify of every rank where
+    // it is held (common/gc_plan.h); each node is sent the FULLs to delete.
+    ASSIGN_OR_RETURN(std::vector<CheckpointInfo> listed, List(job, /*include_pending=*/false));
+    ASSIGN_OR_RETURN(std::vector<int64_t> doomed,
+                     storage::FullsOutsidePolicy(job, listed, policy, [&](int64_t step) {
+                       return Verify(job, step, nullptr);
+                     }));
+    req.set_explicit_steps(true);
+    for (int64_t step : doomed) req.add_delete_fulls(step);
+  }
   absl::Mutex mu;
   std::set<int64_t> deleted;
   GcResult out;
@@ -718,6 +732,11 @@ absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::GcResponse* r) {
       return node.stub()->Gc(ctx, req, r);
     }));
+    if (req.explicit_steps() && !resp.explicit_steps()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          node.endpoint, ": ignored the steps gc sent it (a server without "
+          "GcRequest.explicit_steps cannot take part in a gc over several nodes: upgrade it)"));
+    }
     absl::MutexLock lock(&mu);
     deleted.insert(resp.deleted_steps().begin(), resp.deleted_steps().end());
     out.bytes_reclaimed += resp.bytes_reclaimed();

@@ -236,11 +236,21 @@ grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* r
         req->keep_every() > proto::kMaxGcKeep) {
       return absl::InvalidArgumentError("keep_last and keep_every must be in [0, 1000000]");
     }
+    if (req->delete_fulls_size() > proto::kMaxGcKeep) {
+      return absl::InvalidArgumentError("at most 1000000 delete_fulls");
+    }
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
-    storage::GcPolicy policy;
-    policy.keep_last = req->keep_last();
-    policy.keep_every = req->keep_every();
-    absl::StatusOr<storage::GcResult> gc = engine_->Gc(req->job(), policy);
+    absl::StatusOr<storage::GcResult> gc;
+    if (req->explicit_steps()) {  // the client decided over every node (common/gc_plan.h)
+      gc = engine_->GcSteps(req->job(), std::vector<int64_t>(req->delete_fulls().begin(),
+                                                             req->delete_fulls().end()));
+      resp->set_explicit_steps(true);
+    } else {
+      storage::GcPolicy policy;
+      policy.keep_last = req->keep_last();
+      policy.keep_every = req->keep_every();
+      gc = engine_->Gc(req->job(), policy);
+    }
     if (!gc.ok()) {  // which steps went before the failure is unknown: none is served from RAM
       cache_->DropJob(req->job());
       return gc.status();

@@ -257,6 +257,12 @@ class Engine {
   // damaged one is kept but not counted, and with fewer good FULLs than keep_last nothing is
   // deleted, so the checkpoint a restore of `latest` falls back to is never the one deleted.
   virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
+  // Gc's deletions with the choice made elsewhere (common/gc_plan.h: the remote client's, over
+  // every node): deletes each of `fulls` this engine holds COMMITTED, with all its DELTAs, and
+  // empties quarantine as Gc does. A step not held committed here is skipped; a step that is a
+  // DELTA here is INVALID_ARGUMENT, and nothing is deleted.
+  virtual absl::StatusOr<GcResult> GcSteps(const std::string& job,
+                                           const std::vector<int64_t>& fulls) = 0;
 };
 
 }  // namespace storage

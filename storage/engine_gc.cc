@@ -1,11 +1,12 @@
 // EngineImpl, removal: Delete (refused for a checkpoint a DELTA still replays on) and Gc (the
 // FULLs kept by keep_last and keep_every, the rest deleted with their DELTAs, and the
-// quarantine purged of what outlived its grace).
+// quarantine purged of what outlived its grace; the policy itself is common/gc_plan.h, and
+// GcSteps deletes the FULLs it or the remote client chose).
 //
 // LOCKING: mu_ guards the catalog's read-modify-write. Delete takes it; DeleteLocked requires
 // it and takes the leaf writers_mu_ to refuse a checkpoint with an open writer. Gc verifies
-// the FULLs it keeps outside mu_ (a verify reads whole checkpoints), then takes it to decide
-// and delete.
+// the FULLs it keeps outside mu_ (a verify reads whole checkpoints); GcSteps takes it to
+// delete.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "common/gc_plan.h"
 #include "storage/quarantine.h"
 #include "storage/rebuild.h"
 
@@ -95,37 +97,21 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
 
 absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& policy) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
-  if (policy.keep_last < 0 || policy.keep_every < 0) {
-    return absl::InvalidArgumentError("keep_last and keep_every must be >= 0");
-  }
   RETURN_IF_ERROR(CheckWritable());
-  // The FULLs kept: from the newest down, until keep_last of them verify (every chunk checksum
-  // and tensor digest read back). A damaged one is kept but not counted, so gc never deletes
-  // the checkpoint a restore of `latest` falls back to (nothing deleted by guesswork). Read
-  // outside the lock: a verify reads whole checkpoints.
-  int64_t keep_from = INT64_MIN;  // FULLs below this step may go
-  if (policy.keep_last > 0) {
-    ASSIGN_OR_RETURN(std::vector<CheckpointInfo> listed, ListCheckpoints(job, /*include_pending=*/false));
-    int verified = 0;
-    for (auto it = listed.rbegin(); it != listed.rend() && verified < policy.keep_last; ++it) {
-      if (it->kind != CheckpointKind::kFull) continue;
-      keep_from = it->step;
-      absl::Status v = Verify(job, it->step);
-      if (v.ok()) {
-        ++verified;
-      } else if (absl::IsDataLoss(v)) {
-        GS_LOG(WARNING) << "gc: job " << job << " FULL " << it->step
-                        << " does not verify; kept, not counted toward keep_last: " << v.message();
-      } else {
-        return v;  // cannot tell: delete nothing
-      }
-    }
-    if (verified < policy.keep_last) keep_from = INT64_MIN;  // too few good FULLs: keep all
-  }
+  // The FULLs kept are verified outside the lock: a verify reads whole checkpoints.
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> listed,
+                   ListCheckpoints(job, /*include_pending=*/false));
+  ASSIGN_OR_RETURN(std::vector<int64_t> doomed,
+                   FullsOutsidePolicy(job, listed, policy,
+                                      [&](int64_t step) { return Verify(job, step); }));
+  return GcSteps(job, doomed);
+}
+
+absl::StatusOr<GcResult> EngineImpl::GcSteps(const std::string& job,
+                                             const std::vector<int64_t>& fulls) {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
-                                  options_.clock->NowUnixMillis())
-                      .status());
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   std::vector<CheckpointRecord> all;
   for (const auto& [k, v] : kvs) {
@@ -133,26 +119,20 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
     RETURN_IF_ERROR(DecodeCheckpoint(v, &r));
     all.push_back(std::move(r));
   }
-  std::vector<int64_t> fulls;  // committed, ascending
+  const std::set<int64_t> asked(fulls.begin(), fulls.end());
+  std::set<int64_t> doomed_fulls;  // those this node holds committed; the others are skipped
   for (const CheckpointRecord& r : all) {
-    if (r.spec.kind == CheckpointKind::kFull && r.state == CheckpointState::kCommitted) {
-      fulls.push_back(r.spec.step);
+    if (asked.count(r.spec.step) == 0) continue;
+    if (r.spec.kind != CheckpointKind::kFull) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gc: job ", job, " step ", r.spec.step,
+          " is a DELTA: gc deletes FULLs, each with its DELTAs (nothing deleted)"));
     }
+    if (r.state == CheckpointState::kCommitted) doomed_fulls.insert(r.spec.step);
   }
-  std::set<int64_t> doomed_fulls;
-  for (size_t i = 0; i < fulls.size(); ++i) {
-    const int64_t step = fulls[i];
-    if (step >= keep_from) break;
-    // keep_every K keeps, for every multiple of K, the newest FULL at or before it (the FULL
-    // a restore of that step starts from): FULLs on multiples of K where they are there, and
-    // one FULL per K steps where they are not (gockpt's FULLs end their window after it).
-    if (policy.keep_every > 0 && i + 1 < fulls.size()) {
-      const int64_t k = policy.keep_every;
-      const int64_t to_multiple = (k - step % k) % k;
-      if (to_multiple < fulls[i + 1] - step) continue;  // a multiple in [step, next FULL)
-    }
-    doomed_fulls.insert(step);
-  }
+  RETURN_IF_ERROR(PurgeQuarantine(fs_, options_.data_dir, options_.quarantine_grace_seconds,
+                                  options_.clock->NowUnixMillis())
+                      .status());
   GcResult result;
   // DELTAs of a doomed FULL go first, then the FULL itself.
   for (const CheckpointRecord& r : all) {

@@ -63,6 +63,8 @@ class EngineImpl : public Engine {
   absl::Status Verify(const std::string& job, int64_t step) override;
   absl::Status Delete(const std::string& job, int64_t step) override;
   absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override;
+  absl::StatusOr<GcResult> GcSteps(const std::string& job,
+                                   const std::vector<int64_t>& fulls) override;
 
   // For writers and readers.
   const EngineOptions& options() const { return options_; }

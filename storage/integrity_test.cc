@@ -282,6 +282,26 @@ TEST_F(IntegrityTest, ShardSavedAgainInAPendingCheckpointIsReadBack) {
   EXPECT_EQ(size.status().code(), absl::StatusCode::kDataLoss) << size.status();
 }
 
+// GcSteps deletes the FULLs chosen elsewhere (the remote client's gc over several nodes),
+// each with its DELTAs; a FULL not held committed here is skipped, and a DELTA asked for is
+// refused before anything is deleted.
+TEST_F(IntegrityTest, GcStepsDeletesTheChosenFullsWithTheirDeltas) {
+  for (int64_t s : {10, 20, 30}) Write(s);
+  Write(11, CheckpointKind::kDelta, 10);
+  ASSERT_TRUE(engine_->BeginCheckpoint({"ij", 40, CheckpointKind::kFull, -1, 2, ""}).ok());
+  auto r = engine_->GcSteps("ij", {10, 11});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(engine_->ListCheckpoints("ij")->size(), 4u);
+  r = engine_->GcSteps("ij", {10, 30, 40, 50});  // 40 PENDING, 50 not here: both skipped
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->deleted_steps, (std::vector<int64_t>{10, 11, 30}));
+  auto listed = engine_->ListCheckpoints("ij", /*include_pending=*/true);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<int64_t> left;
+  for (const auto& c : *listed) left.push_back(c.step);
+  EXPECT_EQ(left, (std::vector<int64_t>{20, 40}));
+}
+
 TEST_F(IntegrityTest, AbortAndPendingAreNeverListed) {
   ASSERT_TRUE(engine_->BeginCheckpoint({"ij", 5, CheckpointKind::kFull, -1, 2, ""}).ok());
   ShardData d = MakeShard("ij", 5, 0, 5, 1000);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <map>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -22,6 +23,7 @@
 #include "proto/gradsnap.grpc.pb.h"
 #include "tests/service/service_test_util.h"
 #include "tests/testing/gtest_util.h"
+#include "tests/testing/util.h"
 
 namespace gradsnap {
 namespace testing {
@@ -374,6 +376,68 @@ TEST(ServiceFault, AbortOfAStepBegunOnSomeNodesOnly) {
   EXPECT_TRUE(pending->empty());
   // Begun nowhere: NOT_FOUND, as with one node.
   EXPECT_EQ((*both)->AbortCheckpoint("half", 2).code(), absl::StatusCode::kNotFound);
+}
+
+// A job name whose ranks 0 and 1 land on different nodes of `endpoints` (one replica each).
+std::string JobWithRanksApart(const std::vector<std::string>& endpoints) {
+  for (int i = 0; i < 64; ++i) {
+    const std::string job = "apart" + std::to_string(i);
+    if (client::RankEndpoints(endpoints, job, 0)[0] !=
+        client::RankEndpoints(endpoints, job, 1)[0]) {
+      return job;
+    }
+  }
+  return "";
+}
+
+// gc over two nodes decides from a verify of every rank where it is held: with rank 1 of FULL
+// 30 damaged on its node, keep_last 1 keeps 30 (damaged, not counted) and 20 (the one a restore
+// falls back to) on both nodes. Each node deciding alone, the node of rank 0 saw 30 verify and
+// deleted its rank 0 of 20. Once a good FULL 40 is there, the same gc deletes 20 and 30 on both.
+TEST(ServiceFault, GcOverTwoNodesKeepsWhatLatestFallsBackTo) {
+  TwoNodes n;
+  ASSERT_TRUE(n.status.ok()) << n.status;
+  const std::string job = JobWithRanksApart(n.endpoints);
+  ASSERT_FALSE(job.empty());
+  client::ClientOptions o;
+  o.endpoints = n.endpoints;
+  o.max_attempts = 3;
+  auto c = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::map<int64_t, std::vector<TestShard>> saved;
+  auto save = [&](int64_t step) {
+    ASSERT_TRUE((*c)->BeginCheckpoint(FullSpec(job, step, 2)).ok());
+    for (int32_t r = 0; r < 2; ++r) {
+      saved[step].push_back(MakeShard(job, step, r, {1 << 20}, step * 10 + r));
+      ASSERT_TRUE((*c)->SaveShard(saved[step].back().spec, saved[step].back().Refs()).ok());
+    }
+  };
+  save(20);
+  save(30);
+  const size_t rank1_node = client::RankEndpoints(n.endpoints, job, 1)[0];
+  ASSERT_EQ(FlipSegmentBytes(n.dir[rank1_node].File("data"), job, 30, 1), 1);
+  ASSERT_EQ((*c)->Verify(job, 30).code(), absl::StatusCode::kDataLoss);
+  client::GcPolicy keep_one;
+  keep_one.keep_last = 1;
+  auto gc = (*c)->Gc(job, keep_one);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_TRUE(gc->deleted_steps.empty());
+  EXPECT_TRUE((*c)->Verify(job, 20).ok());
+  for (int32_t r = 0; r < 2; ++r) {
+    auto got = RestoreToString(c->get(), job, 20, r);
+    ASSERT_TRUE(got.ok()) << "rank " << r << ": " << got.status();
+    EXPECT_TRUE(*got == saved[20][r].Payload()) << "rank " << r;
+  }
+  save(40);
+  gc = (*c)->Gc(job, keep_one);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->deleted_steps, (std::vector<int64_t>{20, 30}));
+  for (const std::string& e : n.endpoints) {  // gone from each node, rank and placeholder
+    auto listed = ConnectTo(e, 2)->List(job, /*include_pending=*/true);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->size(), 1u) << e;
+    EXPECT_EQ(listed->front().step, 40) << e;
+  }
 }
 
 // A hostile read_limit near 2^64 does not wrap the read budget's reservation to nothing: the
