@@ -85,13 +85,14 @@ class EmbeddedClient : public Client {
   absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
                               uint64_t offset, uint64_t length, void* out) override;
   absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
-  absl::Status Delete(const std::string& job, int64_t step) override {
+  absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override {
     DropReaders();
-    return engine_->Delete(job, step);
+    return engine_->Delete(job, step, epoch);
   }
-  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override {
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                              uint64_t epoch) override {
     DropReaders();
-    return engine_->Gc(job, policy);
+    return engine_->Gc(job, policy, epoch);
   }
   absl::Status Health() override { return absl::OkStatus(); }
 

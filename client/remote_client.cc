@@ -143,6 +143,7 @@ absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
   placeholder.job = spec.job;
   placeholder.step = spec.step;
   placeholder.rank = spec.rank;
+  placeholder.epoch = spec.epoch;  // fenced like the real copies: a zombie commits nothing
   placeholder.metadata = kPlaceholder;
   for (size_t k = replicas_; k < order.size(); ++k) {
     RETURN_IF_ERROR(UploadShard(*nodes_[order[k]], placeholder, {}));

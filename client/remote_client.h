@@ -74,8 +74,9 @@ class RemoteClient final : public Client {
   absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
                               uint64_t offset, uint64_t length, void* out) override;
   absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override;
-  absl::Status Delete(const std::string& job, int64_t step) override;
-  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override;
+  absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override;
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                              uint64_t epoch) override;
   absl::Status Health() override;
 
  private:

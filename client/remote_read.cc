@@ -691,9 +691,10 @@ absl::Status RemoteClient::Verify(const std::string& job, int64_t step,
   return absl::OkStatus();
 }
 
-absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
+absl::Status RemoteClient::Delete(const std::string& job, int64_t step, uint64_t epoch) {
   ForgetRestoreManifest();
-  const auto req = JobStep<v1::DeleteRequest>(job, step);
+  auto req = JobStep<v1::DeleteRequest>(job, step);
+  req.set_epoch(epoch);
   return ForAllNodesTolerant([&](Node& node) {
     // A retry that finds the step gone after an answer was lost: the lost answer's delete.
     return remote::WithRetryRemoving(options_, &node, [&]() -> absl::Status {
@@ -705,10 +706,12 @@ absl::Status RemoteClient::Delete(const std::string& job, int64_t step) {
   });
 }
 
-absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy) {
+absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy& policy,
+                                          uint64_t epoch) {
   ForgetRestoreManifest();
   v1::GcRequest req;
   req.set_job(job);
+  req.set_epoch(epoch);
   if (nodes_.size() == 1) {  // the node sees every shard: its own decision is the cluster's
     req.set_keep_last(policy.keep_last);
     req.set_keep_every(policy.keep_every);

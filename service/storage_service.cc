@@ -222,7 +222,7 @@ grpc::Status StorageService::Delete(grpc::ServerContext* ctx, const v1::DeleteRe
     RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));
     // Before and after: a commit of the step racing the delete may publish in between.
     cache_->Drop(req->job(), req->step());
-    absl::Status deleted = engine_->Delete(req->job(), req->step());
+    absl::Status deleted = engine_->Delete(req->job(), req->step(), req->epoch());
     cache_->Drop(req->job(), req->step());
     return deleted;
   });
@@ -242,14 +242,16 @@ grpc::Status StorageService::Gc(grpc::ServerContext* ctx, const v1::GcRequest* r
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, req->job()));
     absl::StatusOr<storage::GcResult> gc;
     if (req->explicit_steps()) {  // the client decided over every node (common/gc_plan.h)
-      gc = engine_->GcSteps(req->job(), std::vector<int64_t>(req->delete_fulls().begin(),
-                                                             req->delete_fulls().end()));
+      gc = engine_->GcSteps(req->job(),
+                            std::vector<int64_t>(req->delete_fulls().begin(),
+                                                 req->delete_fulls().end()),
+                            req->epoch());
       resp->set_explicit_steps(true);
     } else {
       storage::GcPolicy policy;
       policy.keep_last = req->keep_last();
       policy.keep_every = req->keep_every();
-      gc = engine_->Gc(req->job(), policy);
+      gc = engine_->Gc(req->job(), policy, req->epoch());
     }
     if (!gc.ok()) {  // which steps went before the failure is unknown: none is served from RAM
       cache_->DropJob(req->job());

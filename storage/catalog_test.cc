@@ -359,6 +359,25 @@ TEST(CatalogTest, MissingCatalogBesideUnreadableSegmentsRefuses) {
   RebuildAndCheck(dir.path(), st);
 }
 
+// Job "fence" step 1 (one shard), begun and written in `epoch`.
+void WriteFencedStep(Engine* e, uint64_t epoch) {
+  CheckpointSpec spec = Spec("fence", 1, 1, -1);
+  spec.epoch = epoch;
+  ASSERT_TRUE(e->BeginCheckpoint(spec).ok());
+  ShardData d = MakeShard("fence", 1, 0, 5, 1000);
+  d.spec.epoch = epoch;
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+}
+
+// A begin of job "fence" step 2 in `epoch` is refused as superseded.
+void ExpectFencedOut(Engine* e, uint64_t epoch) {
+  CheckpointSpec zombie = Spec("fence", 2, 1, -1);
+  zombie.epoch = epoch;
+  absl::Status s = e->BeginCheckpoint(zombie);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("superseded"), std::string::npos) << s;
+}
+
 // Writer epochs survive a lost catalog: the rebuilt one takes them from their mirrors
 // (epochs/<job>), so a zombie of an older attempt is still refused and the next attempt gets a
 // new number, not one handed out before. A mirror that does not check is reported, not used.
@@ -374,12 +393,7 @@ TEST(CatalogTest, RebuiltCatalogKeepsWriterEpochs) {
     }
     ASSERT_LT(epochs[0], epochs[1]);
     ASSERT_LT(epochs[1], epochs[2]);
-    CheckpointSpec spec = Spec("fence", 1, 1, -1);
-    spec.epoch = epochs[2];
-    ASSERT_TRUE(e->BeginCheckpoint(spec).ok());
-    ShardData d = MakeShard("fence", 1, 0, 5, 1000);
-    d.spec.epoch = epochs[2];
-    ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+    ASSERT_NO_FATAL_FAILURE(WriteFencedStep(e.get(), epochs[2]));
   }
   std::ofstream(dir.path() + "/epochs/bogus", std::ios::binary) << "not an epoch";
   // A mirror's temporary left whole by a kill between its sync and its rename: not a job.
@@ -392,14 +406,32 @@ TEST(CatalogTest, RebuiltCatalogKeepsWriterEpochs) {
   ASSERT_EQ(report->skipped.size(), 1u);
   EXPECT_NE(report->skipped[0].find("epochs/bogus"), std::string::npos) << report->skipped[0];
   auto e = OpenOk(dir.path());
-  CheckpointSpec zombie = Spec("fence", 2, 1, -1);
-  zombie.epoch = epochs[1];
-  absl::Status s = e->BeginCheckpoint(zombie);
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_NE(s.message().find("superseded"), std::string::npos) << s;
+  ExpectFencedOut(e.get(), epochs[1]);
   auto next = e->AcquireEpoch("fence");
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_GT(*next, epochs[2]);
+}
+
+// Without the mirrors (epochs/ lost with meta/), the rebuilt catalog takes each job's epoch from
+// its shard footers (the writer's epoch and the job's epoch when the footer was written), so a
+// zombie of an older attempt is still refused. Before, the job's epoch came back as 0 (none):
+// every zombie was let in until the next acquisition.
+TEST(CatalogTest, RebuiltCatalogTakesEpochsFromFootersWithoutMirrors) {
+  TempDir dir;
+  uint64_t epochs[2] = {};
+  {
+    auto e = OpenOk(dir.path());
+    for (uint64_t& got : epochs) got = *e->AcquireEpoch("fence");
+    ASSERT_NO_FATAL_FAILURE(WriteFencedStep(e.get(), epochs[1]));
+  }
+  fs::remove_all(dir.path() + "/epochs");
+  auto report = RebuildWithoutCatalog(dir.path());
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rebuilt.size(), 1u);
+  ASSERT_EQ(report->epochs.size(), 1u);
+  EXPECT_EQ(report->epochs[0], absl::StrCat("job fence: attempt ", epochs[1]));
+  auto e = OpenOk(dir.path());
+  ExpectFencedOut(e.get(), epochs[0]);
 }
 
 // A DELTA that a later DELTA of the same chain replays on cannot be deleted on its own (the
@@ -691,6 +723,41 @@ TEST(CatalogTest, FooterClaimingAHugePayloadIsDataLoss) {
     auto f = ReadFooter(FileSystem::Default(), path);
     EXPECT_EQ(f.status().code(), absl::StatusCode::kDataLoss) << claimed << " " << f.status();
   }
+}
+
+// Footer version 2 records the job's epoch; a version-1 footer (format 4 and older) still
+// reads, with job epoch 0.
+TEST(CatalogTest, FooterRecordsTheJobEpochAndVersion1StillReads) {
+  TempDir dir;
+  ShardFooter f;
+  f.checkpoint.spec = Spec("v", 3, 1, -1);
+  f.shard.spec.job = "v";
+  f.shard.spec.step = 3;
+  f.shard.epoch = 7;
+  f.job_epoch = 9;
+  f.written_unix_ms = 1234;
+  const std::string v2 = dir.path() + "/v2.seg";
+  std::ofstream(v2, std::ios::binary) << EncodeFooter(f);
+  auto got = ReadFooter(FileSystem::Default(), v2);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->job_epoch, 9u);
+  EXPECT_EQ(got->shard.epoch, 7u);
+  internal::Out p;  // version 1: no job epoch
+  p(uint8_t{1}, EncodeCheckpoint(f.checkpoint), EncodeShard(f.shard), uint32_t{0});
+  const std::string payload = p.Take();
+  internal::Out t;
+  t(kFooterMagic, uint64_t{payload.size()}, int64_t{1234}, Crc32c(payload.data(), payload.size()));
+  t(Crc32c(t.bytes().data(), t.bytes().size()));
+  std::string file = payload;
+  file.resize(4096 - t.bytes().size(), '\0');
+  file += t.bytes();
+  const std::string v1 = dir.path() + "/v1.seg";
+  std::ofstream(v1, std::ios::binary) << file;
+  got = ReadFooter(FileSystem::Default(), v1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->job_epoch, 0u);
+  EXPECT_EQ(got->shard.epoch, 7u);
+  EXPECT_EQ(got->written_unix_ms, 1234);
 }
 
 TEST(CatalogTest, StoredTimestampsComeFromTheEnginesClock) {

@@ -249,20 +249,25 @@ class Engine {
                                                                        int32_t rank) = 0;
   // Re-reads every chunk of every shard and checks checksums and digests.
   virtual absl::Status Verify(const std::string& job, int64_t step) = 0;
-  // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it.
-  virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
+  // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it. A non-zero
+  // `epoch` older than the job's newest is FAILED_PRECONDITION "superseded" (as for
+  // AbortCheckpoint: a zombie of an older attempt deletes nothing); 0 is unfenced (the CLI).
+  virtual absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch = 0) = 0;
   // Retention: deletes FULLs outside the policy (with their DELTAs) and reclaims segment space;
   // also empties quarantine entries older than quarantine_grace_seconds. keep_last counts only
   // FULLs that verify (each kept FULL is read back whole, newest first, until keep_last pass): a
   // damaged one is kept but not counted, and with fewer good FULLs than keep_last nothing is
   // deleted, so the checkpoint a restore of `latest` falls back to is never the one deleted.
-  virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
+  // `epoch` as for Delete.
+  virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                                      uint64_t epoch = 0) = 0;
   // Gc's deletions with the choice made elsewhere (common/gc_plan.h: the remote client's, over
   // every node): deletes each of `fulls` this engine holds COMMITTED, with all its DELTAs, and
   // empties quarantine as Gc does. A step not held committed here is skipped; a step that is a
   // DELTA here is INVALID_ARGUMENT, and nothing is deleted.
   virtual absl::StatusOr<GcResult> GcSteps(const std::string& job,
-                                           const std::vector<int64_t>& fulls) = 0;
+                                           const std::vector<int64_t>& fulls,
+                                           uint64_t epoch = 0) = 0;
 };
 
 }  // namespace storage

@@ -19,6 +19,7 @@
 #include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/epoch.h"
 #include "common/gc_plan.h"
 #include "storage/quarantine.h"
 #include "storage/rebuild.h"
@@ -67,10 +68,11 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
   return fs_->RemoveAll(CheckpointDir(job, step));
 }
 
-absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
+absl::Status EngineImpl::Delete(const std::string& job, int64_t step, uint64_t epoch) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
   if (ckpt.spec.kind == CheckpointKind::kFull) {
     ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
@@ -95,23 +97,29 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step) {
   return DeleteLocked(job, step, &reclaimed);
 }
 
-absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& policy) {
+absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& policy,
+                                        uint64_t epoch) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   RETURN_IF_ERROR(CheckWritable());
+  {
+    absl::MutexLock lock(&mu_);  // a zombie is refused before it spends a verify
+    RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
+  }
   // The FULLs kept are verified outside the lock: a verify reads whole checkpoints.
   ASSIGN_OR_RETURN(std::vector<CheckpointInfo> listed,
                    ListCheckpoints(job, /*include_pending=*/false));
   ASSIGN_OR_RETURN(std::vector<int64_t> doomed,
                    FullsOutsidePolicy(job, listed, policy,
                                       [&](int64_t step) { return Verify(job, step); }));
-  return GcSteps(job, doomed);
+  return GcSteps(job, doomed, epoch);
 }
 
 absl::StatusOr<GcResult> EngineImpl::GcSteps(const std::string& job,
-                                             const std::vector<int64_t>& fulls) {
+                                             const std::vector<int64_t>& fulls, uint64_t epoch) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   RETURN_IF_ERROR(CheckWritable());
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));
   std::vector<CheckpointRecord> all;
   for (const auto& [k, v] : kvs) {

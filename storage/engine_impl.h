@@ -61,10 +61,11 @@ class EngineImpl : public Engine {
                                                                int64_t step,
                                                                int32_t rank) override;
   absl::Status Verify(const std::string& job, int64_t step) override;
-  absl::Status Delete(const std::string& job, int64_t step) override;
-  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) override;
-  absl::StatusOr<GcResult> GcSteps(const std::string& job,
-                                   const std::vector<int64_t>& fulls) override;
+  absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override;
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                              uint64_t epoch) override;
+  absl::StatusOr<GcResult> GcSteps(const std::string& job, const std::vector<int64_t>& fulls,
+                                   uint64_t epoch) override;
 
   // For writers and readers.
   const EngineOptions& options() const { return options_; }

@@ -9,10 +9,11 @@
 // with FAILED_PRECONDITION "superseded by attempt N" when a newer epoch of the job exists, so
 // a zombie rank of an older attempt can never begin, write or commit anything.
 //
-// The catalog can be lost and rebuilt from the segments (storage/rebuild.h), which do not
-// record epochs. So every epoch is also mirrored, before the catalog commits it, in
-// <data_dir>/epochs/<job> (8 bytes little-endian, then their CRC-32C): a rebuilt catalog takes
-// its epochs from there, and a zombie of an attempt older than the newest is still refused.
+// The catalog can be lost and rebuilt from the segments (storage/rebuild.h). So every epoch is
+// also mirrored, before the catalog commits it, in <data_dir>/epochs/<job> (8 bytes
+// little-endian, then their CRC-32C), and every shard footer records its writer's epoch and the
+// job's (storage/footer.h): a rebuilt catalog takes the largest of them, and a zombie of an
+// attempt older than the newest is still refused.
 //
 // THREAD SAFETY: the functions read and write the MetaStore; callers serialize the
 // read-modify-write of an epoch (Engine::AcquireEpoch holds the engine's mutex).

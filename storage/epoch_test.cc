@@ -3,11 +3,15 @@
 // unfenced; a committed shard re-persisted by a newer attempt with the same spec is idempotent.
 #include "storage/epoch.h"
 
+#include <filesystem>
+#include <vector>
+
 #include "common/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "gtest/gtest.h"
 #include "storage/engine.h"
+#include "storage/rebuild.h"
 #include "storage/test_util.h"
 #include "tests/testing/gtest_util.h"
 
@@ -37,6 +41,18 @@ class EpochTest : public ::testing::Test {
     ASSERT_TRUE(e->BeginCheckpoint(Ckpt(1, *epoch)).ok());
     *shard = MakeShard("j", 1, 0, 7, w_numel);
     shard->spec.epoch = *epoch;
+  }
+  // A zombie: begins an attempt (into *old_epoch, *shard), writes its shard whole, and
+  // finishes it after the next attempt took *new_epoch. Returns what Finish answered.
+  static absl::Status FinishAfterANewerAttempt(Engine* e, uint64_t* old_epoch, ShardData* shard,
+                                               uint64_t* new_epoch) {
+    BeginAttempt(e, 1000, old_epoch, shard);
+    auto w = e->OpenShardWriter(shard->spec);
+    RETURN_IF_ERROR(w.status());
+    std::vector<uint8_t> bytes = shard->stream();
+    RETURN_IF_ERROR((*w)->Append(bytes.data(), bytes.size()));
+    ASSIGN_OR_RETURN(*new_epoch, e->AcquireEpoch("j"));
+    return (*w)->Finish();
   }
   TempDir dir_;
 };
@@ -116,22 +132,14 @@ TEST_F(EpochTest, NewerAttemptStartsAnOlderAttemptsShardOver) {
 
 TEST_F(EpochTest, OlderEpochIsRefusedEverywhere) {
   auto e = Open();
-  uint64_t old_epoch = 0;
+  uint64_t old_epoch = 0, new_epoch = 0;
   ShardData d;
-  ASSERT_NO_FATAL_FAILURE(BeginAttempt(e.get(), 1000, &old_epoch, &d));
-  auto w = e->OpenShardWriter(d.spec);
-  ASSERT_TRUE(w.ok()) << w.status();
-  std::vector<uint8_t> bytes = d.stream();
-  ASSERT_TRUE((*w)->Append(bytes.data(), bytes.size()).ok());
-
-  const uint64_t new_epoch = *e->AcquireEpoch("j");  // the next attempt starts
   // The zombie's commit, its next begin and its next writer are all refused.
-  absl::Status commit = (*w)->Finish();
+  absl::Status commit = FinishAfterANewerAttempt(e.get(), &old_epoch, &d, &new_epoch);
   EXPECT_TRUE(IsSuperseded(commit)) << commit;
   EXPECT_NE(commit.message().find(absl::StrCat("superseded by attempt ", new_epoch)),
             absl::string_view::npos)
       << commit;
-  w->reset();
   EXPECT_TRUE(IsSuperseded(e->BeginCheckpoint(Ckpt(2, old_epoch))));
   EXPECT_TRUE(IsSuperseded(e->OpenShardWriter(d.spec).status()));
   EXPECT_TRUE(e->ListCheckpoints("j")->empty());
@@ -157,6 +165,52 @@ TEST_F(EpochTest, RePersistOfACommittedShardIsIdempotent) {
   EXPECT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
   EXPECT_TRUE(e->Verify("j", 5).ok());
   ExpectRestores(e.get(), d);
+}
+
+// Delete and Gc are fenced like AbortCheckpoint: a zombie of an older attempt deletes nothing,
+// also through GcSteps (the remote client's gc); 0 is unfenced (the CLI). Before, neither took
+// an epoch and a zombie's retention ran against the new attempt's checkpoints.
+TEST_F(EpochTest, DeleteAndGcOfAnOlderEpochAreRefused) {
+  auto e = Open();
+  uint64_t old_epoch = 0;
+  ShardData d;
+  ASSERT_NO_FATAL_FAILURE(BeginAttempt(e.get(), 1000, &old_epoch, &d));
+  ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+  ASSERT_TRUE(e->BeginCheckpoint(Ckpt(2, old_epoch)).ok());
+  ShardData d2 = MakeShard("j", 2, 0, 8, 1000);
+  d2.spec.epoch = old_epoch;
+  ASSERT_TRUE(e->WriteShard(d2.spec, d2.ptrs()).ok());
+  const uint64_t new_epoch = *e->AcquireEpoch("j");
+  EXPECT_TRUE(IsSuperseded(e->Delete("j", 1, old_epoch)));
+  EXPECT_TRUE(IsSuperseded(e->Gc("j", GcPolicy{1, 0}, old_epoch).status()));
+  EXPECT_TRUE(IsSuperseded(e->GcSteps("j", {1}, old_epoch).status()));
+  EXPECT_EQ(e->ListCheckpoints("j")->size(), 2u);
+  auto gc = e->Gc("j", GcPolicy{1, 0}, new_epoch);
+  ASSERT_TRUE(gc.ok()) << gc.status();
+  EXPECT_EQ(gc->deleted_steps, std::vector<int64_t>{1});
+  EXPECT_TRUE(e->Delete("j", 2, /*epoch=*/0).ok());
+  EXPECT_TRUE(e->ListCheckpoints("j")->empty());
+}
+
+// A writer superseded before its commit writes no shard footer, so a rebuild of a lost catalog
+// cannot bring the zombie's shard back as committed. Before, the footer went to disk ahead of
+// the refused commit, and the rebuild listed the zombie's checkpoint.
+TEST_F(EpochTest, SupersededWriterLeavesNoFooterForARebuild) {
+  {
+    auto e = Open();
+    uint64_t old_epoch = 0, new_epoch = 0;
+    ShardData d;
+    EXPECT_TRUE(IsSuperseded(FinishAfterANewerAttempt(e.get(), &old_epoch, &d, &new_epoch)));
+  }
+  std::filesystem::remove_all(dir_.path() + "/meta");
+  EngineOptions o;
+  o.data_dir = dir_.path();
+  auto report = RebuildCatalog(o, /*dry_run=*/false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->rebuilt.empty()) << report->rebuilt.size() << " brought back";
+  ASSERT_EQ(report->skipped.size(), 1u);
+  EXPECT_NE(report->skipped[0].find("job j step 1: no shard footer"), std::string::npos)
+      << report->skipped[0];
 }
 
 }  // namespace

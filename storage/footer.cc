@@ -12,14 +12,15 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
-constexpr uint8_t kFooterVersion = 1;
+constexpr uint8_t kFooterVersionNoEpoch = 1;
+constexpr uint8_t kFooterVersion = 2;  // + job epoch
 
 using internal::In;
 using internal::Out;
 
 std::string Payload(const ShardFooter& f) {
   Out p;
-  p(kFooterVersion, EncodeCheckpoint(f.checkpoint), EncodeShard(f.shard));
+  p(kFooterVersion, EncodeCheckpoint(f.checkpoint), EncodeShard(f.shard), f.job_epoch);
   p.count(f.chunks, 0);
   for (const ChunkRecord& c : f.chunks) p(EncodeChunk(c));
   return p.Take();
@@ -78,7 +79,7 @@ absl::StatusOr<ShardFooter> ReadFooter(FileSystem* fs, const std::string& path) 
   In in(payload);
   uint8_t version = 0;
   in(version);
-  if (version != kFooterVersion) {
+  if (version != kFooterVersion && version != kFooterVersionNoEpoch) {
     return absl::DataLossError(absl::StrCat(path, ": unknown shard footer version"));
   }
   std::string record;
@@ -86,6 +87,7 @@ absl::StatusOr<ShardFooter> ReadFooter(FileSystem* fs, const std::string& path) 
   RETURN_IF_ERROR(Annotate(DecodeCheckpoint(record, &f.checkpoint), path));
   in(record);
   RETURN_IF_ERROR(Annotate(DecodeShard(record, &f.shard), path));
+  if (version >= kFooterVersion) in(f.job_epoch);
   in.count(f.chunks, payload.size());
   if (!in.ok()) return absl::DataLossError(absl::StrCat(path, ": malformed shard footer"));
   for (ChunkRecord& c : f.chunks) {

@@ -7,10 +7,11 @@
 //
 //   trailer: magic u64 "GSFOOTR1", payload_len u64, written_unix_ms i64,
 //            crc32c(payload) u32, crc32c(trailer bytes 0..27) u32
-//   payload: version u8 (1), CheckpointRecord str, ShardRecord str (committed, segments with
-//            their durable_end, the footer's own segment included), chunk count u32, then one
-//            ChunkRecord str per chunk in index order (str = u32 length + bytes; the records
-//            are encoded as in RocksDB, metadata.h).
+//   payload: version u8 (2), CheckpointRecord str, ShardRecord str (committed, segments with
+//            their durable_end, the footer's own segment included, the writer's epoch),
+//            job epoch u64 (version 2), chunk count u32, then one ChunkRecord str per chunk
+//            in index order (str = u32 length + bytes; the records are encoded as in
+//            RocksDB, metadata.h). Version 1 has no job epoch (read as 0).
 //
 // THREAD SAFETY: free functions.
 #ifndef GRADSNAP_STORAGE_FOOTER_H_
@@ -35,6 +36,10 @@ struct ShardFooter {
   ShardRecord shard;            // as committed
   std::vector<ChunkRecord> chunks;
   int64_t written_unix_ms = 0;
+  // The job's writer epoch (storage/epoch.h) when the footer was written: at least
+  // shard.epoch, the epoch of the shard's own writer (a writer already superseded writes no
+  // footer). 0 in version-1 footers and where no epoch was ever taken.
+  uint64_t job_epoch = 0;
 };
 
 // The footer's bytes, a multiple of 4 KiB (payload, padding, trailer).

@@ -70,9 +70,11 @@ absl::StatusOr<uint64_t> FileSize(FileSystem* fs, const std::string& path) {
   return file->Size();
 }
 
-// The checkpoint in `dir`, if every shard of it has an intact footer; else why not.
+// The checkpoint in `dir`, if every shard of it has an intact footer; else why not. Raises
+// *newest_epoch to every writer and job epoch an intact footer records, also where the
+// checkpoint is not brought back: that epoch was handed out all the same.
 absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const std::string& job,
-                                  int64_t step) {
+                                  int64_t step, uint64_t* newest_epoch) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, fs->ListDir(dir));
   if (std::find(names.begin(), names.end(), kDeletedMarker) != names.end()) {
     return absl::FailedPreconditionError(
@@ -93,6 +95,7 @@ absl::StatusOr<Candidate> Examine(FileSystem* fs, const std::string& dir, const 
       std::string path = absl::StrCat(dir, "/", SegmentFileName(rank, seq));
       auto f = ReadFooter(fs, path);
       if (f.ok()) {
+        *newest_epoch = std::max({*newest_epoch, f->shard.epoch, f->job_epoch});
         footers[rank] = *std::move(f);
         break;
       }
@@ -205,6 +208,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
 
   RebuildReport report;
   std::vector<Candidate> fulls, deltas;
+  std::map<std::string, uint64_t> footer_epochs;  // job -> newest epoch its footers record
   auto jobs = fs->ListDir(root);
   if (!jobs.ok() && !absl::IsNotFound(jobs.status())) return jobs.status();
   std::vector<std::string> job_names = jobs.ok() ? *jobs : std::vector<std::string>();
@@ -223,7 +227,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
         report.skipped.push_back(absl::StrCat("segments/", job, "/", s, ": not a step"));
         continue;
       }
-      auto c = Examine(fs, absl::StrCat(root, "/", job, "/", s), job, step);
+      auto c = Examine(fs, absl::StrCat(root, "/", job, "/", s), job, step, &footer_epochs[job]);
       if (!c.ok()) {
         report.skipped.push_back(absl::StrCat(Name(job, step), ": ", c.status().message()));
         continue;
@@ -278,11 +282,15 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
     }
     RETURN_IF_ERROR(install(c));
   }
-  // The writer epochs, from their mirrors: the segments do not record them.
+  // The writer epochs: per job the newer of its mirror and what its footers record (a lost
+  // or older mirror must not let a job's epoch go back, and a zombie of an older attempt in).
   std::vector<std::string> bad;
   ASSIGN_OR_RETURN(auto epochs, ReadEpochMirrors(fs, dir, &bad));
   for (const std::string& b : bad) {
     report.skipped.push_back(absl::StrCat(b, ": not an epoch record (left as it is)"));
+  }
+  for (const auto& [job, epoch] : footer_epochs) {
+    if (epoch != 0) epochs[job] = std::max(epochs[job], epoch);
   }
   if (!epochs.empty()) {
     MetaStore::Batch b;

@@ -7,8 +7,9 @@
 // at least as long as its durable end, and a full Verify (every chunk's checksums and every
 // tensor's SHA-256) passes; a DELTA only when its base FULL is brought back too. Everything
 // else is reported as skipped, with the reason, and left on disk (the next Engine::Open moves
-// it to quarantine/). Writer epochs are taken from their mirrors in epochs/ (storage/epoch.h),
-// so zombies of older attempts stay fenced. The new catalog is built in meta.rebuild/ and
+// it to quarantine/). Writer epochs: per job the largest of its mirror in epochs/
+// (storage/epoch.h) and the epochs its footers record, so zombies of older attempts stay
+// fenced. The new catalog is built in meta.rebuild/ and
 // swapped in with renames; an existing meta/ is kept as meta.old-<unix_ms>/, never deleted.
 //
 // The data directory must not be open elsewhere (FAILED_PRECONDITION if meta/ is locked).

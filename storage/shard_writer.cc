@@ -45,6 +45,7 @@
 #include "common/digest.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
+#include "storage/epoch.h"
 #include "storage/footer.h"
 #include "storage/segment_writer.h"
 #include "storage/storage_stats.h"
@@ -698,6 +699,10 @@ absl::Status ShardWriterImpl::AppendFooter(const ShardRecord& next,
                                            const std::vector<ChunkRecord>& chunks) {
   const ShardSpec& sp = rec_.spec;
   ShardFooter f;
+  // A writer already superseded writes no footer: its commit would be refused, and a footer
+  // left behind would let a rebuild bring the zombie's shard back (storage/rebuild.h).
+  RETURN_IF_ERROR(CheckJobEpoch(engine_->meta(), sp.job, sp.epoch));
+  ASSIGN_OR_RETURN(f.job_epoch, CurrentJobEpoch(engine_->meta(), sp.job));
   ASSIGN_OR_RETURN(f.checkpoint, engine_->LoadCheckpoint(sp.job, sp.step));
   ASSIGN_OR_RETURN(f.chunks, engine_->LoadChunks(sp.job, sp.step, sp.rank, rec_.chunk_count));
   f.chunks.insert(f.chunks.end(), chunks.begin(), chunks.end());

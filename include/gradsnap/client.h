@@ -229,15 +229,20 @@ class Client {
                               const ProgressFn& progress = nullptr) = 0;
   // Deletes one checkpoint (committed or PENDING) and frees its space. NOT_FOUND: no such
   // checkpoint. FAILED_PRECONDITION: it is a FULL that a remaining DELTA is based on.
-  // ABORTED: a shard of it is still being written (as AbortCheckpoint).
-  virtual absl::Status Delete(const std::string& job, int64_t step) = 0;
+  // ABORTED: a shard of it is still being written (as AbortCheckpoint). A non-zero `epoch`
+  // older than the job's newest is FAILED_PRECONDITION "superseded by attempt N" (a zombie of
+  // an older attempt deletes nothing); 0, the default, is unfenced (the CLI).
+  virtual absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch = 0) = 0;
   // Retention for `job`: keeps the newest policy.keep_last committed FULLs that verify and, for
   // every multiple m of policy.keep_every, the newest FULL at or before m (one per K steps
   // where FULLs are not on multiples), deletes the other FULLs with the DELTAs based on
   // them, and returns the deleted steps (ascending) and the bytes freed. keep_last == 0 deletes
   // nothing. PENDING checkpoints are never touched. INVALID_ARGUMENT: a bad job name or a
-  // negative keep_last / keep_every.
-  virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy) = 0;
+  // negative keep_last / keep_every. `epoch` as for Delete. Remote with several nodes: the
+  // client verifies and decides, each node deletes what it is told (docs/protocol.md,
+  // "Retention over several nodes").
+  virtual absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                                      uint64_t epoch = 0) = 0;
   // OK when every endpoint answers and is serving (or the local engine is open).
   // UNAVAILABLE: a node does not answer or is stopping, naming it.
   virtual absl::Status Health() = 0;

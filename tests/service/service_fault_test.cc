@@ -440,6 +440,39 @@ TEST(ServiceFault, GcOverTwoNodesKeepsWhatLatestFallsBackTo) {
   }
 }
 
+// Placeholders carry the writer's epoch: a zombie whose real copy lands on a node that has not
+// heard of the newer attempt commits nothing on a node that has (before, its placeholder went
+// as epoch 0, unfenced, and completed the step there). Delete is fenced through the wire too.
+TEST(ServiceFault, PlaceholderOfASupersededWriterIsRefused) {
+  TwoNodes n;
+  ASSERT_TRUE(n.status.ok()) << n.status;
+  const std::vector<size_t> order = client::RankEndpoints(n.endpoints, "zomb", 0);
+  client::ClientOptions o;
+  o.endpoints = n.endpoints;
+  o.max_attempts = 2;
+  auto zombie = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(zombie.ok()) << zombie.status();
+  auto old_epoch = (*zombie)->AcquireEpoch("zomb");
+  ASSERT_TRUE(old_epoch.ok()) << old_epoch.status();
+  client::CheckpointSpec spec = FullSpec("zomb", 1, 1);
+  spec.epoch = *old_epoch;
+  ASSERT_TRUE((*zombie)->BeginCheckpoint(spec).ok());
+  // The newer attempt, seen on the placeholder's node only.
+  auto placeholder_node = ConnectTo(n.endpoints[order[1]], 2);
+  ASSERT_TRUE(placeholder_node->AcquireEpoch("zomb").ok());
+  TestShard shard = MakeShard("zomb", 1, 0, {1 << 20}, 3);
+  shard.spec.epoch = *old_epoch;
+  absl::Status saved = (*zombie)->SaveShard(shard.spec, shard.Refs());
+  EXPECT_EQ(saved.code(), absl::StatusCode::kFailedPrecondition) << saved;
+  EXPECT_NE(saved.message().find("superseded"), std::string::npos) << saved;
+  auto listed = placeholder_node->List("zomb");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty()) << "the zombie's step committed on the fenced node";
+  absl::Status deleted = placeholder_node->Delete("zomb", 1, *old_epoch);
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kFailedPrecondition) << deleted;
+  EXPECT_NE(deleted.message().find("superseded"), std::string::npos) << deleted;
+}
+
 // A hostile read_limit near 2^64 does not wrap the read budget's reservation to nothing: the
 // read holds its read-ahead reservation (metric gradsnap_read_inflight_bytes) like any read.
 TEST(ServiceFault, HugeReadLimitStillReservesTheReadBudget) {
