@@ -95,6 +95,11 @@ class EmbeddedClient : public Client {
     return engine_->Gc(job, policy, epoch);
   }
   absl::Status Health() override { return absl::OkStatus(); }
+  absl::Status HealthNotes(std::vector<std::string>* notes) override {
+    const std::string note = engine_->WriteSpace().Note();
+    if (!note.empty()) notes->push_back(note);
+    return absl::OkStatus();
+  }
 
  private:
   struct CachedReader {

@@ -77,7 +77,8 @@ class RemoteClient final : public Client {
   absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override;
   absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
                               uint64_t epoch) override;
-  absl::Status Health() override;
+  absl::Status Health() override { return HealthNotes(nullptr); }
+  absl::Status HealthNotes(std::vector<std::string>* notes) override;
 
  private:
   // One unary call with retries: call(ctx, resp) issues it.

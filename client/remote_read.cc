@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/write_space.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
@@ -749,15 +750,30 @@ absl::StatusOr<GcResult> RemoteClient::Gc(const std::string& job, const GcPolicy
   return out;
 }
 
-absl::Status RemoteClient::Health() {
-  return ForAllNodes([&](Node& node) -> absl::Status {
+absl::Status RemoteClient::HealthNotes(std::vector<std::string>* notes) {
+  absl::Mutex mu;
+  std::map<std::string, std::string> by_node;  // endpoint order, whatever order they answer in
+  RETURN_IF_ERROR(ForAllNodes([&](Node& node) -> absl::Status {
     v1::HealthResponse resp;
     RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::HealthResponse* r) {
       return node.stub()->Health(ctx, v1::HealthRequest(), r);
     }));
     if (!resp.serving()) return absl::UnavailableError(absl::StrCat(node.endpoint, ": stopping"));
+    WriteSpaceState space;
+    space.writes_refused = resp.writes_refused_low_space();
+    space.free_bytes = resp.free_bytes();
+    space.reserve_bytes = resp.reserve_bytes();
+    space.restart_needed = resp.restart_needed();
+    if (space.writes_refused) {
+      absl::MutexLock lock(&mu);
+      by_node[node.endpoint] = absl::StrCat(node.endpoint, ": ", space.Note());
+    }
     return absl::OkStatus();
-  });
+  }));
+  if (notes != nullptr) {
+    for (auto& [endpoint, note] : by_node) notes->push_back(std::move(note));
+  }
+  return absl::OkStatus();
 }
 
 // Like ForAllNodes, but a node answering NOT_FOUND counts as done when another node succeeds.

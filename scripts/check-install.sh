@@ -43,7 +43,7 @@ LD_LIBRARY_PATH=$libdir "$work/save_restore_pc" "$work/data-pc"
 server_pid=$!
 address=
 for _ in $(seq 600); do  # up to 60 s
-  address=$(sed -n 's/^gradsnap-server listening on //p' "$work/server.log")
+  address=$(sed -n 's/^gradsnap-server listening on \([^ ]*\).*/\1/p' "$work/server.log")
   if [ -n "$address" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
   sleep 0.1
 done

@@ -29,7 +29,7 @@ for _ in $(seq 1 100); do
   kill -0 $SERVER_PID 2>/dev/null || { cat "$DEMO_DIR/server.log"; exit 1; }
   sleep 0.1
 done
-ADDR=$(sed -n 's/^gradsnap-server listening on //p' "$DEMO_DIR/server.out")
+ADDR=$(sed -n 's/^gradsnap-server listening on \([^ ]*\).*/\1/p' "$DEMO_DIR/server.out")
 echo "gradsnap-server listening on $ADDR"
 
 FAIL_AT=$((STEPS * 6 / 10))

@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -35,6 +37,11 @@ ServiceMetrics* ServiceMetrics::Get() {
     m->write_seconds = r->GetHistogram("gradsnap_write_seconds", "Write stream duration");
     m->read_seconds = r->GetHistogram("gradsnap_read_seconds", "Read stream duration");
     m->unary_seconds = r->GetHistogram("gradsnap_unary_seconds", "Unary call duration");
+    m->write_refused_low_space = r->GetCounter(
+        "gradsnap_storage_write_refused_low_space",
+        "1 while writes are refused for want of space (below the catalog's reserve)", true);
+    m->storage_free_bytes = r->GetCounter(
+        "gradsnap_storage_free_bytes", "Free bytes on the data directory's file system", true);
     for (int c = 0; c <= 16; ++c) {
       std::string name = absl::StatusCodeToString(static_cast<absl::StatusCode>(c));
       m->errors_[c] = r->GetCounter(absl::StrCat("gradsnap_errors_total{code=\"", name, "\"}"),
@@ -47,6 +54,12 @@ ServiceMetrics* ServiceMetrics::Get() {
 
 void ServiceMetrics::Error(int code) {
   if (code > 0 && code <= 16) errors_[code]->Add();
+}
+
+void ServiceMetrics::SetWriteSpace(const storage::WriteSpaceState& space) {
+  write_refused_low_space->Set(space.writes_refused ? 1 : 0);
+  storage_free_bytes->Set(static_cast<int64_t>(
+      std::min<uint64_t>(space.free_bytes, static_cast<uint64_t>(INT64_MAX))));
 }
 
 absl::Status SplitHostPort(const std::string& host_port, std::string* host, int* port) {
@@ -63,7 +76,9 @@ absl::Status SplitHostPort(const std::string& host_port, std::string* host, int*
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
-absl::Status MetricsHttpServer::Start(const std::string& host_port) {
+absl::Status MetricsHttpServer::Start(const std::string& host_port,
+                                      std::function<void()> refresh) {
+  refresh_ = std::move(refresh);
   std::string host;
   int port = 0;
   RETURN_IF_ERROR(SplitHostPort(host_port, &host, &port));
@@ -126,6 +141,7 @@ void MetricsHttpServer::Serve(int fd) {
       break;
     }
   }
+  if (refresh_) refresh_();
   std::string body = Registry::Global()->RenderPrometheus();
   std::string out = absl::StrCat(
       "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: ",

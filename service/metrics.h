@@ -10,12 +10,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/stats.h"
+#include "storage/engine.h"
 
 namespace gradsnap {
 namespace service {
@@ -34,8 +36,13 @@ struct ServiceMetrics {
   Histogram* write_seconds;   // whole Write stream
   Histogram* read_seconds;    // whole Read stream
   Histogram* unary_seconds;
+  // gradsnap_storage_write_refused_low_space (0/1) and gradsnap_storage_free_bytes.
+  Counter* write_refused_low_space;
+  Counter* storage_free_bytes;
   // Counts a failed call by its code: gradsnap_errors_total{code="..."}.
   void Error(int code);
+  // Sets the two gauges above.
+  void SetWriteSpace(const storage::WriteSpaceState& space);
 
  private:
   Counter* errors_[17];
@@ -45,8 +52,9 @@ class MetricsHttpServer {
  public:
   MetricsHttpServer() = default;
   ~MetricsHttpServer();
-  // Binds "host:port" (port 0 picks one) and starts serving.
-  absl::Status Start(const std::string& host_port);
+  // Binds "host:port" (port 0 picks one) and starts serving. `refresh`, when set, runs before
+  // each scrape is rendered (gauges read from the engine now).
+  absl::Status Start(const std::string& host_port, std::function<void()> refresh = nullptr);
   int port() const { return port_; }
   void Stop();
 
@@ -57,6 +65,7 @@ class MetricsHttpServer {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
+  std::function<void()> refresh_;
   std::thread thread_;
 };
 

@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                        "write every job";
   }
   ServiceMetrics* metrics = ServiceMetrics::Get();
+  metrics->SetWriteSpace(s->engine_->WriteSpace());
   s->limiter_ = std::make_unique<InflightLimiter>(options.max_inflight_bytes,
                                                   metrics->inflight_bytes);
   s->read_limiter_ = std::make_unique<InflightLimiter>(
@@ -113,7 +114,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->address_ = absl::StrCat(host, ":", s->port_);
   if (!options.metrics_listen.empty()) {
     s->metrics_ = std::make_unique<MetricsHttpServer>();
-    RETURN_IF_ERROR(s->metrics_->Start(options.metrics_listen));
+    storage::Engine* engine = s->engine_.get();
+    RETURN_IF_ERROR(s->metrics_->Start(options.metrics_listen, [engine, metrics] {
+      metrics->SetWriteSpace(engine->WriteSpace());
+    }));
   }
   return s;
 }

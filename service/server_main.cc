@@ -1,6 +1,7 @@
 // gradsnap-server: the storage node (DESIGN.md section 6, docs/protocol.md).
 //
-// Prints exactly one line "gradsnap-server listening on HOST:PORT" on stdout when ready.
+// Prints exactly one line "gradsnap-server listening on HOST:PORT" on stdout when ready; a node
+// below its catalog's free-space reserve adds " (writes refused: ...)" after the address.
 // SIGTERM or SIGINT: stop accepting, let running calls finish (up to --shutdown-grace-ms),
 // close the engine, exit 0.
 #include <signal.h>
@@ -48,8 +49,9 @@ ABSL_FLAG(bool, rebuild_catalog, false,
           "Rebuild the catalog (meta/) of --data-dir from the shard footers in its segments, "
           "print what was restored and skipped, and exit (0 on success). Default: false.");
 ABSL_FLAG(uint64_t, catalog_reserve_bytes, 16 << 20,
-          "Free space kept for the catalog: below it uploads get RESOURCE_EXHAUSTED and the "
-          "server does not start; 0 disables. Default: 16777216.");
+          "Free space kept for the catalog: below it writes get RESOURCE_EXHAUSTED (a server "
+          "started below it serves reads, rm and gc, and takes writes once space is back); "
+          "0 disables. Default: 16777216.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
@@ -139,7 +141,10 @@ int main(int argc, char** argv) {
   if ((*server)->metrics_port() != 0) {
     GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
   }
-  std::printf("gradsnap-server listening on %s\n", (*server)->address().c_str());
+  // A node below its catalog's reserve says so after the address (docs/protocol.md).
+  std::string note = (*server)->engine()->WriteSpace().Note();
+  if (!note.empty()) note = absl::StrCat(" (", note, ")");
+  std::printf("gradsnap-server listening on %s%s\n", (*server)->address().c_str(), note.c_str());
   std::fflush(stdout);
 
   int sig = 0;

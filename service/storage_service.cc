@@ -39,6 +39,12 @@ grpc::Status StorageService::Health(grpc::ServerContext*, const v1::HealthReques
   resp->set_version("gradsnap-server 0.1.0");
   resp->set_auth_required(auth_->enabled());
   resp->set_serving(serving_.load());
+  const storage::WriteSpaceState space = engine_->WriteSpace();
+  metrics_->SetWriteSpace(space);
+  resp->set_writes_refused_low_space(space.writes_refused);
+  resp->set_free_bytes(space.free_bytes);
+  resp->set_reserve_bytes(space.reserve_bytes);
+  resp->set_restart_needed(space.restart_needed);
   return grpc::Status::OK;
 }
 

@@ -1017,6 +1017,82 @@ TEST(CatalogTest, DiskFilledByDataStillLetsDeletesFreeSpace) {
   EXPECT_TRUE(e->WriteShard(again.spec, again.ptrs()).ok());
 }
 
+// Waits (at most 5 s) until `e` takes writes again: the space of files just read and deleted
+// comes back once the kernel tears down the io_uring rings that read them, a moment after.
+bool WaitForWrites(Engine* e) {
+  for (int i = 0; i < 50 && e->WriteSpace().writes_refused; ++i) usleep(100 * 1000);
+  return !e->WriteSpace().writes_refused;
+}
+
+// A node whose disk is full when it (re)starts (a ballast file left 3 MiB, below the
+// catalog's 16 MiB reserve): it opens refusing writes instead of not at all, serves list,
+// restore and verify, frees space through gc, and takes writes again once space is back,
+// without a reopen. With less than a delete needs (512 KiB) its catalog opens read-only:
+// restores still work, deletes wait for a restart. Before, Open was RESOURCE_EXHAUSTED
+// ("not enough free space to open ... for writing"), so a full node served nothing.
+TEST(CatalogTest, FullNodeOpensRefusingWritesAndTakesThemOnceSpaceIsBack) {
+  TempDir dir;
+  gradsnap::testing::Tmpfs tmpfs(dir.path() + "/small");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string data = dir.path() + "/small/data";
+  ShardData first = MakeShard("full", 1, 0, 1, 4 << 20);  // 16 MiB each
+  ShardData second = MakeShard("full", 2, 0, 2, 4 << 20);
+  {
+    auto e = OpenOk(data);
+    ASSERT_NE(e, nullptr);
+    for (const ShardData* d : {&first, &second}) {
+      ASSERT_TRUE(e->BeginCheckpoint(Spec("full", d->spec.step, 1)).ok());
+      ASSERT_TRUE(e->WriteShard(d->spec, d->ptrs()).ok());
+    }
+  }
+  gradsnap::testing::FillUpLeaving(dir.path() + "/small/ballast", 3 << 20);
+  {
+    auto e = OpenOk(data);
+    ASSERT_NE(e, nullptr);
+    WriteSpaceState space = e->WriteSpace();
+    EXPECT_TRUE(space.writes_refused);
+    EXPECT_FALSE(space.restart_needed);
+    EXPECT_LT(space.free_bytes, space.reserve_bytes);
+    auto listed = e->ListCheckpoints("full");
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_EQ(listed->size(), 2u);
+    ExpectRestores(e.get(), first);
+    EXPECT_TRUE(e->Verify("full", 2).ok());
+    absl::Status begun = e->BeginCheckpoint(Spec("full", 3, 1));
+    EXPECT_TRUE(absl::IsResourceExhausted(begun)) << begun;
+    EXPECT_TRUE(absl::StrContains(begun.message(), "below the catalog's reserve")) << begun;
+    absl::Status epoch = e->AcquireEpoch("full").status();
+    EXPECT_TRUE(absl::IsResourceExhausted(epoch)) << epoch;
+    EXPECT_FALSE(fs::exists(data + "/epochs/full"));  // refused before its mirror too
+    GcPolicy keep_one;
+    keep_one.keep_last = 1;
+    auto gc = e->Gc("full", keep_one);
+    ASSERT_TRUE(gc.ok()) << "gc on a full node: " << gc.status();
+    EXPECT_EQ(gc->deleted_steps, std::vector<int64_t>{1});
+    EXPECT_TRUE(WaitForWrites(e.get()));  // space back: writes again, no reopen
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("full", 3, 1)).ok());
+    ShardData third = MakeShard("full", 3, 0, 3);
+    EXPECT_TRUE(e->WriteShard(third.spec, third.ptrs()).ok());
+    EXPECT_TRUE(e->Verify("full", 3).ok());
+  }
+  gradsnap::testing::FillUpLeaving(dir.path() + "/small/ballast2", 512 << 10);
+  {
+    auto e = OpenOk(data);
+    ASSERT_NE(e, nullptr);
+    EXPECT_TRUE(e->WriteSpace().restart_needed);
+    ExpectRestores(e.get(), second);
+    absl::Status d = e->Delete("full", 3);
+    EXPECT_TRUE(absl::IsResourceExhausted(d)) << d;
+    EXPECT_TRUE(absl::StrContains(d.message(), "restart")) << d;
+  }
+  fs::remove(dir.path() + "/small/ballast2");
+  fs::remove(dir.path() + "/small/ballast");
+  auto e = OpenOk(data);
+  ASSERT_NE(e, nullptr);
+  EXPECT_FALSE(e->WriteSpace().writes_refused);
+  EXPECT_TRUE(e->Delete("full", 3).ok());
+}
+
 }  // namespace
 }  // namespace storage
 }  // namespace gradsnap

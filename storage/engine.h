@@ -44,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/write_space.h"
 #include "gradsnap/clock.h"
 #include "storage/types.h"
 
@@ -107,10 +108,11 @@ struct EngineOptions {
   // read-only file system and next to a running writer; every mutation is
   // FAILED_PRECONDITION. A data_dir without a catalog is NOT_FOUND. Default: false.
   bool read_only = false;
-  // Free space the catalog keeps for itself (docs/format.md, "Full disks"): a read-write Open
-  // with less free space than this is RESOURCE_EXHAUSTED, and so is a metadata commit that adds
-  // records (deletes always proceed), so RocksDB never meets ENOSPC. 0 disables the check.
-  // Default: 16 MiB.
+  // Free space the catalog keeps for itself (docs/format.md, "Full disks"): a metadata commit
+  // that adds records is RESOURCE_EXHAUSTED with less free than this (deletes proceed), so
+  // RocksDB never meets ENOSPC. A read-write Open of an existing store with less free opens it
+  // refusing writes (WriteSpace) until space is back: reads, Delete and Gc work; creating a
+  // new store with less is RESOURCE_EXHAUSTED. 0 disables the check. Default: 16 MiB.
   uint64_t catalog_reserve_bytes = 16 << 20;
   // Gc() removes quarantine/ entries older than this many seconds (docs/format.md,
   // "Quarantine"). Default: 604800 (7 days).
@@ -145,6 +147,8 @@ size_t MaxShardWriterBufferBytes(const EngineOptions& options);
 // The full-size record buffers a ShardWriter of an engine with these options takes when it
 // opens: one per chunk in flight plus the one being filled (fewer for a shard of fewer chunks).
 size_t ShardWriterReservedBuffers(const EngineOptions& options);
+
+using gradsnap::WriteSpaceState;  // common/write_space.h
 
 // Appends one shard's byte stream. Obtained from Engine::OpenShardWriter.
 class ShardWriter {
@@ -249,6 +253,10 @@ class Engine {
                                                                        int32_t rank) = 0;
   // Re-reads every chunk of every shard and checks checksums and digests.
   virtual absl::Status Verify(const std::string& job, int64_t step) = 0;
+  // Whether writes are refused for want of space, from the free space now (a statvfs): a
+  // node below its catalog's reserve takes writes again as soon as space is back. (A read-only
+  // engine reports what a read-write open would meet.)
+  virtual WriteSpaceState WriteSpace() = 0;
   // Deletes a checkpoint. FAILED_PRECONDITION if a remaining DELTA depends on it. A non-zero
   // `epoch` older than the job's newest is FAILED_PRECONDITION "superseded" (as for
   // AbortCheckpoint: a zombie of an older attempt deletes nothing); 0 is unfenced (the CLI).

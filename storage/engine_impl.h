@@ -61,6 +61,7 @@ class EngineImpl : public Engine {
                                                                int64_t step,
                                                                int32_t rank) override;
   absl::Status Verify(const std::string& job, int64_t step) override;
+  WriteSpaceState WriteSpace() override;
   absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override;
   absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
                               uint64_t epoch) override;
@@ -118,13 +119,17 @@ class EngineImpl : public Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION for a read-only engine, and for one whose data directory was removed
   // or replaced since it opened (rm -rf under a running server: writes would land in deleted
-  // files and be acknowledged as durable). A stat() per mutation.
+  // files and be acknowledged as durable); RESOURCE_EXHAUSTED for one whose catalog opened
+  // read-only for want of space (WriteSpaceState::restart_needed). A stat() per mutation.
   absl::Status CheckWritable() const;
   // A reader of shard (job, step, rank) whose own record is committed, whether or not its
   // checkpoint is yet (a shard saved again inside a PENDING checkpoint is read back too):
   // NOT_FOUND without a record, FAILED_PRECONDITION for a shard still being written.
   absl::StatusOr<std::unique_ptr<ShardReader>> OpenCommittedShard(const std::string& job,
                                                                   int64_t step, int32_t rank);
+  // CheckWritable, then RESOURCE_EXHAUSTED below the catalog's reserve (CheckRoomToAdd): for
+  // writes that touch files before their metadata commit (the epoch mirror).
+  absl::Status CheckRoomToAdd() const;
   // Reads shard (job, step, rank) whole, checking every chunk's checksums and every tensor's
   // digest (Verify, and the same shard saved again, in a committed or a PENDING checkpoint).
   absl::Status ReadBackShard(const std::string& job, int64_t step, int32_t rank);

@@ -128,13 +128,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   MetaStore::Mode mode = options.read_only ? MetaStore::Mode::kReadOnly
                          : catalog == CatalogState::kAbsent ? MetaStore::Mode::kCreate
                                                             : MetaStore::Mode::kExisting;
+  // Below the catalog's reserve (docs/format.md, "Full disks"): a new store is not made, and
+  // an existing one opens refusing writes, so a full node still serves its restores and can
+  // free space (rm, gc); with less than a delete needs, its catalog opens read-only.
+  bool low_space = false;
   if (mode != MetaStore::Mode::kReadOnly && options.catalog_reserve_bytes > 0) {
-    uint64_t free = FreeBytes(dir);
-    if (free < options.catalog_reserve_bytes) {
+    const uint64_t free = FreeBytes(dir);
+    if (free < options.catalog_reserve_bytes && mode == MetaStore::Mode::kCreate) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "not enough free space to open ", dir, " for writing: ", free,
-          " bytes free, the catalog needs ", options.catalog_reserve_bytes,
-          " (read-only commands such as ls, verify and restore still work)"));
+          "not enough free space to create a checkpoint store in ", dir, ": ", free,
+          " bytes free, the catalog needs ", options.catalog_reserve_bytes));
+    }
+    if (free < options.catalog_reserve_bytes) {
+      low_space = true;
+      if (free < std::min<uint64_t>(options.catalog_reserve_bytes, kMinFreeForDeletes)) {
+        mode = MetaStore::Mode::kReadOnly;
+      }
+      GS_LOG(WARNING) << "storage: " << dir << " has " << free << " bytes free, below the "
+                      << "catalog's reserve of " << options.catalog_reserve_bytes << ": "
+                      << (mode == MetaStore::Mode::kReadOnly
+                              ? "opened read-only (writes, rm and gc wait for a restart)"
+                              : "writes are refused until space is back (reads, rm and gc work)");
     }
   }
   // Held while a new store is created (below), released at the end of Open.
@@ -197,7 +211,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     }
     RETURN_IF_ERROR(CheckCatalogScans(probe->get(), dir, count_segments));
   }
-  auto meta = MetaStore::Open(dir + "/meta", mode);
+  auto meta = MetaStore::Open(dir + "/meta", mode, low_space);
   if (!meta.ok()) {
     if (absl::IsFailedPrecondition(meta.status()) || absl::IsResourceExhausted(meta.status())) {
       return meta.status();  // another process holds it, or no space
@@ -209,7 +223,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
   auto engine = std::make_unique<EngineImpl>(options, fs, *std::move(meta));
   // The probe above checked the same catalog already.
   if (!probe_first) RETURN_IF_ERROR(CheckCatalogScans(engine->meta(), dir, count_segments));
-  if (!options.read_only) RETURN_IF_ERROR(engine->Recover());
+  if (!engine->meta()->read_only()) RETURN_IF_ERROR(engine->Recover());
   engine->PrefaultRecordBuffers();  // a read-only engine takes only read-ahead buffers
   return std::unique_ptr<Engine>(std::move(engine));
 }
@@ -254,6 +268,12 @@ absl::Status EngineImpl::CheckWritable() const {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint store ", options_.data_dir,
                                                       " is open read-only"));
   }
+  if (meta_->read_only()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "checkpoint store ", options_.data_dir, " opened with less than ", kMinFreeForDeletes,
+        " bytes free, so its catalog is read-only: only reads are served; free space and "
+        "restart to write, rm or gc"));
+  }
   struct stat st;
   if (data_ino_ != 0 && (::stat(options_.data_dir.c_str(), &st) != 0 ||
                          static_cast<uint64_t>(st.st_dev) != data_dev_ ||
@@ -263,6 +283,20 @@ absl::Status EngineImpl::CheckWritable() const {
         "more is written to it; restart (with --rebuild-catalog if its catalog is gone)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status EngineImpl::CheckRoomToAdd() const {
+  RETURN_IF_ERROR(CheckWritable());
+  return storage::CheckRoomToAdd(options_.data_dir, options_.catalog_reserve_bytes);
+}
+
+WriteSpaceState EngineImpl::WriteSpace() {
+  WriteSpaceState s;
+  s.reserve_bytes = options_.catalog_reserve_bytes;
+  s.free_bytes = FreeBytes(options_.data_dir);
+  s.restart_needed = !options_.read_only && meta_->read_only();
+  s.writes_refused = s.restart_needed || (s.reserve_bytes > 0 && s.free_bytes < s.reserve_bytes);
+  return s;
 }
 
 }  // namespace storage

@@ -121,7 +121,7 @@ absl::Status CheckJobEpoch(MetaStore* meta, const std::string& job, uint64_t epo
 absl::StatusOr<uint64_t> EngineImpl::AcquireEpoch(const std::string& job) {
   RETURN_IF_ERROR(ValidateName(job, "job name"));
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckWritable());
+  RETURN_IF_ERROR(CheckRoomToAdd());  // before the mirror: a refused commit leaves it as it was
   // The next epoch is above the catalog's and the mirror's (a catalog made anew beside an old
   // mirror does not count again).
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
@@ -150,7 +150,10 @@ absl::StatusOr<uint64_t> EngineImpl::RaiseEpoch(const std::string& job, uint64_t
   ASSIGN_OR_RETURN(uint64_t current, CurrentJobEpoch(meta_.get(), job));
   const uint64_t target =
       std::max({current, MirroredJobEpoch(fs_, options_.data_dir, job), to});
-  if (target > current) RETURN_IF_ERROR(CommitEpochLocked(job, target));
+  if (target > current) {
+    RETURN_IF_ERROR(CheckRoomToAdd());
+    RETURN_IF_ERROR(CommitEpochLocked(job, target));
+  }
   return target;
 }
 

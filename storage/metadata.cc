@@ -13,6 +13,7 @@
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
 #include "rocksdb/write_batch.h"
+#include "common/status.h"
 #include "storage/record_coding.h"
 
 namespace gradsnap {
@@ -299,10 +300,6 @@ class StdioLogger : public rocksdb::Logger {
   std::FILE* f_ = nullptr;
 };
 
-// Batches that only delete still need a little room for their WAL record (a failed WAL write
-// has the same consequence as above).
-constexpr uint64_t kMinFreeForDeletes = 1 << 20;
-
 }  // namespace
 
 uint64_t FreeBytes(const std::string& path) {
@@ -318,8 +315,24 @@ uint64_t FreeBytes(const std::string& path) {
   return UINT64_MAX;
 }
 
-absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, Mode mode) {
+absl::Status CheckRoomToAdd(const std::string& dir, uint64_t reserve_bytes) {
+  if (reserve_bytes == 0) return absl::OkStatus();
+  const uint64_t free = FreeBytes(dir);
+  if (free >= reserve_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "out of disk space: %d bytes free under %s, below the catalog's reserve of %d bytes; "
+      "writes are refused until space is freed (reads, rm and gc still work)",
+      free, dir, reserve_bytes));
+}
+
+absl::StatusOr<std::unique_ptr<MetaStore>> MetaStore::Open(const std::string& dir, Mode mode,
+                                                           bool low_space) {
   rocksdb::Options options;
+  // Below the reserve, what the WAL holds stays in memory at open rather than becoming a new
+  // table file on a disk that may not hold it, and no file is preallocated (the MANIFEST's
+  // 4 MiB, the WAL's): on some file systems a preallocation that fails keeps what it got.
+  options.avoid_flush_during_recovery = low_space;
+  options.allow_fallocate = !low_space;
   options.create_if_missing = mode == Mode::kCreate;
   options.paranoid_checks = true;
   options.keep_log_file_num = 4;
@@ -366,16 +379,12 @@ absl::Status MetaStore::Commit(const Batch& batch) {
   if (read_only_) {
     return absl::FailedPreconditionError("the checkpoint store is open read-only");
   }
-  if (reserve_bytes_ > 0) {
-    uint64_t need = batch.puts.empty() ? std::min<uint64_t>(reserve_bytes_, kMinFreeForDeletes)
-                                       : reserve_bytes_;
-    uint64_t free = FreeBytes(dir_);
-    if (free < need) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "out of disk space: %d bytes free under %s, below the catalog's reserve of %d bytes",
-          free, dir_, need));
-    }
-  }
+  // Batches that only delete still need a little room for their WAL record (a failed WAL write
+  // has the same consequence as one that adds).
+  const uint64_t need = batch.puts.empty()
+                            ? std::min<uint64_t>(reserve_bytes_, kMinFreeForDeletes)
+                            : reserve_bytes_;
+  RETURN_IF_ERROR(CheckRoomToAdd(dir_, need));
   rocksdb::WriteBatch wb;
   for (const auto& [k, v] : batch.puts) wb.Put(k, v);
   for (const std::string& k : batch.deletes) wb.Delete(k);

@@ -104,6 +104,15 @@ uint64_t FreeBytes(const std::string& path);
 // that on a disk filled by checkpoint data `rm` and `gc` can still commit and free space.
 inline constexpr uint64_t kSegmentFloorBytes = 2u << 20;
 
+// Free space a batch that only deletes needs (for its WAL record), and so the least a node
+// below its catalog's reserve needs to open its catalog read-write (docs/format.md, "Full
+// disks"): with less, the catalog opens read-only and even rm and gc wait for a restart.
+inline constexpr uint64_t kMinFreeForDeletes = 1u << 20;
+
+// RESOURCE_EXHAUSTED when the file system holding `dir` has less than reserve_bytes free (0:
+// no reserve): the one message of a write refused for want of space, naming both figures.
+absl::Status CheckRoomToAdd(const std::string& dir, uint64_t reserve_bytes);
+
 std::string EncodeCheckpoint(const CheckpointRecord& r);
 std::string EncodeShard(const ShardRecord& r);
 std::string EncodeChunk(const ChunkRecord& r);
@@ -125,8 +134,11 @@ class MetaStore {
     kExisting,  // read-write, the database must exist
     kReadOnly,  // RocksDB OpenForReadOnly: never writes to `dir` (no LOCK, no LOG files)
   };
+  // low_space: a read-write open below the catalog's reserve keeps what it recovers from the
+  // WAL in memory (RocksDB's avoid_flush_during_recovery) instead of writing it to a new table.
   static absl::StatusOr<std::unique_ptr<MetaStore>> Open(const std::string& dir,
-                                                         Mode mode = Mode::kCreate);
+                                                         Mode mode = Mode::kCreate,
+                                                         bool low_space = false);
   ~MetaStore();
 
   // NOT_FOUND when absent.
@@ -143,8 +155,9 @@ class MetaStore {
   // FAILED_PRECONDITION when opened read-only. RESOURCE_EXHAUSTED, without calling RocksDB,
   // when the batch puts keys and the file system has less than reserve_bytes free: RocksDB is
   // never driven into ENOSPC by a write that adds data (a failed WAL write leaves it in a state
-  // where its own assertions abort the process). Batches that only delete need just 1 MiB
-  // (or reserve_bytes if smaller), so space can be freed on a nearly full disk.
+  // where its own assertions abort the process). Batches that only delete need just
+  // kMinFreeForDeletes (or reserve_bytes if smaller), so space can be freed on a nearly full
+  // disk.
   absl::Status Commit(const Batch& batch);
   // The batch that removes every catalog key of checkpoint (job, step): its checkpoint record,
   // its shard records and its chunk records.

@@ -246,6 +246,13 @@ class Client {
   // OK when every endpoint answers and is serving (or the local engine is open).
   // UNAVAILABLE: a node does not answer or is stopping, naming it.
   virtual absl::Status Health() = 0;
+  // Health, and one line for each node (or the local engine) that refuses writes for want of
+  // space ("NODE: writes refused: N bytes free, below the catalog's reserve of R bytes; ...")
+  // appended to *notes. Default: Health(), no notes.
+  virtual absl::Status HealthNotes(std::vector<std::string>* notes) {
+    (void)notes;
+    return Health();
+  }
 };
 
 }  // namespace client

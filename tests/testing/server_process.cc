@@ -134,7 +134,10 @@ absl::Status ServerProcess::StartOnce(const std::vector<std::string>& args) {
     return absl::UnavailableError(
         absl::StrCat("gradsnap-server did not get ready; stdout \"", text, "\"; log:\n", Log()));
   }
+  ready_line_ = text.substr(at, eol - at);
+  // HOST:PORT, then (a node refusing writes) a note after a space.
   address_ = text.substr(at + sizeof(kReady) - 1, eol - at - (sizeof(kReady) - 1));
+  address_ = address_.substr(0, address_.find(' '));
   if (!absl::SimpleAtoi(address_.substr(address_.rfind(':') + 1), &port_)) {
     return absl::InternalError("bad readiness line: " + text.substr(at));
   }

@@ -1,5 +1,5 @@
 // ServerProcess: a real gradsnap-server child process for the tests and drills. It is started
-// with any flags, ready once it printed "gradsnap-server listening on HOST:PORT" on stdout,
+// with any flags, ready once it printed "gradsnap-server listening on HOST:PORT[ NOTE]" on stdout,
 // and can be signalled, killed and restarted on the same address. Its stderr (the server's
 // log) goes to a file read back by Log().
 //
@@ -49,6 +49,8 @@ class ServerProcess {
 
   pid_t pid() const { return pid_; }
   const std::string& address() const { return address_; }
+  // The readiness line of the last start, without its newline.
+  const std::string& ready_line() const { return ready_line_; }
   int port() const { return port_; }
   // The --metrics-listen port the server logged at start (0 if none).
   int metrics_port() const;
@@ -64,6 +66,7 @@ class ServerProcess {
   std::vector<std::string> args_;  // of the last Start
   pid_t pid_ = -1;
   std::string address_;
+  std::string ready_line_;
   int port_ = 0;
   bool ready_ = false;  // the last start got the readiness line
   std::string log_path_;

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -134,10 +135,20 @@ absl::Status Tmpfs::RemountReadOnly() {
   return absl::OkStatus();
 }
 
-void FillUp(const std::string& path) {
+void FillUp(const std::string& path) { FillUpLeaving(path, 0); }
+
+void FillUpLeaving(const std::string& path, uint64_t leave_bytes) {
   std::ofstream f(path, std::ios::binary);
   std::string block(1 << 16, '\0');
-  while (f.write(block.data(), block.size())) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  auto free_bytes = [&]() -> uint64_t {
+    struct statvfs st;
+    if (::statvfs(parent.c_str(), &st) != 0) return 0;
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  };
+  while (free_bytes() > leave_bytes) {
+    const uint64_t n = std::min<uint64_t>(block.size(), free_bytes() - leave_bytes);
+    if (!f.write(block.data(), static_cast<std::streamsize>(n)) || !f.flush()) break;
   }
 }
 

@@ -63,6 +63,9 @@ class Tmpfs {
 
 // Writes zeros to `path` until the file system holding it is full.
 void FillUp(const std::string& path);
+// Writes zeros to `path` (a ballast file) until the file system holding it has at most
+// `leave_bytes` free (page-granular: tmpfs frees and takes whole pages).
+void FillUpLeaving(const std::string& path, uint64_t leave_bytes);
 
 }  // namespace testing
 }  // namespace gradsnap
