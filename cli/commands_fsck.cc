@@ -80,11 +80,13 @@ absl::Status RunFsck(Context& ctx) {
                        JsonQuote(listed.ok() ? "ok" : std::string(listed.status().message())),
                        ",\"restorable\":", JsonList(report.rebuilt), ",\"skipped\":",
                        JsonList(report.skipped), ",\"epochs\":", JsonList(report.epochs),
+                       ",\"from_quarantine\":", JsonList(report.from_quarantine),
                        ",\"not_restorable\":", JsonList(lost),
                        ",\"old_catalog\":", JsonQuote(report.old_catalog), "}\n"));
   } else {
     std::string out;
     if (!listed.ok()) absl::StrAppend(&out, "catalog: ", listed.status().message(), "\n");
+    for (const std::string& r : report.from_quarantine) absl::StrAppend(&out, r, "\n");
     for (const std::string& r : report.rebuilt) {
       absl::StrAppend(&out, rebuild ? "rebuilt    " : "restorable ", r, "\n");
     }

@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_rebuild_catalog)) {
     auto report = gradsnap::storage::RebuildCatalog(o.engine, /*dry_run=*/false);
     if (!report.ok()) return Fail(std::string(report.status().message()));
+    for (const std::string& r : report->from_quarantine) std::printf("%s\n", r.c_str());
     for (const std::string& r : report->rebuilt) std::printf("rebuilt %s\n", r.c_str());
     for (const std::string& r : report->skipped) std::printf("skipped %s\n", r.c_str());
     for (const std::string& r : report->epochs) std::printf("epoch %s\n", r.c_str());

@@ -859,8 +859,9 @@ TEST(CatalogTest, RecoveryDropsCommittedDeltaWithoutBase) {
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
   EXPECT_FALSE(fs::exists(dir.path() + "/segments/j/00000000000000000011"));
-  // The DELTA's and the FULL's segment file, each quarantined once.
-  EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 2);
+  // The DELTA's and the FULL's segment file, each quarantined once, and the DELETED marker
+  // written into the DELTA's before it was dropped (no rebuild brings it back).
+  EXPECT_EQ(CountFiles(dir.path() + "/quarantine"), 3);
 }
 
 TEST(CatalogTest, CorruptDurablePrefixFailsResumeWithDataLoss) {
@@ -1015,6 +1016,143 @@ TEST(CatalogTest, DiskFilledByDataStillLetsDeletesFreeSpace) {
   ASSERT_TRUE(e->BeginCheckpoint(Spec("full", 3, 1, -1)).ok());
   ShardData again = MakeShard("full", 3, 0, 3, 4 << 20);
   EXPECT_TRUE(e->WriteShard(again.spec, again.ptrs()).ok());
+}
+
+// Job "j"'s FULLs at `steps` (world size 1) written into the store in `dir`, appended to
+// *written.
+void WriteFulls(const std::string& dir, const std::vector<int64_t>& steps,
+                std::vector<ShardData>* written) {
+  auto e = OpenOk(dir);
+  ASSERT_NE(e, nullptr);
+  for (int64_t step : steps) {
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("j", step, 1)).ok());
+    ShardData d = MakeShard("j", step, 0, static_cast<uint64_t>(step));
+    ASSERT_TRUE(e->WriteShard(d.spec, d.ptrs()).ok());
+    written->push_back(std::move(d));
+  }
+}
+
+// The catalog of `dir` as it is now, to put back later (PutBackCatalog): a backup of meta/.
+void CopyCatalog(const std::string& dir, const std::string& to) {
+  fs::copy(dir + "/meta", to, fs::copy_options::recursive);
+}
+void PutBackCatalog(const std::string& from, const std::string& dir) {
+  fs::remove_all(dir + "/meta");
+  fs::rename(from, dir + "/meta");
+}
+
+// Job j steps 5 and 10, the catalog copied, steps 15..30, the copy put back (a stale but
+// readable catalog): the open is refused naming --rebuild-catalog and changes nothing, and the
+// rebuild brings every step back. Before, the open quarantined steps 15..30 with a warning
+// each, and a job resuming from `latest` went back to step 10 without an error.
+TEST(CatalogTest, StaleCatalogIsRefusedAndTheRebuildBringsEveryStepBack) {
+  TempDir dir;
+  const std::string data = dir.path() + "/d";
+  std::vector<ShardData> written;
+  WriteFulls(data, {5, 10}, &written);
+  CopyCatalog(data, dir.path() + "/meta.backup");
+  WriteFulls(data, {15, 20, 25, 30}, &written);
+  PutBackCatalog(dir.path() + "/meta.backup", data);
+  auto before = DirContents(data);
+  absl::Status s = OpenStatus(data);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "4 whole checkpoints newer than its catalog knows "
+                                             "(job j step 15, job j step 20")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--rebuild-catalog")) << s;
+  ExpectSameTree(before, DirContents(data));
+  EXPECT_FALSE(fs::exists(data + "/quarantine"));
+  auto report = Rebuild(data);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rebuilt.size(), 6u);
+  auto e = OpenOk(data);
+  ASSERT_NE(e, nullptr);
+  auto listed = e->ListCheckpoints("j");
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(listed->size(), 6u);
+  for (const ShardData& d : written) ExpectRestores(e.get(), d);
+}
+
+// What the open of a stale catalog did before the guard (steps 15 and 20 quarantined): the
+// rebuild reads quarantine/ too and brings the whole checkpoints there back. Before, the
+// rebuild read segments/ only and they stayed lost (then purged by gc after the grace).
+TEST(CatalogTest, RebuildBringsBackWholeCheckpointsFromQuarantine) {
+  TempDir dir;
+  const std::string data = dir.path() + "/d";
+  std::vector<ShardData> written;
+  WriteFulls(data, {5, 10}, &written);
+  CopyCatalog(data, dir.path() + "/meta.backup");
+  WriteFulls(data, {15, 20}, &written);
+  PutBackCatalog(dir.path() + "/meta.backup", data);
+  for (int64_t step : {15, 20}) {
+    ASSERT_TRUE(QuarantinePath(FileSystem::Default(), data,
+                               absl::StrFormat("%s/segments/j/%020d", data, step), "test",
+                               1000 * step)
+                    .ok());
+  }
+  {
+    auto e = OpenOk(data);  // nothing in segments/ is newer than the catalog now
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->ListCheckpoints("j")->size(), 2u);
+  }
+  EngineOptions o;
+  o.data_dir = data;
+  auto dry = RebuildCatalog(o, /*dry_run=*/true);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  EXPECT_EQ(dry->from_quarantine.size(), 2u);
+  EXPECT_TRUE(fs::exists(absl::StrFormat("%s/quarantine/%013d/segments/j/%020d", data,
+                                         15000, 15)));  // a dry run moves nothing
+  auto report = Rebuild(data);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->from_quarantine.size(), 2u);
+  EXPECT_EQ(report->rebuilt.size(), 4u);
+  auto e = OpenOk(data);
+  ASSERT_NE(e, nullptr);
+  for (const ShardData& d : written) ExpectRestores(e.get(), d);
+}
+
+// What interrupted normal work leaves above the catalog's newest step is quarantined as
+// before, not refused: a shard whose footer was never written (a write cut short), a
+// checkpoint whose rm was stopped after its catalog commit (its DELETED marker), and, after a
+// rebuild, a whole checkpoint the rebuild skipped (it fails verification): the rebuild
+// quarantines it itself, so the next open is not refused for it.
+TEST(CatalogTest, InterruptedWorkAboveTheCatalogIsQuarantinedNotRefused) {
+  TempDir dir;
+  const std::string data = dir.path() + "/d";
+  std::vector<ShardData> written;
+  WriteFulls(data, {5}, &written);
+  CopyCatalog(data, dir.path() + "/meta.backup");
+  {
+    auto e = OpenOk(data);
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(e->BeginCheckpoint(Spec("j", 10, 1)).ok());
+    ShardData d = MakeShard("j", 10, 0, 10);
+    auto w = e->OpenShardWriter(d.spec);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append(d.bytes[0].data(), 4096).ok());
+    ASSERT_TRUE((*w)->Flush().ok());
+  }
+  WriteFulls(data, {15}, &written);
+  { std::ofstream(absl::StrFormat("%s/segments/j/%020d/%s", data, 15, kDeletedMarker)); }
+  PutBackCatalog(dir.path() + "/meta.backup", data);
+  {
+    auto e = OpenOk(data);
+    ASSERT_NE(e, nullptr);
+  }
+  EXPECT_FALSE(fs::exists(absl::StrFormat("%s/segments/j/%020d", data, 10)));
+  EXPECT_FALSE(fs::exists(absl::StrFormat("%s/segments/j/%020d", data, 15)));
+  // A whole checkpoint that does not verify, above the newest step: skipped by the rebuild.
+  WriteFulls(data, {20}, &written);
+  ASSERT_TRUE(testing::FlipByte(absl::StrFormat("%s/segments/j/%020d/r0000000000-000000.seg",
+                                                data, 20),
+                                5000, 0x40)
+                  .ok());
+  auto report = Rebuild(data);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->rebuilt.size(), 1u);
+  EXPECT_FALSE(fs::exists(absl::StrFormat("%s/segments/j/%020d", data, 20)));
+  auto e = OpenOk(data);
+  ASSERT_NE(e, nullptr);
+  ExpectRestores(e.get(), written[0]);
 }
 
 // Waits (at most 5 s) until `e` takes writes again: the space of files just read and deleted

@@ -203,8 +203,9 @@ class Engine {
   // stay resumable (never listed; AbortCheckpoint rolls one back), segment bytes past the last
   // durable offset are truncated, unreferenced segment files and directories are moved to
   // quarantine/ (never unlinked). When the catalog (meta/) is missing, empty or unreadable
-  // while segments/ holds data, Open refuses with FAILED_PRECONDITION naming
-  // --rebuild-catalog and changes nothing on disk.
+  // while segments/ holds data, or older than the data (segments/ holds a whole checkpoint it
+  // does not know above its newest step of that job: CheckCatalogNotStale), Open refuses with
+  // FAILED_PRECONDITION naming --rebuild-catalog and changes nothing on disk.
   static absl::StatusOr<std::unique_ptr<Engine>> Open(const EngineOptions& options);
   virtual ~Engine() = default;
 

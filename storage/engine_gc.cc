@@ -27,6 +27,21 @@
 namespace gradsnap {
 namespace storage {
 
+void EngineImpl::MarkDeleted(const std::string& job, int64_t step) {
+  const std::string dir = CheckpointDir(job, step);
+  absl::Status marked = [&]() -> absl::Status {
+    OpenOptions o;
+    o.write = o.create = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<File> f, fs_->Open(dir + "/" + kDeletedMarker, o));
+    RETURN_IF_ERROR(f->Sync());
+    return fs_->SyncDir(dir);
+  }();
+  if (!marked.ok() && !absl::IsNotFound(marked)) {  // NOT_FOUND: no files to mark
+    GS_LOG(WARNING) << "storage: deleting job " << job << " step " << step
+                    << " without its marker: " << marked.message();
+  }
+}
+
 absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed) {
   {
     absl::MutexLock lock(&writers_mu_);
@@ -47,20 +62,7 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
       for (const SegmentRef& s : r.segments) *reclaimed += s.durable_end;
     }
   }
-  // Marked first (storage/rebuild.h): a rebuild after a kill past the commit below must not
-  // bring the checkpoint back. Best effort: a disk too full for an empty file still deletes.
-  const std::string dir = CheckpointDir(job, step);
-  absl::Status marked = [&]() -> absl::Status {
-    OpenOptions o;
-    o.write = o.create = true;
-    ASSIGN_OR_RETURN(std::unique_ptr<File> f, fs_->Open(dir + "/" + kDeletedMarker, o));
-    RETURN_IF_ERROR(f->Sync());
-    return fs_->SyncDir(dir);
-  }();
-  if (!marked.ok() && !absl::IsNotFound(marked)) {  // NOT_FOUND: no files to mark
-    GS_LOG(WARNING) << "storage: deleting job " << job << " step " << step
-                    << " without its marker: " << marked.message();
-  }
+  MarkDeleted(job, step);
   const MetaStore::Batch b = MetaStore::DeleteCheckpointBatch(job, step);
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   RETURN_IF_ERROR(meta_->Commit(b));

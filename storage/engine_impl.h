@@ -144,6 +144,11 @@ class EngineImpl : public Engine {
   absl::Status RepairOrphanDeltas(std::vector<CheckpointRecord>* checkpoints);
   absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes (synced) the DELETED marker (storage/rebuild.h) into the checkpoint's directory
+  // before its catalog keys are removed: neither a rebuild nor the stale-catalog guard takes a
+  // removal stopped after its commit for data to bring back. Best effort: a disk too full for
+  // an empty file still deletes (with a warning).
+  void MarkDeleted(const std::string& job, int64_t step);
   absl::Status RecoverCheckpoint(const CheckpointRecord& c);
   // Quarantines the checkpoint directories that none of `checkpoints` (the catalog) owns.
   absl::Status RemoveOrphanDirs(const std::vector<CheckpointRecord>& checkpoints);

@@ -210,6 +210,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
                                               probe.status().message(), ")"));
     }
     RETURN_IF_ERROR(CheckCatalogScans(probe->get(), dir, count_segments));
+    RETURN_IF_ERROR(CheckCatalogNotStale(fs, probe->get(), dir));
   }
   auto meta = MetaStore::Open(dir + "/meta", mode, low_space);
   if (!meta.ok()) {

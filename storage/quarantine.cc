@@ -1,13 +1,20 @@
 #include "storage/quarantine.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
 #include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "storage/rebuild.h"
 #include "storage/storage_stats.h"
 
 namespace gradsnap {
@@ -101,6 +108,49 @@ absl::Status CatalogRefusal(const std::string& data_dir, const std::string& why)
       "; nothing was changed. Rebuild the catalog from the segments with "
       "'gradsnap-server --data-dir ", data_dir, " --rebuild-catalog' (or 'gradsnap --ckpt-dir ",
       data_dir, " fsck --rebuild')"));
+}
+
+absl::Status CheckCatalogNotStale(FileSystem* fs, MetaStore* meta, const std::string& data_dir) {
+  ASSIGN_OR_RETURN(auto kvs, meta->Scan("c/"));
+  std::set<std::pair<std::string, int64_t>> known;
+  std::map<std::string, int64_t> newest;  // job -> the newest step the catalog knows
+  for (const auto& [key, value] : kvs) {
+    CheckpointRecord r;
+    if (!DecodeCheckpoint(value, &r).ok()) continue;  // recovery reports it
+    known.insert({r.spec.job, r.spec.step});
+    auto [it, added] = newest.emplace(r.spec.job, r.spec.step);
+    if (!added) it->second = std::max(it->second, r.spec.step);
+  }
+  const std::string root = data_dir + "/segments";
+  auto jobs = fs->ListDir(root);
+  if (absl::IsNotFound(jobs.status())) return absl::OkStatus();
+  if (!jobs.ok()) return jobs.status();
+  std::sort(jobs->begin(), jobs->end());
+  std::vector<std::string> newer;
+  for (const std::string& job : *jobs) {
+    auto steps = fs->ListDir(absl::StrCat(root, "/", job));
+    if (!steps.ok()) continue;
+    std::sort(steps->begin(), steps->end());
+    auto top = newest.find(job);
+    for (const std::string& s : *steps) {
+      int64_t step = 0;
+      if (s.size() != 20 || !absl::SimpleAtoi(s, &step) || step < 0) continue;
+      if ((top != newest.end() && step <= top->second) || known.count({job, step}) != 0) continue;
+      if (ExamineCheckpointDir(fs, absl::StrCat(root, "/", job, "/", s), job, step).ok()) {
+        newer.push_back(absl::StrCat("job ", job, " step ", step));
+      }
+    }
+  }
+  if (newer.empty()) return absl::OkStatus();
+  const size_t shown = std::min<size_t>(newer.size(), 4);
+  return CatalogRefusal(
+      data_dir,
+      absl::StrCat("segments/ holds ", newer.size(), " whole checkpoint",
+                   newer.size() == 1 ? "" : "s", " newer than its catalog knows (",
+                   absl::StrJoin(newer.begin(), newer.begin() + shown, ", "),
+                   newer.size() > shown ? ", ..." : "",
+                   "): the catalog is older than the data (put back from a backup?), and "
+                   "opening it would quarantine them"));
 }
 
 }  // namespace storage

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "storage/file_system.h"
+#include "storage/metadata.h"
 
 namespace gradsnap {
 namespace storage {
@@ -45,6 +46,15 @@ CatalogState InspectCatalog(const std::string& data_dir);
 
 // The one-line refusal when the catalog cannot be trusted while segment data exists.
 absl::Status CatalogRefusal(const std::string& data_dir, const std::string& why);
+
+// The stale-catalog guard (docs/format.md, "Catalog guard"): a CatalogRefusal when segments/
+// holds a whole checkpoint (ExamineCheckpointDir: every shard's footer intact, no DELETED
+// marker) that `meta` does not know, at a step above the newest step `meta` knows for its job
+// (any step, for a job it does not know): the catalog is older than the data (meta/ put back
+// from a backup, a meta.old-* put back), and recovery would quarantine that data. What an
+// interrupted write leaves (a shard without its footer; an rm stopped after its commit) does
+// not count. Reads only the footers of the directories the catalog does not know.
+absl::Status CheckCatalogNotStale(FileSystem* fs, MetaStore* meta, const std::string& data_dir);
 
 }  // namespace storage
 }  // namespace gradsnap

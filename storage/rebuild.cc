@@ -19,6 +19,7 @@
 #include "storage/engine_impl.h"
 #include "storage/epoch.h"
 #include "storage/footer.h"
+#include "storage/quarantine.h"
 
 namespace gradsnap {
 namespace storage {
@@ -180,7 +181,82 @@ absl::Status Install(EngineImpl* engine, const Candidate& c) {
   return absl::OkStatus();
 }
 
+// A 20-digit step directory name's step; false for any other name.
+bool ParseStepDir(const std::string& s, int64_t* step) {
+  return s.size() == 20 && absl::SimpleAtoi(s, step) && *step >= 0;
+}
+
+// Moves each whole checkpoint in quarantine/ (quarantine/<ms>/segments/<job>/<step>, newest
+// entry first) back to segments/ where segments/ has no directory of that step, so the scan
+// that follows rebuilds it like any other (a stale catalog's open quarantined it, for one).
+// dry_run: reports what it would move, moves nothing.
+absl::Status BringBackFromQuarantine(FileSystem* fs, const std::string& dir, bool dry_run,
+                                     RebuildReport* report) {
+  auto entries = fs->ListDir(dir + "/quarantine");
+  if (absl::IsNotFound(entries.status())) return absl::OkStatus();
+  if (!entries.ok()) return entries.status();
+  std::sort(entries->rbegin(), entries->rend());
+  for (const std::string& entry : *entries) {
+    const std::string qroot = absl::StrCat(dir, "/quarantine/", entry, "/segments");
+    auto jobs = fs->ListDir(qroot);
+    if (!jobs.ok()) continue;  // not a quarantined part of segments/
+    for (const std::string& job : *jobs) {
+      if (!ValidateName(job, "job name").ok()) continue;
+      auto steps = fs->ListDir(absl::StrCat(qroot, "/", job));
+      if (!steps.ok()) continue;
+      for (const std::string& s : *steps) {
+        int64_t step = 0;
+        uint64_t unused_epoch = 0;  // the scan of segments/ that follows records it
+        const std::string from = absl::StrCat(qroot, "/", job, "/", s);
+        const std::string to = absl::StrCat(dir, "/segments/", job, "/", s);
+        if (!ParseStepDir(s, &step) || !absl::IsNotFound(fs->ListDir(to).status()) ||
+            !Examine(fs, from, job, step, &unused_epoch).ok()) {
+          continue;
+        }
+        report->from_quarantine.push_back(absl::StrCat(
+            Name(job, step), dry_run ? " would come back from " : " came back from ",
+            from.substr(dir.size() + 1)));
+        if (dry_run) continue;
+        RETURN_IF_ERROR(fs->CreateDirs(absl::StrCat(dir, "/segments/", job)));
+        RETURN_IF_ERROR(fs->Rename(from, to));
+        RETURN_IF_ERROR(fs->SyncDir(absl::StrCat(qroot, "/", job)));
+        RETURN_IF_ERROR(fs->SyncDir(absl::StrCat(dir, "/segments/", job)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Quarantines every step directory of segments/ that the new catalog does not hold (skipped
+// above), as the next open would: segments/ then holds exactly what the catalog knows, so no
+// skipped checkpoint looks like data newer than the catalog (CheckCatalogNotStale).
+absl::Status QuarantineSkipped(FileSystem* fs, const EngineOptions& options,
+                               const std::set<std::pair<std::string, int64_t>>& installed) {
+  const std::string root = options.data_dir + "/segments";
+  auto jobs = fs->ListDir(root);
+  if (!jobs.ok()) return absl::IsNotFound(jobs.status()) ? absl::OkStatus() : jobs.status();
+  for (const std::string& job : *jobs) {
+    auto steps = fs->ListDir(absl::StrCat(root, "/", job));
+    if (!steps.ok()) continue;
+    for (const std::string& s : *steps) {
+      int64_t step = 0;
+      if (!ParseStepDir(s, &step) || installed.count({job, step}) != 0) continue;
+      RETURN_IF_ERROR(QuarantinePath(fs, options.data_dir, absl::StrCat(root, "/", job, "/", s),
+                                     "not brought back by the catalog rebuild",
+                                     ClockOrReal(options.clock)->NowUnixMillis()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<CheckpointRecord> ExamineCheckpointDir(FileSystem* fs, const std::string& dir,
+                                                      const std::string& job, int64_t step) {
+  uint64_t newest_epoch = 0;
+  ASSIGN_OR_RETURN(Candidate c, Examine(fs, dir, job, step, &newest_epoch));
+  return c.ckpt;
+}
 
 absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool dry_run) {
   if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir is required");
@@ -207,6 +283,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
   auto engine = std::make_unique<EngineImpl>(eo, fs, std::move(meta));
 
   RebuildReport report;
+  RETURN_IF_ERROR(BringBackFromQuarantine(fs, dir, dry_run, &report));
   std::vector<Candidate> fulls, deltas;
   std::map<std::string, uint64_t> footer_epochs;  // job -> newest epoch its footers record
   auto jobs = fs->ListDir(root);
@@ -223,7 +300,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
     std::sort(steps->begin(), steps->end());
     for (const std::string& s : *steps) {
       int64_t step = 0;
-      if (s.size() != 20 || !absl::SimpleAtoi(s, &step) || step < 0) {
+      if (!ParseStepDir(s, &step)) {
         report.skipped.push_back(absl::StrCat("segments/", job, "/", s, ": not a step"));
         continue;
       }
@@ -235,8 +312,9 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
       (c->ckpt.spec.kind == CheckpointKind::kFull ? fulls : deltas).push_back(*std::move(c));
     }
   }
-  // (job, step) of every FULL rebuilt, and of every DELTA rebuilt with the base it replays on.
-  std::set<std::pair<std::string, int64_t>> rebuilt_fulls;
+  // (job, step) of every FULL rebuilt, and of every DELTA rebuilt with the base it replays on;
+  // of every checkpoint rebuilt (the rest is quarantined at the end).
+  std::set<std::pair<std::string, int64_t>> rebuilt_fulls, installed;
   std::map<std::pair<std::string, int64_t>, int64_t> rebuilt_deltas;
   auto install = [&](const Candidate& c) -> absl::Status {
     const CheckpointSpec& spec = c.ckpt.spec;
@@ -250,6 +328,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
       } else {
         rebuilt_deltas[{spec.job, spec.step}] = spec.base_step;
       }
+      installed.insert({spec.job, spec.step});
       return absl::OkStatus();
     }
     if (absl::IsDataLoss(s) || absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
@@ -312,6 +391,7 @@ absl::StatusOr<RebuildReport> RebuildCatalog(const EngineOptions& options, bool 
   }
   RETURN_IF_ERROR(fs->Rename(tmp, meta_dir));
   RETURN_IF_ERROR(fs->SyncDir(dir));
+  RETURN_IF_ERROR(QuarantineSkipped(fs, options, installed));
   GS_LOG(INFO) << "catalog of " << dir << " rebuilt: " << report.rebuilt.size()
                << " checkpoints, " << report.skipped.size() << " skipped";
   return report;

@@ -98,6 +98,7 @@ absl::Status EngineImpl::RepairOrphanDeltas(std::vector<CheckpointRecord>* check
     GS_LOG(WARNING) << "storage recovery: committed DELTA job " << c.spec.job << " step "
                     << c.spec.step << " has no committed base FULL at step " << c.spec.base_step
                     << "; it cannot be replayed and is dropped from the catalog";
+    MarkDeleted(c.spec.job, c.spec.step);
     RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
     RETURN_IF_ERROR(meta_->Commit(MetaStore::DeleteCheckpointBatch(c.spec.job, c.spec.step)));
     const std::string dir = CheckpointDir(c.spec.job, c.spec.step);
