@@ -122,6 +122,36 @@ TEST_F(CliStorageTest, ReadOnlyFileSystem) {
   EXPECT_TRUE(absl::StrContains(r.err, "the file system is read-only")) << r.err;
 }
 
+// A store on a full disk (a tmpfs with a ballast file leaving 3 MiB, below the catalog's
+// 16 MiB reserve): `health` warns that writes are refused, the reading commands work, and
+// `gc` frees space. Before, `gc` and `rm` were refused ("not enough free space to open ...").
+TEST_F(CliStorageTest, FullDiskStillReadsAndFreesSpace) {
+  const std::string mnt = scratch_ + "/full";
+  Tmpfs tmpfs(mnt);
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+  const std::string dir = mnt + "/store";
+  {
+    auto c = client::testing::ConnectLocal(dir);
+    ASSERT_TRUE(c.ok()) << c.status();
+    for (int64_t step : {1, 2}) {
+      auto saved = client::testing::SaveTestCheckpoint(**c, "j", step, 2, step, 8 << 20);
+      ASSERT_TRUE(saved.ok()) << saved.status();
+    }
+  }
+  FillUpLeaving(mnt + "/ballast", 3 << 20);
+  RunResult r = Cli({"--ckpt-dir", dir, "health"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.out, "warning: writes refused: ")) << r.out;
+  ExpectAllSucceed(dir, {{"ls"}, {"verify", "j", "--all"},
+                         {"restore", "j", "2", "--out", scratch_ + "/out"}});
+  r = Cli({"--ckpt-dir", dir, "gc", "j", "--keep-last", "1"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = Cli({"--json", "--ckpt-dir", dir, "ls", "j"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(absl::StrContains(r.out, "\"step\":1,")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "\"step\":2,")) << r.out;
+}
+
 TEST_F(CliStorageTest, FsckReportsThenRebuildsALostCatalog) {
   const std::string dir = scratch_ + "/store";
   SaveTwo(dir);
