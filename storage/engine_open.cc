@@ -213,6 +213,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(const EngineOptions& option
     RETURN_IF_ERROR(CheckCatalogNotStale(fs, probe->get(), dir));
   }
   auto meta = MetaStore::Open(dir + "/meta", mode, low_space);
+  if (low_space && absl::IsResourceExhausted(meta.status())) {
+    // Not even room for RocksDB's own open (its MANIFEST and OPTIONS files): serve reads.
+    GS_LOG(WARNING) << "storage: " << dir << ": " << meta.status().message()
+                    << "; opened read-only (writes, rm and gc wait for a restart)";
+    meta = MetaStore::Open(dir + "/meta", MetaStore::Mode::kReadOnly);
+  }
   if (!meta.ok()) {
     if (absl::IsFailedPrecondition(meta.status()) || absl::IsResourceExhausted(meta.status())) {
       return meta.status();  // another process holds it, or no space
