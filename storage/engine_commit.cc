@@ -148,12 +148,16 @@ absl::StatusOr<std::vector<CheckpointRecord>> EngineImpl::DeltasOf(const std::st
   return out;
 }
 
-absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step, uint64_t epoch) {
-  RETURN_IF_ERROR(ValidateName(job, "job name"));
-  RETURN_IF_ERROR(CheckWritable());
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<CheckpointRecord> EngineImpl::LoadCheckpointToChangeLocked(
+    const std::string& job, int64_t step, uint64_t epoch) {
   RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
-  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  return LoadCheckpoint(job, step);
+}
+
+absl::Status EngineImpl::AbortCheckpoint(const std::string& job, int64_t step, uint64_t epoch) {
+  RETURN_IF_ERROR(CheckJobChange(job));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpointToChangeLocked(job, step, epoch));
   if (ckpt.state == CheckpointState::kCommitted) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint job ", job, " step ", step,
                                                       " is committed; use Delete"));

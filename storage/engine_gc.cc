@@ -71,11 +71,9 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
 }
 
 absl::Status EngineImpl::Delete(const std::string& job, int64_t step, uint64_t epoch) {
-  RETURN_IF_ERROR(ValidateName(job, "job name"));
-  RETURN_IF_ERROR(CheckWritable());
+  RETURN_IF_ERROR(CheckJobChange(job));
   absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
-  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpoint(job, step));
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpointToChangeLocked(job, step, epoch));
   if (ckpt.spec.kind == CheckpointKind::kFull) {
     ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
     if (!on_it.empty()) {
@@ -101,8 +99,7 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step, uint64_t e
 
 absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& policy,
                                         uint64_t epoch) {
-  RETURN_IF_ERROR(ValidateName(job, "job name"));
-  RETURN_IF_ERROR(CheckWritable());
+  RETURN_IF_ERROR(CheckJobChange(job));
   {
     absl::MutexLock lock(&mu_);  // a zombie is refused before it spends a verify
     RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
@@ -118,8 +115,7 @@ absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& 
 
 absl::StatusOr<GcResult> EngineImpl::GcSteps(const std::string& job,
                                              const std::vector<int64_t>& fulls, uint64_t epoch) {
-  RETURN_IF_ERROR(ValidateName(job, "job name"));
-  RETURN_IF_ERROR(CheckWritable());
+  RETURN_IF_ERROR(CheckJobChange(job));
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckJobEpoch(meta_.get(), job, epoch));
   ASSIGN_OR_RETURN(auto kvs, meta_->Scan(CheckpointPrefix(job)));

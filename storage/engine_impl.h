@@ -122,6 +122,14 @@ class EngineImpl : public Engine {
   // files and be acknowledged as durable); RESOURCE_EXHAUSTED for one whose catalog opened
   // read-only for want of space (WriteSpaceState::restart_needed). A stat() per mutation.
   absl::Status CheckWritable() const;
+  // The checks every change of a job's checkpoints starts with, before taking mu_: a valid
+  // job name, then CheckWritable.
+  absl::Status CheckJobChange(const std::string& job) const;
+  // With mu_ held: the writer's `epoch` is not superseded (CheckJobEpoch), and the record of
+  // checkpoint (job, step) to change.
+  absl::StatusOr<CheckpointRecord> LoadCheckpointToChangeLocked(const std::string& job,
+                                                                int64_t step, uint64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A reader of shard (job, step, rank) whose own record is committed, whether or not its
   // checkpoint is yet (a shard saved again inside a PENDING checkpoint is read back too):
   // NOT_FOUND without a record, FAILED_PRECONDITION for a shard still being written.

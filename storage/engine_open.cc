@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/names.h"
 #include "common/status.h"
 #include "storage/engine_impl.h"
 #include "storage/quarantine.h"
@@ -290,6 +291,11 @@ absl::Status EngineImpl::CheckWritable() const {
         "more is written to it; restart (with --rebuild-catalog if its catalog is gone)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status EngineImpl::CheckJobChange(const std::string& job) const {
+  RETURN_IF_ERROR(ValidateName(job, "job name"));
+  return CheckWritable();
 }
 
 absl::Status EngineImpl::CheckRoomToAdd() const {

@@ -93,8 +93,7 @@ TEST(ServiceE2E, SaveListShowVerifyRestore) {
   ASSERT_TRUE(listed.ok());
   EXPECT_TRUE(listed->empty());
   c.reset();  // an idle open connection delays a graceful shutdown by seconds
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(server.Stop(), 0);
 }
 
 // A restarted attempt re-persisting a committed step through the server: begin and
@@ -320,8 +319,7 @@ TEST(ServiceE2E, DigestFlagAndMixedDigestStore) {
       EXPECT_TRUE(*got == shards[step - 1].Payload());
     }
     c.reset();
-    server.Signal(SIGTERM);
-    EXPECT_EQ(server.Wait(), 0);
+    EXPECT_EQ(server.Stop(), 0);
   }
   ServerProcess bad(GRADSNAP_SERVER_BIN);
   EXPECT_FALSE(bad.StartOn(dir.File("data"), "127.0.0.1:0", {"--digest", "md5"}).ok());

@@ -564,8 +564,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   ASSERT_TRUE(c->SaveShard(r1.spec, r1.Refs()).ok());
   std::future<absl::Status> save = c->SaveShardAsync(r0.spec, r0.Refs());
   ASSERT_TRUE(WaitForBytesIn(*server, 40 << 20));
-  server->Signal(SIGTERM);
-  EXPECT_EQ(server->Wait(), 0) << server->Log();  // clean exit within the grace period
+  EXPECT_EQ(server->Stop(), 0) << server->Log();  // clean exit within the grace period
   server = std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server->Start(ServerArgs(dir, port)).ok());
   {
@@ -583,8 +582,7 @@ TEST(ServiceFault, SigtermDuringUploadThenRetryCompletes) {
   auto got = RestoreToString(c.get(), "termed", 2, 0);
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(*got == r0.Payload());
-  server->Signal(SIGTERM);
-  EXPECT_EQ(server->Wait(), 0);
+  EXPECT_EQ(server->Stop(), 0);
 }
 
 // Attempt 1 of a one-rank job: a server on a fresh directory, a client of it, FULL `step` begun

@@ -296,8 +296,7 @@ TEST(ServiceHostile, GarbageAndMalformedCallsWhileAGoodClientWorks) {
   EXPECT_TRUE(listed->empty());
   c->reset();
   channel.reset();  // idle open connections delay a graceful shutdown by seconds
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.Wait(), 0) << server.Log();
+  EXPECT_EQ(server.Stop(), 0) << server.Log();
 }
 
 }  // namespace

@@ -344,8 +344,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(*got == old.Payload());
     c.reset();
-    server.Signal(SIGTERM);
-    EXPECT_EQ(server.Wait(), 0);
+    EXPECT_EQ(server.Stop(), 0);
   }
   // Restarted on the full disk (0 bytes free: less than even a delete needs; the space the
   // catalog released at its close taken too), the server serves restores with its catalog
@@ -362,8 +361,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
     EXPECT_TRUE(*got == old.Payload());
     EXPECT_EQ(c->Delete("old", 1).code(), absl::StatusCode::kResourceExhausted);
     c.reset();
-    server.Signal(SIGTERM);
-    EXPECT_EQ(server.Wait(), 0);
+    EXPECT_EQ(server.Stop(), 0);
   }
   // Read-only opens work on the full file system, and so do read-write ones (refusing writes).
   storage::EngineOptions eo;
@@ -385,8 +383,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
   EXPECT_TRUE(c->Verify("new", 1).ok());
   c.reset();
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(server.Stop(), 0);
 }
 
 // A full storage node restarted (a ballast file left 3 MiB, below the catalog's 16 MiB
@@ -411,8 +408,7 @@ TEST(ServiceStorage, FullNodeServesRestoresFreesSpaceAndTakesWritesAgain) {
       ASSERT_TRUE(c->SaveShard(t->spec, t->Refs()).ok());
     }
     c.reset();
-    server.Signal(SIGTERM);
-    ASSERT_EQ(server.Wait(), 0);
+    ASSERT_EQ(server.Stop(), 0);
   }
   FillUpLeaving(dir.File("mnt") + "/ballast", 3 << 20);
   ServerProcess server(GRADSNAP_SERVER_BIN);
@@ -453,8 +449,7 @@ TEST(ServiceStorage, FullNodeServesRestoresFreesSpaceAndTakesWritesAgain) {
   EXPECT_TRUE(c->SaveShard(three.spec, three.Refs()).ok());
   EXPECT_TRUE(c->Verify("job", 3).ok());
   c.reset();
-  server.Signal(SIGTERM);
-  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(server.Stop(), 0);
 }
 
 TEST(ServiceStorage, ManifestOf2x20000TensorsIsShownAndRestored) {

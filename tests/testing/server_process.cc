@@ -163,6 +163,11 @@ void ServerProcess::Kill() {
   Wait();
 }
 
+int ServerProcess::Stop() {
+  Signal(SIGTERM);
+  return Wait();
+}
+
 std::string ServerProcess::Describe() {
   if (pid_ <= 0) return "not running";
   int status = 0;

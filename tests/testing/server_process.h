@@ -42,6 +42,8 @@ class ServerProcess {
   int Wait();
   // SIGKILL, then Wait(); no-op when not running.
   void Kill();
+  // SIGTERM (a graceful shutdown: the server syncs its catalog), then Wait(): its exit status.
+  int Stop();
   // "running", or how the child ended (reaps it), for failure messages.
   std::string Describe();
   // Started, ready (its readiness line came), and not reaped since.

@@ -182,8 +182,7 @@ TEST(FallbackTest, ServerRanksAgreeOnTheStep) {
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(dir + "/server").ok()) << server.Log();
   TrainJob(" --storage " + server.address());
-  server.Signal(SIGTERM);
-  ASSERT_EQ(server.Wait(), 0) << server.Log();
+  ASSERT_EQ(server.Stop(), 0) << server.Log();
   ASSERT_EQ(FlipSegmentBytes(dir + "/server", "j", 13, 1), 1);
   ASSERT_TRUE(server.Restart().ok()) << server.Log();
   ExpectFallback(dir, " --storage " + server.address(), " --server " + server.address(), 12,
@@ -201,8 +200,7 @@ TEST(FallbackTest, ServerDoesNotCountADamagedStepSavedAgain) {
   const std::string store = " --storage " + server.address();
   const RunResult trained = Train("--steps 8 --ckpt-mode sync --ckpt-every 4 --job j" + store);
   ASSERT_EQ(trained.exit_code, 0) << trained.out;
-  server.Signal(SIGTERM);
-  ASSERT_EQ(server.Wait(), 0) << server.Log();
+  ASSERT_EQ(server.Stop(), 0) << server.Log();
   ASSERT_EQ(FlipSegmentBytes(dir + "/server", "j", 8, 0), 1);
   ASSERT_TRUE(server.Restart().ok()) << server.Log();
   const RunResult again =
@@ -231,14 +229,12 @@ TEST(FallbackTest, FullWithARankNoNodeHoldsFallsBackInTheCli) {
   const std::string flags = " --ckpt-mode sync --ckpt-every 4 --job j" + store;
   const RunResult first = Train("--steps 4" + flags);
   ASSERT_EQ(first.exit_code, 0) << first.out;
-  loser.Signal(SIGTERM);
-  ASSERT_EQ(loser.Wait(), 0) << loser.Log();
+  ASSERT_EQ(loser.Stop(), 0) << loser.Log();
   std::filesystem::copy(loser_dir, dir + "/backup", std::filesystem::copy_options::recursive);
   ASSERT_TRUE(loser.Restart().ok()) << loser.Log();
   const RunResult second = Train("--steps 8 --resume latest" + flags);
   ASSERT_EQ(second.exit_code, 0) << second.out;
-  loser.Signal(SIGTERM);
-  ASSERT_EQ(loser.Wait(), 0) << loser.Log();
+  ASSERT_EQ(loser.Stop(), 0) << loser.Log();
   std::filesystem::remove_all(loser_dir);
   std::filesystem::rename(dir + "/backup", loser_dir);
   ASSERT_TRUE(loser.Restart().ok()) << loser.Log();
