@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +15,6 @@
 #include "common/rank_slice.h"
 #include "common/sha256.h"
 #include "gpu_snapshot/grad_log.h"
-#include "gpu_snapshot/host_replay.h"
 #include "gtest/gtest.h"
 #include "recovery/layout.h"
 #include "recovery/recovery_point.h"
@@ -149,10 +149,24 @@ class RecoveryTest : public ::testing::Test {
                                      {Bytes(kReplicatedTensor, text.size()), text.data()}};
       ASSERT_TRUE(client_->SaveShard(s, refs).ok());
     }
-    gpu_snapshot::ReplayPool pool(1);
-    gpu_snapshot::UpdateParams up;
-    up.adamw = Update(u);
-    pool.Apply({p_.data(), m_.data(), v_.data(), kTotal}, 0, kTotal, g.data(), DType::kF32, up);
+    ReferenceAdamW(Update(u), g);
+  }
+
+  // The expected state after one update, written here from AdamW's definition (decoupled weight
+  // decay, docs/gockpt.md) rather than with the replay under test (gpu_snapshot/adamw.h,
+  // host_replay.h): a defect there must not move the expectation with it. Same operation order
+  // as the device, one rounding per operation (-ffp-contract=off), so equal bit for bit.
+  void ReferenceAdamW(const AdamWStepParams& h, const std::vector<float>& grad) {
+    const float b1 = h.config.beta1, b2 = h.config.beta2;
+    for (size_t i = 0; i < kTotal; ++i) {
+      const float g = grad[i] * h.grad_scale;
+      m_[i] = b1 * m_[i] + (1.0f - b1) * g;
+      v_[i] = b2 * v_[i] + (1.0f - b2) * (g * g);
+      const float step = (m_[i] / h.bias_correction1) /
+                             (std::sqrt(v_[i] / h.bias_correction2) + h.config.eps) +
+                         h.config.weight_decay * p_[i];
+      p_[i] = p_[i] - h.lr * step;
+    }
   }
 
   // Restores [0, kTotal) cut for `world` ranks and compares with the reference state.

@@ -1,12 +1,15 @@
 // Real-process crash test: a child process (storage_crash_child) writes checkpoints and is
 // killed with SIGKILL at random moments. After each kill the engine is reopened here: every
-// listed checkpoint must verify and restore byte-identical to what the child wrote, and the
-// next child must be able to finish whatever was left PENDING.
+// listed checkpoint must verify and restore byte-identical to what the child wrote, every
+// checkpoint seen committed after an earlier kill must still be listed and committed unless the
+// child's GC (keep_last 3) was entitled to remove it, and the next child must be able to finish
+// whatever was left PENDING.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -24,6 +27,22 @@ namespace gradsnap {
 namespace storage {
 namespace {
 
+// The child's retention (crash_workload.h): Gc keeps the newest 3 committed FULLs and the
+// DELTAs on them.
+constexpr int kCrashKeepLast = 3;
+
+// Whether the child's GC may have removed `c` (a checkpoint seen committed earlier), given what
+// is listed now: its FULL (itself, or a DELTA's base) has kCrashKeepLast newer committed FULLs.
+bool RetentionMayRemove(const CheckpointInfo& c, const std::vector<CheckpointInfo>& now) {
+  const int64_t full = c.kind == CheckpointKind::kFull ? c.step : c.base_step;
+  int newer = 0;
+  for (const CheckpointInfo& n : now) {
+    newer += n.kind == CheckpointKind::kFull && n.state == CheckpointState::kCommitted &&
+             n.step > full;
+  }
+  return newer >= kCrashKeepLast;
+}
+
 pid_t Spawn(const std::string& dir, int64_t first, bool uring) {
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -40,6 +59,8 @@ TEST(GRADSNAP_CRASH_SUITE, SigkillAtRandomMoments) {
   std::mt19937_64 rng(::testing::UnitTest::GetInstance()->random_seed() + 12345);
   int64_t next_step = 0;
   int committed_seen = 0;
+  int retired = 0;
+  std::map<int64_t, CheckpointInfo> committed_before;  // every step seen committed after a kill
   for (int iter = 0; iter < GRADSNAP_CRASH_ITERATIONS; ++iter) {
     pid_t pid = Spawn(dir.path(), next_step, iter % 3 != 2);
     ASSERT_GT(pid, 0);
@@ -57,10 +78,27 @@ TEST(GRADSNAP_CRASH_SUITE, SigkillAtRandomMoments) {
     ASSERT_TRUE(e.ok()) << e.status();
     auto all = (*e)->ListCheckpoints("crash", true);
     ASSERT_TRUE(all.ok());
+    // What was committed before this kill survives it (or was retired by the GC's policy).
+    std::map<int64_t, const CheckpointInfo*> listed;
+    for (const CheckpointInfo& c : *all) listed[c.step] = &c;
+    for (auto it = committed_before.begin(); it != committed_before.end();) {
+      auto now = listed.find(it->first);
+      if (now == listed.end() && RetentionMayRemove(it->second, *all)) {
+        ++retired;
+        it = committed_before.erase(it);
+        continue;
+      }
+      ASSERT_NE(now, listed.end())
+          << "iteration " << iter << ": committed step " << it->first << " vanished";
+      ASSERT_EQ(now->second->state, CheckpointState::kCommitted)
+          << "iteration " << iter << ": committed step " << it->first << " is no longer";
+      ++it;
+    }
     for (const CheckpointInfo& c : *all) {
       next_step = std::max(next_step, c.step + 1);
       if (c.state != CheckpointState::kCommitted) continue;
       ++committed_seen;
+      committed_before.emplace(c.step, c);
       SCOPED_TRACE(::testing::Message() << "iteration " << iter << " step " << c.step);
       absl::Status v = (*e)->Verify("crash", c.step);
       ASSERT_TRUE(v.ok()) << v;
@@ -96,9 +134,12 @@ TEST(GRADSNAP_CRASH_SUITE, SigkillAtRandomMoments) {
       }
     }
   }
-  std::printf("crash test: %d kills, %d committed checkpoints verified, reached step %ld\n",
-              GRADSNAP_CRASH_ITERATIONS, committed_seen, static_cast<long>(next_step));
+  std::printf(
+      "crash test: %d kills, %d committed checkpoints verified, %d retired by GC, reached step "
+      "%ld\n",
+      GRADSNAP_CRASH_ITERATIONS, committed_seen, retired, static_cast<long>(next_step));
   EXPECT_GT(committed_seen, 0);
+  EXPECT_GT(retired, 0);  // the GC ran, so the retention rule above was exercised
   EXPECT_GT(next_step, 5);
 }
 

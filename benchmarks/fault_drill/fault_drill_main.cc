@@ -38,12 +38,25 @@ namespace {
 
 // Training targets: the job survived every server kill without a storage-caused restart, and
 // the store lists nothing partial, orphaned or damaged.
-bool TrainingTargetsMet(const std::map<std::string, std::string>& kv, std::string* why) {
+bool TrainingTargetsMet(const std::map<std::string, std::string>& kv, int kills,
+                        std::string* why) {
   static const std::pair<const char*, const char*> kTargets[] = {
       {"train_restarts_caused_by_storage", "0"}, {"lost_data", "0"}, {"partial_listed", "0"},
       {"chain_holes_listed", "0"}, {"spec_conflicts", "0"}, {"params_match", "1"},
-      {"resume_ok", "1"}, {"train_exit", "0"}};
+      {"resume_ok", "1"}, {"train_exit", "0"}, {"verify_errors", "0"},
+      {"orphan_deltas_listed", "0"}, {"recovery_points_lost", "0"}, {"pending_left", "0"},
+      {"resume_from_recovery_point", "1"}, {"restored_params_match", "1"}};
   bool met = true;
+  // Every kill asked for happened (the job outlived the storm), and the job named a recovery
+  // point to check.
+  if (kv.count("server_kills") == 0 || std::atoi(kv.at("server_kills").c_str()) < kills) {
+    met = false;
+    *why += " server_kills<" + std::to_string(kills);
+  }
+  if (kv.count("recovery_points_seen") == 0 || kv.at("recovery_points_seen") == "0") {
+    met = false;
+    *why += " recovery_points_seen=0";
+  }
   for (const auto& [key, want] : kTargets) {
     auto it = kv.find(key);
     if (it == kv.end() || it->second != want) {
@@ -112,7 +125,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fault_drill: training scenario: %s\n", s.ToString().c_str());
       return 1;
     }
-    met = TrainingTargetsMet(tkv, &why) && met;
+    met = TrainingTargetsMet(tkv, o.kills, &why) && met;
     MergeKv(tkv, &kv);
   }
   std::printf("%s\n", gradsnap::drill::FormatKv(kv).c_str());

@@ -56,6 +56,13 @@ void ExpectSurvived(const std::map<std::string, std::string>& kv) {
   EXPECT_EQ(kv.at("spec_conflicts"), "0");
   EXPECT_GT(std::stoi(kv.at("listed_fulls")), 0);
   EXPECT_EQ(kv.at("resume_ok"), "1");
+  // What the job wrote is still there: every recovery point it printed, no PENDING left, and
+  // the resume starts at the last one and reads back the job's final parameters.
+  EXPECT_GT(std::stoi(kv.at("recovery_points_seen")), 0);
+  EXPECT_EQ(kv.at("recovery_points_lost"), "0");
+  EXPECT_EQ(kv.at("pending_left"), "0");
+  EXPECT_EQ(kv.at("resume_from_recovery_point"), "1");
+  EXPECT_EQ(kv.at("restored_params_match"), "1");
 }
 
 TEST(GRADSNAP_DRILL_SUITE, ServerKilledTwentyTimesWhileTraining) {

@@ -130,9 +130,56 @@ absl::Status Damage(const std::string& data, int mode) {
 struct Totals {
   int deleted = 0, aborts = 0, orphans = 0, refusals_missed = 0, lost = 0, rebuilt = 0;
   int listed = 0, verified = 0, rebuild_failures = 0;
+  int restart_lost = 0, bytes_mismatched = 0, chain_holes = 0, resave_damage_missed = 0;
+  int kills = 0;  // rounds that got as far as the SIGKILL and through the rebuild
   int second_refused = -1;
   double rebuild_seconds = 0;  // --rebuild-catalog runs (process start to exit), summed
 };
+
+// Committed DELTAs listed whose chain has a hole: above base + 1, the DELTA before it on the same
+// FULL is not listed committed (restorable up to the hole only; docs/format.md).
+int ChainHoles(const std::vector<CheckpointInfo>& list) {
+  std::map<int64_t, int64_t> deltas;  // committed DELTA step -> its base
+  for (const auto& c : list) {
+    if (c.kind == CheckpointKind::kDelta && c.state == CheckpointState::kCommitted) {
+      deltas[c.step] = c.base_step;
+    }
+  }
+  int n = 0;
+  for (const auto& [step, base] : deltas) {
+    auto before = deltas.find(step - 1);
+    n += step > base + 1 && (before == deltas.end() || before->second != base);
+  }
+  return n;
+}
+
+// What the round wrote of each committed checkpoint, by step and rank, to compare restores with.
+using Written = std::map<int64_t, std::vector<Shard>>;
+
+// Shards of `written` whose restore (every tensor, through the server) fails or differs from the
+// bytes written: the rebuilt catalog must serve what was saved, not merely what its footers say.
+int BytesMismatched(client::Client* c, const Written& written, const std::set<int64_t>& steps) {
+  int n = 0;
+  for (int64_t step : steps) {
+    for (const Shard& s : written.at(step)) {
+      bool same = true;
+      for (size_t i = 0; i < s.data.size() && same; ++i) {
+        std::string got(s.data[i].size(), '\0');
+        same = c->RestoreTensor(kJob, step, s.spec.rank, s.spec.tensors[i].name, got.data(),
+                                got.size())
+                   .ok() &&
+               got == s.data[i];
+      }
+      n += !same;
+    }
+  }
+  return n;
+}
+
+// Segment files of the data directory `data`, those set aside in quarantine/ included.
+int StoredFiles(const std::string& data) {
+  return testing::CountFiles(data + "/segments") + testing::CountFiles(data + "/quarantine");
+}
 
 // A server exit we did not cause with SIGKILL or SIGTERM is an abort.
 void CountExit(int code, bool killed, Totals* t) {
@@ -146,6 +193,11 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
   const std::vector<std::string> args = {"--data-dir", data, "--listen", "127.0.0.1:0",
                                          "--zstd-level", "0"};
   std::mt19937_64 rng(o.seed * 1000 + static_cast<uint64_t>(round));
+  Written written;
+  // The baseline, known before the kill: what was committed must survive the kill, the restart
+  // and the rebuild (62, damaged on purpose, and 63 after it excepted from the last).
+  const std::set<int64_t> before = {10, 11, 20, 60, 61, 62, 63};
+  const std::set<int64_t> survive_rebuild = {10, 11, 20, 60, 61};
   {
     testing::ServerProcess server(o.server_bin);
     RETURN_IF_ERROR(server.Start(args));
@@ -157,8 +209,30 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
       for (int32_t r = 0; r < 2; ++r) {
         Shard s = MakeShard(step, r, o.shard_bytes, &rng);
         RETURN_IF_ERROR(c->SaveShard(s.spec, s.Refs()));
+        written[step].push_back(std::move(s));
       }
     }
+    // A chain FULL 60 + DELTAs 61, 62, 63 (small): 62 is damaged before the rebuild below, which
+    // must then bring back neither 62 nor 63 (a chain with a hole).
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(60, 2)));
+    for (int64_t step : {60, 61, 62, 63}) {
+      if (step > 60) RETURN_IF_ERROR(c->BeginCheckpoint(Spec(step, 2, 60)));
+      for (int32_t r = 0; r < 2; ++r) {
+        Shard s = MakeShard(step, r, 4096, &rng);
+        RETURN_IF_ERROR(c->SaveShard(s.spec, s.Refs()));
+        written[step].push_back(std::move(s));
+      }
+    }
+    // A rank saved, damaged on disk, and saved again inside a PENDING checkpoint: the second
+    // save must read the stored copy back and refuse it (DATA_LOSS), not count it saved.
+    RETURN_IF_ERROR(c->BeginCheckpoint(Spec(70, 2)));
+    Shard twice = MakeShard(70, 0, 65536, &rng);
+    RETURN_IF_ERROR(c->SaveShard(twice.spec, twice.Refs()));
+    if (testing::FlipSegmentBytes(data, kJob, 70, 0) == 0) {
+      return absl::InternalError("no segment file of step 70 rank 0 to damage");
+    }
+    t->resave_damage_missed += !absl::IsDataLoss(c->SaveShard(twice.spec, twice.Refs()));
+    RETURN_IF_ERROR(c->AbortCheckpoint(kJob, 70));
     // Begin FULL 30, Begin + Write DELTA 31 on it, Abort 30.
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(30, 1)));
     RETURN_IF_ERROR(c->BeginCheckpoint(Spec(31, 1, 30)));
@@ -185,26 +259,30 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     CountExit(server.Wait(), /*killed=*/true, t);
     save.wait();
   }
-  std::set<int64_t> before;
   {
     // A restart: recovery also flushes RocksDB's WAL into an SST.
     testing::ServerProcess server(o.server_bin);
     RETURN_IF_ERROR(server.Start(args));
     ASSIGN_OR_RETURN(auto c, Connect(server.address()));
     ASSIGN_OR_RETURN(auto listed, c->List(kJob, false));
-    before = Committed(listed);
+    const std::set<int64_t> after_kill = Committed(listed);
+    for (int64_t step : before) t->restart_lost += after_kill.count(step) == 0;
     t->orphans += Orphans(listed);
     c.reset();  // close the channel first: the server's shutdown then does not wait for it
     server.Signal(SIGTERM);
     CountExit(server.Wait(), /*killed=*/false, t);
   }
-  const int segments = testing::CountFiles(data + "/segments");
+  // Files before the damage, quarantine included (the restart's recovery may have moved some).
+  const int segments = StoredFiles(data);
+  if (testing::FlipSegmentBytes(data, kJob, 62, 0) == 0) {
+    return absl::InternalError("no segment file of step 62 rank 0 to damage");
+  }
   RETURN_IF_ERROR(Damage(data, round));
   testing::RunResult refused = testing::RunProgram(o.server_bin, args, 20);
   if (refused.exit_code != 1 || !absl::StrContains(refused.err, "--rebuild-catalog")) {
     ++t->refusals_missed;
   }
-  t->deleted += std::max(0, segments - testing::CountFiles(data + "/segments"));
+  t->deleted += std::max(0, segments - StoredFiles(data));
   auto rebuild_start = std::chrono::steady_clock::now();
   testing::RunResult rebuilt =
       testing::RunProgram(o.server_bin, {"--data-dir", data, "--rebuild-catalog"}, 120);
@@ -227,14 +305,16 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     if (!server.Start(args).ok()) {
       // Still no usable store after the rebuild: everything committed before is lost.
       ++t->rebuild_failures;
-      t->lost += static_cast<int>(before.size());
+      t->lost += static_cast<int>(survive_rebuild.size());
       return absl::OkStatus();
     }
     ASSIGN_OR_RETURN(auto c, Connect(server.address()));
     ASSIGN_OR_RETURN(auto listed, c->List(kJob, true));
     t->orphans += Orphans(listed);
+    t->chain_holes += ChainHoles(listed);
     std::set<int64_t> after = Committed(listed);
-    for (int64_t step : before) t->lost += after.count(step) == 0;
+    for (int64_t step : survive_rebuild) t->lost += after.count(step) == 0;
+    t->bytes_mismatched += BytesMismatched(c.get(), written, survive_rebuild);
     for (int64_t step : after) {
       ++t->listed;
       t->verified += c->Verify(kJob, step).ok();
@@ -243,8 +323,8 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     server.Signal(SIGTERM);
     CountExit(server.Wait(), /*killed=*/false, t);
   }
-  t->deleted += std::max(0, segments - testing::CountFiles(data + "/segments") -
-                                testing::CountFiles(data + "/quarantine"));
+  t->deleted += std::max(0, segments - StoredFiles(data));
+  ++t->kills;
   return absl::OkStatus();
 }
 
@@ -314,6 +394,11 @@ absl::Status RunStorageScenario(const DrillOptions& options,
   (*kv)["orphan_deltas_listed"] = absl::StrCat(t.orphans);
   (*kv)["refusals_missed"] = absl::StrCat(t.refusals_missed);
   (*kv)["rebuild_lost_checkpoints"] = absl::StrCat(t.lost);
+  (*kv)["restart_lost_checkpoints"] = absl::StrCat(t.restart_lost);
+  (*kv)["rebuilt_bytes_mismatched"] = absl::StrCat(t.bytes_mismatched);
+  (*kv)["rebuild_chain_holes"] = absl::StrCat(t.chain_holes);
+  (*kv)["resave_damage_missed"] = absl::StrCat(t.resave_damage_missed);
+  (*kv)["storage_rounds_completed"] = absl::StrCat(t.kills);
   (*kv)["rebuilt_checkpoints"] = absl::StrCat(t.rebuilt);
   (*kv)["rebuild_failures"] = absl::StrCat(t.rebuild_failures);
   (*kv)["rebuild_seconds"] = absl::StrFormat("%.2f", t.rebuild_seconds);
@@ -331,7 +416,9 @@ bool StorageTargetsMet(const std::map<std::string, std::string>& kv, std::string
       {"orphan_deltas_listed", "0"},             {"refusals_missed", "0"},
       {"rebuild_lost_checkpoints", "0"},         {"rebuild_verified_ratio", "1.000"},
       {"rebuild_failures", "0"},
-      {"second_server_refused", "1"}};
+      {"second_server_refused", "1"},            {"restart_lost_checkpoints", "0"},
+      {"rebuilt_bytes_mismatched", "0"},         {"rebuild_chain_holes", "0"},
+      {"resave_damage_missed", "0"},             {"full_disk_drill", "ran"}};
   bool ok = true;
   for (const auto& [k, want] : targets) {
     auto it = kv.find(k);
@@ -341,8 +428,13 @@ bool StorageTargetsMet(const std::map<std::string, std::string>& kv, std::string
       ok = false;
     }
   }
+  if (kv.count("storage_rounds_completed") == 0 ||
+      kv.at("storage_rounds_completed") != kv.at("storage_rounds")) {
+    absl::StrAppend(why, " storage_rounds_completed (target storage_rounds)");
+    ok = false;
+  }
   for (const char* k : {"full_disk_resource_exhausted", "full_disk_reads_served"}) {
-    if (kv.count(k) != 0 && kv.at(k) != "1") {
+    if (kv.count(k) == 0 || kv.at(k) != "1") {
       absl::StrAppend(why, " ", k, "=", kv.at(k), " (target 1)");
       ok = false;
     }

@@ -26,8 +26,14 @@ namespace drill {
 // storage_rounds, storage_seconds. Then, where the process may mount a 64 MiB tmpfs, a real
 // full disk: full_disk_drill (ran or skipped), full_disk_resource_exhausted (1: the writer got
 // RESOURCE_EXHAUSTED), full_disk_reads_served (1); its SIGTERM and its restart on the full
-// disk (exit 1 expected) count in server_aborts. A failure to run (a server that does not start, a client
-// error) is returned as a Status.
+// disk (exit 1 expected) count in server_aborts; a full disk that cannot be mounted misses the
+// target full_disk_drill=ran. Against what was written (docs/build.md "Fault drill"):
+// restart_lost_checkpoints (0: the baseline, known before the kill, missing after the restart),
+// rebuilt_bytes_mismatched (0: rebuilt shards whose restore differs from the bytes written),
+// rebuild_chain_holes (0: a DELTA listed after the rebuild without the one before it, DELTA 62
+// being damaged first), resave_damage_missed (0: a rank damaged on disk and saved again inside a
+// PENDING checkpoint, not refused DATA_LOSS), storage_rounds_completed (= storage_rounds).
+// A failure to run (a server that does not start, a client error) is returned as a Status.
 absl::Status RunStorageScenario(const DrillOptions& options,
                                 std::map<std::string, std::string>* kv);
 

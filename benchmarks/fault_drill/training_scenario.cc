@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -68,6 +69,17 @@ int64_t MaxRecoveryLag(const std::string& output) {
     const int64_t step = std::stoll(m[2]), rp = std::stoll(m[3]);
     return rp >= 0 ? step - rp : 0;
   });
+}
+
+// Every recovery point the step lines named (docs/trainer.md: "recovery_point N", -1 none).
+std::set<int64_t> RecoveryPoints(const std::string& output) {
+  static const std::regex re(R"((^|\n)step \d+ .* recovery_point (\d+) )");
+  std::set<int64_t> out;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    out.insert(std::stoll((*it)[2]));
+  }
+  return out;
 }
 
 // Persists that failed over the whole job: each attempt counts its own (its step lines'
@@ -169,7 +181,8 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   client::ClientOptions co;
   co.endpoints = {server.address()};
   ASSIGN_OR_RETURN(std::unique_ptr<client::Client> cl, client::Client::Connect(co));
-  ASSIGN_OR_RETURN(StoreReport rep, CheckStore(*cl, kJob));
+  const std::set<int64_t> recovery_points = RecoveryPoints(out);
+  ASSIGN_OR_RETURN(StoreReport rep, CheckStore(*cl, kJob, recovery_points));
   cl.reset();
 
   // --resume latest right after, the server up: finishes with the uninterrupted parameters.
@@ -220,6 +233,9 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   (*kv)["orphan_deltas_listed"] = absl::StrCat(rep.orphan_deltas_listed);
   (*kv)["chain_holes_listed"] = absl::StrCat(rep.chain_holes_listed);
   (*kv)["verify_errors"] = absl::StrCat(rep.verify_errors);
+  (*kv)["pending_left"] = absl::StrCat(rep.pending_left);
+  (*kv)["recovery_points_seen"] = absl::StrCat(recovery_points.size());
+  (*kv)["recovery_points_lost"] = absl::StrCat(rep.recovery_points_lost);
   // Ranks that disagreed on a checkpoint's spec (e.g. a DELTA's base_step) would show up as
   // "exists with another spec" refusals.
   size_t spec_conflicts = 0;
@@ -231,8 +247,18 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   (*kv)["listed_fulls"] = absl::StrCat(rep.fulls);
   (*kv)["listed_deltas"] = absl::StrCat(rep.deltas);
   (*kv)["params_match"] = SummaryField(out, "params_sha256") == want_sha ? "1" : "0";
+  // The resume starts from the job's last recovery point, not earlier (nor afresh: an empty
+  // store also ends with the right parameters, the run being deterministic), and, started at
+  // the last step, prints the restored parameters' SHA-256: the bytes written, read back.
+  const std::string last_rp = SummaryField(out, "recovery_point");
+  const int64_t want_from = last_rp.empty() ? -2 : std::stoll(last_rp);
+  (*kv)["resume_from_recovery_point"] = from >= 0 && from == want_from ? "1" : "0";
   (*kv)["resume_ok"] =
       resume_exit == 0 && SummaryField(resumed, "params_sha256") == want_sha ? "1" : "0";
+  (*kv)["restored_params_match"] =
+      from == c.steps && SummaryField(resumed, "params_sha256") == SummaryField(out, "params_sha256")
+          ? "1"
+          : "0";
   // Resume fallbacks past damaged records, as rank 0 prints them ("recovery point fell back
   // from step N to step S: ...", docs/gockpt.md).
   (*kv)["fallbacks"] = absl::StrCat(CountLines(resumed, "recovery point fell back") +

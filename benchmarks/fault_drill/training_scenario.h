@@ -14,7 +14,12 @@
 // restarted job resumed from), recovery_lag_max (the most steps between a step and the recovery
 // point its step line reported: what a failure at the worst moment would have lost),
 // steps_lost_resume (steps between the job's end and the step the resume right after started
-// from), train_exit (the job's exit status).
+// from), train_exit (the job's exit status), recovery_points_seen and recovery_points_lost
+// (every recovery point the step lines printed, and those not listed committed or not
+// verifying at the end; target 0), pending_left (PENDING checkpoints listed at the end; 0),
+// resume_from_recovery_point (1: the resume started at the job's last recovery point),
+// restored_params_match (1: that point is the last step and the resume printed the job's final
+// params_sha256, read back from the store).
 #ifndef GRADSNAP_BENCHMARKS_FAULT_DRILL_TRAINING_SCENARIO_H_
 #define GRADSNAP_BENCHMARKS_FAULT_DRILL_TRAINING_SCENARIO_H_
 

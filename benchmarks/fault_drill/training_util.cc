@@ -5,12 +5,22 @@
 
 namespace gradsnap {
 namespace drill {
-absl::StatusOr<StoreReport> CheckStore(client::Client& c, const std::string& job) {
-  absl::StatusOr<std::vector<client::CheckpointInfo>> list = c.List(job);
+absl::StatusOr<StoreReport> CheckStore(client::Client& c, const std::string& job,
+                                       const std::set<int64_t>& recovery_points) {
+  absl::StatusOr<std::vector<client::CheckpointInfo>> list = c.List(job, /*include_pending=*/true);
   if (!list.ok()) return list.status();
   StoreReport r;
   std::map<int64_t, client::CheckpointInfo> by_step;
-  for (const client::CheckpointInfo& i : *list) by_step[i.step] = i;
+  for (const client::CheckpointInfo& i : *list) {
+    if (i.state == client::CheckpointState::kCommitted) {
+      by_step[i.step] = i;
+    } else {
+      ++r.pending_left;
+    }
+  }
+  for (int64_t rp : recovery_points) {
+    r.recovery_points_lost += by_step.count(rp) == 0 || !c.Verify(job, rp).ok();
+  }
   for (const auto& [step, info] : by_step) {
     ++r.listed;
     const bool full = info.kind == client::CheckpointKind::kFull;

@@ -6,20 +6,28 @@
 // --ranks writer ranks as a FULL plus --deltas DELTA records (disk phase) or as a FULL alone (RAM
 // phase: the RAM tier keeps the newest checkpoint). Then:
 //   source bandwidth   every shard of the recovery point streamed whole (RestoreShard) into
-//                      memory, ranks in parallel: the source's read bandwidth for these bytes;
-//   process start      spawning this binary with --probe (exits at once), best of 5;
+//                      memory, ranks in parallel: the source's read bandwidth for these bytes
+//                      (reported; the RAM tier's ratio uses it);
+//   raw read           the disk phase's segment files of the recovery point read with io_uring
+//                      and O_DIRECT by this process, without the engine (bench_util.h
+//                      RawDirectIo), page cache dropped, one thread per file, best of --repeat:
+//                      the disk's time for the bytes the restore reads;
+//   trainer start      gradsnap-train's real start (--train_bin, --ranks ranks, --model, no
+//                      checkpointing): the time to its "step 1" line less that step's step_ms,
+//                      best of 3 (spawn, rendezvous, model and state set-up);
 //   recovery           every rank of the same world size restores its slice of the recovery
 //                      point at once (recovery/restore_state.h: ranged reads in parallel, DELTA
-//                      replay), recovery_s = process start + that time;
+//                      replay), recovery_s = trainer start + that time;
 //   resharding         every rank of --to ranks restores its slice at once; the bytes the server
 //                      read from disk (/proc/self/io read_bytes; the engine uses O_DIRECT) and the
-//                      bytes sent over gRPC, each divided by the bytes needed.
-// recovery_ratio = recovery_s / (state bytes / source bandwidth + process start).
+//                      bytes it sent (its gradsnap_bytes_out_total counter, scraped from its
+//                      metrics endpoint), each divided by the bytes needed.
+// recovery_ratio = recovery_s / (raw read + trainer start) on disk; the RAM tier, whose source
+// is memory, divides by (state bytes / source bandwidth + trainer start). restore_to_raw_ratio is
+// the disk restore alone / the raw read: the same comparison without the start term.
 // Last line: name=value pairs (reshard_read_amplification, recovery_s, recovery_ratio for the
 // disk phase, and the same with _ram for the RAM tier).
 #include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -33,6 +41,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "benchmarks/common/bench_util.h"
 #include "common/rank_slice.h"
 #include "client/backends.h"
@@ -45,6 +54,8 @@
 #include "recovery/restore_state.h"
 #include "recovery/state_source.h"
 #include "service/server.h"
+#include "storage/aligned_buffer.h"
+#include "tests/service/service_test_util.h"
 #include "trainer/model_config.h"
 
 ABSL_FLAG(std::string, model, "small", "Model whose state is restored. Default: small");
@@ -55,7 +66,8 @@ ABSL_FLAG(std::string, dir, "/tmp", "Directory for the data directories. Default
 ABSL_FLAG(int, repeat, 3, "Restores of each kind; the best is reported. Default: 3");
 ABSL_FLAG(int, range_mib, 256,
           "Ranged reads of at most this many MiB (RestoreOptions::range_bytes). Default: 256");
-ABSL_FLAG(bool, probe, false, "(internal) exit at once: the process start measurement");
+ABSL_FLAG(std::string, train_bin, GRADSNAP_TRAIN_BIN,
+          "gradsnap-train, whose start-up is the recovery's start term. Default: the build's");
 
 namespace gs = gradsnap;
 namespace {
@@ -74,19 +86,86 @@ uint64_t DiskReadBytes() {
   return 0;
 }
 
-double ProcessStartSeconds() {
+// gradsnap-train's start-up: from its spawn to its "step 1" line, less that step's step_ms.
+// Best of 3; an error when it does not print the line.
+absl::StatusOr<double> TrainerStartSeconds(const std::string& model, int ranks) {
+  const std::string cmd =
+      absl::StrCat(absl::GetFlag(FLAGS_train_bin), " --model=", model, " --steps=1 --nproc=",
+                   ranks, " --batch=", ranks, " --seq=16 --blas_threads=1 2>&1");
   double best = 1e9;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 3; ++i) {
     gs::Stopwatch sw;
-    pid_t pid;
-    char arg0[] = "restore_bench", arg1[] = "--probe";
-    char* argv[] = {arg0, arg1, nullptr};
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, environ) != 0) return 0;
-    int st;
-    waitpid(pid, &st, 0);
-    best = std::min(best, sw.ElapsedMillis() / 1000.0);
+    FILE* f = ::popen(cmd.c_str(), "r");
+    if (f == nullptr) return absl::InternalError("cannot run " + cmd);
+    double at = -1, step_ms = -1;
+    char line[4096];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (at < 0 && std::strncmp(line, "step 1 ", 7) == 0) {
+        at = sw.ElapsedMillis() / 1000.0;
+        const char* ms = std::strstr(line, " step_ms ");
+        if (ms != nullptr) step_ms = std::atof(ms + 9);
+      }
+    }
+    const int st = ::pclose(f);
+    if (at < 0 || step_ms < 0 || st != 0) {
+      return absl::InternalError(absl::StrCat(cmd, ": no 'step 1 ... step_ms' line (exit ", st,
+                                              ")"));
+    }
+    best = std::min(best, at - step_ms / 1000.0);
   }
   return best;
+}
+
+// The stored bytes of the recovery point read raw: every segment file of its steps under
+// data_dir, io_uring O_DIRECT in 4 MiB pieces (8 in flight), one thread per file. Seconds.
+absl::StatusOr<double> RawReadSeconds(const std::string& data_dir,
+                                      const gs::recovery::RecoveryPoint& rp, uint64_t* bytes) {
+  std::vector<int64_t> steps = {rp.full_step};
+  steps.insert(steps.end(), rp.delta_steps.begin(), rp.delta_steps.end());
+  std::vector<std::string> files;
+  *bytes = 0;
+  for (int64_t step : steps) {
+    const std::string dir =
+        absl::StrFormat("%s/segments/%s/%020d", data_dir, kJob, static_cast<long long>(step));
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      files.push_back(e.path().string());
+      *bytes += e.file_size();
+    }
+    if (ec) return absl::InternalError(absl::StrCat("listing ", dir, ": ", ec.message()));
+  }
+  constexpr size_t kPiece = 4 << 20;
+  constexpr int kDepth = 8;
+  std::vector<int> ok(files.size(), 0);
+  std::vector<std::thread> threads;
+  DropPageCache(data_dir);
+  gs::Stopwatch sw;
+  for (size_t i = 0; i < files.size(); ++i) {
+    threads.emplace_back([&, i] {
+      gs::storage::AlignedBuffer buf(kPiece * kDepth);
+      const uint64_t size = std::filesystem::file_size(files[i]);
+      std::vector<gs::bench::IoPiece> pieces;
+      for (uint64_t off = 0; off < size; off += kPiece) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, (size - off + 4095) & ~4095ull));
+        pieces.push_back({buf.data() + (pieces.size() % kDepth) * kPiece, n, off});
+      }
+      ok[i] = gs::bench::RawDirectIo(files[i], pieces, /*write=*/false, kDepth);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double s = sw.ElapsedMillis() / 1000.0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!ok[i]) return absl::InternalError("raw O_DIRECT read of " + files[i] + " failed");
+  }
+  return s;
+}
+
+// The server's gradsnap_bytes_out_total (payload bytes sent), from its metrics endpoint.
+absl::StatusOr<double> BytesOut(int metrics_port) {
+  ASSIGN_OR_RETURN(std::string body, gs::testing::HttpGet(metrics_port));
+  const double v = gs::testing::MetricValue(body, "gradsnap_bytes_out_total");
+  if (v < 0) return absl::NotFoundError("no gradsnap_bytes_out_total in the server's metrics");
+  return v;
 }
 
 std::string StateText(int64_t step, int world) {
@@ -174,12 +253,10 @@ absl::Status SaveJob(gs::client::Client& c, uint64_t total, int ranks, int delta
   return absl::OkStatus();
 }
 
-// Every rank of `world` restores its slice at once; returns the wall time and adds the bytes
-// the ranks asked for (and received) to *wire.
+// Every rank of `world` restores its slice at once; returns the wall time.
 absl::StatusOr<double> RestoreAll(gs::client::Client& c, const gs::recovery::RecoveryPoint& rp,
-                                  uint64_t total, int world, uint64_t* wire = nullptr) {
+                                  uint64_t total, int world) {
   std::vector<absl::Status> st(world);
-  std::vector<uint64_t> asked(world, 0);
   // The ranks' state buffers, touched before the clock starts (a trainer's are).
   std::vector<std::vector<float>> bufs(3 * world);
   for (int r = 0; r < world; ++r) {
@@ -202,7 +279,6 @@ absl::StatusOr<double> RestoreAll(gs::client::Client& c, const gs::recovery::Rec
         st[r] = got.status();
         return;
       }
-      asked[r] = got->bytes_read;
       if (got->step != rp.step() || !got->damage.empty()) {
         st[r] = absl::DataLossError(absl::StrCat("restored step ", got->step, ": ", got->damage));
       }
@@ -211,9 +287,6 @@ absl::StatusOr<double> RestoreAll(gs::client::Client& c, const gs::recovery::Rec
   for (auto& t : threads) t.join();
   const double s = sw.ElapsedMillis() / 1000.0;
   for (const absl::Status& x : st) RETURN_IF_ERROR(x);
-  for (uint64_t a : asked) {
-    if (wire != nullptr) *wire += a;
-  }
   return s;
 }
 
@@ -258,8 +331,10 @@ struct PhaseResult {
   double recovery_s = 0;  // process start + restore
   double ratio = 0;
   double amplification = 0;       // disk bytes read / bytes needed
-  double wire_amplification = 0;  // bytes over gRPC / bytes needed
+  double wire_amplification = 0;  // bytes the server sent / bytes needed
   uint64_t bytes = 0;
+  double raw_s = 0;  // disk: the raw O_DIRECT read of the stored bytes
+  double restore_s = 0;  // the restore alone, without the start term
 };
 
 absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, bool ram,
@@ -270,6 +345,7 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
   so.engine.data_dir = dir;
   so.cache_bytes = ram ? (total * 16 + (64u << 20)) : 0;
   so.max_inflight_bytes = 1ull << 30;
+  so.metrics_listen = "127.0.0.1:0";
   ASSIGN_OR_RETURN(auto server, gs::service::Server::Start(so));
   gs::client::ClientOptions co;
   co.endpoints = {server->address()};
@@ -280,7 +356,13 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
   PhaseResult out;
   const uint64_t needed = (3 + rp.delta_steps.size()) * total * sizeof(float);
   double stream_s = 1e9, restore_s = 1e9;
+  out.raw_s = 1e9;
+  uint64_t stored = 0;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_repeat)); ++i) {
+    if (!ram) {
+      ASSIGN_OR_RETURN(double raw, RawReadSeconds(dir, rp, &stored));
+      out.raw_s = std::min(out.raw_s, raw);
+    }
     DropPageCache(dir);
     ASSIGN_OR_RETURN(double s, StreamAll(*client, rp, ranks, total, &out.bytes));
     stream_s = std::min(stream_s, s);
@@ -290,19 +372,22 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
   }
   DropPageCache(dir);
   const uint64_t disk0 = DiskReadBytes();
-  uint64_t wire = 0;
-  ASSIGN_OR_RETURN(double reshard_s, RestoreAll(*client, rp, total, to, &wire));
+  ASSIGN_OR_RETURN(const double out0, BytesOut(server->metrics_port()));
+  ASSIGN_OR_RETURN(double reshard_s, RestoreAll(*client, rp, total, to));
+  ASSIGN_OR_RETURN(const double out1, BytesOut(server->metrics_port()));
   out.amplification = static_cast<double>(DiskReadBytes() - disk0) / static_cast<double>(needed);
-  // Every ranged read returns exactly the bytes it asked for (the client checks the count).
-  out.wire_amplification = static_cast<double>(wire) / static_cast<double>(needed);
+  out.wire_amplification = (out1 - out0) / static_cast<double>(needed);
   out.bw = static_cast<double>(out.bytes) / stream_s;
   out.recovery_s = start_s + restore_s;
-  out.ratio = out.recovery_s / (static_cast<double>(needed) / out.bw + start_s);
+  out.restore_s = restore_s;
+  out.ratio = out.recovery_s / ((ram ? static_cast<double>(needed) / out.bw : out.raw_s) + start_s);
   std::printf(
-      "%s: %.1f MiB needed, source %.2f GiB/s (stream %.3f s), restore %d ranks %.3f s, "
-      "reshard to %d ranks %.3f s, disk read %.3f x needed\n",
-      ram ? "ram tier" : "disk", needed / 1048576.0, out.bw / (1u << 30), stream_s, ranks,
-      restore_s, to, reshard_s, out.amplification);
+      "%s: %.1f MiB needed, source %.2f GiB/s (stream %.3f s), %s, restore %d ranks %.3f s, "
+      "reshard to %d ranks %.3f s, disk read %.3f x needed, sent %.3f x needed\n",
+      ram ? "ram tier" : "disk", needed / 1048576.0, out.bw / (1u << 30), stream_s,
+      ram ? "no raw read"
+          : absl::StrFormat("raw O_DIRECT %.1f MiB %.3f s", stored / 1048576.0, out.raw_s).c_str(),
+      ranks, restore_s, to, reshard_s, out.amplification, out.wire_amplification);
   server->Shutdown(absl::Seconds(5));
   return out;
 }
@@ -312,7 +397,6 @@ absl::StatusOr<PhaseResult> RunPhase(const std::string& dir, uint64_t total, boo
 int main(int argc, char** argv) {
   gs::bench::InitBenchmark(argc, argv,
                            "restore_bench [--model small] [--ranks 2] [--to 3] [--dir D]");
-  if (absl::GetFlag(FLAGS_probe)) return 0;
   auto config = gs::trainer::ModelConfigByName(absl::GetFlag(FLAGS_model));
   if (!config.ok()) {
     std::fprintf(stderr, "restore_bench: %s\n", config.status().ToString().c_str());
@@ -322,8 +406,13 @@ int main(int argc, char** argv) {
   const std::string root = absl::StrCat(absl::GetFlag(FLAGS_dir), "/restore-bench-", getpid());
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
-  const double start_s = ProcessStartSeconds();
-  std::printf("model %s: %llu parameters, state %.1f MiB; process start %.1f ms\n",
+  auto started = TrainerStartSeconds(config->name, absl::GetFlag(FLAGS_ranks));
+  if (!started.ok()) {
+    std::fprintf(stderr, "restore_bench: %s\n", started.status().ToString().c_str());
+    return 1;
+  }
+  const double start_s = *started;
+  std::printf("model %s: %llu parameters, state %.1f MiB; gradsnap-train start %.1f ms\n",
               config->name.c_str(), static_cast<unsigned long long>(total), total * 12 / 1048576.0,
               start_s * 1000);
   auto disk = RunPhase(root + "/disk", total, false, start_s);
@@ -336,8 +425,9 @@ int main(int argc, char** argv) {
   std::printf(
       "reshard_read_amplification=%.3f reshard_wire_amplification=%.3f recovery_s=%.3f "
       "recovery_ratio=%.3f read_bw_gibps=%.2f recovery_s_ram=%.3f recovery_ratio_ram=%.3f "
-      "read_bw_ram_gibps=%.2f process_start_s=%.4f\n",
+      "read_bw_ram_gibps=%.2f trainer_start_s=%.4f raw_read_s=%.3f restore_to_raw_ratio=%.3f\n",
       disk->amplification, disk->wire_amplification, disk->recovery_s, disk->ratio,
-      disk->bw / (1u << 30), ram->recovery_s, ram->ratio, ram->bw / (1u << 30), start_s);
+      disk->bw / (1u << 30), ram->recovery_s, ram->ratio, ram->bw / (1u << 30), start_s,
+      disk->raw_s, disk->restore_s / disk->raw_s);
   return 0;
 }
