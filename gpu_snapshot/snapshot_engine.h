@@ -129,8 +129,9 @@ struct DeltaRecord {
   size_t elem_offset = 0;
 };
 
-// done(OK): durable. done(CANCELLED): the sink skipped the record on purpose (e.g. a DELTA
-// whose chain was cut). Any other status: the persist failed. Failures are counted
+// done(OK): durable, or taken over by a sink that persists from memory of its own and counts
+// the outcome itself (the trainer's StoreSink). done(CANCELLED): the sink skipped the record
+// on purpose (e.g. a DELTA whose chain was cut). Any other status: the persist failed. Failures are counted
 // (EngineCounters::persist_failures) and never stop the engine; the sink decides what is fatal
 // for training (trainer/persist_guard.h). The base of a DELTA is always the latest FULL started
 // before it, whether or not that FULL's persist succeeds, so it is the same on every rank.

@@ -93,9 +93,15 @@ struct CheckpointerOptions {
   bool overlap_grads = true;
   // Chrome trace-event JSON of compute phases, copies, replay and persists. Default: empty
   std::string trace_file;
-  // A persist failing with a transient error is retried with backoff for this long before it
-  // counts as failed (trainer/persist_guard.h; --ckpt_persist_timeout_ms). Default: 5000
+  // The longest back-off after failed persists: checkpoints are tried again no sooner than
+  // 100 ms after a failure, doubling per further failure up to this (trainer/persist_guard.h;
+  // --ckpt_persist_timeout_ms). A failed persist itself is never retried. Default: 5000
   int64_t persist_timeout_ms = 5000;
+  // async and gockpt: the host memory the checkpoints waiting for the store may hold, per rank
+  // (trainer/persist_backlog.h; --ckpt_backlog_bytes); a new checkpoint that does not fit is
+  // skipped on every rank. 0: automatic, one FULL shard plus 8 DELTA records of the rank,
+  // at least 64 MiB. Default: 0
+  uint64_t backlog_bytes = 0;
   // false (--ckpt_on_failure continue): a failed persist is counted and training goes on; true
   // (stop): it stops the rank like any error. Default: false
   bool stop_on_failure = false;
@@ -103,8 +109,13 @@ struct CheckpointerOptions {
 
 // How checkpointing is doing, for the step lines (docs/trainer.md).
 struct CheckpointHealth {
-  int64_t failures = 0;         // persists that failed on some rank (after their retries)
+  int64_t failures = 0;         // persists that failed on some rank
   int64_t skipped = 0;          // DELTAs skipped because their chain was cut
+  // Checkpoints skipped untried: a rank's backlog had no room, or the ranks were backing off
+  // after failures (a FULL among them cuts its chain, whose DELTAs count in `skipped`).
+  int64_t untried = 0;
+  int64_t fulls = 0;            // FULLs committed by this attempt
+  int64_t deltas = 0;           // DELTAs committed by this attempt
   int64_t recovery_point = -1;  // newest step a resume would restore; -1: none
   double recovery_age_s = 0;    // seconds since that step ended (0 when none)
 };

@@ -2,8 +2,6 @@
 #include "trainer/persist_guard.h"
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
@@ -28,8 +26,6 @@ bool IsTransient(const absl::Status& s) {
   }
 }
 
-int64_t NowMs() { return MonotonicNanos() / 1000000; }
-
 }  // namespace
 
 bool IsPermanentStoreError(const absl::Status& s) {
@@ -37,25 +33,34 @@ bool IsPermanentStoreError(const absl::Status& s) {
          absl::IsInvalidArgument(s) || IsSuperseded(s);
 }
 
+bool IsFullDisk(const absl::Status& s) {
+  // The server's backpressure (client/remote_rpc.h) heals by itself; a full disk does not.
+  return absl::IsResourceExhausted(s) &&
+         s.message().find("server busy") == absl::string_view::npos;
+}
+
 PersistGuard::PersistGuard(ShardStore* store, const CheckpointerOptions& options, int rank,
-                           int64_t resumed_step)
-    : store_(store), options_(options), rank_(rank) {
+                           int64_t resumed_step, Clock* clock)
+    : store_(store), options_(options), rank_(rank), clock_(ClockOrReal(clock)) {
   absl::MutexLock lock(&mu_);
   recovery_point_ = resumed_step;
   recovery_ms_ = NowMs();
 }
 
-absl::Status PersistGuard::RunWithRetry(const std::function<absl::Status()>& work) {
-  const int64_t deadline = NowMs() + std::max<int64_t>(0, options_.persist_timeout_ms);
-  int64_t backoff_ms = 100;
-  for (;;) {
-    absl::Status s = work();
-    // Funneled saves are collective: a retry on one rank alone would break the protocol.
-    if (s.ok() || !IsTransient(s) || store_->collective_saves()) return s;
-    if (NowMs() + backoff_ms > deadline) return s;
-    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
-    backoff_ms = std::min<int64_t>(1000, backoff_ms * 2);
+absl::StatusOr<bool> PersistGuard::AgreeToTry(bool have_data) {
+  // Rank 0's clock alone decides the back-off: the agreement makes it every rank's decision.
+  const bool backing_off = rank_ == 0 && backoff_ms_ > 0 && NowMs() < next_try_ms_;
+  return store_->AllAgree(have_data && !backing_off);
+}
+
+void PersistGuard::NoteFailure(const absl::Status& s) {
+  const int64_t longest = std::max<int64_t>(kFirstBackoffMs, options_.persist_timeout_ms);
+  if (IsFullDisk(s)) {
+    backoff_ms_ = longest;
+  } else {
+    backoff_ms_ = backoff_ms_ == 0 ? kFirstBackoffMs : std::min(longest, 2 * backoff_ms_);
   }
+  next_try_ms_ = NowMs() + backoff_ms_;
 }
 
 void PersistGuard::RollBack(int64_t step) {
@@ -78,7 +83,7 @@ void PersistGuard::QueueRollBack(int64_t step) {
 }
 
 absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, int64_t base,
-                                   const std::function<absl::Status()>& work) {
+                                   const std::function<absl::Status()>& work, bool have_data) {
   const bool full = kind == client::CheckpointKind::kFull;
   const int64_t chain = full ? step : base;
   if (!full && cut_.count(base) != 0) {
@@ -87,13 +92,27 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
     return absl::CancelledError(absl::StrCat("DELTA ", step, " skipped: the chain on FULL ",
                                              base, " was cut by an earlier failure"));
   }
-  absl::Status s = RunWithRetry(work);
-  absl::StatusOr<bool> all = store_->AllAgree(s.ok());
+  absl::StatusOr<bool> try_it = AgreeToTry(have_data);
+  if (try_it.ok() && !*try_it) {
+    cut_[chain] = true;
+    absl::MutexLock lock(&mu_);
+    ++untried_;
+    return absl::CancelledError(absl::StrCat(
+        full ? "FULL " : "DELTA ", step, " skipped untried: ",
+        have_data ? "backing off after failed persists" : "a rank's persist backlog is full"));
+  }
+  // A failed agreement (the store's communicator) fails the persist like a failed save.
+  absl::Status s = !try_it.ok() ? try_it.status()
+                   : have_data  ? work()
+                                : absl::InternalError("no data kept for the persist");
+  absl::StatusOr<bool> all = try_it.ok() ? store_->AllAgree(s.ok()) : try_it;
   const bool ok = all.ok() && *all;
   if (ok) {
+    backoff_ms_ = 0;
     // The store answers again: roll back what failed while it did not.
     if (!pending_aborts_.empty()) RetryRollBacks();
     absl::MutexLock lock(&mu_);
+    ++(full ? fulls_ : deltas_);
     if (step > recovery_point_) {
       recovery_point_ = step;
       auto it = step_end_ms_.find(step);
@@ -106,6 +125,7 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   }
   s = Annotate(s, absl::StrCat("persist ", full ? "FULL " : "DELTA ", step));
   cut_[chain] = true;
+  NoteFailure(s);
   // A superseded attempt leaves the store alone: the newer attempt may be writing this step.
   // While the store does not answer, the roll-back waits for the next successful persist
   // instead of adding another round of retries to this one.
@@ -143,6 +163,9 @@ CheckpointHealth PersistGuard::health() const {
   CheckpointHealth h;
   h.failures = failures_;
   h.skipped = skipped_;
+  h.untried = untried_;
+  h.fulls = fulls_;
+  h.deltas = deltas_;
   h.recovery_point = recovery_point_;
   h.recovery_age_s =
       recovery_point_ >= 0 ? static_cast<double>(NowMs() - recovery_ms_) / 1000.0 : 0.0;

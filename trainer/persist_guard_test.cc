@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "trainer/comm.h"
 #include "trainer/shard_store.h"
 
 namespace gradsnap {
@@ -60,8 +64,8 @@ class PersistGuardTest : public ::testing::Test {
 };
 
 TEST_F(PersistGuardTest, FailedFullCutsItsChainUntilTheNextFull) {
-  options_.persist_timeout_ms = 0;  // no retries: the failure counts at once
-  PersistGuard quick(store_.get(), options_, 0, -1);
+  FakeClock clock;
+  PersistGuard quick(store_.get(), options_, 0, -1, &clock);
   int calls = 0;
   auto ok = [&] { ++calls; return absl::OkStatus(); };
   auto down = [&] { ++calls; return absl::UnavailableError("server down"); };
@@ -70,6 +74,7 @@ TEST_F(PersistGuardTest, FailedFullCutsItsChainUntilTheNextFull) {
   EXPECT_TRUE(absl::IsCancelled(quick.Persist(CheckpointKind::kDelta, 5, 4, ok)));
   EXPECT_TRUE(absl::IsCancelled(quick.Persist(CheckpointKind::kDelta, 6, 4, ok)));
   EXPECT_EQ(calls, 0);  // skipped without a store call
+  clock.AdvanceMillis(kFirstBackoffMs);  // past the back-off
   EXPECT_TRUE(quick.Persist(CheckpointKind::kFull, 8, -1, ok).ok());
   EXPECT_TRUE(quick.Persist(CheckpointKind::kDelta, 9, 8, ok).ok());
   // A failed DELTA cuts the rest of its chain, not the FULL.
@@ -82,23 +87,150 @@ TEST_F(PersistGuardTest, FailedFullCutsItsChainUntilTheNextFull) {
   EXPECT_TRUE(quick.fatal().ok());
 }
 
-TEST_F(PersistGuardTest, TransientFailuresAreRetriedWithinTheTimeout) {
-  PersistGuard g(store_.get(), options_, 0, 3);
+// A failed persist is tried once, never retried within itself (the old guard retried a
+// transient failure for the whole timeout while the persist queue, and so training, waited);
+// the checkpoints after it are skipped untried while the back-off lasts, on rank 0's clock,
+// the back-off doubling per failure up to persist_timeout_ms; a success ends it.
+TEST_F(PersistGuardTest, FailuresBackOffAcrossCheckpointsNotWithinOne) {
+  FakeClock clock;
+  PersistGuard g(store_.get(), options_, 0, 3, &clock);  // persist_timeout_ms 2000
   EXPECT_EQ(g.health().recovery_point, 3);
   int calls = 0;
-  auto flaky = [&] {
-    return ++calls < 3 ? absl::UnavailableError("restarting") : absl::OkStatus();
-  };
-  EXPECT_TRUE(g.Persist(CheckpointKind::kFull, 4, -1, flaky).ok());
-  EXPECT_EQ(calls, 3);
-  EXPECT_EQ(g.health().failures, 0);
-  EXPECT_EQ(g.health().recovery_point, 4);
-  // Not transient: no retry.
-  calls = 0;
-  auto conflict = [&] { ++calls; return absl::AlreadyExistsError("conflict"); };
-  EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 8, -1, conflict).ok());
+  auto ok = [&] { ++calls; return absl::OkStatus(); };
+  auto down = [&] { ++calls; return absl::UnavailableError("restarting"); };
+  EXPECT_TRUE(absl::IsUnavailable(g.Persist(CheckpointKind::kFull, 4, -1, down)));
   EXPECT_EQ(calls, 1);
+  EXPECT_EQ(clock.slept(), 0);  // no wait inside the persist
+  // Backing off 100 ms: the next checkpoint is skipped untried, its chain cut.
+  calls = 0;
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kFull, 8, -1, ok)));
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kDelta, 9, 8, ok)));
+  EXPECT_EQ(calls, 0);
+  clock.AdvanceMillis(kFirstBackoffMs);
+  EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 12, -1, down).ok());  // tried: fails again
+  EXPECT_EQ(calls, 1);
+  clock.AdvanceMillis(kFirstBackoffMs);  // 200 ms now: still backing off
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kFull, 16, -1, ok)));
+  clock.AdvanceMillis(kFirstBackoffMs);
+  EXPECT_TRUE(g.Persist(CheckpointKind::kFull, 20, -1, ok).ok());
+  EXPECT_TRUE(g.Persist(CheckpointKind::kDelta, 21, 20, ok).ok());  // no back-off left
+  CheckpointHealth h = g.health();
+  EXPECT_EQ(h.failures, 2);
+  EXPECT_EQ(h.untried, 2);   // FULLs 8 and 16
+  EXPECT_EQ(h.skipped, 1);   // DELTA 9 on the skipped FULL 8
+  EXPECT_EQ(h.fulls, 1);
+  EXPECT_EQ(h.deltas, 1);
+  EXPECT_EQ(h.recovery_point, 21);
+  // Doubling up to persist_timeout_ms.
+  for (int i = 0; i < 6; ++i) {
+    clock.AdvanceMillis(options_.persist_timeout_ms);
+    EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 24 + 4 * i, -1, down).ok()) << i;
+  }
+  clock.AdvanceMillis(options_.persist_timeout_ms - 1);
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kFull, 48, -1, ok)));
+  clock.AdvanceMillis(1);
+  EXPECT_TRUE(g.Persist(CheckpointKind::kFull, 52, -1, ok).ok());
+  // Not transient: counted, never fatal.
+  clock.AdvanceMillis(options_.persist_timeout_ms);
+  auto conflict = [&] { return absl::AlreadyExistsError("conflict"); };
+  EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 56, -1, conflict).ok());
   EXPECT_TRUE(g.fatal().ok());  // reported and skipped, never fatal
+}
+
+// A full disk cannot heal in a moment: no retry, and the longest back-off at once. The
+// server's own backpressure ("server busy") is not a full disk.
+TEST_F(PersistGuardTest, FullDiskFailsFastAndBacksOffTheLongest) {
+  EXPECT_TRUE(IsFullDisk(absl::ResourceExhaustedError("disk full: not enough free space")));
+  EXPECT_FALSE(IsFullDisk(absl::ResourceExhaustedError("server busy: memory limit")));
+  EXPECT_FALSE(IsFullDisk(absl::UnavailableError("down")));
+  FakeClock clock;
+  PersistGuard g(store_.get(), options_, 0, -1, &clock);
+  int calls = 0;
+  auto full = [&] { ++calls; return absl::ResourceExhaustedError("not enough free space"); };
+  EXPECT_TRUE(absl::IsResourceExhausted(g.Persist(CheckpointKind::kFull, 4, -1, full)));
+  EXPECT_EQ(calls, 1);
+  clock.AdvanceMillis(options_.persist_timeout_ms - 1);
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kFull, 8, -1, full)));
+  clock.AdvanceMillis(1);
+  EXPECT_TRUE(absl::IsResourceExhausted(g.Persist(CheckpointKind::kFull, 12, -1, full)));
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(g.health().failures, 2);
+  EXPECT_EQ(g.health().untried, 1);
+}
+
+// A rank that kept no data for a checkpoint (its backlog was full) makes it skipped untried,
+// without a store call; its chain is cut until the next FULL.
+TEST_F(PersistGuardTest, CheckpointWithoutDataIsSkippedAndCutsItsChain) {
+  PersistGuard g(store_.get(), options_, 0, -1);
+  int calls = 0;
+  auto ok = [&] { ++calls; return absl::OkStatus(); };
+  EXPECT_TRUE(g.Persist(CheckpointKind::kFull, 4, -1, ok).ok());
+  EXPECT_TRUE(g.Persist(CheckpointKind::kDelta, 5, 4, ok).ok());
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kDelta, 6, 4, ok, false)));
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kDelta, 7, 4, ok)));
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kFull, 8, -1, ok, false)));
+  EXPECT_TRUE(absl::IsCancelled(g.Persist(CheckpointKind::kDelta, 9, 8, ok)));
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(g.Persist(CheckpointKind::kFull, 12, -1, ok).ok());
+  const CheckpointHealth h = g.health();
+  EXPECT_EQ(h.failures, 0);
+  EXPECT_EQ(h.untried, 2);
+  EXPECT_EQ(h.skipped, 2);
+  EXPECT_EQ(h.recovery_point, 12);
+}
+
+// Two ranks (threads, each with its own store, agreeing over a real Gloo group) take the same
+// decision for every checkpoint though only one of them lacks the data, fails, or backs off:
+// the persists are collective, and a rank deciding alone would leave the other waiting in an
+// agreement it never joins.
+TEST_F(PersistGuardTest, TwoRanksTakeTheSameDecisions) {
+  const std::string rdzv = dir_ + "/rdzv";
+  std::filesystem::create_directories(rdzv);
+  std::vector<CheckpointHealth> health(2);
+  std::vector<std::vector<int>> outcomes(2);  // per persist: 1 OK, 0 skipped, -1 failed
+  std::vector<int> calls(2, 0);
+  std::vector<absl::Status> setup(2);
+  auto rank_main = [&](int r) {
+    absl::StatusOr<std::unique_ptr<Comm>> comm = NewGlooComm(GlooOptions{r, 2, rdzv, "ckpt"});
+    client::ClientOptions co;
+    co.local_dir = absl::StrCat(dir_, "/rank", r);
+    absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(co);
+    if (!comm.ok() || !c.ok()) {
+      setup[r] = comm.ok() ? c.status() : comm.status();
+      return;
+    }
+    std::unique_ptr<ShardStore> store = NewDirectShardStore(std::move(*c), std::move(*comm));
+    FakeClock clock;
+    PersistGuard g(store.get(), options_, r, -1, &clock);
+    auto ok = [&calls, r] { ++calls[r]; return absl::OkStatus(); };
+    auto down_on_1 = [&calls, r] {
+      ++calls[r];
+      return r == 1 ? absl::UnavailableError("down") : absl::OkStatus();
+    };
+    auto run = [&](int64_t step, const std::function<absl::Status()>& work, bool have) {
+      absl::Status s = g.Persist(CheckpointKind::kFull, step, -1, work, have);
+      outcomes[r].push_back(s.ok() ? 1 : absl::IsCancelled(s) ? 0 : -1);
+    };
+    run(4, ok, /*have=*/r == 0);  // rank 1's backlog was full
+    run(8, down_on_1, true);      // fails on rank 1 only
+    // Rank 1's clock is past any back-off, rank 0's is not: rank 0's decides.
+    if (r == 1) clock.AdvanceSeconds(3600);
+    run(12, ok, true);
+    if (r == 0) clock.AdvanceMillis(kFirstBackoffMs);
+    run(16, ok, true);
+    health[r] = g.health();
+  };
+  std::thread peer(rank_main, 1);
+  rank_main(0);
+  peer.join();
+  ASSERT_TRUE(setup[0].ok() && setup[1].ok()) << setup[0] << " " << setup[1];
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(outcomes[r], (std::vector<int>{0, -1, 0, 1})) << "rank " << r;
+    EXPECT_EQ(calls[r], 2) << "rank " << r;  // FULLs 8 and 16 only
+    EXPECT_EQ(health[r].failures, 1);
+    EXPECT_EQ(health[r].untried, 2);
+    EXPECT_EQ(health[r].recovery_point, 16);
+  }
 }
 
 TEST_F(PersistGuardTest, PermanentErrorsAndStopPolicyAreFatal) {
@@ -111,7 +243,6 @@ TEST_F(PersistGuardTest, PermanentErrorsAndStopPolicyAreFatal) {
     EXPECT_TRUE(absl::IsUnauthenticated(g.fatal())) << g.fatal();
   }
   options_.stop_on_failure = true;
-  options_.persist_timeout_ms = 0;
   PersistGuard g(store_.get(), options_, 0, -1);
   EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 4, -1,
                          [] { return absl::UnavailableError("down"); }).ok());
@@ -119,8 +250,8 @@ TEST_F(PersistGuardTest, PermanentErrorsAndStopPolicyAreFatal) {
 }
 
 TEST_F(PersistGuardTest, RollBackOfFailedCheckpoints) {
-  options_.persist_timeout_ms = 0;
-  PersistGuard g(store_.get(), options_, 0, -1);
+  FakeClock clock;  // moved past each back-off below
+  PersistGuard g(store_.get(), options_, 0, -1, &clock);
   // The store answered the failure: rolled back at once.
   BeginPending(4);
   EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 4, -1,
@@ -128,9 +259,11 @@ TEST_F(PersistGuardTest, RollBackOfFailedCheckpoints) {
   EXPECT_FALSE(Listed(4, true));
   // The store did not answer: rolled back after the next persist that succeeds.
   BeginPending(8);
+  clock.AdvanceMillis(options_.persist_timeout_ms);
   EXPECT_FALSE(g.Persist(CheckpointKind::kFull, 8, -1,
                          [] { return absl::UnavailableError("down"); }).ok());
   EXPECT_TRUE(Listed(8, true));
+  clock.AdvanceMillis(options_.persist_timeout_ms);
   EXPECT_TRUE(g.Persist(CheckpointKind::kFull, 12, -1, [] { return absl::OkStatus(); }).ok());
   EXPECT_FALSE(Listed(8, true));
   // Superseded: a newer attempt owns the job; nothing is rolled back.

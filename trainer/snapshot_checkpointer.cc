@@ -11,7 +11,9 @@
 // overlap the next forward and backward).
 #include "trainer/snapshot_checkpointer.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -22,6 +24,7 @@
 #include "gpu_snapshot/snapshot_engine.h"
 #include "trainer/full_shard.h"
 #include "trainer/grad_log_store.h"
+#include "trainer/persist_backlog.h"
 #include "trainer/persist_guard.h"
 
 namespace gradsnap {
@@ -30,46 +33,86 @@ namespace {
 
 using gpu_snapshot::DoneFn;
 
-// Persists FULL snapshots and DELTA records through the store, in submission order.
-// Every persist runs under the PersistGuard (retries, the ranks' agreement on its outcome,
-// chain cuts), so a failure degrades checkpointing and never stops the engine.
+// Persists FULL snapshots and DELTA records through the store, in submission order, from a
+// backlog of its own (persist_backlog.h): each record is copied out of the engine's buffer and
+// handed back at once (done(OK): taken), so no step waits for the store. A record that does not
+// fit the budget is not kept; its persist still goes through the FIFO, where the ranks agree to
+// skip it (PersistGuard::Persist, have_data). Every persist runs under the PersistGuard (the
+// ranks' agreement, chain cuts, back-off), so a failure degrades checkpointing and never stops
+// the engine.
 class StoreSink : public gpu_snapshot::SnapshotSink {
  public:
-  StoreSink(ShardStore* store, std::string job, const TrainStateView& view, PersistGuard* guard)
-      : store_(store), job_(std::move(job)), view_(view), guard_(guard),
-        jobs_([](Job& j) {
-          j.done(j.work());
-          return absl::OkStatus();  // a failed save is reported to `done`, not kept
+  StoreSink(ShardStore* store, std::string job, const TrainStateView& view, PersistGuard* guard,
+            uint64_t budget)
+      : store_(store), job_(std::move(job)), view_(view), guard_(guard), backlog_(budget),
+        jobs_([this](Job& j) {
+          guard_->Persist(j.kind, j.step, j.base, j.work, j.bytes > 0).IgnoreError();
+          j.work = nullptr;  // frees the kept copy
+          backlog_.Release(j.bytes);
+          return absl::OkStatus();  // a failed save is counted by the guard, not kept
         }) {}
+
   void PersistFull(const gpu_snapshot::HostSnapshot& s, DoneFn done) override {
-    Enqueue([this, s] {
-      return guard_->Persist(client::CheckpointKind::kFull, s.step, -1, [&] {
-        ASSIGN_OR_RETURN(ReplicatedState st, ReplicatedState::Parse(s.small_state));
-        return SaveFullShard(*store_, job_, s.step, view_, s.state.params, s.state.m, s.state.v,
-                             st);
-      });
-    }, std::move(done));
+    const size_t n = s.state.numel;
+    Job j{client::CheckpointKind::kFull, s.step, -1, nullptr, 0};
+    const uint64_t bytes = 3 * n * sizeof(float) + s.small_state.size();
+    if (backlog_.TryReserve(bytes)) {
+      auto kept = std::make_shared<std::vector<float>>(3 * n);
+      std::copy_n(s.state.params, n, kept->data());
+      std::copy_n(s.state.m, n, kept->data() + n);
+      std::copy_n(s.state.v, n, kept->data() + 2 * n);
+      j.bytes = bytes;
+      j.work = [this, kept, n, step = s.step, small = s.small_state] {
+        ASSIGN_OR_RETURN(ReplicatedState st, ReplicatedState::Parse(small));
+        const float* p = kept->data();
+        return SaveFullShard(*store_, job_, step, view_, p, p + n, p + 2 * n, st);
+      };
+    }
+    done(absl::OkStatus());  // the engine's staging copy is free again
+    Enqueue(std::move(j));
   }
+
   void PersistDelta(const gpu_snapshot::DeltaRecord& r, DoneFn done) override {
-    Enqueue([this, r] {
-      return guard_->Persist(client::CheckpointKind::kDelta, r.step, r.base_step,
-                             [&] { return SaveDeltaShard(*store_, job_, view_, r); });
-    }, std::move(done));
+    const size_t grad_bytes = r.numel * DTypeSize(r.grad_dtype);
+    Job j{client::CheckpointKind::kDelta, r.step, r.base_step, nullptr, 0};
+    const uint64_t bytes = grad_bytes + r.small_state.size();
+    if (backlog_.TryReserve(bytes)) {
+      auto grad = std::make_shared<std::vector<char>>(static_cast<const char*>(r.grad),
+                                                      static_cast<const char*>(r.grad) +
+                                                          grad_bytes);
+      gpu_snapshot::DeltaRecord kept = r;
+      kept.grad = nullptr;
+      j.bytes = bytes;
+      j.work = [this, grad, kept]() mutable {
+        kept.grad = grad->data();
+        return SaveDeltaShard(*store_, job_, view_, kept);
+      };
+    }
+    done(absl::OkStatus());  // the engine's log buffer is free again
+    Enqueue(std::move(j));
   }
+
+  // Waits until every queued persist ran.
+  void Drain() { jobs_.Synchronize().IgnoreError(); }
+  const PersistBacklog& backlog() const { return backlog_; }
 
  private:
   struct Job {
-    std::function<absl::Status()> work;
-    DoneFn done;
+    client::CheckpointKind kind;
+    int64_t step;
+    int64_t base;
+    std::function<absl::Status()> work;  // null: not kept (no room)
+    uint64_t bytes;                      // reserved in the backlog; 0: not kept
   };
-  void Enqueue(std::function<absl::Status()> work, DoneFn done) {
-    jobs_.Enqueue({std::move(work), std::move(done)}).IgnoreError();  // never fails (above)
+  void Enqueue(Job j) {
+    jobs_.Enqueue(std::move(j)).IgnoreError();  // never fails (above)
   }
 
   ShardStore* const store_;
   const std::string job_;
   const TrainStateView view_;
   PersistGuard* const guard_;
+  PersistBacklog backlog_;
   OrderedWorker<Job> jobs_;  // last: its destructor runs the queued saves, which use the above
 };
 
@@ -96,7 +139,17 @@ class SnapshotCheckpointer : public Checkpointer {
     }
     guard_ = std::make_unique<PersistGuard>(store_, o_, view_.rank,
                                             state.step > 0 ? state.step : -1);
-    sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get());
+    const uint64_t full_bytes = 3 * view_.count() * sizeof(float);
+    const uint64_t budget =
+        o_.backlog_bytes > 0
+            ? o_.backlog_bytes
+            : AutoBacklogBytes(full_bytes, view_.count() * DTypeSize(GradDType()), o_.grad_log);
+    if (o_.mode != gpu_snapshot::SnapshotMode::kNone && o_.every > 0 && budget < full_bytes &&
+        view_.rank == 0) {
+      GS_LOG(WARNING) << "--ckpt_backlog_bytes " << budget << " holds no FULL shard of a rank ("
+                      << full_bytes << " bytes): every FULL checkpoint will be skipped";
+    }
+    sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get(), budget);
     gpu_snapshot::SnapshotEngineOptions eo;
     eo.mode = o_.mode;
     eo.grad_log = o_.grad_log;
@@ -172,19 +225,23 @@ class SnapshotCheckpointer : public Checkpointer {
 
   absl::Status Finish() override {
     absl::Status s = engine_->Finish();
+    sink_->Drain();  // the engine handed every record over; the backlog's persists finish
     if (s.ok()) s = guard_->fatal();
     gpu_snapshot::EngineCounters c = engine_->counters();
     if (view_.rank == 0) {
       const CheckpointHealth h = guard_->health();
       std::printf(
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
-          "failures=%lld deltas_skipped=%lld "
+          "failures=%lld deltas_skipped=%lld untried=%lld backlog_bytes=%llu "
+          "backlog_peak_bytes=%llu "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
           gpu_snapshot::SnapshotModeName(o_.mode), o_.grad_log ? 1 : 0,
-          static_cast<long long>(c.fulls_persisted),
-          static_cast<long long>(c.deferred), static_cast<long long>(c.deltas_persisted),
-          static_cast<long long>(h.failures), static_cast<long long>(h.skipped),
-          c.replay_ms_total, engine_->host_bytes_peak(), engine_->state_bytes(),
+          static_cast<long long>(h.fulls), static_cast<long long>(c.deferred),
+          static_cast<long long>(h.deltas), static_cast<long long>(h.failures),
+          static_cast<long long>(h.skipped), static_cast<long long>(h.untried),
+          static_cast<unsigned long long>(sink_->backlog().budget()),
+          static_cast<unsigned long long>(sink_->backlog().peak()), c.replay_ms_total,
+          engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /
               static_cast<double>(engine_->state_bytes()));
       std::fflush(stdout);

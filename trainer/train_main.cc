@@ -34,6 +34,7 @@
 #include "trainer/full_shard.h"
 #include "trainer/launcher.h"
 #include "trainer/model_config.h"
+#include "trainer/persist_backlog.h"
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, data, "", "Training text file. Default: the Debian license texts in /usr/share/common-licenses");
@@ -75,7 +76,8 @@ ABSL_FLAG(std::string, trace, "", "Write a Chrome/Perfetto trace-event JSON (com
 ABSL_FLAG(int, gockpt_window, 0, "gockpt window K in steps; 0 = automatic (docs/gockpt.md). Default: 0");
 ABSL_FLAG(bool, gockpt_overlap, true, "gockpt -O: gradient copies overlap the update instead of blocking. Default: true");
 ABSL_FLAG(std::string, ckpt_on_failure, "continue", "What a checkpoint persist that fails after its retries does: continue (count it, keep training; the recovery point gets older) or stop (the rank fails like any error). Permanent errors (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, superseded) always stop the job. Default: continue");
-ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 5000, "A checkpoint persist failing with a transient error is retried with backoff for this long before it counts as failed. Default: 5000");
+ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 5000, "The longest back-off after failed checkpoint persists: a failed persist is not retried, the checkpoints after it are tried again no sooner than 100 ms later, doubling per further failure up to this (a full disk: this at once). Default: 5000");
+ABSL_FLAG(std::string, ckpt_backlog_bytes, "auto", "async/gockpt: host memory per rank for checkpoints waiting for the store (bytes, or with a K/M/G suffix); a new checkpoint that does not fit is skipped and counted. auto: one FULL shard plus 8 DELTA records of the rank, at least 64 MiB. Default: auto");
 ABSL_FLAG(bool, test_ignore_parent_death, false, "(testing) ranks survive their launcher, to drill zombie fencing. Default: false");
 ABSL_FLAG(int64_t, test_step_delay_ms, 0, "(testing) sleep this long before every step, so fault drills have a job that lasts. Default: 0 (off)");
 ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");
@@ -137,6 +139,8 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--ckpt_on_failure must be continue or stop");
   }
   o.ckpt.stop_on_failure = on_failure == "stop";
+  ASSIGN_OR_RETURN(o.ckpt.backlog_bytes,
+                   gradsnap::trainer::ParseBacklogBytes(absl::GetFlag(FLAGS_ckpt_backlog_bytes)));
   o.test_skip_step = absl::GetFlag(FLAGS_test_skip_step);
   o.test_step_delay_ms = std::max<int64_t>(0, absl::GetFlag(FLAGS_test_step_delay_ms));
   const std::string storage = absl::GetFlag(FLAGS_storage);

@@ -76,7 +76,7 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
   co.token = o.token;
   // Each store call gives up after a few quick retries; the persist policy
-  // (persist_guard.h) retries whole persists within --ckpt_persist_timeout_ms.
+  // (persist_guard.h) tries each persist once and backs off across checkpoints.
   co.max_attempts = 4;
   co.rpc_timeout_ms = 5000;
   return co;
@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
     // The store's own group: the funnel protocol, or the ranks' agreement on persist outcomes.
     GlooOptions g{o.rank, o.world_size, o.rdzv_dir, "ckpt", o.hostname};
     // Through servers each rank persists on its own and then they agree: one may arrive late
-    // by its persist's retries (--ckpt-persist-timeout-ms, then a store call's deadline), so
+    // by its persist (a store call's retries and deadlines; a margin of the flag's too), so
     // its group waits that much longer than the training group for a frozen peer. Embedded,
     // rank 0 writes every rank's shard while the others wait, for as long as the disk takes:
     // that group keeps the rendezvous' 300 s (or the flag, where longer).
@@ -460,8 +460,9 @@ absl::Status RankRunner::Step(int64_t s) {
     std::string health;
     if (store_ != nullptr && o_.ckpt.mode != SnapshotMode::kNone) {
       const CheckpointHealth h = ckpt_->Health();
-      health = absl::StrFormat(" ckpt_failures %d recovery_point %d recovery_age_s %.1f",
-                               h.failures, h.recovery_point, h.recovery_age_s);
+      health = absl::StrFormat(
+          " ckpt_failures %d ckpt_skipped %d recovery_point %d recovery_age_s %.1f", h.failures,
+          h.skipped + h.untried, h.recovery_point, h.recovery_age_s);
     }
     std::printf("step %lld loss %.6f step_ms %.1f stall_ms %.1f%s%s\n",
                 static_cast<long long>(s), sums[0] / tokens, step_ms, stall,
@@ -481,13 +482,13 @@ absl::Status RankRunner::Summary() {
   std::printf(
       "summary model=%s nproc=%d step=%lld steps_run=%lld tokens=%.0f tokens_per_s=%.1f "
       "mean_step_ms=%.1f stall_ms_total=%.1f resumed_from=%lld ckpt_failures=%lld "
-      "recovery_point=%lld recovery_age_s=%.1f params=%zu params_sha256=%s\n",
+      "ckpt_skipped=%lld recovery_point=%lld recovery_age_s=%.1f params=%zu params_sha256=%s\n",
       o_.model.c_str(), o_.world_size, static_cast<long long>(state_.step),
       static_cast<long long>(steps_run_), tokens,
       total_ms_ > 0 ? tokens / (total_ms_ / 1000.0) : 0.0,
       steps_run_ > 0 ? total_ms_ / steps_run_ : 0.0, total_stall_ms_,
       static_cast<long long>(resumed_from_), static_cast<long long>(h.failures),
-      static_cast<long long>(h.recovery_point), h.recovery_age_s, params.size(), sha.c_str());
+      static_cast<long long>(h.skipped + h.untried), static_cast<long long>(h.recovery_point), h.recovery_age_s, params.size(), sha.c_str());
   std::fflush(stdout);
   return absl::OkStatus();
 }

@@ -5,6 +5,17 @@
 namespace gradsnap {
 namespace drill {
 
+DrillOptions TestDrillOptions(const std::string& bin_dir, const std::string& work_dir,
+                              uint64_t seed, bool quick) {
+  DrillOptions o;
+  o.server_bin = bin_dir + "/gradsnap-server";
+  o.train_bin = bin_dir + "/gradsnap-train";
+  o.work_dir = work_dir;
+  o.seed = seed;
+  o.quick = quick;
+  return o;
+}
+
 std::string FormatKv(const std::map<std::string, std::string>& kv) {
   std::string out;
   for (const auto& [k, v] : kv) absl::StrAppend(&out, out.empty() ? "" : " ", k, "=", v);

@@ -21,7 +21,14 @@ struct DrillOptions {
   // Training scenario (training_scenario.h):
   int kills = 20;          // server SIGKILLs while the job trains
   bool quick = false;      // CI-sized: shorter outages and runs
+  // Stall scenarios (stall_scenario.h): steps the fault lasts; 0: the scenario's default.
+  int64_t fault_steps = 0;
 };
+
+// A drill run as a test: the build's gradsnap-server and gradsnap-train in `bin_dir`, the
+// temporary directories under `work_dir`; `quick`: CI-sized.
+DrillOptions TestDrillOptions(const std::string& bin_dir, const std::string& work_dir,
+                              uint64_t seed, bool quick);
 
 // "k=v k=v ..." of a scenario's results, in key order.
 std::string FormatKv(const std::map<std::string, std::string>& kv);

@@ -1,27 +1,35 @@
 // fault_drill: drills against real gradsnap processes, the numbers of an operator's worst day.
 //
-//   fault_drill [--scenario storage|training|all] [--rounds N] [--shard_bytes B] [--check]
+//   fault_drill [--scenario storage|training|stall_full_disk|stall_outage|all] [--rounds N]
+//               [--shard_bytes B] [--check]
 //
 // Scenarios (each in its own file): storage (storage_scenario.h: catalog loss and rebuild,
-// SIGKILL mid-upload, orphan DELTAs, a second server on the port) and training
+// SIGKILL mid-upload, orphan DELTAs, a second server on the port), training
 // (training_scenario.h: a 2-rank gockpt + gradient-log job of gradsnap-train while its
-// gradsnap-server is SIGKILLed --kills times at random moments). Keys both scenarios report
-// (orphan_deltas_listed) are summed. The last line of the output
+// gradsnap-server is SIGKILLed --kills times at random moments), stall_full_disk and
+// stall_outage (stall_scenario.h: the job's steps while its server's disk is full, or while the server is
+// killed and restarted over and over). Keys both scenarios report (orphan_deltas_listed) are
+// summed; the stall scenarios' worst figures are also reported as
+// train_throughput_during_fault_ratio (the lowest) and max_step_stall_s_during_fault (the
+// highest). The last line of the output
 // is the name=value pairs of every scenario that ran, merged. With --check the exit status is 1
 // when a result misses its target (the ctest `fault_drill_storage` runs a short drill so).
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
 #include "benchmarks/common/bench_util.h"
 #include "benchmarks/fault_drill/drill_util.h"
+#include "benchmarks/fault_drill/stall_scenario.h"
 #include "benchmarks/fault_drill/storage_scenario.h"
 #include "benchmarks/fault_drill/training_scenario.h"
 #include "tests/testing/temp_dir.h"
 
-ABSL_FLAG(std::string, scenario, "all", "storage, training or all. Default: all.");
+ABSL_FLAG(std::string, scenario, "all", "storage, training, stall_full_disk, stall_outage or all. Default: all.");
 ABSL_FLAG(int, rounds, 4, "Storage: damage-and-rebuild rounds (catalog removed, emptied, "
           "CURRENT deleted, SSTs corrupted, in turn). Default: 4.");
 ABSL_FLAG(uint64_t, shard_bytes, 8 << 20, "Storage: bytes of each shard's big tensor. Default: 8388608.");
@@ -32,7 +40,8 @@ ABSL_FLAG(bool, check, false, "Exit 1 when a result misses its target. Default: 
 ABSL_FLAG(std::string, server_bin, GRADSNAP_SERVER_BIN, "gradsnap-server binary. Default: the build's.");
 ABSL_FLAG(std::string, train_bin, GRADSNAP_TRAIN_BIN, "gradsnap-train binary. Default: the build's.");
 ABSL_FLAG(int, kills, 20, "Training: server SIGKILLs while the job trains. Default: 20.");
-ABSL_FLAG(bool, quick, false, "Training: CI-sized, shortest outages (0.5-0.8 s) and a shorter job. Default: false.");
+ABSL_FLAG(bool, quick, false, "Training: CI-sized, shortest outages (0.5-0.8 s) and a shorter job; stall_full_disk and stall_outage: 120 steps of fault. Default: false.");
+ABSL_FLAG(int64_t, fault_steps, 0, "stall_full_disk and stall_outage: steps the fault lasts; 0 = 200 (120 with --quick). Default: 0.");
 
 namespace {
 
@@ -98,10 +107,18 @@ int main(int argc, char** argv) {
       .seed = absl::GetFlag(FLAGS_seed),
       .keep = absl::GetFlag(FLAGS_keep),
       .kills = absl::GetFlag(FLAGS_kills),
-      .quick = absl::GetFlag(FLAGS_quick)};
+      .quick = absl::GetFlag(FLAGS_quick),
+      .fault_steps = absl::GetFlag(FLAGS_fault_steps)};
   const std::string scenario = absl::GetFlag(FLAGS_scenario);
-  if (scenario != "storage" && scenario != "training" && scenario != "all") {
-    std::fprintf(stderr, "fault_drill: --scenario must be storage, training or all\n");
+  if (scenario != "storage" && scenario != "training" && scenario != "stall_full_disk" &&
+      scenario != "stall_outage" && scenario != "all") {
+    std::fprintf(stderr,
+                 "fault_drill: --scenario must be storage, training, stall_full_disk, "
+                 "stall_outage or all\n");
+    return 2;
+  }
+  if (o.fault_steps < 0) {
+    std::fprintf(stderr, "fault_drill: --fault_steps must be >= 0\n");
     return 2;
   }
   std::map<std::string, std::string> kv;
@@ -127,6 +144,32 @@ int main(int argc, char** argv) {
     }
     met = TrainingTargetsMet(tkv, o.kills, &why) && met;
     MergeKv(tkv, &kv);
+  }
+  double worst_ratio = -1, worst_stall = -1;
+  for (const gradsnap::drill::StallFault f :
+       {gradsnap::drill::StallFault::kFullDisk, gradsnap::drill::StallFault::kOutage}) {
+    const std::string name = gradsnap::drill::StallFaultName(f);
+    if (scenario != name && scenario != "all") continue;
+    gradsnap::testing::TempDir tree("drill-" + name, o.work_dir, o.keep);
+    gradsnap::drill::DrillOptions t = o;
+    t.work_dir = tree.path();
+    std::map<std::string, std::string> skv;
+    absl::Status s =
+        gradsnap::drill::RunStallDrill(gradsnap::drill::StallDrillFor(t, f), &skv);
+    if (!s.ok()) {
+      std::fprintf(stderr, "fault_drill: %s scenario: %s\n", name.c_str(), s.ToString().c_str());
+      return 1;
+    }
+    met = gradsnap::drill::StallTargetsMet(f, skv, &why) && met;
+    const double ratio = std::stod(skv.at(name + "_throughput_ratio"));
+    const double stall = std::stod(skv.at(name + "_max_stall_s"));
+    worst_ratio = worst_ratio < 0 ? ratio : std::min(worst_ratio, ratio);
+    worst_stall = std::max(worst_stall, stall);
+    MergeKv(skv, &kv);
+  }
+  if (worst_ratio >= 0) {
+    kv["train_throughput_during_fault_ratio"] = absl::StrFormat("%.3f", worst_ratio);
+    kv["max_step_stall_s_during_fault"] = absl::StrFormat("%.3f", worst_stall);
   }
   std::printf("%s\n", gradsnap::drill::FormatKv(kv).c_str());
   std::fflush(stdout);

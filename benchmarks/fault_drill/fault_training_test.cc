@@ -30,13 +30,8 @@ constexpr bool kLong = false;
 #endif
 
 DrillOptions Options(const testing::TempDir& work_dir, int kills) {
-  DrillOptions o;
-  o.server_bin = GRADSNAP_BIN_DIR "/gradsnap-server";
-  o.train_bin = GRADSNAP_BIN_DIR "/gradsnap-train";
-  o.work_dir = work_dir.path();
+  DrillOptions o = TestDrillOptions(GRADSNAP_BIN_DIR, work_dir.path(), 20261130, !kLong);
   o.kills = kills;
-  o.seed = 20261130;
-  o.quick = !kLong;
   return o;
 }
 

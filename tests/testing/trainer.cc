@@ -1,5 +1,7 @@
 #include "tests/testing/trainer.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +36,43 @@ std::string SummaryField(const std::string& output, const std::string& key) {
   if (at == std::string::npos) return "";
   const size_t begin = at + want.size();
   return summary.substr(begin, summary.find(' ', begin) - begin);
+}
+
+std::vector<StepLine> ParseStepLines(const std::string& output) {
+  std::vector<StepLine> out;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string word, loss;
+    StepLine l;
+    if (!(ls >> word >> l.step) || word != "step" || !(ls >> word >> loss) || word != "loss") {
+      continue;
+    }
+    while (ls >> word) {
+      if (word == "skipped") continue;
+      std::string value;
+      if (!(ls >> value)) break;
+      if (word == "step_ms") l.step_ms = std::atof(value.c_str());
+      if (word == "stall_ms") l.stall_ms = std::atof(value.c_str());
+      if (word == "ckpt_failures") l.ckpt_failures = std::atoll(value.c_str());
+      if (word == "recovery_point") l.recovery_point = std::atoll(value.c_str());
+    }
+    out.push_back(l);
+  }
+  return out;
+}
+
+StepWindow StepsBetween(const std::vector<StepLine>& lines, int64_t first, int64_t last) {
+  StepWindow w;
+  double total = 0;
+  for (const StepLine& l : lines) {
+    if (l.step < first || l.step > last) continue;
+    ++w.steps;
+    total += l.step_ms;
+    w.max_stall_ms = std::max(w.max_stall_ms, l.stall_ms);
+  }
+  if (w.steps > 0) w.mean_step_ms = total / w.steps;
+  return w;
 }
 
 absl::Status ResumedExactly(const std::string& reference, const std::string& resumed,

@@ -118,10 +118,11 @@ int CountLines(const std::string& output, const std::string& prefix) {
   return n;
 }
 
-Tmpfs::Tmpfs(const std::string& dir) : dir_(dir) {
+Tmpfs::Tmpfs(const std::string& dir, int size_mib)
+    : dir_(dir), options_("size=" + std::to_string(size_mib) + "m") {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  mounted_ = !ec && ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64m") == 0;
+  mounted_ = !ec && ::mount("tmpfs", dir.c_str(), "tmpfs", 0, options_.c_str()) == 0;
 }
 
 Tmpfs::~Tmpfs() {
@@ -129,7 +130,7 @@ Tmpfs::~Tmpfs() {
 }
 
 absl::Status Tmpfs::RemountReadOnly() {
-  if (::mount("tmpfs", dir_.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, "size=64m") != 0) {
+  if (::mount("tmpfs", dir_.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, options_.c_str()) != 0) {
     return PosixError("remount " + dir_ + " read-only", errno);
   }
   return absl::OkStatus();

@@ -44,11 +44,11 @@ absl::StatusOr<int> FreePort();
 // that start with `prefix`.
 int CountLines(const std::string& output, const std::string& prefix = "");
 
-// A 64 MiB tmpfs mounted on `dir` (created first) while the object lives; mounted() is false
-// where this process may not mount one (it needs CAP_SYS_ADMIN): the caller skips.
+// A tmpfs of `size_mib` MiB mounted on `dir` (created first) while the object lives; mounted()
+// is false where this process may not mount one (it needs CAP_SYS_ADMIN): the caller skips.
 class Tmpfs {
  public:
-  explicit Tmpfs(const std::string& dir);
+  explicit Tmpfs(const std::string& dir, int size_mib = 64);
   ~Tmpfs();
   Tmpfs(const Tmpfs&) = delete;
   Tmpfs& operator=(const Tmpfs&) = delete;
@@ -58,6 +58,7 @@ class Tmpfs {
 
  private:
   std::string dir_;
+  std::string options_;  // the mount's "size=..."
   bool mounted_ = false;
 };
 

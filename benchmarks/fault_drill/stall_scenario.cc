@@ -1,0 +1,179 @@
+#include "benchmarks/fault_drill/stall_scenario.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+#include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
+#include "tests/testing/trainer.h"
+#include "tests/testing/util.h"
+
+namespace gradsnap {
+namespace drill {
+namespace {
+
+using ::gradsnap::testing::ParseStepLines;
+using ::gradsnap::testing::StepsBetween;
+using ::gradsnap::testing::StepWindow;
+using ::gradsnap::testing::SummaryField;
+
+constexpr int64_t kWarmupSteps = 10;       // the start-up's slow steps stay out of "before"
+constexpr uint64_t kLeaveFreeBytes = 4 << 20;  // below the server's 16 MiB catalog reserve
+
+void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+std::vector<std::string> JobArgs(const StallDrillConfig& c, const std::string& storage) {
+  std::vector<std::string> a = {c.train_bin, "--model=tiny", absl::StrCat("--steps=", c.steps),
+                                "--nproc=2", "--batch=4", "--seq=16", "--blas_threads=1"};
+  if (storage.empty()) return a;  // the uninterrupted reference: no checkpointing
+  a.insert(a.end(), {"--storage=" + storage, "--job=stall", "--ckpt_mode=gockpt",
+                     absl::StrCat("--ckpt_every=", c.ckpt_every), "--grad_log",
+                     "--max_restarts=0",
+                     absl::StrCat("--ckpt_persist_timeout_ms=", c.persist_timeout_ms),
+                     absl::StrCat("--test_step_delay_ms=", c.step_delay_ms)});
+  return a;
+}
+
+int64_t LastStep(const testing::ChildProcess& job) {
+  const std::vector<testing::StepLine> lines = ParseStepLines(job.Output());
+  return lines.empty() ? 0 : lines.back().step;
+}
+
+// Polls until the job printed `step` or ended; false when it ended first.
+bool WaitForStep(testing::ChildProcess& job, int64_t step) {
+  while (LastStep(job) < step) {
+    if (job.Poll() >= 0) return false;
+    SleepMs(5);
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* StallFaultName(StallFault f) {
+  return f == StallFault::kFullDisk ? "stall_full_disk" : "stall_outage";
+}
+
+StallDrillConfig StallDrillFor(const DrillOptions& opts, StallFault fault) {
+  StallDrillConfig c{.server_bin = opts.server_bin, .train_bin = opts.train_bin,
+                     .work_dir = opts.work_dir, .fault = fault, .seed = opts.seed};
+  // Long enough after the fault for the back-off (at most persist_timeout_ms) to let a FULL
+  // through again.
+  c.persist_timeout_ms = 1000;
+  c.fault_to_step = c.fault_from_step + (opts.fault_steps > 0 ? opts.fault_steps
+                                         : opts.quick          ? 120
+                                                               : 200);
+  c.steps = c.fault_to_step + 150;
+  c.ckpt_every = fault == StallFault::kFullDisk ? 2 : 5;
+  // The outage: a job that lasts through a few dozen kills (each restart takes its time).
+  if (fault == StallFault::kOutage) c.step_delay_ms = 50;
+  return c;
+}
+
+absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std::string>* kv) {
+  const std::string name = StallFaultName(c.fault);
+  const std::string dir = c.work_dir + "/" + name;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+
+  const testing::RunResult ref = testing::RunCommand(
+      absl::StrJoin(JobArgs(c, ""), " ") + " 2>&1", /*timeout_s=*/600);
+  const std::string want_sha = SummaryField(ref.out, "params_sha256");
+  if (ref.exit_code != 0 || want_sha.empty()) {
+    return absl::InternalError("the uninterrupted reference run failed: " + ref.out);
+  }
+
+  std::unique_ptr<testing::Tmpfs> fs;
+  std::string data = dir + "/data";
+  if (c.fault == StallFault::kFullDisk) {
+    fs = std::make_unique<testing::Tmpfs>(dir + "/fs", c.tmpfs_mib);
+    if (!fs->mounted()) {
+      return absl::FailedPreconditionError(
+          "stall_full_disk: cannot mount a tmpfs for the server (needs CAP_SYS_ADMIN)");
+    }
+    data = dir + "/fs/data";
+  }
+  const std::string ballast = dir + "/fs/ballast";
+  testing::ServerProcess server(c.server_bin);
+  ASSIGN_OR_RETURN(const int port, testing::FreePort());
+  RETURN_IF_ERROR(server.StartOn(data, absl::StrCat("127.0.0.1:", port)));
+  testing::ChildProcess job;
+  RETURN_IF_ERROR(job.Start(JobArgs(c, server.address()), dir + "/job.log"));
+
+  int kills = 0;
+  int64_t first = -1, last = -1;  // the steps during the fault
+  if (WaitForStep(job, c.fault_from_step)) {
+    first = LastStep(job) + 1;
+    if (c.fault == StallFault::kFullDisk) {
+      testing::FillUpLeaving(ballast, kLeaveFreeBytes);
+      WaitForStep(job, c.fault_to_step);
+      std::filesystem::remove(ballast, ec);
+    } else {
+      std::mt19937_64 rng(c.seed);
+      while (LastStep(job) < c.fault_to_step && job.Poll() < 0) {
+        server.Kill();
+        ++kills;
+        RETURN_IF_ERROR(server.Restart());
+        SleepMs(std::uniform_int_distribution<int>(c.up_ms_min, c.up_ms_max)(rng));
+      }
+    }
+    last = LastStep(job);
+  }
+  const int train_exit = job.Wait();
+  const std::string out = job.Output();
+  if (first < 0) return absl::InternalError("the job ended before the fault: " + out);
+
+  const std::vector<testing::StepLine> lines = ParseStepLines(out);
+  const StepWindow before = StepsBetween(lines, kWarmupSteps, first - 1);
+  const StepWindow during = StepsBetween(lines, first, last);
+  const std::string rp = SummaryField(out, "recovery_point");
+  const std::string p = name + "_";
+  (*kv)[p + "throughput_ratio"] =
+      absl::StrFormat("%.3f", during.mean_step_ms > 0 ? before.mean_step_ms / during.mean_step_ms
+                                                      : 0.0);
+  (*kv)[p + "max_stall_s"] = absl::StrFormat("%.3f", during.max_stall_ms / 1000);
+  (*kv)[p + "stall_s_before"] = absl::StrFormat("%.3f", before.max_stall_ms / 1000);
+  (*kv)[p + "fault_steps"] = absl::StrCat(during.steps);
+  (*kv)[p + "train_exit"] = absl::StrCat(train_exit);
+  (*kv)[p + "params_match"] = absl::StrCat(SummaryField(out, "params_sha256") == want_sha ? 1 : 0);
+  (*kv)[p + "ckpt_failures"] = SummaryField(out, "ckpt_failures");
+  (*kv)[p + "ckpt_skipped"] = SummaryField(out, "ckpt_skipped");
+  (*kv)[p + "recovered"] = absl::StrCat(!rp.empty() && std::stoll(rp) > last ? 1 : 0);
+  if (c.fault == StallFault::kOutage) (*kv)[p + "server_kills"] = absl::StrCat(kills);
+  return absl::OkStatus();
+}
+
+bool StallTargetsMet(StallFault fault, const std::map<std::string, std::string>& kv,
+                     std::string* why) {
+  const std::string p = std::string(StallFaultName(fault)) + "_";
+  bool met = true;
+  auto check = [&](const std::string& key, bool ok) {
+    if (ok) return;
+    met = false;
+    auto it = kv.find(key);
+    absl::StrAppend(why, " ", key, "=", it == kv.end() ? "?" : it->second);
+  };
+  auto num = [&](const std::string& key) {
+    auto it = kv.find(key);
+    return it == kv.end() || it->second.empty() ? -1.0 : std::stod(it->second);
+  };
+  check(p + "throughput_ratio", num(p + "throughput_ratio") >= 0.90);
+  check(p + "max_stall_s", num(p + "max_stall_s") >= 0 && num(p + "max_stall_s") <= 0.5);
+  check(p + "train_exit", num(p + "train_exit") == 0);
+  check(p + "params_match", num(p + "params_match") == 1);
+  check(p + "ckpt_failures", num(p + "ckpt_failures") > 0);
+  check(p + "recovered", num(p + "recovered") == 1);
+  return met;
+}
+
+}  // namespace drill
+}  // namespace gradsnap
