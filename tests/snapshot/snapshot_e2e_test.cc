@@ -15,6 +15,7 @@
 #include "gpu_snapshot/grad_log.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/e2e_util.h"
+#include "tests/testing/server_process.h"
 
 namespace gradsnap {
 namespace {
@@ -124,6 +125,10 @@ TEST_F(SnapshotE2E, GradLogReplayReachesEveryLoggedStep) {
 // (--test_fail_after_commit); several ranks wait for a FULL's persist before they start the
 // next (defer_while_persisting is off), which they did at step 6 or 7. So a restart from scratch
 // (resumed_from -1), which deterministic training would otherwise hide, fails the test.
+// FULL 5 has committed at the kill: the failing rank waits for a committed checkpoint
+// (--test_fail_after_commit). Persists drain from a backlog and never hold a step, so without
+// that wait the kill can come before FULL 5 is durable; the wait lists the store, which several
+// ranks do through a gradsnap-server (--storage), one rank through its embedded engine.
 void KillDuringWindow(const std::string& scratch, const TrainRun& reference, bool grad_log,
                       int nproc) {
   std::string name = absl::StrCat("kill_gl", grad_log, "_np", nproc);
@@ -131,9 +136,15 @@ void KillDuringWindow(const std::string& scratch, const TrainRun& reference, boo
   std::vector<std::string> a = Base(dir, 12);
   a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=3", "--gockpt_window=3",
                      "--fail_at_step=8", absl::StrCat("--fail_rank=", nproc - 1),
-                     "--max_restarts=1", absl::StrCat("--nproc=", nproc), "--job=k"});
+                     "--max_restarts=1", absl::StrCat("--nproc=", nproc), "--job=k",
+                     "--test_fail_after_commit"});
   if (grad_log) a.push_back("--grad_log");
-  if (nproc == 1) a.push_back("--test_fail_after_commit");
+  testing::ServerProcess server(GRADSNAP_SERVER_BIN);
+  if (nproc > 1) {
+    const absl::Status started = server.StartOn(dir + "-server");
+    ASSERT_TRUE(started.ok()) << started;
+    a.push_back("--storage=" + server.address());
+  }
   TrainRun r = Train(scratch, name, a);
   ASSERT_EQ(r.rc, 0) << r.out;
   ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
@@ -161,7 +172,7 @@ TEST_F(SnapshotE2E, KilledRankResumesFromGradLog) {
 
 TEST_F(SnapshotE2E, KilledRankOfTwoResumesFromGradLog) {
   ASSERT_EQ(sync_->rc, 0) << sync_->out;
-  // Two ranks: the saves are collective (funneled through rank 0 in embedded mode).
+  // Two ranks: the saves are collective (each rank's through the server, then agreed).
   std::string dir = scratch() + "/ref2";
   std::vector<std::string> a = Base(dir, 12);
   a.insert(a.end(), {"--nproc=2"});
