@@ -152,8 +152,14 @@ TEST(FallbackTest, RestartPrintsRecoveryTimeSplit) {
   const std::string flags =
       "--steps 9 --ckpt-mode gockpt --ckpt-every 5 --gockpt-window 1 --grad-log";
   const RunResult whole = Train(flags + " --ckpt-dir " + dir + "/a");
-  const RunResult failed = Train(flags + " --ckpt-dir " + dir + "/b" +
-                                 " --fail-at-step 8 --fail-rank 1 --max-restarts 1");
+  // Rank 1 dies only once a checkpoint is committed (persists drain from a backlog and never
+  // hold a step, so FULL 5 may not be durable yet at step 8); that wait lists the store, which
+  // two ranks do through a server.
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  ASSERT_TRUE(server.StartOn(dir + "/server").ok()) << server.Log();
+  const RunResult failed =
+      Train(flags + " --storage " + server.address() +
+            " --fail-at-step 8 --fail-rank 1 --max-restarts 1 --test-fail-after-commit");
   ASSERT_EQ(whole.exit_code, 0) << whole.out;
   ASSERT_EQ(failed.exit_code, 0) << failed.out;
   // FULL 5 and whichever of the DELTAs 6, 7 were durable when rank 1 died.
