@@ -38,7 +38,13 @@ std::map<std::string, std::string> RunAndCheck(StallFault fault) {
   SCOPED_TRACE(all);
   EXPECT_EQ(kv.at(p + "train_exit"), "0");
   EXPECT_EQ(kv.at(p + "params_match"), "1");
-  EXPECT_GT(std::stoi(kv.at(p + "ckpt_failures")), 0);
+  // A full disk fails every persist; a server that restarts within the client's quick retries
+  // may fail none, so only the kills are required there.
+  if (std::string(StallFaultName(fault)) == "stall_full_disk") {
+    EXPECT_GT(std::stoi(kv.at(p + "ckpt_failures")), 0);
+  } else {
+    EXPECT_GT(std::stoi(kv.at(p + "server_kills")), 0);
+  }
   EXPECT_EQ(kv.at(p + "recovered"), "1");
   EXPECT_GT(std::stoi(kv.at(p + "fault_steps")), 60);
   EXPECT_LT(std::stod(kv.at(p + "max_stall_s")) * 1000, c.persist_timeout_ms / 2.0);
