@@ -6,26 +6,26 @@
 
 namespace gradsnap {
 
-Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+Sha256::Sha256()
+    : ctx_(EVP_MD_CTX_new(), [](void* c) { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(c)); }) {
   GS_CHECK(ctx_ != nullptr) << "EVP_MD_CTX_new";
   Reset();
 }
 
-Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
-
 void Sha256::Reset() {
-  GS_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1);
+  GS_CHECK(EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_.get()), EVP_sha256(), nullptr) == 1);
 }
 
 void Sha256::Update(const void* data, size_t n) {
   if (n == 0) return;
-  GS_CHECK(EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n) == 1);
+  GS_CHECK(EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_.get()), data, n) == 1);
 }
 
 Sha256Digest Sha256::Finish() {
   Sha256Digest d;
   unsigned int len = 0;
-  GS_CHECK(EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), d.data(), &len) == 1 && len == 32);
+  GS_CHECK(EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_.get()), d.data(), &len) == 1 &&
+           len == 32);
   return d;
 }
 

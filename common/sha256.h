@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace gradsnap {
@@ -14,17 +15,15 @@ using Sha256Digest = std::array<uint8_t, 32>;
 
 class Sha256 {
  public:
-  Sha256();
-  ~Sha256();
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
+  Sha256();  // movable, not copyable
 
   void Update(const void* data, size_t n);
   Sha256Digest Finish();  // the object may be reused after Reset()
   void Reset();
 
  private:
-  void* ctx_;  // EVP_MD_CTX*, kept opaque so OpenSSL headers stay out of ours
+  // EVP_MD_CTX*, kept opaque so OpenSSL headers stay out of ours.
+  std::unique_ptr<void, void (*)(void*)> ctx_;
 };
 
 // Lower-case hex of the bytes data[0, n).

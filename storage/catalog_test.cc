@@ -1044,6 +1044,17 @@ void PutBackCatalog(const std::string& from, const std::string& dir) {
   fs::rename(from, dir + "/meta");
 }
 
+// A stale but readable catalog in `data`: FULLs at `known` steps, the catalog copied (to
+// `backup`), FULLs at `newer` steps, the copy put back.
+void MakeStaleCatalog(const std::string& data, const std::string& backup,
+                      const std::vector<int64_t>& known, const std::vector<int64_t>& newer,
+                      std::vector<ShardData>* written) {
+  WriteFulls(data, known, written);
+  CopyCatalog(data, backup);
+  WriteFulls(data, newer, written);
+  PutBackCatalog(backup, data);
+}
+
 // Job j steps 5 and 10, the catalog copied, steps 15..30, the copy put back (a stale but
 // readable catalog): the open is refused naming --rebuild-catalog and changes nothing, and the
 // rebuild brings every step back. Before, the open quarantined steps 15..30 with a warning
@@ -1052,10 +1063,7 @@ TEST(CatalogTest, StaleCatalogIsRefusedAndTheRebuildBringsEveryStepBack) {
   TempDir dir;
   const std::string data = dir.path() + "/d";
   std::vector<ShardData> written;
-  WriteFulls(data, {5, 10}, &written);
-  CopyCatalog(data, dir.path() + "/meta.backup");
-  WriteFulls(data, {15, 20, 25, 30}, &written);
-  PutBackCatalog(dir.path() + "/meta.backup", data);
+  MakeStaleCatalog(data, dir.path() + "/meta.backup", {5, 10}, {15, 20, 25, 30}, &written);
   auto before = DirContents(data);
   absl::Status s = OpenStatus(data);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
@@ -1082,10 +1090,7 @@ TEST(CatalogTest, RebuildBringsBackWholeCheckpointsFromQuarantine) {
   TempDir dir;
   const std::string data = dir.path() + "/d";
   std::vector<ShardData> written;
-  WriteFulls(data, {5, 10}, &written);
-  CopyCatalog(data, dir.path() + "/meta.backup");
-  WriteFulls(data, {15, 20}, &written);
-  PutBackCatalog(dir.path() + "/meta.backup", data);
+  MakeStaleCatalog(data, dir.path() + "/meta.backup", {5, 10}, {15, 20}, &written);
   for (int64_t step : {15, 20}) {
     ASSERT_TRUE(QuarantinePath(FileSystem::Default(), data,
                                absl::StrFormat("%s/segments/j/%020d", data, step), "test",

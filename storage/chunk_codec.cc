@@ -331,8 +331,8 @@ absl::Status ParseChunkHeader(const uint8_t* p, size_t avail, ChunkHeader* h) {
   return absl::OkStatus();
 }
 
-ChunkDecoder::ChunkDecoder() : dctx_(ZSTD_createDCtx()) {}
-ChunkDecoder::~ChunkDecoder() { ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(dctx_)); }
+ChunkDecoder::ChunkDecoder()
+    : dctx_(ZSTD_createDCtx(), [](void* d) { ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(d)); }) {}
 
 absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
                                   const ChunkHeader* expected, uint8_t* out, size_t out_cap) {
@@ -357,7 +357,7 @@ absl::Status ChunkDecoder::Decode(const uint8_t* rec, size_t rec_len,
     if (scratch_.size() < h.raw_len) scratch_.resize(h.raw_len);
     dst = scratch_.data();
   }
-  size_t d = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_), dst, h.raw_len, payload,
+  size_t d = ZSTD_decompressDCtx(static_cast<ZSTD_DCtx*>(dctx_.get()), dst, h.raw_len, payload,
                                  h.stored_len);
   if (ZSTD_isError(d) || d != h.raw_len) return absl::DataLossError("chunk zstd frame corrupt");
   if (h.filter == ChunkFilter::kShuffle) ByteUnshuffle(dst, out, h.raw_len, h.element_size);

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -156,10 +157,7 @@ absl::Status ParseChunkHeader(const uint8_t* rec, size_t avail, ChunkHeader* out
 
 class ChunkDecoder {
  public:
-  ChunkDecoder();
-  ~ChunkDecoder();
-  ChunkDecoder(const ChunkDecoder&) = delete;
-  ChunkDecoder& operator=(const ChunkDecoder&) = delete;
+  ChunkDecoder();  // movable, not copyable
 
   // Decodes the record rec[0, rec_len) into out[0, header.raw_len). If `expected` is given, the
   // record header must equal it field by field. Verifies both CRCs. DATA_LOSS on any failure;
@@ -178,7 +176,7 @@ class ChunkDecoder {
                           bool* crc_pending = nullptr);
 
  private:
-  void* dctx_;  // ZSTD_DCtx*
+  std::unique_ptr<void, void (*)(void*)> dctx_;  // ZSTD_DCtx*
   std::vector<uint8_t> scratch_;
 };
 

@@ -45,25 +45,20 @@ uint64_t AutoBacklogBytes(uint64_t full_bytes, uint64_t delta_bytes, bool grad_l
 
 bool PersistBacklog::TryReserve(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  if (bytes > budget_ || used_ > budget_ - bytes) return false;
-  used_ += bytes;
-  peak_ = std::max(peak_, used_);
+  if (bytes > budget_ || usage_.used > budget_ - bytes) return false;
+  usage_.used += bytes;
+  usage_.peak = std::max(usage_.peak, usage_.used);
   return true;
 }
 
 void PersistBacklog::Release(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  used_ -= std::min(used_, bytes);
+  usage_.used -= std::min(usage_.used, bytes);
 }
 
-uint64_t PersistBacklog::used() const {
+PersistBacklog::Usage PersistBacklog::usage() const {
   absl::MutexLock lock(&mu_);
-  return used_;
-}
-
-uint64_t PersistBacklog::peak() const {
-  absl::MutexLock lock(&mu_);
-  return peak_;
+  return usage_;
 }
 
 }  // namespace trainer

@@ -41,14 +41,17 @@ class PersistBacklog {
   bool TryReserve(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   void Release(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t budget() const { return budget_; }
-  uint64_t used() const ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t peak() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What is held now, and the most that was held at once.
+  struct Usage {
+    uint64_t used = 0;
+    uint64_t peak = 0;
+  };
+  Usage usage() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const uint64_t budget_;
   mutable absl::Mutex mu_;
-  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  Usage usage_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace trainer

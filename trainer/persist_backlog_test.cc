@@ -37,12 +37,12 @@ TEST(PersistBacklogTest, ReservesWithinTheBudgetOnly) {
   EXPECT_TRUE(b.TryReserve(60));
   EXPECT_FALSE(b.TryReserve(41));  // nothing reserved by a refusal
   EXPECT_TRUE(b.TryReserve(40));
-  EXPECT_EQ(b.used(), 100u);
+  EXPECT_EQ(b.usage().used, 100u);
   b.Release(60);
   EXPECT_TRUE(b.TryReserve(60));
   b.Release(100);
-  EXPECT_EQ(b.used(), 0u);
-  EXPECT_EQ(b.peak(), 100u);
+  EXPECT_EQ(b.usage().used, 0u);
+  EXPECT_EQ(b.usage().peak, 100u);
 }
 
 }  // namespace

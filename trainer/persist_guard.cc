@@ -43,7 +43,7 @@ PersistGuard::PersistGuard(ShardStore* store, const CheckpointerOptions& options
                            int64_t resumed_step, Clock* clock)
     : store_(store), options_(options), rank_(rank), clock_(ClockOrReal(clock)) {
   absl::MutexLock lock(&mu_);
-  recovery_point_ = resumed_step;
+  health_.recovery_point = resumed_step;
   recovery_ms_ = NowMs();
 }
 
@@ -88,7 +88,7 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   const int64_t chain = full ? step : base;
   if (!full && cut_.count(base) != 0) {
     absl::MutexLock lock(&mu_);
-    ++skipped_;
+    ++health_.skipped;
     return absl::CancelledError(absl::StrCat("DELTA ", step, " skipped: the chain on FULL ",
                                              base, " was cut by an earlier failure"));
   }
@@ -96,7 +96,7 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   if (try_it.ok() && !*try_it) {
     cut_[chain] = true;
     absl::MutexLock lock(&mu_);
-    ++untried_;
+    ++health_.untried;
     return absl::CancelledError(absl::StrCat(
         full ? "FULL " : "DELTA ", step, " skipped untried: ",
         have_data ? "backing off after failed persists" : "a rank's persist backlog is full"));
@@ -112,9 +112,9 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
     // The store answers again: roll back what failed while it did not.
     if (!pending_aborts_.empty()) RetryRollBacks();
     absl::MutexLock lock(&mu_);
-    ++(full ? fulls_ : deltas_);
-    if (step > recovery_point_) {
-      recovery_point_ = step;
+    ++(full ? health_.fulls : health_.deltas);
+    if (step > health_.recovery_point) {
+      health_.recovery_point = step;
       auto it = step_end_ms_.find(step);
       recovery_ms_ = it != step_end_ms_.end() ? it->second : NowMs();
     }
@@ -145,7 +145,7 @@ absl::Status PersistGuard::Persist(client::CheckpointKind kind, int64_t step, in
   }
   if (!fatal) GS_LOG(WARNING) << "checkpointing degraded (training continues): " << s;
   absl::MutexLock lock(&mu_);
-  ++failures_;
+  ++health_.failures;
   if (fatal && fatal_.ok()) fatal_ = s;
   return s;
 }
@@ -160,15 +160,9 @@ void PersistGuard::NoteStepEnd(int64_t step) {
 
 CheckpointHealth PersistGuard::health() const {
   absl::MutexLock lock(&mu_);
-  CheckpointHealth h;
-  h.failures = failures_;
-  h.skipped = skipped_;
-  h.untried = untried_;
-  h.fulls = fulls_;
-  h.deltas = deltas_;
-  h.recovery_point = recovery_point_;
+  CheckpointHealth h = health_;
   h.recovery_age_s =
-      recovery_point_ >= 0 ? static_cast<double>(NowMs() - recovery_ms_) / 1000.0 : 0.0;
+      h.recovery_point >= 0 ? static_cast<double>(NowMs() - recovery_ms_) / 1000.0 : 0.0;
   return h;
 }
 

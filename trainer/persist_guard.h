@@ -109,12 +109,8 @@ class PersistGuard {
   int64_t next_try_ms_ = 0;              // rank 0: no try before this time (NowMs)
 
   mutable absl::Mutex mu_;
-  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t skipped_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t untried_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t fulls_ ABSL_GUARDED_BY(mu_) = 0;   // FULLs committed
-  int64_t deltas_ ABSL_GUARDED_BY(mu_) = 0;  // DELTAs committed
-  int64_t recovery_point_ ABSL_GUARDED_BY(mu_) = -1;
+  // The counts and the recovery point (recovery_age_s unused: health() computes it).
+  CheckpointHealth health_ ABSL_GUARDED_BY(mu_);
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<int64_t, int64_t> step_end_ms_ ABSL_GUARDED_BY(mu_);  // recent steps' end times
   int64_t recovery_ms_ ABSL_GUARDED_BY(mu_) = 0;                 // end time of recovery_point_

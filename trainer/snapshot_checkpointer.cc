@@ -240,7 +240,7 @@ class SnapshotCheckpointer : public Checkpointer {
           static_cast<long long>(h.deltas), static_cast<long long>(h.failures),
           static_cast<long long>(h.skipped), static_cast<long long>(h.untried),
           static_cast<unsigned long long>(sink_->backlog().budget()),
-          static_cast<unsigned long long>(sink_->backlog().peak()), c.replay_ms_total,
+          static_cast<unsigned long long>(sink_->backlog().usage().peak), c.replay_ms_total,
           engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /
               static_cast<double>(engine_->state_bytes()));

@@ -16,6 +16,11 @@ DrillOptions TestDrillOptions(const std::string& bin_dir, const std::string& wor
   return o;
 }
 
+void PutCounts(std::initializer_list<std::pair<const char*, int64_t>> counts,
+               std::map<std::string, std::string>* kv) {
+  for (const auto& [key, count] : counts) (*kv)[key] = absl::StrCat(count);
+}
+
 std::string FormatKv(const std::map<std::string, std::string>& kv) {
   std::string out;
   for (const auto& [k, v] : kv) absl::StrAppend(&out, out.empty() ? "" : " ", k, "=", v);

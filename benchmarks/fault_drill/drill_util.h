@@ -4,8 +4,10 @@
 #define GRADSNAP_BENCHMARKS_FAULT_DRILL_DRILL_UTIL_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <string>
+#include <utility>
 
 namespace gradsnap {
 namespace drill {
@@ -29,6 +31,10 @@ struct DrillOptions {
 // temporary directories under `work_dir`; `quick`: CI-sized.
 DrillOptions TestDrillOptions(const std::string& bin_dir, const std::string& work_dir,
                               uint64_t seed, bool quick);
+
+// Writes each count of `counts` into `kv` as its decimal string.
+void PutCounts(std::initializer_list<std::pair<const char*, int64_t>> counts,
+               std::map<std::string, std::string>* kv);
 
 // "k=v k=v ..." of a scenario's results, in key order.
 std::string FormatKv(const std::map<std::string, std::string>& kv);

@@ -23,12 +23,11 @@ namespace {
 using ::gradsnap::testing::ParseStepLines;
 using ::gradsnap::testing::StepsBetween;
 using ::gradsnap::testing::StepWindow;
+using ::gradsnap::testing::SleepMs;
 using ::gradsnap::testing::SummaryField;
 
 constexpr int64_t kWarmupSteps = 10;       // the start-up's slow steps stay out of "before"
 constexpr uint64_t kLeaveFreeBytes = 4 << 20;  // below the server's 16 MiB catalog reserve
-
-void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 std::vector<std::string> JobArgs(const StallDrillConfig& c, const std::string& storage) {
   std::vector<std::string> a = {c.train_bin, "--model=tiny", absl::StrCat("--steps=", c.steps),

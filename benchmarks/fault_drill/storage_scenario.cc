@@ -389,23 +389,19 @@ absl::Status RunStorageScenario(const DrillOptions& options,
   }
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  (*kv)["segments_deleted_without_catalog"] = absl::StrCat(t.deleted);
-  (*kv)["server_aborts"] = absl::StrCat(t.aborts);
-  (*kv)["orphan_deltas_listed"] = absl::StrCat(t.orphans);
-  (*kv)["refusals_missed"] = absl::StrCat(t.refusals_missed);
-  (*kv)["rebuild_lost_checkpoints"] = absl::StrCat(t.lost);
-  (*kv)["restart_lost_checkpoints"] = absl::StrCat(t.restart_lost);
-  (*kv)["rebuilt_bytes_mismatched"] = absl::StrCat(t.bytes_mismatched);
-  (*kv)["rebuild_chain_holes"] = absl::StrCat(t.chain_holes);
-  (*kv)["resave_damage_missed"] = absl::StrCat(t.resave_damage_missed);
-  (*kv)["storage_rounds_completed"] = absl::StrCat(t.kills);
-  (*kv)["rebuilt_checkpoints"] = absl::StrCat(t.rebuilt);
-  (*kv)["rebuild_failures"] = absl::StrCat(t.rebuild_failures);
+  PutCounts({{"segments_deleted_without_catalog", t.deleted}, {"server_aborts", t.aborts},
+             {"orphan_deltas_listed", t.orphans}, {"refusals_missed", t.refusals_missed},
+             {"rebuild_lost_checkpoints", t.lost}, {"restart_lost_checkpoints", t.restart_lost},
+             {"rebuilt_bytes_mismatched", t.bytes_mismatched},
+             {"rebuild_chain_holes", t.chain_holes},
+             {"resave_damage_missed", t.resave_damage_missed},
+             {"storage_rounds_completed", t.kills}, {"rebuilt_checkpoints", t.rebuilt},
+             {"rebuild_failures", t.rebuild_failures}, {"second_server_refused", t.second_refused},
+             {"storage_rounds", options.rounds}},
+            kv);
   (*kv)["rebuild_seconds"] = absl::StrFormat("%.2f", t.rebuild_seconds);
   (*kv)["rebuild_verified_ratio"] =
       absl::StrFormat("%.3f", t.listed == 0 ? 0.0 : static_cast<double>(t.verified) / t.listed);
-  (*kv)["second_server_refused"] = absl::StrCat(t.second_refused);
-  (*kv)["storage_rounds"] = absl::StrCat(options.rounds);
   (*kv)["storage_seconds"] = absl::StrFormat("%.1f", seconds);
   return absl::OkStatus();
 }

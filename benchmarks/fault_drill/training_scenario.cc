@@ -24,13 +24,10 @@ namespace gradsnap {
 namespace drill {
 namespace {
 
-using ::gradsnap::testing::CountLines;
-using ::gradsnap::testing::FreePort;
 using ::gradsnap::testing::SummaryField;
+using ::gradsnap::testing::SleepMs;
 
 constexpr char kJob[] = "drill";
-
-void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 // The job's flags; `storage` empty: no checkpointing (the uninterrupted reference).
 std::vector<std::string> TrainArgs(const TrainingDrillConfig& c, const std::string& storage,
@@ -153,7 +150,7 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
 
   // A fixed port: the restarts after each kill come back on the job's --storage address.
   testing::ServerProcess server(c.server_bin);
-  ASSIGN_OR_RETURN(const int port, FreePort());
+  ASSIGN_OR_RETURN(const int port, testing::FreePort());
   RETURN_IF_ERROR(server.StartOn(dir + "/server", absl::StrCat("127.0.0.1:", port)));
   testing::ChildProcess job;
   const std::string log = dir + "/job.log";
@@ -195,7 +192,7 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
 
   (*kv)["server_kills"] = absl::StrCat(kills);
   (*kv)["train_exit"] = absl::StrCat(train_exit);
-  const int restarts = CountLines(out, "restart ");
+  const int restarts = testing::CountLines(out, "restart ");
   // Each restart's cause, as the launcher printed it, after the job's last lines before it
   // (a rank's error): a failed run says why it restarted.
   {
@@ -228,14 +225,13 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
   (*kv)["ckpt_failures"] = SummaryField(out, "ckpt_failures").empty()
                               ? "-1"
                               : absl::StrCat(CkptFailuresAllAttempts(out));
-  (*kv)["lost_data"] = absl::StrCat(rep.lost_data);
-  (*kv)["partial_listed"] = absl::StrCat(rep.partial_listed);
-  (*kv)["orphan_deltas_listed"] = absl::StrCat(rep.orphan_deltas_listed);
-  (*kv)["chain_holes_listed"] = absl::StrCat(rep.chain_holes_listed);
-  (*kv)["verify_errors"] = absl::StrCat(rep.verify_errors);
-  (*kv)["pending_left"] = absl::StrCat(rep.pending_left);
-  (*kv)["recovery_points_seen"] = absl::StrCat(recovery_points.size());
-  (*kv)["recovery_points_lost"] = absl::StrCat(rep.recovery_points_lost);
+  PutCounts({{"lost_data", rep.lost_data}, {"partial_listed", rep.partial_listed},
+             {"orphan_deltas_listed", rep.orphan_deltas_listed},
+             {"chain_holes_listed", rep.chain_holes_listed}, {"verify_errors", rep.verify_errors},
+             {"pending_left", rep.pending_left},
+             {"recovery_points_seen", static_cast<int64_t>(recovery_points.size())},
+             {"recovery_points_lost", rep.recovery_points_lost}},
+            kv);
   // Ranks that disagreed on a checkpoint's spec (e.g. a DELTA's base_step) would show up as
   // "exists with another spec" refusals.
   size_t spec_conflicts = 0;
@@ -261,8 +257,8 @@ absl::Status RunTrainingDrill(const TrainingDrillConfig& c,
           : "0";
   // Resume fallbacks past damaged records, as rank 0 prints them ("recovery point fell back
   // from step N to step S: ...", docs/gockpt.md).
-  (*kv)["fallbacks"] = absl::StrCat(CountLines(resumed, "recovery point fell back") +
-                                    CountLines(out, "recovery point fell back"));
+  (*kv)["fallbacks"] = absl::StrCat(testing::CountLines(resumed, "recovery point fell back") +
+                                    testing::CountLines(out, "recovery point fell back"));
   (*kv)["recovery_lag_max"] = absl::StrCat(MaxRecoveryLag(out));
   (*kv)["steps_lost_resume"] = absl::StrCat(from >= 0 ? c.steps - from : c.steps);
   return absl::OkStatus();

@@ -44,6 +44,12 @@ client::CheckpointSpec DeltaSpec(const std::string& job, int64_t step, int64_t b
   return s;
 }
 
+// Begins the one-rank FULL of `t` and saves it.
+absl::Status SaveFull(client::Client* c, const TestShard& t) {
+  absl::Status s = c->BeginCheckpoint(FullSpec(t.spec.job, t.spec.step, 1));
+  return s.ok() ? c->SaveShard(t.spec, t.Refs()) : s;
+}
+
 TEST(ServiceStorage, SecondServerOnTheSamePortIsRefused) {
   TempDir dir;
   ServerProcess first(GRADSNAP_SERVER_BIN);
@@ -287,9 +293,7 @@ TEST(ServiceStorage, FullDiskIsResourceExhaustedForTheWriterAndReadsGoOn) {
   absl::Status s = c->SaveShard(fresh.spec, fresh.Refs());
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Other jobs are written (the failed write was that upload's only) and read.
-  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("other", 1, 1)).ok());
-  TestShard other = MakeShard("other", 1, 0, {1 << 20}, 3);
-  EXPECT_TRUE(c->SaveShard(other.spec, other.Refs()).ok());
+  EXPECT_TRUE(SaveFull(c.get(), MakeShard("other", 1, 0, {1 << 20}, 3)).ok());
   EXPECT_TRUE(c->Verify("other", 1).ok());
   // Reads keep being served; the old checkpoint verifies.
   EXPECT_TRUE(c->Verify("old", 1).ok());
@@ -379,8 +383,7 @@ TEST(ServiceStorage, RealFullFileSystem) {
   ServerProcess server(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(server.StartOn(data).ok());
   auto c = ConnectTo(server.address(), 3);
-  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("new", 1, 1)).ok());
-  EXPECT_TRUE(c->SaveShard(fresh.spec, fresh.Refs()).ok());
+  EXPECT_TRUE(SaveFull(c.get(), fresh).ok());
   EXPECT_TRUE(c->Verify("new", 1).ok());
   c.reset();
   EXPECT_EQ(server.Stop(), 0);
@@ -403,10 +406,7 @@ TEST(ServiceStorage, FullNodeServesRestoresFreesSpaceAndTakesWritesAgain) {
     ServerProcess server(GRADSNAP_SERVER_BIN);
     ASSERT_TRUE(server.StartOn(data).ok()) << server.Log();
     auto c = ConnectTo(server.address(), 1);
-    for (const TestShard* t : {&one, &two}) {
-      ASSERT_TRUE(c->BeginCheckpoint(FullSpec("job", t->spec.step, 1)).ok());
-      ASSERT_TRUE(c->SaveShard(t->spec, t->Refs()).ok());
-    }
+    for (const TestShard* t : {&one, &two}) ASSERT_TRUE(SaveFull(c.get(), *t).ok());
     c.reset();
     ASSERT_EQ(server.Stop(), 0);
   }
@@ -435,8 +435,7 @@ TEST(ServiceStorage, FullNodeServesRestoresFreesSpaceAndTakesWritesAgain) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got == two.Payload());
   EXPECT_TRUE(c->Verify("job", 1).ok());
-  absl::Status s = c->BeginCheckpoint(FullSpec("job", 3, 1));
-  if (s.ok()) s = c->SaveShard(three.spec, three.Refs());
+  absl::Status s = SaveFull(c.get(), three);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   ASSERT_TRUE(c->Delete("job", 1).ok());  // rm: 16 MiB back
   // A moment after: the kernel frees a file read through io_uring when it tears the ring down.
@@ -445,8 +444,7 @@ TEST(ServiceStorage, FullNodeServesRestoresFreesSpaceAndTakesWritesAgain) {
   notes.clear();
   ASSERT_TRUE(c->HealthNotes(&notes).ok());
   EXPECT_TRUE(notes.empty());
-  ASSERT_TRUE(c->BeginCheckpoint(FullSpec("job", 3, 1)).ok());
-  EXPECT_TRUE(c->SaveShard(three.spec, three.Refs()).ok());
+  EXPECT_TRUE(SaveFull(c.get(), three).ok());
   EXPECT_TRUE(c->Verify("job", 3).ok());
   c.reset();
   EXPECT_EQ(server.Stop(), 0);

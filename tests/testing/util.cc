@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <thread>
 
 #include "common/status.h"
 
@@ -152,6 +154,8 @@ void FillUpLeaving(const std::string& path, uint64_t leave_bytes) {
     if (!f.write(block.data(), static_cast<std::streamsize>(n)) || !f.flush()) break;
   }
 }
+
+void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 }  // namespace testing
 }  // namespace gradsnap

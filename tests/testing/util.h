@@ -68,6 +68,9 @@ void FillUp(const std::string& path);
 // `leave_bytes` free (page-granular: tmpfs frees and takes whole pages).
 void FillUpLeaving(const std::string& path, uint64_t leave_bytes);
 
+// Sleeps `ms` milliseconds (drills and tests that pace a fault).
+void SleepMs(int64_t ms);
+
 }  // namespace testing
 }  // namespace gradsnap
 
