@@ -6,8 +6,15 @@
 #include <cstdint>
 #include <initializer_list>
 #include <map>
+#include <memory>
+#include <random>
+#include <set>
 #include <string>
 #include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/client.h"
 
 namespace gradsnap {
 namespace drill {
@@ -31,6 +38,36 @@ struct DrillOptions {
 // temporary directories under `work_dir`; `quick`: CI-sized.
 DrillOptions TestDrillOptions(const std::string& bin_dir, const std::string& work_dir,
                               uint64_t seed, bool quick);
+
+// A shard the drill saves, with the bytes it wrote (to compare restores with).
+struct DrillShard {
+  client::ShardSpec spec;
+  std::vector<std::string> data;  // per tensor
+  std::vector<client::TensorRef> Refs() const;
+};
+
+// Three fp32 tensors of pseudo-random bytes from `rng`: `big` bytes (rounded down to 4), 4 KiB
+// and 8 bytes.
+DrillShard MakeDrillShard(const std::string& job, int64_t step, int32_t rank, uint64_t big,
+                          std::mt19937_64* rng);
+
+// The spec of a FULL (base < 0) or of a DELTA on `base`.
+client::CheckpointSpec DrillSpec(const std::string& job, int64_t step, int32_t world,
+                                 int64_t base = -1);
+
+// True when every tensor of `s` restores through `c` (RestoreTensor, verified) as written.
+bool RestoresAsWritten(client::Client* c, const DrillShard& s);
+
+// What a drill wrote of each checkpoint, by step (every rank).
+using WrittenShards = std::map<int64_t, std::vector<DrillShard>>;
+// Shards of `steps` in `written` whose restore (every tensor) fails or differs from the bytes
+// written: a store must serve what was saved, not merely what its footers say.
+int ShardsNotRestored(client::Client* c, const WrittenShards& written,
+                      const std::set<int64_t>& steps);
+
+// A remote client of `endpoints` (2 attempts, 20 s per call).
+absl::StatusOr<std::unique_ptr<client::Client>> ConnectDrill(
+    const std::vector<std::string>& endpoints);
 
 // Writes each count of `counts` into `kv` as its decimal string.
 void PutCounts(std::initializer_list<std::pair<const char*, int64_t>> counts,

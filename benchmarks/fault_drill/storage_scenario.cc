@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "benchmarks/fault_drill/holes_scenario.h"
 #include "client/client.h"
 #include "common/status.h"
 #include "storage/damage_util.h"
@@ -34,49 +35,18 @@ using client::CheckpointState;
 
 const char* const kJob = "drill";
 
-struct Shard {
-  client::ShardSpec spec;
-  std::vector<std::string> data;
-  std::vector<client::TensorRef> Refs() const {
-    std::vector<client::TensorRef> refs;
-    for (size_t i = 0; i < data.size(); ++i) refs.push_back({spec.tensors[i], data[i].data()});
-    return refs;
-  }
-};
+using Shard = DrillShard;
 
 Shard MakeShard(int64_t step, int32_t rank, uint64_t big, std::mt19937_64* rng) {
-  Shard s;
-  s.spec.job = kJob;
-  s.spec.step = step;
-  s.spec.rank = rank;
-  s.spec.metadata = absl::StrCat("rank ", rank);
-  for (uint64_t bytes : {big / 4 * 4, uint64_t{4096}, uint64_t{8}}) {
-    client::TensorSpec t;
-    t.name = absl::StrCat("t", s.spec.tensors.size());
-    t.dtype = DType::kF32;
-    t.shape = {static_cast<int64_t>(bytes / 4)};
-    t.byte_length = bytes;
-    std::string d(bytes, '\0');
-    for (size_t i = 0; i + 8 <= d.size(); i += 8) {
-      uint64_t x = (*rng)();
-      std::memcpy(d.data() + i, &x, 8);
-    }
-    s.spec.tensors.push_back(t);
-    s.data.push_back(std::move(d));
-  }
-  return s;
+  return MakeDrillShard(kJob, step, rank, big, rng);
 }
 
 CheckpointSpec Spec(int64_t step, int32_t world, int64_t base = -1) {
-  return {kJob, step, base < 0 ? CheckpointKind::kFull : CheckpointKind::kDelta, base, world, ""};
+  return DrillSpec(kJob, step, world, base);
 }
 
 absl::StatusOr<std::unique_ptr<client::Client>> Connect(const std::string& address) {
-  client::ClientOptions o;
-  o.endpoints = {address};
-  o.max_attempts = 2;
-  o.rpc_timeout_ms = 20000;
-  return client::Client::Connect(o);
+  return ConnectDrill({address});
 }
 
 // Committed DELTAs listed without their committed base FULL.
@@ -154,27 +124,7 @@ int ChainHoles(const std::vector<CheckpointInfo>& list) {
 }
 
 // What the round wrote of each committed checkpoint, by step and rank, to compare restores with.
-using Written = std::map<int64_t, std::vector<Shard>>;
-
-// Shards of `written` whose restore (every tensor, through the server) fails or differs from the
-// bytes written: the rebuilt catalog must serve what was saved, not merely what its footers say.
-int BytesMismatched(client::Client* c, const Written& written, const std::set<int64_t>& steps) {
-  int n = 0;
-  for (int64_t step : steps) {
-    for (const Shard& s : written.at(step)) {
-      bool same = true;
-      for (size_t i = 0; i < s.data.size() && same; ++i) {
-        std::string got(s.data[i].size(), '\0');
-        same = c->RestoreTensor(kJob, step, s.spec.rank, s.spec.tensors[i].name, got.data(),
-                                got.size())
-                   .ok() &&
-               got == s.data[i];
-      }
-      n += !same;
-    }
-  }
-  return n;
-}
+using Written = WrittenShards;
 
 // Segment files of the data directory `data`, those set aside in quarantine/ included.
 int StoredFiles(const std::string& data) {
@@ -314,7 +264,7 @@ absl::Status Round(const DrillOptions& o, int round, Totals* t) {
     t->chain_holes += ChainHoles(listed);
     std::set<int64_t> after = Committed(listed);
     for (int64_t step : survive_rebuild) t->lost += after.count(step) == 0;
-    t->bytes_mismatched += BytesMismatched(c.get(), written, survive_rebuild);
+    t->bytes_mismatched += ShardsNotRestored(c.get(), written, survive_rebuild);
     for (int64_t step : after) {
       ++t->listed;
       t->verified += c->Verify(kJob, step).ok();
@@ -387,6 +337,7 @@ absl::Status RunStorageScenario(const DrillOptions& options,
     (*kv)["full_disk_resource_exhausted"] = absl::StrCat(exhausted);
     (*kv)["full_disk_reads_served"] = absl::StrCat(reads);
   }
+  RETURN_IF_ERROR(RunHolesScenario(options, kv));
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   PutCounts({{"segments_deleted_without_catalog", t.deleted}, {"server_aborts", t.aborts},
@@ -414,7 +365,9 @@ bool StorageTargetsMet(const std::map<std::string, std::string>& kv, std::string
       {"rebuild_failures", "0"},
       {"second_server_refused", "1"},            {"restart_lost_checkpoints", "0"},
       {"rebuilt_bytes_mismatched", "0"},         {"rebuild_chain_holes", "0"},
-      {"resave_damage_missed", "0"},             {"full_disk_drill", "ran"}};
+      {"resave_damage_missed", "0"},             {"full_disk_drill", "ran"},
+      {"stale_catalog_quarantined", "0"},        {"gc_lost_fallback", "0"},
+      {"rebuild_fencing_lost", "0"}};
   bool ok = true;
   for (const auto& [k, want] : targets) {
     auto it = kv.find(k);

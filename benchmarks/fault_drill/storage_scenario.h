@@ -33,6 +33,8 @@ namespace drill {
 // rebuild_chain_holes (0: a DELTA listed after the rebuild without the one before it, DELTA 62
 // being damaged first), resave_damage_missed (0: a rank damaged on disk and saved again inside a
 // PENDING checkpoint, not refused DATA_LOSS), storage_rounds_completed (= storage_rounds).
+// Then the checks of holes_scenario.h: stale_catalog_quarantined, gc_lost_fallback,
+// rebuild_fencing_lost (0 each).
 // A failure to run (a server that does not start, a client error) is returned as a Status.
 absl::Status RunStorageScenario(const DrillOptions& options,
                                 std::map<std::string, std::string>* kv);
