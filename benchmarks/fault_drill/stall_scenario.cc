@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "benchmarks/common/bench_util.h"
 #include "common/status.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_process.h"
@@ -107,18 +108,30 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
   RETURN_IF_ERROR(server.StartOn(data, absl::StrCat("127.0.0.1:", port)));
   testing::ChildProcess job;
   RETURN_IF_ERROR(job.Start(JobArgs(c, server.address()), dir + "/job.log"));
+  const auto job_start = std::chrono::steady_clock::now();
+  double server_cpu_share_before = 0;
 
   int kills = 0;
   int64_t first = -1, last = -1;  // the steps during the fault
+  // CPU seconds the server processes used while the fault lasted, over its wall time: on this
+  // one host the server shares the cores with the ranks (a storage node would not).
+  double server_cpu_s = 0, fault_s = 0;
   if (WaitForStep(job, c.fault_from_step)) {
     first = LastStep(job) + 1;
+    const double cpu_at_start = std::max(0.0, bench::CpuSecondsOf(server.pid()));
+    const auto fault_start = std::chrono::steady_clock::now();
+    const double before_s = std::chrono::duration<double>(fault_start - job_start).count();
+    server_cpu_share_before = before_s > 0 ? cpu_at_start / before_s : 0;
     if (c.fault == StallFault::kFullDisk) {
       testing::FillUpLeaving(ballast, kLeaveFreeBytes);
       WaitForStep(job, c.fault_to_step);
+      server_cpu_s = std::max(0.0, bench::CpuSecondsOf(server.pid()) - cpu_at_start);
       std::filesystem::remove(ballast, ec);
     } else {
       std::mt19937_64 rng(c.seed);
+      server_cpu_s = -cpu_at_start;
       while (LastStep(job) < c.fault_to_step && job.Poll() < 0) {
+        server_cpu_s += std::max(0.0, bench::CpuSecondsOf(server.pid()));
         server.Kill();
         ++kills;
         RETURN_IF_ERROR(server.Restart());
@@ -126,6 +139,7 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
       }
     }
     last = LastStep(job);
+    fault_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - fault_start).count();
   }
   const int train_exit = job.Wait();
   const std::string out = job.Output();
@@ -142,6 +156,9 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
   (*kv)[p + "max_stall_s"] = absl::StrFormat("%.3f", during.max_stall_ms / 1000);
   (*kv)[p + "stall_s_before"] = absl::StrFormat("%.3f", before.max_stall_ms / 1000);
   (*kv)[p + "fault_steps"] = absl::StrCat(during.steps);
+  (*kv)[p + "server_cpu_share"] =
+      absl::StrFormat("%.3f", fault_s > 0 ? std::max(0.0, server_cpu_s) / fault_s : 0.0);
+  (*kv)[p + "server_cpu_share_before"] = absl::StrFormat("%.3f", server_cpu_share_before);
   (*kv)[p + "train_exit"] = absl::StrCat(train_exit);
   (*kv)[p + "params_match"] = absl::StrCat(SummaryField(out, "params_sha256") == want_sha ? 1 : 0);
   (*kv)[p + "ckpt_failures"] = SummaryField(out, "ckpt_failures");

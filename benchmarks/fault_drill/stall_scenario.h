@@ -18,7 +18,9 @@
 // job's params_sha256 equals an uninterrupted run's), ckpt_failures (> 0: the fault was seen),
 // ckpt_skipped, fault_steps (steps during the fault), recovered (1: a checkpoint after the
 // fault committed: the job's final recovery point is past fault_to_step), server_kills
-// (stall_outage).
+// (stall_outage), server_cpu_share (CPU seconds of the server processes during the fault / its
+// wall seconds: on one host the server shares the ranks' cores, as a storage node would not),
+// server_cpu_share_before (the same from the job's start to the fault, start-up included).
 #ifndef GRADSNAP_BENCHMARKS_FAULT_DRILL_STALL_SCENARIO_H_
 #define GRADSNAP_BENCHMARKS_FAULT_DRILL_STALL_SCENARIO_H_
 
