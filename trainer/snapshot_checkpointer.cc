@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/ordered_worker.h"
 #include "common/status.h"
@@ -224,7 +225,11 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
   absl::Status Finish() override {
+    // The engine's Finish copies what is left of a window that the run's end cut short: stall
+    // that FULL causes (printed as finish_ms), apart from the backlog's drain that follows.
+    Stopwatch finish;
     absl::Status s = engine_->Finish();
+    const double finish_ms = finish.ElapsedMillis();
     sink_->Drain();  // the engine handed every record over; the backlog's persists finish
     if (s.ok()) s = guard_->fatal();
     gpu_snapshot::EngineCounters c = engine_->counters();
@@ -233,14 +238,15 @@ class SnapshotCheckpointer : public Checkpointer {
       std::printf(
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
           "failures=%lld deltas_skipped=%lld untried=%lld backlog_bytes=%llu "
-          "backlog_peak_bytes=%llu "
+          "backlog_peak_bytes=%llu finish_ms=%.1f "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
           gpu_snapshot::SnapshotModeName(o_.mode), o_.grad_log ? 1 : 0,
           static_cast<long long>(h.fulls), static_cast<long long>(c.deferred),
           static_cast<long long>(h.deltas), static_cast<long long>(h.failures),
           static_cast<long long>(h.skipped), static_cast<long long>(h.untried),
           static_cast<unsigned long long>(sink_->backlog().budget()),
-          static_cast<unsigned long long>(sink_->backlog().usage().peak), c.replay_ms_total,
+          static_cast<unsigned long long>(sink_->backlog().usage().peak), finish_ms,
+          c.replay_ms_total,
           engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /
               static_cast<double>(engine_->state_bytes()));

@@ -20,8 +20,12 @@
 //                                    the throughput ratio a machine with no spare core would
 //                                    see, and a figure outside load does not disturb much
 // Stall is the time the training loop spends inside the checkpointing hooks during steps
-// (the per-step stall_ms), excluding the final drain; stall per FULL divides it by the FULL
-// checkpoints the run started. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
+// (the per-step stall_ms) plus the engine's Finish at the run's end (the summary's finish_ms:
+// where gockpt copies the rest of a window the end cut short, so that FULL's stall is counted
+// whole), excluding the backlog's final drain; stall per FULL divides it by the FULL
+// checkpoints the run started. A run without step lines or a tokens_per_s summary, or a sync or
+// async stall of zero (nothing to compare with), fails the bench (exit 1): a ratio is never
+// printed from a run that was not measured. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,7 +76,8 @@ struct Mode {
 struct RunStats {
   bool ok = false;
   double tokens_per_s = 0;
-  double stall_ms = 0;   // sum of per-step stall_ms
+  double stall_ms = 0;   // sum of per-step stall_ms, plus the engine's finish_ms
+  int steps = 0;         // step lines parsed
   int fulls = 0;         // FULL checkpoints started
   double host_mem_ratio = 0;
   double cpu_s = 0;      // user + system CPU seconds of the whole run (all threads)
@@ -93,10 +98,15 @@ RunStats Parse(const std::string& out, SnapshotMode mode) {
   std::regex tps_re(R"(tokens_per_s=(\S+))");
   std::regex start_re(R"(^ckpt step \d+ \S+ start window=(\d+))");
   std::regex mem_re(R"(host_mem_ratio=(\S+))");
+  std::regex finish_re(R"(^ckpt summary .* finish_ms=(\S+))");
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
-    if (std::regex_search(line, m, step_re)) r.stall_ms += std::stod(m[1]);
+    if (std::regex_search(line, m, step_re)) {
+      r.stall_ms += std::stod(m[1]);
+      ++r.steps;
+    }
+    if (std::regex_search(line, m, finish_re)) r.stall_ms += std::stod(m[1]);
     if (std::regex_search(line, m, tps_re)) {
       r.tokens_per_s = std::stod(m[1]);
       r.ok = true;
@@ -135,7 +145,7 @@ RunStats RunMode(const std::string& train, const Mode& mode, const std::string& 
   std::string text = Slurp(out);
   RunStats r = Parse(text, mode.mode);
   r.cpu_s = cpu() - cpu0;
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r.ok) {
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !r.ok || r.steps == 0) {
     r.ok = false;
     r.err = text.substr(text.size() > 2000 ? text.size() - 2000 : 0);
   }
@@ -273,6 +283,14 @@ int main(int argc, char** argv) {
   }
   const double sync_stall = stall_per_full("sync");
   const double async_stall = stall_per_full("async");
+  if (sync_stall <= 0 || async_stall <= 0) {
+    std::fprintf(stderr,
+                 "snapshot_bench: a stall of zero per FULL (sync %.3f ms, async %.3f ms): "
+                 "nothing to compare with; no ratio printed\n",
+                 sync_stall, async_stall);
+    fs::remove_all(dir);
+    return 1;
+  }
   const double o_stall = std::max(0.1, stall_per_full("gockpt"));
   std::printf(
       "device=%s throughput_ratio_gockpt=%.4f throughput_ratio_gockpt_gradlog=%.4f "
@@ -282,9 +300,8 @@ int main(int argc, char** argv) {
       "cpu_ratio_gockpt_gradlog=%.4f\n",
       absl::GetFlag(FLAGS_device).c_str(), best_tps("gockpt") / best_tps("none"),
       best_tps("gockpt_gradlog") / best_tps("none"),
-      sync_stall > 0 ? stall_per_full("gockpt") / sync_stall : 0,
-      async_stall > 0 ? stall_per_full("gockpt") / async_stall : 0,
-      sync_stall > 0 ? async_stall / sync_stall : 0, runs["gockpt"][0].window,
+      stall_per_full("gockpt") / sync_stall, stall_per_full("gockpt") / async_stall,
+      async_stall / sync_stall, runs["gockpt"][0].window,
       std::max(0.1, stall_per_full("gockpt_noO")) / o_stall,
       have_bytes ? per_delta / per_full : 0, runs["gockpt"][0].host_mem_ratio,
       runs["gockpt_gradlog"][0].host_mem_ratio, cpu("none") / cpu("gockpt"),
