@@ -1,5 +1,6 @@
 #include "common/command_line.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -15,15 +16,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/config_file.h"
+#include "common/small_file.h"
 
 namespace gradsnap {
 
 CommandLine::CommandLine(int argc, char** argv, const char* usage,
                          std::vector<std::string> flag_files)
-    : typed_(argv, argv + argc), argv_(argc, argv) {
+    : typed_(argv, argv + argc), flag_files_(std::move(flag_files)), argv_(argc, argv) {
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
-  config.contains_help_flags = [files = std::move(flag_files)](absl::string_view f) {
+  config.contains_help_flags = [files = flag_files_](absl::string_view f) {
     for (const std::string& file : files) {
       if (f.find(file) != absl::string_view::npos) return true;
     }
@@ -103,16 +106,60 @@ std::string FlagArgumentsError(const std::vector<std::string>& args) {
 
 std::string CommandLine::FlagError() const { return FlagArgumentsError(typed_); }
 
-std::vector<char*> CommandLine::Parse(int bad_flag_exit) {
-  const std::string error = FlagError();
-  if (!error.empty()) {
-    std::string program = typed_.empty() ? "gradsnap" : typed_[0];
-    program = program.substr(program.rfind('/') + 1);
-    std::fprintf(stderr, "%s: %s (see %s --help)\n", program.c_str(), error.c_str(),
-                 program.c_str());
-    std::exit(bad_flag_exit);
+std::string CommandLine::ConfigError(const std::string& path, absl::string_view config_flag,
+                                     std::vector<std::string>* out) const {
+  absl::StatusOr<std::string> text = ReadSmallFile(path, "config file");
+  if (!text.ok()) return std::string(text.status().message());
+  absl::StatusOr<std::vector<ConfigEntry>> entries = ParseConfigText(*text);
+  if (!entries.ok()) return absl::StrCat(path, ": ", entries.status().message());
+  const auto own = [this](const absl::CommandLineFlag& flag) {
+    for (const std::string& file : flag_files_) {
+      if (flag.Filename().find(file) != std::string::npos) return true;
+    }
+    return false;
+  };
+  for (const ConfigEntry& e : *entries) {
+    const std::string where = absl::StrCat(path, ":", e.line, ": ");
+    const std::string name = absl::StrReplaceAll(e.key, {{"-", "_"}});
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr || !own(*flag)) return absl::StrCat(where, "unknown key '", e.key, "'");
+    if (name == config_flag) return absl::StrCat(where, "a config file cannot name another");
+    std::string error;
+    // Sets the flag; ParseCommandLine sets it again, then the command line's value over it.
+    if (!flag->ParseFrom(e.value, &error)) {
+      return absl::StrCat(where, "bad value '", e.value, "' for key '", e.key, "'");
+    }
+    out->push_back(absl::StrCat("--", name, "=", e.value));
   }
-  return absl::ParseCommandLine(argv_.argc(), argv_.argv());
+  return "";
+}
+
+void CommandLine::ExitWith(const std::string& error, int code) const {
+  std::string program = typed_.empty() ? "gradsnap" : typed_[0];
+  program = program.substr(program.rfind('/') + 1);
+  std::fprintf(stderr, "%s: %s (see %s --help)\n", program.c_str(), error.c_str(),
+               program.c_str());
+  std::exit(code);
+}
+
+std::vector<char*> CommandLine::Parse(int bad_flag_exit, absl::string_view config_flag) {
+  const std::string error = FlagError();
+  if (!error.empty()) ExitWith(error, bad_flag_exit);
+  absl::CommandLineFlag* config =
+      config_flag.empty() ? nullptr : absl::FindCommandLineFlag(config_flag);
+  // FlagError has set the flags from the command line: the last --config given.
+  const std::string path = config != nullptr ? config->CurrentValue() : "";
+  if (path.empty()) return absl::ParseCommandLine(argv_.argc(), argv_.argv());
+  std::vector<std::string> expanded = {typed_.empty() ? std::string("gradsnap") : typed_[0]};
+  if (std::string e = ConfigError(path, config_flag, &expanded); !e.empty()) {
+    ExitWith(e, bad_flag_exit);
+  }
+  expanded.insert(expanded.end(), typed_.begin() + std::min<size_t>(1, typed_.size()),
+                  typed_.end());
+  std::vector<char*> ptrs;
+  for (std::string& a : expanded) ptrs.push_back(a.data());
+  expanded_ = std::make_unique<UnderscoredArgv>(static_cast<int>(ptrs.size()), ptrs.data());
+  return absl::ParseCommandLine(expanded_->argc(), expanded_->argv());
 }
 
 }  // namespace gradsnap

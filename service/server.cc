@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
@@ -80,6 +81,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->service_ = std::make_unique<StorageService>(s->engine_.get(), s->auth_.get(),
                                                  s->limiter_.get(), s->read_limiter_.get(),
                                                  s->cache_.get(), so);
+  // grpc.health.v1.Health for probes and load balancers (gRPC's implementation); a global
+  // setting read by the builder below.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   // One server per port: without this gRPC sets SO_REUSEPORT, and a second server on the same
   // port would silently take half of the connections.
@@ -112,6 +116,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         " (address in use by another server, or not a local address)"));
   }
   s->address_ = absl::StrCat(host, ":", s->port_);
+  if (s->grpc_->GetHealthCheckService() == nullptr) {
+    return absl::InternalError("gRPC built without its health checking service");
+  }
+  s->RefreshHealth();  // the first answer is right before the ready line is printed
+  s->health_thread_ = std::thread([server = s.get()] {
+    while (!server->health_stop_.WaitForNotificationWithTimeout(
+        absl::Milliseconds(kHealthRefreshMs))) {
+      server->RefreshHealth();
+    }
+  });
   if (!options.metrics_listen.empty()) {
     s->metrics_ = std::make_unique<MetricsHttpServer>();
     storage::Engine* engine = s->engine_.get();
@@ -122,9 +136,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return s;
 }
 
+void Server::RefreshHealth() {
+  const bool writes = !engine_->WriteSpace().writes_refused;
+  grpc::HealthCheckServiceInterface* health = grpc_->GetHealthCheckService();
+  health->SetServingStatus(kHealthReadService, true);
+  health->SetServingStatus(kHealthWriteService, writes);
+  health->SetServingStatus("", writes);  // last: who sees it change sees the others set
+}
+
 void Server::Shutdown(absl::Duration grace) {
   if (stopped_) return;
   stopped_ = true;
+  if (health_thread_.joinable()) {
+    health_stop_.Notify();
+    health_thread_.join();
+  }
+  // NOT_SERVING for every name from now on (Watch callers hear it), before calls drain.
+  if (grpc_->GetHealthCheckService() != nullptr) grpc_->GetHealthCheckService()->Shutdown();
   service_->BeginShutdown();
   grpc_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   grpc_->Wait();

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gradsnap/tls.h"
 #include "grpcpp/server.h"
@@ -61,6 +63,19 @@ struct ServerOptions {
   StorageServiceOptions service;
 };
 
+// The gRPC health checking service (grpc.health.v1.Health, Check and Watch; gRPC's own) answers
+// for these names (docs/deploy.md, "Health probes"):
+//   "" and "gradsnap.v1.Storage": SERVING while the node takes checkpoints; NOT_SERVING while it
+//     refuses writes (below its catalog's free-space reserve: WriteSpace) and from the start of a
+//     shutdown.
+//   "gradsnap.v1.Storage/read": SERVING while the node serves reads (also when it refuses
+//     writes); NOT_SERVING from the start of a shutdown.
+// The write state is read from the disk every kHealthRefreshMs, so the answer follows free space
+// coming and going without a restart.
+inline constexpr char kHealthWriteService[] = "gradsnap.v1.Storage";
+inline constexpr char kHealthReadService[] = "gradsnap.v1.Storage/read";
+inline constexpr int kHealthRefreshMs = 1000;
+
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
@@ -80,6 +95,8 @@ class Server {
 
  private:
   Server() = default;
+  // Sets the health services from WriteSpace() until health_stop_ is notified.
+  void RefreshHealth();
 
   std::string address_;
   int port_ = 0;
@@ -91,6 +108,8 @@ class Server {
   std::unique_ptr<StorageService> service_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_;
+  absl::Notification health_stop_;
+  std::thread health_thread_;
   bool stopped_ = false;
 };
 

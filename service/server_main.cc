@@ -1,5 +1,7 @@
 // gradsnap-server: the storage node (DESIGN.md section 6, docs/protocol.md).
 //
+// Flags come from the command line and from --config FILE (`key = value` lines, docs/deploy.md);
+// the command line wins. A bad flag, key or value: one line on stderr, exit 2.
 // Prints exactly one line "gradsnap-server listening on HOST:PORT" on stdout when ready; a node
 // below its catalog's free-space reserve adds " (writes refused: ...)" after the address.
 // SIGTERM or SIGINT: stop accepting, let running calls finish (up to --shutdown-grace-ms),
@@ -21,6 +23,9 @@
 #include "service/server.h"
 #include "storage/rebuild.h"
 
+ABSL_FLAG(std::string, config, "",
+          "Config file: one flag per line as `key = value` (the flag's name without dashes), "
+          "'#' comments; flags on the command line override it (docs/deploy.md). Default: none.");
 ABSL_FLAG(std::string, data_dir, "", "Directory of the storage engine (created if missing). Required.");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "HOST:PORT to serve gRPC on; port 0 picks a free one.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain; with --tls-key enables TLS. Default: plaintext.");
@@ -62,23 +67,29 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// A flag value the server cannot use (also from --config): exit 2, like an unknown flag.
+int BadFlag(const std::string& msg) {
+  std::fprintf(stderr, "gradsnap-server: %s\n", msg.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   gradsnap::CommandLine command_line(  // --data-dir is --data_dir
       argc, argv,
-      "gradsnap-server --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
+      "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
       "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main"});
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
   // gRPC threads (common/malloc_tuning.h).
   gradsnap::TuneMallocForStreaming(/*few_arenas=*/true);
-  const std::vector<char*> positional = command_line.Parse(/*bad_flag_exit=*/1);
+  const std::vector<char*> positional = command_line.Parse(/*bad_flag_exit=*/2, "config");
   // A word without a flag (a value whose flag was forgotten, "--listen" left out) is an error,
   // not ignored: the server would start somewhere else than meant.
   if (positional.size() > 1) {
-    return Fail(std::string("unexpected argument: ") + positional[1] + " (see --help)");
+    return BadFlag(std::string("unexpected argument: ") + positional[1] + " (see --help)");
   }
   // Block the stop signals in every thread (gRPC's included); main waits for them below.
   sigset_t stop;
@@ -90,22 +101,22 @@ int main(int argc, char** argv) {
 
   gradsnap::service::ServerOptions o;
   o.engine.data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (o.engine.data_dir.empty()) return Fail("--data-dir is required (see --help)");
+  if (o.engine.data_dir.empty()) return BadFlag("--data-dir is required (see --help)");
   o.engine.zstd_level = absl::GetFlag(FLAGS_zstd_level);
   o.engine.prefault_writers = absl::GetFlag(FLAGS_prefault_uploads);
   if (o.engine.prefault_writers < 0 || o.engine.prefault_writers > 10) {
-    return Fail("--prefault-uploads must be 0..10");
+    return BadFlag("--prefault-uploads must be 0..10");
   }
   o.engine.prefault_read_ahead = absl::GetFlag(FLAGS_prefault_read_ahead);
   const int durable_mib = absl::GetFlag(FLAGS_durable_every_mib);
-  if (durable_mib < 1 || durable_mib > 4096) return Fail("--durable-every-mib must be 1..4096");
+  if (durable_mib < 1 || durable_mib > 4096) return BadFlag("--durable-every-mib must be 1..4096");
   o.service.flush_bytes = static_cast<uint64_t>(durable_mib) << 20;
   if (!gradsnap::ParseDigestAlgo(absl::GetFlag(FLAGS_digest), &o.engine.digest)) {
-    return Fail("--digest must be xxh3 or sha256");
+    return BadFlag("--digest must be xxh3 or sha256");
   }
   o.engine.quarantine_grace_seconds = absl::GetFlag(FLAGS_quarantine_grace_seconds);
   o.engine.catalog_reserve_bytes = absl::GetFlag(FLAGS_catalog_reserve_bytes);
-  if (o.engine.quarantine_grace_seconds < 0) return Fail("--quarantine-grace-seconds must be >= 0");
+  if (o.engine.quarantine_grace_seconds < 0) return BadFlag("--quarantine-grace-seconds must be >= 0");
   if (absl::GetFlag(FLAGS_rebuild_catalog)) {
     auto report = gradsnap::storage::RebuildCatalog(o.engine, /*dry_run=*/false);
     if (!report.ok()) return Fail(std::string(report.status().message()));
@@ -127,10 +138,10 @@ int main(int argc, char** argv) {
   o.cache_bytes = absl::GetFlag(FLAGS_cache_bytes);
   o.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
-  if (o.keepalive_ms < 0) return Fail("--keepalive-ms must be >= 0");
+  if (o.keepalive_ms < 0) return BadFlag("--keepalive-ms must be >= 0");
   o.service.stream_idle_ms = absl::GetFlag(FLAGS_stream_idle_ms);
-  if (o.service.stream_idle_ms < 0) return Fail("--stream-idle-ms must be >= 0");
-  if (absl::GetFlag(FLAGS_shutdown_grace_ms) < 0) return Fail("--shutdown-grace-ms must be >= 0");
+  if (o.service.stream_idle_ms < 0) return BadFlag("--stream-idle-ms must be >= 0");
+  if (absl::GetFlag(FLAGS_shutdown_grace_ms) < 0) return BadFlag("--shutdown-grace-ms must be >= 0");
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!absl::GetFlag(FLAGS_auth_secret_file).empty()) {
     auto secret = gradsnap::ReadSecretFile(absl::GetFlag(FLAGS_auth_secret_file));
