@@ -63,6 +63,7 @@ ABSL_FLAG(std::string, ckpt_mode, "none", "none, sync, async or gockpt. Default:
 ABSL_FLAG(int64_t, ckpt_every, 0, "FULL checkpoint every N steps; 0 = never. Default: 0");
 ABSL_FLAG(bool, grad_log, false, "Stream per-step gradient DELTA records (gockpt builds). Default: false");
 ABSL_FLAG(std::string, storage, "", "gradsnap-server endpoints host:port[,host:port...]. Default: empty = embedded engine in --ckpt_dir");
+ABSL_FLAG(int, replicas, 1, "Copies of each checkpoint shard across the --storage endpoints (rendezvous hashing), 1..16 and at most their number; a restore reads any live copy. Default: 1");
 ABSL_FLAG(std::string, ckpt_dir, "checkpoints", "Embedded engine directory. Default: checkpoints");
 ABSL_FLAG(std::string, job, "job", "Job name in the store. Default: job");
 ABSL_FLAG(std::string, token, "", "Bearer token for --storage. Default: empty");
@@ -151,6 +152,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
           "--storage must be host:port[,host:port...] with no empty entry, not '", storage, "'"));
     }
   }
+  o.replicas = absl::GetFlag(FLAGS_replicas);
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
   o.token = absl::GetFlag(FLAGS_token);
   ASSIGN_OR_RETURN(o.resume, gradsnap::trainer::ParseResume(absl::GetFlag(FLAGS_resume)));
@@ -245,6 +247,13 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
       return Fail("--storage endpoint '" + e + "' is not HOST:PORT");
     }
   }
+  if (o.replicas < 1 || o.replicas > 16) return Fail("--replicas must be in [1, 16]");
+  if (o.replicas > 1 && o.replicas > static_cast<int>(o.storage.size())) {
+    return Fail(o.storage.empty()
+                    ? "--replicas applies to --storage endpoints only"
+                    : absl::StrCat("--replicas ", o.replicas, " needs at least as many --storage "
+                                   "endpoints (", o.storage.size(), " given)"));
+  }
   if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
   if (nnodes > 1 && absl::GetFlag(FLAGS_rdzv).empty()) {
     return Fail("--rdzv DIR (shared by all nodes) is required when --nnodes > 1");
@@ -286,7 +295,7 @@ int main(int argc, char** argv) {
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
       "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
-      "[--ckpt_dir DIR | --storage H:P] [--resume none|latest|STEP | --init_from DIR] "
+      "[--ckpt_dir DIR | --storage H:P[,H:P...] [--replicas R]] [--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.",
       {"train_main", "device_flags"});
@@ -310,7 +319,14 @@ int main(int argc, char** argv) {
     }
     if (o.world_size > 1 && o.rdzv_dir.empty()) return Fail("--rdzv_dir is required");
     if (o.world_size > 1) {
-      if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
+      if (o.replicas < 1 || o.replicas > 16) return Fail("--replicas must be in [1, 16]");
+  if (o.replicas > 1 && o.replicas > static_cast<int>(o.storage.size())) {
+    return Fail(o.storage.empty()
+                    ? "--replicas applies to --storage endpoints only"
+                    : absl::StrCat("--replicas ", o.replicas, " needs at least as many --storage "
+                                   "endpoints (", o.storage.size(), " given)"));
+  }
+  if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
     }
     const absl::Status s = gradsnap::trainer::RunRank(o);
     if (s.ok()) return 0;

@@ -75,6 +75,7 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   co.endpoints = o.storage;
   co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
   co.token = o.token;
+  co.replicas = o.replicas;
   // Each store call gives up after a few quick retries; the persist policy
   // (persist_guard.h) tries each persist once and backs off across checkpoints.
   co.max_attempts = 4;

@@ -65,6 +65,7 @@ struct TrainOptions {
   // Checkpointing.
   CheckpointerOptions ckpt;
   std::vector<std::string> storage;  // --storage endpoints; empty = embedded
+  int replicas = 1;  // copies of each shard across the storage endpoints. Default: 1
   std::string ckpt_dir = "checkpoints";
   std::string token;
   ResumeFrom resume;             // --resume none | latest | STEP. Default: none
