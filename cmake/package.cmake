@@ -48,4 +48,5 @@ include(CPack)
 
 add_test(NAME debian_packages
   COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/check-packages.sh ${CMAKE_BINARY_DIR})
-set_tests_properties(debian_packages PROPERTIES LABELS install TIMEOUT 300)
+# 77: everything passed but systemd-analyze verify, which could not run (the reason is printed).
+set_tests_properties(debian_packages PROPERTIES LABELS install TIMEOUT 300 SKIP_RETURN_CODE 77)

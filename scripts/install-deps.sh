@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libgloo-dev libopenblas-dev
   openssl  # the openssl command: throwaway TLS certificates in tests
+  file  # CPack's Debian packages (dependencies found by dpkg-shlibdeps; scripts/check-packages.sh)
 )
 
 missing=()
