@@ -157,6 +157,10 @@ TEST(ServiceDeploy, HealthServiceServingUntilShutdown) {
   grpc::Status error;
   EXPECT_EQ(Check(stub.get(), "no.such.Service", &error), HealthResponse::UNKNOWN);
   EXPECT_EQ(error.error_code(), grpc::StatusCode::NOT_FOUND) << error.error_message();
+  {
+    Watcher unknown(stub.get(), "no.such.Service");
+    EXPECT_EQ(unknown.Next(), HealthResponse::SERVICE_UNKNOWN);
+  }
   Watcher watch(stub.get(), "");
   Watcher watch_read(stub.get(), "gradsnap.v1.Storage/read");
   EXPECT_EQ(watch.Next(), HealthResponse::SERVING);
