@@ -59,6 +59,29 @@ function(gradsnap_test name)
     DISCOVERY_TIMEOUT 60)
 endfunction()
 
+# gradsnap_grpc_proto(TARGET PROTO OUT_DIR)
+# The C++ messages and gRPC stubs of PROTO (protoc and grpc_cpp_plugin, found in proto/) as the
+# OBJECT library TARGET; OUT_DIR lies under ${CMAKE_BINARY_DIR}/generated, which TARGET puts on
+# its users' include path (proto/gradsnap.pb.h). Generated code is not ours to fix: its warnings
+# stay quiet.
+function(gradsnap_grpc_proto target proto out)
+  get_filename_component(name ${proto} NAME_WE)
+  get_filename_component(dir ${proto} DIRECTORY)
+  add_custom_command(
+    OUTPUT ${out}/${name}.pb.cc ${out}/${name}.pb.h ${out}/${name}.grpc.pb.cc
+           ${out}/${name}.grpc.pb.h
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
+    COMMAND ${GRADSNAP_PROTOC} --proto_path=${dir} --cpp_out=${out} --grpc_out=${out}
+            --plugin=protoc-gen-grpc=${GRADSNAP_GRPC_CPP_PLUGIN} ${proto}
+    DEPENDS ${proto}
+    COMMENT "protoc ${name}.proto"
+    VERBATIM)
+  add_library(${target} OBJECT ${out}/${name}.pb.cc ${out}/${name}.grpc.pb.cc)
+  target_link_libraries(${target} PUBLIC gRPC::grpc++ protobuf::libprotobuf)
+  target_include_directories(${target} PUBLIC ${CMAKE_BINARY_DIR}/generated)
+  target_compile_options(${target} PRIVATE -w)
+endfunction()
+
 # CUDA is found, not required (GRADSNAP_CUDA=AUTO). Sets GRADSNAP_HAVE_CUDA.
 macro(gradsnap_setup_cuda)
   set(GRADSNAP_HAVE_CUDA OFF)

@@ -1,6 +1,7 @@
 // How every gradsnap main() parses its Abseil flags: the usage message, --help listing only the
 // program's own flags (not Abseil's or gRPC's), dash spellings (--data-dir) accepted as the
-// flag names' underscores (flag_names.h), and optionally a config file of flags (config_file.h). Target gradsnap::command_line: only binaries link it,
+// flag names' underscores (flag_names.h), and optionally a config file of flags
+// (config_file.h). Target gradsnap::command_line: only binaries link it,
 // so the libraries stay free of Abseil's flag parser.
 //
 // THREAD SAFETY: not thread-safe; build one in main() before any other thread starts.

@@ -417,3 +417,28 @@ TEST(KeyValueText, VersionLineThenKeyValueLines) {
   EXPECT_TRUE(absl::IsDataLoss(gradsnap::ParseKeyValueText("fmt v2\na=1\n", "fmt v1").status()));
   EXPECT_TRUE(absl::IsDataLoss(gradsnap::ParseKeyValueText("", "fmt v1").status()));
 }
+
+#include "common/config_file.h"
+
+TEST(ConfigFile, KeyValueLinesCommentsAndErrors) {
+  auto e = gradsnap::ParseConfigText(
+      "# comment\n\n  data-dir = /srv/a#b   # trailing\nlisten=127.0.0.1:0\ntls_cert =\n\tx-y=1=2\n");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->size(), 4u);
+  EXPECT_EQ((*e)[0].key, "data-dir");
+  EXPECT_EQ((*e)[0].value, "/srv/a#b");  // '#' inside a word is part of the value
+  EXPECT_EQ((*e)[0].line, 3);
+  EXPECT_EQ((*e)[1].value, "127.0.0.1:0");
+  EXPECT_EQ((*e)[2].key, "tls_cert");
+  EXPECT_EQ((*e)[2].value, "");
+  EXPECT_EQ((*e)[3].value, "1=2");  // everything after the first '='
+  EXPECT_EQ(gradsnap::ParseConfigText("a = 1\nb\n").status().message(),
+            "line 2: expected 'key = value', got 'b'");
+  EXPECT_EQ(gradsnap::ParseConfigText("--a = 1\n").status().message(),
+            "line 1: bad key '--a' (a flag name without its dashes)");
+  EXPECT_EQ(gradsnap::ParseConfigText(" = 1\n").status().message(),
+            "line 1: bad key '' (a flag name without its dashes)");
+  EXPECT_EQ(gradsnap::ParseConfigText("a-b = 1\na_b = 2\n").status().message(),
+            "line 2: key 'a_b' given twice");
+  EXPECT_TRUE(gradsnap::ParseConfigText("").ok());
+}

@@ -8,12 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-${BUILD_DIR:-build}}
 work=$(mktemp -d)
-server_pid=
+source scripts/server-process.sh
 cleanup() {
-  if [ -n "$server_pid" ]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" || true
-  fi
+  server_cleanup
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -38,22 +35,8 @@ c++ -std=c++17 examples/save_restore.cc -o "$work/save_restore_pc" \
   $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs gradsnap)
 LD_LIBRARY_PATH=$libdir "$work/save_restore_pc" "$work/data-pc"
 # Remote back end: the installed server on a free port.
-"$prefix/bin/gradsnap-server" --data-dir "$work/server-data" --listen 127.0.0.1:0 \
-  >"$work/server.log" 2>&1 &
-server_pid=$!
-address=
-for _ in $(seq 600); do  # up to 60 s
-  address=$(sed -n 's/^gradsnap-server listening on \([^ ]*\).*/\1/p' "$work/server.log")
-  if [ -n "$address" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
-  sleep 0.1
-done
-if [ -z "$address" ]; then
-  echo "check-install: gradsnap-server did not start:" >&2
-  cat "$work/server.log" >&2
-  exit 1
-fi
-"$work/cmake-build/save_restore" --server "$address"
-kill -TERM "$server_pid"
-wait "$server_pid"
-server_pid=
+server_start "$work/server.log" "$prefix/bin/gradsnap-server" --data-dir "$work/server-data" \
+  --listen 127.0.0.1:0 || { echo "check-install: gradsnap-server did not start" >&2; exit 1; }
+"$work/cmake-build/save_restore" --server "$server_address"
+server_stop
 echo "check-install: installed headers, library, CMake package, pkg-config file and binaries work"

@@ -12,12 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=$(cd "${1:-${BUILD_DIR:-build}}" && pwd)
 work=$(mktemp -d)
-server_pid=
+source scripts/server-process.sh
 cleanup() {
-  if [ -n "$server_pid" ]; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" || true
-  fi
+  server_cleanup
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -109,20 +106,11 @@ else
 fi
 
 # The packaged binary with the packaged config: every key of server.conf is a flag it takes.
-"$root/usr/bin/gradsnap-server" --config "$root/etc/gradsnap/server.conf" \
-  --data-dir "$work/data" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
-  >"$work/server.log" 2>&1 &
-server_pid=$!
-address=
-for _ in $(seq 600); do  # up to 60 s
-  address=$(sed -n 's/^gradsnap-server listening on \([^ ]*\).*/\1/p' "$work/server.log")
-  if [ -n "$address" ] || ! kill -0 "$server_pid" 2>/dev/null; then break; fi
-  sleep 0.1
-done
-[ -n "$address" ] || { cat "$work/server.log" >&2; fail "the packaged server did not start with the packaged config"; }
-kill -TERM "$server_pid"
-wait "$server_pid" || fail "the packaged server did not exit 0 on SIGTERM"
-server_pid=
+server_start "$work/server.log" "$root/usr/bin/gradsnap-server" \
+  --config "$root/etc/gradsnap/server.conf" --data-dir "$work/data" --listen 127.0.0.1:0 \
+  --metrics-listen 127.0.0.1:0 ||
+  fail "the packaged server did not start with the packaged config"
+server_stop || fail "the packaged server did not exit 0 on SIGTERM"
 echo "check-packages: $(basename "$server_deb") and $(basename "$client_deb") built and checked"
 if [ -n "$skipped" ]; then
   echo "check-packages: SKIPPED $skipped"

@@ -116,7 +116,9 @@ int main(int argc, char** argv) {
   }
   o.engine.quarantine_grace_seconds = absl::GetFlag(FLAGS_quarantine_grace_seconds);
   o.engine.catalog_reserve_bytes = absl::GetFlag(FLAGS_catalog_reserve_bytes);
-  if (o.engine.quarantine_grace_seconds < 0) return BadFlag("--quarantine-grace-seconds must be >= 0");
+  if (o.engine.quarantine_grace_seconds < 0) {
+    return BadFlag("--quarantine-grace-seconds must be >= 0");
+  }
   if (absl::GetFlag(FLAGS_rebuild_catalog)) {
     auto report = gradsnap::storage::RebuildCatalog(o.engine, /*dry_run=*/false);
     if (!report.ok()) return Fail(std::string(report.status().message()));
@@ -141,7 +143,9 @@ int main(int argc, char** argv) {
   if (o.keepalive_ms < 0) return BadFlag("--keepalive-ms must be >= 0");
   o.service.stream_idle_ms = absl::GetFlag(FLAGS_stream_idle_ms);
   if (o.service.stream_idle_ms < 0) return BadFlag("--stream-idle-ms must be >= 0");
-  if (absl::GetFlag(FLAGS_shutdown_grace_ms) < 0) return BadFlag("--shutdown-grace-ms must be >= 0");
+  if (absl::GetFlag(FLAGS_shutdown_grace_ms) < 0) {
+    return BadFlag("--shutdown-grace-ms must be >= 0");
+  }
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!absl::GetFlag(FLAGS_auth_secret_file).empty()) {
     auto secret = gradsnap::ReadSecretFile(absl::GetFlag(FLAGS_auth_secret_file));

@@ -295,7 +295,8 @@ int main(int argc, char** argv) {
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
       "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
-      "[--ckpt_dir DIR | --storage H:P[,H:P...] [--replicas R]] [--resume none|latest|STEP | --init_from DIR] "
+      "[--ckpt_dir DIR | --storage H:P[,H:P...] [--replicas R]] "
+      "[--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.",
       {"train_main", "device_flags"});
@@ -319,14 +320,7 @@ int main(int argc, char** argv) {
     }
     if (o.world_size > 1 && o.rdzv_dir.empty()) return Fail("--rdzv_dir is required");
     if (o.world_size > 1) {
-      if (o.replicas < 1 || o.replicas > 16) return Fail("--replicas must be in [1, 16]");
-  if (o.replicas > 1 && o.replicas > static_cast<int>(o.storage.size())) {
-    return Fail(o.storage.empty()
-                    ? "--replicas applies to --storage endpoints only"
-                    : absl::StrCat("--replicas ", o.replicas, " needs at least as many --storage "
-                                   "endpoints (", o.storage.size(), " given)"));
-  }
-  if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
+      if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
     }
     const absl::Status s = gradsnap::trainer::RunRank(o);
     if (s.ok()) return 0;
