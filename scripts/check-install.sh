@@ -7,13 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-${BUILD_DIR:-build}}
-work=$(mktemp -d)
 source scripts/server-process.sh
-cleanup() {
-  server_cleanup
-  rm -rf "$work"
-}
-trap cleanup EXIT
+make_work_dir
 prefix=$work/prefix
 
 cmake --install "$build_dir" --prefix "$prefix" >/dev/null

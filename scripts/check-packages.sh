@@ -11,13 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=$(cd "${1:-${BUILD_DIR:-build}}" && pwd)
-work=$(mktemp -d)
 source scripts/server-process.sh
-cleanup() {
-  server_cleanup
-  rm -rf "$work"
-}
-trap cleanup EXIT
+make_work_dir
 fail() { echo "check-packages: $*" >&2; exit 1; }
 
 for tool in cpack dpkg-deb dpkg-shlibdeps file; do

@@ -5,6 +5,7 @@
 #                                    server exited or did not get ready.
 #   server_stop                      SIGTERM, then waits: the server's exit status.
 #   server_cleanup                   for an EXIT trap: stops a server still running.
+#   make_work_dir                    work=$(mktemp -d), removed at exit after server_cleanup.
 server_pid=
 server_address=
 
@@ -39,4 +40,9 @@ server_cleanup() {
     wait "$server_pid" || true
     server_pid=
   fi
+}
+
+make_work_dir() {
+  work=$(mktemp -d)
+  trap 'server_cleanup; rm -rf "$work"' EXIT
 }
