@@ -7,70 +7,11 @@
 namespace gradsnap {
 namespace gpu_snapshot {
 
-void SplitRange(size_t n, int parts, int i, size_t* begin, size_t* end) {
-  size_t per = (n + parts - 1) / parts;
-  per = (per + 15) / 16 * 16;
-  *begin = std::min(n, per * i);
-  *end = std::min(n, *begin + per);
-}
-
-ReplayPool::ReplayPool(int threads) {
-  for (int i = 1; i < std::max(1, threads); ++i) workers_.emplace_back([this, i] { Worker(i); });
-}
-
-ReplayPool::~ReplayPool() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
-  for (auto& t : workers_) t.join();
-}
-
-void ReplayPool::Worker(int index) {
-  uint64_t seen = 0;
-  for (;;) {
-    const std::function<void(size_t, size_t)>* fn;
-    size_t n;
-    {
-      absl::MutexLock lock(&mu_);
-      std::pair<ReplayPool*, uint64_t*> arg{this, &seen};
-      mu_.Await(absl::Condition(
-          +[](std::pair<ReplayPool*, uint64_t*>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return a->first->stop_ || a->first->generation_ != *a->second;
-          },
-          &arg));
-      if (stop_) return;
-      seen = generation_;
-      fn = fn_;
-      n = n_;
-    }
-    size_t b, e;
-    SplitRange(n, threads(), index, &b, &e);
-    if (b < e) (*fn)(b, e);
-    absl::MutexLock lock(&mu_);
-    --pending_;
-  }
-}
+ReplayPool::ReplayPool(int threads) : pool_(threads) {}
 
 void ReplayPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>& fn) {
   // Small ranges are not worth waking the workers.
-  if (workers_.empty() || n < 64 * 1024) {
-    if (n > 0) fn(0, n);
-    return;
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    fn_ = &fn;
-    n_ = n;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
-  }
-  size_t b, e;
-  SplitRange(n, threads(), 0, &b, &e);
-  if (b < e) fn(b, e);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* p) { return *p == 0; }, &pending_));
+  pool_.ParallelFor(n, fn, /*min_n=*/64 * 1024, /*align=*/16);
 }
 
 void ReplayPool::Apply(const HostStateRef& state, size_t begin, size_t end, const void* grad,

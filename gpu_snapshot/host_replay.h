@@ -11,12 +11,10 @@
 
 #include <cstddef>
 #include <functional>
-#include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "common/dtype.h"
+#include "common/thread_pool.h"
 #include "gpu_snapshot/adamw.h"
 
 namespace gradsnap {
@@ -40,8 +38,7 @@ class ReplayPool {
  public:
   // threads >= 1 (1: run on the caller). Default (in callers): 2.
   explicit ReplayPool(int threads);
-  ~ReplayPool();
-  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  int threads() const { return pool_.threads(); }
 
   // Runs fn(begin, end) over [0, n) cut into threads() ranges aligned to 16 elements;
   // returns when all are done.
@@ -67,19 +64,8 @@ class ReplayPool {
                   const std::vector<ChainStep>& steps);
 
  private:
-  void Worker(int index);
-
-  std::vector<std::thread> workers_;
-  absl::Mutex mu_;
-  const std::function<void(size_t, size_t)>* fn_ ABSL_GUARDED_BY(mu_) = nullptr;
-  size_t n_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  ThreadPool pool_;
 };
-
-// Range of part `i` of `parts` over [0, n), aligned to 16 elements.
-void SplitRange(size_t n, int parts, int i, size_t* begin, size_t* end);
 
 }  // namespace gpu_snapshot
 }  // namespace gradsnap
