@@ -86,9 +86,11 @@ inline GradSliceView SliceGradView(const RankSlice& slice, const void* grads, DT
   return view;
 }
 
-// `comm` must outlive the back end. local_batch sequences of seq_len tokens per step.
+// `comm` must outlive the back end. local_batch sequences of seq_len tokens per step. The
+// layers, the optimizer and the gradient norm run on `threads` threads (>= 1; OpenBLAS's own
+// count is set apart, openblas_set_num_threads); the results do not depend on it.
 std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batch, int seq_len,
-                                       Comm* comm);
+                                       Comm* comm, int threads = 1);
 
 // CUDA (cuda_backend.cu) on device `device_ordinal` (the rank's local index on its node plus
 // --device_id), which it makes the training thread's current device. UNIMPLEMENTED when built

@@ -1,9 +1,12 @@
 // The CPU back end: fp32 everywhere; the rank's master weights are its slice of the full
 // parameter buffer. See backend.h.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "trainer/backend.h"
 #include "trainer/cpu_gpt.h"
 #include "trainer/data.h"
@@ -12,10 +15,29 @@ namespace gradsnap {
 namespace trainer {
 namespace {
 
+// The sum of squares of g[0, n) in double: blocks of kNormBlock elements, each summed in order
+// on one thread, then the block sums in block order; the same bits with any thread count.
+constexpr size_t kNormBlock = 16384;
+double SumOfSquares(const float* g, size_t n, ThreadPool* pool) {
+  std::vector<double> block((n + kNormBlock - 1) / kNormBlock, 0.0);
+  pool->ParallelFor(block.size(), [&](size_t lo, size_t hi) {
+    for (size_t k = lo; k < hi; ++k) {
+      double sq = 0.0;
+      for (size_t i = k * kNormBlock, end = std::min(n, i + kNormBlock); i < end; ++i) {
+        sq += static_cast<double>(g[i]) * g[i];
+      }
+      block[k] = sq;
+    }
+  });
+  double sq = 0.0;
+  for (double b : block) sq += b;
+  return sq;
+}
+
 class CpuBackend : public Backend {
  public:
-  CpuBackend(const ModelConfig& config, int local_batch, int seq_len, Comm* comm)
-      : model_(config, local_batch, seq_len), comm_(comm) {
+  CpuBackend(const ModelConfig& config, int local_batch, int seq_len, Comm* comm, int threads)
+      : pool_(threads), model_(config, local_batch, seq_len, &pool_), comm_(comm) {
     const size_t total = model_.layout().total();
     slice_ = SliceOfRank(total, comm->rank(), comm->world_size());
     params_.assign(total, 0.0f);
@@ -54,17 +76,16 @@ class CpuBackend : public Backend {
 
   absl::Status ForwardBackward(const int32_t* inputs, const int32_t* targets,
                                float dloss) override {
-    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    pool_.ParallelFor(grads_.size(), [this](size_t lo, size_t hi) {
+      std::fill(grads_.begin() + lo, grads_.begin() + hi, 0.0f);
+    }, /*min_n=*/64 * 1024);
     loss_sum_ = model_.ForwardBackward(params_.data(), grads_.data(), inputs, targets, dloss);
     return absl::OkStatus();
   }
 
   absl::StatusOr<Sums> ReduceGrads() override {
     RETURN_IF_ERROR(comm_->ReduceScatter(grads_.data(), grads_.size()));
-    double sq = 0.0;
-    const float* g = grads_.data() + slice_.lo;
-    for (size_t i = 0; i < slice_.size(); ++i) sq += static_cast<double>(g[i]) * g[i];
-    return Sums{loss_sum_, sq};
+    return Sums{loss_sum_, SumOfSquares(grads_.data() + slice_.lo, slice_.size(), &pool_)};
   }
 
   bool ReduceOverwritesGrads() const override { return false; }
@@ -74,8 +95,12 @@ class CpuBackend : public Backend {
   }
 
   absl::Status Update(const AdamWStepParams& p) override {
-    AdamWUpdateHost(params_.data() + slice_.lo, m_.data(), v_.data(), grads_.data() + slice_.lo,
-                    slice_.size(), p);
+    // One pass over params, m, v and the gradient (AdamWElement), split by element.
+    float* param = params_.data() + slice_.lo;
+    const float* grad = grads_.data() + slice_.lo;
+    pool_.ParallelFor(slice_.size(), [&](size_t lo, size_t hi) {
+      AdamWUpdateHost(param + lo, m_.data() + lo, v_.data() + lo, grad + lo, hi - lo, p);
+    }, /*min_n=*/64 * 1024);
     return absl::OkStatus();
   }
 
@@ -89,6 +114,7 @@ class CpuBackend : public Backend {
   }
 
  private:
+  ThreadPool pool_;
   CpuGpt model_;
   Comm* comm_;
   RankSlice slice_;
@@ -106,8 +132,8 @@ double Normal(uint64_t seed, uint64_t i) {
 }  // namespace
 
 std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batch, int seq_len,
-                                       Comm* comm) {
-  return std::make_unique<CpuBackend>(config, local_batch, seq_len, comm);
+                                       Comm* comm, int threads) {
+  return std::make_unique<CpuBackend>(config, local_batch, seq_len, comm, threads);
 }
 
 void InitParams(const ModelConfig& config, uint64_t seed, float* params) {

@@ -8,14 +8,14 @@
 
 namespace gradsnap {
 namespace trainer {
-namespace {
+void CpuGpt::Zero(std::vector<float>& v) {
+  ParallelFor(pool_, v.size(), [&v](size_t lo, size_t hi) {
+    std::fill(v.begin() + lo, v.begin() + hi, 0.0f);
+  }, /*min_n=*/64 * 1024);
+}
 
-void Zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
-
-}  // namespace
-
-CpuGpt::CpuGpt(const ModelConfig& config, int B, int T)
-    : config_(config), layout_(config), B_(B), T_(T) {
+CpuGpt::CpuGpt(const ModelConfig& config, int B, int T, ThreadPool* pool)
+    : config_(config), layout_(config), B_(B), T_(T), pool_(pool) {
   const size_t L = config.num_layers, C = config.channels, V = config.vocab_size;
   const size_t NH = config.num_heads, BT = static_cast<size_t>(B) * T;
   encoded_.resize(BT * C);
@@ -63,28 +63,30 @@ double CpuGpt::Forward(const float* params, const int32_t* inputs, const int32_t
   const size_t sC = static_cast<size_t>(BT) * C;
   const size_t sAtt = static_cast<size_t>(B) * NH * T * T;
   const ParamViews p = layout_.Views(const_cast<float*>(params));
-  EncoderForward(encoded_.data(), inputs, p.wte, p.wpe, B, T, C);
+  ThreadPool* pool = pool_;
+  EncoderForward(encoded_.data(), inputs, p.wte, p.wpe, B, T, C, pool);
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerActivations a = acts_.Layer(l, BT, C, sAtt);
     LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.residual, p.ln1w + l * C, p.ln1b + l * C,
-                     BT, C);
-    MatmulForward(a.qkv, a.ln1, p.qkvw + l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C);
-    AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH);
-    MatmulForward(a.attproj, a.atty, p.attprojw + l * C * C, p.attprojb + l * C, BT, C, C);
-    ResidualForward(a.residual2, a.residual, a.attproj, BT * C);
+                     BT, C, pool);
+    MatmulForward(a.qkv, a.ln1, p.qkvw + l * 3 * C * C, p.qkvb + l * 3 * C, BT, C, 3 * C, pool);
+    AttentionForward(a.atty, a.preatt, a.att, a.qkv, B, T, C, NH, pool);
+    MatmulForward(a.attproj, a.atty, p.attprojw + l * C * C, p.attprojb + l * C, BT, C, C, pool);
+    ResidualForward(a.residual2, a.residual, a.attproj, BT * C, pool);
     LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, p.ln2w + l * C, p.ln2b + l * C,
-                     BT, C);
-    MatmulForward(a.fch, a.ln2, p.fcw + l * 4 * C * C, p.fcb + l * 4 * C, BT, C, 4 * C);
-    GeluForward(a.fch_gelu, a.fch, BT * 4 * C);
+                     BT, C, pool);
+    MatmulGeluForward(a.fch, a.fch_gelu, a.ln2, p.fcw + l * 4 * C * C, p.fcb + l * 4 * C, BT, C,
+                      4 * C, pool);
     MatmulForward(a.fcproj, a.fch_gelu, p.fcprojw + l * 4 * C * C, p.fcprojb + l * C, BT, 4 * C,
-                  C);
-    ResidualForward(a.residual3, a.residual2, a.fcproj, BT * C);
+                  C, pool);
+    ResidualForward(a.residual3, a.residual2, a.fcproj, BT * C, pool);
   }
   const float* last = residual3_.data() + (config_.num_layers - 1) * sC;
-  LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), last, p.lnfw, p.lnfb, BT, C);
-  MatmulForward(logits_.data(), lnf_.data(), p.wte, nullptr, BT, C, V);
-  SoftmaxForward(probs_.data(), logits_.data(), BT, V);
-  CrossEntropyForward(losses_.data(), probs_.data(), targets, BT, V);
+  LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), last, p.lnfw, p.lnfb, BT, C,
+                   pool);
+  MatmulForward(logits_.data(), lnf_.data(), p.wte, nullptr, BT, C, V, pool);
+  SoftmaxForward(probs_.data(), logits_.data(), BT, V, pool);
+  CrossEntropyForward(losses_.data(), probs_.data(), targets, BT, V, pool);
   double sum = 0.0;
   for (int i = 0; i < BT; ++i) sum += losses_[i];
   return sum;
@@ -106,46 +108,46 @@ void CpuGpt::Backward(const float* params, float* grads, const int32_t* inputs,
   const ParamViews p = layout_.Views(const_cast<float*>(params));
   const ParamViews g = layout_.Views(grads);
 
+  ThreadPool* pool = pool_;
   Zero(dlogits_);
   Zero(dln_);
   Zero(dres_);
-  CrossEntropySoftmaxBackward(dlogits_.data(), probs_.data(), targets, dloss, BT, V);
-  MatmulBackward(dln_.data(), g.wte, nullptr, dlogits_.data(), lnf_.data(), p.wte, BT, C, V);
+  CrossEntropySoftmaxBackward(dlogits_.data(), probs_.data(), targets, dloss, BT, V, pool);
+  MatmulBackward(dln_.data(), g.wte, nullptr, dlogits_.data(), lnf_.data(), p.wte, BT, C, V,
+                 pool);
   const float* last = residual3_.data() + (L - 1) * sC;
   LayerNormBackward(dres_.data(), g.lnfw, g.lnfb, dln_.data(), last, p.lnfw, lnf_mean_.data(),
-                    lnf_rstd_.data(), BT, C);
+                    lnf_rstd_.data(), BT, C, pool);
 
   for (int l = L - 1; l >= 0; --l) {
     const LayerActivations a = acts_.Layer(l, BT, C, sAtt);
-    for (auto* v : {&dres_prev_, &dres2_, &dln_, &dqkv_, &datty_, &dpreatt_, &datt_, &dattproj_,
-                    &dfch_, &dfch_gelu_, &dfcproj_}) {
+    // dpreatt_ and datt_ are overwritten by AttentionBackward.
+    for (auto* v : {&dres_prev_, &dres2_, &dln_, &dqkv_, &datty_, &dattproj_, &dfch_,
+                    &dfch_gelu_, &dfcproj_}) {
       Zero(*v);
     }
     // dres_ holds d(residual3[l]); dres_prev_ collects d(residual of this layer's input).
-    ResidualBackward(dres2_.data(), dfcproj_.data(), dres_.data(), BT * C);
+    ResidualBackward(dres2_.data(), dfcproj_.data(), dres_.data(), BT * C, pool);
     MatmulBackward(dfch_gelu_.data(), g.fcprojw + l * 4 * C * C, g.fcprojb + l * C,
-                   dfcproj_.data(), a.fch_gelu, p.fcprojw + l * 4 * C * C, BT,
-                   4 * C, C);
-    GeluBackward(dfch_.data(), a.fch, dfch_gelu_.data(), BT * 4 * C);
-    MatmulBackward(dln_.data(), g.fcw + l * 4 * C * C, g.fcb + l * 4 * C, dfch_.data(),
-                   a.ln2, p.fcw + l * 4 * C * C, BT, C, 4 * C);
-    LayerNormBackward(dres2_.data(), g.ln2w + l * C, g.ln2b + l * C, dln_.data(),
-                      a.residual2, p.ln2w + l * C, a.ln2_mean,
-                      a.ln2_rstd, BT, C);
-    ResidualBackward(dres_prev_.data(), dattproj_.data(), dres2_.data(), BT * C);
+                   dfcproj_.data(), a.fch_gelu, p.fcprojw + l * 4 * C * C, BT, 4 * C, C, pool);
+    GeluBackward(dfch_.data(), a.fch, dfch_gelu_.data(), BT * 4 * C, pool);
+    MatmulBackward(dln_.data(), g.fcw + l * 4 * C * C, g.fcb + l * 4 * C, dfch_.data(), a.ln2,
+                   p.fcw + l * 4 * C * C, BT, C, 4 * C, pool);
+    LayerNormBackward(dres2_.data(), g.ln2w + l * C, g.ln2b + l * C, dln_.data(), a.residual2,
+                      p.ln2w + l * C, a.ln2_mean, a.ln2_rstd, BT, C, pool);
+    ResidualBackward(dres_prev_.data(), dattproj_.data(), dres2_.data(), BT * C, pool);
     MatmulBackward(datty_.data(), g.attprojw + l * C * C, g.attprojb + l * C, dattproj_.data(),
-                   a.atty, p.attprojw + l * C * C, BT, C, C);
-    AttentionBackward(dqkv_.data(), dpreatt_.data(), datt_.data(), datty_.data(),
-                      a.qkv, a.att, B, T, C, NH);
+                   a.atty, p.attprojw + l * C * C, BT, C, C, pool);
+    AttentionBackward(dqkv_.data(), dpreatt_.data(), datt_.data(), datty_.data(), a.qkv, a.att,
+                      B, T, C, NH, pool);
     Zero(dln_);
-    MatmulBackward(dln_.data(), g.qkvw + l * 3 * C * C, g.qkvb + l * 3 * C, dqkv_.data(),
-                   a.ln1, p.qkvw + l * 3 * C * C, BT, C, 3 * C);
+    MatmulBackward(dln_.data(), g.qkvw + l * 3 * C * C, g.qkvb + l * 3 * C, dqkv_.data(), a.ln1,
+                   p.qkvw + l * 3 * C * C, BT, C, 3 * C, pool);
     LayerNormBackward(dres_prev_.data(), g.ln1w + l * C, g.ln1b + l * C, dln_.data(), a.residual,
-                      p.ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT,
-                      C);
+                      p.ln1w + l * C, a.ln1_mean, a.ln1_rstd, BT, C, pool);
     dres_.swap(dres_prev_);
   }
-  EncoderBackward(g.wte, g.wpe, dres_.data(), inputs, B, T, C);
+  EncoderBackward(g.wte, g.wpe, dres_.data(), inputs, B, T, C, pool);
 }
 
 }  // namespace trainer

@@ -3,13 +3,15 @@
 // Parameters and gradients live in flat buffers laid out by ParamLayout; this class owns only
 // the activations of one micro-batch (B sequences of T tokens).
 //
-// Thread safety: one thread at a time per object (OpenBLAS may use its own threads inside).
+// Thread safety: one thread at a time per object (OpenBLAS and the pool use their own threads
+// inside; the results do not depend on their thread counts, cpu_layers.h).
 #ifndef GRADSNAP_TRAINER_CPU_GPT_H_
 #define GRADSNAP_TRAINER_CPU_GPT_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "trainer/layer_activations.h"
 #include "trainer/model_config.h"
 
@@ -18,8 +20,9 @@ namespace trainer {
 
 class CpuGpt {
  public:
-  // B sequences of T <= max_seq_len tokens per call.
-  CpuGpt(const ModelConfig& config, int B, int T);
+  // B sequences of T <= max_seq_len tokens per call. The layers run on `pool` (not owned; null:
+  // on the caller's thread).
+  CpuGpt(const ModelConfig& config, int B, int T, ThreadPool* pool = nullptr);
   // acts_ points into the buffers: a copy would share them.
   CpuGpt(const CpuGpt&) = delete;
   CpuGpt& operator=(const CpuGpt&) = delete;
@@ -38,9 +41,13 @@ class CpuGpt {
   void Backward(const float* params, float* grads, const int32_t* inputs, const int32_t* targets,
                 float dloss);
 
+  // Zeroes v on the pool.
+  void Zero(std::vector<float>& v);
+
   ModelConfig config_;
   ParamLayout layout_;
   int B_, T_;
+  ThreadPool* pool_;
   // Saved activations (llm.c's ActivationTensors), per layer where stacked over L.
   std::vector<float> encoded_;                  // (B,T,C)
   std::vector<float> ln1_, ln1_mean_, ln1_rstd_;  // (L,B,T,C), (L,B,T)

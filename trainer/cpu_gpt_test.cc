@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "trainer/backend.h"
 
@@ -75,6 +78,44 @@ TEST(CpuGptTest, ForwardIsDeterministic) {
   std::vector<int32_t> in(8, 65), tgt(8, 66);
   EXPECT_EQ(a.Forward(params.data(), in.data(), tgt.data()),
             b.Forward(params.data(), in.data(), tgt.data()));
+}
+
+// The layers split their work over the pool so that every output element is computed by one
+// thread in one order (cpu_layers.h): the gradients and the loss are the same bits with no pool
+// and with 1, 2 or 3 threads. The shape is large enough for every layer to use the workers.
+TEST(CpuGptTest, GradientsAreTheSameBitsOnAnyThreadCount) {
+  ModelConfig c = Micro();
+  c.max_seq_len = 32;
+  c.channels = 64;
+  const int B = 4, T = 32;
+  std::vector<int32_t> in(B * T), tgt(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    in[i] = (i * 37 + 11) % 256;
+    tgt[i] = (i * 53 + 5) % 256;
+  }
+  auto run = [&](int threads, double* loss) {
+    std::unique_ptr<ThreadPool> pool;
+    if (threads > 0) pool = std::make_unique<ThreadPool>(threads);
+    CpuGpt model(c, B, T, pool.get());
+    const size_t n = model.layout().total();
+    std::vector<float> params(n), grads(n, 0.0f);
+    InitParams(c, 3, params.data());
+    for (size_t i = 0; i < n; ++i) params[i] += 0.01f * std::sin(static_cast<float>(i));
+    *loss = model.ForwardBackward(params.data(), grads.data(), in.data(), tgt.data(),
+                                  1.0f / (B * T));
+    return grads;
+  };
+  double loss0 = 0;
+  const std::vector<float> g0 = run(0, &loss0);
+  for (int threads : {1, 2, 3}) {
+    double loss = 0;
+    const std::vector<float> g = run(threads, &loss);
+    EXPECT_EQ(std::memcmp(&loss, &loss0, sizeof(loss)), 0) << threads << " threads";
+    ASSERT_EQ(g.size(), g0.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < g.size(); ++i) differ += std::memcmp(&g[i], &g0[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << threads << " threads: " << differ << " gradient elements differ";
+  }
 }
 
 TEST(ModelConfigTest, NamedConfigsAndSlices) {

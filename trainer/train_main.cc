@@ -4,6 +4,7 @@
 // and restarts them on failure (launcher.h). With the hidden --rank flag it is one rank.
 // Flags may be spelled with dashes or underscores (--ckpt-mode or --ckpt_mode).
 #include <netdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -48,7 +49,7 @@ ABSL_FLAG(int64_t, warmup, -1, "Warmup steps; -1 = steps/10. Default: -1");
 ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 1.0");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay. Default: 0.1");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of parameter init and data order. Default: 1337");
-ABSL_FLAG(int, blas_threads, 1, "OpenBLAS threads per rank. Default: 1");
+ABSL_FLAG(int, blas_threads, 0, "Threads per rank: OpenBLAS's and the CPU back end's layers, optimizer and reductions (the results are the same bits with any count); 0 = the cores available to the process divided by the ranks on this node (--nproc), at least 1. Default: 0");
 // --device, --device_id and --sim_copy_gbps: gpu_snapshot/device_flags.h.
 ABSL_FLAG(bool, sim_poison, false, "(testing) sim: kernels poison the device memory they write while they run, so a misordered copy corrupts the checkpoint. Default: false");
 ABSL_FLAG(bool, sim_unordered_copies, false, "(testing) sim: copies ignore compute-stream events (deliberately broken ordering). Default: false");
@@ -96,6 +97,16 @@ namespace {
 
 using gradsnap::trainer::kExitNoRestart;
 
+// --blas_threads 0: the cores this process may run on (its affinity mask), divided by the ranks
+// on this node, at least 1.
+int CoresPerRank(int nproc) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int cores = 1;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  return std::max(1, cores / std::max(1, nproc));
+}
+
 // The options of the flags; strings with an enum (--device, --ckpt_mode, --resume) are parsed
 // here, once.
 absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
@@ -119,6 +130,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   o.grad_clip = static_cast<float>(absl::GetFlag(FLAGS_grad_clip));
   o.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
   o.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  if (o.blas_threads == 0) o.blas_threads = CoresPerRank(absl::GetFlag(FLAGS_nproc));
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world_size = absl::GetFlag(FLAGS_world_size);
   o.rdzv_dir = absl::GetFlag(FLAGS_rdzv_dir);
@@ -212,7 +224,9 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (collective_timeout_s < 1 || collective_timeout_s > 86400) {
     return Fail("--collective_timeout_s must be in [1, 86400]");
   }
-  if (o.blas_threads < 1) return Fail("--blas_threads must be at least 1");
+  if (absl::GetFlag(FLAGS_blas_threads) < 0 || absl::GetFlag(FLAGS_blas_threads) > 1024) {
+    return Fail("--blas_threads must be in [0, 1024] (0 = cores per rank)");
+  }
   // The hyper-parameters as given (double), before TrainOptions narrows them to float.
   const double lr = absl::GetFlag(FLAGS_lr);
   if (!(std::isfinite(lr) && lr > 0 && lr <= 1)) return Fail("--lr must be a number in (0, 1]");

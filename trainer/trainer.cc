@@ -213,7 +213,7 @@ absl::Status RankRunner::Setup() {
   // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
   const int ordinal = o_.device_id + o_.local_rank;
   if (o_.device == DeviceKind::kCpu) {
-    backend_ = NewCpuBackend(config_, local_batch, seq_len_, comm_.get());
+    backend_ = NewCpuBackend(config_, local_batch, seq_len_, comm_.get(), o_.blas_threads);
   } else if (o_.device == DeviceKind::kSim) {
     ASSIGN_OR_RETURN(backend_, NewSimBackend(config_, local_batch, seq_len_, comm_.get(),
                                              ordinal, o_.sim));

@@ -52,7 +52,9 @@ struct TrainOptions {
   int64_t warmup_steps = -1;   // -1 = steps / 10. Default: -1
   float grad_clip = 1.0f;      // global-norm clip; 0 = off. Default: 1.0
   float weight_decay = 0.1f;   // Default: 0.1
-  int blas_threads = 1;        // OpenBLAS threads per rank. Default: 1
+  // Threads per rank: OpenBLAS's, and the CPU back end's pool (layers, AdamW, gradient norm).
+  // --blas_threads resolves its 0 (cores per rank) before this. Default: 1
+  int blas_threads = 1;
   // Parallelism (filled by the launcher).
   int rank = 0;
   int world_size = 1;
