@@ -202,48 +202,57 @@ void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout
 //             out = A V
 //   backward: dA = dout V^T, dV += A^T dout, dS = A * (dA - rowsum(A * dA)),
 //             dQ += scale * dS K, dK += scale * dS^T Q
-// The products are OpenBLAS calls (T x T x hs each); the row-wise softmax runs on the pool.
+// The products are OpenBLAS calls (T x T x hs each). The (b, h) pairs are split over the pool,
+// each computed whole by one thread (they write disjoint blocks); meanwhile OpenBLAS runs on one
+// thread per call, its count restored after.
+namespace {
+
+void ForEachHead(ThreadPool* pool, int B, int NH, int T, int hs,
+                 const std::function<void(int64_t b, int h)>& fn) {
+  const bool split = pool != nullptr && pool->threads() > 1;
+  const int blas_threads = openblas_get_num_threads();
+  if (split) openblas_set_num_threads(1);
+  For(pool, static_cast<int64_t>(B) * NH, 4 * static_cast<int64_t>(T) * T * hs,
+      [&](size_t lo, size_t hi) {
+        for (size_t k = lo; k < hi; ++k) fn(static_cast<int64_t>(k / NH), static_cast<int>(k % NH));
+      });
+  if (split) openblas_set_num_threads(blas_threads);
+}
+
+}  // namespace
+
 void AttentionForward(float* out, float* preatt, float* att, const float* inp, int B, int T,
                       int C, int NH, ThreadPool* pool) {
   const int C3 = 3 * C, hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t TT = static_cast<int64_t>(T) * T;
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* q = inp + static_cast<int64_t>(b) * T * C3 + h * hs;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, q + C, C3,
-                  0.0f, preatt + (static_cast<int64_t>(b) * NH + h) * TT, T);
-    }
-  }
-  For(pool, static_cast<int64_t>(B) * NH * T, T, [&](size_t lo, size_t hi) {
-    for (size_t r = lo; r < hi; ++r) {
-      const int t = static_cast<int>(r % T);
-      float* pre = preatt + r * T;
-      float* a = att + r * T;
+  ForEachHead(pool, B, NH, T, hs, [&](int64_t b, int h) {
+    const float* q = inp + b * T * C3 + h * hs;
+    float* s = preatt + (b * NH + h) * TT;
+    float* a = att + (b * NH + h) * TT;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, q + C, C3, 0.0f,
+                s, T);
+    for (int t = 0; t < T; ++t) {
+      float* pre = s + static_cast<int64_t>(t) * T;
+      float* ar = a + static_cast<int64_t>(t) * T;
       float maxval = -1e30f;
       for (int t2 = 0; t2 <= t; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
       float sum = 0.0f;
       for (int t2 = 0; t2 <= t; ++t2) {
         const float e = std::exp(pre[t2] - maxval);
-        a[t2] = e;
+        ar[t2] = e;
         sum += e;
       }
       const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-      for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
+      for (int t2 = 0; t2 <= t; ++t2) ar[t2] *= inv;
       for (int t2 = t + 1; t2 < T; ++t2) {
-        a[t2] = 0.0f;
+        ar[t2] = 0.0f;
         pre[t2] = 0.0f;
       }
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, q + 2 * C, C3,
+                0.0f, out + b * T * C + h * hs, C);
   });
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* v = inp + static_cast<int64_t>(b) * T * C3 + h * hs + 2 * C;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f,
-                  att + (static_cast<int64_t>(b) * NH + h) * TT, T, v, C3, 0.0f,
-                  out + static_cast<int64_t>(b) * T * C + h * hs, C);
-    }
-  }
 }
 
 void AttentionBackward(float* dinp, float* dpreatt, float* datt, const float* dout,
@@ -252,42 +261,35 @@ void AttentionBackward(float* dinp, float* dpreatt, float* datt, const float* do
   const int C3 = 3 * C, hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t TT = static_cast<int64_t>(T) * T;
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const int64_t base = static_cast<int64_t>(b) * T * C3 + h * hs;
-      const float* a = att + (static_cast<int64_t>(b) * NH + h) * TT;
-      const float* d = dout + static_cast<int64_t>(b) * T * C + h * hs;
-      // dA = dout V^T; dV += A^T dout
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C,
-                  inp + base + 2 * C, C3, 0.0f, datt + (static_cast<int64_t>(b) * NH + h) * TT,
-                  T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 1.0f,
-                  dinp + base + 2 * C, C3);
-    }
-  }
-  For(pool, static_cast<int64_t>(B) * NH * T, 2 * T, [&](size_t lo, size_t hi) {
-    for (size_t r = lo; r < hi; ++r) {
-      const int t = static_cast<int>(r % T);
-      const float* a = att + r * T;
-      const float* da = datt + r * T;
-      float* dpre = dpreatt + r * T;
+  ForEachHead(pool, B, NH, T, hs, [&](int64_t b, int h) {
+    const int64_t base = b * T * C3 + h * hs;
+    const float* q = inp + base;
+    float* dq = dinp + base;
+    const float* a = att + (b * NH + h) * TT;
+    float* da = datt + (b * NH + h) * TT;
+    float* ds = dpreatt + (b * NH + h) * TT;
+    const float* d = dout + b * T * C + h * hs;
+    // dA = dout V^T; dV += A^T dout
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, d, C, q + 2 * C, C3,
+                0.0f, da, T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, d, C, 1.0f,
+                dq + 2 * C, C3);
+    // dS, row by row, linear in the row length.
+    for (int t = 0; t < T; ++t) {
+      const float* ar = a + static_cast<int64_t>(t) * T;
+      const float* dar = da + static_cast<int64_t>(t) * T;
+      float* dsr = ds + static_cast<int64_t>(t) * T;
       float dot = 0.0f;
-      for (int t2 = 0; t2 <= t; ++t2) dot += a[t2] * da[t2];
-      for (int t2 = 0; t2 <= t; ++t2) dpre[t2] = a[t2] * (da[t2] - dot);
-      for (int t2 = t + 1; t2 < T; ++t2) dpre[t2] = 0.0f;
+      for (int t2 = 0; t2 <= t; ++t2) dot += ar[t2] * dar[t2];
+      for (int t2 = 0; t2 <= t; ++t2) dsr[t2] = ar[t2] * (dar[t2] - dot);
+      for (int t2 = t + 1; t2 < T; ++t2) dsr[t2] = 0.0f;
     }
+    // dQ += scale dS K; dK += scale dS^T Q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, q + C, C3,
+                1.0f, dq, C3);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3, 1.0f,
+                dq + C, C3);
   });
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const int64_t base = static_cast<int64_t>(b) * T * C3 + h * hs;
-      const float* ds = dpreatt + (static_cast<int64_t>(b) * NH + h) * TT;
-      // dQ += scale dS K; dK += scale dS^T Q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T,
-                  inp + base + C, C3, 1.0f, dinp + base, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, inp + base,
-                  C3, 1.0f, dinp + base + C, C3);
-    }
-  }
 }
 
 void GeluForward(float* out, const float* inp, int N, ThreadPool* pool) {

@@ -1,8 +1,10 @@
 // The layers of the GPT model on the CPU, fp32, after llm.c's train_gpt2.c. Every layer is a
 // *_forward / *_backward pair with the argument order (outputs, inputs, parameters, sizes,
 // pool); backward functions ACCUMULATE (+=) into their gradient outputs unless said otherwise.
-// Matrix products go through OpenBLAS (cblas_sgemm, called from the caller's thread; OpenBLAS
-// threads them itself). Everything else runs on `pool` (null: the caller's thread alone).
+// Matrix products go through OpenBLAS (cblas_sgemm; OpenBLAS threads the large ones itself).
+// Everything else runs on `pool` (null: the caller's thread alone), and so do attention's
+// per-head products, with OpenBLAS set to one thread meanwhile (openblas_set_num_threads, the
+// count restored after: no other OpenBLAS call may run concurrently).
 //
 // DETERMINISM (docs/trainer.md, "Numerics"): the results do not depend on the pool's thread
 // count. Work is split so that every output element is computed by one thread, with the same
