@@ -203,12 +203,20 @@ TEST_F(SnapshotE2E, RestartAfterPendingFullWritesTheStepAnew) {
     std::string name = absl::StrCat("pending_full_", round);
     std::vector<std::string> b = Base(scratch() + "/" + name, 14);
     b.insert(b.end(), {"--nproc=2", "--ckpt_mode=gockpt", "--ckpt_every=5", "--grad_log",
-                       "--fail_at_step=12", "--fail_rank=1", "--max_restarts=1", "--job=p"});
+                       "--fail_at_step=12", "--fail_rank=1", "--max_restarts=1", "--job=p",
+                       "--test_fail_after_commit"});
+    // Persists drain from a backlog and never hold a step, so FULL 6 need not be durable at
+    // step 12 on a loaded machine: the failing rank waits for a committed checkpoint first
+    // (--test_fail_after_commit), which two ranks list through a gradsnap-server.
+    testing::ServerProcess server(GRADSNAP_SERVER_BIN);
+    const absl::Status started = server.StartOn(scratch() + "/" + name + "-server");
+    ASSERT_TRUE(started.ok()) << started;
+    b.push_back("--storage=" + server.address());
     TrainRun r = Train(scratch(), name, b);
     ASSERT_EQ(r.rc, 0) << r.out;
     ASSERT_NE(r.out.find("restart 1 of 1"), std::string::npos) << r.out;
-    // FULL 6 (K = 2 after update 5) committed before the ranks started the window after update
-    // 10 (they wait for a persist), so the restart restores at least it.
+    // FULL 6 (K = 2 after update 5) is the first committed checkpoint and it had committed at
+    // the kill, so the restart restores at least it.
     EXPECT_GE(r.resumed_from, 6) << r.out;
     EXPECT_EQ(r.sha, ref.sha) << r.out;
     for (int64_t s = std::max<int64_t>(1, r.resumed_from + 1); s <= 14; ++s) {
