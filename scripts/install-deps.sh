@@ -12,6 +12,7 @@ PACKAGES=(
   libgloo-dev libopenblas-dev
   openssl  # the openssl command: throwaway TLS certificates in tests
   file  # CPack's Debian packages (dependencies found by dpkg-shlibdeps; scripts/check-packages.sh)
+  python3-dev python3-pybind11 python3-numpy  # the Python package (python/) and its tests
 )
 
 missing=()

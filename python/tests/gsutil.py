@@ -1,0 +1,84 @@
+"""Helpers of the Python package's tests: a real gradsnap-server child process, throwaway TLS
+certificates from the openssl command, a byte flipped in a stored segment.
+
+The binaries come from the environment (python/CMakeLists.txt sets them for ctest):
+GRADSNAP_SERVER_BIN (gradsnap-server) and GRADSNAP_CLI_BIN (gradsnap)."""
+import glob
+import os
+import signal
+import subprocess
+import time
+
+SERVER_BIN = os.environ.get("GRADSNAP_SERVER_BIN", "build/bin/gradsnap-server")
+CLI_BIN = os.environ.get("GRADSNAP_CLI_BIN", "build/bin/gradsnap")
+
+
+class Server:
+    """gradsnap-server --data-dir DIR --listen 127.0.0.1:0 [extra...], ready once it printed
+    its "listening on HOST:PORT" line (30 s at most); stopped with SIGTERM, then SIGKILL."""
+
+    def __init__(self, data_dir, extra=()):
+        self.data_dir = data_dir
+        self.log = open(os.path.join(os.path.dirname(data_dir.rstrip("/")) or ".",
+                                     os.path.basename(data_dir.rstrip("/")) + ".log"), "wb")
+        self.proc = subprocess.Popen(
+            [SERVER_BIN, "--data-dir", data_dir, "--listen", "127.0.0.1:0", *extra],
+            stdout=subprocess.PIPE, stderr=self.log)
+        deadline = time.monotonic() + 30
+        line = b""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line or b"listening on " in line:
+                break
+        if b"listening on " not in line:
+            self.stop()
+            raise RuntimeError(f"gradsnap-server did not start: {line!r}, log {self.log.name}")
+        self.address = line.split(b"listening on ")[1].split()[0].decode()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.log.close()
+
+
+def make_tls(d):
+    """ca.pem, server.pem/.key (for localhost and 127.0.0.1), client.pem/.key under d."""
+    script = (
+        "set -e; openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=py-test-ca "
+        "-keyout ca.key -out ca.pem; "
+        "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext; "
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key "
+        "-out server.csr; "
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-extfile san.ext -out server.pem; "
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=py -keyout client.key -out client.csr; "
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+        "-out client.pem")
+    subprocess.run(["sh", "-c", script], cwd=d, check=True, capture_output=True)
+
+
+def token(job, secret_file):
+    """The bearer token of `job` (gradsnap token JOB --secret-file F)."""
+    r = subprocess.run([CLI_BIN, "token", job, "--secret-file", secret_file], check=True,
+                       capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def flip_segment_bytes(store, job, step):
+    """Flips byte 20 (a chunk record's header) of every segment file of (job, step) in a store
+    directory; returns how many files it changed."""
+    n = 0
+    for seg in glob.glob(os.path.join(store, "segments", job, f"{step:020d}", "*.seg")):
+        with open(seg, "r+b") as f:
+            f.seek(20)
+            b = f.read(1)
+            f.seek(20)
+            f.write(bytes([b[0] ^ 0x40]))
+        n += 1
+    return n

@@ -1,0 +1,243 @@
+"""The Python package over an embedded store and a real gradsnap-server (no PyTorch needed):
+every dtype round trip, restore into caller buffers, "latest", damage found, bad arguments,
+tokens and TLS. Run by ctest (python/CMakeLists.txt) as python3 -m unittest."""
+import os
+import shutil
+import tempfile
+import threading
+import unittest
+
+import numpy as np
+
+import gradsnap
+import gsutil
+
+
+def every_dtype():
+    """One array of each dtype the format knows (bf16 as its bits in uint16), by gradsnap name."""
+    rng = np.random.default_rng(7)
+    return {
+        "f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "bf16": rng.integers(0, 1 << 16, size=(2, 3, 4), dtype=np.uint16),
+        "f16": rng.standard_normal(17).astype(np.float16),
+        "f64": rng.standard_normal((4, 4)),
+        "i32": rng.integers(-2**31, 2**31, size=9, dtype=np.int32),
+        "i64": rng.integers(-2**62, 2**62, size=(2, 2), dtype=np.int64),
+        "u8": rng.integers(0, 256, size=1000, dtype=np.uint8),
+    }
+
+
+class TempDirCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="gradsnap-py-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class EmbeddedTest(TempDirCase):
+    def open(self):
+        return gradsnap.open_dir(os.path.join(self.tmp, "store"))
+
+    def test_every_dtype_round_trips(self):
+        arrays = every_dtype()
+        with self.open() as c:
+            c.save("job", 1, arrays, dtypes={"bf16": "bf16"})
+            back = c.restore("job", 1)
+            shown = c.show("job", 1)["shards"][0]["tensors"]
+        self.assertEqual(list(back), list(arrays))
+        self.assertEqual([t["dtype"] for t in shown], list(arrays))
+        for name, a in arrays.items():
+            self.assertEqual(back[name].dtype, np.dtype(gradsnap.DTYPES[name]), name)
+            self.assertEqual(back[name].shape, a.shape, name)
+            self.assertEqual(back[name].tobytes(), a.tobytes(), name)
+
+    def test_other_buffers_and_raw_bytes(self):
+        with self.open() as c:
+            c.save("job", 1, {"m": memoryview(b"\x01\x02\x03\x04"), "b": bytearray(b"xyz"),
+                              "h": bytes(8)}, dtypes={"h": "bf16"})
+            back = c.restore("job", 1)
+            tensors = {t["name"]: t for t in c.show("job", 1)["shards"][0]["tensors"]}
+        self.assertEqual(back["m"].tobytes(), b"\x01\x02\x03\x04")
+        self.assertEqual(back["b"].tobytes(), b"xyz")
+        self.assertEqual((tensors["h"]["dtype"], tensors["h"]["shape"]), ("bf16", (4,)))
+
+    def test_restore_into_caller_buffers(self):
+        arrays = every_dtype()
+        with self.open() as c:
+            c.save("job", 3, arrays, dtypes={"bf16": "bf16"})
+            out = {n: np.zeros_like(a) for n, a in arrays.items()}
+            raw = bytearray(arrays["u8"].nbytes)
+            back = c.restore("job", 3, out={**out, "u8": raw})
+            for name, a in arrays.items():
+                if name != "u8":
+                    self.assertIs(back[name], out[name])  # filled in place, no new array
+                    self.assertEqual(out[name].tobytes(), a.tobytes(), name)
+            self.assertIs(back["u8"], raw)
+            self.assertEqual(bytes(raw), arrays["u8"].tobytes())
+            # Only some tensors; a buffer of the wrong size or a read-only one is refused.
+            self.assertEqual(list(c.restore("job", 3, names=["f64"])), ["f64"])
+            with self.assertRaises(ValueError):
+                c.restore("job", 3, out={"f32": np.zeros(3, np.float32)})
+            with self.assertRaises(TypeError):
+                c.restore("job", 3, out={"u8": bytes(1000)})
+            with self.assertRaises(gradsnap.NotFound):
+                c.restore("job", 3, out={"nosuch": np.zeros(1)})
+
+    def test_latest_is_the_newest_committed_step(self):
+        with self.open() as c:
+            for step in (5, 20, 10):
+                c.save("job", step, {"s": np.array([step], np.int64)})
+            # A pending checkpoint (1 of 2 ranks) is not "latest" and not listed.
+            c.save("job", 30, {"s": np.array([30], np.int64)}, rank=0, world_size=2)
+            self.assertEqual([i["step"] for i in c.list("job")], [5, 10, 20])
+            self.assertEqual([i["state"] for i in c.list("job", pending=True)][-1], "pending")
+            self.assertEqual(int(c.restore("job", "latest")["s"][0]), 20)
+            self.assertEqual(c.verify("job"), 20)
+            self.assertEqual(c.show("job")["step"], 20)
+            c.delete("job", 20)
+            self.assertEqual(int(c.restore("job")["s"][0]), 10)
+            self.assertEqual(c.jobs(), ["job"])
+
+    def test_ranged_read(self):
+        a = np.arange(100, dtype=np.int32)
+        with self.open() as c:
+            c.save("job", 1, {"a": a, "b": np.arange(3, dtype=np.float64)})
+            self.assertEqual(c.read_range("job", 1, 0, 40, 8).tobytes(), a[10:12].tobytes())
+            out = bytearray(4)
+            self.assertIs(c.read_range("job", 1, 0, 396, 4, out), out)
+            self.assertEqual(bytes(out), a[99:].tobytes())
+            with self.assertRaises(gradsnap.OutOfRange):
+                c.read_range("job", 1, 0, 420, 8)
+
+    def test_flipped_byte_is_data_loss(self):
+        store = os.path.join(self.tmp, "store")
+        with gradsnap.open_dir(store) as c:
+            c.save("job", 1, {"w": np.ones(100000, np.float32)})
+        self.assertGreater(gsutil.flip_segment_bytes(store, "job", 1), 0)
+        with gradsnap.open_dir(store) as c:
+            with self.assertRaises(gradsnap.DataLoss) as e:
+                c.verify("job", 1)
+            self.assertEqual(e.exception.code, "DATA_LOSS")
+            self.assertIsInstance(e.exception, gradsnap.Error)
+            with self.assertRaises(gradsnap.DataLoss):
+                c.restore("job", 1)
+
+    def test_bad_arguments_raise(self):
+        c = self.open()
+        a = np.zeros(4, np.float32)
+        with self.assertRaises(TypeError):
+            c.save("job", 1, [a])  # not a mapping
+        with self.assertRaises(TypeError):
+            c.save("job", 1, {"a": [1.0, 2.0]})  # not a buffer
+        with self.assertRaises(TypeError):
+            c.save("job", 1, {"a": np.zeros((4, 4), np.float32)[:, 1]})  # not contiguous
+        with self.assertRaises(TypeError):
+            c.save("job", 1, {"a": np.zeros(4, np.int8)})  # no gradsnap dtype
+        with self.assertRaises(ValueError):
+            c.save("job", 1, {"a": a}, dtypes={"a": "f128"})
+        with self.assertRaises(TypeError):
+            c.save("job", "one", {"a": a})
+        with self.assertRaises(TypeError):
+            c.save(7, 1, {"a": a})
+        with self.assertRaises(gradsnap.InvalidArgument):
+            c.save("bad job/name", 1, {"a": a})
+        with self.assertRaises(gradsnap.InvalidArgument):
+            c.save("job", -1, {"a": a})
+        with self.assertRaises(gradsnap.InvalidArgument):
+            c.save("job", 9, {"a": a}, rank=3, world_size=2)
+        with self.assertRaises(ValueError):
+            c.restore("job", "newest")
+        with self.assertRaises(gradsnap.NotFound):
+            c.restore("nosuchjob", "latest")
+        with self.assertRaises(gradsnap.NotFound):
+            c.show("nosuchjob", 1)
+        with self.assertRaises(gradsnap.NotFound):
+            c.verify("nosuchjob", 1)
+        with self.assertRaises(gradsnap.NotFound):
+            c.delete("nosuchjob", 1)
+        self.assertEqual(c.list("nosuchjob"), [])
+        c.save("job", 1, {"a": a})
+        with self.assertRaises(gradsnap.NotFound):
+            c.restore("job", 1, rank=1)
+        with self.assertRaises(gradsnap.AlreadyExists):
+            c.save("job", 1, {"a": np.zeros(5, np.float32)})  # same shard, another spec
+        c.close()
+        c.close()
+        self.assertTrue(c.closed)
+        with self.assertRaises(ValueError):
+            c.restore("job", 1)
+        with self.assertRaises(ValueError):
+            c.list("job")
+        with self.assertRaises(TypeError):
+            gradsnap.open_dir(None)
+        with self.assertRaises(gradsnap.Unimplemented):
+            gradsnap.connect(servers="127.0.0.1:1", etcd="http://127.0.0.1:2379")
+        with self.assertRaises(gradsnap.InvalidArgument):
+            gradsnap.connect(servers="no-port")
+
+    def test_threads_save_at_once(self):
+        # The GIL is released during I/O: several threads save shards of one checkpoint.
+        with self.open() as c:
+            arrays = [np.full(1 << 18, r, np.float32) for r in range(4)]
+            threads = [threading.Thread(target=c.save, args=("job", 1, {"w": arrays[r]}, r, 4))
+                       for r in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for r in range(4):
+                self.assertEqual(c.restore("job", 1, r)["w"].tobytes(), arrays[r].tobytes())
+
+
+class ServerTest(TempDirCase):
+    def test_round_trip_and_tokens(self):
+        secret = os.path.join(self.tmp, "secret")
+        with open(secret, "w") as f:
+            f.write("0123456789abcdef0123456789abcdef\n")
+        srv = gsutil.Server(os.path.join(self.tmp, "data"), ["--auth-secret-file", secret])
+        try:
+            arrays = every_dtype()
+            tok = gsutil.token("job", secret)
+            with gradsnap.connect(servers=[srv.address], token=tok) as c:
+                c.health()
+                c.save("job", 1, arrays, dtypes={"bf16": "bf16"})
+                out = {"f64": np.empty((4, 4))}
+                back = c.restore("job", "latest", out=out)
+                self.assertIs(back["f64"], out["f64"])
+                for name, a in arrays.items():
+                    self.assertEqual(back[name].tobytes(), a.tobytes(), name)
+                self.assertEqual(c.verify("job", 1), 1)
+            with gradsnap.connect(servers=srv.address, max_attempts=1) as c:
+                with self.assertRaises(gradsnap.Unauthenticated):
+                    c.list("job")
+            with gradsnap.connect(servers=srv.address, token=gsutil.token("other", secret),
+                                  max_attempts=1) as c:
+                with self.assertRaises(gradsnap.PermissionDenied):
+                    c.restore("job", 1)
+        finally:
+            srv.stop()
+
+    def test_tls(self):
+        gsutil.make_tls(self.tmp)
+        p = lambda n: os.path.join(self.tmp, n)
+        srv = gsutil.Server(p("data"), ["--tls-cert", p("server.pem"), "--tls-key",
+                                        p("server.key"), "--tls-client-ca", p("ca.pem")])
+        try:
+            a = np.arange(1000, dtype=np.float32)
+            with gradsnap.connect(servers=srv.address, tls_ca=p("ca.pem"),
+                                  tls_cert=p("client.pem"), tls_key=p("client.key")) as c:
+                c.save("job", 1, {"a": a})
+                self.assertEqual(c.restore("job", 1)["a"].tobytes(), a.tobytes())
+            # Plaintext, and TLS without the client certificate, are refused.
+            for kw in ({}, {"tls_ca": p("ca.pem")}):
+                with gradsnap.connect(servers=srv.address, max_attempts=1, timeout_ms=5000,
+                                      **kw) as c:
+                    with self.assertRaises(gradsnap.Error):
+                        c.list("job")
+        finally:
+            srv.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
