@@ -13,6 +13,7 @@ PACKAGES=(
   openssl  # the openssl command: throwaway TLS certificates in tests
   file  # CPack's Debian packages (dependencies found by dpkg-shlibdeps; scripts/check-packages.sh)
   python3-dev python3-pybind11 python3-numpy  # the Python package (python/) and its tests
+  python3-venv  # scripts/torch-venv.sh: the PyTorch venv of the torch-labelled tests
 )
 
 missing=()

@@ -24,6 +24,8 @@ if [ "${CLANG_CHECK:-1}" != 0 ]; then
     -DCMAKE_CXX_COMPILER=clang++ -DGRADSNAP_CUDA=OFF -DGRADSNAP_STRICT=ON "${LAUNCHER[@]}" >/dev/null
   cmake --build "$CLANG_BUILD_DIR" -j "$JOBS"
 fi
+# The PyTorch venv of the torch-labelled tests, made when missing; without it they are skipped.
+bash scripts/torch-venv.sh || echo "test.sh: the torch tests will be skipped (see above)"
 cd "$BUILD_DIR"
 # Soak and torture runs carry the label "long" and run from benchmarks/ instead.
 ctest --output-on-failure -j "$JOBS" -LE long "$@"

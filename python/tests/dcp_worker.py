@@ -1,0 +1,116 @@
+"""One rank of a torch.distributed.checkpoint save or load through gradsnap, for
+test_torch.py. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Gloo back end, CPU).
+
+    dcp_worker.py save SERVER JOB STEP [--async] [--pause-in-finish]
+    dcp_worker.py load SERVER JOB STEP|latest EXPECT_STEP
+
+The state is a real torch.nn model trained two steps with AdamW (its optimizer state included),
+a tensor sharded across the ranks (a DTensor, Shard(0)), a replicated one and a BytesIO item,
+all made from a seed (the step), so every world size builds the same values. `load` fills a
+fresh state from the checkpoint and compares every tensor (the sharded one whole) with the
+state of EXPECT_STEP; prints "exact" and exits 0, else names the first difference, exit 1.
+--pause-in-finish: the coordinator prints "finishing" and sleeps once every rank's shard is
+durable, before the checkpoint's metadata is saved (the test kills it there)."""
+import io
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+import gradsnap
+import gradsnap.torch as gt
+
+
+def make_state(seed, mesh):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        model(torch.randn(16, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    full = torch.randn(64, 48, dtype=torch.bfloat16)
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    return {"model": model.state_dict(), "optim": opt.state_dict(),
+            "sharded": sharded, "ids": torch.arange(seed, seed + 100, dtype=torch.int64),
+            "extra": {"step": seed, "note": io.BytesIO(f"seed {seed}".encode())}}
+
+
+def blank_like(state, mesh):
+    """A state of the same structure, every tensor zero (filled by dcp.load)."""
+    def zero(v):
+        if isinstance(v, dict):
+            return {k: zero(x) for k, x in v.items()}
+        if isinstance(v, torch.distributed.tensor.DTensor):
+            return distribute_tensor(torch.zeros(v.shape, dtype=v.dtype), mesh, [Shard(0)])
+        if isinstance(v, torch.Tensor):
+            return torch.zeros_like(v)
+        if isinstance(v, io.BytesIO):
+            return io.BytesIO()
+        return v if not isinstance(v, (int, float)) else type(v)(0)
+    return zero(state)
+
+
+def compare(got, want, path=""):
+    if isinstance(want, dict):
+        if set(got) != set(want):
+            return f"{path}: keys {sorted(got)} != {sorted(want)}"
+        for k in want:
+            d = compare(got[k], want[k], f"{path}/{k}")
+            if d:
+                return d
+        return None
+    if isinstance(want, torch.distributed.tensor.DTensor):
+        got, want = got.full_tensor(), want.full_tensor()
+    if isinstance(want, torch.Tensor):
+        ok = got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+        return None if ok else f"{path}: tensors differ"
+    if isinstance(want, io.BytesIO):
+        got.seek(0)
+        return None if got.read() == want.getvalue() else f"{path}: bytes differ"
+    return None if got == want else f"{path}: {got!r} != {want!r}"
+
+
+class PausingWriter(gt.Writer):
+    def finish(self, metadata, results):
+        print("finishing", flush=True)
+        time.sleep(600)
+        super().finish(metadata, results)
+
+
+def main():
+    mode, server, job, step = sys.argv[1:5]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    client = gradsnap.connect(servers=server)
+    if mode == "save":
+        state = make_state(int(step), mesh)
+        cls = PausingWriter if "--pause-in-finish" in sys.argv else gt.Writer
+        writer = cls(client, job, int(step))
+        if "--async" in sys.argv:
+            dcp.async_save(state, storage_writer=writer).result()
+        else:
+            dcp.save(state, storage_writer=writer)
+        print("saved", flush=True)
+    else:
+        want = make_state(int(sys.argv[5]), mesh)
+        got = blank_like(want, mesh)
+        dcp.load(got, storage_reader=gt.Reader(client, job,
+                                               step if step == "latest" else int(step)))
+        diff = compare(got, want)
+        print(diff or "exact", flush=True)
+        if diff:
+            sys.exit(1)
+    client.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
