@@ -51,8 +51,8 @@ const std::vector<Command>& Commands() {
        "its chain. Exit status 3 when corruption is found.",
        {{"all", "", "verify every committed checkpoint of JOB. Default: off"}}, 1, 2, RunVerify},
       {"restore",
-       "restore JOB [STEP|latest] --out DIR [--world-size M | --consolidate [--dtype f32|bf16]] "
-       "[--rank R] [--no-replay]",
+       "restore JOB [STEP|latest] --out DIR [--world-size M | --consolidate [--dtype f32|bf16] "
+       "[--max-shard-size N]] [--rank R] [--no-replay]",
        "write the state a job resumes from: DIR/rank<R>.safetensors (or named weights) and "
        "DIR/manifest.json",
        "STEP defaults to latest, the recovery point (newest FULL + its DELTA chain, replayed; a\n"
@@ -65,6 +65,10 @@ const std::vector<Command>& Commands() {
          "write model.safetensors, optimizer.safetensors, trainer_state.json. Default: off"},
         {"dtype", "T",
          "weights in model.safetensors: f32 or bf16 (with --consolidate). Default: f32"},
+        {"max-shard-size", "N",
+         "with --consolidate: weights over N bytes (suffixes KB MB GB = 10^3.., KiB MiB GiB = "
+         "2^10..) go to model-0000i-of-0000n.safetensors files of at most N bytes and "
+         "model.safetensors.index.json. Default: 5GB"},
         {"no-replay", "",
          "the stored record of STEP as it is (a DELTA stays a DELTA). Default: off"}},
        1, 2, RunRestore},

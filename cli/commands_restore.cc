@@ -3,8 +3,12 @@
 // into named weights (docs/cli.md, "restore"). The stored shards are streamed as they are
 // (commands_data.cc) whenever nothing needs replaying or re-cutting.
 #include <cstdio>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/commands.h"
@@ -31,8 +35,33 @@ struct Request {
   int world_size = 0;  // 0: the checkpoint's
   bool consolidate = false;
   DType dtype = DType::kF32;
+  uint64_t max_shard_bytes = 5'000'000'000;  // --max-shard-size; Default: 5GB, as transformers
   int rank = -1;  // --rank: only this rank file
 };
+
+// --max-shard-size: bytes, with an optional suffix KB MB GB (powers of 1000, as transformers'
+// "5GB") or KiB MiB GiB (powers of 1024).
+absl::StatusOr<uint64_t> ParseShardSize(const std::string& v) {
+  static const std::pair<const char*, uint64_t> kUnits[] = {
+      {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30},
+      {"KB", 1000},        {"MB", 1000000},     {"GB", 1000000000}};
+  std::string digits = v;
+  uint64_t unit = 1;
+  for (const auto& [suffix, mult] : kUnits) {
+    if (absl::EndsWith(v, suffix)) {
+      digits = v.substr(0, v.size() - std::strlen(suffix));
+      unit = mult;
+      break;
+    }
+  }
+  uint64_t n = 0;
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(digits, &n) || n == 0 || n > UINT64_MAX / unit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad --max-shard-size '", v, "': want a positive byte count such as 2000000000 or 5GB"));
+  }
+  return n * unit;
+}
 
 absl::StatusOr<Request> ParseRequest(Context& ctx, const std::string& target, bool for_export) {
   Request q;
@@ -57,6 +86,10 @@ absl::StatusOr<Request> ParseRequest(Context& ctx, const std::string& target, bo
       }
       if (!q.consolidate) return absl::InvalidArgumentError("--dtype needs --consolidate");
       q.dtype = d == "bf16" ? DType::kBF16 : DType::kF32;
+    }
+    if (ctx.args.Has("max-shard-size")) {
+      ASSIGN_OR_RETURN(q.max_shard_bytes, ParseShardSize(ctx.args.Get("max-shard-size")));
+      if (!q.consolidate) return absl::InvalidArgumentError("--max-shard-size needs --consolidate");
     }
     if (q.no_replay && (q.world_size > 0 || q.consolidate)) {
       return absl::InvalidArgumentError(
@@ -268,7 +301,7 @@ absl::Status RunRestore(Context& ctx) {
   if (ec) return PosixError(absl::StrCat("remove ", dir, "/manifest.json"), ec.value());
   std::vector<recovery::WrittenFile> files;
   if (q.consolidate) {
-    ASSIGN_OR_RETURN(files, recovery::WriteConsolidated(dir, s, q.dtype));
+    ASSIGN_OR_RETURN(files, recovery::WriteConsolidated(dir, s, q.dtype, q.max_shard_bytes));
   } else {
     ASSIGN_OR_RETURN(
         files, recovery::WriteRankFiles(

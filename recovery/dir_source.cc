@@ -295,47 +295,74 @@ class DirSource : public StateSource {
     return SetState(text);
   }
 
-  absl::Status OpenConsolidated() {
-    ASSIGN_OR_RETURN(std::unique_ptr<StFile> model, OpenSafetensors(dir_ + "/model.safetensors"));
-    ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt, OpenSafetensors(dir_ + "/optimizer.safetensors"));
-    RETURN_IF_ERROR(CheckIdentity(*model, -1, 0));
-    RETURN_IF_ERROR(CheckIdentity(*opt, -1, 0));
-    if (verify_all_) {
-      RETURN_IF_ERROR(VerifyTensors(*model));
-      RETURN_IF_ERROR(VerifyTensors(*opt));
+  // The model files: model.safetensors, or those model.safetensors.index.json names.
+  absl::StatusOr<std::vector<std::string>> ModelFiles() {
+    const std::string index_path = dir_ + "/" + kModelIndexFile;
+    struct stat st;
+    if (::stat(index_path.c_str(), &st) != 0) return std::vector<std::string>{kModelFile};
+    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path, "model index", kMaxSmallFile));
+    ASSIGN_OR_RETURN(JsonValue index, ParseJson(text, index_path));
+    const JsonValue* map = index.Find("weight_map");
+    std::set<std::string> names;
+    for (const auto& [tensor, file] : map != nullptr ? map->object
+                                                     : std::map<std::string, JsonValue>()) {
+      if (file.type != JsonValue::Type::kString || file.text.find('/') != std::string::npos) {
+        return absl::DataLossError(absl::StrCat(index_path, ": bad file of ", tensor));
+      }
+      names.insert(file.text);
     }
-    RETURN_IF_ERROR(SetState(model->meta["train_state"]));
+    if (names.empty()) return absl::DataLossError(absl::StrCat(index_path, ": no weight_map"));
+    return std::vector<std::string>(names.begin(), names.end());
+  }
+
+  absl::Status OpenConsolidated() {
+    ASSIGN_OR_RETURN(std::vector<std::string> model_files, ModelFiles());
+    for (const std::string& name : model_files) {
+      ASSIGN_OR_RETURN(std::unique_ptr<StFile> f, OpenSafetensors(dir_ + "/" + name));
+      files_.push_back(std::move(f));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<StFile> opt, OpenSafetensors(dir_ + "/optimizer.safetensors"));
+    files_.push_back(std::move(opt));
+    for (const auto& f : files_) {
+      RETURN_IF_ERROR(CheckIdentity(*f, -1, 0));
+      if (verify_all_) RETURN_IF_ERROR(VerifyTensors(*f));
+    }
+    RETURN_IF_ERROR(SetState(files_[0]->meta["train_state"]));
     ASSIGN_OR_RETURN(auto kv, ParseStateText(view_.info.metadata));
     ASSIGN_OR_RETURN(std::vector<ParamEntry> layout,
                      DecodeLayout(kv[std::string(kParamLayoutKey)]));
     const uint64_t total = LayoutTotal(layout);
     const std::pair<const char*, const char*> flats[3] = {
         {kFlatParams, ""}, {kFlatAdamM, ".exp_avg"}, {kFlatAdamV, ".exp_avg_sq"}};
+    const int32_t opt_file = static_cast<int32_t>(files_.size()) - 1;
     for (int i = 0; i < 3; ++i) {
-      const StFile& f = i == 0 ? *model : *opt;
       FlatBuffer& fb = view_.flats[flats[i].first];
       fb.total = total;
       for (const ParamEntry& e : layout) {
         const std::string name = e.name + flats[i].second;
-        auto it = f.tensors.find(name);
-        if (it == f.tensors.end() ||
-            it->second.end - it->second.begin != e.numel() * DTypeSize(it->second.dtype)) {
-          return absl::DataLossError(
-              absl::StrCat(f.path, ": tensor ", name, " is missing or of the wrong size"));
+        // The file holding it: the optimizer's, or the model file that has it.
+        int32_t file = i == 0 ? -1 : opt_file;
+        for (int32_t m = 0; i == 0 && m < opt_file && file < 0; ++m) {
+          if (files_[m]->tensors.count(name) != 0) file = m;
         }
-        fb.pieces.push_back(
-            FlatPiece{i == 0 ? 0 : 1, name, it->second.dtype, e.offset, e.numel(), 0});
+        auto it = file < 0 ? files_[0]->tensors.end() : files_[file]->tensors.find(name);
+        if (file < 0 || it == files_[file]->tensors.end() ||
+            it->second.end - it->second.begin != e.numel() * DTypeSize(it->second.dtype)) {
+          return absl::DataLossError(absl::StrCat(
+              dir_, ": tensor ", name, " is missing or of the wrong size in ",
+              i == 0 ? "the model files" : "optimizer.safetensors"));
+        }
+        fb.pieces.push_back(FlatPiece{file, name, it->second.dtype, e.offset, e.numel(), 0});
       }
     }
-    files_.push_back(std::move(model));
-    files_.push_back(std::move(opt));
     return absl::OkStatus();
   }
 
   const std::string dir_;
   const bool verify_all_;
   CheckpointView view_;
-  std::vector<std::unique_ptr<StFile>> files_;  // by rank (consolidated: model, optimizer)
+  // By rank (consolidated: the model files, then optimizer.safetensors).
+  std::vector<std::unique_ptr<StFile>> files_;
   std::string manifest_job_;    // the job and step manifest.json names
   int64_t manifest_step_ = -1;
   std::set<int64_t> listed_;    // the ranks it lists

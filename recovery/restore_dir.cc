@@ -6,8 +6,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <algorithm>
+#include <filesystem>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -211,8 +214,59 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
   return files;
 }
 
+std::string ModelShardName(size_t i, size_t n) {
+  return absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
+}
+
+namespace {
+
+// The model's tensors in files of at most max_shard_bytes (0: no limit) in order, a tensor
+// larger than that alone in its file; one group when the whole model fits.
+std::vector<std::vector<SafetensorsTensor>> SplitModel(const std::vector<SafetensorsTensor>& model,
+                                                       uint64_t model_bytes,
+                                                       uint64_t max_shard_bytes) {
+  if (max_shard_bytes == 0 || model_bytes <= max_shard_bytes) return {model};
+  std::vector<std::vector<SafetensorsTensor>> groups(1);
+  uint64_t bytes = 0;
+  for (const SafetensorsTensor& t : model) {
+    if (!groups.back().empty() && bytes + t.bytes > max_shard_bytes) {
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(t);
+    bytes += t.bytes;
+  }
+  return groups;
+}
+
+// Removes model.safetensors, model.safetensors.index.json and model-*-of-*.safetensors files
+// of `dir` that are not in `keep`.
+absl::Status RemoveOtherModelFiles(const std::string& dir, const std::vector<std::string>& keep) {
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool model_file =
+        name == kModelFile || name == kModelIndexFile ||
+        (absl::StartsWith(name, "model-") && absl::StrContains(name, "-of-") &&
+         absl::EndsWith(name, ".safetensors"));
+    if (model_file && std::find(keep.begin(), keep.end(), name) == keep.end() &&
+        !(keep.size() > 1 && name == kModelIndexFile)) {
+      stale.push_back(e.path().string());
+    }
+  }
+  if (ec) return PosixError(absl::StrCat("list ", dir), ec.value());
+  for (const std::string& p : stale) {
+    if (!std::filesystem::remove(p, ec) && ec) return PosixError("remove " + p, ec.value());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& dir,
-                                                           const FullState& s, DType dtype) {
+                                                           const FullState& s, DType dtype,
+                                                           uint64_t max_shard_bytes) {
   ASSIGN_OR_RETURN(auto kv, ParseStateText(s.state));
   auto it = kv.find(std::string(kParamLayoutKey));
   if (it == kv.end()) {
@@ -232,7 +286,7 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
   }
   const size_t es = DTypeSize(dtype);
   std::vector<SafetensorsTensor> model, opt;
-  std::vector<std::pair<std::string, std::string>> model_sha, opt_sha;
+  std::vector<std::pair<std::string, std::string>> opt_sha;
   for (const ParamEntry& e : layout) {
     const void* p = dtype == DType::kBF16 ? static_cast<const void*>(bf16.data() + e.offset)
                                           : static_cast<const void*>(s.master.data() + e.offset);
@@ -243,21 +297,44 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
                    e.numel() * sizeof(float)});
   }
   // Every tensor's SHA-256 in the metadata, as in rank files: --init-from checks them.
-  for (const SafetensorsTensor& t : model) {
-    model_sha.push_back({"sha256." + t.name, Sha256Hex(t.data, t.bytes)});
-  }
   for (const SafetensorsTensor& t : opt) {
     opt_sha.push_back({"sha256." + t.name, Sha256Hex(t.data, t.bytes)});
   }
-  std::vector<std::pair<std::string, std::string>> meta = {
+  const std::vector<std::pair<std::string, std::string>> meta = {
       {"format", "gradsnap-model-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)},
       {"dtype", DTypeName(dtype)}, {"train_state", s.state}};
-  meta.insert(meta.end(), model_sha.begin(), model_sha.end());
   std::vector<WrittenFile> files;
   StagedFiles staged;
-  const std::string model_path = dir + "/model.safetensors";
-  RETURN_IF_ERROR(StageSafetensors(model_path, meta, model, &staged));
-  files.push_back({model_path, s.master.size() * es, -1});
+  const std::vector<std::vector<SafetensorsTensor>> groups =
+      SplitModel(model, s.master.size() * es, max_shard_bytes);
+  std::vector<std::string> names;  // the model files, in order
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    names.push_back(groups.size() == 1 ? std::string(kModelFile)
+                                       : ModelShardName(g, groups.size()));
+    std::vector<std::pair<std::string, std::string>> m = meta;
+    uint64_t bytes = 0;
+    for (const SafetensorsTensor& t : groups[g]) {
+      m.push_back({"sha256." + t.name, Sha256Hex(t.data, t.bytes)});
+      weight_map.push_back({t.name, names.back()});
+      bytes += t.bytes;
+    }
+    RETURN_IF_ERROR(StageSafetensors(dir + "/" + names.back(), m, groups[g], &staged));
+    files.push_back({dir + "/" + names.back(), bytes, -1});
+  }
+  if (groups.size() > 1) {
+    // model.safetensors.index.json, as transformers reads a sharded checkpoint.
+    std::vector<std::string> entries;
+    for (const auto& [name, file] : weight_map) {
+      entries.push_back(absl::StrCat("    ", JsonQuote(name), ": ", JsonQuote(file)));
+    }
+    const std::string index = absl::StrCat(
+        "{\n  \"metadata\": {\"total_size\": ", s.master.size() * es, "},\n  \"weight_map\": {\n",
+        absl::StrJoin(entries, ",\n"), "\n  }\n}\n");
+    const std::string index_path = dir + "/" + kModelIndexFile;
+    RETURN_IF_ERROR(StageFile(index_path, {{index.data(), index.size()}}, &staged));
+    files.push_back({index_path, index.size(), -1});
+  }
   const std::string opt_path = dir + "/optimizer.safetensors";
   std::vector<std::pair<std::string, std::string>> opt_meta = {
       {"format", "gradsnap-optimizer-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)}};
@@ -269,6 +346,9 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
   RETURN_IF_ERROR(StageFile(state_path, {{json.data(), json.size()}}, &staged));
   files.push_back({state_path, json.size(), -1});
   RETURN_IF_ERROR(staged.Commit());
+  // The other layout's files of an earlier restore into this directory would be found first
+  // (transformers reads model.safetensors before the index): removed.
+  RETURN_IF_ERROR(RemoveOtherModelFiles(dir, names));
   return files;
 }
 

@@ -6,9 +6,13 @@
 //   ranks would have saved (tensors params, adam_m, adam_v: f32 slices of SliceOfRank-style
 //   contiguous ranges; replicated_state: u8 train state text), with the gradsnap-shard-v1
 //   metadata of docs/cli.md ("slice.<tensor>" = FLAT:OFFSET:TOTAL).
-//   Consolidated: DIR/model.safetensors (each parameter by name and shape, F32 or BF16),
+//   Consolidated: DIR/model.safetensors (each parameter by name and shape, F32 or BF16) or,
+//   when the weights pass max_shard_bytes, DIR/model-0000I-of-0000N.safetensors (parameters
+//   in layout order, at most max_shard_bytes each, a larger parameter alone) with
+//   DIR/model.safetensors.index.json ({"metadata": {"total_size": BYTES}, "weight_map":
+//   {name: file}}), the layout transformers loads;
 //   DIR/optimizer.safetensors ("<name>.exp_avg" and "<name>.exp_avg_sq", F32) and
-//   DIR/trainer_state.json. model.safetensors' __metadata__ carries "train_state" (the text).
+//   DIR/trainer_state.json. Every model file's __metadata__ carries "train_state" (the text).
 //   DIR/manifest.json is written last, so a directory without it is incomplete.
 //   Every file is written as NAME.tmp, fsynced and renamed.
 //
@@ -57,11 +61,18 @@ absl::StatusOr<std::vector<WrittenFile>> WriteRankFiles(
     int only_rank = -1);
 // DIR/rank<R>.safetensors
 std::string RankFilePath(const std::string& dir, int rank);
-// Writes model.safetensors (in `dtype`: kF32 or kBF16), optimizer.safetensors and
-// trainer_state.json, staged together as WriteRankFiles's. FAILED_PRECONDITION when the state
+inline constexpr const char* kModelFile = "model.safetensors";
+inline constexpr const char* kModelIndexFile = "model.safetensors.index.json";
+// "model-0000<i+1>-of-0000<n>.safetensors": the i-th (from 0) of n model files.
+std::string ModelShardName(size_t i, size_t n);
+// Writes the model (in `dtype`: kF32 or kBF16) as model.safetensors, or, when its weights
+// pass max_shard_bytes (0: never), as model files of at most that size with their index;
+// then optimizer.safetensors and trainer_state.json, staged together as WriteRankFiles's; the
+// other layout's model files already in `dir` are removed. FAILED_PRECONDITION when the state
 // carries no model layout.
 absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& dir,
-                                                           const FullState& s, DType dtype);
+                                                           const FullState& s, DType dtype,
+                                                           uint64_t max_shard_bytes = 0);
 // Writes DIR/manifest.json describing the files: call last.
 absl::Status WriteRestoreManifest(const std::string& dir, const FullState& s, int world_size,
                                   bool consolidated, const std::vector<WrittenFile>& files);
