@@ -188,6 +188,12 @@ class Client:
         FailedPrecondition: a FULL that a DELTA is based on."""
         self._c.delete(_str_arg("job", job, allow_none=False), _int_arg("step", step))
 
+    def abort(self, job: str, step: int) -> None:
+        """Abandons a pending checkpoint (some of its ranks saved, not all) and frees its
+        space, so the step can be saved anew. NotFound: no such checkpoint;
+        FailedPrecondition: it is committed (use delete)."""
+        self._c.abort(_str_arg("job", job, allow_none=False), _int_arg("step", step))
+
     def health(self) -> None:
         """Returns when every server answers (or the local store is open); Unavailable else."""
         self._c.health()

@@ -436,6 +436,17 @@ class PyClient {
     Check(s);
   }
 
+  void Abort(const std::string& job, int64_t step) {
+    CheckName("job", job);
+    std::shared_ptr<gc::Client> c = Get();
+    absl::Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = c->AbortCheckpoint(job, step);
+    }
+    Check(s);
+  }
+
   void Health() {
     std::shared_ptr<gc::Client> c = Get();
     absl::Status s;
@@ -510,5 +521,6 @@ PYBIND11_MODULE(_gradsnap, m) {
       .def("show", &PyClient::Show, py::arg("job"), py::arg("step"))
       .def("verify", &PyClient::Verify, py::arg("job"), py::arg("step"))
       .def("delete", &PyClient::Delete, py::arg("job"), py::arg("step"))
+      .def("abort", &PyClient::Abort, py::arg("job"), py::arg("step"))
       .def("health", &PyClient::Health);
 }

@@ -82,8 +82,9 @@ class Writer(StorageWriter):
     """Saves a DCP checkpoint as gradsnap checkpoint (job, step); see the module's LAYOUT.
 
     ``client``: this rank's gradsnap.Client. Every rank passes the same job and step. The step
-    must not hold a checkpoint yet (gradsnap.AlreadyExists otherwise: a committed checkpoint is
-    never overwritten).
+    must not hold a committed checkpoint (gradsnap.AlreadyExists otherwise: a committed
+    checkpoint is never overwritten); a pending one, left by a save that died, is abandoned
+    (aborted) by the coordinator before any rank writes.
     """
 
     def __init__(self, client: Client, job: str, step: int):
@@ -105,6 +106,12 @@ class Writer(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        # The coordinator, before any rank writes: a pending (job, step) left by a save that
+        # died is abandoned, so no rank keeps a shard of it (a re-save of a committed shard
+        # with the same spec would be taken as done, its old bytes kept).
+        for info in self.client.list(self.job, pending=True):
+            if info["step"] == self.step and info["state"] == "pending":
+                self.client.abort(self.job, self.step)
         return [dataclasses.replace(p, storage_data=_RankPlan(i, len(plans)))
                 for i, p in enumerate(plans)]
 

@@ -1,12 +1,12 @@
 """One rank of a torch.distributed.checkpoint save or load through gradsnap, for
 test_torch.py. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Gloo back end, CPU).
 
-    dcp_worker.py save SERVER JOB STEP [--async] [--pause-in-finish]
+    dcp_worker.py save SERVER JOB STEP [--async] [--pause-in-finish] [--seed N]
     dcp_worker.py load SERVER JOB STEP|latest EXPECT_STEP
 
 The state is a real torch.nn model trained two steps with AdamW (its optimizer state included),
 a tensor sharded across the ranks (a DTensor, Shard(0)), a replicated one and a BytesIO item,
-all made from a seed (the step), so every world size builds the same values. `load` fills a
+all made from a seed (the step, or --seed), so every world size builds the same values. `load` fills a
 fresh state from the checkpoint and compares every tensor (the sharded one whole) with the
 state of EXPECT_STEP; prints "exact" and exits 0, else names the first difference, exit 1.
 --pause-in-finish: the coordinator prints "finishing" and sleeps once every rank's shard is
@@ -91,7 +91,8 @@ def main():
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     client = gradsnap.connect(servers=server)
     if mode == "save":
-        state = make_state(int(step), mesh)
+        seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else int(step)
+        state = make_state(seed, mesh)
         cls = PausingWriter if "--pause-in-finish" in sys.argv else gt.Writer
         writer = cls(client, job, int(step))
         if "--async" in sys.argv:

@@ -112,6 +112,9 @@ class DcpTest(unittest.TestCase):
                 p.communicate()
         self.assertEqual(self.steps("kill"), [1])
         self.ok(1, ["load", addr, "kill", "latest", 1])
+        # Saving step 2 again, from other values (seed 7), replaces every stale shard.
+        self.ok(2, ["save", addr, "kill", 2, "--seed", 7])
+        self.ok(2, ["load", addr, "kill", "latest", 7])
 
     def test_flipped_byte_is_an_error(self):
         self.ok(1, ["save", self.server.address, "flip", 5])
