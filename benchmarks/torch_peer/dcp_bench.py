@@ -29,16 +29,12 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_bench import drop_cache, parse_bytes  # noqa: E402
+from torch_bench import add_state_args, drop_cache, parse_bytes  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bytes", default="1G", help="state size (K/M/G suffixes). Default: 1G")
-    ap.add_argument("--tensors", type=int, default=8, help="tensors in the state. Default: 8")
-    ap.add_argument("--passes", type=int, default=3, help="passes (1..20). Default: 3")
-    ap.add_argument("--dir", default="/tmp", help="scratch directory on the disk under test "
-                    "(a temporary directory in it, removed at the end). Default: /tmp")
+    add_state_args(ap)  # --dir: a temporary directory is made in it and removed at the end
     ap.add_argument("--endpoint", default="",
                     help="gradsnap through this gradsnap-server. Default: an embedded store")
     a = ap.parse_args()

@@ -60,13 +60,18 @@ def drop_cache(path):
                 os.close(fd)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_state_args(ap):
+    """--bytes, --tensors, --passes and --dir, shared with dcp_bench.py."""
     ap.add_argument("--bytes", default="1G", help="state size (K/M/G suffixes). Default: 1G")
     ap.add_argument("--tensors", type=int, default=8, help="tensors in the state. Default: 8")
     ap.add_argument("--passes", type=int, default=3, help="passes (1..20). Default: 3")
     ap.add_argument("--dir", default="/tmp", help="scratch directory on the disk under test. "
                     "Default: /tmp")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_state_args(ap)
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--io", default=os.path.join(here, "..", "..", "build", "bin",
                                                  "gradsnap_peer_io"),

@@ -177,6 +177,17 @@ auto Call(F f) -> typename decltype(f())::value_type {
   return Check(std::move(r));
 }
 
+// Runs f (a client call returning Status) with the GIL released; a StatusError if not OK.
+template <typename F>
+void CallStatus(F f) {
+  absl::Status s;
+  {
+    py::gil_scoped_release nogil;
+    s = f();
+  }
+  Check(s);
+}
+
 // An int step as is; "latest": the newest committed step of the job (NOT_FOUND if none).
 int64_t ResolveStep(gc::Client& c, const std::string& job, py::object step) {
   if (py::isinstance<py::str>(step)) {
@@ -286,13 +297,10 @@ class PyClient {
     ss.rank = rank;
     ss.metadata = metadata;
     std::shared_ptr<gc::Client> c = Get();
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = c->BeginCheckpoint(cs);
-      if (s.ok()) s = c->SaveShard(ss, std::move(refs));
-    }
-    Check(s);
+    CallStatus([&] {
+      absl::Status s = c->BeginCheckpoint(cs);
+      return s.ok() ? c->SaveShard(ss, std::move(refs)) : s;
+    });
   }
 
   py::dict Restore(const std::string& job, py::object step, int32_t rank, py::object out,
@@ -346,12 +354,7 @@ class PyClient {
         throw py::value_error("out['" + n + "'] holds " + std::to_string(b.bytes()) +
                               " bytes; the tensor has " + std::to_string(ti->spec.byte_length));
       }
-      absl::Status s;
-      {
-        py::gil_scoped_release nogil;
-        s = c->RestoreTensor(job, st, rank, n, b.data(), b.bytes());
-      }
-      Check(s);
+      CallStatus([&] { return c->RestoreTensor(job, st, rank, n, b.data(), b.bytes()); });
       result[py::str(n)] = dest;
     }
     return result;
@@ -367,12 +370,7 @@ class PyClient {
       throw py::value_error("out holds " + std::to_string(b.bytes()) + " bytes, not length " +
                             std::to_string(length));
     }
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = c->ReadShardRange(job, step, rank, offset, length, b.data());
-    }
-    Check(s);
+    CallStatus([&] { return c->ReadShardRange(job, step, rank, offset, length, b.data()); });
     return dest;
   }
 
@@ -416,45 +414,25 @@ class PyClient {
     CheckName("job", job);
     std::shared_ptr<gc::Client> c = Get();
     int64_t st = ResolveStep(*c, job, step);
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = c->Verify(job, st);
-    }
-    Check(s);
+    CallStatus([&] { return c->Verify(job, st); });
     return st;
   }
 
   void Delete(const std::string& job, int64_t step) {
     CheckName("job", job);
     std::shared_ptr<gc::Client> c = Get();
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = c->Delete(job, step);
-    }
-    Check(s);
+    CallStatus([&] { return c->Delete(job, step); });
   }
 
   void Abort(const std::string& job, int64_t step) {
     CheckName("job", job);
     std::shared_ptr<gc::Client> c = Get();
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = c->AbortCheckpoint(job, step);
-    }
-    Check(s);
+    CallStatus([&] { return c->AbortCheckpoint(job, step); });
   }
 
   void Health() {
     std::shared_ptr<gc::Client> c = Get();
-    absl::Status s;
-    {
-      py::gil_scoped_release nogil;
-      s = c->Health();
-    }
-    Check(s);
+    CallStatus([&] { return c->Health(); });
   }
 
  private:

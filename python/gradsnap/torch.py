@@ -107,8 +107,8 @@ class Writer(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # The coordinator, before any rank writes: a pending (job, step) left by a save that
-        # died is abandoned, so no rank keeps a shard of it (a re-save of a committed shard
-        # with the same spec would be taken as done, its old bytes kept).
+        # died is abandoned, so its ranks' committed shards go (a re-save of other values
+        # would fail with AlreadyExists: "committed with different content").
         for info in self.client.list(self.job, pending=True):
             if info["step"] == self.step and info["state"] == "pending":
                 self.client.abort(self.job, self.step)

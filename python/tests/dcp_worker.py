@@ -1,8 +1,9 @@
 """One rank of a torch.distributed.checkpoint save or load through gradsnap, for
 test_torch.py. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Gloo back end, CPU).
 
-    dcp_worker.py save SERVER JOB STEP [--async] [--pause-in-finish] [--seed N]
-    dcp_worker.py load SERVER JOB STEP|latest EXPECT_STEP
+    dcp_worker.py SERVER OP [+ OP ...]   (one process start, several saves and loads)
+    OP: save JOB STEP [--async] [--pause-in-finish] [--seed N]
+        load JOB STEP|latest EXPECT_STEP
 
 The state is a real torch.nn model trained two steps with AdamW (its optimizer state included),
 a tensor sharded across the ranks (a DTensor, Shard(0)), a replicated one and a BytesIO item,
@@ -84,31 +85,42 @@ class PausingWriter(gt.Writer):
         super().finish(metadata, results)
 
 
-def main():
-    mode, server, job, step = sys.argv[1:5]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    client = gradsnap.connect(servers=server)
+def run(client, mesh, op):
+    mode, job, step = op[:3]
     if mode == "save":
-        seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else int(step)
+        seed = int(op[op.index("--seed") + 1]) if "--seed" in op else int(step)
         state = make_state(seed, mesh)
-        cls = PausingWriter if "--pause-in-finish" in sys.argv else gt.Writer
+        cls = PausingWriter if "--pause-in-finish" in op else gt.Writer
         writer = cls(client, job, int(step))
-        if "--async" in sys.argv:
+        if "--async" in op:
             dcp.async_save(state, storage_writer=writer).result()
         else:
             dcp.save(state, storage_writer=writer)
         print("saved", flush=True)
     else:
-        want = make_state(int(sys.argv[5]), mesh)
+        want = make_state(int(op[3]), mesh)
         got = blank_like(want, mesh)
         dcp.load(got, storage_reader=gt.Reader(client, job,
                                                step if step == "latest" else int(step)))
         diff = compare(got, want)
-        print(diff or "exact", flush=True)
+        print(f"{' '.join(op)}: {diff or 'exact'}", flush=True)
         if diff:
             sys.exit(1)
+
+
+def main():
+    server, ops = sys.argv[1], [[]]
+    for arg in sys.argv[2:]:
+        if arg == "+":
+            ops.append([])
+        else:
+            ops[-1].append(arg)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    client = gradsnap.connect(servers=server)
+    for op in ops:
+        run(client, mesh, op)
     client.close()
     dist.destroy_process_group()
 

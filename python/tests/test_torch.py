@@ -63,38 +63,38 @@ class DcpTest(unittest.TestCase):
     def client(self):
         return gradsnap.connect(servers=self.server.address)
 
-    def ok(self, world, args):
+    def ok(self, world, *ops):
+        """Runs `world` ranks through the saves and loads `ops` (dcp_worker.py's OPs, in one
+        process start); every load must be exact."""
+        args = [self.server.address]
+        for op in ops:
+            args += (["+"] if len(args) > 1 else []) + [str(x) for x in op]
         for rank, (rc, out, err) in enumerate(run_ranks(world, args)):
             self.assertEqual(rc, 0, f"rank {rank} of {args}: {out}\n{err[-3000:]}")
-            if args[0] == "load":
-                self.assertIn("exact", out)
+            loads = sum(1 for op in ops if op[0] == "load")
+            self.assertEqual(out.count(": exact"), loads, out)
 
     def steps(self, job):
         with self.client() as c:
             return [i["step"] for i in c.list(job)]
 
     def test_one_process_saves_two_load(self):
-        addr = self.server.address
-        self.ok(1, ["save", addr, "one", 10])
+        self.ok(1, ["save", "one", 10], ["load", "one", "latest", 10])
         self.assertEqual(self.steps("one"), [10])
         with self.client() as c:
             info = c.show("one", 10)
         self.assertEqual(info["world_size"], 2)  # the rank's shard and DCP's metadata
-        self.ok(1, ["load", addr, "one", "latest", 10])
-        self.ok(2, ["load", addr, "one", 10, 10])
+        self.ok(2, ["load", "one", 10, 10])
 
     def test_two_processes_async_save_load_with_one_and_two(self):
-        addr = self.server.address
-        self.ok(2, ["save", addr, "two", 20, "--async"])
-        self.ok(2, ["save", addr, "two", 30])
+        self.ok(2, ["save", "two", 20, "--async"], ["save", "two", 30], ["load", "two", 20, 20])
         self.assertEqual(self.steps("two"), [20, 30])
-        self.ok(2, ["load", addr, "two", 20, 20])
-        self.ok(1, ["load", addr, "two", "latest", 30])
+        self.ok(1, ["load", "two", "latest", 30])
 
     def test_save_killed_before_commit_leaves_nothing_listed(self):
         addr = self.server.address
-        self.ok(2, ["save", addr, "kill", 1])
-        procs = start_ranks(2, ["save", addr, "kill", 2, "--pause-in-finish"])
+        self.ok(2, ["save", "kill", 1])
+        procs = start_ranks(2, [addr, "save", "kill", 2, "--pause-in-finish"])
         try:
             # Rank 0 (DCP's coordinator) prints "finishing" once both ranks' shards are durable.
             line = ""
@@ -111,19 +111,18 @@ class DcpTest(unittest.TestCase):
             for p in procs:
                 p.communicate()
         self.assertEqual(self.steps("kill"), [1])
-        self.ok(1, ["load", addr, "kill", "latest", 1])
+        self.ok(1, ["load", "kill", "latest", 1])
         # Saving step 2 again, from other values (seed 7), replaces every stale shard.
-        self.ok(2, ["save", addr, "kill", 2, "--seed", 7])
-        self.ok(2, ["load", addr, "kill", "latest", 7])
+        self.ok(2, ["save", "kill", 2, "--seed", 7], ["load", "kill", "latest", 7])
 
     def test_flipped_byte_is_an_error(self):
-        self.ok(1, ["save", self.server.address, "flip", 5])
+        self.ok(1, ["save", "flip", 5])
         self.server.stop()
         try:
             self.assertGreater(gsutil.flip_segment_bytes(self.data, "flip", 5), 0)
         finally:
             type(self).server = gsutil.Server(self.data)
-        [(rc, out, err)] = run_ranks(1, ["load", self.server.address, "flip", 5, 5])
+        [(rc, out, err)] = run_ranks(1, [self.server.address, "load", "flip", 5, 5])
         self.assertNotEqual(rc, 0, out)
         self.assertNotIn("exact", out)
         self.assertIn("DataLoss", err)
