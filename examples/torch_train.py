@@ -61,7 +61,7 @@ def main():
             print(f"step {step} loss {loss.item():.4f}: checkpoint started", flush=True)
     if pending is not None:
         pending.result()
-    print(f"done at step {a.steps}", flush=True)
+    print(f"done at step {max(start, a.steps)}", flush=True)
     client.close()
     if dist.is_initialized():
         dist.destroy_process_group()
