@@ -209,16 +209,32 @@ std::string ExpectedJson(const std::vector<std::pair<std::string, std::string>>&
                       step, "\"}}");
 }
 
+// Job j trained 4 steps by `nproc` ranks with a sync FULL at step 4 into DIR/ckpt: the store
+// flag and the CLI on it; ok false (the failure reported) when training failed.
+struct TrainedStore {
+  std::string store, cli;
+  bool ok = false;
+};
+TrainedStore TrainStepFour(const std::string& dir, int nproc) {
+  TrainedStore t;
+  t.store = " --ckpt-dir " + dir + "/ckpt";
+  t.cli = kCli + t.store;
+  const RunResult trained = Train(absl::StrCat("--steps 4 --nproc ", nproc,
+                                               " --ckpt-mode sync --ckpt-every 4 --job j", t.store));
+  EXPECT_EQ(trained.exit_code, 0) << trained.out;
+  t.ok = trained.exit_code == 0;
+  return t;
+}
+
 // The consolidated export, read by tests/cli/read_safetensors.py, holds every parameter and
 // both moments by name, equal to the trainer's own saved state (its raw shards).
 TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
   const TempDir tmp("consolidate");
   const std::string dir = tmp.path();
-  const std::string store = " --ckpt-dir " + dir + "/ckpt";
-  const RunResult trained =
-      Train("--steps 4 --nproc 2 --ckpt-mode sync --ckpt-every 4 --job j" + store);
-  ASSERT_EQ(trained.exit_code, 0) << trained.out;
-  const std::string cli = kCli + store;
+  const TrainedStore t = TrainStepFour(dir, 2);
+  ASSERT_TRUE(t.ok);
+  const std::string& store = t.store;
+  const std::string& cli = t.cli;
   ASSERT_EQ(RunCommand(cli + " restore j 4 --no-replay --out " + dir + "/raw").exit_code, 0);
   RunResult r = RunCommand(cli + " restore j latest --consolidate --out " + dir + "/c");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -281,42 +297,39 @@ TEST(ConsolidateTest, NamedWeightsEqualTheTrainersOwnState) {
 TEST(ConsolidateTest, ShardedModelFilesWithIndex) {
   const TempDir tmp("consolidate-shards");
   const std::string dir = tmp.path();
-  const std::string store = " --ckpt-dir " + dir + "/ckpt";
-  const RunResult trained =
-      Train("--steps 4 --nproc 1 --ckpt-mode sync --ckpt-every 4 --job j" + store);
-  ASSERT_EQ(trained.exit_code, 0) << trained.out;
-  const std::string cli = kCli + store;
-  RunResult r = RunCommand(cli + " restore j latest --consolidate --out " + dir + "/one");
+  const TrainedStore t = TrainStepFour(dir, 1);
+  ASSERT_TRUE(t.ok);
+  RunResult r = RunCommand(t.cli + " restore j latest --consolidate --out " + dir + "/one");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   ASSERT_TRUE(fs::exists(dir + "/one/model.safetensors"));
   ASSERT_FALSE(fs::exists(dir + "/one/model.safetensors.index.json"));
   const uint64_t model_bytes = fs::file_size(dir + "/one/model.safetensors");
   const uint64_t limit = model_bytes / 4;  // at least 4 files
-  r = RunCommand(absl::StrCat(cli, " restore j latest --consolidate --max-shard-size ", limit,
+  r = RunCommand(absl::StrCat(t.cli, " restore j latest --consolidate --max-shard-size ", limit,
                               " --out ", dir, "/sharded"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   r = RunCommand(absl::StrCat("python3 " GRADSNAP_HF_SHARDS_CHECK " ", dir, "/sharded ", dir,
                               "/one/model.safetensors ", limit, " 4"));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   const RunResult a = Train("--steps 6 --nproc 1 --init-from " + dir + "/sharded");
-  const RunResult b = Train("--steps 6 --nproc 1 --resume latest --job j" + store);
+  const RunResult b = Train("--steps 6 --nproc 1 --resume latest --job j" + t.store);
   ASSERT_EQ(a.exit_code, 0) << a.out;
   ASSERT_EQ(b.exit_code, 0) << b.out;
   EXPECT_EQ(SummaryField(a.out, "params_sha256"), SummaryField(b.out, "params_sha256"));
   // One file again into the sharded directory: the shards and the index go; and back.
-  r = RunCommand(cli + " restore j 4 --consolidate --out " + dir + "/sharded");
+  r = RunCommand(t.cli + " restore j 4 --consolidate --out " + dir + "/sharded");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_TRUE(fs::exists(dir + "/sharded/model.safetensors"));
   EXPECT_FALSE(fs::exists(dir + "/sharded/model.safetensors.index.json"));
   EXPECT_FALSE(fs::exists(dir + "/sharded/model-00001-of-00004.safetensors"));
-  r = RunCommand(absl::StrCat(cli, " restore j 4 --consolidate --max-shard-size ", limit,
+  r = RunCommand(absl::StrCat(t.cli, " restore j 4 --consolidate --max-shard-size ", limit,
                               " --out ", dir, "/one"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_FALSE(fs::exists(dir + "/one/model.safetensors"));
   // Bad sizes, or the flag without --consolidate: exit 2, one line.
   for (const std::string bad : {"--consolidate --max-shard-size 0", "--consolidate "
                                 "--max-shard-size 5TB", "--max-shard-size 5GB"}) {
-    r = RunCommand(cli + " restore j 4 " + bad + " --out " + dir + "/bad");
+    r = RunCommand(t.cli + " restore j 4 " + bad + " --out " + dir + "/bad");
     EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.out;
     EXPECT_TRUE(absl::StrContains(r.out, "--max-shard-size")) << r.out;
     EXPECT_FALSE(fs::exists(dir + "/bad"));
