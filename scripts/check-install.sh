@@ -2,7 +2,8 @@
 # Installs a built tree into a temporary prefix, builds examples/ against the installed package
 # twice (CMake find_package(gradsnap), then pkg-config gradsnap) and runs both programs against
 # a fresh embedded data directory, then the first one against the installed gradsnap-server on
-# 127.0.0.1, then a save and restore through the installed Python package (/usr/bin/python3). Nothing of the source tree is on the examples' include path.
+# 127.0.0.1, then a save and restore through the installed Python package (/usr/bin/python3).
+# Nothing of the source tree is on the examples' include path.
 # Usage: bash scripts/check-install.sh [BUILD_DIR]   (default: $BUILD_DIR or build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
