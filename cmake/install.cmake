@@ -6,6 +6,8 @@
 #   lib/cmake/gradsnap/                         find_package(gradsnap): target gradsnap::gradsnap
 #   lib/pkgconfig/gradsnap.pc                   pkg-config gradsnap
 #   bin/gradsnap, gradsnap-server, gradsnap-train
+#   lib/python3/dist-packages/gradsnap/         the Python package (python/CMakeLists.txt,
+#                                               component python)
 # Components (the Debian packages of cmake/package.cmake): `server` (bin/gradsnap-server) and
 # `gradsnap` (the rest); a plain `cmake --install` installs both.
 # (lib is GNUInstallDirs' CMAKE_INSTALL_LIBDIR.) The ctest test install_example installs into a
