@@ -12,6 +12,7 @@ PACKAGES=(
   libgloo-dev libopenblas-dev
   openssl  # the openssl command: throwaway TLS certificates in tests
   file  # CPack's Debian packages (dependencies found by dpkg-shlibdeps; scripts/check-packages.sh)
+  etcd-server etcd-client  # cluster mode (--etcd): the etcd its tests start, and etcdctl
 )
 
 missing=()
