@@ -3,6 +3,8 @@
 // mode"). Flag checks, etcd unreachable at start, registration under a lease, writes refused
 // while the lease is gone and taken again once it is back.
 #include <chrono>
+#include <cstdio>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,9 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "client/client.h"
+#include "cluster/catalog.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/node_id.h"
+#include "cluster/placement.h"
 #include "gtest/gtest.h"
 #include "service_test_util.h"
 #include "tests/testing/etcd_cluster.h"
@@ -161,6 +166,167 @@ TEST(ClusterServer, RegistersUnderLeaseAndRefusesWritesWithoutIt) {
   auto again_kv = EtcdOf(etcd)->Get(cluster::kNodesPrefix + id);
   ASSERT_TRUE(again_kv.ok()) << again_kv.status();
   EXPECT_EQ(cluster::DecodeNodeRecord(*again_kv)->address, address);
+}
+
+// A 3-member etcd and 4 storage nodes, R = 3, W = 2, all made by the test.
+class ClusterE2E : public ::testing::Test {
+ protected:
+  static constexpr int kNodes = 4;
+  void SetUp() override {
+    ASSERT_TRUE(etcd_.Start(3).ok()) << etcd_.Log(0);
+    for (int i = 0; i < kNodes; ++i) {
+      auto port = FreePort();
+      ASSERT_TRUE(port.ok());
+      const std::string address = absl::StrCat("127.0.0.1:", *port);
+      data_.push_back(dir_.File(absl::StrCat("node", i)));
+      servers_.push_back(std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN));
+      ASSERT_TRUE(servers_.back()
+                      ->StartOn(data_.back(), address,
+                                {"--etcd", etcd_.Endpoints(), "--advertise", address,
+                                 "--lease-ttl-s", "2"})
+                      .ok())
+          << servers_.back()->Log();
+      ids_.push_back(std::string(absl::StripSuffix(*ReadFile(data_.back() + "/node_id"), "\n")));
+    }
+    client_ = Connect();
+    ASSERT_NE(client_, nullptr);
+    // The client sees the nodes through its watch.
+    ASSERT_TRUE(WaitFor([&] { return LiveNodes(client_.get()) == kNodes; }, 30));
+  }
+
+  std::unique_ptr<client::Client> Connect() {
+    client::ClientOptions o;
+    o.etcd = etcd_.Endpoints();
+    o.cluster_replicas = 3;
+    o.min_replicas = 2;
+    o.max_attempts = 3;
+    o.rpc_timeout_ms = 10000;
+    auto c = client::Client::ConnectRemote(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  static int LiveNodes(client::Client* c) {
+    std::vector<std::string> notes;
+    if (!c->HealthNotes(&notes).ok()) return 0;
+    return static_cast<int>(notes.size());
+  }
+
+  // Node indices in the rendezvous order of (job, rank) over all nodes.
+  std::vector<int> Order(const std::string& job, int32_t rank) {
+    std::vector<uint64_t> hashes;
+    for (const auto& id : ids_) hashes.push_back(cluster::NodeHash(id));
+    std::vector<int> out;
+    for (size_t i : cluster::RankNodes(hashes, cluster::ShardKeyHash(job, rank), ids_.size())) {
+      out.push_back(static_cast<int>(i));
+    }
+    return out;
+  }
+
+  TempDir dir_{"cluster-e2e"};
+  EtcdCluster etcd_{dir_.Sub("etcd")};
+  std::vector<std::string> data_;
+  std::vector<std::string> ids_;
+  std::vector<std::unique_ptr<ServerProcess>> servers_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(ClusterE2E, SavesSurviveANodeKilledMidUploadAndAnEtcdMemberLoss) {
+  client::Client* c = client_.get();
+  auto epoch = c->AcquireEpoch("cj");
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+
+  // Step 0, one rank: its 3 replicas are the first 3 nodes of its order; the 4th node gets
+  // nothing of it (no placeholder, no data).
+  client::CheckpointSpec s0 = FullSpec("cj", 0, 1);
+  s0.epoch = *epoch;
+  ASSERT_TRUE(c->BeginCheckpoint(s0).ok());
+  TestShard small = MakeShard("cj", 0, 0, {1 << 20}, 1);
+  small.spec.epoch = *epoch;
+  ASSERT_TRUE(c->SaveShard(small.spec, small.Refs()).ok());
+  const std::vector<int> order0 = Order("cj", 0);
+  for (int k = 0; k < kNodes; ++k) {
+    EXPECT_EQ(SegmentFiles(data_[order0[k]], "cj.r0", 0).empty(), k >= 3) << "node " << k;
+  }
+  ASSERT_EQ(c->List("cj")->size(), 1u);
+
+  // Step 1, two ranks: the first node of rank 0's order is SIGKILLed while rank 0 uploads (as
+  // soon as its data appears there); the save still commits, with at least W copies.
+  client::CheckpointSpec s1 = FullSpec("cj", 1, 2);
+  s1.epoch = *epoch;
+  ASSERT_TRUE(c->BeginCheckpoint(s1).ok());
+  TestShard big = MakeShard("cj", 1, 0, {48u << 20}, 2);
+  TestShard other = MakeShard("cj", 1, 1, {1 << 20}, 3);
+  big.spec.epoch = other.spec.epoch = *epoch;
+  const int victim = Order("cj", 0)[0];
+  auto pending = c->SaveShardAsync(big.spec, big.Refs());
+  WaitFor([&] { return !SegmentFiles(data_[victim], "cj.r0", 1).empty(); }, 30);
+  const bool in_flight =
+      pending.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  servers_[victim]->Kill();
+  std::printf("node %d killed %s\n", victim,
+              in_flight ? "while the save was in flight" : "after the save resolved");
+  absl::Status saved = pending.get();
+  ASSERT_TRUE(saved.ok()) << saved;
+  ASSERT_TRUE(c->SaveShard(other.spec, other.Refs()).ok());
+  auto listed = c->List("cj");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[1].raw_bytes, (48u << 20) + (1u << 20));  // true sizes: one copy each
+
+  auto etcd = EtcdOf(etcd_);
+  cluster::ClusterCatalog catalog(etcd.get());
+  auto record = catalog.Get("cj", 1);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_GE(record->ranks.at(0).nodes.size(), 2u);
+  auto back = RestoreToString(c, "cj", 1, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == big.Payload());
+  auto back1 = RestoreToString(c, "cj", 1, 1);
+  ASSERT_TRUE(back1.ok()) << back1.status();
+  EXPECT_TRUE(*back1 == other.Payload());
+
+  // An etcd member killed: nothing changes.
+  etcd_.Kill(0);
+  client::CheckpointSpec s2 = FullSpec("cj", 2, 1);
+  s2.epoch = *epoch;
+  ASSERT_TRUE(c->BeginCheckpoint(s2).ok());
+  TestShard third = MakeShard("cj", 2, 0, {1 << 20}, 4);
+  third.spec.epoch = *epoch;
+  ASSERT_TRUE(c->SaveShard(third.spec, third.Refs()).ok());
+  EXPECT_EQ(c->List("cj")->size(), 3u);
+  auto back2 = RestoreToString(c, "cj", 2, 0);
+  ASSERT_TRUE(back2.ok()) << back2.status();
+  EXPECT_TRUE(*back2 == third.Payload());
+}
+
+// A zombie of an older attempt, which began its checkpoint before the new attempt took its
+// epoch, uploads its shard to the nodes but can never commit it: nothing of it is listed.
+TEST_F(ClusterE2E, ZombieAttemptIsFencedAcrossNodes) {
+  auto old_epoch = client_->AcquireEpoch("zj");
+  ASSERT_TRUE(old_epoch.ok());
+  client::CheckpointSpec spec = FullSpec("zj", 7, 1);
+  spec.epoch = *old_epoch;
+  ASSERT_TRUE(client_->BeginCheckpoint(spec).ok());
+  auto fresh = Connect();
+  auto new_epoch = fresh->AcquireEpoch("zj");
+  ASSERT_TRUE(new_epoch.ok());
+  TestShard zombie = MakeShard("zj", 7, 0, {1 << 20}, 5);
+  zombie.spec.epoch = *old_epoch;
+  absl::Status s = client_->SaveShard(zombie.spec, zombie.Refs());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("superseded"), absl::string_view::npos) << s;
+  EXPECT_TRUE(fresh->List("zj")->empty());
+  // The new attempt writes the same step; its copies replace nothing of the zombie's.
+  spec.epoch = *new_epoch;
+  ASSERT_TRUE(fresh->BeginCheckpoint(spec).ok());
+  TestShard good = MakeShard("zj", 7, 0, {1 << 20}, 6);
+  good.spec.epoch = *new_epoch;
+  absl::Status saved = fresh->SaveShard(good.spec, good.Refs());
+  ASSERT_TRUE(saved.ok()) << saved;
+  auto back = RestoreToString(fresh.get(), "zj", 7, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == good.Payload());
 }
 
 }  // namespace
