@@ -188,10 +188,12 @@ class ClusterE2E : public ::testing::Test {
           << servers_.back()->Log();
       ids_.push_back(std::string(absl::StripSuffix(*ReadFile(data_.back() + "/node_id"), "\n")));
     }
+    // Every node is registered (each did before its readiness line): a client made now lists
+    // them all.
+    ASSERT_EQ(EtcdOf(etcd_)->GetPrefix(cluster::kNodesPrefix)->size(), size_t{kNodes});
     client_ = Connect();
     ASSERT_NE(client_, nullptr);
-    // The client sees the nodes through its watch.
-    ASSERT_TRUE(WaitFor([&] { return LiveNodes(client_.get()) == kNodes; }, 30));
+    ASSERT_TRUE(client_->Health().ok());
   }
 
   std::unique_ptr<client::Client> Connect() {
@@ -204,12 +206,6 @@ class ClusterE2E : public ::testing::Test {
     auto c = client::Client::ConnectRemote(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
-  }
-
-  static int LiveNodes(client::Client* c) {
-    std::vector<std::string> notes;
-    if (!c->HealthNotes(&notes).ok()) return 0;
-    return static_cast<int>(notes.size());
   }
 
   // Node indices in the rendezvous order of (job, rank) over all nodes.
@@ -298,6 +294,33 @@ TEST_F(ClusterE2E, SavesSurviveANodeKilledMidUploadAndAnEtcdMemberLoss) {
   auto back2 = RestoreToString(c, "cj", 2, 0);
   ASSERT_TRUE(back2.ok()) << back2.status();
   EXPECT_TRUE(*back2 == third.Payload());
+
+  // The CLI in cluster mode: health, ls with true sizes, verify of every live copy.
+  RunResult health = RunProgram(GRADSNAP_CLI_BIN, {"--etcd", etcd_.Endpoints(), "health"}, 60);
+  EXPECT_EQ(health.exit_code, 0) << health.out << health.err;
+  EXPECT_TRUE(absl::StartsWith(health.out, "ok: cluster on etcd ")) << health.out;
+  RunResult ls = RunProgram(GRADSNAP_CLI_BIN, {"--etcd", etcd_.Endpoints(), "--json", "ls", "cj"}, 60);
+  EXPECT_EQ(ls.exit_code, 0) << ls.out << ls.err;
+  size_t committed = 0;
+  for (size_t at = 0; (at = ls.out.find("\"state\":\"committed\"", at)) != std::string::npos; ++at) {
+    ++committed;
+  }
+  EXPECT_EQ(committed, 3u) << ls.out;
+  EXPECT_NE(ls.out.find(absl::StrCat((48u << 20) + (1u << 20))), std::string::npos) << ls.out;
+  RunResult verify =
+      RunProgram(GRADSNAP_CLI_BIN, {"--etcd", etcd_.Endpoints(), "verify", "cj", "--all"}, 120);
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
+TEST(ClusterCli, ClusterFlagsAreCheckedAsUsage) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--min-replicas", "2", "ls"},
+           {"--etcd", "127.0.0.1:2379", "--server", "127.0.0.1:7070", "ls"},
+           {"--etcd", "127.0.0.1:0", "ls"},
+           {"--etcd", "127.0.0.1:2379", "--min-replicas", "0", "ls"}}) {
+    RunResult r = RunProgram(GRADSNAP_CLI_BIN, args, 60);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << " " << args[1] << ": " << r.out << r.err;
+  }
 }
 
 // A zombie of an older attempt, which began its checkpoint before the new attempt took its
