@@ -390,15 +390,20 @@ absl::Status ClusterCatalog::Abort(const std::string& job, int64_t step, uint64_
   if (c.state == CheckpointState::kCommitted) {
     return absl::FailedPreconditionError(absl::StrCat(Name(job, step), " is committed"));
   }
+  return RemoveRecord(job, step, epoch, c.mod_revision, "aborted");
+}
+
+absl::Status ClusterCatalog::RemoveRecord(const std::string& job, int64_t step, uint64_t epoch,
+                                          int64_t mod_revision, const char* what) {
   pb::TxnRequest txn;
   AddEpochCompare(&txn, job, epoch);
-  AddModCompare(&txn, RecordKey(job, step), c.mod_revision);
+  AddModCompare(&txn, RecordKey(job, step), mod_revision);
   txn.add_success()->mutable_request_delete_range()->set_key(RecordKey(job, step));
   AddDeletePrefix(&txn, StagedPrefix(job, step));
   ASSIGN_OR_RETURN(pb::TxnResponse resp, etcd_->Txn(txn));
   if (resp.succeeded()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckEpoch(job, epoch));
-  return absl::AbortedError(absl::StrCat(Name(job, step), " changed while it was aborted"));
+  return absl::AbortedError(absl::StrCat(Name(job, step), " changed while it was ", what));
 }
 
 absl::Status ClusterCatalog::Delete(const std::string& job, int64_t step, uint64_t epoch) {
@@ -412,15 +417,7 @@ absl::Status ClusterCatalog::Delete(const std::string& job, int64_t step, uint64
     }
   }
   if (target == nullptr) return absl::NotFoundError(absl::StrCat(Name(job, step), " not found"));
-  pb::TxnRequest txn;
-  AddEpochCompare(&txn, job, epoch);
-  AddModCompare(&txn, RecordKey(job, step), target->mod_revision);
-  txn.add_success()->mutable_request_delete_range()->set_key(RecordKey(job, step));
-  AddDeletePrefix(&txn, StagedPrefix(job, step));
-  ASSIGN_OR_RETURN(pb::TxnResponse resp, etcd_->Txn(txn));
-  if (resp.succeeded()) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckEpoch(job, epoch));
-  return absl::AbortedError(absl::StrCat(Name(job, step), " changed while it was deleted"));
+  return RemoveRecord(job, step, epoch, target->mod_revision, "deleted");
 }
 
 }  // namespace cluster

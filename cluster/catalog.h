@@ -102,6 +102,10 @@ class ClusterCatalog {
  private:
   // FAILED_PRECONDITION "superseded" when `epoch` is not the job's newest (0: never).
   absl::Status CheckEpoch(const std::string& job, uint64_t epoch);
+  // One transaction: the record (if still at `mod_revision`) and its staged ranks deleted,
+  // fenced by `epoch`; `what` ("aborted") names the operation in errors.
+  absl::Status RemoveRecord(const std::string& job, int64_t step, uint64_t epoch,
+                            int64_t mod_revision, const char* what);
   // The record with, while PENDING, its staged ranks in `ranks` (one consistent read).
   absl::StatusOr<ClusterCheckpoint> WithStaged(const std::string& job, int64_t step);
 

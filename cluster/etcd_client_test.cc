@@ -21,6 +21,7 @@ namespace {
 
 using testing::EtcdCluster;
 using testing::TempDir;
+using testing::WaitFor;
 
 std::unique_ptr<EtcdClient> Connect(const std::string& endpoints, int timeout_ms = 3000) {
   auto parsed = ParseEtcdEndpoints(endpoints);
@@ -31,17 +32,6 @@ std::unique_ptr<EtcdClient> Connect(const std::string& endpoints, int timeout_ms
   auto c = EtcdClient::Create(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return *std::move(c);
-}
-
-// Polls `cond` every 100 ms up to `seconds`: the tests wait for what etcd does in its own time
-// (a lease running out, a watch event) without asserting how long it takes.
-template <typename Cond>
-bool WaitFor(Cond cond, int seconds) {
-  for (int i = 0; i < seconds * 10; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return cond();
 }
 
 TEST(EtcdEndpoints, ParsesAndRejects) {

@@ -2,9 +2,11 @@
 // (Debian's etcd-server) started by the test on loopback ports (docs/protocol.md, "Cluster
 // mode"). Flag checks, etcd unreachable at start, registration under a lease, writes refused
 // while the lease is gone and taken again once it is back.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,16 +29,6 @@
 namespace gradsnap {
 namespace testing {
 namespace {
-
-// Polls `cond` every 100 ms for up to `seconds` (what etcd and the lease do in their own time).
-template <typename Cond>
-bool WaitFor(Cond cond, int seconds) {
-  for (int i = 0; i < seconds * 10; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  return cond();
-}
 
 std::unique_ptr<cluster::EtcdClient> EtcdOf(const EtcdCluster& etcd) {
   cluster::EtcdOptions o;
@@ -175,17 +167,11 @@ class ClusterE2E : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(etcd_.Start(3).ok()) << etcd_.Log(0);
     for (int i = 0; i < kNodes; ++i) {
-      auto port = FreePort();
-      ASSERT_TRUE(port.ok());
-      const std::string address = absl::StrCat("127.0.0.1:", *port);
       data_.push_back(dir_.File(absl::StrCat("node", i)));
       servers_.push_back(std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN));
-      ASSERT_TRUE(servers_.back()
-                      ->StartOn(data_.back(), address,
-                                {"--etcd", etcd_.Endpoints(), "--advertise", address,
-                                 "--lease-ttl-s", "2"})
-                      .ok())
-          << servers_.back()->Log();
+      auto address = StartClusterNode(servers_.back().get(), data_.back(), etcd_.Endpoints(),
+                                      {"--lease-ttl-s", "2"});
+      ASSERT_TRUE(address.ok()) << address.status();
       ids_.push_back(std::string(absl::StripSuffix(*ReadFile(data_.back() + "/node_id"), "\n")));
     }
     // Every node is registered (each did before its readiness line): a client made now lists
@@ -310,6 +296,71 @@ TEST_F(ClusterE2E, SavesSurviveANodeKilledMidUploadAndAnEtcdMemberLoss) {
   RunResult verify =
       RunProgram(GRADSNAP_CLI_BIN, {"--etcd", etcd_.Endpoints(), "verify", "cj", "--all"}, 120);
   EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+}
+
+// 12 nodes, one checkpoint of 2 ranks saved and restored: only the nodes holding a copy see any
+// call (their metrics count unary calls and Write and Read streams); the others see none.
+TEST(ClusterScale, OnlyReplicasSeeRpcs) {
+  constexpr int kNodes = 12;
+  TempDir dir("cluster-12");
+  EtcdCluster etcd(dir.Sub("etcd"));
+  ASSERT_TRUE(etcd.Start(1).ok()) << etcd.Log(0);
+  std::vector<std::unique_ptr<ServerProcess>> servers;
+  for (int i = 0; i < kNodes; ++i) {
+    servers.push_back(std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN));
+    auto address = StartClusterNode(
+        servers.back().get(), dir.File(absl::StrCat("node", i)), etcd.Endpoints(),
+        {"--metrics-listen", "127.0.0.1:0", "--prefault-uploads", "0",
+         "--prefault-read-ahead=false"});
+    ASSERT_TRUE(address.ok()) << address.status();
+  }
+  client::ClientOptions o;
+  o.etcd = etcd.Endpoints();
+  auto c = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto epoch = (*c)->AcquireEpoch("wide");
+  ASSERT_TRUE(epoch.ok());
+  client::CheckpointSpec spec = FullSpec("wide", 3, 2);
+  spec.epoch = *epoch;
+  ASSERT_TRUE((*c)->BeginCheckpoint(spec).ok());
+  std::vector<TestShard> shards;
+  for (int32_t r = 0; r < 2; ++r) {
+    shards.push_back(MakeShard("wide", 3, r, {1 << 20}, 10 + r));
+    shards.back().spec.epoch = *epoch;
+    ASSERT_TRUE((*c)->SaveShard(shards.back().spec, shards.back().Refs()).ok());
+  }
+  for (int32_t r = 0; r < 2; ++r) {
+    auto back = RestoreToString(c->get(), "wide", 3, r);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(*back == shards[r].Payload());
+  }
+  auto etcd_client = EtcdOf(etcd);
+  cluster::ClusterCatalog catalog(etcd_client.get());
+  auto record = catalog.Get("wide", 3);
+  ASSERT_TRUE(record.ok()) << record.status();
+  std::set<std::string> holders;
+  for (const auto& [rank, r] : record->ranks) {
+    EXPECT_EQ(r.nodes.size(), 3u);  // R = 3 by default
+    holders.insert(r.nodes.begin(), r.nodes.end());
+  }
+  int idle = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    const std::string id(
+        absl::StripSuffix(*ReadFile(dir.File(absl::StrCat("node", i, "/node_id"))), "\n"));
+    auto body = HttpGet(servers[i]->metrics_port());
+    ASSERT_TRUE(body.ok()) << body.status();
+    // A histogram never observed may be absent (-1): counted as 0.
+    auto count = [&](const char* name) { return std::max(0.0, MetricValue(*body, name)); };
+    const double calls = count("gradsnap_unary_seconds_count") +
+                         count("gradsnap_write_seconds_count") + count("gradsnap_read_seconds_count");
+    if (holders.count(id)) {
+      EXPECT_GT(calls, 0) << "replica " << i;
+    } else {
+      EXPECT_EQ(calls, 0) << "node " << i << " holds nothing of the checkpoint";
+      ++idle;
+    }
+  }
+  EXPECT_GE(idle, kNodes - 6);
 }
 
 TEST(ClusterCli, ClusterFlagsAreCheckedAsUsage) {

@@ -104,5 +104,18 @@ std::string EtcdCluster::Log(int i) const {
   return members_[i].process ? members_[i].process->Output() : "";
 }
 
+absl::StatusOr<std::string> StartClusterNode(ServerProcess* server, const std::string& data_dir,
+                                             const std::string& etcd_endpoints,
+                                             const std::vector<std::string>& extra) {
+  absl::StatusOr<int> port = FreePort();
+  if (!port.ok()) return port.status();
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  std::vector<std::string> flags = {"--etcd", etcd_endpoints, "--advertise", address};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  absl::Status s = server->StartOn(data_dir, address, flags);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), ": ", server->Log()));
+  return address;
+}
+
 }  // namespace testing
 }  // namespace gradsnap

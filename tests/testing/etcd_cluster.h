@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
 
 namespace gradsnap {
 namespace testing {
@@ -58,6 +60,12 @@ class EtcdCluster {
   std::string initial_cluster_;
   std::vector<Member> members_;
 };
+
+// Starts `server` (gradsnap-server) as a cluster node of `etcd_endpoints` on `data_dir`,
+// listening on and advertising a free loopback port, with `extra` flags; returns its address.
+absl::StatusOr<std::string> StartClusterNode(ServerProcess* server, const std::string& data_dir,
+                                             const std::string& etcd_endpoints,
+                                             const std::vector<std::string>& extra = {});
 
 }  // namespace testing
 }  // namespace gradsnap

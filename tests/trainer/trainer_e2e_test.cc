@@ -101,15 +101,10 @@ TEST(TrainerE2eTest, ResumeIsExactOnACluster) {
   ASSERT_TRUE(etcd.Start(1).ok()) << etcd.Log(0);
   std::vector<std::unique_ptr<ServerProcess>> servers;
   for (int i = 0; i < 3; ++i) {
-    auto port = FreePort();
-    ASSERT_TRUE(port.ok());
-    const std::string address = absl::StrCat("127.0.0.1:", *port);
     servers.push_back(std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN));
-    ASSERT_TRUE(servers.back()
-                    ->StartOn(absl::StrCat(d, "/node", i), address,
-                              {"--etcd", etcd.Endpoints(), "--advertise", address})
-                    .ok())
-        << servers.back()->Log();
+    auto address = StartClusterNode(servers.back().get(), absl::StrCat(d, "/node", i),
+                                    etcd.Endpoints());
+    ASSERT_TRUE(address.ok()) << address.status();
   }
   ExpectExactResume(2, "--job full --etcd " + etcd.Endpoints(),
                     "--job drill --etcd " + etcd.Endpoints());
