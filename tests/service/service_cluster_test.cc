@@ -194,6 +194,19 @@ class ClusterE2E : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
+  // Begins (job, step) with one rank and saves a 1 MiB shard for it, which it returns.
+  static TestShard SaveOneRank(client::Client* c, const std::string& job, int64_t step,
+                               uint64_t epoch, uint64_t seed) {
+    client::CheckpointSpec spec = FullSpec(job, step, 1);
+    spec.epoch = epoch;
+    EXPECT_TRUE(c->BeginCheckpoint(spec).ok());
+    TestShard shard = MakeShard(job, step, 0, {1 << 20}, seed);
+    shard.spec.epoch = epoch;
+    absl::Status saved = c->SaveShard(shard.spec, shard.Refs());
+    EXPECT_TRUE(saved.ok()) << saved;
+    return shard;
+  }
+
   // Node indices in the rendezvous order of (job, rank) over all nodes.
   std::vector<int> Order(const std::string& job, int32_t rank) {
     std::vector<uint64_t> hashes;
@@ -220,12 +233,7 @@ TEST_F(ClusterE2E, SavesSurviveANodeKilledMidUploadAndAnEtcdMemberLoss) {
 
   // Step 0, one rank: its 3 replicas are the first 3 nodes of its order; the 4th node gets
   // nothing of it (no placeholder, no data).
-  client::CheckpointSpec s0 = FullSpec("cj", 0, 1);
-  s0.epoch = *epoch;
-  ASSERT_TRUE(c->BeginCheckpoint(s0).ok());
-  TestShard small = MakeShard("cj", 0, 0, {1 << 20}, 1);
-  small.spec.epoch = *epoch;
-  ASSERT_TRUE(c->SaveShard(small.spec, small.Refs()).ok());
+  SaveOneRank(c, "cj", 0, *epoch, 1);
   const std::vector<int> order0 = Order("cj", 0);
   for (int k = 0; k < kNodes; ++k) {
     EXPECT_EQ(SegmentFiles(data_[order0[k]], "cj.r0", 0).empty(), k >= 3) << "node " << k;
@@ -270,12 +278,7 @@ TEST_F(ClusterE2E, SavesSurviveANodeKilledMidUploadAndAnEtcdMemberLoss) {
 
   // An etcd member killed: nothing changes.
   etcd_.Kill(0);
-  client::CheckpointSpec s2 = FullSpec("cj", 2, 1);
-  s2.epoch = *epoch;
-  ASSERT_TRUE(c->BeginCheckpoint(s2).ok());
-  TestShard third = MakeShard("cj", 2, 0, {1 << 20}, 4);
-  third.spec.epoch = *epoch;
-  ASSERT_TRUE(c->SaveShard(third.spec, third.Refs()).ok());
+  const TestShard third = SaveOneRank(c, "cj", 2, *epoch, 4);
   EXPECT_EQ(c->List("cj")->size(), 3u);
   auto back2 = RestoreToString(c, "cj", 2, 0);
   ASSERT_TRUE(back2.ok()) << back2.status();
