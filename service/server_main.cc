@@ -80,13 +80,10 @@ ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
 
 namespace {
 
-int Fail(const std::string& msg, int code = 1) {
+int Fail(const std::string& msg) {
   std::fprintf(stderr, "gradsnap-server: %s\n", msg.c_str());
-  return code;
+  return 1;
 }
-
-// A bad flag value: exit 2.
-int BadFlag(const std::string& msg) { return Fail(msg, 2); }
 
 // The cluster-mode flags, checked before anything starts.
 struct ClusterFlags {

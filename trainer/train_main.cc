@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "cluster/etcd_client.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -102,7 +101,9 @@ using gradsnap::trainer::kExitNoRestart;
 
 // The options of the flags; strings with an enum (--device, --ckpt_mode, --resume) are parsed
 // here, once.
-absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
+// `replicas_given`: --replicas is on the command line (with --etcd it then overrides the
+// cluster's default of 3 copies).
+absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_given) {
   namespace gs = gradsnap::gpu_snapshot;
   gradsnap::trainer::TrainOptions o;
   o.model = absl::GetFlag(FLAGS_model);
@@ -165,9 +166,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
   if (!o.etcd.empty()) {
     RETURN_IF_ERROR(gradsnap::cluster::ParseEtcdEndpoints(o.etcd).status());
     // --replicas places that many copies on the cluster (default 3 there, not 1).
-    if (absl::FindCommandLineFlag("replicas")->IsSpecifiedOnCommandLine()) {
-      o.cluster_replicas = o.replicas;
-    }
+    if (replicas_given) o.cluster_replicas = o.replicas;
     o.replicas = 1;
   }
   if (o.min_replicas < 1 || o.min_replicas > 16) {
@@ -326,7 +325,12 @@ int main(int argc, char** argv) {
   // One line and exit 2 for a bad flag (docs/trainer.md), before anything starts.
   std::vector<char*> positional = command_line.Parse(kExitNoRestart);
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
-  absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags();
+  bool replicas_given = false;
+  for (const char* arg : command_line.args()) {
+    const std::string a = arg == nullptr ? "" : arg;  // flag names are underscored by now
+    replicas_given |= a == "--replicas" || a.rfind("--replicas=", 0) == 0;
+  }
+  absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags(replicas_given);
   if (!options.ok()) return Fail(std::string(options.status().message()));
   const gradsnap::trainer::TrainOptions o = *std::move(options);
 
