@@ -30,7 +30,9 @@ const std::vector<FlagSpec>& GlobalFlags() {
       {"tls-ca", "F", "PEM CA certificate; enables TLS. Default: plaintext"},
       {"tls-cert", "F", "client certificate for mutual TLS. Default: none"},
       {"tls-key", "F", "client private key for mutual TLS. Default: none"},
-      {"replicas", "N", "copies of each shard across servers. Default: 1"},
+      {"etcd", "H:P[,H:P...]", "cluster mode: etcd endpoints (nodes, catalog and epochs from etcd). Default: none"},
+      {"replicas", "N", "copies of each shard across servers. Default: 1; 3 with --etcd"},
+      {"min-replicas", "W", "with --etcd: copies that must be durable for a save. Default: 2"},
       {"attempts", "N", "tries of a server call that fails with UNAVAILABLE. Default: 5"},
       {"json", "", "print machine-readable JSON on stdout. Default: off"},
   };
@@ -119,7 +121,7 @@ const Command* FindCommand(const std::string& name) {
 
 absl::StatusOr<client::Client*> Context::Connect() {
   if (client != nullptr) return client.get();
-  if (options.endpoints.empty()) {
+  if (options.endpoints.empty() && options.etcd.empty()) {
     struct stat st;
     if (::stat(options.local_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return absl::NotFoundError(absl::StrCat("no checkpoint directory ", options.local_dir,
@@ -127,7 +129,8 @@ absl::StatusOr<client::Client*> Context::Connect() {
     }
   }
   absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);
-  if (!c.ok() && options.endpoints.empty() && absl::StrContains(c.status().message(), "LOCK") &&
+  if (!c.ok() && options.endpoints.empty() && options.etcd.empty() &&
+      absl::StrContains(c.status().message(), "LOCK") &&
       !absl::StrContains(c.status().message(), "Read-only file system")) {
     // RocksDB's lock: a trainer or gradsnap-server has the directory open.
     return absl::UnavailableError(absl::StrCat(

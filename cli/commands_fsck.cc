@@ -41,8 +41,8 @@ absl::StatusOr<std::vector<std::string>> CatalogCheckpoints(const std::string& d
 }  // namespace
 
 absl::Status RunFsck(Context& ctx) {
-  if (!ctx.options.endpoints.empty()) {
-    return absl::InvalidArgumentError("fsck works on an engine directory (--ckpt-dir), not --server");
+  if (!ctx.options.endpoints.empty() || !ctx.options.etcd.empty()) {
+    return absl::InvalidArgumentError("fsck works on an engine directory (--ckpt-dir), not --server or --etcd");
   }
   const std::string& dir = ctx.options.local_dir;
   bool rebuild = ctx.args.Has("rebuild");

@@ -179,16 +179,20 @@ absl::Status RunHealth(Context& ctx) {
   ASSIGN_OR_RETURN(client::Client * c, ctx.Connect());
   std::vector<std::string> notes;  // nodes refusing writes for want of space
   RETURN_IF_ERROR(c->HealthNotes(&notes));
-  bool remote = !ctx.options.endpoints.empty();
-  std::string where = remote ? absl::StrJoin(ctx.options.endpoints, ",") : ctx.options.local_dir;
+  const bool cluster = !ctx.options.etcd.empty();
+  bool remote = !ctx.options.endpoints.empty() || cluster;
+  std::string where = cluster  ? ctx.options.etcd
+                      : remote ? absl::StrJoin(ctx.options.endpoints, ",")
+                               : ctx.options.local_dir;
   if (ctx.json) {
     std::vector<std::string> quoted;
     for (const std::string& n : notes) quoted.push_back(JsonQuote(n));
-    Print(absl::StrCat("{\"ok\":true,\"backend\":\"", remote ? "remote" : "embedded",
+    Print(absl::StrCat("{\"ok\":true,\"backend\":\"",
+                       cluster ? "cluster" : remote ? "remote" : "embedded",
                        "\",\"target\":", JsonQuote(where), ",\"writes_refused\":[",
                        absl::StrJoin(quoted, ","), "]}\n"));
   } else {
-    Print(absl::StrCat("ok: ", remote ? "servers " : "embedded engine in ", where, "\n"));
+    Print(absl::StrCat("ok: ", cluster ? "cluster on etcd " : remote ? "servers " : "embedded engine in ", where, "\n"));
     for (const std::string& n : notes) Print(absl::StrCat("warning: ", n, "\n"));
   }
   return absl::OkStatus();

@@ -99,8 +99,17 @@ absl::Status BuildOptions(Context& ctx) {
       return absl::InvalidArgumentError("give --server or --ckpt-dir, not both");
     }
   }
-  o.local_dir = a.Get("ckpt-dir", "./checkpoints");
-  if (o.endpoints.empty()) {  // flags that only a server connection uses: never silently ignored
+  if (a.Has("etcd")) {
+    if (a.Has("server") || a.Has("ckpt-dir")) {
+      return absl::InvalidArgumentError("give one of --etcd, --server and --ckpt-dir");
+    }
+    o.etcd = a.Get("etcd");
+    if (o.etcd.empty()) return absl::InvalidArgumentError("--etcd needs H:P[,H:P...]");
+  } else if (a.Has("min-replicas")) {
+    return absl::InvalidArgumentError("--min-replicas applies to --etcd (cluster mode) only");
+  }
+  if (o.etcd.empty()) o.local_dir = a.Get("ckpt-dir", "./checkpoints");
+  if (o.endpoints.empty() && o.etcd.empty()) {  // server-only flags: never silently ignored
     for (const char* remote_only : {"tls-ca", "tls-cert", "tls-key", "replicas"}) {
       if (a.Has(remote_only)) {
         return absl::InvalidArgumentError(
@@ -125,7 +134,7 @@ absl::Status BuildOptions(Context& ctx) {
   o.read_only = kReadOnly.count(a.command) != 0;
   // rm and gc change a store but never make one: a directory without a store (no meta/ and no
   // segments/) is NOT_FOUND, as for the reading commands.
-  if (o.endpoints.empty() && (a.command == "rm" || a.command == "gc")) {
+  if (o.endpoints.empty() && o.etcd.empty() && (a.command == "rm" || a.command == "gc")) {
     std::error_code ec;
     if (!std::filesystem::exists(o.local_dir + "/meta", ec) &&
         !std::filesystem::exists(o.local_dir + "/segments", ec)) {
@@ -135,8 +144,14 @@ absl::Status BuildOptions(Context& ctx) {
   o.tls.ca_file = a.Get("tls-ca");
   o.tls.cert_file = a.Get("tls-cert");
   o.tls.key_file = a.Get("tls-key");
-  ASSIGN_OR_RETURN(int64_t replicas, ParseInt(a.Get("replicas", "1"), 1, 16, "--replicas"));
+  const bool cluster = !o.etcd.empty();
+  ASSIGN_OR_RETURN(int64_t replicas,
+                   ParseInt(a.Get("replicas", cluster ? "3" : "1"), 1, 16, "--replicas"));
   o.replicas = static_cast<int>(replicas);
+  o.cluster_replicas = static_cast<int>(replicas);
+  ASSIGN_OR_RETURN(int64_t min_replicas,
+                   ParseInt(a.Get("min-replicas", "2"), 1, 16, "--min-replicas"));
+  o.min_replicas = static_cast<int>(min_replicas);
   // Fewer tries than the library default: an operator at a terminal wants a dead server
   // reported in about a second, not after the trainer-oriented backoff.
   ASSIGN_OR_RETURN(int64_t attempts, ParseInt(a.Get("attempts", "5"), 1, 100, "--attempts"));

@@ -23,6 +23,9 @@ const ByteBudget* EmbeddedSaveBudget(const Client& client);
 // gRPC to gradsnap-server nodes in options.endpoints (client/remote_client.cc).
 absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options);
 
+// Cluster mode (options.etcd set; cluster_client.cc): nodes, catalog and epochs from etcd.
+absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options);
+
 // The checks of options every back end shares: INVALID_ARGUMENT when max_attempts or replicas
 // is below 1 (client/connect_remote.cc).
 absl::Status ValidateClientOptions(const ClientOptions& options);

@@ -9,7 +9,7 @@ namespace gradsnap {
 namespace client {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  if (!options.endpoints.empty()) return ConnectRemote(options);
+  if (!options.endpoints.empty() || !options.etcd.empty()) return ConnectRemote(options);
   RETURN_IF_ERROR(ValidateClientOptions(options));
   if (!options.local_dir.empty()) return NewEmbeddedClient(options);
   return absl::InvalidArgumentError(

@@ -28,6 +28,17 @@ absl::Status ValidateClientOptions(const ClientOptions& options) {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::ConnectRemote(const ClientOptions& options) {
   RETURN_IF_ERROR(ValidateClientOptions(options));
+  if (!options.etcd.empty()) {
+    if (!options.endpoints.empty() || !options.local_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "ClientOptions: etcd (cluster mode) excludes endpoints and local_dir");
+    }
+    if (options.cluster_replicas < 1 || options.min_replicas < 1) {
+      return absl::InvalidArgumentError(
+          "ClientOptions: cluster_replicas and min_replicas must be >= 1");
+    }
+    return NewClusterClient(options);
+  }
   if (options.endpoints.empty()) {
     return absl::InvalidArgumentError("ClientOptions needs endpoints (HOST:PORT of the servers)");
   }

@@ -115,6 +115,24 @@ absl::StatusOr<uint64_t> RemoteClient::AcquireEpoch(const std::string& job) {
   return newest;
 }
 
+absl::Status RemoteClient::RaiseEpoch(const std::string& job, uint64_t epoch) {
+  v1::AcquireEpochRequest req;
+  req.set_job(job);
+  req.set_raise_to(epoch);
+  return ForAllNodes([&](Node& node) -> absl::Status {
+    v1::AcquireEpochResponse resp;
+    RETURN_IF_ERROR(Unary(node, &resp, [&](grpc::ClientContext* ctx, v1::AcquireEpochResponse* r) {
+      return node.stub()->AcquireEpoch(ctx, req, r);
+    }));
+    if (resp.epoch() != epoch) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          node.endpoint, ": job ", job, ": epoch ", epoch, " superseded by attempt ",
+          resp.epoch()));
+    }
+    return absl::OkStatus();
+  });
+}
+
 std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
                                                        std::vector<TensorRef> tensors) {
   return saves_->Push(spec, std::move(tensors));

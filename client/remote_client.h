@@ -62,6 +62,10 @@ class RemoteClient final : public Client {
   absl::Status AbortCheckpoint(const std::string& job, int64_t step,
                                uint64_t epoch = 0) override;
   absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override;
+  // Cluster mode (cluster_client.cc): raises the job's epoch on every node to `epoch`, an epoch
+  // taken from etcd, so the nodes refuse the writes of older attempts too.
+  // FAILED_PRECONDITION "superseded" when a node already holds a newer one.
+  absl::Status RaiseEpoch(const std::string& job, uint64_t epoch);
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
                                                    bool include_pending) override;

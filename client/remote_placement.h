@@ -13,30 +13,20 @@
 #include <string>
 #include <vector>
 
+#include "common/hash64.h"
+
 namespace gradsnap {
 namespace client {
 
-// 64-bit FNV-1a followed by a splitmix64 finalizer: stable across runs and platforms.
+// 64-bit FNV-1a followed by a splitmix64 finalizer (common/hash64.h): stable across runs and
+// platforms.
 inline uint64_t PlacementHash(const std::string& endpoint, const std::string& job, int32_t rank) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) {
-      h ^= b[i];
-      h *= 1099511628211ull;
-    }
-  };
-  mix(endpoint.data(), endpoint.size());
-  mix("\0", 1);
-  mix(job.data(), job.size());
-  mix("\0", 1);
-  mix(&rank, sizeof(rank));
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
+  uint64_t h = Fnv1a64(endpoint.data(), endpoint.size());
+  h = Fnv1a64("\0", 1, h);
+  h = Fnv1a64(job.data(), job.size(), h);
+  h = Fnv1a64("\0", 1, h);
+  h = Fnv1a64(&rank, sizeof(rank), h);
+  return Mix64(h);
 }
 
 // Indices of `endpoints` in preference order for (job, rank); the first `replicas` hold it.

@@ -14,6 +14,7 @@ PACKAGES=(
   file  # CPack's Debian packages (dependencies found by dpkg-shlibdeps; scripts/check-packages.sh)
   python3-dev python3-pybind11 python3-numpy  # the Python package (python/) and its tests
   python3-venv  # scripts/torch-venv.sh: the PyTorch venv of the torch-labelled tests
+  etcd-server etcd-client  # cluster mode (--etcd): the etcd its tests start, and etcdctl
 )
 
 missing=()

@@ -7,17 +7,25 @@
 // SIGTERM or SIGINT: stop accepting, let running calls finish (up to --shutdown-grace-ms),
 // close the engine, exit 0.
 #include <signal.h>
+#include <sys/statvfs.h>
 
 #include <cstdio>
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cluster/etcd_client.h"
+#include "cluster/membership.h"
+#include "cluster/node_id.h"
 #include "common/digest.h"
 #include "common/command_line.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "common/malloc_tuning.h"
 #include "common/token.h"
 #include "service/server.h"
@@ -57,6 +65,16 @@ ABSL_FLAG(uint64_t, catalog_reserve_bytes, 16 << 20,
           "Free space kept for the catalog: below it writes get RESOURCE_EXHAUSTED (a server "
           "started below it serves reads, rm and gc, and takes writes once space is back); "
           "0 disables. Default: 16777216.");
+ABSL_FLAG(std::string, etcd, "",
+          "Cluster mode: the etcd endpoints [http://]HOST:PORT[,...]; the node registers there "
+          "under a lease and takes writes only while it holds it (docs/protocol.md, \"Cluster "
+          "mode\"). Default: empty (single node).");
+ABSL_FLAG(std::string, advertise, "",
+          "Cluster mode: the HOST:PORT clients reach this node at, registered in etcd. "
+          "Required with --etcd.");
+ABSL_FLAG(int, lease_ttl_s, 10,
+          "Cluster mode: TTL in seconds of the node's etcd lease, renewed every third of it; a "
+          "node that cannot renew it for this long refuses writes (2..3600). Default: 10.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
@@ -65,6 +83,80 @@ namespace {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "gradsnap-server: %s\n", msg.c_str());
   return 1;
+}
+
+// The cluster-mode flags, checked before anything starts.
+struct ClusterFlags {
+  std::vector<std::string> etcd;  // empty: single node
+  std::string advertise;
+  int lease_ttl_s = 10;
+};
+
+// "" when the flags are usable, else the one line saying what is wrong.
+std::string ParseClusterFlags(ClusterFlags* out) {
+  const std::string etcd = absl::GetFlag(FLAGS_etcd);
+  out->advertise = absl::GetFlag(FLAGS_advertise);
+  out->lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
+  if (etcd.empty()) {
+    if (!out->advertise.empty()) return "--advertise needs --etcd (cluster mode)";
+    return "";
+  }
+  auto endpoints = gradsnap::cluster::ParseEtcdEndpoints(etcd);
+  if (!endpoints.ok()) return std::string(endpoints.status().message());
+  out->etcd = *std::move(endpoints);
+  if (out->advertise.empty()) return "--etcd needs --advertise HOST:PORT (how clients reach this node)";
+  const size_t colon = out->advertise.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(absl::string_view(out->advertise).substr(colon + 1), &port) ||
+      port < 1 || port > 65535) {
+    return "--advertise \"" + out->advertise + "\" is not HOST:PORT (PORT 1..65535)";
+  }
+  if (out->lease_ttl_s < 2 || out->lease_ttl_s > 3600) return "--lease-ttl-s must be 2..3600";
+  return "";
+}
+
+// A client of the etcd of --etcd that answered one read: UNAVAILABLE "etcd unreachable ..."
+// when no member did.
+absl::StatusOr<std::unique_ptr<gradsnap::cluster::EtcdClient>> ConnectEtcd(
+    const ClusterFlags& cluster);
+// Registers the node (its id made at first start, cluster/node_id.h) in etcd under a lease.
+absl::Status JoinCluster(const ClusterFlags& cluster, const std::string& data_dir,
+                         gradsnap::cluster::EtcdClient* etcd,
+                         std::unique_ptr<gradsnap::cluster::Membership>* membership);
+
+// Capacity and free bytes of the file system holding `dir` (0 when unknown).
+void DirSpace(const std::string& dir, uint64_t* capacity, uint64_t* free) {
+  struct statvfs st = {};
+  if (::statvfs(dir.c_str(), &st) != 0) return;
+  *capacity = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+  *free = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+absl::StatusOr<std::unique_ptr<gradsnap::cluster::EtcdClient>> ConnectEtcd(
+    const ClusterFlags& cluster) {
+  gradsnap::cluster::EtcdOptions eo;
+  eo.endpoints = cluster.etcd;
+  ASSIGN_OR_RETURN(auto etcd, gradsnap::cluster::EtcdClient::Create(eo));
+  absl::Status probe = etcd->Get(gradsnap::cluster::kNodesPrefix).status();
+  if (!probe.ok() && !absl::IsNotFound(probe)) return probe;
+  return etcd;
+}
+
+absl::Status JoinCluster(const ClusterFlags& cluster, const std::string& data_dir,
+                         gradsnap::cluster::EtcdClient* etcd,
+                         std::unique_ptr<gradsnap::cluster::Membership>* membership) {
+  ASSIGN_OR_RETURN(std::string id, gradsnap::cluster::LoadOrCreateNodeId(data_dir));
+  gradsnap::cluster::MembershipOptions mo;
+  mo.node_id = id;
+  mo.address = cluster.advertise;
+  mo.ttl_s = cluster.lease_ttl_s;
+  mo.space = [data_dir](uint64_t* capacity, uint64_t* free) {
+    DirSpace(data_dir, capacity, free);
+  };
+  ASSIGN_OR_RETURN(*membership, gradsnap::cluster::Membership::Join(etcd, mo));
+  GS_LOG(INFO) << "cluster node " << id << " at " << cluster.advertise;
+  return absl::OkStatus();
 }
 
 // A flag value the server cannot use (also from --config): exit 2, like an unknown flag.
@@ -80,7 +172,8 @@ int main(int argc, char** argv) {
       argc, argv,
       "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT] [--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
+      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N]] "
+      "[--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main"});
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
   // gRPC threads (common/malloc_tuning.h).
@@ -133,6 +226,8 @@ int main(int argc, char** argv) {
                 report->skipped.size());
     return 0;
   }
+  ClusterFlags cluster;
+  if (std::string bad = ParseClusterFlags(&cluster); !bad.empty()) return BadFlag(bad);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
@@ -152,8 +247,31 @@ int main(int argc, char** argv) {
     if (!secret.ok()) return Fail(std::string(secret.status().message()));
     o.auth_secret = *std::move(secret);
   }
+  // Cluster mode: writes wait for the node's registration and stop whenever its lease lapses.
+  std::atomic<const gradsnap::cluster::Membership*> member{nullptr};
+  std::unique_ptr<gradsnap::cluster::EtcdClient> etcd;
+  if (!cluster.etcd.empty()) {
+    auto connected = ConnectEtcd(cluster);
+    if (!connected.ok()) return Fail(std::string(connected.status().message()));
+    etcd = *std::move(connected);
+    o.service.write_gate = [&member]() -> absl::Status {
+      const gradsnap::cluster::Membership* m = member.load();
+      if (m == nullptr) return absl::UnavailableError("node not registered in the cluster yet");
+      return m->WritesAllowed();
+    };
+  }
   auto server = gradsnap::service::Server::Start(o);
   if (!server.ok()) return Fail(std::string(server.status().message()));
+  std::unique_ptr<gradsnap::cluster::Membership> membership;
+  if (etcd != nullptr) {
+    absl::Status joined = JoinCluster(cluster, o.engine.data_dir, etcd.get(), &membership);
+    if (joined.ok()) member.store(membership.get());
+    if (!joined.ok()) {
+      (*server)->Shutdown(absl::ZeroDuration());
+      server->reset();
+      return Fail(std::string(joined.message()));
+    }
+  }
   if ((*server)->metrics_port() != 0) {
     GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
   }
@@ -168,6 +286,8 @@ int main(int argc, char** argv) {
   GS_LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->reset();
+  member.store(nullptr);
+  membership.reset();  // leaves the cluster: the lease is revoked, the node record gone
   GS_LOG(INFO) << "stopped";
   return 0;
 }

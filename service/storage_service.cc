@@ -53,6 +53,7 @@ grpc::Status StorageService::BeginCheckpoint(grpc::ServerContext* ctx,
                                              v1::BeginCheckpointResponse*) {
   return Unary([&]() -> absl::Status {
     if (!serving_) return absl::UnavailableError("server is shutting down");
+    RETURN_IF_ERROR(WriteGate());
     ASSIGN_OR_RETURN(storage::CheckpointSpec spec, proto::FromProto(req->spec()));
     RETURN_IF_ERROR(auth_->CheckJob(*ctx, spec.job));
     return engine_->BeginCheckpoint(spec);
@@ -88,6 +89,7 @@ grpc::Status StorageService::AcquireEpoch(grpc::ServerContext* ctx,
                                           v1::AcquireEpochResponse* resp) {
   return Unary([&]() -> absl::Status {
     if (!serving_) return absl::UnavailableError("server is shutting down");
+    RETURN_IF_ERROR(WriteGate());
     RETURN_IF_ERROR(Admit(*ctx, req->job()));
     ASSIGN_OR_RETURN(uint64_t epoch, req->raise_to() == 0
                                          ? engine_->AcquireEpoch(req->job())

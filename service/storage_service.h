@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <map>
 #include <set>
@@ -80,6 +81,11 @@ struct StorageServiceOptions {
   // that stops taking part holds its shard and budget no longer. 0: off. Default: 120000
   // (2 min; clients stream without pauses).
   int stream_idle_ms = 120000;
+  // Cluster mode (--etcd): asked before each write (BeginCheckpoint, AcquireEpoch, the start of
+  // an upload and its commit); a non-OK answer refuses the write with that status (UNAVAILABLE
+  // while the node holds no live lease, cluster/membership.h). Default: none (single node:
+  // writes are never refused for this).
+  std::function<absl::Status()> write_gate;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {
@@ -169,6 +175,10 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   absl::Status Admit(const grpc::ServerContext& ctx, const std::string& job, int64_t step);
   absl::Status Admit(const grpc::ServerContext& ctx, const std::string& job, int64_t step,
                      int32_t rank);
+  // OK, or why options_.write_gate refuses writes now.
+  absl::Status WriteGate() const {
+    return options_.write_gate ? options_.write_gate() : absl::OkStatus();
+  }
   // Counts and converts a handler's result.
   grpc::Status Done(const absl::Status& s);
 

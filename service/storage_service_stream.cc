@@ -197,6 +197,7 @@ absl::StatusOr<bool> StorageService::NextMessage(WriteStream* stream, WriteMessa
 absl::Status StorageService::DoWrite(grpc::ServerContext* ctx, WriteStream* stream,
                                      v1::WriteResponse* resp) {
   if (!serving_) return absl::UnavailableError("server is shutting down");
+  RETURN_IF_ERROR(WriteGate());
   RETURN_IF_ERROR(auth_->CheckHasToken(*ctx));  // anonymous callers are refused at once
   IdleWatch::Scope watch(&idle_watch_, ctx);  // a silent stream is cancelled after the limit
   // The budget is reserved only for a caller whose token is the job's: a made-up token, or a
@@ -325,6 +326,12 @@ absl::Status StorageService::FinishShard(const storage::ShardSpec& spec,
     writer->Flush().IgnoreError();
     return absl::OutOfRangeError(absl::StrCat("finish_write at ", writer->written_size(),
                                               " of ", writer->total_size(), " bytes"));
+  }
+  // A node whose cluster lease lapsed mid-upload commits nothing: what arrived stays
+  // resumable for when it holds a lease again.
+  if (absl::Status gate = WriteGate(); !gate.ok()) {
+    writer->Flush().IgnoreError();
+    return gate;
   }
   RETURN_IF_ERROR(writer->Finish());
   metrics_->shard_commits->Add();

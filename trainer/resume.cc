@@ -306,7 +306,7 @@ absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore
   ResumeOutcome out;
   std::unique_ptr<recovery::StateSource> source;
   std::vector<storage::CheckpointInfo> list;
-  const bool funnel = store != nullptr && o.storage.empty() && o.world_size > 1;
+  const bool funnel = store != nullptr && !o.RemoteStore() && o.world_size > 1;
   if (store != nullptr && o.resume.kind != ResumeKind::kNone) {
     ASSIGN_OR_RETURN(list, store->ListCommitted(o.ckpt.job));  // collective
     source = NewRestoreSource(*store, o.ckpt.job);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "cluster/etcd_client.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/status/statusor.h"
@@ -67,6 +68,8 @@ ABSL_FLAG(std::string, storage, "", "gradsnap-server endpoints host:port[,host:p
 ABSL_FLAG(int, replicas, 1, "Copies of each checkpoint shard across the --storage endpoints (rendezvous hashing), 1..16 and at most their number; a restore reads any live copy. Default: 1");
 ABSL_FLAG(std::string, ckpt_dir, "checkpoints", "Embedded engine directory. Default: checkpoints");
 ABSL_FLAG(std::string, job, "job", "Job name in the store. Default: job");
+ABSL_FLAG(std::string, etcd, "", "Cluster mode: etcd endpoints host:port[,host:port...]; storage nodes, catalog and epochs come from etcd (excludes --storage). Default: empty");
+ABSL_FLAG(int, min_replicas, 2, "With --etcd: copies of a shard that must be durable for a save (1..16). Default: 2");
 ABSL_FLAG(std::string, token, "", "Bearer token for --storage. Default: empty");
 ABSL_FLAG(std::string, resume, "none", "none, latest or a step number; the checkpoint may have another world size (resharded exactly). Default: none");
 ABSL_FLAG(std::string, init_from, "", "Start from a `gradsnap restore` directory (rank files of any world size, or --consolidate output); needs no store. Default: empty (off)");
@@ -109,7 +112,9 @@ int CoresPerRank(int nproc) {
 
 // The options of the flags; strings with an enum (--device, --ckpt_mode, --resume) are parsed
 // here, once.
-absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
+// `replicas_given`: --replicas is on the command line (with --etcd it then overrides the
+// cluster's default of 3 copies).
+absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_given) {
   namespace gs = gradsnap::gpu_snapshot;
   gradsnap::trainer::TrainOptions o;
   o.model = absl::GetFlag(FLAGS_model);
@@ -165,6 +170,20 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags() {
     }
   }
   o.replicas = absl::GetFlag(FLAGS_replicas);
+  o.etcd = absl::GetFlag(FLAGS_etcd);
+  o.min_replicas = absl::GetFlag(FLAGS_min_replicas);
+  if (!o.etcd.empty() && !o.storage.empty()) {
+    return absl::InvalidArgumentError("give --etcd or --storage, not both");
+  }
+  if (!o.etcd.empty()) {
+    RETURN_IF_ERROR(gradsnap::cluster::ParseEtcdEndpoints(o.etcd).status());
+    // --replicas places that many copies on the cluster (default 3 there, not 1).
+    if (replicas_given) o.cluster_replicas = o.replicas;
+    o.replicas = 1;
+  }
+  if (o.min_replicas < 1 || o.min_replicas > 16) {
+    return absl::InvalidArgumentError("--min_replicas must be 1..16");
+  }
   o.ckpt_dir = absl::GetFlag(FLAGS_ckpt_dir);
   o.token = absl::GetFlag(FLAGS_token);
   ASSIGN_OR_RETURN(o.resume, gradsnap::trainer::ParseResume(absl::GetFlag(FLAGS_resume)));
@@ -261,7 +280,9 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
       return Fail("--storage endpoint '" + e + "' is not HOST:PORT");
     }
   }
-  if (o.replicas < 1 || o.replicas > 16) return Fail("--replicas must be in [1, 16]");
+  if (o.replicas < 1 || o.replicas > 16 || o.cluster_replicas < 1 || o.cluster_replicas > 16) {
+    return Fail("--replicas must be in [1, 16]");
+  }
   if (o.replicas > 1 && o.replicas > static_cast<int>(o.storage.size())) {
     return Fail(o.storage.empty()
                     ? "--replicas applies to --storage endpoints only"
@@ -309,7 +330,8 @@ int main(int argc, char** argv) {
       "gradsnap-train --data FILE --model NAME --steps N [--nproc P] "
       "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
-      "[--ckpt_dir DIR | --storage H:P[,H:P...] [--replicas R]] "
+      "[--ckpt_dir DIR | --storage H:P[,H:P...] [--replicas R] | --etcd H:P[,H:P...] "
+      "[--replicas R] [--min-replicas W]] "
       "[--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.",
@@ -317,7 +339,12 @@ int main(int argc, char** argv) {
   // One line and exit 2 for a bad flag (docs/trainer.md), before anything starts.
   std::vector<char*> positional = command_line.Parse(kExitNoRestart);
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);
-  absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags();
+  bool replicas_given = false;
+  for (const char* arg : command_line.args()) {
+    const std::string a = arg == nullptr ? "" : arg;  // flag names are underscored by now
+    replicas_given |= a == "--replicas" || a.rfind("--replicas=", 0) == 0;
+  }
+  absl::StatusOr<gradsnap::trainer::TrainOptions> options = OptionsFromFlags(replicas_given);
   if (!options.ok()) return Fail(std::string(options.status().message()));
   const gradsnap::trainer::TrainOptions o = *std::move(options);
 

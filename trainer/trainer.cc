@@ -73,9 +73,12 @@ absl::StatusOr<int> AbortPending(client::Client& c, const std::string& job, uint
 client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
-  co.local_dir = o.storage.empty() ? o.ckpt_dir : "";
+  co.etcd = o.etcd;
+  co.min_replicas = o.min_replicas;
+  co.local_dir = o.RemoteStore() ? "" : o.ckpt_dir;
   co.token = o.token;
   co.replicas = o.replicas;
+  co.cluster_replicas = o.cluster_replicas;
   // Each store call gives up after a few quick retries; the persist policy
   // (persist_guard.h) tries each persist once and backs off across checkpoints.
   co.max_attempts = 4;
@@ -112,13 +115,13 @@ absl::StatusOr<std::unique_ptr<ShardStore>> OpenStore(const TrainOptions& o) {
     // rank 0 writes every rank's shard while the others wait, for as long as the disk takes:
     // that group keeps the rendezvous' 300 s (or the flag, where longer).
     g.op_timeout = std::chrono::milliseconds(
-        !o.storage.empty()
+        o.RemoteStore()
             ? o.collective_timeout_ms + std::min<int64_t>(o.ckpt.persist_timeout_ms, 86400000) +
                   4 * co.rpc_timeout_ms
             : std::max<int64_t>(o.collective_timeout_ms, 300000));
     ASSIGN_OR_RETURN(comm, NewGlooComm(g));
   }
-  if (!o.storage.empty() || o.world_size == 1) {
+  if (o.RemoteStore() || o.world_size == 1) {
     ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, ConnectStore(co));
     return NewDirectShardStore(std::move(c), std::move(comm));
   }
@@ -356,7 +359,7 @@ absl::Status RankRunner::Resume() {
 }
 
 absl::Status RankRunner::WaitForCommittedCheckpoint() {
-  const bool direct = !o_.storage.empty() || o_.world_size == 1;  // listing is not collective
+  const bool direct = o_.RemoteStore() || o_.world_size == 1;  // listing is not collective
   if (store_ == nullptr || !direct) {
     return absl::InvalidArgumentError(
         "--test_fail_after_commit needs checkpointing and one rank (or --storage)");

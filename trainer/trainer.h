@@ -68,6 +68,15 @@ struct TrainOptions {
   CheckpointerOptions ckpt;
   std::vector<std::string> storage;  // --storage endpoints; empty = embedded
   int replicas = 1;  // copies of each shard across the storage endpoints. Default: 1
+  // --etcd: cluster mode (docs/protocol.md "Cluster mode"): nodes, catalog and epochs from
+  // etcd; excludes --storage. Default: empty.
+  std::string etcd;
+  // --replicas with --etcd: copies of each shard on the cluster's live nodes. Default: 3.
+  int cluster_replicas = 3;
+  // --min-replicas: with --etcd, copies that must be durable for a save. Default: 2.
+  int min_replicas = 2;
+  // Whether checkpoints go through servers (--storage or --etcd), not an embedded engine.
+  bool RemoteStore() const { return !storage.empty() || !etcd.empty(); }
   std::string ckpt_dir = "checkpoints";
   std::string token;
   ResumeFrom resume;             // --resume none | latest | STEP. Default: none

@@ -82,6 +82,18 @@ struct ClientOptions {
   TlsFiles tls;
   // Copies of every shard across endpoints (rendezvous hashing). Default: 1.
   int replicas = 1;
+  // Cluster mode (docs/protocol.md, "Cluster mode"): the etcd endpoints,
+  // "[http://]HOST:PORT[,...]". The storage nodes (live ones: those holding their lease), the
+  // checkpoint catalog and the job epochs then come from etcd; endpoints and local_dir must be
+  // empty. Default: empty (off).
+  std::string etcd;
+  // Cluster mode: copies of every shard, on the first live nodes of its rendezvous order (node
+  // ids); clamped, with a warning, to the live nodes. Default: 3.
+  int cluster_replicas = 3;
+  // Cluster mode: copies that must be durable for a save to succeed (a node that fails
+  // mid-upload is replaced by the next live node in the shard's order first). Clamped to the
+  // copies placed. Default: 2.
+  int min_replicas = 2;
   // Upper bound on bytes buffered by asynchronous saves in this client. Default: 256 MiB.
   size_t max_inflight_bytes = 256u << 20;
   // Remote mode: attempts for an operation that fails with UNAVAILABLE, ABORTED or

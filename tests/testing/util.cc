@@ -157,5 +157,13 @@ void FillUpLeaving(const std::string& path, uint64_t leave_bytes) {
 
 void SleepMs(int64_t ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
+bool WaitFor(const std::function<bool()>& cond, int seconds) {
+  for (int i = 0; i < seconds * 10; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return cond();
+}
+
 }  // namespace testing
 }  // namespace gradsnap

@@ -5,6 +5,7 @@
 #define GRADSNAP_TESTS_TESTING_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +37,11 @@ int FlipSegmentBytes(const std::string& data_dir, const std::string& job, int64_
 std::map<std::string, std::string> DirContents(const std::string& dir);
 // The number of regular files below `dir` (0 when it does not exist).
 int CountFiles(const std::string& dir);
+
+// Polls `cond` every 100 ms for up to `seconds` seconds: what a test waits for that a process
+// does in its own time (a lease running out, a watch event), without asserting how long it
+// takes. Returns cond()'s last answer.
+bool WaitFor(const std::function<bool()>& cond, int seconds);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, then released).
 absl::StatusOr<int> FreePort();

@@ -10,9 +10,11 @@
 #include "client/client.h"
 #include "client/test_util.h"
 #include "gtest/gtest.h"
+#include "tests/testing/etcd_cluster.h"
 #include "tests/testing/gtest_util.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/util.h"
 #include "tests/testing/trainer.h"
 
 namespace gradsnap {
@@ -110,6 +112,27 @@ TEST(TrainerE2eTest, ResumeIsExactEmbeddedTwoRanks) {
 }
 
 // The same drill with checkpoints on a real gradsnap-server process (remote back end).
+// And on a cluster (--etcd): a 1-member etcd and 3 gradsnap-servers registered in it; each
+// rank's shard on 3 nodes, the catalog and the epochs in etcd.
+TEST(TrainerE2eTest, ResumeIsExactOnACluster) {
+  const TempDir tmp("cluster");
+  const std::string d = tmp.path();
+  EtcdCluster etcd(tmp.Sub("etcd"));
+  ASSERT_TRUE(etcd.Start(1).ok()) << etcd.Log(0);
+  std::vector<std::unique_ptr<ServerProcess>> servers;
+  for (int i = 0; i < 3; ++i) {
+    servers.push_back(std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN));
+    auto address = StartClusterNode(servers.back().get(), absl::StrCat(d, "/node", i),
+                                    etcd.Endpoints());
+    ASSERT_TRUE(address.ok()) << address.status();
+  }
+  ExpectExactResume(2, "--job full --etcd " + etcd.Endpoints(),
+                    "--job drill --etcd " + etcd.Endpoints());
+  const RunResult ls = RunProgram(GRADSNAP_CLI_BIN, {"--etcd", etcd.Endpoints(), "ls", "drill"}, 60);
+  EXPECT_EQ(ls.exit_code, 0) << ls.out << ls.err;
+  EXPECT_NE(ls.out.find("committed"), std::string::npos) << ls.out;
+}
+
 TEST(TrainerE2eTest, ResumeIsExactWithServer) {
   const TempDir tmp("server");
   const std::string d = tmp.path();

@@ -1,0 +1,506 @@
+// The cluster-mode back end (ClientOptions::etcd; docs/protocol.md, "Cluster mode").
+//
+// OVERVIEW
+//   The live storage nodes are the node records in etcd (cluster/membership.h), read at
+//   connect time and kept current by a watch. A shard (job, rank) is placed by rendezvous
+//   hashing on node ids (cluster/placement.h) on the first cluster_replicas live nodes of its
+//   order; a node that fails is replaced by the next one in order, and the save succeeds once
+//   min_replicas copies are durable. Each copy is, on its node, a one-rank checkpoint of the
+//   node-local job "<job>.r<rank>" (so a node holds only the ranks placed on it, commits each
+//   on its own and serves it; no placeholder shards), fenced on the node by the attempt's epoch
+//   (raised there to the epoch etcd gave). The checkpoint's state lives in etcd
+//   (cluster/catalog.h): the rank is staged with its size, digest and replica node ids, and the
+//   stager that finds every rank staged commits the record in one transaction. Reads take the
+//   record's replicas that are live, in order, and fail over to the next one.
+//
+// ERROR HANDLING
+//   UNAVAILABLE when etcd is unreachable or without quorum, or fewer than min_replicas copies
+//   could be made; the catalog's codes otherwise (cluster/catalog.h).
+//
+// THREAD SAFETY
+//   All methods may be called from any thread; the node table is guarded by a mutex and
+//   updated by the watch's thread.
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "client/backends.h"
+#include "client/remote_client.h"
+#include "client/save_util.h"
+#include "cluster/catalog.h"
+#include "cluster/etcd_client.h"
+#include "cluster/membership.h"
+#include "cluster/placement.h"
+#include "common/digest.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace gradsnap {
+namespace client {
+namespace {
+
+using cluster::ClusterCheckpoint;
+using cluster::RankReplicas;
+
+// The node-local job holding rank `rank` of `job` (docs/protocol.md, "Cluster mode").
+std::string LocalJob(const std::string& job, int32_t rank) {
+  return absl::StrCat(job, ".r", rank);
+}
+
+class ClusterClient final : public Client {
+ public:
+  ClusterClient(ClientOptions options, std::unique_ptr<cluster::EtcdClient> etcd)
+      : options_(std::move(options)), etcd_(std::move(etcd)), catalog_(etcd_.get()) {
+    saves_ = std::make_unique<SaveQueue>(
+        std::clamp<uint64_t>(options_.max_inflight_bytes / (64u << 20), 1, 8),
+        [this](const ShardSpec& spec, const std::vector<TensorRef>& tensors) {
+          return SaveShardNow(spec, tensors);
+        });
+  }
+  ~ClusterClient() override {
+    saves_.reset();
+    watch_.reset();
+  }
+
+  // Reads the node records and starts the watch that keeps them current.
+  absl::Status Start() {
+    int64_t revision = 0;
+    ASSIGN_OR_RETURN(std::vector<cluster::EtcdKv> kvs,
+                     etcd_->GetPrefix(cluster::kNodesPrefix, &revision));
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& kv : kvs) ApplyNode(kv, /*deleted=*/false);
+    }
+    watch_ = etcd_->WatchPrefix(
+        cluster::kNodesPrefix, revision + 1,
+        [this](const std::vector<cluster::EtcdEvent>& events, int64_t, bool compacted) {
+          if (compacted) {
+            auto all = etcd_->GetPrefix(cluster::kNodesPrefix);
+            if (!all.ok()) return;
+            absl::MutexLock lock(&mu_);
+            live_.clear();
+            for (const auto& kv : *all) ApplyNode(kv, false);
+            return;
+          }
+          absl::MutexLock lock(&mu_);
+          for (const auto& e : events) ApplyNode(e.kv, e.deleted);
+        });
+    return absl::OkStatus();
+  }
+
+  absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
+    RETURN_IF_ERROR(catalog_.Begin(spec));
+    absl::MutexLock lock(&mu_);
+    metadata_[{spec.job, spec.step}] = spec.metadata;
+    return absl::OkStatus();
+  }
+
+  std::future<absl::Status> SaveShardAsync(const ShardSpec& spec,
+                                           std::vector<TensorRef> tensors) override {
+    return saves_->Push(spec, std::move(tensors));
+  }
+
+  absl::Status AbortCheckpoint(const std::string& job, int64_t step, uint64_t epoch) override {
+    absl::Status s = catalog_.Abort(job, step, epoch);
+    return absl::IsNotFound(s) ? absl::OkStatus() : s;
+  }
+
+  absl::StatusOr<uint64_t> AcquireEpoch(const std::string& job) override {
+    return catalog_.AcquireEpoch(job);
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListJobs() override {
+    ASSIGN_OR_RETURN(std::vector<cluster::EtcdKv> kvs, etcd_->GetPrefix("/gradsnap/ckpt/"));
+    std::set<std::string> jobs;
+    for (const auto& kv : kvs) {
+      const std::string rest = kv.key.substr(sizeof("/gradsnap/ckpt/") - 1);
+      jobs.insert(rest.substr(0, rest.find('/')));
+    }
+    return std::vector<std::string>(jobs.begin(), jobs.end());
+  }
+
+  absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
+                                                   bool include_pending) override {
+    ASSIGN_OR_RETURN(std::vector<ClusterCheckpoint> all, catalog_.List(job, include_pending));
+    std::vector<CheckpointInfo> out;
+    for (const ClusterCheckpoint& c : all) out.push_back(Info(c));
+    return out;
+  }
+
+  absl::StatusOr<Manifest> Show(const std::string& job, int64_t step) override {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
+    Manifest m;
+    m.info = Info(c);
+    for (const auto& [rank, replicas] : c.ranks) {
+      Manifest local;
+      const int32_t r = rank;
+      RETURN_IF_ERROR(OnReplica(replicas, [&](Client* node) -> absl::Status {
+        ASSIGN_OR_RETURN(local, node->Show(LocalJob(job, r), step));
+        return absl::OkStatus();
+      }));
+      for (ShardInfo& s : local.shards) {
+        s.rank = rank;
+        m.shards.push_back(std::move(s));
+      }
+      if (rank == 0) m.info.metadata = local.info.metadata;
+    }
+    return m;
+  }
+
+  absl::Status RestoreTensor(const std::string& job, int64_t step, int32_t rank,
+                             const std::string& tensor, void* out, size_t out_len) override {
+    ASSIGN_OR_RETURN(RankReplicas replicas, Committed(job, step, rank));
+    return OnReplica(replicas, [&](Client* node) {
+      return node->RestoreTensor(LocalJob(job, rank), step, 0, tensor, out, out_len);
+    });
+  }
+
+  absl::Status RestoreShard(const std::string& job, int64_t step, int32_t rank,
+                            const std::function<absl::Status(const void*, size_t)>& sink,
+                            const ProgressFn& progress) override {
+    ASSIGN_OR_RETURN(RankReplicas replicas, Committed(job, step, rank));
+    bool delivered = false;
+    // Another replica is tried only while nothing reached the sink: a stream that broke
+    // part-way was already resumed on its node by the node's client.
+    return OnReplica(
+        replicas,
+        [&](Client* node) {
+          return node->RestoreShard(
+              LocalJob(job, rank), step, 0,
+              [&](const void* p, size_t n) {
+                delivered = true;
+                return sink(p, n);
+              },
+              progress);
+        },
+        [&] { return !delivered; });
+  }
+
+  absl::Status ReadShardRange(const std::string& job, int64_t step, int32_t rank,
+                              uint64_t offset, uint64_t length, void* out) override {
+    ASSIGN_OR_RETURN(RankReplicas replicas, Committed(job, step, rank));
+    return OnReplica(replicas, [&](Client* node) {
+      return node->ReadShardRange(LocalJob(job, rank), step, 0, offset, length, out);
+    });
+  }
+
+  // Every reachable copy of every rank is verified on its node: a damaged copy fails the
+  // verify (DATA_LOSS); a copy on a node that is gone or unreachable is passed over, as long as
+  // one copy of each rank verified (else UNAVAILABLE).
+  absl::Status Verify(const std::string& job, int64_t step, const ProgressFn& progress) override {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, CommittedRecord(job, step));
+    uint64_t total = 0, done = 0;
+    for (const auto& [rank, r] : c.ranks) total += r.raw_bytes * r.nodes.size();
+    for (const auto& [rank, r] : c.ranks) {
+      int verified = 0;
+      absl::Status unreachable;
+      for (const std::string& id : r.nodes) {
+        absl::StatusOr<std::shared_ptr<remote::RemoteClient>> node = NodeClient(id);
+        absl::Status s = node.ok() ? (*node)->Verify(LocalJob(job, rank), step, nullptr)
+                                   : node.status();
+        if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+          unreachable = s;
+          continue;
+        }
+        RETURN_IF_ERROR(s);
+        ++verified;
+        done += r.raw_bytes;
+        if (progress) progress(done, total);
+      }
+      if (verified == 0) {
+        return absl::UnavailableError(absl::StrCat("job ", job, " step ", step, " rank ", rank,
+                                                   ": no replica reachable: ",
+                                                   unreachable.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The record goes first (one transaction); then the live replicas drop their copies.
+  absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
+    RETURN_IF_ERROR(catalog_.Delete(job, step, epoch));
+    for (const auto& [rank, r] : c.ranks) {
+      for (const std::string& id : r.nodes) {
+        auto node = NodeClient(id);
+        if (!node.ok()) continue;
+        absl::Status s = (*node)->Delete(LocalJob(job, rank), step, 0);
+        if (!s.ok() && !absl::IsNotFound(s)) {
+          GS_LOG(WARNING) << "cluster: node " << id << " kept job " << job << " step " << step
+                          << " rank " << rank << ": " << s;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<GcResult> Gc(const std::string&, const GcPolicy&, uint64_t) override {
+    return absl::UnimplementedError(
+        "gc is not available in cluster mode yet (delete checkpoints with rm)");
+  }
+
+  absl::Status Health() override { return HealthNotes(nullptr); }
+
+  // OK when etcd's quorum answers a read and the client knows a live node. (Nodes refusing
+  // writes for want of space are not reported in cluster mode yet: `notes` stays empty.)
+  absl::Status HealthNotes(std::vector<std::string>* notes) override {
+    (void)notes;
+    RETURN_IF_ERROR(etcd_->GetPrefix(cluster::kNodesPrefix).status());
+    absl::MutexLock lock(&mu_);
+    if (live_.empty()) return absl::UnavailableError("cluster: no live storage nodes in etcd");
+    return absl::OkStatus();
+  }
+
+ private:
+  struct LiveNode {
+    std::string address;
+    uint64_t hash = 0;
+    std::shared_ptr<remote::RemoteClient> client;  // made on first use
+  };
+
+  void ApplyNode(const cluster::EtcdKv& kv, bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string id = kv.key.substr(sizeof(cluster::kNodesPrefix) - 1);
+    if (deleted) {
+      live_.erase(id);
+      return;
+    }
+    auto rec = cluster::DecodeNodeRecord(kv);
+    if (!rec.ok()) return;
+    LiveNode& n = live_[id];
+    if (n.address != rec->address) n.client.reset();  // moved: a new connection
+    n.address = rec->address;
+    n.hash = cluster::NodeHash(id);
+  }
+
+  // The client of live node `id` (UNAVAILABLE when it is not live).
+  absl::StatusOr<std::shared_ptr<remote::RemoteClient>> NodeClient(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(id);
+    if (it == live_.end()) return absl::UnavailableError(absl::StrCat("node ", id, " is not live"));
+    if (it->second.client == nullptr) {
+      ClientOptions o = options_;
+      o.etcd.clear();
+      o.endpoints = {it->second.address};
+      o.replicas = 1;
+      // A failing node is replaced by the next one in order rather than waited for long.
+      o.max_attempts = std::min(options_.max_attempts, 3);
+      ASSIGN_OR_RETURN(std::unique_ptr<Client> c, NewRemoteClient(o));
+      it->second.client.reset(static_cast<remote::RemoteClient*>(c.release()));
+    }
+    return it->second.client;
+  }
+
+  // Runs `fn` on the live replicas of `r` in order until one succeeds (or `may_retry` says no
+  // more); the last error otherwise.
+  absl::Status OnReplica(const RankReplicas& r, const std::function<absl::Status(Client*)>& fn,
+                         const std::function<bool()>& may_retry = nullptr) {
+    absl::Status last = absl::UnavailableError(
+        absl::StrCat("no live replica among nodes ", absl::StrJoin(r.nodes, ",")));
+    for (const std::string& id : r.nodes) {
+      auto node = NodeClient(id);
+      if (!node.ok()) continue;
+      last = fn(node->get());
+      if (last.ok() || absl::IsNotFound(last) || absl::IsInvalidArgument(last)) return last;
+      if (may_retry && !may_retry()) return last;
+    }
+    return last;
+  }
+
+  absl::StatusOr<ClusterCheckpoint> CommittedRecord(const std::string& job, int64_t step) {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
+    if (c.state != CheckpointState::kCommitted) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint job ", job, " step ", step, " is not committed"));
+    }
+    return c;
+  }
+
+  absl::StatusOr<RankReplicas> Committed(const std::string& job, int64_t step, int32_t rank) {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, CommittedRecord(job, step));
+    auto it = c.ranks.find(rank);
+    if (it == c.ranks.end()) {
+      return absl::NotFoundError(absl::StrCat("job ", job, " step ", step, ": no rank ", rank));
+    }
+    return it->second;
+  }
+
+  static CheckpointInfo Info(const ClusterCheckpoint& c) {
+    CheckpointInfo i;
+    i.job = c.job;
+    i.step = c.step;
+    i.kind = c.kind;
+    i.base_step = c.base_step;
+    i.world_size = c.world_size;
+    i.state = c.state;
+    for (const auto& [rank, r] : c.ranks) i.raw_bytes += r.raw_bytes;  // one copy's bytes
+    i.created_unix_ms = c.created_unix_ms;
+    i.committed_unix_ms = c.committed_unix_ms;
+    return i;
+  }
+
+  // The live nodes in the rendezvous order of (job, rank): ids.
+  std::vector<std::string> Order(const std::string& job, int32_t rank) {
+    std::vector<std::string> ids;
+    std::vector<uint64_t> hashes;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, n] : live_) {
+        ids.push_back(id);
+        hashes.push_back(n.hash);
+      }
+    }
+    std::vector<std::string> out;
+    for (size_t i : cluster::RankNodes(hashes, cluster::ShardKeyHash(job, rank), ids.size())) {
+      out.push_back(ids[i]);
+    }
+    return out;
+  }
+
+  // One copy on node `id`: the node's epoch raised to the attempt's, the one-rank local
+  // checkpoint begun, the shard uploaded (resumed and idempotent as in remote mode).
+  absl::Status UploadTo(const std::string& id, const ShardSpec& spec,
+                        const std::vector<TensorRef>& tensors) {
+    ASSIGN_OR_RETURN(std::shared_ptr<remote::RemoteClient> node, NodeClient(id));
+    const std::string local_job = LocalJob(spec.job, spec.rank);
+    if (spec.epoch != 0) RETURN_IF_ERROR(node->RaiseEpoch(local_job, spec.epoch));
+    CheckpointSpec local;
+    local.job = local_job;
+    local.step = spec.step;
+    local.world_size = 1;
+    local.epoch = spec.epoch;
+    if (spec.rank == 0) {
+      absl::MutexLock lock(&mu_);
+      auto it = metadata_.find({spec.job, spec.step});
+      if (it != metadata_.end()) local.metadata = it->second;
+    }
+    RETURN_IF_ERROR(node->BeginCheckpoint(local));
+    ShardSpec s = spec;
+    s.job = local_job;
+    s.rank = 0;
+    absl::Status saved = node->SaveShard(s, tensors);
+    if (!absl::IsAlreadyExists(saved)) return saved;
+    // The node holds other content for this step: a copy of an older (fenced) attempt or of an
+    // aborted one. While etcd's record is PENDING no committed checkpoint names it, so it is
+    // dropped (with this attempt's epoch: a zombie cannot drop a newer copy) and written anew.
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(spec.job, spec.step));
+    if (c.state != CheckpointState::kPending) return saved;
+    RETURN_IF_ERROR(node->Delete(local_job, spec.step, spec.epoch));
+    RETURN_IF_ERROR(node->BeginCheckpoint(local));
+    return node->SaveShard(s, tensors);
+  }
+
+  absl::Status SaveShardNow(const ShardSpec& spec, const std::vector<TensorRef>& tensors) {
+    const std::vector<std::string> order = Order(spec.job, spec.rank);
+    if (order.empty()) return absl::UnavailableError("cluster: no live storage nodes in etcd");
+    const size_t want = std::min<size_t>(options_.cluster_replicas, order.size());
+    const size_t need = std::min<size_t>(options_.min_replicas, want);
+    if (want < static_cast<size_t>(options_.cluster_replicas) && !warned_.exchange(true)) {
+      GS_LOG(WARNING) << "cluster: " << order.size() << " live nodes: shards get " << want
+                      << " copies, not " << options_.cluster_replicas;
+    }
+    // `want` uploads at once; each one that fails takes the next node in order.
+    std::mutex mu;
+    size_t next = want;
+    std::vector<std::pair<size_t, std::string>> held;  // (position in order, id)
+    std::vector<std::string> errors;
+    auto worker = [&](size_t pos) {
+      for (;;) {
+        absl::Status s = UploadTo(order[pos], spec, tensors);
+        std::lock_guard<std::mutex> lock(mu);
+        if (s.ok()) {
+          held.emplace_back(pos, order[pos]);
+          return;
+        }
+        errors.push_back(absl::StrCat(order[pos], ": ", s.message()));
+        // A fenced attempt stops at once: no other node would take it either.
+        if (absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) || next >= order.size()) {
+          return;
+        }
+        pos = next++;
+      }
+    };
+    std::vector<std::future<void>> uploads;
+    for (size_t i = 0; i < want; ++i) {
+      uploads.push_back(std::async(std::launch::async, worker, i));
+    }
+    for (auto& u : uploads) u.get();
+    if (held.size() < need) {
+      return absl::UnavailableError(absl::StrCat(
+          "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": ", held.size(),
+          " of the ", need, " copies needed are durable: ", absl::StrJoin(errors, "; ")));
+    }
+    std::sort(held.begin(), held.end());
+    RankReplicas r;
+    Digester digest(DigestAlgo::kXxh3_128);
+    for (const TensorRef& t : tensors) {
+      digest.Update(t.data, t.spec.byte_length);
+      r.raw_bytes += t.spec.byte_length;
+    }
+    r.digest = digest.FinishHex();
+    for (const auto& [pos, id] : held) r.nodes.push_back(id);
+    RETURN_IF_ERROR(catalog_.StageRank(spec.job, spec.step, spec.rank, spec.epoch, r));
+    return TryCommit(spec.job, spec.step, spec.epoch);
+  }
+
+  // Commits when every rank is staged (the last stager does: etcd is linearizable); after a
+  // FULL, the DELTAs on it that were waiting for it.
+  absl::Status TryCommit(const std::string& job, int64_t step, uint64_t epoch) {
+    absl::Status s = catalog_.Commit(job, step, epoch);
+    if (absl::IsAlreadyExists(s)) return absl::OkStatus();  // another writer of the attempt
+    if (absl::IsFailedPrecondition(s)) {
+      // Ranks missing (another rank's save commits) or a DELTA before its FULL; a fenced
+      // zombie's save fails here.
+      if (absl::StrContains(s.message(), "superseded")) return s;
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(s);
+    auto pending = catalog_.List(job, /*include_pending=*/true);
+    if (!pending.ok()) return absl::OkStatus();  // committed; DELTAs commit on their next save
+    for (const ClusterCheckpoint& c : *pending) {
+      if (c.state == CheckpointState::kPending && c.kind == storage::CheckpointKind::kDelta &&
+          c.base_step == step) {
+        absl::Status d = catalog_.Commit(job, c.step, epoch);
+        (void)d;  // ranks missing, or another writer: theirs to commit
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const ClientOptions options_;
+  std::unique_ptr<cluster::EtcdClient> etcd_;
+  cluster::ClusterCatalog catalog_;
+  std::unique_ptr<cluster::EtcdWatch> watch_;
+  std::unique_ptr<SaveQueue> saves_;
+  std::atomic<bool> warned_{false};
+
+  absl::Mutex mu_;
+  std::map<std::string, LiveNode> live_ ABSL_GUARDED_BY(mu_);  // by node id
+  std::map<std::pair<std::string, int64_t>, std::string> metadata_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options) {
+  ASSIGN_OR_RETURN(std::vector<std::string> endpoints, cluster::ParseEtcdEndpoints(options.etcd));
+  cluster::EtcdOptions eo;
+  eo.endpoints = std::move(endpoints);
+  eo.rpc_timeout_ms = std::clamp(options.rpc_timeout_ms, 1000, 5000);
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, cluster::EtcdClient::Create(eo));
+  auto c = std::make_unique<ClusterClient>(options, std::move(etcd));
+  RETURN_IF_ERROR(c->Start());
+  return std::unique_ptr<Client>(std::move(c));
+}
+
+}  // namespace client
+}  // namespace gradsnap

@@ -1,0 +1,121 @@
+// EtcdCluster (etcd_cluster.h).
+#include "tests/testing/etcd_cluster.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "tests/testing/util.h"
+
+namespace gradsnap {
+namespace testing {
+
+EtcdCluster::EtcdCluster(std::string dir) : dir_(std::move(dir)) {}
+
+EtcdCluster::~EtcdCluster() {
+  for (Member& m : members_) {
+    if (m.process) m.process->Kill();
+  }
+}
+
+absl::Status EtcdCluster::Start(int members) {
+  if (members < 1 || !members_.empty()) {
+    return absl::InvalidArgumentError("EtcdCluster::Start: once, with >= 1 member");
+  }
+  std::vector<std::string> peers;
+  for (int i = 0; i < members; ++i) {
+    Member m;
+    m.name = absl::StrCat("m", i);
+    auto client = FreePort();
+    if (!client.ok()) return client.status();
+    auto peer = FreePort();
+    if (!peer.ok()) return peer.status();
+    m.client_port = *client;
+    m.peer_port = *peer;
+    if (m.client_port == m.peer_port) return absl::UnavailableError("port picked twice");
+    peers.push_back(absl::StrCat(m.name, "=http://127.0.0.1:", m.peer_port));
+    members_.push_back(std::move(m));
+  }
+  initial_cluster_ = absl::StrJoin(peers, ",");
+  for (int i = 0; i < members; ++i) {
+    if (absl::Status s = StartMember(i); !s.ok()) return s;
+  }
+  for (int i = 0; i < members; ++i) {
+    if (absl::Status s = WaitHealthy(i); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+std::string EtcdCluster::Endpoint(int i) const {
+  return absl::StrCat("127.0.0.1:", members_[i].client_port);
+}
+
+std::string EtcdCluster::Endpoints() const {
+  std::vector<std::string> all;
+  for (int i = 0; i < size(); ++i) all.push_back(Endpoint(i));
+  return absl::StrJoin(all, ",");
+}
+
+absl::Status EtcdCluster::StartMember(int i) {
+  Member& m = members_[i];
+  const std::string client_url = absl::StrCat("http://127.0.0.1:", m.client_port);
+  const std::string peer_url = absl::StrCat("http://127.0.0.1:", m.peer_port);
+  m.process = std::make_unique<ChildProcess>();
+  return m.process->Start(
+      {"etcd", "--name", m.name, "--data-dir", absl::StrCat(dir_, "/", m.name, ".etcd"),
+       "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+       "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+       "--initial-cluster", initial_cluster_, "--initial-cluster-state", "new",
+       "--initial-cluster-token", "gradsnap-test", "--logger", "zap", "--log-outputs", "stderr"},
+      absl::StrCat(dir_, "/", m.name, ".log"));
+}
+
+absl::Status EtcdCluster::WaitHealthy(int i) {
+  std::string last;
+  for (int attempt = 0; attempt < 300; ++attempt) {  // 300 x (call + 200 ms): about a minute
+    if (!members_[i].process->running()) {
+      return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited: ", Log(i)));
+    }
+    RunResult r = RunProgram("etcdctl", {"--endpoints", Endpoint(i), "--command-timeout=2s",
+                                         "endpoint", "health"},
+                             /*timeout_s=*/10);
+    if (r.exit_code == 0) return absl::OkStatus();
+    last = r.out + r.err;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("etcd member ", i, " not healthy within a minute: ", last));
+}
+
+void EtcdCluster::Kill(int i) {
+  if (members_[i].process) members_[i].process->Kill();
+}
+
+absl::Status EtcdCluster::Restart(int i, bool wait_healthy) {
+  Kill(i);
+  if (absl::Status s = StartMember(i); !s.ok()) return s;
+  return wait_healthy ? WaitHealthy(i) : absl::OkStatus();
+}
+
+std::string EtcdCluster::Log(int i) const {
+  return members_[i].process ? members_[i].process->Output() : "";
+}
+
+absl::StatusOr<std::string> StartClusterNode(ServerProcess* server, const std::string& data_dir,
+                                             const std::string& etcd_endpoints,
+                                             const std::vector<std::string>& extra) {
+  absl::StatusOr<int> port = FreePort();
+  if (!port.ok()) return port.status();
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
+  std::vector<std::string> flags = {"--etcd", etcd_endpoints, "--advertise", address};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  absl::Status s = server->StartOn(data_dir, address, flags);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), ": ", server->Log()));
+  return address;
+}
+
+}  // namespace testing
+}  // namespace gradsnap

@@ -1,0 +1,73 @@
+// EtcdCluster: a real etcd of 1 or more members on loopback ports, in a directory of the test,
+// for the cluster-mode tests (Debian's etcd-server; scripts/install-deps.sh installs it). Every
+// member is an `etcd` child process with its data directory and log under `dir`.
+//
+// Waits are bounded: Start() waits up to 60 s for every member to answer `etcdctl endpoint
+// health`. The destructor SIGKILLs the members that still run.
+//
+// Not thread-safe per object; each test owns its cluster.
+#ifndef GRADSNAP_TESTS_TESTING_ETCD_CLUSTER_H_
+#define GRADSNAP_TESTS_TESTING_ETCD_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tests/testing/process.h"
+#include "tests/testing/server_process.h"
+
+namespace gradsnap {
+namespace testing {
+
+class EtcdCluster {
+ public:
+  // `dir`: an existing directory the cluster may fill (a TempDir's).
+  explicit EtcdCluster(std::string dir);
+  ~EtcdCluster();
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+
+  // Starts `members` members (1 or 3, say) on free loopback ports and waits until each is
+  // healthy (a quorum has elected a leader).
+  absl::Status Start(int members);
+  // "127.0.0.1:P1,127.0.0.1:P2,..." (the --etcd value of every member).
+  std::string Endpoints() const;
+  // "127.0.0.1:P" of member i.
+  std::string Endpoint(int i) const;
+  int size() const { return static_cast<int>(members_.size()); }
+
+  // SIGKILLs member i.
+  void Kill(int i);
+  // Starts member i again on its ports and data directory; waits until it is healthy when a
+  // quorum is up (`wait_healthy`).
+  absl::Status Restart(int i, bool wait_healthy = true);
+  // The log of member i so far.
+  std::string Log(int i) const;
+
+ private:
+  struct Member {
+    std::string name;
+    int client_port = 0;
+    int peer_port = 0;
+    std::unique_ptr<ChildProcess> process;
+  };
+  absl::Status StartMember(int i);
+  absl::Status WaitHealthy(int i);
+
+  const std::string dir_;
+  std::string initial_cluster_;
+  std::vector<Member> members_;
+};
+
+// Starts `server` (gradsnap-server) as a cluster node of `etcd_endpoints` on `data_dir`,
+// listening on and advertising a free loopback port, with `extra` flags; returns its address.
+absl::StatusOr<std::string> StartClusterNode(ServerProcess* server, const std::string& data_dir,
+                                             const std::string& etcd_endpoints,
+                                             const std::vector<std::string>& extra = {});
+
+}  // namespace testing
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_TESTS_TESTING_ETCD_CLUSTER_H_
