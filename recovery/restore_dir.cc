@@ -301,8 +301,9 @@ absl::StatusOr<std::vector<WrittenFile>> WriteConsolidated(const std::string& di
     opt_sha.push_back({"sha256." + t.name, Sha256Hex(t.data, t.bytes)});
   }
   const std::vector<std::pair<std::string, std::string>> meta = {
-      {"format", "gradsnap-model-v1"}, {"job", s.job}, {"step", absl::StrCat(s.step)},
-      {"dtype", DTypeName(dtype)}, {"train_state", s.state}};
+      // "pt": transformers refuses a safetensors file whose format is not pt, tf, flax or mlx.
+      {"format", "pt"}, {"gradsnap_format", "gradsnap-model-v1"}, {"job", s.job},
+      {"step", absl::StrCat(s.step)}, {"dtype", DTypeName(dtype)}, {"train_state", s.state}};
   std::vector<WrittenFile> files;
   StagedFiles staged;
   const std::vector<std::vector<SafetensorsTensor>> groups =

@@ -8,7 +8,8 @@ SHARDED_DIR must hold model.safetensors.index.json ({"metadata": {"total_size"},
 {name: file}}), no model.safetensors, and the files the map names, model-0000i-of-0000n
 .safetensors for i in 1..n, n >= MIN_FILES; each file's tensors sum to at most MAX_SHARD_BYTES
 (unless it holds one tensor), every tensor of SINGLE_FILE appears in exactly one of them with
-the same dtype, shape and bytes, and total_size is their sum. Prints "ok N files" and exits 0,
+the same dtype, shape and bytes, total_size is their sum, and every file's __metadata__ says
+format "pt". Prints "ok N files" and exits 0,
 or prints why and exits 1.
 """
 import json
@@ -23,12 +24,15 @@ def fail(msg):
 
 
 def read(path):
-    """{name: (dtype, shape, bytes)} of a safetensors file."""
+    """{name: (dtype, shape, bytes)} of a safetensors file. Its __metadata__ must say format
+    "pt": transformers refuses a safetensors file whose format is not pt, tf, flax or mlx."""
     with open(path, "rb") as f:
         blob = f.read()
     (n,) = struct.unpack("<Q", blob[:8])
     header = json.loads(blob[8:8 + n])
-    header.pop("__metadata__", None)
+    fmt = header.pop("__metadata__", {}).get("format")
+    if fmt != "pt":
+        fail(f"{path}: __metadata__ format {fmt!r}, want 'pt' (transformers refuses others)")
     data = blob[8 + n:]
     return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
             for k, v in header.items()}
