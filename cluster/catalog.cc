@@ -331,7 +331,7 @@ absl::StatusOr<ClusterCheckpoint> ClusterCatalog::WithStaged(const std::string& 
   ASSIGN_OR_RETURN(ClusterCheckpoint c, DecodeCheckpointRecord(job, step, head.kvs(0).value()));
   c.mod_revision = head.kvs(0).mod_revision();
   if (c.state == CheckpointState::kCommitted) return c;
-  for (const mvccpb::KeyValue& kv : resp.responses(1).response_range().kvs()) {
+  for (const etcdserverpb::KeyValue& kv : resp.responses(1).response_range().kvs()) {
     int32_t rank = -1;
     RankReplicas r;
     if (!absl::SimpleAtoi(kv.key().substr(StagedPrefix(job, step).size()), &rank) ||

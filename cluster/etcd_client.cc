@@ -63,7 +63,7 @@ std::string PrefixEnd(const std::string& prefix) {
 
 namespace {
 
-EtcdKv FromPb(const mvccpb::KeyValue& kv) {
+EtcdKv FromPb(const pb::KeyValue& kv) {
   EtcdKv out;
   out.key = kv.key();
   out.value = kv.value();
@@ -333,7 +333,7 @@ void EtcdWatch::RunStream(EtcdClient::Member& member) {
       int64_t last = 0;
       for (const auto& e : resp.events()) {
         EtcdEvent ev;
-        ev.deleted = e.type() == mvccpb::Event::DELETE;
+        ev.deleted = e.type() == pb::Event::DELETE;
         ev.kv = FromPb(e.kv());
         last = std::max(last, e.kv().mod_revision());
         events.push_back(std::move(ev));
