@@ -64,14 +64,12 @@ std::string PrefixEnd(const std::string& prefix) {
 namespace {
 
 EtcdKv FromPb(const pb::KeyValue& kv) {
-  EtcdKv out;
-  out.key = kv.key();
-  out.value = kv.value();
-  out.create_revision = kv.create_revision();
-  out.mod_revision = kv.mod_revision();
-  out.version = kv.version();
-  out.lease = kv.lease();
-  return out;
+  return {.key = kv.key(),
+          .value = kv.value(),
+          .create_revision = kv.create_revision(),
+          .mod_revision = kv.mod_revision(),
+          .version = kv.version(),
+          .lease = kv.lease()};
 }
 
 bool TryNextMember(const grpc::Status& s) {
@@ -139,13 +137,18 @@ absl::Status EtcdClient::OnAnyMember(
                                              absl::StrJoin(errors, "; ")));
 }
 
-absl::StatusOr<EtcdKv> EtcdClient::Get(const std::string& key) {
-  pb::RangeRequest req;
-  req.set_key(key);
+absl::StatusOr<pb::RangeResponse> EtcdClient::Range(const pb::RangeRequest& req) {
   pb::RangeResponse resp;
   RETURN_IF_ERROR(OnAnyMember("range", [&](Member& m, grpc::ClientContext* ctx) {
     return m.kv->Range(ctx, req, &resp);
   }));
+  return resp;
+}
+
+absl::StatusOr<EtcdKv> EtcdClient::Get(const std::string& key) {
+  pb::RangeRequest req;
+  req.set_key(key);
+  ASSIGN_OR_RETURN(const pb::RangeResponse resp, Range(req));
   if (resp.kvs_size() == 0) return absl::NotFoundError(absl::StrCat("etcd: no key ", key));
   return FromPb(resp.kvs(0));
 }
@@ -157,10 +160,7 @@ absl::StatusOr<std::vector<EtcdKv>> EtcdClient::GetPrefix(const std::string& pre
   req.set_range_end(PrefixEnd(prefix));
   req.set_sort_order(pb::RangeRequest::ASCEND);
   req.set_sort_target(pb::RangeRequest::KEY);
-  pb::RangeResponse resp;
-  RETURN_IF_ERROR(OnAnyMember("range", [&](Member& m, grpc::ClientContext* ctx) {
-    return m.kv->Range(ctx, req, &resp);
-  }));
+  ASSIGN_OR_RETURN(const pb::RangeResponse resp, Range(req));
   std::vector<EtcdKv> out;
   for (const auto& kv : resp.kvs()) out.push_back(FromPb(kv));
   if (revision != nullptr) *revision = resp.header().revision();
@@ -181,19 +181,18 @@ absl::StatusOr<int64_t> EtcdClient::Put(const std::string& key, const std::strin
 }
 
 absl::StatusOr<int64_t> EtcdClient::Delete(const std::string& key) {
-  pb::DeleteRangeRequest req;
-  req.set_key(key);
-  pb::DeleteRangeResponse resp;
-  RETURN_IF_ERROR(OnAnyMember("delete", [&](Member& m, grpc::ClientContext* ctx) {
-    return m.kv->DeleteRange(ctx, req, &resp);
-  }));
-  return resp.deleted();
+  return DeleteRange(key, /*range_end=*/"");
 }
 
 absl::StatusOr<int64_t> EtcdClient::DeletePrefix(const std::string& prefix) {
+  return DeleteRange(prefix, PrefixEnd(prefix));
+}
+
+absl::StatusOr<int64_t> EtcdClient::DeleteRange(const std::string& key,
+                                                const std::string& range_end) {
   pb::DeleteRangeRequest req;
-  req.set_key(prefix);
-  req.set_range_end(PrefixEnd(prefix));
+  req.set_key(key);
+  if (!range_end.empty()) req.set_range_end(range_end);
   pb::DeleteRangeResponse resp;
   RETURN_IF_ERROR(OnAnyMember("delete", [&](Member& m, grpc::ClientContext* ctx) {
     return m.kv->DeleteRange(ctx, req, &resp);

@@ -129,6 +129,10 @@ class EtcdClient {
   // (any status but UNAVAILABLE or DEADLINE_EXCEEDED). `what` names the call in errors.
   absl::Status OnAnyMember(const char* what,
                            const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call);
+  // Range and DeleteRange on any member; DeleteRange returns how many keys were deleted
+  // (`range_end` empty: `key` alone).
+  absl::StatusOr<etcdserverpb::RangeResponse> Range(const etcdserverpb::RangeRequest& req);
+  absl::StatusOr<int64_t> DeleteRange(const std::string& key, const std::string& range_end);
   // The index of the member to try first.
   size_t Preferred() const { return preferred_.load(); }
 
