@@ -43,26 +43,24 @@ bool IsDigestHex(DigestAlgo algo, absl::string_view hex) {
 }
 
 // SHA-256 is common/sha256.h's; this class adds XXH3-128 behind the same interface.
-Digester::Digester(DigestAlgo algo) : algo_(algo) {
+Digester::Digester(DigestAlgo algo)
+    : algo_(algo),
+      xxh_(nullptr, [](void* s) { XXH3_freeState(static_cast<XXH3_state_t*>(s)); }) {
   if (algo_ == DigestAlgo::kSha256) {
     sha_ = std::make_unique<Sha256>();
     return;
   }
   GS_CHECK(algo_ == DigestAlgo::kXxh3_128) << "unknown digest algorithm";
-  xxh_ = XXH3_createState();
+  xxh_.reset(XXH3_createState());
   GS_CHECK(xxh_ != nullptr) << "digest state allocation";
   Reset();
-}
-
-Digester::~Digester() {
-  if (xxh_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(xxh_));
 }
 
 void Digester::Reset() {
   if (sha_ != nullptr) {
     sha_->Reset();
   } else {
-    GS_CHECK(XXH3_128bits_reset(static_cast<XXH3_state_t*>(xxh_)) == XXH_OK);
+    GS_CHECK(XXH3_128bits_reset(static_cast<XXH3_state_t*>(xxh_.get())) == XXH_OK);
   }
 }
 
@@ -71,7 +69,7 @@ void Digester::Update(const void* data, size_t n) {
   if (sha_ != nullptr) {
     sha_->Update(data, n);
   } else {
-    GS_CHECK(XXH3_128bits_update(static_cast<XXH3_state_t*>(xxh_), data, n) == XXH_OK);
+    GS_CHECK(XXH3_128bits_update(static_cast<XXH3_state_t*>(xxh_.get()), data, n) == XXH_OK);
   }
 }
 
@@ -81,7 +79,7 @@ std::string Digester::FinishHex() {
     hex = DigestToHex(sha_->Finish());
   } else {
     XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(static_cast<XXH3_state_t*>(xxh_)));
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(static_cast<XXH3_state_t*>(xxh_.get())));
     hex = LowerHex(c.digest, sizeof(c.digest));
   }
   Reset();

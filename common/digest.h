@@ -16,11 +16,10 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/sha256.h"
 #include "gradsnap/digest_algo.h"  // IWYU pragma: export
 
 namespace gradsnap {
-
-class Sha256;
 
 // DigestAlgo and DigestAlgoName: include/gradsnap/digest_algo.h (public).
 // Accepts "sha256", "xxh3" and "xxh3-128". False for anything else.
@@ -35,10 +34,7 @@ bool IsDigestHex(DigestAlgo algo, absl::string_view hex);
 // Incremental digest of one byte stream.
 class Digester {
  public:
-  explicit Digester(DigestAlgo algo);
-  ~Digester();
-  Digester(const Digester&) = delete;
-  Digester& operator=(const Digester&) = delete;
+  explicit Digester(DigestAlgo algo);  // movable, not copyable
 
   DigestAlgo algo() const { return algo_; }
   void Update(const void* data, size_t n);
@@ -49,7 +45,8 @@ class Digester {
  private:
   DigestAlgo algo_;
   std::unique_ptr<Sha256> sha_;  // kSha256
-  void* xxh_ = nullptr;          // kXxh3_128: XXH3_state_t*, xxhash.h stays out of ours
+  // kXxh3_128: XXH3_state_t*, kept opaque so xxhash.h stays out of ours.
+  std::unique_ptr<void, void (*)(void*)> xxh_;
 };
 
 // Lower-case hex digest of data[0, n).

@@ -30,9 +30,7 @@ class ThreadPool {
  public:
   // threads >= 1 (1: every loop runs on the caller).
   explicit ThreadPool(int threads);
-  ~ThreadPool();
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
+  ~ThreadPool();  // Not copyable (owns its worker threads and mutex).
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs fn(begin, end) over the SplitRange(n, threads(), i, align) ranges; when n < min_n

@@ -31,9 +31,7 @@ class IdleWatch {
  public:
   // A limit of zero or less watches nothing (no thread).
   explicit IdleWatch(absl::Duration limit);
-  ~IdleWatch();
-  IdleWatch(const IdleWatch&) = delete;
-  IdleWatch& operator=(const IdleWatch&) = delete;
+  ~IdleWatch();  // Not copyable (owns its thread and mutex).
 
   class Scope {
    public:

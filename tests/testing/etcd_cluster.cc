@@ -15,12 +15,6 @@ namespace testing {
 
 EtcdCluster::EtcdCluster(std::string dir) : dir_(std::move(dir)) {}
 
-EtcdCluster::~EtcdCluster() {
-  for (Member& m : members_) {
-    if (m.process) m.process->Kill();
-  }
-}
-
 absl::Status EtcdCluster::Start(int members) {
   if (members < 1 || !members_.empty()) {
     return absl::InvalidArgumentError("EtcdCluster::Start: once, with >= 1 member");

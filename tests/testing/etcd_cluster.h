@@ -24,10 +24,8 @@ namespace testing {
 class EtcdCluster {
  public:
   // `dir`: an existing directory the cluster may fill (a TempDir's).
+  // Not copyable (owns its member processes, which ChildProcess kills when it is destroyed).
   explicit EtcdCluster(std::string dir);
-  ~EtcdCluster();
-  EtcdCluster(const EtcdCluster&) = delete;
-  EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   // Starts `members` members (1 or 3, say) on free loopback ports and waits until each is
   // healthy (a quorum has elected a leader).
