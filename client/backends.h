@@ -16,8 +16,8 @@ class ByteBudget;
 absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& options);
 
 // For tests: the budget bounding the asynchronous saves of `client` when it is an embedded
-// client (its peak() counts that client's saves only), nullptr for any other Client. Valid while
-// `client` lives.
+// client (its usage().peak counts that client's saves only), nullptr for any other Client. Valid
+// while `client` lives.
 const ByteBudget* EmbeddedSaveBudget(const Client& client);
 
 // gRPC to gradsnap-server nodes in options.endpoints (client/remote_client.cc).

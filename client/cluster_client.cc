@@ -336,16 +336,16 @@ class ClusterClient final : public Client {
   }
 
   static CheckpointInfo Info(const ClusterCheckpoint& c) {
-    CheckpointInfo i;
-    i.job = c.job;
-    i.step = c.step;
-    i.kind = c.kind;
-    i.base_step = c.base_step;
-    i.world_size = c.world_size;
-    i.state = c.state;
+    CheckpointInfo i{.job = c.job,
+                     .step = c.step,
+                     .kind = c.kind,
+                     .base_step = c.base_step,
+                     .world_size = c.world_size,
+                     .state = c.state,
+                     .created_unix_ms = c.created_unix_ms,
+                     .committed_unix_ms = c.committed_unix_ms,
+                     .metadata = {}};  // the cluster record keeps none
     for (const auto& [rank, r] : c.ranks) i.raw_bytes += r.raw_bytes;  // one copy's bytes
-    i.created_unix_ms = c.created_unix_ms;
-    i.committed_unix_ms = c.committed_unix_ms;
     return i;
   }
 

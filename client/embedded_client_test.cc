@@ -280,10 +280,10 @@ TEST_F(EmbeddedClientTest, ConcurrentAsyncSavesStayWithinBudget) {
   uint64_t shard_bytes = shards[0].Payload().size();
   const ByteBudget* budget = EmbeddedSaveBudget(*client_);
   ASSERT_NE(budget, nullptr);
-  const uint64_t peak = budget->peak();  // this client's saves only
-  EXPECT_LE(peak, std::max<uint64_t>(kBudget, huge.Payload().size()));
-  EXPECT_GE(peak, shard_bytes);
-  EXPECT_EQ(budget->in_flight(), 0u);
+  const ByteBudget::Usage usage = budget->usage();  // this client's saves only
+  EXPECT_LE(usage.peak, std::max<uint64_t>(kBudget, huge.Payload().size()));
+  EXPECT_GE(usage.peak, shard_bytes);
+  EXPECT_EQ(usage.in_flight, 0u);
   auto listed = client_->List("conc");
   ASSERT_TRUE(listed.ok());
   EXPECT_EQ(listed->size(), 2u);

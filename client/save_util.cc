@@ -141,14 +141,9 @@ void ByteBudget::Release(uint64_t n) {
   gauge_->Set(static_cast<int64_t>(in_flight_));
 }
 
-uint64_t ByteBudget::in_flight() const {
+ByteBudget::Usage ByteBudget::usage() const {
   absl::MutexLock lock(&mu_);
-  return in_flight_;
-}
-
-uint64_t ByteBudget::peak() const {
-  absl::MutexLock lock(&mu_);
-  return peak_;
+  return {.in_flight = in_flight_, .peak = peak_};
 }
 
 SaveQueue::SaveQueue(size_t workers, SaveFn save) : save_(std::move(save)) {

@@ -48,9 +48,11 @@ class ByteBudget {
   explicit ByteBudget(uint64_t limit);
   void Acquire(uint64_t n);
   void Release(uint64_t n);
-  uint64_t in_flight() const;
-  // Highest value of in_flight() seen by this budget.
-  uint64_t peak() const;
+  struct Usage {
+    uint64_t in_flight = 0;
+    uint64_t peak = 0;  // the highest in_flight seen by this budget
+  };
+  Usage usage() const;
   // The `client` label of this budget's gauges: 1, 2, ... in the order budgets were made.
   int64_t metrics_id() const { return metrics_id_; }
 
