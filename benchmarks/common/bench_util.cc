@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +37,23 @@ void InitBenchmark(int argc, char** argv, const char* usage) {
   absl::SetFlagsUsageConfig(config);
   absl::ParseCommandLine(argc, argv);
   if (std::getenv("GRADSNAP_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kWarning);
+}
+
+namespace {
+std::string& ProgramName() {
+  static std::string* name = new std::string;
+  return *name;
+}
+}  // namespace
+
+void InitBenchmark(int argc, char** argv, const char* program, const char* flags) {
+  ProgramName() = program;
+  InitBenchmark(argc, argv, absl::StrCat(program, " ", flags).c_str());
+}
+
+void BadFlag(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", ProgramName().c_str(), message.c_str());
+  std::exit(2);
 }
 
 double CpuSeconds() {

@@ -2,7 +2,8 @@
 // fault_drill, trainer_throughput): the start of main(), CPU accounting, dropping the page cache
 // before a cold read, and byte-size flags.
 //
-// THREAD SAFETY: stateless functions.
+// THREAD SAFETY: stateless functions, but for the program name InitBenchmark keeps for
+// BadFlag (set once, at the start of main(), before any thread).
 #ifndef GRADSNAP_BENCHMARKS_COMMON_BENCH_UTIL_H_
 #define GRADSNAP_BENCHMARKS_COMMON_BENCH_UTIL_H_
 
@@ -19,6 +20,11 @@ namespace bench {
 // Abseil flags (exits on a bad flag or --help) and, unless GRADSNAP_LOG_LEVEL is set, logs
 // warnings and errors only, so that info lines do not interleave with the figures.
 void InitBenchmark(int argc, char** argv, const char* usage);
+// The same with the first line of --help "`program` `flags`"; keeps `program` for BadFlag.
+void InitBenchmark(int argc, char** argv, const char* program, const char* flags);
+// For a bad flag value: prints "PROGRAM: `message`" (the program named to InitBenchmark) on
+// stderr and exits 2.
+[[noreturn]] void BadFlag(const std::string& message);
 
 // User + system CPU seconds of this process so far (all threads).
 double CpuSeconds();

@@ -22,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "benchmarks/common/bench_util.h"
@@ -142,25 +143,20 @@ Figures Simulate(int n, int64_t shards, int jobs, int r, double mean_mib, double
 
 int main(int argc, char** argv) {
   gradsnap::bench::InitBenchmark(
-      argc, argv,
-      "placement_sim [--shards N] [--nodes 10,100,1000] [--replicas R] [--shard-mib M] "
-      "[--node-gbps G]");
+      argc, argv, "placement_sim",
+      "[--shards N] [--nodes 10,100,1000] [--replicas R] [--shard-mib M] [--node-gbps G]");
   const int r = absl::GetFlag(FLAGS_replicas);
   const int64_t shards = absl::GetFlag(FLAGS_shards);
   const int jobs = absl::GetFlag(FLAGS_jobs);
   if (r < 1 || r > 7 || shards < 1 || jobs < 1 || absl::GetFlag(FLAGS_shard_mib) < 1 ||
       absl::GetFlag(FLAGS_node_gbps) <= 0) {
-    std::fprintf(stderr,
-                 "placement_sim: --replicas 1..7, --shards, --jobs >= 1, --shard-mib >= 1, "
-                 "--node-gbps > 0\n");
-    return 2;
+    gradsnap::bench::BadFlag(
+        "--replicas 1..7, --shards, --jobs >= 1, --shard-mib >= 1, --node-gbps > 0");
   }
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_nodes), ',')) {
     int n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 2 || n > 100000) {
-      std::fprintf(stderr, "placement_sim: --nodes: \"%s\" is not a count 2..100000\n",
-                   std::string(part).c_str());
-      return 2;
+      gradsnap::bench::BadFlag(absl::StrCat("--nodes: \"", part, "\" is not a count 2..100000"));
     }
     Figures f = Simulate(n, shards, jobs, r, absl::GetFlag(FLAGS_shard_mib),
                          absl::GetFlag(FLAGS_node_gbps), absl::GetFlag(FLAGS_seed));

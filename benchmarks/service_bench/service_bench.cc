@@ -501,14 +501,11 @@ absl::StatusOr<Pass> RunPass(const Data& d, const std::string& root, int pass, i
 
 int main(int argc, char** argv) {
   gs::bench::InitBenchmark(
-      argc, argv,
-      "service_bench [--bytes N] [--ranks R] [--passes P] [--read_streams S] [--dir D] "
-      "[--server_bin PATH]\nFigures are medians over the passes (phase order alternating).");
+      argc, argv, "service_bench",
+      "[--bytes N] [--ranks R] [--passes P] [--read_streams S] [--dir D] [--server_bin PATH]\n"
+      "Figures are medians over the passes (phase order alternating).");
   const uint64_t bytes = gs::bench::ParseBytes(absl::GetFlag(FLAGS_bytes));
-  if (bytes == 0) {
-    std::fprintf(stderr, "service_bench: --bytes must be a positive size such as 256M or 8G\n");
-    return 2;
-  }
+  if (bytes == 0) gs::bench::BadFlag("--bytes must be a positive size such as 256M or 8G");
   const int ranks = std::max(1, absl::GetFlag(FLAGS_ranks));
   const int npasses = gs::bench::Passes("service_bench");
   // The allocator settings of gradsnap-server for the bare server, of the gradsnap CLI for

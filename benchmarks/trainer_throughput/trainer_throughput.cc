@@ -70,10 +70,9 @@ double Gradsnap(const std::string& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gradsnap::bench::InitBenchmark(
-      argc, argv,
-      "trainer_throughput [--model M] [--steps N] [--batch B] [--seq S] [--every K] "
-      "[--threads 1,2] [--rounds R] [--python PY] [--dir D]");
+  gradsnap::bench::InitBenchmark(argc, argv, "trainer_throughput",
+                                 "[--model M] [--steps N] [--batch B] [--seq S] [--every K] "
+                                 "[--threads 1,2] [--rounds R] [--python PY] [--dir D]");
   const std::string dir = absl::GetFlag(FLAGS_dir);
   const std::string python = absl::GetFlag(FLAGS_python);
   const int rounds = absl::GetFlag(FLAGS_rounds);
@@ -81,15 +80,11 @@ int main(int argc, char** argv) {
   for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_threads), ',')) {
     int v = 0;
     if (!absl::SimpleAtoi(t, &v) || v < 1 || v > 1024) {
-      std::fprintf(stderr, "trainer_throughput: --threads must be counts in [1, 1024], like 1,2\n");
-      return 2;
+      gradsnap::bench::BadFlag("--threads must be counts in [1, 1024], like 1,2");
     }
     threads.push_back(v);
   }
-  if (rounds < 1 || rounds > 100) {
-    std::fprintf(stderr, "trainer_throughput: --rounds must be in [1, 100]\n");
-    return 2;
-  }
+  if (rounds < 1 || rounds > 100) gradsnap::bench::BadFlag("--rounds must be in [1, 100]");
   std::system(absl::StrCat("rm -rf ", dir).c_str());
   const std::string shape = absl::StrCat(" --model ", absl::GetFlag(FLAGS_model), " --steps ",
                                          absl::GetFlag(FLAGS_steps), " --batch ",
