@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/remote_placement.h"
 #include "common/status.h"
+#include "tests/service/service_test_util.h"
 #include "tests/testing/process.h"
 #include "tests/testing/server_process.h"
 #include "tests/testing/temp_dir.h"
@@ -118,14 +119,7 @@ absl::Status GcOverTwoNodes(const DrillOptions& o, int* lost) {
     RETURN_IF_ERROR(node[i].Start(ServerArgs(data[i])));
     endpoints.push_back(node[i].address());
   }
-  // A job whose ranks 0 and 1 are placed on different nodes (one replica each).
-  std::string job;
-  for (int i = 0; i < 64 && job.empty(); ++i) {
-    const std::string j = absl::StrCat("gc", i);
-    if (client::RankEndpoints(endpoints, j, 0)[0] != client::RankEndpoints(endpoints, j, 1)[0]) {
-      job = j;
-    }
-  }
+  const std::string job = testing::JobWithRanksApart(endpoints, "gc");
   if (job.empty()) return absl::InternalError("no job name places its two ranks apart");
   std::mt19937_64 rng(o.seed * 31 + 1);
   WrittenShards written;

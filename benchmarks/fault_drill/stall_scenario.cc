@@ -137,6 +137,7 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
         RETURN_IF_ERROR(server.Restart());
         SleepMs(std::uniform_int_distribution<int>(c.up_ms_min, c.up_ms_max)(rng));
       }
+      server_cpu_s += std::max(0.0, bench::CpuSecondsOf(server.pid()));  // the last instance's
     }
     last = LastStep(job);
     fault_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - fault_start).count();

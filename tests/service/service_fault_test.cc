@@ -378,18 +378,6 @@ TEST(ServiceFault, AbortOfAStepBegunOnSomeNodesOnly) {
   EXPECT_EQ((*both)->AbortCheckpoint("half", 2).code(), absl::StatusCode::kNotFound);
 }
 
-// A job name whose ranks 0 and 1 land on different nodes of `endpoints` (one replica each).
-std::string JobWithRanksApart(const std::vector<std::string>& endpoints) {
-  for (int i = 0; i < 64; ++i) {
-    const std::string job = "apart" + std::to_string(i);
-    if (client::RankEndpoints(endpoints, job, 0)[0] !=
-        client::RankEndpoints(endpoints, job, 1)[0]) {
-      return job;
-    }
-  }
-  return "";
-}
-
 // gc over two nodes decides from a verify of every rank where it is held: with rank 1 of FULL
 // 30 damaged on its node, keep_last 1 keeps 30 (damaged, not counted) and 20 (the one a restore
 // falls back to) on both nodes. Each node deciding alone, the node of rank 0 saw 30 verify and

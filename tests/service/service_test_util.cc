@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/remote_placement.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -207,6 +208,18 @@ bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard
     msg.clear_shard();
   }
   return true;
+}
+
+std::string JobWithRanksApart(const std::vector<std::string>& endpoints,
+                              const std::string& prefix) {
+  for (int i = 0; i < 64; ++i) {
+    const std::string job = prefix + std::to_string(i);
+    if (client::RankEndpoints(endpoints, job, 0)[0] !=
+        client::RankEndpoints(endpoints, job, 1)[0]) {
+      return job;
+    }
+  }
+  return "";
 }
 
 }  // namespace testing

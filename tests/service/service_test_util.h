@@ -85,6 +85,11 @@ absl::StatusOr<uint64_t> QueryCommittedSize(v1::Storage::Stub* stub, const std::
 absl::StatusOr<std::string> RestoreToString(client::Client* c, const std::string& job,
                                             int64_t step, int32_t rank);
 
+// A job name `prefix`N (N = 0..63) whose ranks 0 and 1 land on different nodes of `endpoints`
+// under the static list's placement (one replica each), or "" when none does.
+std::string JobWithRanksApart(const std::vector<std::string>& endpoints,
+                              const std::string& prefix = "apart");
+
 }  // namespace testing
 }  // namespace gradsnap
 
