@@ -73,8 +73,11 @@ StallDrillConfig StallDrillFor(const DrillOptions& opts, StallFault fault) {
                                                                : 200);
   c.steps = c.fault_to_step + 150;
   c.ckpt_every = fault == StallFault::kFullDisk ? 2 : 5;
-  // The outage: a job that lasts through a few dozen kills (each restart takes its time).
-  if (fault == StallFault::kOutage) c.step_delay_ms = 50;
+  // The outage: a job that lasts through a few dozen kills (each restart takes its time). The
+  // full disk: the 150 steps after it must outlast the longest back-off (persist_timeout_ms)
+  // and a FULL's persist, which the CPU trainer's own speed no longer guarantees (150 tiny
+  // steps ran in under 1 s and no checkpoint committed after the fault: recovered=0).
+  c.step_delay_ms = fault == StallFault::kOutage ? 50 : 20;
   return c;
 }
 
