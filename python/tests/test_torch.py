@@ -5,7 +5,6 @@ shared venv's python (scripts/torch-venv.sh); each rank is a dcp_worker.py proce
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,14 +17,8 @@ import gsutil
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dcp_worker.py")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ranks(world, args):
-    port = free_port()
+    port = gsutil.free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -84,7 +77,10 @@ class DcpTest(unittest.TestCase):
         with self.client() as c:
             info = c.show("one", 10)
         self.assertEqual(info["world_size"], 2)  # the rank's shard and DCP's metadata
-        self.ok(2, ["load", "one", 10, 10])
+        # Each of 2 ranks needs about half of the one shard: read as one stream (fraction 0;
+        # pieces of stored tensors cut out of it) and with ranged reads (fraction 2).
+        self.ok(2, ["load", "one", 10, 10], ["load", "one", 10, 10, "--stream-fraction", 0],
+                ["load", "one", 10, 10, "--stream-fraction", 2])
 
     def test_two_processes_async_save_load_with_one_and_two(self):
         self.ok(2, ["save", "two", 20, "--async"], ["save", "two", 30], ["load", "two", 20, 20])
