@@ -237,13 +237,16 @@ class Reader(StorageReader):
 
     def _resolve_step(self) -> int:
         if self.step == "latest":
-            steps = [i["step"] for i in self.client.list(self.job)
-                     if i["metadata"] == CHECKPOINT_METADATA]
-            if not steps:
-                from . import NotFound
-                raise NotFound(f"gradsnap: job {self.job} has no committed DCP checkpoint",
-                               "NOT_FOUND")
-            self.step = steps[-1]
+            # The newest committed checkpoint whose metadata says DCP. In cluster mode (etcd)
+            # list() carries no checkpoint metadata (the etcd record keeps none): show() has it.
+            for info in reversed(self.client.list(self.job)):
+                md = info["metadata"] or self.client.show(self.job, info["step"])["metadata"]
+                if md == CHECKPOINT_METADATA:
+                    self.step = info["step"]
+                    return self.step
+            from . import NotFound
+            raise NotFound(f"gradsnap: job {self.job} has no committed DCP checkpoint",
+                           "NOT_FOUND")
         return self.step
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

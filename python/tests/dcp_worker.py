@@ -2,6 +2,7 @@
 test_torch.py. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Gloo back end, CPU).
 
     dcp_worker.py SERVER OP [+ OP ...]   (one process start, several saves and loads)
+    SERVER: HOST:PORT of a gradsnap-server, or etcd=ENDPOINTS (cluster mode, replicas=2)
     OP: save JOB STEP [--async] [--pause-in-finish] [--seed N]
         load JOB STEP|latest EXPECT_STEP [--stream-fraction F]
 
@@ -125,7 +126,8 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    client = gradsnap.connect(servers=server)
+    client = (gradsnap.connect(etcd=server[len("etcd="):], replicas=2)
+              if server.startswith("etcd=") else gradsnap.connect(servers=server))
     for op in ops:
         run(client, mesh, op)
     client.close()

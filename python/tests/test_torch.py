@@ -56,10 +56,11 @@ class DcpTest(unittest.TestCase):
     def client(self):
         return gradsnap.connect(servers=self.server.address)
 
-    def ok(self, world, *ops):
+    def ok(self, world, *ops, server=None):
         """Runs `world` ranks through the saves and loads `ops` (dcp_worker.py's OPs, in one
-        process start); every load must be exact."""
-        args = [self.server.address]
+        process start) against `server` (dcp_worker.py's SERVER; default this class's
+        server); every load must be exact."""
+        args = [server or self.server.address]
         for op in ops:
             args += (["+"] if len(args) > 1 else []) + [str(x) for x in op]
         for rank, (rc, out, err) in enumerate(run_ranks(world, args)):
@@ -110,6 +111,24 @@ class DcpTest(unittest.TestCase):
         self.ok(1, ["load", "kill", "latest", 1])
         # Saving step 2 again, from other values (seed 7), replaces every stale shard.
         self.ok(2, ["save", "kill", 2, "--seed", 7], ["load", "kill", "latest", 7])
+
+    def test_cluster_mode_through_etcd(self):
+        # connect(etcd=...): a real etcd member, two servers registered in it, every shard on
+        # both; "latest" is resolved although cluster listings carry no checkpoint metadata.
+        etcd = gsutil.Etcd(os.path.join(self.tmp, "etcd"))
+        nodes = []
+        try:
+            for i in range(2):
+                addr = f"127.0.0.1:{gsutil.free_port()}"
+                nodes.append(gsutil.Server(os.path.join(self.tmp, f"node{i}"),
+                                           ["--etcd", etcd.endpoint, "--advertise", addr],
+                                           listen=addr))
+            self.ok(2, ["save", "cl", 3], ["save", "cl", 4], ["load", "cl", "latest", 4],
+                    server=f"etcd={etcd.endpoint}")
+        finally:
+            for n in nodes:
+                n.stop()
+            etcd.stop()
 
     def test_flipped_byte_is_an_error(self):
         self.ok(1, ["save", "flip", 5])
