@@ -1,8 +1,8 @@
 """Builds the package for pip: configures the gradsnap source tree above this folder with CMake
 for the interpreter pip runs (GRADSNAP_PIP_BUILD_DIR, default build-pip/ in the tree; its
-compiler launcher from GRADSNAP_PIP_CMAKE_ARGS), builds the target gradsnap_python, and puts
-build/python/gradsnap/ with libgradsnap.so (found next to the module: its RPATH has $ORIGIN)
-into the wheel."""
+compiler launcher from GRADSNAP_PIP_CMAKE_ARGS), builds the target gradsnap_python with
+GRADSNAP_PYTHON_WHEEL=ON, and puts build/python/gradsnap/ with libgradsnap.so (found next to
+the module: its runtime path is $ORIGIN alone) into the wheel."""
 import glob
 import os
 import shutil
@@ -21,11 +21,14 @@ class CMakeBuild(build_py):
         build = os.environ.get("GRADSNAP_PIP_BUILD_DIR", os.path.join(ROOT, "build-pip"))
         extra = os.environ.get("GRADSNAP_PIP_CMAKE_ARGS", "").split()
         subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
-                        f"-DPython_EXECUTABLE={sys.executable}", *extra], check=True)
+                        f"-DPython_EXECUTABLE={sys.executable}", "-DGRADSNAP_PYTHON_WHEEL=ON",
+                        *extra], check=True)
         jobs = os.environ.get("GRADSNAP_PIP_JOBS", str(os.cpu_count() or 1))
         subprocess.run(["cmake", "--build", build, "-j", jobs, "--target", "gradsnap_python"],
                        check=True)
         dest = os.path.join(self.build_lib, "gradsnap")
+        # Nothing left from an earlier build (setuptools keeps python/build/ between runs).
+        shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(os.path.join(build, "python", "gradsnap"), dest, dirs_exist_ok=True)
         for lib in glob.glob(os.path.join(build, "lib", "libgradsnap.so.*")):
             if os.path.islink(lib):  # the SONAME the module needs, copied as a file

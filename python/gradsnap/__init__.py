@@ -161,6 +161,25 @@ class Client:
             raise ValueError("offset and length must be >= 0")
         return self._c.read_range(job, step, rank, offset, length, out)
 
+    def read_ranges(self, job: str, step: int, rank: int, regions, *,
+                    whole_shard: bool = False) -> None:
+        """Fills several byte ranges of one shard's payload in one call: ``regions`` is a
+        sequence of ``(offset, out)`` pairs, each ``out`` a writable C-contiguous buffer that
+        receives payload bytes [offset, offset + its size); they may overlap and come in any
+        order. With ``whole_shard=True`` the shard is read as one restore stream (as
+        :meth:`restore`: every chunk checked and every tensor's digest), each piece copied
+        into the regions it overlaps and the rest dropped: the fast way when the regions
+        cover most of the shard. Else one ranged read of the span from the lowest offset to
+        the highest end (as :meth:`read_range`), straight into ``out`` when a single region
+        is given. DataLoss on damage; OutOfRange past the payload."""
+        job = _str_arg("job", job, allow_none=False)
+        for n, v in (("step", step), ("rank", rank)):
+            _int_arg(n, v)
+        if isinstance(regions, (str, bytes)) or not isinstance(regions, Iterable):
+            raise TypeError("regions must be a sequence of (offset, out) pairs")
+        regions = [tuple(r) if isinstance(r, (tuple, list)) else r for r in regions]
+        self._c.read_ranges(job, step, rank, regions, bool(whole_shard))
+
     def list(self, job: str, pending: bool = False) -> list:
         """The checkpoints of ``job`` by ascending step, as dicts (job, step, kind, base_step,
         world_size, state, raw_bytes, stored_bytes, created_unix_ms, committed_unix_ms,
@@ -199,34 +218,50 @@ class Client:
         self._c.health()
 
 
-def connect(servers: Union[str, Sequence[str]], token: Optional[str] = None,
+def connect(servers: Union[str, Sequence[str], None] = None, token: Optional[str] = None,
             tls_ca: Optional[str] = None, etcd: Optional[str] = None, *,
-            tls_cert: Optional[str] = None, tls_key: Optional[str] = None, replicas: int = 1,
-            timeout_ms: int = 30000, max_attempts: int = 8, read_streams: int = 1) -> Client:
-    """A client of gradsnap-server nodes.
+            tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+            replicas: Optional[int] = None, min_replicas: int = 2, timeout_ms: int = 30000,
+            max_attempts: int = 8, read_streams: int = 1) -> Client:
+    """A client of gradsnap-server nodes: those listed in ``servers``, or, in cluster mode,
+    the live nodes registered in the etcd at ``etcd`` (exactly one of the two).
 
-    ``servers``: "host:port" or a list of them. ``token``: the job's bearer token
+    ``servers``: "host:port" or a list of them. ``etcd``: the etcd endpoints,
+    "[http://]HOST:PORT[,...]": nodes, checkpoint catalog and job epochs come from etcd
+    (docs/protocol.md, "Cluster mode"). ``token``: the job's bearer token
     (``gradsnap token JOB``); default none (the server runs open). ``tls_ca``: the PEM file of
     the servers' CA, which turns TLS on; ``tls_cert`` / ``tls_key`` add a client certificate
-    (mutual TLS). ``replicas``: copies of each shard across servers (default 1).
-    ``timeout_ms``: deadline of each call (default 30000). ``max_attempts``: tries of a call
-    that fails with UNAVAILABLE (default 8). ``read_streams``: streams per shard restore
-    (default 1). ``etcd``: cluster mode, which this build does not have: passing it raises
-    Unimplemented. No RPC is made yet; :meth:`Client.health` checks the servers.
+    (mutual TLS). ``replicas``: copies of each shard (default 1 with ``servers``, 3 in cluster
+    mode, clamped there to the live nodes). ``min_replicas``: cluster mode, copies that must be
+    durable for a save to succeed (default 2, clamped to the copies placed). ``timeout_ms``:
+    deadline of each call (default 30000). ``max_attempts``: tries of a call that fails with
+    UNAVAILABLE (default 8). ``read_streams``: streams per shard restore (default 1). With
+    ``servers`` no RPC is made yet (:meth:`Client.health` checks the servers); with ``etcd``
+    the client reads the live nodes from etcd before it returns (Unavailable when etcd does
+    not answer).
     """
+    if (servers is None) == (etcd is None):
+        raise ValueError("pass exactly one of servers= (gradsnap-server addresses) and etcd= "
+                         "(cluster mode)")
     if etcd is not None:
-        raise Unimplemented("gradsnap: cluster mode (etcd=) is not built yet; pass servers= "
-                            "with the gradsnap-server addresses", "UNIMPLEMENTED")
-    if isinstance(servers, str):
-        servers = [servers]
-    if not isinstance(servers, Sequence) or not servers:
-        raise TypeError("servers must be \"host:port\" or a non-empty list of them")
-    servers = [_str_arg("servers[]", s, allow_none=False) for s in servers]
+        etcd = _str_arg("etcd", etcd, allow_none=False)
+        if not etcd:
+            raise ValueError("etcd must not be empty")
+        servers = []
+    else:
+        if isinstance(servers, str):
+            servers = [servers]
+        if not isinstance(servers, Sequence) or not servers:
+            raise TypeError("servers must be \"host:port\" or a non-empty list of them")
+        servers = [_str_arg("servers[]", s, allow_none=False) for s in servers]
+    if replicas is None:
+        replicas = 3 if etcd else 1
     return Client(_gradsnap.open(
         servers, "", False, _str_arg("token", token), _str_arg("tls_ca", tls_ca),
         _str_arg("tls_cert", tls_cert), _str_arg("tls_key", tls_key),
         _int_arg("replicas", replicas), _int_arg("timeout_ms", timeout_ms),
-        _int_arg("max_attempts", max_attempts), _int_arg("read_streams", read_streams)))
+        _int_arg("max_attempts", max_attempts), _int_arg("read_streams", read_streams),
+        etcd or "", _int_arg("min_replicas", min_replicas)))
 
 
 def open_dir(path: Union[str, os.PathLike], read_only: bool = False) -> Client:
@@ -236,4 +271,5 @@ def open_dir(path: Union[str, os.PathLike], read_only: bool = False) -> Client:
     path = _str_arg("path", path, allow_none=False)
     if not path:
         raise ValueError("path must not be empty")
-    return Client(_gradsnap.open([], path, bool(read_only), "", "", "", "", 1, 30000, 8, 1))
+    return Client(_gradsnap.open([], path, bool(read_only), "", "", "", "", 1, 30000, 8, 1,
+                                 "", 2))

@@ -20,6 +20,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -374,6 +375,84 @@ class PyClient {
     return dest;
   }
 
+  // Fills each (offset, out) of `regions` with payload bytes [offset, offset + len(out)) of a
+  // committed shard; regions may overlap and come in any order. whole_shard: one restore stream
+  // of the whole payload (RestoreShard, verified: chunk checksums and every tensor's digest),
+  // each piece copied into the regions it overlaps, the bytes no region wants dropped. Else one
+  // ranged read (ReadShardRange) of the span from the lowest offset to the highest end: straight
+  // into the out of a region that is the whole span, else into a scratch buffer copied out.
+  void ReadRanges(const std::string& job, int64_t step, int32_t rank, py::list regions,
+                  bool whole_shard) {
+    CheckName("job", job);
+    struct Region {
+      uint64_t begin, end;
+      char* dst;
+    };
+    std::vector<std::unique_ptr<Buffer>> held;
+    std::vector<Region> rs;
+    for (size_t i = 0; i < regions.size(); ++i) {
+      py::object r = regions[i];
+      if (!py::isinstance<py::tuple>(r) || py::len(r) != 2) {
+        throw py::type_error("regions must be a list of (offset, out) tuples");
+      }
+      py::tuple t = r;
+      if (!py::isinstance<py::int_>(t[0]) || py::isinstance<py::bool_>(t[0])) {
+        throw py::type_error("regions[" + std::to_string(i) + "]: offset must be an int");
+      }
+      int64_t off = py::cast<int64_t>(t[0]);
+      if (off < 0) throw py::value_error("regions[" + std::to_string(i) + "]: offset < 0");
+      held.push_back(std::make_unique<Buffer>(t[1], true, "regions[" + std::to_string(i) + "]"));
+      const Buffer& b = *held.back();
+      if (b.bytes() == 0) continue;
+      rs.push_back({static_cast<uint64_t>(off), static_cast<uint64_t>(off) + b.bytes(),
+                    static_cast<char*>(b.data())});
+    }
+    if (rs.empty()) return;
+    std::sort(rs.begin(), rs.end(), [](const Region& a, const Region& b) {
+      return a.begin < b.begin;
+    });
+    uint64_t lo = rs.front().begin, hi = 0;
+    for (const Region& r : rs) hi = std::max(hi, r.end);
+    // Copies the part of payload bytes [at, at + n) (held at p) that falls in each region.
+    // `first`: the regions before it ended before `at` (pieces come in order).
+    size_t first = 0;
+    auto scatter = [&](const char* p, uint64_t at, size_t n) {
+      const uint64_t end = at + n;
+      while (first < rs.size() && rs[first].end <= at) ++first;
+      for (size_t k = first; k < rs.size() && rs[k].begin < end; ++k) {
+        const uint64_t b = std::max(at, rs[k].begin), e = std::min(end, rs[k].end);
+        if (b < e) std::memcpy(rs[k].dst + (b - rs[k].begin), p + (b - at), e - b);
+      }
+    };
+    std::shared_ptr<gc::Client> c = Get();
+    if (whole_shard) {
+      uint64_t pos = 0;
+      CallStatus([&] {
+        absl::Status s = c->RestoreShard(job, step, rank, [&](const void* p, size_t n) {
+          scatter(static_cast<const char*>(p), pos, n);
+          pos += n;
+          return absl::OkStatus();
+        });
+        if (s.ok() && pos < hi) {
+          s = absl::OutOfRangeError("gradsnap: bytes up to " + std::to_string(hi) +
+                                    " asked of a payload of " + std::to_string(pos) + " bytes");
+        }
+        return s;
+      });
+      return;
+    }
+    if (rs.size() == 1) {
+      CallStatus([&] { return c->ReadShardRange(job, step, rank, lo, hi - lo, rs[0].dst); });
+      return;
+    }
+    CallStatus([&] {
+      std::unique_ptr<char[]> scratch(new char[hi - lo]);
+      absl::Status s = c->ReadShardRange(job, step, rank, lo, hi - lo, scratch.get());
+      if (s.ok()) scatter(scratch.get(), lo, hi - lo);
+      return s;
+    });
+  }
+
   py::list List(const std::string& job, bool pending) {
     CheckName("job", job);
     std::shared_ptr<gc::Client> c = Get();
@@ -465,8 +544,13 @@ PYBIND11_MODULE(_gradsnap, m) {
       "open",
       [](std::vector<std::string> endpoints, std::string local_dir, bool read_only,
          std::string token, std::string tls_ca, std::string tls_cert, std::string tls_key,
-         int replicas, int timeout_ms, int max_attempts, int read_streams) {
+         int replicas, int timeout_ms, int max_attempts, int read_streams, std::string etcd,
+         int min_replicas) {
         gc::ClientOptions o;
+        // Cluster mode (etcd set): `replicas` is ClientOptions::cluster_replicas.
+        o.etcd = std::move(etcd);
+        if (!o.etcd.empty()) o.cluster_replicas = replicas;
+        o.min_replicas = min_replicas;
         o.endpoints = std::move(endpoints);
         o.local_dir = std::move(local_dir);
         o.read_only = read_only;
@@ -474,7 +558,7 @@ PYBIND11_MODULE(_gradsnap, m) {
         o.tls.ca_file = std::move(tls_ca);
         o.tls.cert_file = std::move(tls_cert);
         o.tls.key_file = std::move(tls_key);
-        o.replicas = replicas;
+        if (o.etcd.empty()) o.replicas = replicas;
         o.rpc_timeout_ms = timeout_ms;
         o.max_attempts = max_attempts;
         o.read_streams = read_streams;
@@ -482,7 +566,8 @@ PYBIND11_MODULE(_gradsnap, m) {
       },
       py::arg("endpoints"), py::arg("local_dir"), py::arg("read_only"), py::arg("token"),
       py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"), py::arg("replicas"),
-      py::arg("timeout_ms"), py::arg("max_attempts"), py::arg("read_streams"));
+      py::arg("timeout_ms"), py::arg("max_attempts"), py::arg("read_streams"), py::arg("etcd"),
+      py::arg("min_replicas"));
 
   py::class_<PyClient>(m, "Client")
       .def("close", &PyClient::Close)
@@ -494,6 +579,8 @@ PYBIND11_MODULE(_gradsnap, m) {
            py::arg("out"), py::arg("names"))
       .def("read_range", &PyClient::ReadRange, py::arg("job"), py::arg("step"), py::arg("rank"),
            py::arg("offset"), py::arg("length"), py::arg("out"))
+      .def("read_ranges", &PyClient::ReadRanges, py::arg("job"), py::arg("step"),
+           py::arg("rank"), py::arg("regions"), py::arg("whole_shard"))
       .def("list", &PyClient::List, py::arg("job"), py::arg("pending"))
       .def("jobs", &PyClient::Jobs)
       .def("show", &PyClient::Show, py::arg("job"), py::arg("step"))

@@ -18,10 +18,13 @@ shard's payload, dtype and shape). The checkpoint commits, and is listed, only w
 shards are durable, so a save that dies part-way leaves nothing a Reader could pick up; its
 checkpoint metadata is b'{"format":"torch.distributed.checkpoint"}'.
 
-LOAD. A Reader reads the metadata shard, then each item it needs with a ranged read of the
-bytes the item's requested region spans (client.read_range), each chunk checked against its
-checksum (gradsnap.DataLoss on damage): loading with another world size, where DCP's planner
-asks for pieces of stored tensors, reads only those pieces.
+LOAD. A Reader reads the metadata shard, then, for each rank's shard its plan needs: when the
+plan needs most of the shard (Reader's stream_fraction), the whole shard as one restore stream
+whose pieces are copied straight into the target tensors (client.read_ranges, whole_shard);
+else ranged reads of the bytes each item's requested region spans, small neighbouring items
+merged into one read. Every chunk is checked against its checksum (gradsnap.DataLoss on
+damage): loading with another world size, where DCP's planner asks for pieces of stored
+tensors, reads only those pieces unless they are most of the shard.
 
 Each rank uses its own Client. Async saves (dcp.async_save) run the writer on DCP's thread;
 the GIL is released while the bytes move.
@@ -77,6 +80,37 @@ class _RankPlan:
 def _check_client(client):
     if not isinstance(client, Client):
         raise TypeError(f"client must be a gradsnap.Client, not {type(client).__name__}")
+
+
+#: Ranged reads: an item of at least this many bytes is read on its own, into its target.
+_OWN_READ_BYTES = 1 << 20
+#: Ranged reads: smaller items at most this far apart share one read ...
+_MERGE_GAP_BYTES = 256 << 10
+#: ... of at most this span.
+_MERGE_SPAN_BYTES = 16 << 20
+
+
+def _coalesce(regions):
+    """Groups (offset, buffer) regions of one shard into ranged reads: each region of
+    _OWN_READ_BYTES or more alone; the smaller ones, by offset, together while the gap to the
+    next is at most _MERGE_GAP_BYTES and the group spans at most _MERGE_SPAN_BYTES."""
+    groups, cur, cur_lo, cur_hi = [], [], 0, 0
+    for off, buf in sorted(regions, key=lambda r: r[0]):
+        if buf.nbytes >= _OWN_READ_BYTES:
+            groups.append([(off, buf)])
+            continue
+        end = off + buf.nbytes
+        if cur and off - cur_hi <= _MERGE_GAP_BYTES and \
+                max(cur_hi, end) - cur_lo <= _MERGE_SPAN_BYTES:
+            cur.append((off, buf))
+            cur_hi = max(cur_hi, end)
+            continue
+        if cur:
+            groups.append(cur)
+        cur, cur_lo, cur_hi = [(off, buf)], off, end
+    if cur:
+        groups.append(cur)
+    return groups
 
 
 class Writer(StorageWriter):
@@ -166,16 +200,28 @@ class Reader(StorageReader):
     """Loads the DCP checkpoint (job, step) from gradsnap; ``step`` is a number or "latest"
     (the newest committed DCP checkpoint of the job, resolved once, by the first
     read_metadata: pass a number when another save of the job may commit while ranks start
-    loading). Any world size loads any checkpoint (DCP's planner reshards). ``read_threads``:
-    items read at once (default 4)."""
+    loading). Any world size loads any checkpoint (DCP's planner reshards).
+
+    ``stream_fraction`` (default 0.5): a rank's shard whose bytes this load needs at least
+    this fraction of is read as one restore stream of the whole shard, each piece copied
+    straight into the target tensors (Client.read_ranges with whole_shard=True; the bytes no
+    item wants are dropped); 0 streams every shard the load touches, a value above 1 none.
+    Shards needed less are read with ranged reads: one per item of 1 MiB or more (straight
+    into its target), small items close together (gaps up to 256 KiB) in one read of up to
+    16 MiB. ``read_threads`` (default 4): shard streams and ranged reads in flight at once."""
 
     def __init__(self, client: Client, job: str, step: Union[int, str] = "latest", *,
-                 read_threads: int = 4):
+                 read_threads: int = 4, stream_fraction: float = 0.5):
         _check_client(client)
         if isinstance(read_threads, bool) or not isinstance(read_threads, int) or \
                 read_threads < 1:
             raise ValueError("read_threads must be an int >= 1")
+        if isinstance(stream_fraction, bool) or \
+                not isinstance(stream_fraction, (int, float)) or not stream_fraction >= 0:
+            raise ValueError("stream_fraction must be a number >= 0")
         self.read_threads = read_threads
+        self.stream_fraction = float(stream_fraction)
+        self._payload: dict = {}
         if not isinstance(job, str):
             raise TypeError("job must be a str")
         if not (step == "latest" or (isinstance(step, int) and not isinstance(step, bool))):
@@ -186,17 +232,21 @@ class Reader(StorageReader):
 
     def reset(self, checkpoint_id=None) -> None:
         self.storage_data = {}
+        self._payload = {}
         self.load_id = uuid.uuid4().hex
 
     def _resolve_step(self) -> int:
         if self.step == "latest":
-            steps = [i["step"] for i in self.client.list(self.job)
-                     if i["metadata"] == CHECKPOINT_METADATA]
-            if not steps:
-                from . import NotFound
-                raise NotFound(f"gradsnap: job {self.job} has no committed DCP checkpoint",
-                               "NOT_FOUND")
-            self.step = steps[-1]
+            # The newest committed checkpoint whose metadata says DCP. In cluster mode (etcd)
+            # list() carries no checkpoint metadata (the etcd record keeps none): show() has it.
+            for info in reversed(self.client.list(self.job)):
+                md = info["metadata"] or self.client.show(self.job, info["step"])["metadata"]
+                if md == CHECKPOINT_METADATA:
+                    self.step = info["step"]
+                    return self.step
+            from . import NotFound
+            raise NotFound(f"gradsnap: job {self.job} has no committed DCP checkpoint",
+                           "NOT_FOUND")
         return self.step
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -215,6 +265,10 @@ class Reader(StorageReader):
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
         self.storage_data = metadata.storage_data
+        self._payload = {}  # rank -> payload bytes of its shard
+        for loc in self.storage_data.values():
+            self._payload[loc.rank] = max(self._payload.get(loc.rank, 0),
+                                          loc.offset + loc.length)
         self._resolve_step()
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -223,59 +277,71 @@ class Reader(StorageReader):
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def _read(self, loc: ItemLocation, offset: int, length: int, out=None):
-        return self.client.read_range(self.job, self.step, loc.rank, loc.offset + offset, length,
-                                      out)
-
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        # Targets are resolved and committed on this thread; the reads (GIL released) run on
-        # up to `read_threads` threads at once.
-        jobs = []
+        # Each item becomes a region (payload offset, buffer) of its rank's shard: the target
+        # tensor's own bytes when the item is a whole stored tensor and the target is a
+        # contiguous CPU tensor of its dtype (no copy), else a scratch buffer of the bytes the
+        # region spans, copied into the target afterwards. Targets are resolved and committed
+        # on this thread; the reads (GIL released) run on up to `read_threads` threads.
+        regions: dict = {}  # rank -> [(offset, buffer)]
+        after = []  # (item, target or None, buffer, strided view args or None)
         for item in plan.items:
             loc: ItemLocation = self.storage_data[item.storage_index]
-            target = (None if item.type == LoadItemType.BYTE_IO
-                      else planner.resolve_tensor(item).detach())
-            jobs.append((item, loc, target))
+            if item.type == LoadItemType.BYTE_IO:
+                buf = np.empty(loc.length, np.uint8)
+                regions.setdefault(loc.rank, []).append((loc.offset, buf))
+                after.append((item, None, buf, None))
+                continue
+            target = planner.resolve_tensor(item).detach()
+            offsets, lengths, shape = list(item.storage_offsets), list(item.lengths), \
+                list(loc.shape)
+            if any(n == 0 for n in lengths):
+                after.append((item, target, None, None))
+            elif (offsets == [0] * len(shape) and lengths == shape and
+                  target.dtype == loc.dtype and target.is_contiguous() and
+                  target.device.type == "cpu"):
+                buf = target.reshape(-1).view(torch.uint8).numpy()
+                regions.setdefault(loc.rank, []).append((loc.offset, buf))
+                after.append((item, target, None, None))
+            else:
+                es = torch.empty((), dtype=loc.dtype).element_size()
+                strides = [1] * len(shape)
+                for d in range(len(shape) - 2, -1, -1):
+                    strides[d] = strides[d + 1] * shape[d + 1]
+                first = sum(o * s for o, s in zip(offsets, strides))
+                last = sum((o + n - 1) * s for o, n, s in zip(offsets, lengths, strides))
+                buf = np.empty((last - first + 1) * es, np.uint8)
+                regions.setdefault(loc.rank, []).append((loc.offset + first * es, buf))
+                after.append((item, target, buf, (loc.dtype, lengths, strides)))
+        reads = []
+        for rank, rs in regions.items():
+            need = sum(b.nbytes for _, b in rs)
+            if need >= self.stream_fraction * self._payload.get(rank, 0):
+                reads.append((rank, rs, True))
+            else:
+                reads.extend((rank, group, False) for group in _coalesce(rs))
+        # Largest first: a whole shard's stream starts before the small ranged reads.
+        reads.sort(key=lambda r: -sum(b.nbytes for _, b in r[1]))
 
-        def read(job):
-            item, loc, target = job
-            if target is None:
-                return self._read(loc, 0, loc.length)
-            self._read_region(loc, item.storage_offsets, item.lengths, target)
-            return None
+        def read(r):
+            rank, rs, whole = r
+            self.client.read_ranges(self.job, self.step, rank, rs, whole_shard=whole)
 
         with ThreadPoolExecutor(self.read_threads) as pool:
-            for (item, loc, target), data in zip(jobs, pool.map(read, jobs)):
-                if target is None:
-                    planner.load_bytes(item, io.BytesIO(data.tobytes()))
-                else:
-                    planner.commit_tensor(item, target)
+            for _ in pool.map(read, reads):
+                pass
+        for item, target, buf, strided in after:
+            if target is None:
+                planner.load_bytes(item, io.BytesIO(buf.tobytes()))
+                continue
+            if strided is not None:
+                dtype, lengths, strides = strided
+                flat = torch.from_numpy(buf).view(dtype)
+                target.copy_(torch.as_strided(flat, lengths, strides))
+            planner.commit_tensor(item, target)
         fut: Future = Future()
         fut.set_result(None)
         return fut
-
-    def _read_region(self, loc: ItemLocation, offsets, lengths, target: torch.Tensor) -> None:
-        """Fills `target` with the sub-tensor [offsets, offsets + lengths) of a stored tensor:
-        one ranged read of the bytes from its first element to its last (row-major), straight
-        into `target` when the region is the whole tensor and `target` is contiguous."""
-        shape = list(loc.shape)
-        lengths = list(lengths)
-        if any(n == 0 for n in lengths):
-            return
-        if (list(offsets) == [0] * len(shape) and lengths == shape and
-                target.dtype == loc.dtype and target.is_contiguous() and
-                target.device.type == "cpu"):
-            self._read(loc, 0, loc.length, target.reshape(-1).view(torch.uint8).numpy())
-            return
-        es = torch.empty((), dtype=loc.dtype).element_size()
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
-        first = sum(o * s for o, s in zip(offsets, strides))
-        last = sum((o + n - 1) * s for o, n, s in zip(offsets, lengths, strides))
-        raw = self._read(loc, first * es, (last - first + 1) * es)
-        flat = torch.from_numpy(raw).view(loc.dtype)
-        target.copy_(torch.as_strided(flat, lengths, strides))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:

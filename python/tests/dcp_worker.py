@@ -2,14 +2,17 @@
 test_torch.py. Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (Gloo back end, CPU).
 
     dcp_worker.py SERVER OP [+ OP ...]   (one process start, several saves and loads)
+    SERVER: HOST:PORT of a gradsnap-server, or etcd=ENDPOINTS (cluster mode, replicas=2)
     OP: save JOB STEP [--async] [--pause-in-finish] [--seed N]
-        load JOB STEP|latest EXPECT_STEP
+        load JOB STEP|latest EXPECT_STEP [--stream-fraction F]
 
 The state is a real torch.nn model trained two steps with AdamW (its optimizer state included),
-a tensor sharded across the ranks (a DTensor, Shard(0)), a replicated one and a BytesIO item,
+tensors sharded across the ranks (DTensors, Shard(0) and Shard(1)), a replicated one and a
+BytesIO item,
 all made from a seed (the step, or --seed), so every world size builds the same values. `load` fills a
 fresh state from the checkpoint and compares every tensor (the sharded one whole) with the
-state of EXPECT_STEP; prints "exact" and exits 0, else names the first difference, exit 1.
+state of EXPECT_STEP; prints "exact" and exits 0, else names the first difference, exit 1;
+--stream-fraction: the Reader's stream_fraction (default: its own).
 --pause-in-finish: the coordinator prints "finishing" and sleeps once every rank's shard is
 durable, before the checkpoint's metadata is saved (the test kills it there)."""
 import io
@@ -38,8 +41,11 @@ def make_state(seed, mesh):
         opt.zero_grad()
     full = torch.randn(64, 48, dtype=torch.bfloat16)
     sharded = distribute_tensor(full, mesh, [Shard(0)])
+    # Split by columns: another world size reads strided pieces of the stored tensor.
+    cols = distribute_tensor(torch.randn(10, 6), mesh, [Shard(1)])
     return {"model": model.state_dict(), "optim": opt.state_dict(),
-            "sharded": sharded, "ids": torch.arange(seed, seed + 100, dtype=torch.int64),
+            "sharded": sharded, "cols": cols,
+            "ids": torch.arange(seed, seed + 100, dtype=torch.int64),
             "extra": {"step": seed, "note": io.BytesIO(f"seed {seed}".encode())}}
 
 
@@ -49,7 +55,7 @@ def blank_like(state, mesh):
         if isinstance(v, dict):
             return {k: zero(x) for k, x in v.items()}
         if isinstance(v, torch.distributed.tensor.DTensor):
-            return distribute_tensor(torch.zeros(v.shape, dtype=v.dtype), mesh, [Shard(0)])
+            return distribute_tensor(torch.zeros(v.shape, dtype=v.dtype), mesh, v.placements)
         if isinstance(v, torch.Tensor):
             return torch.zeros_like(v)
         if isinstance(v, io.BytesIO):
@@ -100,8 +106,10 @@ def run(client, mesh, op):
     else:
         want = make_state(int(op[3]), mesh)
         got = blank_like(want, mesh)
+        kw = ({"stream_fraction": float(op[op.index("--stream-fraction") + 1])}
+              if "--stream-fraction" in op else {})
         dcp.load(got, storage_reader=gt.Reader(client, job,
-                                               step if step == "latest" else int(step)))
+                                               step if step == "latest" else int(step), **kw))
         diff = compare(got, want)
         print(f"{' '.join(op)}: {diff or 'exact'}", flush=True)
         if diff:
@@ -118,7 +126,8 @@ def main():
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    client = gradsnap.connect(servers=server)
+    client = (gradsnap.connect(etcd=server[len("etcd="):], replicas=2)
+              if server.startswith("etcd=") else gradsnap.connect(servers=server))
     for op in ops:
         run(client, mesh, op)
     client.close()

@@ -1,11 +1,14 @@
-"""Helpers of the Python package's tests: a real gradsnap-server child process, throwaway TLS
-certificates from the openssl command, a byte flipped in a stored segment.
+"""Helpers of the Python package's tests: a real gradsnap-server child process, a real etcd
+member, throwaway TLS certificates from the openssl command, a byte flipped in a stored
+segment.
 
 The binaries come from the environment (python/CMakeLists.txt sets them for ctest):
 GRADSNAP_SERVER_BIN (gradsnap-server) and GRADSNAP_CLI_BIN (gradsnap)."""
 import glob
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -13,16 +16,23 @@ SERVER_BIN = os.environ.get("GRADSNAP_SERVER_BIN", "build/bin/gradsnap-server")
 CLI_BIN = os.environ.get("GRADSNAP_CLI_BIN", "build/bin/gradsnap")
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
-    """gradsnap-server --data-dir DIR --listen 127.0.0.1:0 [extra...], ready once it printed
+    """gradsnap-server --data-dir DIR --listen LISTEN (default 127.0.0.1:0) [extra...], ready once it printed
     its "listening on HOST:PORT" line (30 s at most); stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, data_dir, extra=()):
+    def __init__(self, data_dir, extra=(), listen="127.0.0.1:0"):
         self.data_dir = data_dir
         self.log = open(os.path.join(os.path.dirname(data_dir.rstrip("/")) or ".",
                                      os.path.basename(data_dir.rstrip("/")) + ".log"), "wb")
         self.proc = subprocess.Popen(
-            [SERVER_BIN, "--data-dir", data_dir, "--listen", "127.0.0.1:0", *extra],
+            [SERVER_BIN, "--data-dir", data_dir, "--listen", listen, *extra],
             stdout=subprocess.PIPE, stderr=self.log)
         deadline = time.monotonic() + 30
         line = b""
@@ -44,6 +54,45 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.proc.stdout.close()
+        self.log.close()
+
+
+class Etcd:
+    """One real etcd member (Debian's etcd-server) on loopback ports, its data in `data_dir`,
+    ready once `etcdctl endpoint health` passes (a minute at most); stopped with SIGKILL.
+    Raises unittest.SkipTest where etcd or etcdctl is not installed
+    (scripts/install-deps.sh installs them)."""
+
+    def __init__(self, data_dir):
+        import unittest
+        for b in ("etcd", "etcdctl"):
+            if shutil.which(b) is None:
+                raise unittest.SkipTest(f"{b} is not installed (scripts/install-deps.sh)")
+        client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+        self.endpoint = client[len("http://"):]
+        self.log = open(data_dir.rstrip("/") + ".log", "wb")
+        self.proc = subprocess.Popen(
+            ["etcd", "--name", "m0", "--data-dir", data_dir, "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer,
+             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m0={peer}",
+             "--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr"],
+            stdout=self.log, stderr=self.log)
+        for _ in range(120):  # 120 x (check + 0.5 s)
+            if self.proc.poll() is not None:
+                break
+            r = subprocess.run(["etcdctl", "--endpoints", self.endpoint,
+                                "--command-timeout=2s", "endpoint", "health"],
+                               capture_output=True, timeout=10)
+            if r.returncode == 0:
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"etcd did not become healthy, log {self.log.name}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
         self.log.close()
 
 

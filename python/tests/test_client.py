@@ -1,6 +1,6 @@
 """The Python package over an embedded store and a real gradsnap-server (no PyTorch needed):
-every dtype round trip, restore into caller buffers, "latest", damage found, bad arguments,
-tokens and TLS. Run by ctest (python/CMakeLists.txt) as python3 -m unittest."""
+every dtype round trip, restore into caller buffers, "latest", ranged reads, damage found, bad
+arguments, tokens and TLS; cluster mode through a real etcd (ClusterTest, ctest label etcd). Run by ctest (python/CMakeLists.txt) as python3 -m unittest."""
 import os
 import shutil
 import tempfile
@@ -25,6 +25,32 @@ def every_dtype():
         "i64": rng.integers(-2**62, 2**62, size=(2, 2), dtype=np.int64),
         "u8": rng.integers(0, 256, size=1000, dtype=np.uint8),
     }
+
+
+def check_read_ranges(test, c):
+    """read_ranges in both modes against the payload's bytes: regions out of order,
+    overlapping, across the tensor boundary, empty, the whole payload; past the end raises."""
+    a = np.random.default_rng(3).standard_normal(700_001).astype(np.float32)
+    b = np.arange(5000, dtype=np.int64)
+    c.save("rr", 1, {"a": a, "b": b})
+    payload = a.tobytes() + b.tobytes()
+    spans = [(len(payload) - 1, 1), (0, 64), (10, 2_800_000), (a.nbytes - 100, 300),
+             (2_799_999, 17), (5, 0), (0, len(payload)), (1_234_567, 1)]
+    for whole in (True, False):
+        for group in (spans, spans[2:4], [spans[1]]):
+            outs = [np.full(n, 0xAA, np.uint8) for _, n in group]
+            c.read_ranges("rr", 1, 0, [(o, out) for (o, _), out in zip(group, outs)],
+                          whole_shard=whole)
+            for (o, n), out in zip(group, outs):
+                test.assertEqual(out.tobytes(), payload[o:o + n], (whole, o, n))
+        with test.assertRaises(gradsnap.OutOfRange):
+            c.read_ranges("rr", 1, 0, [(len(payload) - 4, bytearray(8))], whole_shard=whole)
+    with test.assertRaises(TypeError):
+        c.read_ranges("rr", 1, 0, [(0, b"read-only")])
+    with test.assertRaises(TypeError):
+        c.read_ranges("rr", 1, 0, [0, bytearray(4)])
+    with test.assertRaises(ValueError):
+        c.read_ranges("rr", 1, 0, [(-1, bytearray(4))])
 
 
 class TempDirCase(unittest.TestCase):
@@ -110,6 +136,10 @@ class EmbeddedTest(TempDirCase):
             with self.assertRaises(gradsnap.OutOfRange):
                 c.read_range("job", 1, 0, 420, 8)
 
+    def test_read_ranges(self):
+        with self.open() as c:
+            check_read_ranges(self, c)
+
     def test_flipped_byte_is_data_loss(self):
         store = os.path.join(self.tmp, "store")
         with gradsnap.open_dir(store) as c:
@@ -122,6 +152,10 @@ class EmbeddedTest(TempDirCase):
             self.assertIsInstance(e.exception, gradsnap.Error)
             with self.assertRaises(gradsnap.DataLoss):
                 c.restore("job", 1)
+            for whole in (True, False):
+                with self.assertRaises(gradsnap.DataLoss):
+                    c.read_ranges("job", 1, 0, [(0, np.empty(400000, np.uint8))],
+                                  whole_shard=whole)
 
     def test_bad_arguments_raise(self):
         c = self.open()
@@ -171,8 +205,14 @@ class EmbeddedTest(TempDirCase):
             c.list("job")
         with self.assertRaises(TypeError):
             gradsnap.open_dir(None)
-        with self.assertRaises(gradsnap.Unimplemented):
+        with self.assertRaises(ValueError):
             gradsnap.connect(servers="127.0.0.1:1", etcd="http://127.0.0.1:2379")
+        with self.assertRaises(ValueError):
+            gradsnap.connect()
+        with self.assertRaises(gradsnap.InvalidArgument):
+            gradsnap.connect(etcd="127.0.0.1:1", min_replicas=0)
+        with self.assertRaises(gradsnap.Unavailable):  # nothing listens there
+            gradsnap.connect(etcd="127.0.0.1:1", timeout_ms=1000)
         with self.assertRaises(gradsnap.InvalidArgument):
             gradsnap.connect(servers="no-port")
 
@@ -218,6 +258,14 @@ class ServerTest(TempDirCase):
         finally:
             srv.stop()
 
+    def test_read_ranges(self):
+        srv = gsutil.Server(os.path.join(self.tmp, "data"))
+        try:
+            with gradsnap.connect(servers=srv.address) as c:
+                check_read_ranges(self, c)
+        finally:
+            srv.stop()
+
     def test_tls(self):
         gsutil.make_tls(self.tmp)
         p = lambda n: os.path.join(self.tmp, n)
@@ -238,6 +286,43 @@ class ServerTest(TempDirCase):
         finally:
             srv.stop()
 
+
+class ClusterTest(TempDirCase):
+    """connect(etcd=...): a real etcd member and two gradsnap-servers registered in it."""
+
+    def test_save_restore_through_etcd(self):
+        etcd = gsutil.Etcd(os.path.join(self.tmp, "etcd"))
+        servers = []
+        try:
+            for i in range(2):
+                addr = f"127.0.0.1:{gsutil.free_port()}"
+                servers.append(gsutil.Server(os.path.join(self.tmp, f"node{i}"),
+                                             ["--etcd", etcd.endpoint, "--advertise", addr],
+                                             listen=addr))
+            arrays = every_dtype()
+            with gradsnap.connect(etcd=etcd.endpoint, replicas=2, min_replicas=2) as c:
+                c.save("job", 1, arrays, dtypes={"bf16": "bf16"})
+                c.save("job", 2, {"w": arrays["f32"]})
+                self.assertEqual([i["step"] for i in c.list("job")], [1, 2])
+                back = c.restore("job", 1)
+                for name, a in arrays.items():
+                    self.assertEqual(back[name].tobytes(), a.tobytes(), name)
+                self.assertEqual(c.verify("job", "latest"), 2)
+                check_read_ranges(self, c)
+            # Both nodes hold a copy (replicas=2): with either one stopped the other serves it.
+            for i in range(2):
+                servers[i].stop()
+                with gradsnap.connect(etcd=etcd.endpoint, replicas=2) as c:
+                    self.assertEqual(c.restore("job", 2)["w"].tobytes(),
+                                     arrays["f32"].tobytes())
+                addr = servers[i].address
+                servers[i] = gsutil.Server(servers[i].data_dir,
+                                           ["--etcd", etcd.endpoint, "--advertise", addr],
+                                           listen=addr)
+        finally:
+            for srv in servers:
+                srv.stop()
+            etcd.stop()
 
 if __name__ == "__main__":
     unittest.main()

@@ -5,7 +5,6 @@ shared venv's python (scripts/torch-venv.sh); each rank is a dcp_worker.py proce
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,14 +17,8 @@ import gsutil
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dcp_worker.py")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ranks(world, args):
-    port = free_port()
+    port = gsutil.free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
@@ -63,10 +56,11 @@ class DcpTest(unittest.TestCase):
     def client(self):
         return gradsnap.connect(servers=self.server.address)
 
-    def ok(self, world, *ops):
+    def ok(self, world, *ops, server=None):
         """Runs `world` ranks through the saves and loads `ops` (dcp_worker.py's OPs, in one
-        process start); every load must be exact."""
-        args = [self.server.address]
+        process start) against `server` (dcp_worker.py's SERVER; default this class's
+        server); every load must be exact."""
+        args = [server or self.server.address]
         for op in ops:
             args += (["+"] if len(args) > 1 else []) + [str(x) for x in op]
         for rank, (rc, out, err) in enumerate(run_ranks(world, args)):
@@ -84,7 +78,10 @@ class DcpTest(unittest.TestCase):
         with self.client() as c:
             info = c.show("one", 10)
         self.assertEqual(info["world_size"], 2)  # the rank's shard and DCP's metadata
-        self.ok(2, ["load", "one", 10, 10])
+        # Each of 2 ranks needs about half of the one shard: read as one stream (fraction 0;
+        # pieces of stored tensors cut out of it) and with ranged reads (fraction 2).
+        self.ok(2, ["load", "one", 10, 10], ["load", "one", 10, 10, "--stream-fraction", 0],
+                ["load", "one", 10, 10, "--stream-fraction", 2])
 
     def test_two_processes_async_save_load_with_one_and_two(self):
         self.ok(2, ["save", "two", 20, "--async"], ["save", "two", 30], ["load", "two", 20, 20])
@@ -114,6 +111,24 @@ class DcpTest(unittest.TestCase):
         self.ok(1, ["load", "kill", "latest", 1])
         # Saving step 2 again, from other values (seed 7), replaces every stale shard.
         self.ok(2, ["save", "kill", 2, "--seed", 7], ["load", "kill", "latest", 7])
+
+    def test_cluster_mode_through_etcd(self):
+        # connect(etcd=...): a real etcd member, two servers registered in it, every shard on
+        # both; "latest" is resolved although cluster listings carry no checkpoint metadata.
+        etcd = gsutil.Etcd(os.path.join(self.tmp, "etcd"))
+        nodes = []
+        try:
+            for i in range(2):
+                addr = f"127.0.0.1:{gsutil.free_port()}"
+                nodes.append(gsutil.Server(os.path.join(self.tmp, f"node{i}"),
+                                           ["--etcd", etcd.endpoint, "--advertise", addr],
+                                           listen=addr))
+            self.ok(2, ["save", "cl", 3], ["save", "cl", 4], ["load", "cl", "latest", 4],
+                    server=f"etcd={etcd.endpoint}")
+        finally:
+            for n in nodes:
+                n.stop()
+            etcd.stop()
 
     def test_flipped_byte_is_an_error(self):
         self.ok(1, ["save", "flip", 5])
