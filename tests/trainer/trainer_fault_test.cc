@@ -521,6 +521,8 @@ TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--storage nohostport --ckpt-mode sync --ckpt-every 2",
       "--grad-log=maybe",
       "--collective-timeout-s 0",
+      "--test-freeze-at-step -2",
+      "--nproc 2 --test-freeze-at-step 3 --fail-rank 2",
       "--collective-timeout-s 99999999999999999",
       "--lr nan",
       "--lr 1e30",
