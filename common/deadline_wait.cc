@@ -19,7 +19,7 @@ absl::Status WaitWithDeadline(const DeadlineWait& wait,
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   constexpr int kYields = 64;
-  constexpr std::chrono::microseconds kFirstSleep{20}, kMaxSleep{1000};
+  constexpr std::chrono::microseconds kFirstSleep{20}, kMaxSleep{200};
   std::chrono::microseconds sleep = kFirstSleep;
   for (int polls = 0;; ++polls) {
     absl::StatusOr<bool> d = done();

@@ -48,9 +48,11 @@ using cuda::bf16;
 
 
 // Waits for `event` by polling cudaEventQuery with the deadline of `wait`; calls `abort` (the
-// NCCL communicator's) when it passes. A CUDA error of the work is returned as such.
+// NCCL communicator's) when it passes. A CUDA error of the work is returned as such. Without a
+// deadline (one rank), cudaEventSynchronize.
 absl::Status WaitForCudaEvent(cudaEvent_t event, const DeadlineWait& wait,
                               absl::FunctionRef<void()> abort) {
+  if (wait.timeout.count() <= 0) return GS_CUDA_STATUS(cudaEventSynchronize(event));
   return WaitWithDeadline(
       wait,
       [event]() -> absl::StatusOr<bool> {
