@@ -55,6 +55,8 @@ uint64_t SimStream::Record() { return kernels_.Record(); }
 
 absl::Status SimStream::Wait(uint64_t seq) { return kernels_.Wait(seq); }
 
+bool SimStream::Reached(uint64_t seq) { return kernels_.Reached(seq); }
+
 absl::Status SimStream::Synchronize() { return kernels_.Synchronize(); }
 
 int64_t SimStream::IdleNanos() { return kernels_.IdleNanos(); }

@@ -103,6 +103,8 @@ class SimStream {
   uint64_t Record();
   // Blocks until the first `seq` kernels completed; returns the stream's first kernel error.
   absl::Status Wait(uint64_t seq);
+  // Whether the first `seq` kernels completed (cudaEventQuery); does not block.
+  bool Reached(uint64_t seq);
   absl::Status Synchronize();
   // Nanoseconds (MonotonicNanos clock) since every launched kernel completed; 0 while busy.
   int64_t IdleNanos();

@@ -13,6 +13,7 @@
 #ifndef GRADSNAP_TRAINER_BACKEND_H_
 #define GRADSNAP_TRAINER_BACKEND_H_
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -95,10 +96,13 @@ std::unique_ptr<Backend> NewCpuBackend(const ModelConfig& config, int local_batc
 // CUDA (cuda_backend.cu) on device `device_ordinal` (the rank's local index on its node plus
 // --device_id), which it makes the training thread's current device. UNIMPLEMENTED when built
 // without CUDA; FAILED_PRECONDITION when no GPU is present; INVALID_ARGUMENT for an ordinal
-// that does not exist. The NCCL unique id is exchanged through `comm`.
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig& config,
-                                                        int local_batch, int seq_len,
-                                                        Comm* comm, int device_ordinal = 0);
+// that does not exist. The NCCL unique id is exchanged through `comm`. With several ranks every
+// host wait for device work polls its event with `collective_timeout` (--collective-timeout-s)
+// and, when it passes, aborts the NCCL communicator (ncclCommAbort) and fails with UNAVAILABLE
+// "collective deadline: ..." (common/deadline_wait.h); zero: no deadline.
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(
+    const ModelConfig& config, int local_batch, int seq_len, Comm* comm, int device_ordinal = 0,
+    std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(0));
 
 // Deterministic GPT-2 initialization of the flat parameters (same on every rank):
 // N(0, 0.02) weights, N(0, 0.02/sqrt(2L)) residual projections, zero biases, unit LayerNorms.

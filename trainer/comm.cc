@@ -3,9 +3,11 @@
 
 #include <cstring>
 #include <exception>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
@@ -45,58 +47,84 @@ class GlooComm : public Comm {
  public:
   GlooComm(std::shared_ptr<gloo::rendezvous::Context> ctx, std::chrono::milliseconds timeout)
       : ctx_(std::move(ctx)), timeout_(timeout) {}
+  ~GlooComm() override {
+    absl::MutexLock lock(&abort_mu_);
+    // See comm.h (ERRORS): closing the pairs could block on a frozen peer for ever.
+    if (aborted_) new std::shared_ptr<gloo::rendezvous::Context>(std::move(ctx_));
+  }
   int rank() const override { return ctx_->rank; }
   int world_size() const override { return ctx_->size; }
 
   absl::Status ReduceScatter(float* buf, size_t total) override {
-    try {
-      return DoReduceScatter(buf, total);
-    } catch (const std::exception& e) {
-      return GlooError("reduce-scatter", e);
-    }
+    return Run("reduce-scatter", [&] { return DoReduceScatter(buf, total); });
   }
   absl::Status AllGather(float* buf, size_t total) override {
-    try {
-      return DoAllGather(buf, total);
-    } catch (const std::exception& e) {
-      return GlooError("all-gather", e);
-    }
+    return Run("all-gather", [&] { return DoAllGather(buf, total); });
   }
   absl::Status AllReduceSum(double* vals, size_t n) override {
-    try {
-      return DoAllReduce(vals, n);
-    } catch (const std::exception& e) {
-      return GlooError("all-reduce", e);
-    }
+    return Run("all-reduce", [&] { return DoAllReduce(vals, n); });
   }
   absl::Status Send(int dst, uint32_t tag, const void* data, size_t n) override {
-    try {
+    return Run("send", [&] {
       Buffer b = ctx_->createUnboundBuffer(const_cast<void*>(data), n);
       b->send(dst, kP2pSlotBase + tag);
       return Wait(b, /*send=*/true);
-    } catch (const std::exception& e) {
-      return GlooError("send", e);
-    }
+    });
   }
   absl::Status Recv(int src, uint32_t tag, void* data, size_t n) override {
-    try {
+    return Run("recv", [&] {
       Buffer b = ctx_->createUnboundBuffer(data, n);
       b->recv(src, kP2pSlotBase + tag);
       return Wait(b, /*send=*/false);
-    } catch (const std::exception& e) {
-      return GlooError("recv", e);
-    }
+    });
   }
   absl::Status Barrier() override {
     double one = 1.0;
     return AllReduceSum(&one, 1);
   }
+  void Abort() override {
+    absl::MutexLock lock(&abort_mu_);
+    aborted_ = true;
+    for (gloo::transport::UnboundBuffer* b : waiting_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+  }
 
  private:
   static constexpr uint64_t kP2pSlotBase = 1ull << 40;
 
+  // No limit (op_timeout 0): a year, far beyond any deadline a caller sets.
+  static constexpr std::chrono::milliseconds kNoLimit{365LL * 24 * 3600 * 1000};
+
+  // Runs the operation `op` unless the group was aborted (posting an operation takes the locks
+  // that a Gloo thread stuck on a frozen peer holds), converting Gloo's exceptions.
+  template <typename Op>
+  absl::Status Run(const char* name, Op op) {
+    {
+      absl::MutexLock lock(&abort_mu_);
+      if (aborted_) return Aborted(name);
+    }
+    try {
+      return op();
+    } catch (const std::exception& e) {
+      return GlooError(name, e);
+    }
+  }
+  static absl::Status Aborted(const char* name) {
+    return absl::UnavailableError(absl::StrCat("gloo ", name, ": the group was aborted"));
+  }
+
   absl::Status Wait(Buffer& b, bool send) {
-    const bool ok = send ? b->waitSend(timeout_) : b->waitRecv(timeout_);
+    {
+      absl::MutexLock lock(&abort_mu_);
+      if (aborted_) return Aborted(send ? "send" : "recv");
+      waiting_.insert(b.get());
+    }
+    const std::chrono::milliseconds limit = timeout_.count() > 0 ? timeout_ : kNoLimit;
+    const bool ok = send ? b->waitSend(limit) : b->waitRecv(limit);
+    absl::MutexLock lock(&abort_mu_);
+    waiting_.erase(b.get());
     if (!ok) return absl::UnavailableError("gloo operation aborted");
     return absl::OkStatus();
   }
@@ -190,6 +218,10 @@ class GlooComm : public Comm {
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   std::chrono::milliseconds timeout_;
   uint64_t next_slot_ = 1;
+  absl::Mutex abort_mu_;
+  bool aborted_ ABSL_GUARDED_BY(abort_mu_) = false;
+  // The buffers whose wait is under way: what Abort interrupts.
+  std::set<gloo::transport::UnboundBuffer*> waiting_ ABSL_GUARDED_BY(abort_mu_);
 };
 
 }  // namespace

@@ -9,10 +9,13 @@
 //
 // ERRORS
 //   Gloo throws; every call converts its exceptions to UNAVAILABLE (peer gone, timeout) here.
+//   Abort (from any thread) ends a wait at once; an aborted Gloo group leaks its Gloo context
+//   when destroyed, since Gloo's thread may be stuck mid-message from a frozen peer holding a
+//   lock that closing the context needs (the rank exits right after).
 //
 // THREAD SAFETY
-//   One thread at a time per Comm. Separate Comms (separate Gloo contexts) may be used from
-//   different threads concurrently.
+//   One thread at a time per Comm, except Abort. Separate Comms (separate Gloo contexts) may be
+//   used from different threads concurrently.
 #ifndef GRADSNAP_TRAINER_COMM_H_
 #define GRADSNAP_TRAINER_COMM_H_
 
@@ -43,6 +46,10 @@ class Comm {
   virtual absl::Status Send(int dst, uint32_t tag, const void* data, size_t n) = 0;
   virtual absl::Status Recv(int src, uint32_t tag, void* data, size_t n) = 0;
   virtual absl::Status Barrier() = 0;
+  // Makes the operation under way (on any thread) and every later one fail at once with
+  // UNAVAILABLE, like ncclCommAbort: what a deadline on this group's work calls when a peer is
+  // frozen (common/deadline_wait.h). The group is unusable afterwards. Thread-safe.
+  virtual void Abort() {}
 };
 
 std::unique_ptr<Comm> NewLocalComm();
@@ -59,7 +66,9 @@ struct GlooOptions {
   // How long the rendezvous waits for every rank to join. Default: 300 s.
   std::chrono::milliseconds timeout{300000};
   // How long one operation (a collective, a send or receive) waits for its peers before it
-  // fails with UNAVAILABLE: what a hung or frozen peer costs. Default: 300 s.
+  // fails with UNAVAILABLE: what a hung or frozen peer costs. Zero: no limit of its own, as
+  // NCCL has none (a device's collectives, which the caller's deadline bounds and ends with
+  // Abort). Default: 300 s.
   std::chrono::milliseconds op_timeout{300000};
 };
 

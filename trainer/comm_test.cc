@@ -104,6 +104,42 @@ TEST(GlooCommTest, SilentPeerFailsTheCollectiveAfterTheOperationTimeout) {
   std::filesystem::remove_all(dir);
 }
 
+// A group without a limit of its own (op_timeout 0, as for a device's collectives) waits for a
+// silent peer until Abort, called from another thread as a deadline does; afterwards every
+// operation fails at once.
+TEST(GlooCommTest, AbortEndsAWaitOnASilentPeer) {
+  const std::string dir = ::testing::TempDir() + "/comm_test_abort_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  absl::Status peer_status;
+  absl::Notification done;
+  std::thread peer([&] {
+    auto comm = NewGlooComm(GlooOptions{1, 2, dir, "test"});
+    peer_status = comm.status();
+    done.WaitForNotification();
+  });
+  GlooOptions o{0, 2, dir, "test"};
+  o.op_timeout = std::chrono::milliseconds(0);
+  auto comm = NewGlooComm(o);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    (*comm)->Abort();
+  });
+  std::vector<float> buf(1000, 1.0f);
+  const absl::Status first = (*comm)->ReduceScatter(buf.data(), buf.size());
+  aborter.join();
+  double v = 1.0;
+  const absl::Status later = (*comm)->AllReduceSum(&v, 1);
+  done.Notify();
+  peer.join();
+  EXPECT_TRUE(peer_status.ok()) << peer_status;
+  EXPECT_TRUE(absl::IsUnavailable(first)) << first;
+  EXPECT_NE(first.message().find("aborted"), absl::string_view::npos) << first;
+  EXPECT_EQ(later, absl::UnavailableError("gloo all-reduce: the group was aborted"));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace trainer
 }  // namespace gradsnap

@@ -8,11 +8,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/deadline_wait.h"
 #include "common/status.h"
 #include "trainer/backend.h"
 #include "trainer/cuda_layers.h"
@@ -42,16 +47,44 @@ using cuda::bf16;
 #endif
 
 
+// Waits for `event` by polling cudaEventQuery with the deadline of `wait`; calls `abort` (the
+// NCCL communicator's) when it passes. A CUDA error of the work is returned as such. Without a
+// deadline (one rank), cudaEventSynchronize.
+absl::Status WaitForCudaEvent(cudaEvent_t event, const DeadlineWait& wait,
+                              absl::FunctionRef<void()> abort) {
+  if (wait.timeout.count() <= 0) return GS_CUDA_STATUS(cudaEventSynchronize(event));
+  return WaitWithDeadline(
+      wait,
+      [event]() -> absl::StatusOr<bool> {
+        const cudaError_t r = cudaEventQuery(event);
+        if (r == cudaErrorNotReady) return false;
+        CUDA_RETURN_IF_ERROR(r);
+        return true;
+      },
+      abort);
+}
+
 enum TensorIndex { kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
                    kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb };
 
 class CudaBackend : public Backend {
  public:
-  CudaBackend(const ModelConfig& config, int B, int T, Comm* comm)
-      : config_(config), layout_(config), B_(B), T_(T), comm_(comm) {
+  CudaBackend(const ModelConfig& config, int B, int T, Comm* comm,
+              std::chrono::milliseconds collective_timeout)
+      : config_(config),
+        layout_(config),
+        B_(B),
+        T_(T),
+        comm_(comm),
+        timeout_(comm->world_size() > 1 ? collective_timeout : std::chrono::milliseconds(0)) {
     slice_ = SliceOfRank(layout_.total(), comm->rank(), comm->world_size());
   }
   ~CudaBackend() override {
+    // A failed rank may leave NCCL work with a frozen peer queued, which ncclCommDestroy would
+    // wait for: bounded (and aborted) too.
+    if (stream_ != nullptr && work_done_ != nullptr) {
+      (void)WaitStream("the device's remaining work");
+    }
 #if defined(GRADSNAP_HAVE_NCCL)
     if (nccl_ != nullptr) ncclCommDestroy(nccl_);
 #endif
@@ -143,13 +176,12 @@ class CudaBackend : public Backend {
                                          slice_.size() * 4, cudaMemcpyDeviceToDevice, stream_));
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(m_.get(), 0, slice_.size() * 4, stream_));
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(v_.get(), 0, slice_.size() * 4, stream_));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    return WaitStream("the device's work");
   }
 
   absl::Status SliceToHost(float* master, float* m, float* v) override {
     const size_t bytes = slice_.size() * 4;
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    RETURN_IF_ERROR(WaitStream("the device's work"));
     CUDA_RETURN_IF_ERROR(cudaMemcpy(master, master_.get(), bytes, cudaMemcpyDeviceToHost));
     CUDA_RETURN_IF_ERROR(cudaMemcpy(m, m_.get(), bytes, cudaMemcpyDeviceToHost));
     CUDA_RETURN_IF_ERROR(cudaMemcpy(v, v_.get(), bytes, cudaMemcpyDeviceToHost));
@@ -164,8 +196,7 @@ class CudaBackend : public Backend {
     cuda::FloatToBf16(stream_, params_bf16_.get() + slice_.lo, master_.get(), slice_.size());
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     RETURN_IF_ERROR(GatherParams());
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
+    return WaitStream("the parameter broadcast");
   }
 
   // Enqueues the step's forward and backward; no wait (the losses come back with ReduceGrads).
@@ -203,9 +234,10 @@ class CudaBackend : public Backend {
                                          cudaMemcpyDeviceToHost, stream_));
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     // The step's one wait for the device: the losses and the norm, for the loss print and the
-    // clip coefficient. An event, not a stream synchronization.
+    // clip coefficient. An event, not a stream synchronization; polled with the collective
+    // deadline, since the NCCL reduction of a frozen peer never completes.
     CUDA_RETURN_IF_ERROR(cudaEventRecord(sums_ready_, stream_));
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(sums_ready_));
+    RETURN_IF_ERROR(WaitEvent(sums_ready_, "the gradient reduction"));
     double sq = 0.0;
     for (int i = 0; i < cuda::kNormBlocks; ++i) sq += host_sums_[i];
     double loss = 0.0;
@@ -254,13 +286,35 @@ class CudaBackend : public Backend {
 
   absl::Status FullMasterParams(std::vector<float>* out) override {
     out->assign(layout_.total(), 0.0f);
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    RETURN_IF_ERROR(WaitStream("the parameter broadcast"));
     CUDA_RETURN_IF_ERROR(cudaMemcpy(out->data() + slice_.lo, master_.get(), slice_.size() * 4,
                                     cudaMemcpyDeviceToHost));
     return comm_->AllGather(out->data(), out->size());
   }
 
  private:
+  // Host waits for device work that may hold an NCCL collective: the deadline (several ranks)
+  // aborts the communicator when a peer never joins (common/deadline_wait.h).
+  absl::Status WaitEvent(cudaEvent_t event, absl::string_view what) {
+    const std::string where = absl::StrCat(what, " on cuda:", device_);
+    return WaitForCudaEvent(event, {where, timeout_, "the NCCL communicator"},
+                            [this] { AbortNccl(); });
+  }
+  absl::Status WaitStream(absl::string_view what) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(work_done_, stream_));
+    return WaitEvent(work_done_, what);
+  }
+  // ncclCommAbort: the communicator's kernels stop and its resources go; later NCCL calls of
+  // this back end fail (a null communicator).
+  void AbortNccl() {
+#if defined(GRADSNAP_HAVE_NCCL)
+    if (nccl_ != nullptr) {
+      (void)ncclCommAbort(nccl_);
+      nccl_ = nullptr;
+    }
+#endif
+  }
+
   absl::Status InitNccl() {
     if (comm_->world_size() == 1) return absl::OkStatus();
 #if defined(GRADSNAP_HAVE_NCCL)
@@ -411,6 +465,7 @@ class CudaBackend : public Backend {
   ParamLayout layout_;
   int B_, T_;
   Comm* comm_;
+  const std::chrono::milliseconds timeout_;  // of a wait for device work; 0: none (one rank)
   RankSlice slice_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -437,11 +492,11 @@ class CudaBackend : public Backend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelConfig& config,
-                                                        int local_batch, int seq_len,
-                                                        Comm* comm, int device_ordinal) {
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(
+    const ModelConfig& config, int local_batch, int seq_len, Comm* comm, int device_ordinal,
+    std::chrono::milliseconds collective_timeout) {
   RETURN_IF_ERROR(RequireDevice());
-  auto b = std::make_unique<CudaBackend>(config, local_batch, seq_len, comm);
+  auto b = std::make_unique<CudaBackend>(config, local_batch, seq_len, comm, collective_timeout);
   RETURN_IF_ERROR(b->Init(device_ordinal));
   return std::unique_ptr<Backend>(std::move(b));
 }
@@ -466,6 +521,55 @@ absl::Status DeviceAdamWForTest(float* param, float* m, float* v, const uint16_t
   CUDA_RETURN_IF_ERROR(cudaMemcpy(m, dm.get(), n * 4, cudaMemcpyDeviceToHost));
   CUDA_RETURN_IF_ERROR(cudaMemcpy(v, dv.get(), n * 4, cudaMemcpyDeviceToHost));
   return absl::OkStatus();
+}
+
+namespace {
+void CUDART_CB BlockUntilReleased(void* released) {
+  while (!static_cast<std::atomic<bool>*>(released)->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+}  // namespace
+
+absl::Status NcclDeadlineForTest(std::chrono::milliseconds timeout, bool block, bool* aborted) {
+  *aborted = false;
+  RETURN_IF_ERROR(RequireDevice());
+#if defined(GRADSNAP_HAVE_NCCL)
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(0));
+  ncclComm_t comm = nullptr;
+  int device = 0;
+  NCCL_RETURN(ncclCommInitAll(&comm, 1, &device));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+  DeviceArray<float> data;
+  std::atomic<bool> released{!block};
+  absl::Status waited = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    RETURN_IF_ERROR(data.Alloc(1024));
+    NCCL_RETURN(ncclAllReduce(data.get(), data.get(), 1024, ncclFloat, ncclSum, comm, stream));
+    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(stream, BlockUntilReleased, &released));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream));
+    return WaitForCudaEvent(event, {"a blocked stream on cuda:0", timeout, "the NCCL communicator"},
+                            [&] {
+                              (void)ncclCommAbort(comm);
+                              comm = nullptr;
+                              *aborted = true;
+                            });
+  }();
+  released = true;
+  if (stream != nullptr) {
+    waited.Update(GS_CUDA_STATUS(cudaStreamSynchronize(stream)));
+    cudaStreamDestroy(stream);
+  }
+  if (event != nullptr) cudaEventDestroy(event);
+  if (comm != nullptr) ncclCommDestroy(comm);
+  return waited;
+#else
+  (void)timeout;
+  (void)block;
+  return absl::UnimplementedError("built without NCCL");
+#endif
 }
 
 }  // namespace trainer

@@ -1,7 +1,9 @@
-// The CUDA back end against the CPU reference, and the device AdamW against the host one bit for
-// bit. Both skip on a machine without a GPU (or a build without CUDA).
+// The CUDA back end against the CPU reference, the device AdamW against the host one bit for
+// bit, and the NCCL deadline. All skip on a machine without a GPU (or a build without CUDA).
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -17,6 +19,29 @@ namespace {
 // or a build without CUDA; any other error (a broken GPU) fails the test.
 bool NoGpu(const absl::Status& s) {
   return absl::IsFailedPrecondition(s) || absl::IsUnimplemented(s);
+}
+
+// The NCCL deadline (the abort path of a frozen peer, on one GPU): a wait on a stream that never
+// completes ends at the deadline with one clear UNAVAILABLE line, having aborted the
+// communicator; work that completes is waited for and nothing is aborted.
+TEST(CudaBackendTest, NcclDeadlineAbortsTheCommunicatorWhenTheWorkNeverEnds) {
+  bool aborted = false;
+  const absl::Status s = NcclDeadlineForTest(std::chrono::milliseconds(500), true, &aborted);
+  if (NoGpu(s)) GTEST_SKIP() << s;
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_TRUE(aborted);
+  EXPECT_EQ(std::string(s.message()),
+            "collective deadline: a blocked stream on cuda:0 did not complete in 0.5 s "
+            "(--collective-timeout-s): a peer rank is frozen or gone; the NCCL communicator "
+            "aborted");
+}
+
+TEST(CudaBackendTest, NcclDeadlineWaitsForWorkThatEnds) {
+  bool aborted = true;
+  const absl::Status s = NcclDeadlineForTest(std::chrono::milliseconds(60000), false, &aborted);
+  if (NoGpu(s)) GTEST_SKIP() << s;
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(aborted);
 }
 
 TEST(CudaBackendTest, DeviceAdamWMatchesHostBitForBit) {

@@ -92,6 +92,9 @@ class DirectShardStore : public ShardStore {
     return failed == 0;
   }
   bool collective_saves() const override { return false; }
+  void AbortGroup() override {
+    if (comm_ != nullptr) comm_->Abort();
+  }
   absl::StatusOr<std::vector<client::CheckpointInfo>> ListCommitted(
       const std::string& job) override {
     return WaitOutOutage([&] { return ListFromClient(*client_, job); });
@@ -150,6 +153,9 @@ class FunnelShardStore : public ShardStore {
     return all;
   }
   bool collective_saves() const override { return true; }
+  void AbortGroup() override {
+    if (comm_ != nullptr) comm_->Abort();
+  }
 
   absl::Status SaveShard(const client::ShardSpec& spec,
                          std::vector<client::TensorRef> tensors) override {

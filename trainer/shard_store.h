@@ -60,6 +60,9 @@ class ShardStore {
   virtual absl::StatusOr<bool> AllAgree(bool ok) = 0;
   // Saves are collective (funneled): a rank must not retry one on its own.
   virtual bool collective_saves() const = 0;
+  // Aborts the store's communicator (Comm::Abort; from any thread): a failing rank's persist
+  // thread stops waiting for a frozen peer. Later collective calls fail.
+  virtual void AbortGroup() = 0;
 };
 
 // Each rank talks to `client` directly; `comm` (nullptr for one rank) carries AllAgree only.

@@ -2,10 +2,14 @@
 #include "trainer/sim_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/deadline_wait.h"
 #include "common/status.h"
 #include "trainer/cpu_gpt.h"
 
@@ -19,14 +23,20 @@ using Range = SimStream::Range;
 
 class SimBackend : public Backend {
  public:
-  SimBackend(const ModelConfig& config, int B, int T, Comm* comm, SimGpu* gpu)
-      : model_(config, B, T), bt_(static_cast<size_t>(B) * T), comm_(comm), gpu_(gpu) {
+  SimBackend(const ModelConfig& config, int B, int T, Comm* comm, SimGpu* gpu,
+             std::chrono::milliseconds collective_timeout)
+      : model_(config, B, T),
+        bt_(static_cast<size_t>(B) * T),
+        comm_(comm),
+        gpu_(gpu),
+        timeout_(comm->world_size() > 1 ? collective_timeout : std::chrono::milliseconds(0)) {
     total_ = model_.layout().total();
     slice_ = SliceOfRank(total_, comm->rank(), comm->world_size());
   }
   ~SimBackend() override {
     if (stream_ != nullptr) {
-      (void)stream_->Synchronize();
+      // A failed rank may leave a collective with a frozen peer queued: bounded too.
+      (void)WaitStream("the device's remaining work");
       stream_.reset();
     }
     for (float* p : {params_, grads_, gslice_, m_, v_}) gpu_->Free(p);
@@ -53,7 +63,7 @@ class SimBackend : public Backend {
   }
 
   absl::Status SetParams(const float* host) override {
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(WaitStream("the device's work"));
     std::memcpy(params_, host, total_ * sizeof(float));
     std::memset(m_, 0, slice_.size() * sizeof(float));
     std::memset(v_, 0, slice_.size() * sizeof(float));
@@ -61,7 +71,7 @@ class SimBackend : public Backend {
   }
 
   absl::Status SliceToHost(float* master, float* m, float* v) override {
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(WaitStream("the device's work"));
     const size_t bytes = slice_.size() * sizeof(float);
     std::memcpy(master, params_ + slice_.lo, bytes);
     std::memcpy(m, m_, bytes);
@@ -70,12 +80,13 @@ class SimBackend : public Backend {
   }
 
   absl::Status SliceFromHost(const float* master, const float* m, const float* v) override {
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(WaitStream("the device's work"));
     const size_t bytes = slice_.size() * sizeof(float);
     std::memcpy(params_ + slice_.lo, master, bytes);
     std::memcpy(m_, m, bytes);
     std::memcpy(v_, v, bytes);
-    return comm_->AllGather(params_, total_);
+    RETURN_IF_ERROR(GatherParams());
+    return WaitStream("the parameter all-gather");
   }
 
   absl::Status ForwardBackward(const int32_t* inputs, const int32_t* targets,
@@ -105,7 +116,7 @@ class SimBackend : public Backend {
         },
         {Range{grads_, total_ * sizeof(float)}, Range{gslice_, slice_.size() * sizeof(float)}}));
     // The step's one wait for the device: the sums feed the loss print and the clip.
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(WaitStream("the gradient reduce-scatter"));
     return Sums{loss_sum_, grad_sq_};
   }
 
@@ -144,12 +155,26 @@ class SimBackend : public Backend {
   }
 
   absl::Status FullMasterParams(std::vector<float>* out) override {
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(WaitStream("the parameter all-gather"));
     out->assign(params_, params_ + total_);
     return absl::OkStatus();
   }
 
  private:
+  // Waits for the kernels launched so far, as the CUDA back end waits for NCCL: polling the
+  // stream's event with the collective deadline, aborting the device's group when it passes (a
+  // frozen peer), so the stuck kernel fails and the stream drains.
+  absl::Status WaitStream(absl::string_view what) {
+    const uint64_t seq = stream_->Record();
+    if (timeout_.count() <= 0) return stream_->Wait(seq);  // one rank: no collectives
+    const std::string where = absl::StrCat(what, " on sim:", gpu_->ordinal());
+    RETURN_IF_ERROR(WaitWithDeadline(
+        {where, timeout_, "the device's collective group"},
+        [&]() -> absl::StatusOr<bool> { return stream_->Reached(seq); },
+        [&] { comm_->Abort(); }));
+    return stream_->Wait(seq);
+  }
+
   absl::StatusOr<float*> Alloc(size_t n) {
     ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(float)));
     return static_cast<float*>(p);
@@ -157,8 +182,9 @@ class SimBackend : public Backend {
 
   CpuGpt model_;  // used on the stream's thread only
   const size_t bt_;  // tokens per ForwardBackward
-  Comm* comm_;    // by kernels, and by the training thread only while the stream is idle
+  Comm* comm_;    // by kernels (Abort: by the training thread at a deadline)
   SimGpu* const gpu_;
+  const std::chrono::milliseconds timeout_;  // of a wait for the stream; 0: none (one rank)
   size_t total_ = 0;
   RankSlice slice_;
   std::unique_ptr<SimStream> stream_;
@@ -168,12 +194,12 @@ class SimBackend : public Backend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> NewSimBackend(const ModelConfig& config,
-                                                       int local_batch, int seq_len, Comm* comm,
-                                                       int device_ordinal,
-                                                       const gpu_snapshot::SimOptions& sim) {
+absl::StatusOr<std::unique_ptr<Backend>> NewSimBackend(
+    const ModelConfig& config, int local_batch, int seq_len, Comm* comm, int device_ordinal,
+    const gpu_snapshot::SimOptions& sim, std::chrono::milliseconds collective_timeout) {
   ASSIGN_OR_RETURN(SimGpu* gpu, SimGpu::Open(device_ordinal, sim));
-  auto b = std::make_unique<SimBackend>(config, local_batch, seq_len, comm, gpu);
+  auto b = std::make_unique<SimBackend>(config, local_batch, seq_len, comm, gpu,
+                                        collective_timeout);
   RETURN_IF_ERROR(b->Init());
   return std::unique_ptr<Backend>(std::move(b));
 }

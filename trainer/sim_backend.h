@@ -8,6 +8,7 @@
 #ifndef GRADSNAP_TRAINER_SIM_BACKEND_H_
 #define GRADSNAP_TRAINER_SIM_BACKEND_H_
 
+#include <chrono>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -18,11 +19,14 @@ namespace gradsnap {
 namespace trainer {
 
 // Opens simulated device `device_ordinal` with `sim` (first use in the process) and makes it the
-// training thread's current device. INVALID_ARGUMENT for a bad ordinal or bandwidth.
-absl::StatusOr<std::unique_ptr<Backend>> NewSimBackend(const ModelConfig& config,
-                                                       int local_batch, int seq_len, Comm* comm,
-                                                       int device_ordinal,
-                                                       const gpu_snapshot::SimOptions& sim);
+// training thread's current device. INVALID_ARGUMENT for a bad ordinal or bandwidth. `comm` is
+// the device's collective group, used by kernels only (NCCL's part: the trainer gives it no
+// limit of its own); every host wait for the stream polls its event with `collective_timeout`
+// (several ranks; --collective-timeout-s) and aborts `comm` when it passes, failing with
+// UNAVAILABLE "collective deadline: ..." (common/deadline_wait.h).
+absl::StatusOr<std::unique_ptr<Backend>> NewSimBackend(
+    const ModelConfig& config, int local_batch, int seq_len, Comm* comm, int device_ordinal,
+    const gpu_snapshot::SimOptions& sim, std::chrono::milliseconds collective_timeout);
 
 }  // namespace trainer
 }  // namespace gradsnap

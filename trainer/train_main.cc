@@ -59,7 +59,7 @@ ABSL_FLAG(int, nnodes, 1, "Nodes in the job. Default: 1");
 ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes). Default: 0");
 ABSL_FLAG(std::string, rdzv, "", "Rendezvous directory shared by all nodes (required when nnodes > 1). Default: a fresh temp dir");
 ABSL_FLAG(std::string, hostname, "127.0.0.1", "Address this node's ranks listen on for peers. Default: 127.0.0.1");
-ABSL_FLAG(int64_t, collective_timeout_s, 300, "How long a training collective waits for a peer before the rank fails (a hung or frozen rank ends the attempt; with --max_restarts the launcher restarts it). 1..86400. Default: 300");
+ABSL_FLAG(int64_t, collective_timeout_s, 300, "How long a training collective waits for a peer before the rank fails (a hung or frozen rank ends the attempt; with --max_restarts the launcher restarts it): Gloo's operations, and with --device cuda or sim every wait for device work that holds a collective (NCCL on cuda: the event is polled and the communicator aborted). 1..86400. Default: 300");
 ABSL_FLAG(int, max_restarts, 0, "Job restarts after a rank failure. Default: 0");
 ABSL_FLAG(std::string, ckpt_mode, "none", "none, sync, async or gockpt. Default: none");
 ABSL_FLAG(int64_t, ckpt_every, 0, "FULL checkpoint every N steps; 0 = never. Default: 0");
@@ -84,6 +84,7 @@ ABSL_FLAG(std::string, ckpt_on_failure, "continue", "What a checkpoint persist t
 ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 5000, "The longest back-off after failed checkpoint persists: a failed persist is not retried, the checkpoints after it are tried again no sooner than 100 ms later, doubling per further failure up to this (a full disk: this at once). Default: 5000");
 ABSL_FLAG(std::string, ckpt_backlog_bytes, "auto", "async/gockpt: host memory per rank for checkpoints waiting for the store (bytes, or with a K/M/G suffix); a new checkpoint that does not fit is skipped and counted. auto: one FULL shard plus 8 DELTA records of the rank, at least 64 MiB. Default: auto");
 ABSL_FLAG(bool, test_ignore_parent_death, false, "(testing) ranks survive their launcher, to drill zombie fencing. Default: false");
+ABSL_FLAG(int64_t, test_freeze_at_step, -1, "(testing) freeze drill: --fail_rank SIGSTOPs itself in this step, after enqueuing its forward and backward (first attempt only), so the others meet the collective deadline. Default: -1 (off)");
 ABSL_FLAG(int64_t, test_step_delay_ms, 0, "(testing) sleep this long before every step, so fault drills have a job that lasts. Default: 0 (off)");
 ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");
 // Set by the launcher for its children.
@@ -194,6 +195,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_g
   o.fail_at_step = absl::GetFlag(FLAGS_fail_at_step);
   o.fail_rank = absl::GetFlag(FLAGS_fail_rank);
   o.test_fail_after_commit = absl::GetFlag(FLAGS_test_fail_after_commit);
+  o.test_freeze_at_step = absl::GetFlag(FLAGS_test_freeze_at_step);
   return o;
 }
 
@@ -263,11 +265,15 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   }
   if (o.warmup_steps < -1) return Fail("--warmup must be >= 0, or -1 for steps/10");
   if (o.fail_at_step < -1) return Fail("--fail_at_step must be a step >= 0, or -1 (off)");
+  if (o.test_freeze_at_step < -1) {
+    return Fail("--test_freeze_at_step must be a step >= 0, or -1 (off)");
+  }
   if (o.seq_len < 0) return Fail("--seq must be >= 0 (0 = the model's context)");
   if (o.ckpt.every < 0) return Fail("--ckpt_every must be >= 0");
   if (o.ckpt.gockpt_window < 0) return Fail("--gockpt_window must be >= 0");
   if (o.ckpt.persist_timeout_ms < 0) return Fail("--ckpt_persist_timeout_ms must be >= 0");
-  if (o.fail_at_step >= 0 && (o.fail_rank < 0 || o.fail_rank >= nproc * nnodes)) {
+  if ((o.fail_at_step >= 0 || o.test_freeze_at_step >= 0) &&
+      (o.fail_rank < 0 || o.fail_rank >= nproc * nnodes)) {
     return Fail("--fail_rank must be a rank of the job");
   }
   if (absl::Status s = gradsnap::ValidateName(o.ckpt.job, "--job"); !s.ok()) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "common/clock.h"
+#include "common/deadline_wait.h"
 #include "common/logging.h"
 #include "common/retry.h"
 #include "common/sha256.h"
@@ -158,6 +159,7 @@ class RankRunner {
   absl::Status Run();
 
  private:
+  absl::Status RunSteps();
   absl::Status Setup();
   absl::Status TakeEpoch();  // end of Setup
   absl::Status Resume();
@@ -174,6 +176,7 @@ class RankRunner {
   int seq_len_ = 0;
   Corpus corpus_;
   std::unique_ptr<Comm> comm_;
+  std::unique_ptr<Comm> device_comm_;  // sim: the device's collectives (outlives backend_)
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Checkpointer> ckpt_;
@@ -215,14 +218,24 @@ absl::Status RankRunner::Setup() {
   const int local_batch = o_.global_batch / o_.world_size;
   // The rank's device: its local index on the node, offset by --device_id (docs/trainer.md).
   const int ordinal = o_.device_id + o_.local_rank;
+  const std::chrono::milliseconds collective_timeout(o_.collective_timeout_ms);
   if (o_.device == DeviceKind::kCpu) {
     backend_ = NewCpuBackend(config_, local_batch, seq_len_, comm_.get(), o_.blas_threads);
   } else if (o_.device == DeviceKind::kSim) {
-    ASSIGN_OR_RETURN(backend_, NewSimBackend(config_, local_batch, seq_len_, comm_.get(),
-                                             ordinal, o_.sim));
+    // The simulated device's collective library (NCCL's part on CUDA): a group of its own
+    // without a limit of its own; the back end's deadline bounds its waits and aborts it.
+    Comm* kernels = comm_.get();
+    if (o_.world_size > 1) {
+      GlooOptions g{o_.rank, o_.world_size, o_.rdzv_dir, "device", o_.hostname};
+      g.op_timeout = std::chrono::milliseconds(0);
+      ASSIGN_OR_RETURN(device_comm_, NewGlooComm(g));
+      kernels = device_comm_.get();
+    }
+    ASSIGN_OR_RETURN(backend_, NewSimBackend(config_, local_batch, seq_len_, kernels, ordinal,
+                                             o_.sim, collective_timeout));
   } else {
-    ASSIGN_OR_RETURN(backend_,
-                     NewCudaBackend(config_, local_batch, seq_len_, comm_.get(), ordinal));
+    ASSIGN_OR_RETURN(backend_, NewCudaBackend(config_, local_batch, seq_len_, comm_.get(),
+                                              ordinal, collective_timeout));
   }
   state_ = InitialState(o_, config_, corpus_, seq_len_);
   std::vector<float> init(ParamLayout(config_).total());
@@ -423,6 +436,17 @@ absl::Status RankRunner::Step(int64_t s) {
   if (!reduce_overwrites) RETURN_IF_ERROR(before_grad_overwrite());
   RETURN_IF_ERROR(backend_->ForwardBackward(inputs_.data(), targets_.data(),
                                             static_cast<float>(1.0 / tokens)));
+  if (o_.attempt == 0 && s == o_.test_freeze_at_step && o_.rank == o_.fail_rank) {
+    // Frozen mid-step, its sockets open, once its device ran the work queued so far (its share
+    // of the last all-gather included): the others wait for its share of this step's reduction
+    // until their collective deadline.
+    const TrainStateView v = backend_->View();
+    std::vector<float> master(v.count()), m(v.count()), var(v.count());
+    RETURN_IF_ERROR(backend_->SliceToHost(master.data(), m.data(), var.data()));
+    std::fflush(stdout);
+    GS_LOG(WARNING) << "freeze drill: rank " << o_.rank << " stops itself at step " << s;
+    raise(SIGSTOP);
+  }
   if (reduce_overwrites) RETURN_IF_ERROR(before_grad_overwrite());
   ASSIGN_OR_RETURN(Backend::Sums reduced, backend_->ReduceGrads());
   double sums[2] = {reduced.loss_sum, reduced.grad_sq};
@@ -498,6 +522,14 @@ absl::Status RankRunner::Summary() {
 }
 
 absl::Status RankRunner::Run() {
+  const absl::Status s = RunSteps();
+  // A frozen peer (the device's group or NCCL is aborted already): the persist thread may be
+  // waiting for it in the store's group too, and the rank's teardown would wait with it.
+  if (IsCollectiveDeadline(s) && store_ != nullptr) store_->AbortGroup();
+  return s;
+}
+
+absl::Status RankRunner::RunSteps() {
   RETURN_IF_ERROR(Setup());
   setup_done_ms_ = UnixMillis();
   RETURN_IF_ERROR(Resume());

@@ -91,6 +91,9 @@ struct TrainOptions {
   // Failure drill: rank fail_rank SIGKILLs itself at the start of step fail_at_step, attempt 0.
   int64_t fail_at_step = -1;
   int fail_rank = 0;
+  // Freeze drill (testing): rank fail_rank SIGSTOPs itself in step test_freeze_at_step, after
+  // enqueuing its forward and backward, attempt 0. -1: off.
+  int64_t test_freeze_at_step = -1;
   // Test hook: before the drill's kill, wait until the job has a committed checkpoint (one rank
   // or --storage), so a test can require that the restart restores one.
   bool test_fail_after_commit = false;

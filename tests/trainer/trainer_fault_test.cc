@@ -5,7 +5,8 @@
 //    attempt's epoch: its writes are refused as superseded and it exits;
 //  - bad input: exit status 2 and one line, never a crash;
 //  - a job without a token on a secured server stops at once with one line;
-//  - a frozen rank ends the attempt after --collective-timeout-s and the job restarts;
+//  - a frozen rank ends the attempt after --collective-timeout-s and the job restarts (Gloo on
+//    the CPU; on the simulated device, the deadline that bounds NCCL on CUDA);
 //  - `gradsnap rm` of the newest DELTA under a running job cuts its chain (nothing unrestorable
 //    is listed) and the job trains on.
 #include <netdb.h>
@@ -54,6 +55,12 @@ void StartLauncher(ChildProcess* launcher, const std::string& args, const std::s
 }
 
 bool Alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+int CountOf(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
 
 // The launcher's children (its ranks), from /proc.
 std::vector<pid_t> Children(pid_t pid) {
@@ -413,6 +420,49 @@ TEST_F(TrainerFaultTest, HungRankEndsTheAttemptAfterTheCollectiveTimeout) {
   EXPECT_FALSE(Alive(rank1));
 }
 
+// A rank frozen mid-step on the simulated device (--test-freeze-at-step: it SIGSTOPs itself once
+// its forward and backward ran, its sockets open), whose collectives have no limit of their own,
+// as NCCL's have none: the other rank's wait for the reduction polls the stream's event and, at
+// --collective-timeout-s, aborts the device's group and fails with one line; the launcher stops
+// the frozen rank and restarts the job, which resumes from its checkpoint and ends exactly like
+// an uninterrupted run. Every wait is bounded: on a trainer without the deadline the job hangs
+// in the reduction and this test fails after 120 s (ctest's TIMEOUT is larger).
+TEST_F(TrainerFaultTest, FrozenRankOnTheSimDeviceMeetsTheCollectiveDeadline) {
+  const std::string sim = " --model tiny --batch 4 --seq 16 --steps 40 --nproc 2 --device sim";
+  const RunResult uninterrupted = RunTrainer(kTrain, sim);
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.out;
+  const std::string store = StartServer();
+  ChildProcess job;
+  StartLauncher(&job,
+                kJob + store +
+                    " --device sim --max-restarts 1 --ckpt-persist-timeout-ms 200"
+                    " --collective-timeout-s 3 --test-freeze-at-step 10 --fail-rank 1",
+                dir_ + "/job.log");
+  const std::string froze = "freeze drill: rank 1 stops itself at step 10";
+  ASSERT_TRUE(WaitFor(60, [&] { return job.Output().find(froze) != std::string::npos; }))
+      << job.Output();
+  const std::vector<pid_t> ranks = Children(job.pid());
+  const bool ended = WaitFor(120, [&] { return !job.running(); });
+  if (!ended) {
+    for (pid_t p : ranks) kill(p, SIGKILL);
+    job.Kill();
+  }
+  ASSERT_TRUE(ended) << "the job did not end 120 s after a rank froze: " << job.Output();
+  const std::string out = job.Output();
+  EXPECT_EQ(job.Wait(), 0) << out;
+  const std::string line =
+      "gradsnap-train: rank 0: UNAVAILABLE: collective deadline: the gradient reduce-scatter on "
+      "sim:0 did not complete in 3 s (--collective-timeout-s): a peer rank is frozen or gone; "
+      "the device's collective group aborted\n";
+  EXPECT_NE(out.find(line), std::string::npos) << out;
+  EXPECT_EQ(CountOf(out, "collective deadline"), 1) << out;
+  EXPECT_NE(out.find("restart 1 of 1: rank 0 exited with status 1"), std::string::npos) << out;
+  EXPECT_NE(SummaryField(out, "resumed_from"), "") << out;
+  EXPECT_EQ(SummaryField(out, "params_sha256"), SummaryField(uninterrupted.out, "params_sha256"))
+      << out;
+  for (pid_t p : ranks) EXPECT_FALSE(Alive(p)) << p;
+}
+
 // A launch after one whose launcher was SIGKILLed (so nothing rolled its PENDING checkpoints
 // back) rolls them back once it holds the job's epoch. Here the killed attempt had begun FULL 9;
 // the resumed run's DELTA 9 on FULL 8 met it: ALREADY_EXISTS, a failed persist and a chain cut
@@ -471,6 +521,8 @@ TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--storage nohostport --ckpt-mode sync --ckpt-every 2",
       "--grad-log=maybe",
       "--collective-timeout-s 0",
+      "--test-freeze-at-step -2",
+      "--nproc 2 --test-freeze-at-step 3 --fail-rank 2",
       "--collective-timeout-s 99999999999999999",
       "--lr nan",
       "--lr 1e30",
