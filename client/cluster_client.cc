@@ -53,10 +53,7 @@ namespace {
 using cluster::ClusterCheckpoint;
 using cluster::RankReplicas;
 
-// The node-local job holding rank `rank` of `job` (docs/protocol.md, "Cluster mode").
-std::string LocalJob(const std::string& job, int32_t rank) {
-  return absl::StrCat(job, ".r", rank);
-}
+using cluster::LocalJob;
 
 class ClusterClient final : public Client {
  public:
@@ -100,7 +97,7 @@ class ClusterClient final : public Client {
   }
 
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
-    RETURN_IF_ERROR(catalog_.Begin(spec));
+    RETURN_IF_ERROR(catalog_.Begin(spec, options_.cluster_replicas));
     absl::MutexLock lock(&mu_);
     metadata_[{spec.job, spec.step}] = spec.metadata;
     return absl::OkStatus();
@@ -265,7 +262,6 @@ class ClusterClient final : public Client {
  private:
   struct LiveNode {
     std::string address;
-    uint64_t hash = 0;
     std::shared_ptr<remote::RemoteClient> client;  // made on first use
   };
 
@@ -280,7 +276,6 @@ class ClusterClient final : public Client {
     LiveNode& n = live_[id];
     if (n.address != rec->address) n.client.reset();  // moved: a new connection
     n.address = rec->address;
-    n.hash = cluster::NodeHash(id);
   }
 
   // The client of live node `id` (UNAVAILABLE when it is not live).
@@ -352,19 +347,11 @@ class ClusterClient final : public Client {
   // The live nodes in the rendezvous order of (job, rank): ids.
   std::vector<std::string> Order(const std::string& job, int32_t rank) {
     std::vector<std::string> ids;
-    std::vector<uint64_t> hashes;
     {
       absl::MutexLock lock(&mu_);
-      for (const auto& [id, n] : live_) {
-        ids.push_back(id);
-        hashes.push_back(n.hash);
-      }
+      for (const auto& [id, n] : live_) ids.push_back(id);
     }
-    std::vector<std::string> out;
-    for (size_t i : cluster::RankNodes(hashes, cluster::ShardKeyHash(job, rank), ids.size())) {
-      out.push_back(ids[i]);
-    }
-    return out;
+    return cluster::OrderNodeIds(ids, job, rank);
   }
 
   // One copy on node `id`: the node's epoch raised to the attempt's, the one-rank local

@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/cluster_repair.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/node_id.h"
@@ -75,6 +76,14 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(int, lease_ttl_s, 10,
           "Cluster mode: TTL in seconds of the node's etcd lease, renewed every third of it; a "
           "node that cannot renew it for this long refuses writes (2..3600). Default: 10.");
+ABSL_FLAG(absl::Duration, repair_after, absl::Minutes(10),
+          "Cluster mode: a committed shard with fewer live copies than its record's replicas is "
+          "re-replicated by the cluster's repairer (one node, elected in etcd) once a copy has "
+          "been missing this long, e.g. 30s, 10m (docs/protocol.md, \"Repair\"); >= 1s. "
+          "Default: 10m.");
+ABSL_FLAG(uint64_t, repair_bandwidth_mib_s, 0,
+          "Cluster mode: cap on the MiB per second this node reads from source copies while it "
+          "is the repairer; 0: no cap. Default: 0.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
@@ -90,6 +99,7 @@ struct ClusterFlags {
   std::vector<std::string> etcd;  // empty: single node
   std::string advertise;
   int lease_ttl_s = 10;
+  absl::Duration repair_after;
 };
 
 // "" when the flags are usable, else the one line saying what is wrong.
@@ -113,6 +123,8 @@ std::string ParseClusterFlags(ClusterFlags* out) {
     return "--advertise \"" + out->advertise + "\" is not HOST:PORT (PORT 1..65535)";
   }
   if (out->lease_ttl_s < 2 || out->lease_ttl_s > 3600) return "--lease-ttl-s must be 2..3600";
+  out->repair_after = absl::GetFlag(FLAGS_repair_after);
+  if (out->repair_after < absl::Seconds(1)) return "--repair-after must be at least 1s";
   return "";
 }
 
@@ -172,7 +184,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N]] "
+      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N] [--repair-after D]] "
       "[--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main"});
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
@@ -272,6 +284,16 @@ int main(int argc, char** argv) {
       return Fail(std::string(joined.message()));
     }
   }
+  // Cluster mode: this node's candidate for the cluster's one repairer (client/cluster_repair.h).
+  std::unique_ptr<gradsnap::client::RepairWorker> repair;
+  if (membership != nullptr) {
+    gradsnap::client::RepairOptions ro;
+    ro.node_id = *gradsnap::cluster::LoadOrCreateNodeId(o.engine.data_dir);
+    ro.lease = [m = membership.get()] { return m->WritesAllowed().ok() ? m->lease_id() : 0; };
+    ro.repair_after_ms = absl::ToInt64Milliseconds(cluster.repair_after);
+    ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
+    repair = gradsnap::client::RepairWorker::Start(etcd.get(), std::move(ro));
+  }
   if ((*server)->metrics_port() != 0) {
     GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
   }
@@ -286,6 +308,7 @@ int main(int argc, char** argv) {
   GS_LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->reset();
+  repair.reset();  // before the lease goes: the leader key is handed over at once
   member.store(nullptr);
   membership.reset();  // leaves the cluster: the lease is revoked, the node record gone
   GS_LOG(INFO) << "stopped";

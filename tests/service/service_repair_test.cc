@@ -1,0 +1,279 @@
+// Repair, gc and the operator views of cluster mode (docs/protocol.md, "Cluster mode",
+// "Repair"), with a real etcd and 4 real gradsnap-server processes started by the test on
+// loopback (--repair-after 2s, --lease-ttl-s 2): a node SIGKILLed and every shard back at R
+// copies, digest-checked, restorable from the repaired copies alone; a damaged source copy not
+// propagated; the repairer SIGKILLed mid-copy and another node finishing.
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "client/cluster_repair.h"
+#include "cluster/catalog.h"
+#include "cluster/etcd_client.h"
+#include "cluster/membership.h"
+#include "cluster/placement.h"
+#include "gtest/gtest.h"
+#include "service_test_util.h"
+#include "tests/testing/etcd_cluster.h"
+#include "tests/testing/process.h"
+#include "tests/testing/util.h"
+
+namespace gradsnap {
+namespace testing {
+namespace {
+
+class ClusterRepair : public ::testing::Test {
+ protected:
+  static constexpr int kNodes = 4;
+
+  // Starts etcd and the nodes, each with `extra` flags; R copies per shard.
+  void StartAll(int replicas, const std::vector<std::string>& extra = {}) {
+    replicas_ = replicas;
+    ASSERT_TRUE(etcd_.Start(1).ok()) << etcd_.Log(0);
+    cluster::EtcdOptions eo;
+    eo.endpoints = *cluster::ParseEtcdEndpoints(etcd_.Endpoints());
+    etcd_client_ = *cluster::EtcdClient::Create(eo);
+    catalog_ = std::make_unique<cluster::ClusterCatalog>(etcd_client_.get());
+    std::vector<std::string> flags = {"--lease-ttl-s", "2", "--repair-after", "2s",
+                                      "--metrics-listen", "127.0.0.1:0", "--prefault-uploads",
+                                      "0", "--prefault-read-ahead=false"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    for (int i = 0; i < kNodes; ++i) {
+      data_.push_back(dir_.File(absl::StrCat("node", i)));
+      servers_.push_back(std::make_unique<ServerProcess>(GRADSNAP_SERVER_BIN));
+      auto address = StartClusterNode(servers_.back().get(), data_.back(), etcd_.Endpoints(), flags);
+      ASSERT_TRUE(address.ok()) << address.status();
+      addresses_.push_back(*address);
+      ids_.push_back(std::string(absl::StripSuffix(*ReadFile(data_.back() + "/node_id"), "\n")));
+    }
+    client::ClientOptions o;
+    o.etcd = etcd_.Endpoints();
+    o.cluster_replicas = replicas;
+    o.min_replicas = 2;
+    o.max_attempts = 3;
+    auto c = client::Client::ConnectRemote(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+
+  int Index(const std::string& id) const {
+    return static_cast<int>(std::find(ids_.begin(), ids_.end(), id) - ids_.begin());
+  }
+
+  // Saves (job, step) with one shard of `bytes` per rank; returns the shards.
+  std::vector<TestShard> Save(const std::string& job, int64_t step, int32_t ranks, uint64_t bytes,
+                              uint64_t seed) {
+    auto epoch = client_->AcquireEpoch(job);
+    EXPECT_TRUE(epoch.ok()) << epoch.status();
+    client::CheckpointSpec spec = FullSpec(job, step, ranks);
+    spec.epoch = *epoch;
+    EXPECT_TRUE(client_->BeginCheckpoint(spec).ok());
+    std::vector<TestShard> out;
+    for (int32_t r = 0; r < ranks; ++r) {
+      out.push_back(MakeShard(job, step, r, {bytes}, seed + r));
+      out.back().spec.epoch = *epoch;
+      absl::Status s = client_->SaveShard(out.back().spec, out.back().Refs());
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    return out;
+  }
+
+  cluster::RankReplicas Replicas(const std::string& job, int64_t step, int32_t rank) {
+    auto c = catalog_->Get(job, step);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->ranks.at(rank) : cluster::RankReplicas{};
+  }
+
+  // True once rank `rank` of (job, step) has `want` replicas in its record, none of them on a
+  // node in `dead`.
+  bool Repaired(const std::string& job, int64_t step, int32_t rank, size_t want,
+                const std::set<int>& dead) {
+    const cluster::RankReplicas r = Replicas(job, step, rank);
+    if (r.nodes.size() != want) return false;
+    for (const std::string& id : r.nodes) {
+      if (dead.count(Index(id))) return false;
+    }
+    return true;
+  }
+
+  // The copy of rank `rank` on node `i` alone, read through a client of that node.
+  std::string CopyOn(int i, const std::string& job, int64_t step, int32_t rank) {
+    auto node = ConnectTo(addresses_[i], /*max_attempts=*/2);
+    auto back = RestoreToString(node.get(), cluster::LocalJob(job, rank), step, 0);
+    EXPECT_TRUE(back.ok()) << "node " << i << ": " << back.status();
+    return back.ok() ? *back : "";
+  }
+
+  double Metric(int i, const char* name) {
+    auto body = HttpGet(servers_[i]->metrics_port());
+    return body.ok() ? std::max(0.0, MetricValue(*body, name)) : -1;
+  }
+
+  // The node index of the repairer (-1: none within 30 s).
+  int Leader() {
+    std::string id;
+    WaitFor(
+        [&] {
+          auto kv = etcd_client_->Get(client::kRepairLeaderKey);
+          if (kv.ok()) id = kv->value;
+          return kv.ok();
+        },
+        30);
+    return id.empty() ? -1 : Index(id);
+  }
+
+  // Waits until node `i`'s record is gone from etcd (its lease expired).
+  bool Gone(int i) {
+    return WaitFor([&] { return !etcd_client_->Get(cluster::kNodesPrefix + ids_[i]).ok(); }, 30);
+  }
+
+  TempDir dir_{"cluster-repair"};
+  EtcdCluster etcd_{dir_.Sub("etcd")};
+  std::unique_ptr<cluster::EtcdClient> etcd_client_;
+  std::unique_ptr<cluster::ClusterCatalog> catalog_;
+  std::vector<std::string> data_, ids_, addresses_;
+  std::vector<std::unique_ptr<ServerProcess>> servers_;
+  std::unique_ptr<client::Client> client_;
+  int replicas_ = 3;
+};
+
+// A node SIGKILLed: after --repair-after every shard that had a copy on it is back at 3 copies,
+// on live nodes only; each new copy serves the record's bytes; with the other original holders
+// killed too, every shard restores exactly from the repaired copies alone.
+TEST_F(ClusterRepair, KilledNodeIsReReplicatedAndRepairedCopiesRestoreAlone) {
+  StartAll(3);
+  const std::vector<TestShard> s0 = Save("rj", 0, 2, 4u << 20, 1);
+  const std::vector<TestShard> s1 = Save("rj", 1, 2, 4u << 20, 5);
+  const std::vector<std::vector<TestShard>> saved = {s0, s1};
+  const cluster::RankReplicas first = Replicas("rj", 0, 0);
+  ASSERT_EQ(first.nodes.size(), 3u);
+  const int victim = Index(first.nodes[0]);
+  servers_[victim]->Kill();
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int32_t rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(WaitFor([&] { return Repaired("rj", step, rank, 3, {victim}); }, 90))
+          << "step " << step << " rank " << rank << "\n" << servers_[(victim + 1) % kNodes]->Log();
+    }
+  }
+  // Every copy each record names serves the saved bytes (digest-checked by the repairer, read
+  // back here node by node).
+  std::set<int> repaired_on;
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int32_t rank = 0; rank < 2; ++rank) {
+      for (const std::string& id : Replicas("rj", step, rank).nodes) {
+        EXPECT_TRUE(CopyOn(Index(id), "rj", step, rank) == saved[step][rank].Payload())
+            << "step " << step << " rank " << rank << " node " << Index(id);
+      }
+    }
+  }
+  double shards = 0, bytes = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    if (i == victim) continue;
+    shards += Metric(i, "gradsnap_repair_shards_total");
+    bytes += Metric(i, "gradsnap_repair_bytes_total");
+  }
+  EXPECT_GE(shards, 1);
+  EXPECT_GE(bytes, 4u << 20);
+  // The node that held no copy of rank 0 of step 0 got the repaired one; the other two
+  // original holders go too, and everything restores from what repair made.
+  int fresh = -1;
+  for (int i = 0; i < kNodes; ++i) {
+    if (std::find(first.nodes.begin(), first.nodes.end(), ids_[i]) == first.nodes.end()) fresh = i;
+  }
+  ASSERT_GE(fresh, 0);
+  for (const std::string& id : first.nodes) {
+    const int i = Index(id);
+    if (i == victim) continue;
+    servers_[i]->Kill();
+    ASSERT_TRUE(Gone(i));
+  }
+  for (int64_t step = 0; step < 2; ++step) {
+    for (int32_t rank = 0; rank < 2; ++rank) {
+      auto back = RestoreToString(client_.get(), "rj", step, rank);
+      ASSERT_TRUE(back.ok()) << "step " << step << " rank " << rank << ": " << back.status();
+      EXPECT_TRUE(*back == saved[step][rank].Payload()) << "step " << step << " rank " << rank;
+    }
+  }
+}
+
+// The first live holder's copy is damaged on disk and another holder is killed: the repairer
+// reads the damaged copy, refuses it (counted as a failure), copies the good one; the new copy
+// serves the saved bytes.
+TEST_F(ClusterRepair, DamagedSourceCopyIsNotPropagated) {
+  StartAll(3);
+  const std::vector<TestShard> saved = Save("dj", 3, 1, 4u << 20, 9);
+  const cluster::RankReplicas r = Replicas("dj", 3, 0);
+  ASSERT_EQ(r.nodes.size(), 3u);
+  const int damaged = Index(r.nodes[0]);
+  const int victim = Index(r.nodes[1]);
+  ASSERT_GT(FlipSegmentBytes(data_[damaged], cluster::LocalJob("dj", 0), 3, 0), 0);
+  servers_[victim]->Kill();
+  ASSERT_TRUE(WaitFor([&] { return Repaired("dj", 3, 0, 3, {victim}); }, 90))
+      << servers_[damaged]->Log();
+  int fresh = -1;
+  for (const std::string& id : Replicas("dj", 3, 0).nodes) {
+    if (std::find(r.nodes.begin(), r.nodes.end(), id) == r.nodes.end()) fresh = Index(id);
+  }
+  ASSERT_GE(fresh, 0);
+  EXPECT_TRUE(CopyOn(fresh, "dj", 3, 0) == saved[0].Payload());
+  double failures = 0;
+  bool refused = false;
+  for (int i = 0; i < kNodes; ++i) {
+    if (i == victim) continue;
+    failures += Metric(i, "gradsnap_repair_failures_total");
+    refused |= absl::StrContains(servers_[i]->Log(), "source " + ids_[damaged] + ": ");
+  }
+  // The damaged source, tried first (record order), was refused and counted.
+  EXPECT_GE(failures, 1);
+  EXPECT_TRUE(refused);
+}
+
+// R = 2 and a paced repairer (8 MiB/s, a 32 MiB shard): one holder is SIGKILLed, and the
+// repairer is SIGKILLed as soon as it starts copying; another node takes the leadership over
+// and finishes: the rank is on 2 live nodes again and restores exactly.
+TEST_F(ClusterRepair, RepairerKilledMidCopyAnotherFinishes) {
+  StartAll(2, {"--repair-bandwidth-mib-s", "8"});
+  const int leader = Leader();
+  ASSERT_GE(leader, 0);
+  // A job whose two holders are not the repairer.
+  std::string job;
+  for (int n = 0; n < 100 && job.empty(); ++n) {
+    const std::string j = absl::StrCat("mj", n);
+    const std::vector<std::string> order = cluster::OrderNodeIds(ids_, j, 0);
+    if (order[0] != ids_[leader] && order[1] != ids_[leader]) job = j;
+  }
+  ASSERT_FALSE(job.empty());
+  const std::vector<TestShard> saved = Save(job, 0, 1, 32u << 20, 11);
+  const cluster::RankReplicas r = Replicas(job, 0, 0);
+  ASSERT_EQ(r.nodes.size(), 2u);
+  ASSERT_EQ(Index(r.nodes[0]) == leader || Index(r.nodes[1]) == leader, false);
+  const int victim = Index(r.nodes[0]);
+  servers_[victim]->Kill();
+  ASSERT_TRUE(WaitFor(
+      [&] { return absl::StrContains(servers_[leader]->Log(), "repair: repairing job " + job); },
+      60))
+      << servers_[leader]->Log();
+  servers_[leader]->Kill();
+  EXPECT_EQ(Replicas(job, 0, 0).nodes, r.nodes);  // the killed repairer changed nothing
+  ASSERT_TRUE(WaitFor([&] { return Repaired(job, 0, 0, 2, {victim, leader}); }, 120));
+  const int successor = Leader();
+  ASSERT_GE(successor, 0);
+  EXPECT_NE(successor, leader);
+  EXPECT_GE(Metric(successor, "gradsnap_repair_shards_total"), 1);
+  for (const std::string& id : Replicas(job, 0, 0).nodes) {
+    EXPECT_TRUE(CopyOn(Index(id), job, 0, 0) == saved[0].Payload()) << "node " << Index(id);
+  }
+  auto back = RestoreToString(client_.get(), job, 0, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == saved[0].Payload());
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace gradsnap
