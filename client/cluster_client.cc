@@ -43,6 +43,7 @@
 #include "cluster/membership.h"
 #include "cluster/placement.h"
 #include "common/digest.h"
+#include "common/gc_plan.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -226,25 +227,57 @@ class ClusterClient final : public Client {
 
   // The record goes first (one transaction); then the live replicas drop their copies.
   absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override {
-    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
-    RETURN_IF_ERROR(catalog_.Delete(job, step, epoch));
-    for (const auto& [rank, r] : c.ranks) {
-      for (const std::string& id : r.nodes) {
-        auto node = NodeClient(id);
-        if (!node.ok()) continue;
-        absl::Status s = (*node)->Delete(LocalJob(job, rank), step, 0);
-        if (!s.ok() && !absl::IsNotFound(s)) {
-          GS_LOG(WARNING) << "cluster: node " << id << " kept job " << job << " step " << step
-                          << " rank " << rank << ": " << s;
-        }
-      }
-    }
-    return absl::OkStatus();
+    return DeleteCopies(job, step, epoch).status();
   }
 
-  absl::StatusOr<GcResult> Gc(const std::string&, const GcPolicy&, uint64_t) override {
-    return absl::UnimplementedError(
-        "gc is not available in cluster mode yet (delete checkpoints with rm)");
+  // Retention as on one node (common/gc_plan.h): the FULLs kept are decided over the records,
+  // with a verify of every reachable copy (a FULL with a damaged copy is kept, not counted;
+  // one that cannot be verified stops the gc before anything is deleted). Each doomed FULL goes
+  // with its committed DELTAs, newest first, each by Delete: the record first (one
+  // transaction), then every replica's data. A FULL that a PENDING DELTA is based on is kept.
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                              uint64_t epoch) override {
+    if (epoch != 0) {  // a zombie is refused before it spends a verify
+      ASSIGN_OR_RETURN(uint64_t current, catalog_.CurrentEpoch(job));
+      if (current != epoch) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", job, ": epoch ", epoch, " superseded by attempt ", current));
+      }
+    }
+    ASSIGN_OR_RETURN(std::vector<ClusterCheckpoint> all, catalog_.List(job, /*include_pending=*/true));
+    std::vector<CheckpointInfo> committed;
+    for (const ClusterCheckpoint& c : all) {
+      if (c.state == CheckpointState::kCommitted) committed.push_back(Info(c));
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> doomed,
+                     storage::FullsOutsidePolicy(job, committed, policy, [&](int64_t step) {
+                       return Verify(job, step, nullptr);
+                     }));
+    GcResult out;
+    for (int64_t full : doomed) {
+      std::vector<const ClusterCheckpoint*> deltas;
+      bool pending_delta = false;
+      for (const ClusterCheckpoint& c : all) {
+        if (c.kind != storage::CheckpointKind::kDelta || c.base_step != full) continue;
+        if (c.state != CheckpointState::kCommitted) pending_delta = true;
+        deltas.push_back(&c);
+      }
+      if (pending_delta) {
+        GS_LOG(WARNING) << "gc: job " << job << " step " << full
+                        << " kept: a PENDING DELTA is based on it";
+        continue;
+      }
+      std::vector<int64_t> steps;  // the DELTAs newest first, then the FULL
+      for (auto it = deltas.rbegin(); it != deltas.rend(); ++it) steps.push_back((*it)->step);
+      steps.push_back(full);
+      for (int64_t step : steps) {
+        ASSIGN_OR_RETURN(uint64_t freed, DeleteCopies(job, step, epoch));
+        out.deleted_steps.push_back(step);
+        out.bytes_reclaimed += freed;
+      }
+    }
+    std::sort(out.deleted_steps.begin(), out.deleted_steps.end());
+    return out;
   }
 
   absl::Status Health() override { return HealthNotes(nullptr); }
@@ -264,6 +297,27 @@ class ClusterClient final : public Client {
     std::string address;
     std::shared_ptr<remote::RemoteClient> client;  // made on first use
   };
+
+  // Delete: the record, then each replica's copy; returns the payload bytes of the copies
+  // dropped. A replica that is not live or fails keeps its copy, named by no record: its node
+  // quarantines it (docs/protocol.md, "Repair").
+  absl::StatusOr<uint64_t> DeleteCopies(const std::string& job, int64_t step, uint64_t epoch) {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
+    RETURN_IF_ERROR(catalog_.Delete(job, step, epoch));
+    uint64_t freed = 0;
+    for (const auto& [rank, r] : c.ranks) {
+      for (const std::string& id : r.nodes) {
+        auto node = NodeClient(id);
+        absl::Status s = node.ok() ? (*node)->Delete(LocalJob(job, rank), step, 0) : node.status();
+        if (s.ok()) freed += r.raw_bytes;
+        if (!s.ok() && !absl::IsNotFound(s)) {
+          GS_LOG(WARNING) << "cluster: node " << id << " kept job " << job << " step " << step
+                          << " rank " << rank << ": " << s;
+        }
+      }
+    }
+    return freed;
+  }
 
   void ApplyNode(const cluster::EtcdKv& kv, bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string id = kv.key.substr(sizeof(cluster::kNodesPrefix) - 1);

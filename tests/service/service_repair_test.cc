@@ -5,6 +5,7 @@
 // propagated; the repairer SIGKILLed mid-copy and another node finishing.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -272,6 +273,58 @@ TEST_F(ClusterRepair, RepairerKilledMidCopyAnotherFinishes) {
   auto back = RestoreToString(client_.get(), job, 0, 0);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == saved[0].Payload());
+}
+
+// gc in cluster mode keeps what `restore latest` falls back to: FULLs 0, 2, 3, 4 and a DELTA 1
+// on FULL 0; every copy of FULL 4 is damaged. `gc --keep-last 2` (the CLI) keeps 4 (damaged:
+// kept, not counted), 3 and 2, and deletes FULL 0 with its DELTA: records first, then the data
+// on every replica node.
+TEST_F(ClusterRepair, GcKeepsTheFallbackAndDropsDataOnEveryReplica) {
+  StartAll(3);
+  std::map<int64_t, std::vector<TestShard>> saved;
+  for (int64_t step : {0, 2, 3, 4}) saved[step] = Save("gj", step, 1, 1u << 20, 20 + step);
+  {
+    auto epoch = client_->AcquireEpoch("gj");
+    ASSERT_TRUE(epoch.ok());
+    client::CheckpointSpec delta = FullSpec("gj", 1, 1);
+    delta.kind = client::CheckpointKind::kDelta;
+    delta.base_step = 0;
+    delta.epoch = *epoch;
+    ASSERT_TRUE(client_->BeginCheckpoint(delta).ok());
+    TestShard d = MakeShard("gj", 1, 0, {1u << 20}, 30);
+    d.spec.epoch = *epoch;
+    ASSERT_TRUE(client_->SaveShard(d.spec, d.Refs()).ok());
+  }
+  ASSERT_EQ(client_->List("gj")->size(), 5u);
+  for (const std::string& id : Replicas("gj", 4, 0).nodes) {
+    ASSERT_GT(FlipSegmentBytes(data_[Index(id)], cluster::LocalJob("gj", 0), 4, 0), 0);
+  }
+  const std::vector<std::string> held0 = Replicas("gj", 0, 0).nodes;
+  const std::vector<std::string> held1 = Replicas("gj", 1, 0).nodes;
+  RunResult gc = RunProgram(
+      GRADSNAP_CLI_BIN, {"--etcd", etcd_.Endpoints(), "gc", "gj", "--keep-last", "2"}, 120);
+  ASSERT_EQ(gc.exit_code, 0) << gc.out << gc.err;
+  auto after = client_->List("gj", /*include_pending=*/true);
+  ASSERT_TRUE(after.ok()) << after.status();
+  std::vector<int64_t> listed;
+  for (const auto& info : *after) listed.push_back(info.step);
+  EXPECT_EQ(listed, (std::vector<int64_t>{2, 3, 4}));
+  for (const std::string& id : held0) {
+    EXPECT_TRUE(SegmentFiles(data_[Index(id)], cluster::LocalJob("gj", 0), 0).empty()) << id;
+  }
+  for (const std::string& id : held1) {
+    EXPECT_TRUE(SegmentFiles(data_[Index(id)], cluster::LocalJob("gj", 0), 1).empty()) << id;
+  }
+  for (int64_t step : {2, 3}) {
+    auto back = RestoreToString(client_.get(), "gj", step, 0);
+    ASSERT_TRUE(back.ok()) << step << ": " << back.status();
+    EXPECT_TRUE(*back == saved[step][0].Payload()) << step;
+  }
+  // With fewer FULLs that verify than asked for, nothing is deleted.
+  auto none = client_->Gc("gj", client::GcPolicy{3, 0});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->deleted_steps.empty());
+  EXPECT_EQ(client_->List("gj")->size(), 3u);
 }
 
 }  // namespace
