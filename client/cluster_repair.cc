@@ -108,15 +108,24 @@ bool RepairWorker::stopping() {
 }
 
 void RepairWorker::Loop() {
-  const int64_t interval_ms = std::clamp<int64_t>(options_.repair_after_ms / 4, 200, 10000);
+  // The leadership is checked (and campaigned for) every second, a pass made every quarter of
+  // repair_after (0.2..10 s) while leading.
+  const int64_t pass_ms = std::clamp<int64_t>(options_.repair_after_ms / 4, 200, 10000);
+  const int64_t tick_ms = std::min<int64_t>(pass_ms, 1000);
+  int64_t since_pass_ms = pass_ms;
   for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(interval_ms))) return;
+    const bool was = leader_revision_ != 0;
+    if (Lead()) {
+      if (!was) since_pass_ms = pass_ms;
+      if (since_pass_ms >= pass_ms) {
+        RepairMetrics::Get()->under_replicated->Set(Pass());
+        since_pass_ms = 0;
+      }
     }
-    if (!Lead()) continue;
-    RepairMetrics::Get()->under_replicated->Set(Pass());
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(tick_ms))) return;
+    since_pass_ms += tick_ms;
   }
 }
 

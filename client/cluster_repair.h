@@ -4,8 +4,8 @@
 // dies or loses its lease), repairs at a time.
 //
 // OVERVIEW
-//   Each pass (every quarter of repair_after, 0.2..10 s) the repairer reads the live nodes and
-//   every checkpoint record. A COMMITTED rank is under-replicated when fewer of its replica nodes
+//   Every node checks (and campaigns for) the leadership each second. Each pass (every quarter
+//   of repair_after, 0.2..10 s) the repairer reads the live nodes and every checkpoint record. A COMMITTED rank is under-replicated when fewer of its replica nodes
 //   are live than the record's `replicas` (clamped to the live nodes). It is repaired once a
 //   copy has been missing for repair_after: since the repairer first saw the node gone (a new
 //   repairer counts from when it took over), or since the commit for a rank committed with

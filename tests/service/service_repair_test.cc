@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
 #include "client/cluster_repair.h"
@@ -325,6 +326,62 @@ TEST_F(ClusterRepair, GcKeepsTheFallbackAndDropsDataOnEveryReplica) {
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_TRUE(none->deleted_steps.empty());
   EXPECT_EQ(client_->List("gj")->size(), 3u);
+}
+
+// The line of `text` that starts with `word` ("" when none).
+std::string LineOf(const std::string& text, const std::string& word) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::StartsWith(line, word)) return std::string(line);
+  }
+  return "";
+}
+
+// `gradsnap health` lists every node (id, address, alive, capacity, free, shards held), the
+// repairer and the repair backlog; `gradsnap show` each rank's replicas. A node killed (repair
+// held off by --repair-after 1h) is listed as not alive while records name it, its copies as
+// gone, and the backlog counts them.
+TEST_F(ClusterRepair, HealthListsNodesAndShowListsReplicas) {
+  StartAll(3, {"--repair-after", "1h"});
+  Save("hj", 5, 2, 1u << 20, 40);
+  const std::vector<std::string> cli = {"--etcd", etcd_.Endpoints()};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), cli.begin(), cli.end());
+    RunResult r = RunProgram(GRADSNAP_CLI_BIN, args, 60);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return r.out;
+  };
+  std::string health = run({"health"});
+  EXPECT_TRUE(absl::StartsWith(health, "ok: cluster on etcd ")) << health;
+  for (int i = 0; i < kNodes; ++i) {
+    const std::string line = LineOf(health, ids_[i]);
+    EXPECT_TRUE(absl::StrContains(line, addresses_[i] + "  yes")) << health;
+  }
+  EXPECT_TRUE(absl::StrContains(health, "under-replicated shards: 0")) << health;
+  const int leader = Leader();
+  ASSERT_GE(leader, 0);
+  EXPECT_TRUE(absl::StrContains(health, "repairer: " + ids_[leader])) << health;
+  std::string json = run({"--json", "health"});
+  EXPECT_TRUE(absl::StrContains(json, "\"id\":\"" + ids_[0] + "\",\"address\":\"" +
+                                          addresses_[0] + "\",\"alive\":true,\"capacity_bytes\":"))
+      << json;
+  const cluster::RankReplicas r0 = Replicas("hj", 5, 0);
+  std::string show = run({"show", "hj", "5"});
+  std::string rank0;
+  for (const std::string& id : r0.nodes) {
+    rank0 += (rank0.empty() ? "" : ", ") + id + " (" + addresses_[Index(id)] + ")";
+  }
+  EXPECT_TRUE(absl::StrContains(show, "   0  " + rank0)) << show;
+  EXPECT_TRUE(absl::StrContains(run({"--json", "show", "hj", "5"}), "\"replicas\":{\"0\":[")) << show;
+
+  const int victim = Index(r0.nodes[1]);
+  servers_[victim]->Kill();
+  ASSERT_TRUE(Gone(victim));
+  health = run({"health"});
+  EXPECT_TRUE(absl::StartsWith(LineOf(health, ids_[victim]), ids_[victim] + "  -")) << health;
+  EXPECT_TRUE(absl::StrContains(LineOf(health, ids_[victim]), "  no  ")) << health;
+  EXPECT_FALSE(absl::StrContains(health, "under-replicated shards: 0")) << health;
+  show = run({"show", "hj", "5"});
+  EXPECT_TRUE(absl::StrContains(show, ids_[victim] + " (gone)")) << show;
 }
 
 }  // namespace
