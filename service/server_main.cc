@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "common/malloc_tuning.h"
 #include "common/token.h"
+#include "service/orphan_sweep.h"
 #include "service/server.h"
 #include "storage/rebuild.h"
 
@@ -81,6 +82,10 @@ ABSL_FLAG(absl::Duration, repair_after, absl::Minutes(10),
           "re-replicated by the cluster's repairer (one node, elected in etcd) once a copy has "
           "been missing this long, e.g. 30s, 10m (docs/protocol.md, \"Repair\"); >= 1s. "
           "Default: 10m.");
+ABSL_FLAG(absl::Duration, orphan_grace, absl::Hours(1),
+          "Cluster mode: a copy on this node that no etcd record names (its checkpoint deleted "
+          "or repaired elsewhere while the node was away) is moved to quarantine/ after being "
+          "seen unnamed this long, e.g. 30m; >= 1s. Default: 1h.");
 ABSL_FLAG(uint64_t, repair_bandwidth_mib_s, 0,
           "Cluster mode: cap on the MiB per second this node reads from source copies while it "
           "is the repairer; 0: no cap. Default: 0.");
@@ -100,6 +105,7 @@ struct ClusterFlags {
   std::string advertise;
   int lease_ttl_s = 10;
   absl::Duration repair_after;
+  absl::Duration orphan_grace;
 };
 
 // "" when the flags are usable, else the one line saying what is wrong.
@@ -125,6 +131,8 @@ std::string ParseClusterFlags(ClusterFlags* out) {
   if (out->lease_ttl_s < 2 || out->lease_ttl_s > 3600) return "--lease-ttl-s must be 2..3600";
   out->repair_after = absl::GetFlag(FLAGS_repair_after);
   if (out->repair_after < absl::Seconds(1)) return "--repair-after must be at least 1s";
+  out->orphan_grace = absl::GetFlag(FLAGS_orphan_grace);
+  if (out->orphan_grace < absl::Seconds(1)) return "--orphan-grace must be at least 1s";
   return "";
 }
 
@@ -285,10 +293,15 @@ int main(int argc, char** argv) {
     }
   }
   // Cluster mode: this node's candidate for the cluster's one repairer (client/cluster_repair.h).
+  // And its sweeper of copies no record names (service/orphan_sweep.h).
   std::unique_ptr<gradsnap::client::RepairWorker> repair;
+  std::unique_ptr<gradsnap::service::OrphanSweeper> sweeper;
   if (membership != nullptr) {
+    const std::string node_id = *gradsnap::cluster::LoadOrCreateNodeId(o.engine.data_dir);
+    sweeper = gradsnap::service::OrphanSweeper::Start(
+        etcd.get(), (*server)->engine(), node_id, absl::ToInt64Milliseconds(cluster.orphan_grace));
     gradsnap::client::RepairOptions ro;
-    ro.node_id = *gradsnap::cluster::LoadOrCreateNodeId(o.engine.data_dir);
+    ro.node_id = node_id;
     ro.lease = [m = membership.get()] { return m->WritesAllowed().ok() ? m->lease_id() : 0; };
     ro.repair_after_ms = absl::ToInt64Milliseconds(cluster.repair_after);
     ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
@@ -306,9 +319,10 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   GS_LOG(INFO) << "signal " << sig << ": shutting down";
+  repair.reset();   // the leader key is handed over at once, not at the lease's expiry
+  sweeper.reset();  // before the engine closes
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->reset();
-  repair.reset();  // before the lease goes: the leader key is handed over at once
   member.store(nullptr);
   membership.reset();  // leaves the cluster: the lease is revoked, the node record gone
   GS_LOG(INFO) << "stopped";

@@ -328,6 +328,50 @@ TEST_F(ClusterRepair, GcKeepsTheFallbackAndDropsDataOnEveryReplica) {
   EXPECT_EQ(client_->List("gj")->size(), 3u);
 }
 
+// A node SIGKILLed and restarted with its old data after repair replaced its copy and after a
+// checkpoint it held was deleted: its stale copies are named by no record, so never served,
+// and after --orphan-grace they are moved to quarantine/ (not deleted); its copy of a PENDING
+// checkpoint (one rank of two saved) stays.
+TEST_F(ClusterRepair, ReturningNodesStaleCopiesAreNotServedAndGoToQuarantine) {
+  StartAll(3, {"--orphan-grace", "2s"});
+  const std::vector<TestShard> s0 = Save("qj", 0, 1, 1u << 20, 50);
+  Save("qj", 2, 1, 1u << 20, 51);
+  {
+    client::CheckpointSpec pending = FullSpec("qj", 1, 2);
+    ASSERT_TRUE(client_->BeginCheckpoint(pending).ok());
+    TestShard half = MakeShard("qj", 1, 0, {1u << 20}, 52);
+    ASSERT_TRUE(client_->SaveShard(half.spec, half.Refs()).ok());
+  }
+  const cluster::RankReplicas before = Replicas("qj", 0, 0);
+  const int away = Index(before.nodes[0]);
+  const std::string local = cluster::LocalJob("qj", 0);
+  for (int64_t step : {0, 1, 2}) ASSERT_FALSE(SegmentFiles(data_[away], local, step).empty()) << step;
+  servers_[away]->Kill();
+  ASSERT_TRUE(WaitFor([&] { return Repaired("qj", 0, 0, 3, {away}); }, 90));
+  ASSERT_TRUE(client_->Delete("qj", 2).ok());  // the node that is away keeps its copy
+  ASSERT_TRUE(servers_[away]->Restart().ok()) << servers_[away]->Log();
+
+  // Not served: the record names the other three; a restore reads the saved bytes.
+  const std::vector<std::string> now = Replicas("qj", 0, 0).nodes;
+  EXPECT_EQ(std::count(now.begin(), now.end(), ids_[away]), 0);
+  auto back = RestoreToString(client_.get(), "qj", 0, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == s0[0].Payload());
+  // Quarantined after the grace: moved, not deleted.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return SegmentFiles(data_[away], local, 0).empty() &&
+               SegmentFiles(data_[away], local, 2).empty();
+      },
+      60))
+      << servers_[away]->Log();
+  EXPECT_GT(CountFiles(data_[away] + "/quarantine"), 0);
+  EXPECT_FALSE(SegmentFiles(data_[away], local, 1).empty());  // PENDING in etcd: kept
+  for (const std::string& id : now) {
+    EXPECT_FALSE(SegmentFiles(data_[Index(id)], local, 0).empty()) << "named copy on " << id;
+  }
+}
+
 // The line of `text` that starts with `word` ("" when none).
 std::string LineOf(const std::string& text, const std::string& word) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
