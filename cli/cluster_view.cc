@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <memory>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/cluster_repair.h"
 #include "cluster/catalog.h"
@@ -50,13 +49,8 @@ absl::StatusOr<ClusterView> ReadClusterView(const std::string& etcd_endpoints) {
     n.free_bytes = rec.free_bytes;
   }
   ClusterView view;
-  const size_t prefix = sizeof(cluster::kCheckpointsPrefix) - 1;
   for (const cluster::EtcdKv& kv : records) {
-    const std::string rest = kv.key.substr(prefix);
-    const size_t slash = rest.rfind('/');
-    int64_t step = -1;
-    if (slash == std::string::npos || !absl::SimpleAtoi(rest.substr(slash + 1), &step)) continue;
-    auto c = cluster::DecodeCheckpointRecord(rest.substr(0, slash), step, kv.value);
+    auto c = cluster::DecodeCheckpointKv(kv);
     if (!c.ok() || c->state != storage::CheckpointState::kCommitted) continue;
     for (const auto& [rank, r] : c->ranks) {
       size_t alive = 0;
@@ -66,9 +60,7 @@ absl::StatusOr<ClusterView> ReadClusterView(const std::string& etcd_endpoints) {
         ++n.shards;
         alive += n.alive ? 1 : 0;
       }
-      const size_t wanted = std::min<size_t>(
-          c->replicas > 0 ? static_cast<size_t>(c->replicas) : r.nodes.size(), live.size());
-      if (alive < wanted) ++view.under_replicated;
+      if (alive < cluster::WantedCopies(*c, r, live.size())) ++view.under_replicated;
     }
   }
   for (auto& [id, n] : nodes) view.nodes.push_back(std::move(n));

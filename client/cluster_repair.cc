@@ -7,7 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/backends.h"
@@ -190,13 +189,8 @@ int64_t RepairWorker::Pass() {
   };
   std::vector<Due> due;
   int64_t under = 0;
-  const size_t prefix = sizeof(cluster::kCheckpointsPrefix) - 1;
   for (const cluster::EtcdKv& kv : *records) {
-    const std::string rest = kv.key.substr(prefix);
-    const size_t slash = rest.rfind('/');
-    int64_t step = -1;
-    if (slash == std::string::npos || !absl::SimpleAtoi(rest.substr(slash + 1), &step)) continue;
-    auto c = cluster::DecodeCheckpointRecord(rest.substr(0, slash), step, kv.value);
+    auto c = cluster::DecodeCheckpointKv(kv);
     if (!c.ok() || c->state != storage::CheckpointState::kCommitted) continue;
     for (const auto& [rank, r] : c->ranks) {
       size_t live = 0;
@@ -208,12 +202,11 @@ int64_t RepairWorker::Pass() {
           since = std::min(since, absent_since_.emplace(id, now).first->second);
         }
       }
-      const size_t wanted = std::min<size_t>(
-          c->replicas > 0 ? static_cast<size_t>(c->replicas) : r.nodes.size(), live_.size());
+      const size_t wanted = cluster::WantedCopies(*c, r, live_.size());
       if (live >= wanted) continue;
       ++under;
       if (r.nodes.size() < wanted) since = std::min(since, c->committed_unix_ms);
-      if (live > 0 && now - since >= options_.repair_after_ms) due.push_back({c->job, step, rank});
+      if (live > 0 && now - since >= options_.repair_after_ms) due.push_back({c->job, c->step, rank});
     }
   }
   for (const Due& d : due) {
@@ -344,8 +337,7 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
   for (const std::string& id : r.nodes) {
     if (live_.count(id)) holders.push_back(id);
   }
-  const size_t wanted = std::min<size_t>(
-      c.replicas > 0 ? static_cast<size_t>(c.replicas) : r.nodes.size(), live_.size());
+  const size_t wanted = cluster::WantedCopies(c, r, live_.size());
   if (holders.size() >= wanted) return absl::OkStatus();
   GS_LOG(INFO) << "repair: repairing " << Shard(job, step, rank) << " (" << r.raw_bytes
                << " bytes): live copies on " << absl::StrJoin(holders, ",") << ", " << wanted

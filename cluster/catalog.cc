@@ -159,6 +159,21 @@ absl::StatusOr<ClusterCheckpoint> DecodeCheckpointRecord(const std::string& job,
   return c;
 }
 
+absl::StatusOr<ClusterCheckpoint> DecodeCheckpointKv(const EtcdKv& kv) {
+  const size_t prefix = sizeof(kCheckpointsPrefix) - 1;
+  const std::string rest = kv.key.substr(std::min(prefix, kv.key.size()));
+  const size_t slash = rest.rfind('/');
+  int64_t step = -1;
+  if (kv.key.rfind(kCheckpointsPrefix, 0) != 0 || slash == std::string::npos ||
+      !absl::SimpleAtoi(rest.substr(slash + 1), &step)) {
+    return absl::InvalidArgumentError(absl::StrCat("not a checkpoint record key: ", kv.key));
+  }
+  ASSIGN_OR_RETURN(ClusterCheckpoint c,
+                   DecodeCheckpointRecord(rest.substr(0, slash), step, kv.value));
+  c.mod_revision = kv.mod_revision;
+  return c;
+}
+
 ClusterCatalog::ClusterCatalog(EtcdClient* etcd) : etcd_(etcd), writer_id_(RandomId()) {}
 
 absl::StatusOr<uint64_t> ClusterCatalog::CurrentEpoch(const std::string& job) {

@@ -80,6 +80,17 @@ std::string EncodeCheckpointRecord(const ClusterCheckpoint& c);
 absl::StatusOr<ClusterCheckpoint> DecodeCheckpointRecord(const std::string& job, int64_t step,
                                                          const std::string& text);
 
+// A record read under kCheckpointsPrefix (its key names the job and step), mod_revision set:
+// INVALID_ARGUMENT for a key of another shape, DATA_LOSS for a record that does not parse.
+absl::StatusOr<ClusterCheckpoint> DecodeCheckpointKv(const EtcdKv& kv);
+
+// The copies of a rank that repair restores: the record's `replicas` (the rank's node count in
+// records without it), at most the `live_nodes`.
+inline size_t WantedCopies(const ClusterCheckpoint& c, const RankReplicas& r, size_t live_nodes) {
+  const size_t want = c.replicas > 0 ? static_cast<size_t>(c.replicas) : r.nodes.size();
+  return want < live_nodes ? want : live_nodes;
+}
+
 class ClusterCatalog {
  public:
   // Borrows `etcd`; the catalog's writer id is random.
