@@ -372,6 +372,36 @@ TEST_F(ClusterRepair, ReturningNodesStaleCopiesAreNotServedAndGoToQuarantine) {
   }
 }
 
+// Bad repair flags: one line, exit 2, never ready.
+TEST(ClusterRepairFlags, BadValuesExitTwoWithOneLine) {
+  TempDir dir("repair-flags");
+  for (const std::vector<std::string>& flags : std::vector<std::vector<std::string>>{
+           {"--repair-after", "0s"},
+           {"--repair-after", "soon"},
+           {"--orphan-grace", "500ms"},
+           {"--repair-bandwidth-mib-s", "-1"}}) {
+    std::vector<std::string> args = {"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
+                                     "--etcd", "127.0.0.1:2379", "--advertise", "127.0.0.1:7070"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    RunResult r = RunProgram(GRADSNAP_SERVER_BIN, args, /*timeout_s=*/60);
+    EXPECT_EQ(r.exit_code, 2) << flags[0] << " " << flags[1] << ": " << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
+    EXPECT_TRUE(absl::StartsWith(r.err, "gradsnap-server: ")) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  // Good values pass the flag checks: the start goes on to etcd (none here: exit 1).
+  auto port = FreePort();
+  ASSERT_TRUE(port.ok());
+  RunResult good = RunProgram(
+      GRADSNAP_SERVER_BIN,
+      {"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0", "--etcd",
+       absl::StrCat("127.0.0.1:", *port), "--advertise", "127.0.0.1:7070", "--repair-after",
+       "90s", "--orphan-grace", "2h", "--repair-bandwidth-mib-s", "100"},
+      /*timeout_s=*/60);
+  EXPECT_EQ(good.exit_code, 1) << good.err;
+  EXPECT_TRUE(absl::StartsWith(good.err, "gradsnap-server: etcd unreachable")) << good.err;
+}
+
 // The line of `text` that starts with `word` ("" when none).
 std::string LineOf(const std::string& text, const std::string& word) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
