@@ -130,6 +130,20 @@ class ClusterRepair : public ::testing::Test {
     return id.empty() ? -1 : Index(id);
   }
 
+  // A job name whose rank 0 has none of its first `replicas_` nodes at node `avoid` ("" when
+  // none of 100 names does).
+  std::string JobAwayFrom(int avoid, const std::string& prefix) {
+    for (int n = 0; n < 100; ++n) {
+      const std::string j = absl::StrCat(prefix, n);
+      const std::vector<std::string> order = cluster::OrderNodeIds(ids_, j, 0);
+      if (std::find(order.begin(), order.begin() + replicas_, ids_[avoid]) ==
+          order.begin() + replicas_) {
+        return j;
+      }
+    }
+    return "";
+  }
+
   // Waits until node `i`'s record is gone from etcd (its lease expired).
   bool Gone(int i) {
     return WaitFor([&] { return !etcd_client_->Get(cluster::kNodesPrefix + ids_[i]).ok(); }, 30);
@@ -243,13 +257,7 @@ TEST_F(ClusterRepair, RepairerKilledMidCopyAnotherFinishes) {
   StartAll(2, {"--repair-bandwidth-mib-s", "8"});
   const int leader = Leader();
   ASSERT_GE(leader, 0);
-  // A job whose two holders are not the repairer.
-  std::string job;
-  for (int n = 0; n < 100 && job.empty(); ++n) {
-    const std::string j = absl::StrCat("mj", n);
-    const std::vector<std::string> order = cluster::OrderNodeIds(ids_, j, 0);
-    if (order[0] != ids_[leader] && order[1] != ids_[leader]) job = j;
-  }
+  const std::string job = JobAwayFrom(leader, "mj");  // its two holders are not the repairer
   ASSERT_FALSE(job.empty());
   const std::vector<TestShard> saved = Save(job, 0, 1, 32u << 20, 11);
   const cluster::RankReplicas r = Replicas(job, 0, 0);
@@ -274,6 +282,83 @@ TEST_F(ClusterRepair, RepairerKilledMidCopyAnotherFinishes) {
   auto back = RestoreToString(client_.get(), job, 0, 0);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == saved[0].Payload());
+}
+
+// A checkpoint deleted (rm) while the repairer copies one of its shards: the delete wins, the
+// repairer's record update fails (counted), and the copy it made is dropped again: no node keeps
+// any data of it.
+TEST_F(ClusterRepair, DeleteDuringRepairWinsAndTheNewCopyIsDropped) {
+  StartAll(2, {"--repair-bandwidth-mib-s", "8"});
+  const int leader = Leader();
+  ASSERT_GE(leader, 0);
+  const std::string job = JobAwayFrom(leader, "xj");
+  ASSERT_FALSE(job.empty());
+  Save(job, 0, 1, 32u << 20, 60);
+  const cluster::RankReplicas r = Replicas(job, 0, 0);
+  const int victim = Index(r.nodes[0]);
+  servers_[victim]->Kill();
+  ASSERT_TRUE(WaitFor(
+      [&] { return absl::StrContains(servers_[leader]->Log(), "repair: repairing job " + job); },
+      60))
+      << servers_[leader]->Log();
+  ASSERT_TRUE(client_->Delete(job, 0).ok());  // while the repairer reads its source (4 s)
+  ASSERT_TRUE(WaitFor(
+      [&] { return absl::StrContains(servers_[leader]->Log(), "while its replicas were set"); },
+      60))
+      << servers_[leader]->Log();
+  EXPECT_EQ(catalog_->Get(job, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_GE(Metric(leader, "gradsnap_repair_failures_total"), 1);
+  EXPECT_EQ(Metric(leader, "gradsnap_repair_shards_total"), 0);
+  for (int i = 0; i < kNodes; ++i) {
+    if (i == victim) continue;
+    EXPECT_TRUE(SegmentFiles(data_[i], cluster::LocalJob(job, 0), 0).empty()) << "node " << i;
+  }
+}
+
+// The record update of a repair is one transaction that loses cleanly: to a delete that came
+// first (the record is not put back), and to a lost leadership (the guard on the leader key).
+TEST(ClusterRepairTxn, SetReplicasLosesToADeleteAndToALostLeadership) {
+  TempDir dir("repair-txn");
+  EtcdCluster etcd(dir.Sub("etcd"));
+  ASSERT_TRUE(etcd.Start(1).ok()) << etcd.Log(0);
+  cluster::EtcdOptions eo;
+  eo.endpoints = *cluster::ParseEtcdEndpoints(etcd.Endpoints());
+  auto kv = cluster::EtcdClient::Create(eo);
+  ASSERT_TRUE(kv.ok());
+  cluster::ClusterCatalog catalog(kv->get());
+  cluster::RankReplicas rank{.raw_bytes = 10, .digest = "d", .nodes = {"a", "b", "c"}};
+  for (int64_t step : {1, 2}) {
+    ASSERT_TRUE(catalog.Begin(FullSpec("tj", step, 1), /*replicas=*/3).ok());
+    ASSERT_TRUE(catalog.StageRank("tj", step, 0, 0, rank).ok());
+    ASSERT_TRUE(catalog.Commit("tj", step, 0).ok());
+  }
+  auto one = catalog.Get("tj", 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->replicas, 3);
+  ASSERT_TRUE(catalog.Delete("tj", 1, 0).ok());
+  EXPECT_EQ(catalog.SetReplicas(*one, 0, {"b", "c", "d"}, nullptr).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(catalog.Get("tj", 1).status().code(), absl::StatusCode::kNotFound);
+
+  // A guard on a leader key whose creation is not the one given: nothing changes.
+  ASSERT_TRUE((*kv)->Put(client::kRepairLeaderKey, "other").ok());
+  auto leader = (*kv)->Get(client::kRepairLeaderKey);
+  ASSERT_TRUE(leader.ok());
+  etcdserverpb::Compare guard;
+  guard.set_key(client::kRepairLeaderKey);
+  guard.set_target(etcdserverpb::Compare::CREATE);
+  guard.set_result(etcdserverpb::Compare::EQUAL);
+  guard.set_create_revision(leader->create_revision + 1);
+  auto two = catalog.Get("tj", 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(catalog.SetReplicas(*two, 0, {"b", "c", "d"}, &guard).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(catalog.Get("tj", 2)->ranks.at(0).nodes, rank.nodes);
+  guard.set_create_revision(leader->create_revision);
+  ASSERT_TRUE(catalog.SetReplicas(*two, 0, {"b", "c", "d"}, &guard).ok());
+  EXPECT_EQ(catalog.Get("tj", 2)->ranks.at(0).nodes, (std::vector<std::string>{"b", "c", "d"}));
+  // A stale read (the revision moved on) loses too.
+  EXPECT_EQ(catalog.SetReplicas(*two, 0, {"a"}, nullptr).code(), absl::StatusCode::kAborted);
 }
 
 // gc in cluster mode keeps what `restore latest` falls back to: FULLs 0, 2, 3, 4 and a DELTA 1
