@@ -160,6 +160,7 @@ bool RepairWorker::Lead() {
     GS_LOG(INFO) << "repair: node " << options_.node_id
                  << (is ? " is the repairer now" : " is no longer the repairer");
     RepairMetrics::Get()->leader->Set(is ? 1 : 0);
+    if (!is) RepairMetrics::Get()->under_replicated->Set(0);  // the new repairer's to report
     absent_since_.clear();  // a new repairer counts absences from when it took over
   }
   return is;
