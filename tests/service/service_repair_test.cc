@@ -144,6 +144,34 @@ class ClusterRepair : public ::testing::Test {
     return "";
   }
 
+  // R = 2 and every node's repair paced to 8 MiB/s; one rank of 32 MiB saved for a job whose
+  // holders are not the repairer; the first holder SIGKILLed; returns once the repairer has
+  // started on that rank (its source read takes 4 s).
+  struct PacedRepair {
+    int leader = -1, victim = -1;
+    std::string job;
+    cluster::RankReplicas replicas;
+    std::vector<TestShard> saved;
+  };
+  void StartPacedRepair(const std::string& prefix, uint64_t seed, PacedRepair* out) {
+    StartAll(2, {"--repair-bandwidth-mib-s", "8"});
+    out->leader = Leader();
+    ASSERT_GE(out->leader, 0);
+    out->job = JobAwayFrom(out->leader, prefix);
+    ASSERT_FALSE(out->job.empty());
+    out->saved = Save(out->job, 0, 1, 32u << 20, seed);
+    out->replicas = Replicas(out->job, 0, 0);
+    ASSERT_EQ(out->replicas.nodes.size(), 2u);
+    for (const std::string& id : out->replicas.nodes) ASSERT_NE(Index(id), out->leader);
+    out->victim = Index(out->replicas.nodes[0]);
+    servers_[out->victim]->Kill();
+    ServerProcess* repairer = servers_[out->leader].get();
+    ASSERT_TRUE(WaitFor(
+        [&] { return absl::StrContains(repairer->Log(), "repair: repairing job " + out->job); },
+        60))
+        << repairer->Log();
+  }
+
   // Waits until node `i`'s record is gone from etcd (its lease expired).
   bool Gone(int i) {
     return WaitFor([&] { return !etcd_client_->Get(cluster::kNodesPrefix + ids_[i]).ok(); }, 30);
@@ -254,21 +282,12 @@ TEST_F(ClusterRepair, DamagedSourceCopyIsNotPropagated) {
 // repairer is SIGKILLed as soon as it starts copying; another node takes the leadership over
 // and finishes: the rank is on 2 live nodes again and restores exactly.
 TEST_F(ClusterRepair, RepairerKilledMidCopyAnotherFinishes) {
-  StartAll(2, {"--repair-bandwidth-mib-s", "8"});
-  const int leader = Leader();
-  ASSERT_GE(leader, 0);
-  const std::string job = JobAwayFrom(leader, "mj");  // its two holders are not the repairer
-  ASSERT_FALSE(job.empty());
-  const std::vector<TestShard> saved = Save(job, 0, 1, 32u << 20, 11);
-  const cluster::RankReplicas r = Replicas(job, 0, 0);
-  ASSERT_EQ(r.nodes.size(), 2u);
-  ASSERT_EQ(Index(r.nodes[0]) == leader || Index(r.nodes[1]) == leader, false);
-  const int victim = Index(r.nodes[0]);
-  servers_[victim]->Kill();
-  ASSERT_TRUE(WaitFor(
-      [&] { return absl::StrContains(servers_[leader]->Log(), "repair: repairing job " + job); },
-      60))
-      << servers_[leader]->Log();
+  PacedRepair run;
+  ASSERT_NO_FATAL_FAILURE(StartPacedRepair("mj", 11, &run));
+  const int leader = run.leader, victim = run.victim;
+  const std::string& job = run.job;
+  const cluster::RankReplicas& r = run.replicas;
+  const std::vector<TestShard>& saved = run.saved;
   servers_[leader]->Kill();
   EXPECT_EQ(Replicas(job, 0, 0).nodes, r.nodes);  // the killed repairer changed nothing
   ASSERT_TRUE(WaitFor([&] { return Repaired(job, 0, 0, 2, {victim, leader}); }, 120));
@@ -288,19 +307,10 @@ TEST_F(ClusterRepair, RepairerKilledMidCopyAnotherFinishes) {
 // repairer's record update fails (counted), and the copy it made is dropped again: no node keeps
 // any data of it.
 TEST_F(ClusterRepair, DeleteDuringRepairWinsAndTheNewCopyIsDropped) {
-  StartAll(2, {"--repair-bandwidth-mib-s", "8"});
-  const int leader = Leader();
-  ASSERT_GE(leader, 0);
-  const std::string job = JobAwayFrom(leader, "xj");
-  ASSERT_FALSE(job.empty());
-  Save(job, 0, 1, 32u << 20, 60);
-  const cluster::RankReplicas r = Replicas(job, 0, 0);
-  const int victim = Index(r.nodes[0]);
-  servers_[victim]->Kill();
-  ASSERT_TRUE(WaitFor(
-      [&] { return absl::StrContains(servers_[leader]->Log(), "repair: repairing job " + job); },
-      60))
-      << servers_[leader]->Log();
+  PacedRepair run;
+  ASSERT_NO_FATAL_FAILURE(StartPacedRepair("xj", 60, &run));
+  const int leader = run.leader, victim = run.victim;
+  const std::string& job = run.job;
   ASSERT_TRUE(client_->Delete(job, 0).ok());  // while the repairer reads its source (4 s)
   ASSERT_TRUE(WaitFor(
       [&] { return absl::StrContains(servers_[leader]->Log(), "while its replicas were set"); },
