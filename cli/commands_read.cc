@@ -1,9 +1,11 @@
 // Read-only commands: ls, show, health.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "cli/cluster_view.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "common/clock.h"
@@ -138,8 +140,23 @@ absl::Status RunShow(Context& ctx) {
                                    step - m.info.base_step, " deltas -> step ", step, "\n");
     }
   }
+  std::map<int32_t, std::vector<std::string>> replicas;  // cluster mode: each rank's nodes
+  if (!ctx.options.etcd.empty()) {
+    ASSIGN_OR_RETURN(replicas, ReadReplicas(ctx.options.etcd, job, step));
+  }
   if (ctx.json) {
-    Print(ManifestJson(m) + "\n");
+    std::string json = ManifestJson(m);
+    if (!ctx.options.etcd.empty() && !json.empty() && json.back() == '}') {
+      std::vector<std::string> ranks;
+      for (const auto& [rank, nodes] : replicas) {
+        std::vector<std::string> quoted;
+        for (const std::string& n : nodes) quoted.push_back(JsonQuote(n));
+        ranks.push_back(absl::StrCat("\"", rank, "\":[", absl::StrJoin(quoted, ","), "]"));
+      }
+      json.pop_back();
+      absl::StrAppend(&json, ",\"replicas\":{", absl::StrJoin(ranks, ","), "}}");
+    }
+    Print(json + "\n");
     return absl::OkStatus();
   }
   const client::CheckpointInfo& i = m.info;
@@ -172,6 +189,13 @@ absl::Status RunShow(Context& ctx) {
     }
   }
   Print(head + RenderTable(rows, {"RANK", "SIZE", "STORED", "RATIO", "CHUNKS"}));
+  if (!replicas.empty()) {
+    std::vector<std::vector<std::string>> where = {{"RANK", "REPLICAS"}};
+    for (const auto& [rank, nodes] : replicas) {
+      where.push_back({absl::StrCat(rank), absl::StrJoin(nodes, ", ")});
+    }
+    Print(absl::StrCat("\n", RenderTable(where, {"RANK"})));
+  }
   return absl::OkStatus();
 }
 
@@ -184,16 +208,45 @@ absl::Status RunHealth(Context& ctx) {
   std::string where = cluster  ? ctx.options.etcd
                       : remote ? absl::StrJoin(ctx.options.endpoints, ",")
                                : ctx.options.local_dir;
+  ClusterView view;  // cluster mode: the nodes, the repairer, the repair backlog
+  if (cluster) {
+    ASSIGN_OR_RETURN(view, ReadClusterView(ctx.options.etcd));
+  }
   if (ctx.json) {
     std::vector<std::string> quoted;
     for (const std::string& n : notes) quoted.push_back(JsonQuote(n));
+    std::string nodes;
+    if (cluster) {
+      std::vector<std::string> items;
+      for (const ClusterNodeView& n : view.nodes) {
+        items.push_back(absl::StrCat(
+            "{\"id\":", JsonQuote(n.id), ",\"address\":", JsonQuote(n.address),
+            ",\"alive\":", n.alive ? "true" : "false", ",\"capacity_bytes\":", n.capacity_bytes,
+            ",\"free_bytes\":", n.free_bytes, ",\"shards\":", n.shards, "}"));
+      }
+      nodes = absl::StrCat(",\"nodes\":[", absl::StrJoin(items, ","), "],\"repairer\":",
+                           JsonQuote(view.repairer), ",\"under_replicated\":",
+                           view.under_replicated);
+    }
     Print(absl::StrCat("{\"ok\":true,\"backend\":\"",
                        cluster ? "cluster" : remote ? "remote" : "embedded",
                        "\",\"target\":", JsonQuote(where), ",\"writes_refused\":[",
-                       absl::StrJoin(quoted, ","), "]}\n"));
+                       absl::StrJoin(quoted, ","), "]", nodes, "}\n"));
   } else {
     Print(absl::StrCat("ok: ", cluster ? "cluster on etcd " : remote ? "servers " : "embedded engine in ", where, "\n"));
     for (const std::string& n : notes) Print(absl::StrCat("warning: ", n, "\n"));
+    if (cluster) {
+      std::vector<std::vector<std::string>> rows = {
+          {"NODE", "ADDRESS", "ALIVE", "CAPACITY", "FREE", "SHARDS"}};
+      for (const ClusterNodeView& n : view.nodes) {
+        rows.push_back({n.id, n.address.empty() ? "-" : n.address, n.alive ? "yes" : "no",
+                        n.alive ? HumanBytes(n.capacity_bytes) : "-",
+                        n.alive ? HumanBytes(n.free_bytes) : "-", absl::StrCat(n.shards)});
+      }
+      Print(RenderTable(rows, {"CAPACITY", "FREE", "SHARDS"}));
+      Print(absl::StrCat("repairer: ", view.repairer.empty() ? "none" : view.repairer,
+                         "\nunder-replicated shards: ", view.under_replicated, "\n"));
+    }
   }
   return absl::OkStatus();
 }

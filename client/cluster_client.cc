@@ -43,6 +43,7 @@
 #include "cluster/membership.h"
 #include "cluster/placement.h"
 #include "common/digest.h"
+#include "common/gc_plan.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -53,10 +54,7 @@ namespace {
 using cluster::ClusterCheckpoint;
 using cluster::RankReplicas;
 
-// The node-local job holding rank `rank` of `job` (docs/protocol.md, "Cluster mode").
-std::string LocalJob(const std::string& job, int32_t rank) {
-  return absl::StrCat(job, ".r", rank);
-}
+using cluster::LocalJob;
 
 class ClusterClient final : public Client {
  public:
@@ -100,7 +98,7 @@ class ClusterClient final : public Client {
   }
 
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
-    RETURN_IF_ERROR(catalog_.Begin(spec));
+    RETURN_IF_ERROR(catalog_.Begin(spec, options_.cluster_replicas));
     absl::MutexLock lock(&mu_);
     metadata_[{spec.job, spec.step}] = spec.metadata;
     return absl::OkStatus();
@@ -229,25 +227,57 @@ class ClusterClient final : public Client {
 
   // The record goes first (one transaction); then the live replicas drop their copies.
   absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override {
-    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
-    RETURN_IF_ERROR(catalog_.Delete(job, step, epoch));
-    for (const auto& [rank, r] : c.ranks) {
-      for (const std::string& id : r.nodes) {
-        auto node = NodeClient(id);
-        if (!node.ok()) continue;
-        absl::Status s = (*node)->Delete(LocalJob(job, rank), step, 0);
-        if (!s.ok() && !absl::IsNotFound(s)) {
-          GS_LOG(WARNING) << "cluster: node " << id << " kept job " << job << " step " << step
-                          << " rank " << rank << ": " << s;
-        }
-      }
-    }
-    return absl::OkStatus();
+    return DeleteCopies(job, step, epoch).status();
   }
 
-  absl::StatusOr<GcResult> Gc(const std::string&, const GcPolicy&, uint64_t) override {
-    return absl::UnimplementedError(
-        "gc is not available in cluster mode yet (delete checkpoints with rm)");
+  // Retention as on one node (common/gc_plan.h): the FULLs kept are decided over the records,
+  // with a verify of every reachable copy (a FULL with a damaged copy is kept, not counted;
+  // one that cannot be verified stops the gc before anything is deleted). Each doomed FULL goes
+  // with its committed DELTAs, newest first, each by Delete: the record first (one
+  // transaction), then every replica's data. A FULL that a PENDING DELTA is based on is kept.
+  absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
+                              uint64_t epoch) override {
+    if (epoch != 0) {  // a zombie is refused before it spends a verify
+      ASSIGN_OR_RETURN(uint64_t current, catalog_.CurrentEpoch(job));
+      if (current != epoch) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", job, ": epoch ", epoch, " superseded by attempt ", current));
+      }
+    }
+    ASSIGN_OR_RETURN(std::vector<ClusterCheckpoint> all, catalog_.List(job, /*include_pending=*/true));
+    std::vector<CheckpointInfo> committed;
+    for (const ClusterCheckpoint& c : all) {
+      if (c.state == CheckpointState::kCommitted) committed.push_back(Info(c));
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> doomed,
+                     storage::FullsOutsidePolicy(job, committed, policy, [&](int64_t step) {
+                       return Verify(job, step, nullptr);
+                     }));
+    GcResult out;
+    for (int64_t full : doomed) {
+      std::vector<const ClusterCheckpoint*> deltas;
+      bool pending_delta = false;
+      for (const ClusterCheckpoint& c : all) {
+        if (c.kind != storage::CheckpointKind::kDelta || c.base_step != full) continue;
+        if (c.state != CheckpointState::kCommitted) pending_delta = true;
+        deltas.push_back(&c);
+      }
+      if (pending_delta) {
+        GS_LOG(WARNING) << "gc: job " << job << " step " << full
+                        << " kept: a PENDING DELTA is based on it";
+        continue;
+      }
+      std::vector<int64_t> steps;  // the DELTAs newest first, then the FULL
+      for (auto it = deltas.rbegin(); it != deltas.rend(); ++it) steps.push_back((*it)->step);
+      steps.push_back(full);
+      for (int64_t step : steps) {
+        ASSIGN_OR_RETURN(uint64_t freed, DeleteCopies(job, step, epoch));
+        out.deleted_steps.push_back(step);
+        out.bytes_reclaimed += freed;
+      }
+    }
+    std::sort(out.deleted_steps.begin(), out.deleted_steps.end());
+    return out;
   }
 
   absl::Status Health() override { return HealthNotes(nullptr); }
@@ -265,9 +295,29 @@ class ClusterClient final : public Client {
  private:
   struct LiveNode {
     std::string address;
-    uint64_t hash = 0;
     std::shared_ptr<remote::RemoteClient> client;  // made on first use
   };
+
+  // Delete: the record, then each replica's copy; returns the payload bytes of the copies
+  // dropped. A replica that is not live or fails keeps its copy, named by no record: its node
+  // quarantines it (docs/protocol.md, "Repair").
+  absl::StatusOr<uint64_t> DeleteCopies(const std::string& job, int64_t step, uint64_t epoch) {
+    ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
+    RETURN_IF_ERROR(catalog_.Delete(job, step, epoch));
+    uint64_t freed = 0;
+    for (const auto& [rank, r] : c.ranks) {
+      for (const std::string& id : r.nodes) {
+        auto node = NodeClient(id);
+        absl::Status s = node.ok() ? (*node)->Delete(LocalJob(job, rank), step, 0) : node.status();
+        if (s.ok()) freed += r.raw_bytes;
+        if (!s.ok() && !absl::IsNotFound(s)) {
+          GS_LOG(WARNING) << "cluster: node " << id << " kept job " << job << " step " << step
+                          << " rank " << rank << ": " << s;
+        }
+      }
+    }
+    return freed;
+  }
 
   void ApplyNode(const cluster::EtcdKv& kv, bool deleted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string id = kv.key.substr(sizeof(cluster::kNodesPrefix) - 1);
@@ -280,7 +330,6 @@ class ClusterClient final : public Client {
     LiveNode& n = live_[id];
     if (n.address != rec->address) n.client.reset();  // moved: a new connection
     n.address = rec->address;
-    n.hash = cluster::NodeHash(id);
   }
 
   // The client of live node `id` (UNAVAILABLE when it is not live).
@@ -352,19 +401,11 @@ class ClusterClient final : public Client {
   // The live nodes in the rendezvous order of (job, rank): ids.
   std::vector<std::string> Order(const std::string& job, int32_t rank) {
     std::vector<std::string> ids;
-    std::vector<uint64_t> hashes;
     {
       absl::MutexLock lock(&mu_);
-      for (const auto& [id, n] : live_) {
-        ids.push_back(id);
-        hashes.push_back(n.hash);
-      }
+      for (const auto& [id, n] : live_) ids.push_back(id);
     }
-    std::vector<std::string> out;
-    for (size_t i : cluster::RankNodes(hashes, cluster::ShardKeyHash(job, rank), ids.size())) {
-      out.push_back(ids[i]);
-    }
-    return out;
+    return cluster::OrderNodeIds(ids, job, rank);
   }
 
   // One copy on node `id`: the node's epoch raised to the attempt's, the one-rank local

@@ -28,7 +28,7 @@ constexpr char kRecordVersion[] = "gradsnap-checkpoint 1";
 constexpr int kCommitTries = 8;
 
 std::string EpochKey(const std::string& job) { return absl::StrCat("/gradsnap/epochs/", job); }
-std::string JobPrefix(const std::string& job) { return absl::StrCat("/gradsnap/ckpt/", job, "/"); }
+std::string JobPrefix(const std::string& job) { return absl::StrCat(kCheckpointsPrefix, job, "/"); }
 std::string RecordKey(const std::string& job, int64_t step) {
   return absl::StrCat(JobPrefix(job), absl::StrFormat("%020d", step));
 }
@@ -110,12 +110,15 @@ std::string Name(const std::string& job, int64_t step) {
 
 }  // namespace
 
+std::string CheckpointRecordKey(const std::string& job, int64_t step) { return RecordKey(job, step); }
+
 std::string EncodeCheckpointRecord(const ClusterCheckpoint& c) {
   std::string out = absl::StrCat(
       kRecordVersion, "\nstate=", c.state == CheckpointState::kCommitted ? "COMMITTED" : "PENDING",
       "\nkind=", c.kind == CheckpointKind::kDelta ? "DELTA" : "FULL", "\nbase=", c.base_step,
       "\nworld_size=", c.world_size, "\nepoch=", c.epoch, "\ncreated_unix_ms=",
       c.created_unix_ms, "\n");
+  if (c.replicas > 0) absl::StrAppend(&out, "replicas=", c.replicas, "\n");
   if (c.state == CheckpointState::kCommitted) {
     absl::StrAppend(&out, "committed_unix_ms=", c.committed_unix_ms, "\ncommitted_by=",
                     c.committed_by, "\n");
@@ -137,6 +140,7 @@ absl::StatusOr<ClusterCheckpoint> DecodeCheckpointRecord(const std::string& job,
             absl::SimpleAtoi(f["world_size"], &c.world_size) &&
             absl::SimpleAtoi(f["epoch"], &c.epoch) &&
             absl::SimpleAtoi(f["created_unix_ms"], &c.created_unix_ms) && c.world_size >= 1;
+  if (ok && f.count("replicas")) ok = absl::SimpleAtoi(f["replicas"], &c.replicas) && c.replicas >= 0;
   c.state = state == "COMMITTED" ? CheckpointState::kCommitted : CheckpointState::kPending;
   c.kind = kind == "DELTA" ? CheckpointKind::kDelta : CheckpointKind::kFull;
   if (ok && c.state == CheckpointState::kCommitted) {
@@ -152,6 +156,21 @@ absl::StatusOr<ClusterCheckpoint> DecodeCheckpointRecord(const std::string& job,
     c.ranks[rank] = std::move(r);
   }
   if (!ok) return absl::DataLossError(absl::StrCat(Name(job, step), ": malformed record"));
+  return c;
+}
+
+absl::StatusOr<ClusterCheckpoint> DecodeCheckpointKv(const EtcdKv& kv) {
+  const size_t prefix = sizeof(kCheckpointsPrefix) - 1;
+  const std::string rest = kv.key.substr(std::min(prefix, kv.key.size()));
+  const size_t slash = rest.rfind('/');
+  int64_t step = -1;
+  if (kv.key.rfind(kCheckpointsPrefix, 0) != 0 || slash == std::string::npos ||
+      !absl::SimpleAtoi(rest.substr(slash + 1), &step)) {
+    return absl::InvalidArgumentError(absl::StrCat("not a checkpoint record key: ", kv.key));
+  }
+  ASSIGN_OR_RETURN(ClusterCheckpoint c,
+                   DecodeCheckpointRecord(rest.substr(0, slash), step, kv.value));
+  c.mod_revision = kv.mod_revision;
   return c;
 }
 
@@ -236,7 +255,7 @@ absl::StatusOr<std::vector<ClusterCheckpoint>> ClusterCatalog::List(const std::s
   return out;
 }
 
-absl::Status ClusterCatalog::Begin(const storage::CheckpointSpec& spec) {
+absl::Status ClusterCatalog::Begin(const storage::CheckpointSpec& spec, int32_t replicas) {
   RETURN_IF_ERROR(CheckJobStep(spec.job, spec.step));
   if (spec.world_size < 1 || spec.world_size > 65536) {
     return absl::InvalidArgumentError("world_size must be 1..65536");
@@ -248,6 +267,7 @@ absl::Status ClusterCatalog::Begin(const storage::CheckpointSpec& spec) {
   c.base_step = spec.kind == CheckpointKind::kDelta ? spec.base_step : -1;
   c.world_size = spec.world_size;
   c.epoch = spec.epoch;
+  c.replicas = std::max(replicas, 0);
   c.created_unix_ms = NowMs();
   pb::TxnRequest txn;
   AddEpochCompare(&txn, spec.job, spec.epoch);
@@ -404,6 +424,25 @@ absl::Status ClusterCatalog::RemoveRecord(const std::string& job, int64_t step, 
   if (resp.succeeded()) return absl::OkStatus();
   RETURN_IF_ERROR(CheckEpoch(job, epoch));
   return absl::AbortedError(absl::StrCat(Name(job, step), " changed while it was ", what));
+}
+
+absl::Status ClusterCatalog::SetReplicas(const ClusterCheckpoint& c, int32_t rank,
+                                         const std::vector<std::string>& nodes,
+                                         const pb::Compare* guard) {
+  if (c.state != CheckpointState::kCommitted || !c.ranks.count(rank) || nodes.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Name(c.job, c.step), ": replicas are set only on a committed rank"));
+  }
+  ClusterCheckpoint updated = c;
+  updated.ranks[rank].nodes = nodes;
+  pb::TxnRequest txn;
+  AddModCompare(&txn, RecordKey(c.job, c.step), c.mod_revision);
+  if (guard != nullptr) *txn.add_compare() = *guard;
+  AddPut(&txn, RecordKey(c.job, c.step), EncodeCheckpointRecord(updated));
+  ASSIGN_OR_RETURN(pb::TxnResponse resp, etcd_->Txn(txn));
+  if (resp.succeeded()) return absl::OkStatus();
+  return absl::AbortedError(
+      absl::StrCat(Name(c.job, c.step), " changed (or the guard failed) while its replicas were set"));
 }
 
 absl::Status ClusterCatalog::Delete(const std::string& job, int64_t step, uint64_t epoch) {

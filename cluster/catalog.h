@@ -58,14 +58,38 @@ struct ClusterCheckpoint {
   int64_t created_unix_ms = 0;
   int64_t committed_unix_ms = 0;
   std::string committed_by;                 // the committing catalog's writer id
+  // Copies of each rank the writer asked for (ClientOptions::cluster_replicas), the count the
+  // repair worker restores; 0 in records written before the field: each rank's node count.
+  int32_t replicas = 0;
   std::map<int32_t, RankReplicas> ranks;    // COMMITTED: every rank
   int64_t mod_revision = 0;                 // of the record in etcd
 };
+
+// The node-local job holding rank `rank` of `job` on a storage node (docs/protocol.md,
+// "Cluster mode"): each copy is a one-rank checkpoint of it.
+inline std::string LocalJob(const std::string& job, int32_t rank) {
+  return job + ".r" + std::to_string(rank);
+}
+
+// The key of (job, step)'s record, and the prefix of every record.
+inline constexpr char kCheckpointsPrefix[] = "/gradsnap/ckpt/";
+std::string CheckpointRecordKey(const std::string& job, int64_t step);
 
 // The record's text (docs/format.md) and back; DATA_LOSS for a record that does not parse.
 std::string EncodeCheckpointRecord(const ClusterCheckpoint& c);
 absl::StatusOr<ClusterCheckpoint> DecodeCheckpointRecord(const std::string& job, int64_t step,
                                                          const std::string& text);
+
+// A record read under kCheckpointsPrefix (its key names the job and step), mod_revision set:
+// INVALID_ARGUMENT for a key of another shape, DATA_LOSS for a record that does not parse.
+absl::StatusOr<ClusterCheckpoint> DecodeCheckpointKv(const EtcdKv& kv);
+
+// The copies of a rank that repair restores: the record's `replicas` (the rank's node count in
+// records without it), at most the `live_nodes`.
+inline size_t WantedCopies(const ClusterCheckpoint& c, const RankReplicas& r, size_t live_nodes) {
+  const size_t want = c.replicas > 0 ? static_cast<size_t>(c.replicas) : r.nodes.size();
+  return want < live_nodes ? want : live_nodes;
+}
 
 class ClusterCatalog {
  public:
@@ -79,7 +103,8 @@ class ClusterCatalog {
   absl::StatusOr<uint64_t> CurrentEpoch(const std::string& job);
 
   // Creates the PENDING record (idempotent for the same spec). A DELTA needs its FULL's record.
-  absl::Status Begin(const storage::CheckpointSpec& spec);
+  // `replicas`: the copies per rank the writer places (kept in the record for repair).
+  absl::Status Begin(const storage::CheckpointSpec& spec, int32_t replicas = 0);
   // Records that rank `rank` of (job, step) is durable on `replicas.nodes` (a later call for the
   // same rank replaces it) while the record is PENDING.
   absl::Status StageRank(const std::string& job, int64_t step, int32_t rank, uint64_t epoch,
@@ -91,6 +116,14 @@ class ClusterCatalog {
   // Removes a record (the nodes drop the data afterwards); FAILED_PRECONDITION for a FULL that
   // a DELTA's record names as its base.
   absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch);
+
+  // Replaces rank `rank`'s replica nodes of the COMMITTED record `c`, as read (c.mod_revision),
+  // in one transaction that also requires `guard` when given (the repairer's leadership key).
+  // ABORTED when the record changed since it was read (deleted, rewritten, another update) or
+  // the guard failed: the caller re-reads.
+  absl::Status SetReplicas(const ClusterCheckpoint& c, int32_t rank,
+                           const std::vector<std::string>& nodes,
+                           const etcdserverpb::Compare* guard);
 
   absl::StatusOr<ClusterCheckpoint> Get(const std::string& job, int64_t step);
   // By ascending step; COMMITTED ones only unless include_pending.

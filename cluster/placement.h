@@ -58,6 +58,16 @@ inline std::vector<size_t> RankNodes(const std::vector<uint64_t>& node_hashes, u
   return order;
 }
 
+// The node ids `ids` in the rendezvous order of (job, rank), best first.
+inline std::vector<std::string> OrderNodeIds(const std::vector<std::string>& ids,
+                                             const std::string& job, int32_t rank) {
+  std::vector<uint64_t> hashes;
+  for (const std::string& id : ids) hashes.push_back(NodeHash(id));
+  std::vector<std::string> out;
+  for (size_t i : RankNodes(hashes, ShardKeyHash(job, rank), ids.size())) out.push_back(ids[i]);
+  return out;
+}
+
 }  // namespace cluster
 }  // namespace gradsnap
 

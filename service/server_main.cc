@@ -19,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/cluster_repair.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/node_id.h"
@@ -28,6 +29,7 @@
 #include "common/status.h"
 #include "common/malloc_tuning.h"
 #include "common/token.h"
+#include "service/orphan_sweep.h"
 #include "service/server.h"
 #include "storage/rebuild.h"
 
@@ -75,6 +77,18 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(int, lease_ttl_s, 10,
           "Cluster mode: TTL in seconds of the node's etcd lease, renewed every third of it; a "
           "node that cannot renew it for this long refuses writes (2..3600). Default: 10.");
+ABSL_FLAG(absl::Duration, repair_after, absl::Minutes(10),
+          "Cluster mode: a committed shard with fewer live copies than its record's replicas is "
+          "re-replicated by the cluster's repairer (one node, elected in etcd) once a copy has "
+          "been missing this long, e.g. 30s, 10m (docs/protocol.md, \"Repair\"); >= 1s. "
+          "Default: 10m.");
+ABSL_FLAG(absl::Duration, orphan_grace, absl::Hours(1),
+          "Cluster mode: a copy on this node that no etcd record names (its checkpoint deleted "
+          "or repaired elsewhere while the node was away) is moved to quarantine/ after being "
+          "seen unnamed this long, e.g. 30m; >= 1s. Default: 1h.");
+ABSL_FLAG(uint64_t, repair_bandwidth_mib_s, 0,
+          "Cluster mode: cap on the MiB per second this node reads from source copies while it "
+          "is the repairer; 0: no cap. Default: 0.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
@@ -90,6 +104,8 @@ struct ClusterFlags {
   std::vector<std::string> etcd;  // empty: single node
   std::string advertise;
   int lease_ttl_s = 10;
+  absl::Duration repair_after;
+  absl::Duration orphan_grace;
 };
 
 // "" when the flags are usable, else the one line saying what is wrong.
@@ -113,6 +129,10 @@ std::string ParseClusterFlags(ClusterFlags* out) {
     return "--advertise \"" + out->advertise + "\" is not HOST:PORT (PORT 1..65535)";
   }
   if (out->lease_ttl_s < 2 || out->lease_ttl_s > 3600) return "--lease-ttl-s must be 2..3600";
+  out->repair_after = absl::GetFlag(FLAGS_repair_after);
+  if (out->repair_after < absl::Seconds(1)) return "--repair-after must be at least 1s";
+  out->orphan_grace = absl::GetFlag(FLAGS_orphan_grace);
+  if (out->orphan_grace < absl::Seconds(1)) return "--orphan-grace must be at least 1s";
   return "";
 }
 
@@ -172,7 +192,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N]] "
+      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N] [--repair-after D]] "
       "[--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main"});
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
@@ -272,6 +292,21 @@ int main(int argc, char** argv) {
       return Fail(std::string(joined.message()));
     }
   }
+  // Cluster mode: this node's candidate for the cluster's one repairer (client/cluster_repair.h).
+  // And its sweeper of copies no record names (service/orphan_sweep.h).
+  std::unique_ptr<gradsnap::client::RepairWorker> repair;
+  std::unique_ptr<gradsnap::service::OrphanSweeper> sweeper;
+  if (membership != nullptr) {
+    const std::string node_id = *gradsnap::cluster::LoadOrCreateNodeId(o.engine.data_dir);
+    sweeper = gradsnap::service::OrphanSweeper::Start(
+        etcd.get(), (*server)->engine(), node_id, absl::ToInt64Milliseconds(cluster.orphan_grace));
+    gradsnap::client::RepairOptions ro;
+    ro.node_id = node_id;
+    ro.lease = [m = membership.get()] { return m->WritesAllowed().ok() ? m->lease_id() : 0; };
+    ro.repair_after_ms = absl::ToInt64Milliseconds(cluster.repair_after);
+    ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
+    repair = gradsnap::client::RepairWorker::Start(etcd.get(), std::move(ro));
+  }
   if ((*server)->metrics_port() != 0) {
     GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
   }
@@ -284,6 +319,8 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   GS_LOG(INFO) << "signal " << sig << ": shutting down";
+  repair.reset();   // the leader key is handed over at once, not at the lease's expiry
+  sweeper.reset();  // before the engine closes
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->reset();
   member.store(nullptr);

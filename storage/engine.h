@@ -262,6 +262,12 @@ class Engine {
   // `epoch` older than the job's newest is FAILED_PRECONDITION "superseded" (as for
   // AbortCheckpoint: a zombie of an older attempt deletes nothing); 0 is unfenced (the CLI).
   virtual absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch = 0) = 0;
+  // Takes a COMMITTED checkpoint out of the catalog and moves its files to quarantine/ (never
+  // deleted: docs/format.md, "Quarantine"), logging `reason`: cluster mode's copies that no
+  // etcd record names. FAILED_PRECONDITION for a PENDING one or one a DELTA depends on;
+  // ABORTED while a shard of it is being written.
+  virtual absl::Status Quarantine(const std::string& job, int64_t step,
+                                  const std::string& reason) = 0;
   // Retention: deletes FULLs outside the policy (with their DELTAs) and reclaims segment space;
   // also empties quarantine entries older than quarantine_grace_seconds. keep_last counts only
   // FULLs that verify (each kept FULL is read back whole, newest first, until keep_last pass): a

@@ -42,7 +42,8 @@ void EngineImpl::MarkDeleted(const std::string& job, int64_t step) {
   }
 }
 
-absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed) {
+absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed,
+                                      const std::string& quarantine_reason) {
   {
     absl::MutexLock lock(&writers_mu_);
     for (const std::string& key : active_writers_) {
@@ -67,13 +68,38 @@ absl::Status EngineImpl::DeleteLocked(const std::string& job, int64_t step, uint
   RETURN_IF_ERROR(fs_->BeforeMetadataCommit());
   RETURN_IF_ERROR(meta_->Commit(b));
   // Metadata is gone: the files are now orphans, which recovery would also remove.
-  return fs_->RemoveAll(CheckpointDir(job, step));
+  if (quarantine_reason.empty()) return fs_->RemoveAll(CheckpointDir(job, step));
+  if (!fs_->ListDir(CheckpointDir(job, step)).ok()) return absl::OkStatus();  // no files
+  return QuarantinePath(fs_, options_.data_dir, CheckpointDir(job, step), quarantine_reason,
+                        options_.clock->NowUnixMillis());
 }
 
 absl::Status EngineImpl::Delete(const std::string& job, int64_t step, uint64_t epoch) {
   RETURN_IF_ERROR(CheckJobChange(job));
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpointToChangeLocked(job, step, epoch));
+  RETURN_IF_ERROR(NothingDependsOnLocked(ckpt));
+  uint64_t reclaimed = 0;
+  return DeleteLocked(job, step, &reclaimed);
+}
+
+absl::Status EngineImpl::Quarantine(const std::string& job, int64_t step,
+                                    const std::string& reason) {
+  RETURN_IF_ERROR(CheckJobChange(job));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CheckpointRecord ckpt, LoadCheckpointToChangeLocked(job, step, 0));
+  if (ckpt.state != CheckpointState::kCommitted) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint job ", job, " step ", step, " is PENDING: not quarantined while written"));
+  }
+  RETURN_IF_ERROR(NothingDependsOnLocked(ckpt));
+  uint64_t reclaimed = 0;
+  return DeleteLocked(job, step, &reclaimed, reason);
+}
+
+absl::Status EngineImpl::NothingDependsOnLocked(const CheckpointRecord& ckpt) {
+  const std::string& job = ckpt.spec.job;
+  const int64_t step = ckpt.spec.step;
   if (ckpt.spec.kind == CheckpointKind::kFull) {
     ASSIGN_OR_RETURN(std::vector<CheckpointRecord> on_it, DeltasOf(job, step));
     if (!on_it.empty()) {
@@ -93,8 +119,7 @@ absl::Status EngineImpl::Delete(const std::string& job, int64_t step, uint64_t e
       }
     }
   }
-  uint64_t reclaimed = 0;
-  return DeleteLocked(job, step, &reclaimed);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GcResult> EngineImpl::Gc(const std::string& job, const GcPolicy& policy,

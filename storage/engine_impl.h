@@ -63,6 +63,7 @@ class EngineImpl : public Engine {
   absl::Status Verify(const std::string& job, int64_t step) override;
   WriteSpaceState WriteSpace() override;
   absl::Status Delete(const std::string& job, int64_t step, uint64_t epoch) override;
+  absl::Status Quarantine(const std::string& job, int64_t step, const std::string& reason) override;
   absl::StatusOr<GcResult> Gc(const std::string& job, const GcPolicy& policy,
                               uint64_t epoch) override;
   absl::StatusOr<GcResult> GcSteps(const std::string& job, const std::vector<int64_t>& fulls,
@@ -150,7 +151,14 @@ class EngineImpl : public Engine {
   // Drops from the catalog, and from *checkpoints, each committed DELTA without a committed
   // base FULL, quarantining its directory.
   absl::Status RepairOrphanDeltas(std::vector<CheckpointRecord>* checkpoints);
-  absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed)
+  // Removes the checkpoint from the catalog, then its files: deleted, or moved to quarantine
+  // with `quarantine_reason` when that is not empty.
+  absl::Status DeleteLocked(const std::string& job, int64_t step, uint64_t* reclaimed,
+                            const std::string& quarantine_reason = "")
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FAILED_PRECONDITION when a DELTA replays on `ckpt` (its base FULL, or an earlier DELTA of
+  // its chain): Delete and Quarantine refuse it.
+  absl::Status NothingDependsOnLocked(const CheckpointRecord& ckpt)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes (synced) the DELETED marker (storage/rebuild.h) into the checkpoint's directory
   // before its catalog keys are removed: neither a rebuild nor the stale-catalog guard takes a

@@ -1,0 +1,107 @@
+// The repair worker of cluster mode (docs/protocol.md, "Cluster mode", "Repair"): every
+// gradsnap-server started with --etcd runs one; exactly one of them, the node holding the key
+// /gradsnap/repair/leader (put under the node's own membership lease, so it goes when the node
+// dies or loses its lease), repairs at a time.
+//
+// OVERVIEW
+//   Every node checks (and campaigns for) the leadership each second. Each pass (every quarter
+//   of repair_after, 0.2..10 s) the repairer reads the live nodes and every checkpoint record. A COMMITTED rank is under-replicated when fewer of its replica nodes
+//   are live than the record's `replicas` (clamped to the live nodes). It is repaired once a
+//   copy has been missing for repair_after: since the repairer first saw the node gone (a new
+//   repairer counts from when it took over), or since the commit for a rank committed with
+//   fewer copies. A repair reads the shard whole from a live replica (DATA_LOSS or a digest other
+//   than the record's: the next replica, counted as a failure), writes it to the next live node
+//   of the shard's rendezvous order that holds no copy, reads it back there and checks the
+//   digest again, then sets the rank's replicas (the live holders, then the new copies; nodes
+//   gone are dropped, so their copies are never served again) in one etcd transaction that
+//   compares the record's revision and the leader key's creation: a delete or rewrite that came
+//   first wins and the new copies are dropped; a repairer that lost its lease writes nothing.
+//
+// ERROR HANDLING
+//   Nothing is returned: failures are logged (WARNING) and counted in
+//   gradsnap_repair_failures_total; the rank is tried again on the next pass.
+//
+// THREAD SAFETY
+//   The worker runs on its own thread; the destructor stops it (a copy in flight is abandoned,
+//   the next repairer resumes it) and gives the leadership up.
+#ifndef GRADSNAP_CLIENT_CLUSTER_REPAIR_H_
+#define GRADSNAP_CLIENT_CLUSTER_REPAIR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "client/client.h"
+#include "cluster/catalog.h"
+#include "cluster/etcd_client.h"
+
+namespace gradsnap {
+namespace client {
+
+// The repairer's election key; its value is the repairer's node id.
+inline constexpr char kRepairLeaderKey[] = "/gradsnap/repair/leader";
+
+struct RepairOptions {
+  std::string node_id;  // this node's id. Required.
+  // This node's membership lease (0 while it holds none: it does not campaign). Required.
+  std::function<int64_t()> lease;
+  // How long a copy must be missing before it is restored (--repair-after). Default: 10 min.
+  int64_t repair_after_ms = 600000;
+  // Cap on the bytes per second the repairer reads from sources (--repair-bandwidth-mib-s);
+  // 0: none. Default: 0.
+  uint64_t bandwidth_bytes_per_s = 0;
+  // How the repairer reaches the nodes (TLS files, token, timeouts); endpoints are set per node.
+  ClientOptions node_options;
+};
+
+class RepairWorker {
+ public:
+  // Starts the worker's thread; it campaigns for the leadership at once.
+  static std::unique_ptr<RepairWorker> Start(cluster::EtcdClient* etcd, RepairOptions options);
+  ~RepairWorker();
+  RepairWorker(const RepairWorker&) = delete;
+  RepairWorker& operator=(const RepairWorker&) = delete;
+
+ private:
+  struct Source;  // a verified copy read from a replica
+  RepairWorker(cluster::EtcdClient* etcd, RepairOptions options);
+  void Loop();
+  // Takes or confirms the leadership; true while this node holds it.
+  bool Lead();
+  // One pass over every record; returns the under-replicated ranks seen.
+  int64_t Pass();
+  // Restores rank `rank` of the record (re-read) to its wanted copies.
+  absl::Status RepairRank(const std::string& job, int64_t step, int32_t rank);
+  // The shard of (job, step, rank) read whole from node `id`, its digest checked.
+  absl::Status ReadCopy(const std::string& id, const cluster::ClusterCheckpoint& c, int32_t rank,
+                        Source* out);
+  // Writes `src` to node `id` and checks the digest of what it then serves.
+  absl::Status WriteCopy(const std::string& id, const cluster::ClusterCheckpoint& c,
+                         int32_t rank, const Source& src);
+  // A client of node `id` (UNAVAILABLE when it is not live).
+  absl::StatusOr<std::shared_ptr<Client>> Node(const std::string& id);
+  bool stopping();
+
+  cluster::EtcdClient* const etcd_;
+  const RepairOptions options_;
+  cluster::ClusterCatalog catalog_;
+  int64_t leader_revision_ = 0;  // create_revision of our leader key; 0: not the leader
+  // Node id -> address of the live nodes, as of the pass (the worker's thread only).
+  std::map<std::string, std::string> live_;
+  // Node id -> wall-clock ms when this worker first saw it gone (the worker's thread only).
+  std::map<std::string, int64_t> absent_since_;
+  std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_;
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace client
+}  // namespace gradsnap
+
+#endif  // GRADSNAP_CLIENT_CLUSTER_REPAIR_H_
