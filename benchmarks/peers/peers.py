@@ -42,7 +42,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -118,47 +117,25 @@ def cpu_seconds(pids=()):
 
 
 class Server:
-    """A real gradsnap-server on loopback (RAM tier off, so a restore reads the disk)."""
+    """A real gradsnap-server on loopback (python/tests/gsutil.py's), the RAM tier off so a
+    restore reads the disk."""
 
     def __init__(self, build, data_dir):
-        self.bin = os.path.join(build, "bin", "gradsnap-server")
+        os.environ["GRADSNAP_SERVER_BIN"] = os.path.join(build, "bin", "gradsnap-server")
+        sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
         self.data_dir = data_dir
         self.proc = None
         self.addr = None
 
     def start(self):
-        """Starts it (again on the same port after stop())."""
-        if self.addr is None:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.addr = f"127.0.0.1:{s.getsockname()[1]}"
-        self.log = open(self.data_dir + ".log", "ab")
-        self.proc = subprocess.Popen([self.bin, "--data-dir", self.data_dir, "--listen",
-                                      self.addr, "--cache-bytes", "0"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        import gradsnap
-        for _ in range(300):
-            if self.proc.poll() is not None:
-                with open(self.data_dir + ".log", errors="replace") as f:
-                    tail = f.read().strip().splitlines()[-3:]
-                raise RuntimeError(f"gradsnap-server exited {self.proc.returncode}: "
-                                   + " | ".join(tail))
-            try:
-                with gradsnap.connect(servers=self.addr, timeout_ms=1000, max_attempts=1) as c:
-                    c.health()
-                return self
-            except Exception:  # noqa: BLE001 - not up yet
-                time.sleep(0.1)
-        raise RuntimeError("gradsnap-server did not come up in 30 s")
+        import gsutil
+        self.server = gsutil.Server(self.data_dir, ["--cache-bytes", "0"])
+        self.proc, self.addr = self.server.proc, self.server.address
+        return self
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            self.server.stop()
         self.proc = None
 
 
@@ -476,14 +453,9 @@ def train_worker(mode, model_name, steps, every, threads, batch, seq, where):
     """PyTorch training the GPT of torch_gpt.py with checkpointer `mode` every `every` steps;
     prints one JSON line (per-step times and stalls)."""
     import torch
-    from torch_gpt import GPT, MODELS
+    from torch_gpt import setup, train_step
     warnings.filterwarnings("ignore")
-    torch.set_num_threads(threads)
-    torch.manual_seed(1337)
-    model = GPT(*MODELS[model_name])
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.1)
-    data = torch.randint(0, 256, (steps, batch, seq + 1))
+    model, opt, data = setup(model_name, threads, steps, batch, seq)
     pending = None
     client = None
     if mode == "gradsnap_py":
@@ -493,11 +465,7 @@ def train_worker(mode, model_name, steps, every, threads, batch, seq, where):
     state_bytes = 0
     for s in range(steps):
         t0 = time.perf_counter()
-        loss = model(data[s, :, :-1], data[s, :, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        train_step(model, opt, data[s])
         stall = 0.0
         if mode != "none" and (s + 1) % every == 0:
             c0 = time.perf_counter()
@@ -774,10 +742,8 @@ def main():
     remote = gradsnap.connect(servers=server.addr)
 
     def restart_server():
-        """Stopped and started again (on a new port: the old one may linger); so it reads the
-        flipped byte from the disk."""
+        """Stopped and started again (on a new port), so it reads the flipped byte from disk."""
         server.stop()
-        server.addr = None
         server.start()
         systems[-1].c.close()
         systems[-1].c = gradsnap.connect(servers=server.addr)

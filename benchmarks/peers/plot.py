@@ -35,6 +35,30 @@ def load(paths):
     return recs
 
 
+def medians(rows, x, y):
+    """Sorted xs (x(row)) and the median of y(row) over the rows of each."""
+    pts = {}
+    for r in rows:
+        pts.setdefault(x(r), []).append(y(r))
+    xs = sorted(pts)
+    return xs, [statistics.median(pts[v]) for v in xs]
+
+
+def axis(ax, xlabel, ylabel, title, legend_size=7, logy=True):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logy:
+        ax.set_yscale("log")
+    ax.legend(fontsize=legend_size)
+
+
+def save(fig, out, name):
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, name), dpi=90)
+    plt.close(fig)
+
+
 def step_time(recs, out):
     tr = [r for r in recs if r["section"] == "train"]
     if not tr:
@@ -48,14 +72,9 @@ def step_time(recs, out):
                 continue
             ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker=".",
                     label=r["mode"], color=STYLE.get(r["mode"]))
-        ax.set_title(f"{trainer}, {model} GPT, checkpoint every {tr[0]['every']} steps")
-        ax.set_xlabel("step")
-        ax.set_ylabel("step time (ms)")
-        ax.set_yscale("log")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "step_time.png"), dpi=90)
-    plt.close(fig)
+        axis(ax, "step", "step time (ms)",
+             f"{trainer}, {model} GPT, checkpoint every {tr[0]['every']} steps")
+    save(fig, out, "step_time.png")
 
 
 def io_vs_size(recs, out):
@@ -68,55 +87,34 @@ def io_vs_size(recs, out):
         for s in sorted({r["system"] for r in io}):
             if field == "load_cold_s" and s == "dcp_async_save":
                 continue  # the same reader as dcp_save
-            pts = {}
-            for r in io:
-                if r["system"] == s:
-                    pts.setdefault(r["bytes"], []).append(r[field])
-            xs = sorted(pts)
-            ax.plot([x / 2**30 for x in xs], [statistics.median(pts[x]) for x in xs],
-                    marker="o", label=s, color=STYLE.get(s))
+            xs, ys = medians([r for r in io if r["system"] == s], lambda r: r["bytes"],
+                             lambda r: r[field])
+            ax.plot([x / 2**30 for x in xs], ys, marker="o", label=s, color=STYLE.get(s))
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("state (GiB, 8 fp32 tensors)")
-        ax.set_ylabel("seconds (median of passes)")
-        ax.set_title(title)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "io_vs_size.png"), dpi=90)
-    plt.close(fig)
+        axis(ax, "state (GiB, 8 fp32 tensors)", "seconds (median of passes)", title)
+    save(fig, out, "io_vs_size.png")
 
 
 def stall_vs_size(recs, out):
     fig, ax = plt.subplots(figsize=(8, 5))
     tr = [r for r in recs if r["section"] == "train" and r["mode"] != "none"]
     for key in sorted({(r["trainer"], r["mode"]) for r in tr}):
-        pts = {}
-        for r in tr:
-            if (r["trainer"], r["mode"]) == key:
-                pts.setdefault(r["state_bytes"], []).append(max(r["stall_ms_per_ckpt"], 0.01))
-        xs = sorted(pts)
-        ax.plot([x / 2**20 for x in xs], [statistics.median(pts[x]) for x in xs], marker="o",
+        xs, ys = medians([r for r in tr if (r["trainer"], r["mode"]) == key],
+                         lambda r: r["state_bytes"], lambda r: max(r["stall_ms_per_ckpt"], 0.01))
+        ax.plot([x / 2**20 for x in xs], ys, marker="o",
                 ls="-" if key[0] == "gradsnap-train" else "--",
                 label=f"{key[0]} {key[1]} (training)", color=STYLE.get(key[1]))
     io = [r for r in recs if r["section"] == "io" and r["layout"] == "large"
           and r["system"] in ("dcp_async_save", "torch_save", "gradsnap_embedded")]
     for s in sorted({r["system"] for r in io}):
-        pts = {}
-        for r in io:
-            if r["system"] == s:
-                pts.setdefault(r["bytes"], []).append(1000 * r["save_blocking_s"])
-        xs = sorted(pts)
-        ax.plot([x / 2**20 for x in xs], [statistics.median(pts[x]) for x in xs], marker="x",
+        xs, ys = medians([r for r in io if r["system"] == s], lambda r: r["bytes"],
+                         lambda r: 1000 * r["save_blocking_s"])
+        ax.plot([x / 2**20 for x in xs], ys, marker="x",
                 ls=":", label=f"{s} blocking call (no training)", color=STYLE.get(s))
     ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("checkpointed state (MiB)")
-    ax.set_ylabel("stall per checkpoint (ms)")
-    ax.set_title("training stall per checkpoint")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "stall_vs_size.png"), dpi=90)
-    plt.close(fig)
+    axis(ax, "checkpointed state (MiB)", "stall per checkpoint (ms)",
+         "training stall per checkpoint", legend_size=6)
+    save(fig, out, "stall_vs_size.png")
 
 
 def cpu_per_gb(recs, out):
@@ -131,25 +129,21 @@ def cpu_per_gb(recs, out):
         rows = [r for r in io if r["layout"] == layout and (nbytes is None or r["bytes"] == nbytes)]
         if not rows:
             continue
-        save, loadc = [], []
+        saves, loadc = [], []
         for s in systems:
             rs = [r for r in rows if r["system"] == s]
             gb = rs[0]["bytes"] / 1e9 if rs else 1
-            save.append(statistics.median([r["save_cpu_s"] for r in rs]) / gb if rs else 0)
+            saves.append(statistics.median([r["save_cpu_s"] for r in rs]) / gb if rs else 0)
             loadc.append(statistics.median([r["load_cpu_s"] for r in rs]) / gb if rs else 0)
         x = range(len(systems))
-        ax.bar([i - 0.2 for i in x], save, 0.4, label="save")
+        ax.bar([i - 0.2 for i in x], saves, 0.4, label="save")
         ax.bar([i + 0.2 for i in x], loadc, 0.4, label="cold load")
         ax.set_xticks(list(x))
         ax.set_xticklabels(systems, rotation=30, ha="right", fontsize=7)
-        ax.set_ylabel("CPU-seconds per GB (user + system)")
         what = (f"{rows[0]['bytes'] / 2**30:.2g} GiB in 8 tensors" if layout == "large"
                 else f"{rows[0]['tensors']} small tensors, {rows[0]['bytes'] / 2**20:.0f} MiB")
-        ax.set_title(what)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "cpu_per_gb.png"), dpi=90)
-    plt.close(fig)
+        axis(ax, "", "CPU-seconds per GB (user + system)", what, logy=False)
+    save(fig, out, "cpu_per_gb.png")
 
 
 def main():
