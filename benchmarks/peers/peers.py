@@ -32,8 +32,9 @@ Sections:
          (benchmarks/trainer_throughput/torch_gpt.py's model) with each checkpointer every
          --every steps, and by gradsnap-train in each --ckpt-mode; per step its time and the
          stall (time inside the checkpointer; for async checkpointers the blocking call plus
-         any wait for the previous one). Also with --model tiny, for the stall against the
-         state size.
+         any wait for the previous one); the stall per checkpoint is, as snapshot_bench
+         counts it, every step's stall plus gradsnap-train's final Finish, per FULL. Also
+         with --model tiny, for the stall against the state size.
   speed  tokens/s of both trainers without checkpoints at each --speed-threads count,
          --reps rounds, alternating which goes first.
 """
@@ -544,7 +545,7 @@ def run_gradsnap_train(a, mode, model, steps, every, threads):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if p.returncode != 0:
             sys.exit(f"peers: {' '.join(cmd)} failed: {(p.stdout + p.stderr).strip()[-800:]}")
-        step_ms, stall_ms, summ = [], [], {}
+        step_ms, stall_ms, summ, finish_ms = [], [], {}, 0.0
         for line in p.stdout.splitlines():
             w = line.split()
             if w and w[0] == "step" and "step_ms" in w:
@@ -552,7 +553,9 @@ def run_gradsnap_train(a, mode, model, steps, every, threads):
                 stall_ms.append(float(w[w.index("stall_ms") + 1]))
             elif w and w[0] == "summary":
                 summ = dict(x.split("=", 1) for x in w[1:] if "=" in x)
-        return {"step_ms": step_ms, "stall_ms": stall_ms,
+            elif w[:2] == ["ckpt", "summary"]:
+                finish_ms = float(dict(x.split("=", 1) for x in w[2:] if "=" in x)["finish_ms"])
+        return {"step_ms": step_ms, "stall_ms": stall_ms, "finish_ms": finish_ms,
                 "state_bytes": 12 * int(summ.get("params", 0)),
                 "tokens_per_s": float(summ["tokens_per_s"])}
     finally:
@@ -566,7 +569,8 @@ GS_MODES = ["none", "sync", "async", "gockpt", "gockpt+gradlog"]
 
 def train_section(a):
     for model in a.train_models:
-        runs = [("pytorch", m) for m in TORCH_MODES] + [("gradsnap-train", m) for m in GS_MODES]
+        runs = [(t, m) for t, modes in (("pytorch", TORCH_MODES), ("gradsnap-train", GS_MODES))
+                if t in a.train_trainers for m in modes]
         if a.quick:  # CI: one async checkpointer of each trainer against none
             runs = [r for r in runs if r[1] in ("none", "dcp_async_save", "gockpt+gradlog")]
         for rep in range(a.train_reps):
@@ -575,13 +579,16 @@ def train_section(a):
             for trainer, mode in order:
                 f = run_torch_train if trainer == "pytorch" else run_gradsnap_train
                 r = f(a, mode, model, a.steps, a.every, a.train_threads)
-                ck = [x for i, x in enumerate(r["stall_ms"]) if (i + 1) % a.every == 0]
+                # snapshot_bench's measure: every step's stall plus the engine's Finish (the
+                # rest of a window the run's end cut short), per FULL checkpoint started.
+                fulls = a.steps // a.every
                 rec = {"section": "train", "trainer": trainer, "mode": mode, "model": model,
                        "rep": rep, "threads": a.train_threads, "steps": a.steps,
                        "every": a.every, "state_bytes": r["state_bytes"],
                        "tokens_per_s": round(r["tokens_per_s"], 1),
-                       "stall_ms_per_ckpt": (round(statistics.mean(ck), 2)
-                                             if mode != "none" and ck else 0.0),
+                       "stall_ms_per_ckpt": (round((sum(r["stall_ms"]) + r.get("finish_ms", 0))
+                                                   / fulls, 2) if mode != "none" else 0.0),
+                       "finish_ms": r.get("finish_ms", 0.0),
                        "step_ms": [round(x, 1) for x in r["step_ms"]],
                        "stall_ms": [round(x, 1) for x in r["stall_ms"]]}
                 emit(rec)
@@ -691,6 +698,8 @@ def main():
     ap.add_argument("--train-models", default="",
                     help="GPT shapes of the train section, comma-separated. Default: tiny and "
                     "--model")
+    ap.add_argument("--train-trainers", default="pytorch,gradsnap-train",
+                    help="trainers of the train section. Default: pytorch,gradsnap-train")
     ap.add_argument("--train-reps", type=int, default=1,
                     help="rounds of the train section. Default: 1")
     ap.add_argument("--train-threads", type=int, default=2,
@@ -739,6 +748,9 @@ def main():
                  "threads >= 1")
     a.train_models = (a.train_models.split(",") if a.train_models
                       else [a.model] if a.model == "tiny" else ["tiny", a.model])
+    a.train_trainers = a.train_trainers.split(",")
+    if set(a.train_trainers) - {"pytorch", "gradsnap-train"}:
+        ap.error("--train-trainers: pytorch, gradsnap-train")
     if set(a.train_models) - {"tiny", "small"}:
         ap.error("--train-models: tiny, small")
     for b in ("gradsnap-server", "gradsnap-train"):

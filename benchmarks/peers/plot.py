@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 STYLE = {"torch_save": "tab:blue", "dcp_save": "tab:orange", "dcp_async_save": "tab:red",
          "torchsnapshot": "tab:purple", "torchsnapshot_async": "tab:pink",
          "gradsnap_embedded": "tab:green", "gradsnap_server": "tab:olive",
-         "gradsnap_py": "tab:green", "none": "black", "sync": "tab:brown", "async": "tab:cyan",
+         "gradsnap_py": "tab:gray", "none": "black", "sync": "tab:brown", "async": "tab:cyan",
          "gockpt": "tab:olive", "gockpt+gradlog": "tab:green"}
 
 
@@ -66,6 +66,7 @@ def step_time(recs, out):
     model = max({r["model"] for r in tr}, key=lambda m: max(x["state_bytes"] for x in tr
                                                             if x["model"] == m))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=False)
+    every = next(r["every"] for r in tr if r["model"] == model)
     for ax, trainer in zip(axes, ("pytorch", "gradsnap-train")):
         for r in tr:
             if r["model"] != model or r["trainer"] != trainer or r["rep"] != 0:
@@ -73,7 +74,7 @@ def step_time(recs, out):
             ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker=".",
                     label=r["mode"], color=STYLE.get(r["mode"]))
         axis(ax, "step", "step time (ms)",
-             f"{trainer}, {model} GPT, checkpoint every {tr[0]['every']} steps")
+             f"{trainer}, {model} GPT, checkpoint every {every} steps")
     save(fig, out, "step_time.png")
 
 
