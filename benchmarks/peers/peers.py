@@ -692,24 +692,20 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="passes / rounds (1..20). Default: 3")
     ap.add_argument("--sections", default="io,ws2,flip,train,speed",
                     help="which to run. Default: io,ws2,flip,train,speed")
-    ap.add_argument("--model", default="small", help="GPT shape (tiny, small). Default: small")
-    ap.add_argument("--steps", type=int, default=30, help="training steps per run. Default: 30")
-    ap.add_argument("--every", type=int, default=10, help="checkpoint interval. Default: 10")
-    ap.add_argument("--train-models", default="",
-                    help="GPT shapes of the train section, comma-separated. Default: tiny and "
-                    "--model")
-    ap.add_argument("--train-trainers", default="pytorch,gradsnap-train",
-                    help="trainers of the train section. Default: pytorch,gradsnap-train")
-    ap.add_argument("--train-reps", type=int, default=1,
-                    help="rounds of the train section. Default: 1")
-    ap.add_argument("--train-threads", type=int, default=2,
-                    help="threads of both trainers in the train section. Default: 2")
-    ap.add_argument("--speed-threads", default="1,2",
-                    help="thread counts of the speed section. Default: 1,2")
-    ap.add_argument("--speed-steps", type=int, default=10,
-                    help="steps per run of the speed section. Default: 10")
-    ap.add_argument("--batch", type=int, default=8, help="batch. Default: 8")
-    ap.add_argument("--seq", type=int, default=128, help="sequence length. Default: 128")
+    for flag, typ, default, what in (
+            ("--model", str, "small", "GPT shape (tiny, small)"),
+            ("--steps", int, 30, "training steps per run"),
+            ("--every", int, 10, "checkpoint interval"),
+            ("--train-models", str, "", "GPT shapes of the train section, comma-separated "
+             "(empty: tiny and --model)"),
+            ("--train-trainers", str, "pytorch,gradsnap-train", "trainers of the train section"),
+            ("--train-reps", int, 1, "rounds of the train section"),
+            ("--train-threads", int, 2, "threads of both trainers in the train section"),
+            ("--speed-threads", str, "1,2", "thread counts of the speed section"),
+            ("--speed-steps", int, 10, "steps per run of the speed section"),
+            ("--batch", int, 8, "batch"),
+            ("--seq", int, 128, "sequence length")):
+        ap.add_argument(flag, type=typ, default=default, help=f"{what}. Default: {default!r}")
     ap.add_argument("--dir", default="/var/tmp", help="scratch directory on the disk under "
                     "test. Default: /var/tmp")
     ap.add_argument("--build", default=os.path.join(ROOT, "build"),
@@ -743,9 +739,10 @@ def main():
         ap.error(f"--sections: unknown {','.join(sorted(bad))}")
     if (not 1 <= a.reps <= 20 or a.small_count < 0 or min(a.sizes) < 64 or a.steps < 1
             or not 1 <= a.every <= a.steps or a.model not in ("tiny", "small")
-            or min(a.speed_threads) < 1 or a.train_threads < 1):
+            or min(a.speed_threads) < 1 or a.train_threads < 1 or a.train_reps < 1
+            or a.speed_steps < 1 or a.batch < 1 or a.seq < 1):
         ap.error("--reps 1..20; sizes >= 64 bytes; --every 1..--steps; --model tiny|small; "
-                 "threads >= 1")
+                 "threads, --train-reps, --speed-steps, --batch, --seq >= 1")
     a.train_models = (a.train_models.split(",") if a.train_models
                       else [a.model] if a.model == "tiny" else ["tiny", a.model])
     a.train_trainers = a.train_trainers.split(",")
