@@ -63,6 +63,26 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def setup(model_name, threads, steps, batch, seq):
+    """The model, its AdamW and `steps` batches of random byte tokens, seeded."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(1337)
+    ctx, layers, nh, c = MODELS[model_name]
+    model = GPT(ctx, layers, nh, c)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1)
+    return model, opt, torch.randint(0, 256, (steps, batch, seq + 1))
+
+
+def train_step(model, opt, batch):
+    """One step on `batch` (B x T+1 tokens): forward, backward, clip 1.0, AdamW."""
+    loss = model(batch[:, :-1], batch[:, 1:])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="small")
@@ -71,21 +91,11 @@ def main():
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(1337)
-    ctx, layers, nh, c = MODELS[a.model]
-    model = GPT(ctx, layers, nh, c)
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=0.1)
-    data = torch.randint(0, 256, (a.steps, a.batch, a.seq + 1))
+    model, opt, data = setup(a.model, a.threads, a.steps, a.batch, a.seq)
     total = 0.0
     for s in range(a.steps):
         t0 = time.perf_counter()
-        loss = model(data[s, :, :-1], data[s, :, 1:])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        train_step(model, opt, data[s])
         total += time.perf_counter() - t0
     tokens = a.steps * a.batch * a.seq
     print(f"torch_tokens_per_s={tokens / total:.1f} mean_step_ms={1000 * total / a.steps:.1f} "
