@@ -211,6 +211,9 @@ TEST(Membership, RegistersAndRefusesWritesWithoutItsLease) {
   ASSERT_TRUE(WaitFor([&] { return !(*m)->WritesAllowed().ok(); }, 60));
   absl::Status refused = (*m)->WritesAllowed();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  // Writes are refused the moment the lease's time runs out; the keep-alive thread counts
+  // the loss at its next turn (after a keep-alive call to the dead member returns).
+  EXPECT_TRUE(WaitFor([&] { return (*m)->lease_losses() >= 1; }, 30));
   EXPECT_EQ((*m)->lease_losses(), 1u);
   ASSERT_TRUE(etcd.Restart(0).ok()) << etcd.Log(0);
   ASSERT_TRUE(WaitFor([&] { return (*m)->WritesAllowed().ok(); }, 60));
