@@ -163,6 +163,7 @@ StepStats EngineImpl::TakeStepStats() {
 
 absl::Status EngineImpl::BeforeGradOverwrite(int64_t) {
   if (!opt_.overlap_grads || grad_ticket_ == 0) return absl::OkStatus();
+  if (opt_.test_drop_wait == DroppedWait::kGrad) return absl::OkStatus();  // test hook
   CopyTicket t = grad_ticket_;
   grad_ticket_ = 0;
   return Stall([&] { return queue_->Wait(t); });
@@ -189,7 +190,9 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   size_t replay_end = 0;
   if (win_.has_value()) {
     CopyTicket t = block_ticket_;
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    if (opt_.test_drop_wait != DroppedWait::kBlock) {
+      RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    }
     if (win_->submitted >= win_->k) {
       win_.reset();  // every block landed; the worker finishes the replay and persists
     } else {
@@ -201,6 +204,7 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   req.priority = CopyPriority::kGradient;
   req.src = grad;
   req.label = absl::StrCat("grad ", step);
+  req.test_consume_before_landing = opt_.test_drop_wait == DroppedWait::kReplay;
   if (opt_.grad_log) {
     int buf = AcquireLogBuffer();
     char* dst = static_cast<char*>(log_bufs_[buf]->data());
@@ -336,7 +340,15 @@ absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_d
   EngineEvent record = SimpleEvent(EngineEvent::kRecord, u);
   record.info = std::make_shared<const UpdateRecord>(info);
   Push(std::move(record));
-  if (!opt_.overlap_grads && grad_ticket_ != 0) {
+  if (opt_.test_drop_wait == DroppedWait::kReplay && grad_ticket_ != 0) {
+    // Test hook: the worker replays this update's first gradient chunk, enqueued but not
+    // landed, before the host goes on (and so before anything demands the copy).
+    queue_->WaitStarted(grad_ticket_);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::deque<EngineEvent>* q) { return q->empty(); }, &events_));
+  }
+  if (!opt_.overlap_grads && grad_ticket_ != 0 && opt_.test_drop_wait != DroppedWait::kGrad) {
     CopyTicket t = grad_ticket_;
     grad_ticket_ = 0;
     RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));

@@ -93,6 +93,9 @@ struct SnapshotEngineOptions {
   int replay_threads = 2;
   // Optional trace (not owned). Default: nullptr
   TraceWriter* trace = nullptr;
+  // Test hook: leave out one kind of wait (above); breaks the checkpoints on purpose.
+  // Default: kNone
+  DroppedWait test_drop_wait = DroppedWait::kNone;
 };
 
 // The rank's slice in device memory.

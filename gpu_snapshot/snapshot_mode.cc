@@ -33,5 +33,24 @@ absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name) {
       absl::StrCat("unknown --ckpt_mode '", name, "' (known: ", known, ")"));
 }
 
+const char* DroppedWaitName(DroppedWait w) {
+  switch (w) {
+    case DroppedWait::kNone: return "none";
+    case DroppedWait::kBlock: return "block";
+    case DroppedWait::kGrad: return "grad";
+    case DroppedWait::kReplay: return "replay";
+  }
+  return "?";
+}
+
+absl::StatusOr<DroppedWait> ParseDroppedWait(absl::string_view name) {
+  for (DroppedWait w :
+       {DroppedWait::kNone, DroppedWait::kBlock, DroppedWait::kGrad, DroppedWait::kReplay}) {
+    if (name == DroppedWaitName(w)) return w;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown --test_drop_wait '", name, "' (known: none, block, grad, replay)"));
+}
+
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

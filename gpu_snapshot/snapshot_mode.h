@@ -18,6 +18,19 @@ const char* SnapshotModeName(SnapshotMode m);
 // sync, async, gockpt)" for any other string.
 absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name);
 
+// Test hook SnapshotEngineOptions::test_drop_wait: one kind of wait the engine leaves out, so a
+// test shows that the simulated device's late_copies mode (sim_device.h) catches it:
+//   kBlock   the host's wait for a block copy before the next update overwrites the block;
+//   kGrad    the host's wait for a gradient copy before the next reduction overwrites it;
+//   kReplay  the replay's wait for a gradient chunk to land before it reads it (the chunk is
+//            replayed as soon as its copy is enqueued; AfterUpdate then waits until the worker
+//            replayed it, so the replay always reads the chunk before it landed).
+enum class DroppedWait { kNone, kBlock, kGrad, kReplay };
+// "none", "block", "grad", "replay"; ParseDroppedWait is its inverse (INVALID_ARGUMENT
+// "unknown --test_drop_wait 'X' (known: none, block, grad, replay)").
+const char* DroppedWaitName(DroppedWait w);
+absl::StatusOr<DroppedWait> ParseDroppedWait(absl::string_view name);
+
 }  // namespace gpu_snapshot
 }  // namespace gradsnap
 

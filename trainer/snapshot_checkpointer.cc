@@ -157,6 +157,7 @@ class SnapshotCheckpointer : public Checkpointer {
     eo.overlap_grads = o_.overlap_grads;
     eo.grad_dtype = GradDType();
     eo.trace = trace_;
+    eo.test_drop_wait = o_.test_drop_wait;
     // K must be the same on every rank (the saves are collective): automatic K only alone.
     eo.window = o_.gockpt_window;
     eo.max_window = static_cast<int>(std::max<int64_t>(1, o_.every > 1 ? o_.every / 2 : 1));

@@ -10,6 +10,8 @@
 //    to the sync run's snapshot of the same step, and the final params_sha256 is the same;
 //  - the poison is really detected: with copies deliberately unordered (test hook), checkpoints
 //    differ;
+//  - with late copies (--sim_late_copies), leaving out any one kind of wait (--test_drop_wait
+//    block, grad, replay) always makes a FULL differ, and leaving out none never does;
 //  - bad device flags (also --device cuda without a GPU) are one clear line and exit status 2.
 #include <sstream>
 
@@ -81,6 +83,37 @@ class SimE2E : public e2e::ScratchSuite {
     }
   }
 
+  // The sim's late_copies mode starts a copy only when the host waits for it or once a kernel
+  // overwrote its source (sim_device.h), so leaving out one kind of wait (the engine's
+  // test_drop_wait hook) always corrupts a checkpoint, whatever the timing; with every wait in
+  // place the same mode gives exact checkpoints. `drop`: the wait left out; `late`: the copy
+  // stream whose copies start late.
+  void CheckDroppedWaitIsCaught(const std::string& drop, const std::string& late) {
+    const TrainRun& ref = Reference(1);
+    ASSERT_EQ(ref.rc, 0) << ref.out;
+    Store ref_store(Ref(1));
+    for (bool dropped : {false, true}) {
+      const std::string name = absl::StrCat("late_", late, "_", drop, dropped ? "_dropped" : "_kept");
+      const std::string dir = scratch() + "/" + name;
+      std::vector<std::string> a = Base(dir, 1);
+      a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=4", "--gockpt_window=3",
+                         "--sim_late_copies=" + late, "--job=d"});
+      if (dropped) a.push_back("--test_drop_wait=" + drop);
+      TrainRun r = RunTrain(scratch(), name, a);
+      ASSERT_EQ(r.rc, 0) << name << "\n" << r.out;
+      EXPECT_EQ(r.sha, ref.sha) << name << ": training itself must be unaffected";
+      Store got(dir);
+      ASSERT_FALSE(got.List("d").empty()) << name << "\n" << r.out;
+      if (dropped) {
+        EXPECT_GT(e2e::CountDifferingFulls(got, "d", ref_store, "ref", 1), 0)
+            << name << ": the missing " << drop << " wait went unnoticed\n" << r.out;
+      } else {
+        const e2e::Checked c = e2e::ExpectEqualsReference(got, "d", ref_store, "ref", 1, name);
+        EXPECT_GE(c.fulls, 2) << name << "\n" << r.out;
+      }
+    }
+  }
+
   static std::map<int, TrainRun> refs_;
 };
 std::map<int, TrainRun> SimE2E::refs_;
@@ -133,6 +166,12 @@ TEST_F(SimE2E, PoisonDetectsCopiesNotOrderedAfterTheUpdate) {
   }
 }
 
+TEST_F(SimE2E, DroppedBlockCopyWaitIsCaught) { CheckDroppedWaitIsCaught("block", "state"); }
+TEST_F(SimE2E, DroppedGradientCopyWaitIsCaught) {
+  CheckDroppedWaitIsCaught("grad", "grad");
+}
+TEST_F(SimE2E, DroppedReplayWaitIsCaught) { CheckDroppedWaitIsCaught("replay", "grad"); }
+
 // A kill while a gockpt window is in flight, on sim with -O and the gradient log: the restart
 // restores a checkpoint (resumed_from is a real step) and continues exactly.
 TEST_F(SimE2E, KilledRankResumesFromACheckpoint) {
@@ -164,6 +203,7 @@ TEST_F(SimE2E, BadDeviceFlagsAreOneClearLine) {
       {"--device=sim --device_id=7 --nproc=2", "needs sim devices 7..8"},
       {"--device=sim --device_id=-1", "--device_id -1"},
       {"--device=tpu", "--device must be cpu, cuda or sim"},
+      {"--device=sim --sim_late_copies=all", "unknown --sim_late_copies 'all'"},
   };
   absl::StatusOr<int> gpus = gpu_snapshot::CudaDeviceCount();
   if (gpus.ok() && *gpus == 0) {
