@@ -261,9 +261,9 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
  private:
-  // The gradient the optimizer reads: bf16 on CUDA (mixed precision), fp32 on cpu and sim.
+  // The gradient the optimizer reads: bf16 on CUDA and sim (mixed precision), fp32 on cpu.
   DType GradDType() const {
-    return view_.device == DeviceKind::kCuda ? DType::kBF16 : DType::kF32;
+    return view_.device == DeviceKind::kCpu ? DType::kF32 : DType::kBF16;
   }
 
   const CheckpointerOptions o_;
