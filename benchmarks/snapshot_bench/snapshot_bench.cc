@@ -16,6 +16,13 @@
 //   delta_bytes_ratio                stored bytes per DELTA / per FULL (gradient log run)
 //   host_mem_ratio                   pinned host bytes of checkpointing / one copy of the state
 //                                    (gockpt; host_mem_ratio_gradlog for gockpt + log)
+//   grad_copy_ratio[_gradlog]        gradient bytes copied off the device per update / one
+//                                    gradient (gockpt; gockpt + log, where it is 1: the log's
+//                                    copy is the replay's too)
+//   copy_engine_utilization[_gradlog] the largest per-step copy time asked of the copy engine /
+//                                    the step time (gockpt; gockpt + log; median over rounds);
+//                                    above 1 the engine was asked for more than a step's worth
+//   window_fits[_gradlog]            1 when the automatic K fitted the copy traffic (ChooseWindow)
 //   cpu_ratio_gockpt[_gradlog]       CPU seconds of the none run / of the mode's run (medians):
 //                                    the throughput ratio a machine with no spare core would
 //                                    see, and a figure outside load does not disturb much
@@ -82,6 +89,9 @@ struct RunStats {
   double host_mem_ratio = 0;
   double cpu_s = 0;      // user + system CPU seconds of the whole run (all threads)
   int window = 0;        // K of the first FULL checkpoint (gockpt)
+  double grad_copy_ratio = 0;   // summary: gradient bytes copied per update / one gradient
+  double copy_util = 0;         // summary: copy_engine_utilization
+  int window_fits = 1;          // summary: window_fits
   std::string err;
 };
 
@@ -99,6 +109,9 @@ RunStats Parse(const std::string& out, SnapshotMode mode) {
   std::regex start_re(R"(^ckpt step \d+ \S+ start window=(\d+))");
   std::regex mem_re(R"(host_mem_ratio=(\S+))");
   std::regex finish_re(R"(^ckpt summary .* finish_ms=(\S+))");
+  std::regex gcr_re(R"(^ckpt summary .* grad_copy_ratio=(\S+))");
+  std::regex util_re(R"(^ckpt summary .* copy_engine_utilization=(\S+))");
+  std::regex fits_re(R"(^ckpt summary .* window_fits=(\d+))");
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
@@ -107,6 +120,9 @@ RunStats Parse(const std::string& out, SnapshotMode mode) {
       ++r.steps;
     }
     if (std::regex_search(line, m, finish_re)) r.stall_ms += std::stod(m[1]);
+    if (std::regex_search(line, m, gcr_re)) r.grad_copy_ratio = std::stod(m[1]);
+    if (std::regex_search(line, m, util_re)) r.copy_util = std::stod(m[1]);
+    if (std::regex_search(line, m, fits_re)) r.window_fits = std::stoi(m[1]);
     if (std::regex_search(line, m, tps_re)) {
       r.tokens_per_s = std::stod(m[1]);
       r.ok = true;
@@ -263,6 +279,11 @@ int main(int argc, char** argv) {
     for (auto& r : runs[m]) v.push_back(r.fulls > 0 ? r.stall_ms / r.fulls : 0);
     return Median(v);
   };
+  auto median_of = [&](const std::string& m, double RunStats::*field) {
+    std::vector<double> v;
+    for (auto& r : runs[m]) v.push_back(r.*field);
+    return Median(v);
+  };
   auto cpu = [&](const std::string& m) {
     std::vector<double> v;
     for (auto& r : runs[m]) v.push_back(r.cpu_s);
@@ -297,7 +318,9 @@ int main(int argc, char** argv) {
       "stall_ratio_gockpt_vs_sync=%.4f stall_ratio_gockpt_vs_async=%.4f "
       "stall_ratio_async_vs_sync=%.4f window_k=%d overlap_o_gain=%.2f delta_bytes_ratio=%.4f "
       "host_mem_ratio=%.4f host_mem_ratio_gradlog=%.4f cpu_ratio_gockpt=%.4f "
-      "cpu_ratio_gockpt_gradlog=%.4f\n",
+      "cpu_ratio_gockpt_gradlog=%.4f grad_copy_ratio=%.4f grad_copy_ratio_gradlog=%.4f "
+      "copy_engine_utilization=%.3f copy_engine_utilization_gradlog=%.3f window_fits=%d "
+      "window_fits_gradlog=%d\n",
       absl::GetFlag(FLAGS_device).c_str(), best_tps("gockpt") / best_tps("none"),
       best_tps("gockpt_gradlog") / best_tps("none"),
       stall_per_full("gockpt") / sync_stall, stall_per_full("gockpt") / async_stall,
@@ -305,7 +328,11 @@ int main(int argc, char** argv) {
       std::max(0.1, stall_per_full("gockpt_noO")) / o_stall,
       have_bytes ? per_delta / per_full : 0, runs["gockpt"][0].host_mem_ratio,
       runs["gockpt_gradlog"][0].host_mem_ratio, cpu("none") / cpu("gockpt"),
-      cpu("none") / cpu("gockpt_gradlog"));
+      cpu("none") / cpu("gockpt_gradlog"), median_of("gockpt", &RunStats::grad_copy_ratio),
+      median_of("gockpt_gradlog", &RunStats::grad_copy_ratio),
+      median_of("gockpt", &RunStats::copy_util),
+      median_of("gockpt_gradlog", &RunStats::copy_util), runs["gockpt"][0].window_fits,
+      runs["gockpt_gradlog"][0].window_fits);
   fs::remove_all(dir);
   return 0;
 }
