@@ -516,6 +516,7 @@ absl::Status EngineImpl::CloseWindowEarly() {
       absl::MutexLock lock(&mu_);
       full_targets_.erase(win_->s + win_->k - 1);
       full_targets_.insert(last_step_);
+      ++counters_.closed_early;
     }
     ASSIGN_OR_RETURN(t, SubmitStateRange(win_->bounds[win_->submitted], dev_.numel,
                                          "rest (blocking)", close));

@@ -198,6 +198,7 @@ struct EngineCounters {
   int64_t deltas_skipped_cut = 0;  // the sink skipped them (done(CANCELLED))
   int64_t persist_failures = 0;    // FULL and DELTA persists that reported a failure
   int64_t abandoned = 0;  // windows open at Finish with the gradient log on (docs/gockpt.md)
+  int64_t closed_early = 0;  // windows open at Finish closed there (the rest copied blocking)
   double stall_ms_total = 0, replay_ms_total = 0;
   uint64_t copied_bytes = 0;
   // Gradient bytes copied off the device (the log's copy, which the replay reads too, or the

@@ -141,10 +141,15 @@ class SnapshotCheckpointer : public Checkpointer {
     guard_ = std::make_unique<PersistGuard>(store_, o_, view_.rank,
                                             state.step > 0 ? state.step : -1);
     const uint64_t full_bytes = 3 * view_.count() * sizeof(float);
+    // Each record also carries the replicated small state (StoreSink reserves it): the auto
+    // budget holds one FULL and 8 DELTAs with it (room for it to grow), or no FULL of a state
+    // over the 64 MiB minimum would ever fit.
+    const uint64_t small = state.Serialize().size() + 4096;
     const uint64_t budget =
         o_.backlog_bytes > 0
             ? o_.backlog_bytes
-            : AutoBacklogBytes(full_bytes, view_.count() * DTypeSize(GradDType()), o_.grad_log);
+            : AutoBacklogBytes(full_bytes + small,
+                               view_.count() * DTypeSize(GradDType()) + small, o_.grad_log);
     if (o_.mode != gpu_snapshot::SnapshotMode::kNone && o_.every > 0 && budget < full_bytes &&
         view_.rank == 0) {
       GS_LOG(WARNING) << "--ckpt_backlog_bytes " << budget << " holds no FULL shard of a rank ("
@@ -258,7 +263,7 @@ class SnapshotCheckpointer : public Checkpointer {
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f "
           "grad_bytes=%zu grad_bytes_copied_per_step=%.0f grad_copy_ratio=%.4f "
           "copy_engine_utilization=%.3f copy_engine_utilization_mean=%.3f window_k=%d "
-          "window_fits=%d window_unfit=%lld\n",
+          "window_fits=%d window_unfit=%lld cut_short=%lld\n",
           gpu_snapshot::SnapshotModeName(o_.mode), o_.grad_log ? 1 : 0,
           static_cast<long long>(h.fulls), static_cast<long long>(c.deferred),
           static_cast<long long>(h.deltas), static_cast<long long>(h.failures),
@@ -271,7 +276,8 @@ class SnapshotCheckpointer : public Checkpointer {
               static_cast<double>(engine_->state_bytes()),
           engine_->grad_bytes(), per_step, per_step / static_cast<double>(engine_->grad_bytes()),
           c.copy_util_max, c.copy_util_steps > 0 ? c.copy_util_sum / c.copy_util_steps : 0.0,
-          c.last_window.k, c.last_window.fits ? 1 : 0, static_cast<long long>(c.window_unfit));
+          c.last_window.k, c.last_window.fits ? 1 : 0, static_cast<long long>(c.window_unfit),
+          static_cast<long long>(c.closed_early + c.abandoned));
       std::fflush(stdout);
     }
     return s;
