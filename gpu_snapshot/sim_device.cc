@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "gpu_snapshot/worker_stream.h"
 
 namespace gradsnap {
@@ -38,11 +39,9 @@ const char* SimLateCopiesName(SimLateCopies l) {
 }
 
 absl::StatusOr<SimLateCopies> ParseSimLateCopies(absl::string_view name) {
-  for (SimLateCopies l : {SimLateCopies::kNone, SimLateCopies::kState, SimLateCopies::kGradient}) {
-    if (name == SimLateCopiesName(l)) return l;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown --sim_late_copies '", name, "' (known: none, state, grad)"));
+  static constexpr SimLateCopies kLate[] = {SimLateCopies::kNone, SimLateCopies::kState,
+                                            SimLateCopies::kGradient};
+  return ParseEnumName(name, kLate, SimLateCopiesName, "--sim_late_copies");
 }
 
 SimGpu* CurrentSimGpu() { return t_current; }

@@ -24,13 +24,7 @@ const char* SnapshotModeName(SnapshotMode m) {
 }
 
 absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name) {
-  std::string known;
-  for (SnapshotMode m : kModes) {
-    if (name == SnapshotModeName(m)) return m;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", SnapshotModeName(m));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown --ckpt_mode '", name, "' (known: ", known, ")"));
+  return ParseEnumName(name, kModes, SnapshotModeName, "--ckpt_mode");
 }
 
 const char* DroppedWaitName(DroppedWait w) {
@@ -44,12 +38,9 @@ const char* DroppedWaitName(DroppedWait w) {
 }
 
 absl::StatusOr<DroppedWait> ParseDroppedWait(absl::string_view name) {
-  for (DroppedWait w :
-       {DroppedWait::kNone, DroppedWait::kBlock, DroppedWait::kGrad, DroppedWait::kReplay}) {
-    if (name == DroppedWaitName(w)) return w;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown --test_drop_wait '", name, "' (known: none, block, grad, replay)"));
+  static constexpr DroppedWait kWaits[] = {DroppedWait::kNone, DroppedWait::kBlock,
+                                           DroppedWait::kGrad, DroppedWait::kReplay};
+  return ParseEnumName(name, kWaits, DroppedWaitName, "--test_drop_wait");
 }
 
 }  // namespace gpu_snapshot

@@ -4,11 +4,30 @@
 #ifndef GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_MODE_H_
 #define GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_MODE_H_
 
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
+
+// The value among `values` whose NameOf is `name`; INVALID_ARGUMENT "unknown FLAG 'NAME'
+// (known: a, b, c)" otherwise. For the enum flags of the trainer and the simulated device.
+template <typename E, size_t N>
+absl::StatusOr<E> ParseEnumName(absl::string_view name, const E (&values)[N],
+                                const char* (*name_of)(E), absl::string_view flag) {
+  std::string known;
+  for (E v : values) {
+    if (name == name_of(v)) return v;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", name_of(v));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown ", flag, " '", name, "' (known: ", known, ")"));
+}
 
 enum class SnapshotMode { kNone, kSync, kAsync, kGoCkpt };
 

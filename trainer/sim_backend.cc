@@ -102,7 +102,9 @@ class SimBackend : public Backend {
     return stream_->Launch(
         [this, in, tg, dloss] {
           // The CPU kernels compute in fp32 from the bf16 compute copy's values.
-          for (size_t i = 0; i < total_; ++i) compute_[i] = Bf16ToFloat(params_bf16_[i]);
+          for (size_t i = 0; i < total_; ++i) {
+            compute_[i] = Bf16ToFloat(params_bf16_[i]);
+          }
           std::memset(grads_, 0, total_ * sizeof(float));
           loss_sum_ = model_.ForwardBackward(compute_, grads_, in->data(), tg->data(), dloss);
           return absl::OkStatus();

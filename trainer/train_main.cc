@@ -128,8 +128,10 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_g
   o.sim.copy_gbps = absl::GetFlag(FLAGS_sim_copy_gbps);
   o.sim.poison = absl::GetFlag(FLAGS_sim_poison);
   o.sim.unordered_copies = absl::GetFlag(FLAGS_sim_unordered_copies);
-  ASSIGN_OR_RETURN(o.sim.late_copies, gs::ParseSimLateCopies(absl::GetFlag(FLAGS_sim_late_copies)));
-  ASSIGN_OR_RETURN(o.ckpt.test_drop_wait, gs::ParseDroppedWait(absl::GetFlag(FLAGS_test_drop_wait)));
+  ASSIGN_OR_RETURN(o.sim.late_copies,
+                   gs::ParseSimLateCopies(absl::GetFlag(FLAGS_sim_late_copies)));
+  ASSIGN_OR_RETURN(o.ckpt.test_drop_wait,
+                   gs::ParseDroppedWait(absl::GetFlag(FLAGS_test_drop_wait)));
   o.steps = absl::GetFlag(FLAGS_steps);
   o.global_batch = absl::GetFlag(FLAGS_batch);
   o.seq_len = absl::GetFlag(FLAGS_seq);

@@ -93,7 +93,8 @@ class SimE2E : public e2e::ScratchSuite {
     ASSERT_EQ(ref.rc, 0) << ref.out;
     Store ref_store(Ref(1));
     for (bool dropped : {false, true}) {
-      const std::string name = absl::StrCat("late_", late, "_", drop, dropped ? "_dropped" : "_kept");
+      const std::string name =
+          absl::StrCat("late_", late, "_", drop, dropped ? "_dropped" : "_kept");
       const std::string dir = scratch() + "/" + name;
       std::vector<std::string> a = Base(dir, 1);
       a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=4", "--gockpt_window=3",
