@@ -27,21 +27,13 @@ void* AlignedZeroed(size_t bytes) {
   return p;
 }
 
+constexpr EnumName<SimLateCopies> kLateCopies[] = {{SimLateCopies::kNone, "none"},
+                                                   {SimLateCopies::kState, "state"},
+                                                   {SimLateCopies::kGradient, "grad"}};
 }  // namespace
 
-const char* SimLateCopiesName(SimLateCopies l) {
-  switch (l) {
-    case SimLateCopies::kNone: return "none";
-    case SimLateCopies::kState: return "state";
-    case SimLateCopies::kGradient: return "grad";
-  }
-  return "?";
-}
-
 absl::StatusOr<SimLateCopies> ParseSimLateCopies(absl::string_view name) {
-  static constexpr SimLateCopies kLate[] = {SimLateCopies::kNone, SimLateCopies::kState,
-                                            SimLateCopies::kGradient};
-  return ParseEnumName(name, kLate, SimLateCopiesName, "--sim_late_copies");
+  return ParseName(name, kLateCopies, "--sim_late_copies");
 }
 
 SimGpu* CurrentSimGpu() { return t_current; }

@@ -73,9 +73,8 @@ inline constexpr int kCopySlices = 16;
 
 // SimOptions::late_copies: which copy streams start their copies as late as possible.
 enum class SimLateCopies { kNone, kState, kGradient };
-// "none", "state", "grad"; ParseSimLateCopies is its inverse (INVALID_ARGUMENT "unknown
-// --sim_late_copies 'X' (known: none, state, grad)").
-const char* SimLateCopiesName(SimLateCopies l);
+// --sim_late_copies: "none", "state" or "grad"; INVALID_ARGUMENT "unknown --sim_late_copies 'X'
+// (known: none, state, grad)" for any other string.
 absl::StatusOr<SimLateCopies> ParseSimLateCopies(absl::string_view name);
 
 struct SimOptions {

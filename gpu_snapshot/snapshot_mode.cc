@@ -9,38 +9,24 @@ namespace gradsnap {
 namespace gpu_snapshot {
 
 namespace {
-constexpr SnapshotMode kModes[] = {SnapshotMode::kNone, SnapshotMode::kSync,
-                                   SnapshotMode::kAsync, SnapshotMode::kGoCkpt};
+constexpr EnumName<SnapshotMode> kModes[] = {{SnapshotMode::kNone, "none"},
+                                             {SnapshotMode::kSync, "sync"},
+                                             {SnapshotMode::kAsync, "async"},
+                                             {SnapshotMode::kGoCkpt, "gockpt"}};
+constexpr EnumName<DroppedWait> kWaits[] = {{DroppedWait::kNone, "none"},
+                                            {DroppedWait::kBlock, "block"},
+                                            {DroppedWait::kGrad, "grad"},
+                                            {DroppedWait::kReplay, "replay"}};
 }  // namespace
 
-const char* SnapshotModeName(SnapshotMode m) {
-  switch (m) {
-    case SnapshotMode::kNone: return "none";
-    case SnapshotMode::kSync: return "sync";
-    case SnapshotMode::kAsync: return "async";
-    case SnapshotMode::kGoCkpt: return "gockpt";
-  }
-  return "?";
-}
+const char* SnapshotModeName(SnapshotMode m) { return NameOf(m, kModes); }
 
 absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name) {
-  return ParseEnumName(name, kModes, SnapshotModeName, "--ckpt_mode");
-}
-
-const char* DroppedWaitName(DroppedWait w) {
-  switch (w) {
-    case DroppedWait::kNone: return "none";
-    case DroppedWait::kBlock: return "block";
-    case DroppedWait::kGrad: return "grad";
-    case DroppedWait::kReplay: return "replay";
-  }
-  return "?";
+  return ParseName(name, kModes, "--ckpt_mode");
 }
 
 absl::StatusOr<DroppedWait> ParseDroppedWait(absl::string_view name) {
-  static constexpr DroppedWait kWaits[] = {DroppedWait::kNone, DroppedWait::kBlock,
-                                           DroppedWait::kGrad, DroppedWait::kReplay};
-  return ParseEnumName(name, kWaits, DroppedWaitName, "--test_drop_wait");
+  return ParseName(name, kWaits, "--test_drop_wait");
 }
 
 }  // namespace gpu_snapshot

@@ -15,15 +15,28 @@
 namespace gradsnap {
 namespace gpu_snapshot {
 
-// The value among `values` whose NameOf is `name`; INVALID_ARGUMENT "unknown FLAG 'NAME'
-// (known: a, b, c)" otherwise. For the enum flags of the trainer and the simulated device.
+// An enum flag's values and their names, for the enum flags of the trainer and the simulated
+// device: NameOf(value) ("?" for none), and ParseName, its inverse: INVALID_ARGUMENT "unknown
+// FLAG 'NAME' (known: a, b, c)" for any other string.
+template <typename E>
+struct EnumName {
+  E value;
+  const char* name;
+};
 template <typename E, size_t N>
-absl::StatusOr<E> ParseEnumName(absl::string_view name, const E (&values)[N],
-                                const char* (*name_of)(E), absl::string_view flag) {
+const char* NameOf(E value, const EnumName<E> (&names)[N]) {
+  for (const EnumName<E>& n : names) {
+    if (n.value == value) return n.name;
+  }
+  return "?";
+}
+template <typename E, size_t N>
+absl::StatusOr<E> ParseName(absl::string_view name, const EnumName<E> (&names)[N],
+                            absl::string_view flag) {
   std::string known;
-  for (E v : values) {
-    if (name == name_of(v)) return v;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", name_of(v));
+  for (const EnumName<E>& n : names) {
+    if (name == n.name) return n.value;
+    absl::StrAppend(&known, known.empty() ? "" : ", ", n.name);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown ", flag, " '", name, "' (known: ", known, ")"));
@@ -45,9 +58,8 @@ absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name);
 //            replayed as soon as its copy is enqueued; AfterUpdate then waits until the worker
 //            replayed it, so the replay always reads the chunk before it landed).
 enum class DroppedWait { kNone, kBlock, kGrad, kReplay };
-// "none", "block", "grad", "replay"; ParseDroppedWait is its inverse (INVALID_ARGUMENT
-// "unknown --test_drop_wait 'X' (known: none, block, grad, replay)").
-const char* DroppedWaitName(DroppedWait w);
+// --test_drop_wait: "none", "block", "grad" or "replay"; INVALID_ARGUMENT "unknown
+// --test_drop_wait 'X' (known: none, block, grad, replay)" for any other string.
 absl::StatusOr<DroppedWait> ParseDroppedWait(absl::string_view name);
 
 }  // namespace gpu_snapshot
