@@ -48,7 +48,46 @@ bool CopyQueue::Done(CopyTicket t) {
   return open_.count(t) == 0;
 }
 
+void CopyQueue::Demand(CopyTicket t) {
+  bool streams[kNumPriorities] = {false, false};
+  {
+    absl::MutexLock lock(&mu_);
+    // A stream runs its copies in order: waiting for t waits for the earlier requests of its
+    // priority too.
+    int prio = -1;
+    if (t != 0) {
+      auto it = open_.find(t);
+      if (it == open_.end()) return;
+      prio = static_cast<int>(it->second->r.priority);
+    }
+    for (auto& [ticket, req] : open_) {
+      const int p = static_cast<int>(req->r.priority);
+      if (t != 0 && (ticket > t || p != prio)) continue;
+      req->demanded = true;
+      streams[p] = true;
+    }
+  }
+  // The chunks enqueued so far; the dispatcher demands the later ones (it reads `demanded`
+  // after enqueueing, under demand_mu_).
+  absl::MutexLock lock(&demand_mu_);
+  for (int p = 0; p < kNumPriorities; ++p) {
+    if (streams[p]) streams_[p]->Demand();
+  }
+}
+
+void CopyQueue::WaitStarted(CopyTicket t) {
+  std::pair<CopyQueue*, CopyTicket> arg{this, t};
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](std::pair<CopyQueue*, CopyTicket>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        auto it = a->first->open_.find(a->second);
+        return it == a->first->open_.end() || it->second->started;
+      },
+      &arg));
+}
+
 absl::Status CopyQueue::Wait(CopyTicket t) {
+  Demand(t);
   std::pair<CopyQueue*, CopyTicket> arg{this, t};
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
@@ -60,6 +99,7 @@ absl::Status CopyQueue::Wait(CopyTicket t) {
 }
 
 absl::Status CopyQueue::WaitAll() {
+  Demand(0);
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](CopyQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS { return q->open_.empty(); }, this));
@@ -117,9 +157,20 @@ void CopyQueue::Run() {
       CopyStream* stream = streams_[static_cast<int>(req->r.priority)].get();
       absl::Status s = absl::OkStatus();
       if (offset == 0 && req->r.after != nullptr) s = stream->WaitForEvent(req->r.after.get());
-      if (s.ok()) s = stream->CopyToHost(dst, src, n);
+      {
+        absl::MutexLock lock(&demand_mu_);
+        if (s.ok()) s = stream->CopyToHost(dst, src, n);
+        if (s.ok() && req->demanded) stream->Demand();
+      }
       absl::StatusOr<std::unique_ptr<CopyEvent>> ev =
           s.ok() ? stream->RecordEvent() : absl::StatusOr<std::unique_ptr<CopyEvent>>(s);
+      if (ev.ok() && req->r.test_consume_before_landing && req->r.on_chunk) {
+        req->r.on_chunk(offset, n, dst);
+      }
+      if (ev.ok()) {
+        absl::MutexLock lock(&mu_);
+        req->started = true;
+      }
       if (!ev.ok()) {
         absl::MutexLock lock(&mu_);
         if (status_.ok()) status_ = Annotate(ev.status(), "device-to-host copy");
@@ -155,7 +206,9 @@ void CopyQueue::Land(InFlight* f) {
     if (status_.ok()) status_ = Annotate(s, "device-to-host copy");
     return;
   }
-  if (f->req->r.on_chunk) f->req->r.on_chunk(f->offset, f->n, f->dst);
+  if (f->req->r.on_chunk && !f->req->r.test_consume_before_landing) {
+    f->req->r.on_chunk(f->offset, f->n, f->dst);
+  }
 }
 
 }  // namespace gpu_snapshot

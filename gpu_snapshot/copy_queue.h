@@ -18,6 +18,7 @@
 #ifndef GRADSNAP_GPU_SNAPSHOT_COPY_QUEUE_H_
 #define GRADSNAP_GPU_SNAPSHOT_COPY_QUEUE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -52,6 +53,9 @@ struct CopyRequest {
   // (Device::RecordComputeEvent) when it made the request: the data is what the compute
   // stream had produced at that point, however late the first chunk is dispatched.
   std::shared_ptr<ComputeEvent> after = nullptr;
+  // Test hook (SnapshotEngineOptions::test_drop_wait = kReplay): on_chunk runs as soon as a
+  // chunk is enqueued on its stream, without waiting for it to land. Default: false
+  bool test_consume_before_landing = false;
 };
 
 using CopyTicket = uint64_t;
@@ -66,8 +70,11 @@ class CopyQueue {
   // Enqueues a request; a zero-byte request completes at once.
   CopyTicket Submit(CopyRequest request);
   bool Done(CopyTicket t);
-  // Blocks until every chunk of `t` landed and its callback ran.
+  // Blocks until every chunk of `t` landed and its callback ran. Demands the request's copies
+  // (CopyStream::Demand) first.
   absl::Status Wait(CopyTicket t);
+  // Blocks until the first chunk of `t` was enqueued on its stream (or `t` is done).
+  void WaitStarted(CopyTicket t);
   absl::Status WaitAll();
 
   // Copy bandwidth measured over busy periods, bytes per second (0 before the first chunk).
@@ -81,6 +88,8 @@ class CopyQueue {
     CopyRequest r;
     size_t next_offset = 0;
     size_t chunks_left = 0;
+    bool started = false;  // guarded by mu_
+    std::atomic<bool> demanded{false};
   };
   struct InFlight {
     std::shared_ptr<Request> req;
@@ -96,6 +105,9 @@ class CopyQueue {
   std::shared_ptr<Request> NextChunkSource() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Launch(const std::shared_ptr<Request>& req, std::deque<InFlight>* inflight);
   void Land(InFlight* f);
+  // Marks the open request `t` and the earlier ones of its priority (or all, t == 0) demanded
+  // and demands their streams' copies.
+  void Demand(CopyTicket t) ABSL_LOCKS_EXCLUDED(mu_, demand_mu_);
 
   // Constant after construction.
   const size_t chunk_bytes_;
@@ -104,6 +116,8 @@ class CopyQueue {
   std::unique_ptr<CopyStream> streams_[kNumPriorities];
   std::thread thread_;
 
+  // Orders a chunk's enqueue with a Demand of its request (Demand, Run).
+  absl::Mutex demand_mu_;
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<Request>> pending_[kNumPriorities] ABSL_GUARDED_BY(mu_);
   std::map<CopyTicket, std::shared_ptr<Request>> open_ ABSL_GUARDED_BY(mu_);

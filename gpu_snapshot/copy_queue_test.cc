@@ -54,12 +54,43 @@ TEST(CopyQueueTest, GradientsOvertakeStateBlocks) {
 }
 
 
-TEST(GoCkptTest, ChooseWindowFromBandwidthAndStepTime) {
-  // 1 GB of state, 1 GB/s, 0.5 s steps, half a step per block: 4 blocks.
-  EXPECT_EQ(ChooseWindow(1000000000, 1e9, 0.5, 0.5, 16), 4);
-  EXPECT_EQ(ChooseWindow(1000, 1e9, 0.5, 0.5, 16), 1);
-  EXPECT_EQ(ChooseWindow(1000000000000ull, 1e9, 0.5, 0.5, 16), 16);
-  EXPECT_EQ(ChooseWindow(1000, 0, 0, 0.5, 16), 4);  // nothing measured yet
+// K from the whole copy traffic of a window: the block, the gradients of the blocks already
+// copied (or the gradient log's whole gradient), against what a step can copy.
+TEST(GoCkptTest, ChooseWindowFromTheWholeCopyTraffic) {
+  WindowInputs in;
+  in.state_bytes = 1200000000;  // 1.2 GB of state, bf16 gradients: a sixth of it
+  in.grad_bytes = 200000000;
+  in.bandwidth = 1e9;
+  in.step_seconds = 0.5;
+  in.fill = 0.75;               // 375 MB a step
+  in.max_window = 16;
+  // The busiest step asks state / K + grad * (K - 1) / K: K = 5 asks 240 + 160 = 400 MB,
+  // K = 6 asks 200 + 167 = 367 MB. The state alone (the old rule) would give K = 4, whose last
+  // step asks 300 + 150 = 450 MB, 1.2 steps.
+  WindowChoice c = ChooseWindow(in);
+  EXPECT_TRUE(c.measured);
+  EXPECT_TRUE(c.fits);
+  EXPECT_EQ(c.k, 6);
+  EXPECT_LE(c.busiest_step_bytes, c.step_capacity_bytes);
+  EXPECT_GT(BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, false, 4), 375e6);
+  // The gradient log copies a whole gradient every step: K = 6 asks 200 + 200 MB, K = 7
+  // 171 + 200 MB.
+  in.grad_log = true;
+  c = ChooseWindow(in);
+  EXPECT_TRUE(c.fits);
+  EXPECT_EQ(c.k, 7);
+  in.max_window = 5;  // 240 + 200 > 375 MB: no K fits; the largest K is the least stall
+  c = ChooseWindow(in);
+  EXPECT_FALSE(c.fits);
+  EXPECT_EQ(c.k, 5);
+  in.step_seconds = 0;  // nothing measured yet
+  c = ChooseWindow(in);
+  EXPECT_FALSE(c.measured);
+  EXPECT_EQ(c.k, 4);
+  in.step_seconds = 0.5;
+  in.state_bytes = 1000;  // tiny: one block
+  in.grad_bytes = 100;
+  EXPECT_EQ(ChooseWindow(in).k, 1);
 }
 
 TEST(DeviceTest, CudaReportsClearly) {

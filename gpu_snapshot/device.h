@@ -62,6 +62,10 @@ class CopyStream {
   virtual absl::Status WaitForEvent(ComputeEvent* event) = 0;
   // Blocks until every enqueued copy has landed.
   virtual absl::Status Synchronize() = 0;
+  // A hint: the host is about to block until every copy enqueued so far has landed. Only the
+  // simulated device's late_copies test mode uses it (a GPU starts copies on its own). Default:
+  // nothing.
+  virtual void Demand() {}
 };
 
 class Device {

@@ -85,6 +85,8 @@ class EngineImpl : public SnapshotEngine {
   size_t state_bytes() const override { return 3 * dev_.numel * sizeof(float); }
   EngineCounters counters() const override;
   int NextWindow() const override;
+  WindowChoice NextWindowChoice() const override;
+  size_t grad_bytes() const override { return dev_.numel * grad_elem_bytes_; }
 
  private:
   struct Window {
@@ -98,6 +100,8 @@ class EngineImpl : public SnapshotEngine {
   absl::Status Stall(const std::function<absl::Status()>& wait);
   // Registers a FULL of step `target` before the update's record reaches the worker.
   void RegisterFull(int64_t target);
+  // Says an unfit automatic window once, traces the choice and counts it.
+  void NoteWindowChoice(const WindowChoice& c);
   absl::Status StartFull(const UpdateRecord& info, int k);
   absl::StatusOr<CopyTicket> SubmitStateRange(size_t begin, size_t end, const char* label,
                                               std::optional<EngineEvent> on_landed);
@@ -138,7 +142,13 @@ class EngineImpl : public SnapshotEngine {
   int64_t stall_ns_ = 0;
   int64_t last_step_ = -1;
   int64_t last_update_ns_ = 0;
-  double step_seconds_ = 0;  // moving average of the time between updates
+  // Moving average of the time between updates, of steps without state copies (AfterUpdate).
+  double compute_seconds_ = 0;
+  int64_t last_update_us_ = 0, prev_update_us_ = 0;  // trace time of the last two updates
+  // Copy bytes this step asked for, by kind (state blocks, replay gradients, gradient log).
+  size_t step_state_bytes_ = 0, step_grad_bytes_ = 0, step_log_bytes_ = 0;
+  bool unfit_said_ = false;
+  bool state_copied_in_step_ = false;  // state was submitted since the last AfterUpdate began
   StepStats stats_;
 
   // Worker thread only.

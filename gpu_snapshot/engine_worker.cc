@@ -57,8 +57,12 @@ void EngineImpl::Handle(EngineEvent& e) {
 void EngineImpl::HandleRecord(EngineEvent& e) {
   const int64_t u = e.step;
   records_[u] = e.info;
-  // Keep the previous record too: a window's Close may still need its small state.
-  while (!records_.empty() && records_.begin()->first < u - 1) records_.erase(records_.begin());
+  // Keep the records a window's Close may still need (its small state): a block copy may land
+  // after later updates ran (a slow copy engine).
+  const int64_t keep = std::max<int64_t>({opt_.window, opt_.max_window, 1}) + 2;
+  while (!records_.empty() && records_.begin()->first < u - keep) {
+    records_.erase(records_.begin());
+  }
   std::deque<EngineEvent> still;
   for (EngineEvent& p : parked_) {
     if (p.step != u) {

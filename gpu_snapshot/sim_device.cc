@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "gpu_snapshot/snapshot_mode.h"
 #include "gpu_snapshot/worker_stream.h"
 
 namespace gradsnap {
@@ -26,7 +27,14 @@ void* AlignedZeroed(size_t bytes) {
   return p;
 }
 
+constexpr EnumName<SimLateCopies> kLateCopies[] = {{SimLateCopies::kNone, "none"},
+                                                   {SimLateCopies::kState, "state"},
+                                                   {SimLateCopies::kGradient, "grad"}};
 }  // namespace
+
+absl::StatusOr<SimLateCopies> ParseSimLateCopies(absl::string_view name) {
+  return ParseName(name, kLateCopies, "--sim_late_copies");
+}
 
 SimGpu* CurrentSimGpu() { return t_current; }
 void SetCurrentSimGpu(SimGpu* gpu) { t_current = gpu; }
@@ -48,7 +56,9 @@ absl::Status SimStream::Launch(Kernel kernel, std::vector<Range> writes) {
                                    : absl::StrCat("sim:", CurrentSimGpu()->ordinal()),
         " is current (invalid resource handle)"));
   }
-  return kernels_.Enqueue({std::move(kernel), std::move(writes)});
+  absl::MutexLock lock(&launch_mu_);
+  const uint64_t seq = kernels_.Record() + 1;
+  return kernels_.Enqueue({std::move(kernel), std::move(writes), seq});
 }
 
 uint64_t SimStream::Record() { return kernels_.Record(); }
@@ -77,6 +87,9 @@ absl::Status SimStream::Run(Item& item) {
   }
   absl::Status s = item.kernel();
   if (!s.ok()) return Annotate(s, absl::StrCat("sim:", gpu_->ordinal(), " kernel"));
+  if (gpu_->options().late_copies != SimLateCopies::kNone && !item.writes.empty()) {
+    gpu_->NoteKernelDone(this, item.seq, item.writes);
+  }
   return s;
 }
 
@@ -164,10 +177,64 @@ std::unique_ptr<SimStream> SimGpu::NewStream() {
 void SimGpu::EngineCopy(void* dst, const void* src, size_t n) {
   absl::MutexLock lock(&engine_mu_);
   const int64_t t0 = MonotonicNanos();
-  std::memcpy(dst, src, n);
-  const int64_t end = t0 + static_cast<int64_t>(static_cast<double>(n) / options_.copy_gbps);
+  // Slice i is read once the interval's first i / kCopySlices have passed; the copy ends when
+  // the whole interval has.
+  const int slices = n >= static_cast<size_t>(kCopySlices) * 64 ? kCopySlices : 1;
+  const double ns_per_byte = 1.0 / options_.copy_gbps;
+  size_t done = 0;
+  for (int i = 0; i < slices; ++i) {
+    const size_t end_byte = n * static_cast<size_t>(i + 1) / static_cast<size_t>(slices);
+    const int64_t at = t0 + static_cast<int64_t>(static_cast<double>(done) * ns_per_byte);
+    const int64_t now = MonotonicNanos();
+    if (at > now) std::this_thread::sleep_for(std::chrono::nanoseconds(at - now));
+    std::memcpy(static_cast<char*>(dst) + done, static_cast<const char*>(src) + done,
+                end_byte - done);
+    done = end_byte;
+    if (options_.after_slice) options_.after_slice(i, slices);
+  }
+  const int64_t end = t0 + static_cast<int64_t>(static_cast<double>(n) * ns_per_byte);
   const int64_t now = MonotonicNanos();
   if (end > now) std::this_thread::sleep_for(std::chrono::nanoseconds(end - now));
+}
+
+namespace {
+constexpr size_t kWrittenKept = 1024;  // kernels remembered for late copies
+
+bool Overlaps(const SimStream::Range& r, const void* p, size_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(r.p);
+  return a < b + r.bytes && b < a + n;
+}
+}  // namespace
+
+void SimGpu::NoteKernelDone(const SimStream* stream, uint64_t seq,
+                            const std::vector<SimStream::Range>& writes) {
+  absl::MutexLock lock(&hold_mu_);
+  written_.push_back({stream, seq, writes});
+  if (written_.size() > kWrittenKept) written_.pop_front();
+}
+
+void SimGpu::HoldLateCopy(const CopyStreamState* state, uint64_t copy, const void* src,
+                          size_t n) {
+  struct Arg {
+    SimGpu* gpu;
+    const CopyStreamState* state;
+    uint64_t copy;
+    const void* src;
+    size_t n;
+  } arg{this, state, copy, src, n};
+  absl::MutexLock lock(&hold_mu_);
+  hold_mu_.Await(absl::Condition(
+      +[](Arg* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        if (a->state->demanded >= a->copy) return true;
+        for (const Written& w : a->gpu->written_) {
+          if (w.stream != a->state->ref_stream || w.seq <= a->state->ref_seq) continue;
+          for (const SimStream::Range& r : w.writes) {
+            if (Overlaps(r, a->src, a->n)) return true;
+          }
+        }
+        return false;
+      },
+      &arg));
 }
 
 // ---- the snapshot engine's Device ----
@@ -187,13 +254,25 @@ struct SimCopy {
   const void* src;
   size_t n;
   SimComputeEvent* wait;  // a compute-event wait instead of a copy
+  uint64_t copy = 0;      // a copy's number on its stream (late_copies)
 };
+
+using CopyStreamState = SimGpu::CopyStreamState;
 
 // A copy stream: copies and compute-event waits run in order on one thread.
 class SimCopyStream : public WorkerCopyStream<SimCopy> {
  public:
-  explicit SimCopyStream(SimGpu* gpu)
-      : WorkerCopyStream([gpu](const SimCopy& job) { return Run(gpu, job); }), gpu_(gpu) {}
+  SimCopyStream(SimGpu* gpu, bool late, std::shared_ptr<CopyStreamState> state)
+      : WorkerCopyStream([gpu, late, state](const SimCopy& job) {
+          return Run(gpu, late, state.get(), job);
+        }),
+        gpu_(gpu),
+        state_(std::move(state)) {}
+
+  void Demand() override {
+    absl::MutexLock lock(gpu_->hold_mu());
+    state_->demanded = state_->enqueued;
+  }
 
   absl::Status CopyToHost(void* dst, const void* src, size_t n) override {
     if (!gpu_->OwnsDevice(src, n)) {
@@ -205,7 +284,12 @@ class SimCopyStream : public WorkerCopyStream<SimCopy> {
       return absl::InvalidArgumentError(absl::StrCat(
           "copy destination is not pinned host memory of sim:", gpu_->ordinal()));
     }
-    return jobs_.Enqueue({dst, src, n, nullptr});
+    uint64_t copy = 0;
+    {
+      absl::MutexLock lock(gpu_->hold_mu());
+      copy = ++state_->enqueued;
+    }
+    return jobs_.Enqueue({dst, src, n, nullptr, copy});
   }
 
   absl::Status WaitForEvent(ComputeEvent* event) override {
@@ -215,12 +299,18 @@ class SimCopyStream : public WorkerCopyStream<SimCopy> {
   }
 
  private:
-  static absl::Status Run(SimGpu* gpu, const SimCopy& job) {
+  static absl::Status Run(SimGpu* gpu, bool late, CopyStreamState* state, const SimCopy& job) {
     if (job.wait == nullptr) {
+      if (late) gpu->HoldLateCopy(state, job.copy, job.src, job.n);
       gpu->EngineCopy(job.dst, job.src, job.n);
       return absl::OkStatus();
     }
     absl::Status s = job.wait->stream->Wait(job.wait->seq);
+    {
+      absl::MutexLock lock(gpu->hold_mu());
+      state->ref_stream = job.wait->stream;
+      state->ref_seq = job.wait->seq;
+    }
     if (gpu->options().poison) {
       // The copy starts late (two kernels' time), so a copy the host did not wait for before
       // launching the next kernel that writes its source is still running then.
@@ -230,6 +320,7 @@ class SimCopyStream : public WorkerCopyStream<SimCopy> {
   }
 
   SimGpu* const gpu_;
+  const std::shared_ptr<CopyStreamState> state_;  // shared with the run function
 };
 
 class SimDevice : public Device {
@@ -239,8 +330,11 @@ class SimDevice : public Device {
   bool IsHost() const override { return false; }
   absl::StatusOr<void*> AllocPinned(size_t bytes) override { return gpu_->HostAlloc(bytes); }
   void FreePinned(void* p, size_t) override { gpu_->HostFree(p); }
-  absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool) override {
-    return std::unique_ptr<CopyStream>(new SimCopyStream(gpu_));
+  absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool high_priority) override {
+    const SimLateCopies late = gpu_->options().late_copies;
+    const bool is_late = late == (high_priority ? SimLateCopies::kGradient : SimLateCopies::kState);
+    return std::unique_ptr<CopyStream>(
+        new SimCopyStream(gpu_, is_late, std::make_shared<CopyStreamState>()));
   }
   absl::StatusOr<std::shared_ptr<ComputeEvent>> RecordComputeEvent(void* native_stream) override {
     if (native_stream == nullptr) return std::shared_ptr<ComputeEvent>();

@@ -11,7 +11,10 @@
 //       thread; Launch returns at once, like a CUDA launch; Record/Wait are events;
 //     - a copy engine shared by the device's copy streams (the engine's NewSimDevice streams),
 //       throttled to SimOptions::copy_gbps; copy streams run on their own threads and honour
-//       compute events (a copy waits for the event before it reads a byte);
+//       compute events (a copy waits for the event before it reads a byte). A copy reads its
+//       source slice by slice across its throttled interval (kCopySlices slices, each read at
+//       its share of the interval), as a GPU's DMA does: a kernel that writes the source while
+//       the copy is in flight changes the bytes of the slices not yet read;
 //     - a current device per host thread (SimDeviceGuard), checked by every launch, so code that
 //       leaves another device current fails like CUDA does ("invalid resource handle").
 //   Test mode `poison`: a kernel that declares the device ranges it writes first fills them with
@@ -22,6 +25,14 @@
 //   gradient copy racing the next reduction), reads poison or later bytes, and the checkpoint
 //   differs from a stop-the-world one. Test hook `unordered_copies`: copy streams ignore compute events (deliberately broken
 //   ordering, to show that the poison catches it).
+//   Test mode `late_copies` (state or grad): the copies of the low-priority (state) or the
+//   high-priority (gradient) copy streams start as late as a GPU may start them: a copy reads
+//   nothing until the host demands it (CopyStream::Demand: the host is about to block on it) or
+//   until a kernel that writes its source, launched after the compute event the copy waited
+//   for, has completed. So a copy that the host forgot to wait for before launching the kernel
+//   that overwrites its source always reads the overwritten bytes: the race always loses,
+//   whatever the timing (the tests of the engine's test_drop_wait hooks). Without a missing
+//   wait every copy is demanded before its source is overwritten, and the results are exact.
 //
 // WHAT IT DOES NOT MODEL: real kernel timing or concurrency between kernels (one compute
 //   thread per stream, kernels are the CPU back end's), PCIe/NVLink topology, copy-engine
@@ -46,6 +57,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/ordered_worker.h"
 #include "gpu_snapshot/device.h"
@@ -55,6 +67,15 @@ namespace gpu_snapshot {
 
 // Simulated devices per process (ordinals 0..kSimDeviceCount-1), like an 8-GPU node.
 inline constexpr int kSimDeviceCount = 8;
+
+// A copy of this many bytes or more is read in kCopySlices slices across its interval.
+inline constexpr int kCopySlices = 16;
+
+// SimOptions::late_copies: which copy streams start their copies as late as possible.
+enum class SimLateCopies { kNone, kState, kGradient };
+// --sim_late_copies: "none", "state" or "grad"; INVALID_ARGUMENT "unknown --sim_late_copies 'X'
+// (known: none, state, grad)" for any other string.
+absl::StatusOr<SimLateCopies> ParseSimLateCopies(absl::string_view name);
 
 struct SimOptions {
   // Device-to-host copy bandwidth of the copy engine, GB/s (1e9 bytes per second); > 0.
@@ -66,6 +87,12 @@ struct SimOptions {
   int poison_hold_ms = 20;  // Default: 20
   // Test hook: copy streams ignore compute events (broken ordering). Default: false
   bool unordered_copies = false;
+  // Test mode: copies of these streams start as late as a GPU may start them (above).
+  // Default: kNone
+  SimLateCopies late_copies = SimLateCopies::kNone;
+  // Test hook: called by the copy engine after each slice it read (slice index, slices), on
+  // the copy stream's thread. Default: none
+  std::function<void(int, int)> after_slice;
 };
 
 class SimGpu;
@@ -116,10 +143,12 @@ class SimStream {
   struct Item {
     Kernel kernel;
     std::vector<Range> writes;
+    uint64_t seq = 0;  // the kernel's event number on this stream
   };
   absl::Status Run(Item& item);
 
   SimGpu* const gpu_;
+  absl::Mutex launch_mu_;  // numbers the kernels in launch order
   OrderedWorker<Item> kernels_;  // last: runs Run, which uses gpu_
 };
 
@@ -147,8 +176,25 @@ class SimGpu {
   std::unique_ptr<SimStream> NewStream();
 
   // The copy engine: copies n bytes, taking n / copy_gbps seconds (copies of all streams of
-  // the device are served one at a time).
+  // the device are served one at a time), reading the source slice by slice across that time.
   void EngineCopy(void* dst, const void* src, size_t n);
+
+  // late_copies bookkeeping (see above), guarded by hold_mu().
+  // A copy stream's demand state: copies are numbered on their stream as they are enqueued.
+  struct CopyStreamState {
+    uint64_t enqueued = 0;          // copies enqueued so far
+    uint64_t demanded = 0;          // copies 1..demanded are demanded by the host
+    const SimStream* ref_stream = nullptr;  // the compute event the stream last waited for
+    uint64_t ref_seq = 0;
+  };
+  absl::Mutex* hold_mu() { return &hold_mu_; }
+  // Blocks a late copy (number `copy` of the stream with `state`, source [src, src + n)) until
+  // it is demanded or a kernel launched after the stream's last compute event wrote its source.
+  void HoldLateCopy(const CopyStreamState* state, uint64_t copy, const void* src, size_t n)
+      ABSL_LOCKS_EXCLUDED(hold_mu_);
+  // A kernel of `stream` with event number `seq` that wrote `writes` completed.
+  void NoteKernelDone(const SimStream* stream, uint64_t seq,
+                      const std::vector<SimStream::Range>& writes) ABSL_LOCKS_EXCLUDED(hold_mu_);
 
  private:
   SimGpu(int ordinal, const SimOptions& options) : ordinal_(ordinal), options_(options) {}
@@ -165,6 +211,13 @@ class SimGpu {
   std::map<uintptr_t, size_t> device_ ABSL_GUARDED_BY(mem_mu_);  // base -> bytes
   std::map<uintptr_t, size_t> pinned_ ABSL_GUARDED_BY(mem_mu_);
   absl::Mutex engine_mu_;  // held while a copy runs: one copy at a time
+  struct Written {
+    const SimStream* stream;
+    uint64_t seq;
+    std::vector<SimStream::Range> writes;
+  };
+  absl::Mutex hold_mu_;
+  std::deque<Written> written_ ABSL_GUARDED_BY(hold_mu_);  // the last kernels (late_copies)
 };
 
 // The snapshot engine's view of simulated device `ordinal` (opened by the trainer's sim back

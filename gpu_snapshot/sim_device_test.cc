@@ -217,8 +217,8 @@ TEST_F(SimDeviceTest, EngineOnAnotherDeviceIsRefused) {
 }
 
 TEST_F(SimDeviceTest, LaunchNeedsTheStreamsDeviceCurrent) {
-  absl::StatusOr<SimGpu*> a = SimGpu::Open(6, Fast());
-  absl::StatusOr<SimGpu*> b = SimGpu::Open(7, Fast());
+  absl::StatusOr<SimGpu*> a = SimGpu::Open(1, Fast());
+  absl::StatusOr<SimGpu*> b = SimGpu::Open(2, Fast());
   ASSERT_TRUE(a.ok() && b.ok());
   auto stream = (*a)->NewStream();
   {
@@ -231,6 +231,84 @@ TEST_F(SimDeviceTest, LaunchNeedsTheStreamsDeviceCurrent) {
     EXPECT_EQ(CurrentSimGpu(), *b) << "the guard must restore the caller's device";
   }
   EXPECT_TRUE(stream->Synchronize().ok());
+}
+
+// The copy engine reads its source slice by slice: bytes written to the source while the copy
+// is in flight (here by the test hook after the first slice) reach the slices not yet read.
+char* g_slice_src = nullptr;
+TEST_F(SimDeviceTest, CopyReadsItsSourceSliceBySlice) {
+  constexpr size_t kBytes = 64 << 10;
+  SimOptions o = Fast();
+  o.after_slice = [](int slice, int) {
+    if (slice == 0) std::memset(g_slice_src, 2, kBytes);  // "a kernel" overwrites the source
+  };
+  ASSERT_NO_FATAL_FAILURE(Open(6, o));
+  char* d = static_cast<char*>(*dev_->AllocDevice(kBytes));
+  char* h = static_cast<char*>(*dev_->AllocPinned(kBytes));
+  std::memset(d, 1, kBytes);
+  g_slice_src = d;
+  auto copies = dev_->NewStream(false);
+  ASSERT_TRUE(copies.ok());
+  ASSERT_TRUE((*copies)->CopyToHost(h, d, kBytes).ok());
+  ASSERT_TRUE((*copies)->Synchronize().ok());
+  const size_t first = kBytes / kCopySlices;
+  EXPECT_EQ(h[0], 1);
+  EXPECT_EQ(h[first - 1], 1);
+  EXPECT_EQ(h[first], 2) << "the copy read its whole source at its start";
+  EXPECT_EQ(h[kBytes - 1], 2);
+  dev_->FreeDevice(d);
+  dev_->FreePinned(h, kBytes);
+}
+
+// late_copies: a copy of the late stream reads nothing until the host demands it or a kernel
+// launched after its compute event overwrote its source; other streams' copies are not late.
+TEST_F(SimDeviceTest, LateCopyReadsAfterTheOverwriteUnlessDemanded) {
+  SimOptions o = Fast();
+  o.late_copies = SimLateCopies::kState;
+  ASSERT_NO_FATAL_FAILURE(Open(7, o));
+  SimStream* stream = stream_.get();
+  Device* dev = dev_.get();
+  char* d = static_cast<char*>(*dev->AllocDevice(4096));
+  char* h = static_cast<char*>(*dev->AllocPinned(3 * 4096));
+  auto write = [&](char value) {
+    return stream->Launch(
+        [d, value] {
+          std::memset(d, value, 4096);
+          return absl::OkStatus();
+        },
+        {SimStream::Range{d, 4096}});
+  };
+  auto state_copies = dev->NewStream(/*high_priority=*/false);
+  auto grad_copies = dev->NewStream(/*high_priority=*/true);
+  ASSERT_TRUE(state_copies.ok() && grad_copies.ok());
+  // Not demanded: the copy reads only after the next write of its source completed.
+  ASSERT_TRUE(write(1).ok());
+  auto ev = dev->RecordComputeEvent(stream);
+  ASSERT_TRUE(ev.ok());
+  ASSERT_TRUE((*state_copies)->WaitForEvent(ev->get()).ok());
+  ASSERT_TRUE((*state_copies)->CopyToHost(h, d, 4096).ok());
+  ASSERT_TRUE((*grad_copies)->WaitForEvent(ev->get()).ok());
+  ASSERT_TRUE((*grad_copies)->CopyToHost(h + 4096, d, 4096).ok());
+  ASSERT_TRUE((*grad_copies)->Synchronize().ok());  // not late: lands before the next write
+  EXPECT_EQ(h[4096], 1);
+  ASSERT_TRUE(write(2).ok());
+  ASSERT_TRUE((*state_copies)->Synchronize().ok());
+  EXPECT_EQ(h[0], 2) << "a late copy must lose the race with the write it was not waited for";
+  // Demanded before the next write: it reads what its compute event ordered it after.
+  ASSERT_TRUE(write(3).ok());
+  ev = dev->RecordComputeEvent(stream);
+  ASSERT_TRUE(ev.ok());
+  ASSERT_TRUE((*state_copies)->WaitForEvent(ev->get()).ok());
+  ASSERT_TRUE((*state_copies)->CopyToHost(h + 2 * 4096, d, 4096).ok());
+  (*state_copies)->Demand();
+  ASSERT_TRUE((*state_copies)->Synchronize().ok());
+  ASSERT_TRUE(write(4).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_EQ(h[2 * 4096], 3);
+  EXPECT_EQ(ParseSimLateCopies("grad").value(), SimLateCopies::kGradient);
+  EXPECT_TRUE(absl::IsInvalidArgument(ParseSimLateCopies("all").status()));
+  dev->FreeDevice(d);
+  dev->FreePinned(h, 3 * 4096);
 }
 
 TEST_F(SimDeviceTest, BadOrdinalsAndBandwidth) {

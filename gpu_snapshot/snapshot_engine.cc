@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -12,13 +13,35 @@
 namespace gradsnap {
 namespace gpu_snapshot {
 
-int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, double fill,
-                 int max_window) {
-  max_window = std::max(1, max_window);
-  if (bandwidth <= 0 || step_seconds <= 0 || fill <= 0) return std::min(4, max_window);
-  double per_block = bandwidth * step_seconds * fill;
-  double k = std::ceil(static_cast<double>(state_bytes) / per_block);
-  return static_cast<int>(std::clamp(k, 1.0, static_cast<double>(max_window)));
+double BusiestWindowStepBytes(size_t state_bytes, size_t grad_bytes, bool grad_log, int k) {
+  const double state = static_cast<double>(state_bytes), grad = static_cast<double>(grad_bytes);
+  k = std::max(1, k);
+  return state / k + (grad_log ? grad : grad * (k - 1) / k);
+}
+
+WindowChoice ChooseWindow(const WindowInputs& in) {
+  WindowChoice c;
+  c.in = in;
+  const int max_window = std::max(1, in.max_window);
+  if (!(in.bandwidth > 0) || !(in.step_seconds > 0) || !(in.fill > 0)) {
+    c.k = std::min(4, max_window);
+    c.busiest_step_bytes = BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, c.k);
+    return c;
+  }
+  c.measured = true;
+  c.step_capacity_bytes = in.bandwidth * in.step_seconds * in.fill;
+  c.fits = false;
+  c.k = max_window;
+  for (int k = 1; k <= max_window; ++k) {
+    if (BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, k) <=
+        c.step_capacity_bytes) {
+      c.k = k;
+      c.fits = true;
+      break;
+    }
+  }
+  c.busiest_step_bytes = BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, c.k);
+  return c;
 }
 
 absl::StatusOr<std::unique_ptr<SnapshotEngine>> SnapshotEngine::Create(
@@ -129,10 +152,24 @@ EngineCounters EngineImpl::counters() const {
   return c;
 }
 
-int EngineImpl::NextWindow() const {
-  if (opt_.window > 0) return static_cast<int>(std::min<size_t>(opt_.window, dev_.numel));
-  return ChooseWindow(state_bytes(), queue_->bandwidth(), step_seconds_, opt_.window_fill,
-                      opt_.max_window);
+int EngineImpl::NextWindow() const { return NextWindowChoice().k; }
+
+WindowChoice EngineImpl::NextWindowChoice() const {
+  WindowInputs in;
+  in.state_bytes = state_bytes();
+  in.grad_bytes = grad_bytes();
+  in.grad_log = opt_.grad_log;
+  in.bandwidth = queue_->bandwidth();
+  in.step_seconds = compute_seconds_;
+  in.fill = opt_.window_fill;
+  in.max_window = opt_.max_window;
+  WindowChoice c = ChooseWindow(in);
+  if (opt_.window > 0) {  // fixed K: the same figures for it
+    c.k = static_cast<int>(std::min<size_t>(opt_.window, dev_.numel));
+    c.busiest_step_bytes = BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, c.k);
+    c.fits = !c.measured || c.busiest_step_bytes <= c.step_capacity_bytes;
+  }
+  return c;
 }
 
 absl::Status EngineImpl::Stall(const std::function<absl::Status()>& wait) {
@@ -152,8 +189,36 @@ StepStats EngineImpl::TakeStepStats() {
   stats_ = StepStats();
   out.stall_ms = static_cast<double>(stall_ns_) * 1e-6;
   stall_ns_ = 0;
+  const double asked = static_cast<double>(step_state_bytes_ + step_grad_bytes_ + step_log_bytes_);
+  const double bw = queue_->bandwidth();
+  if (asked > 0 && bw > 0 && compute_seconds_ > 0) {
+    out.copy_utilization = asked / (bw * compute_seconds_);
+  }
+  if (opt_.trace != nullptr && last_update_us_ > prev_update_us_) {
+    // The copy engine's queue per step: what this step asked of it, by kind.
+    const std::string args = absl::StrFormat(
+        "{\"state_mb\":%.3f,\"grad_mb\":%.3f,\"log_mb\":%.3f,\"asked_ms\":%.1f,"
+        "\"step_ms\":%.1f,\"utilization\":%.3f}",
+        step_state_bytes_ * 1e-6, step_grad_bytes_ * 1e-6, step_log_bytes_ * 1e-6,
+        bw > 0 ? asked / bw * 1e3 : 0.0, compute_seconds_ * 1e3, out.copy_utilization);
+    opt_.trace->Complete("copy engine",
+                         absl::StrFormat("step %d asks %.1f MB (%.0f%%)", last_step_,
+                                         asked * 1e-6, 100 * out.copy_utilization),
+                         prev_update_us_, last_update_us_ - prev_update_us_, args);
+    opt_.trace->Counter("copy engine queue (MB)",
+                        absl::StrFormat("{\"state\":%.3f,\"grad\":%.3f,\"log\":%.3f}",
+                                        step_state_bytes_ * 1e-6, step_grad_bytes_ * 1e-6,
+                                        step_log_bytes_ * 1e-6),
+                        prev_update_us_);
+  }
+  step_state_bytes_ = step_grad_bytes_ = step_log_bytes_ = 0;
   absl::MutexLock lock(&mu_);
   counters_.stall_ms_total += out.stall_ms;
+  if (out.copy_utilization > 0) {
+    counters_.copy_util_max = std::max(counters_.copy_util_max, out.copy_utilization);
+    counters_.copy_util_sum += out.copy_utilization;
+    ++counters_.copy_util_steps;
+  }
   if (!completed_.empty()) {
     out.completed = completed_.back();
     completed_.clear();
@@ -163,6 +228,7 @@ StepStats EngineImpl::TakeStepStats() {
 
 absl::Status EngineImpl::BeforeGradOverwrite(int64_t) {
   if (!opt_.overlap_grads || grad_ticket_ == 0) return absl::OkStatus();
+  if (opt_.test_drop_wait == DroppedWait::kGrad) return absl::OkStatus();  // test hook
   CopyTicket t = grad_ticket_;
   grad_ticket_ = 0;
   return Stall([&] { return queue_->Wait(t); });
@@ -189,7 +255,9 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   size_t replay_end = 0;
   if (win_.has_value()) {
     CopyTicket t = block_ticket_;
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    if (opt_.test_drop_wait != DroppedWait::kBlock) {
+      RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    }
     if (win_->submitted >= win_->k) {
       win_.reset();  // every block landed; the worker finishes the replay and persists
     } else {
@@ -201,10 +269,16 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   req.priority = CopyPriority::kGradient;
   req.src = grad;
   req.label = absl::StrCat("grad ", step);
+  req.test_consume_before_landing = opt_.test_drop_wait == DroppedWait::kReplay;
+  {
+    absl::MutexLock lock(&mu_);
+    ++counters_.grad_updates;
+  }
   if (opt_.grad_log) {
     int buf = AcquireLogBuffer();
     char* dst = static_cast<char*>(log_bufs_[buf]->data());
     req.bytes = dev_.numel * esz;
+    step_log_bytes_ += req.bytes;
     req.dst = [dst](size_t off, size_t) { return dst + off; };
     req.on_chunk = [this, step, replay_end, esz, buf, total = req.bytes](size_t off, size_t n,
                                                                          void* d) {
@@ -219,12 +293,17 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
     };
   } else if (replay_end > 0) {
     req.bytes = replay_end * esz;
+    step_grad_bytes_ += req.bytes;
     req.dst = [this](size_t, size_t) { return pool_->Acquire(); };
     req.on_chunk = [this, step, replay_end, esz](size_t off, size_t n, void* d) {
       Push(ChunkEvent(step, d, off / esz, n / esz, replay_end, d));
     };
   } else {
     return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    counters_.grad_bytes_copied += req.bytes;
   }
   // Recorded now, on the training thread: the gradients are final at this point of the stream.
   ASSIGN_OR_RETURN(req.after, device_->RecordComputeEvent(dev_.compute_stream));
@@ -247,6 +326,8 @@ absl::StatusOr<CopyTicket> EngineImpl::SubmitStateRange(size_t begin, size_t end
     req.priority = CopyPriority::kState;
     req.src = dev[i] + begin;
     req.bytes = (end - begin) * sizeof(float);
+    step_state_bytes_ += req.bytes;
+    state_copied_in_step_ = true;
     req.after = after;
     req.label = label;
     char* dst = reinterpret_cast<char*>(host[i] + begin);
@@ -305,10 +386,21 @@ absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_d
   const int64_t u = info.step;
   int64_t now = MonotonicNanos();
   if (last_update_ns_ != 0) {
-    double dt = static_cast<double>(now - last_update_ns_) * 1e-9;
-    step_seconds_ = step_seconds_ == 0 ? dt : 0.8 * step_seconds_ + 0.2 * dt;
+    // The step time a window's copies must hide in: measured on steps without state copies (a
+    // window's own stall would make it look longer than it is), or on any step while none such
+    // has been seen. A host wait inside the step need not be a stall (the device may be busy
+    // meanwhile), so it is not subtracted.
+    const double dt = static_cast<double>(now - last_update_ns_) * 1e-9;
+    if (!state_copied_in_step_ || compute_seconds_ == 0) {
+      compute_seconds_ = compute_seconds_ == 0 ? dt : 0.8 * compute_seconds_ + 0.2 * dt;
+    }
   }
   last_update_ns_ = now;
+  state_copied_in_step_ = false;  // the state submitted from here on is copied in the next step
+  if (opt_.trace != nullptr) {
+    prev_update_us_ = last_update_us_;
+    last_update_us_ = opt_.trace->NowMicros();
+  }
   last_step_ = u;
   // Decide on a new FULL first: its step must be known before this update's record is.
   int start_k = 0;
@@ -324,7 +416,13 @@ absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_d
     bool busy = win_.has_value() || in_flight();
     if (!busy) {
       deferred_pending_ = false;
-      start_k = opt_.mode == SnapshotMode::kGoCkpt ? NextWindow() : 1;
+      if (opt_.mode == SnapshotMode::kGoCkpt) {
+        stats_.choice = NextWindowChoice();
+        start_k = stats_.choice.k;
+        NoteWindowChoice(stats_.choice);
+      } else {
+        start_k = 1;
+      }
       RegisterFull(u + start_k - 1);
     } else if (checkpoint_due) {
       stats_.deferred = true;
@@ -336,7 +434,15 @@ absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_d
   EngineEvent record = SimpleEvent(EngineEvent::kRecord, u);
   record.info = std::make_shared<const UpdateRecord>(info);
   Push(std::move(record));
-  if (!opt_.overlap_grads && grad_ticket_ != 0) {
+  if (opt_.test_drop_wait == DroppedWait::kReplay && grad_ticket_ != 0) {
+    // Test hook: the worker replays this update's first gradient chunk, enqueued but not
+    // landed, before the host goes on (and so before anything demands the copy).
+    queue_->WaitStarted(grad_ticket_);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::deque<EngineEvent>* q) { return q->empty(); }, &events_));
+  }
+  if (!opt_.overlap_grads && grad_ticket_ != 0 && opt_.test_drop_wait != DroppedWait::kGrad) {
     CopyTicket t = grad_ticket_;
     grad_ticket_ = 0;
     RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
@@ -353,6 +459,37 @@ absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_d
   }
   if (start_k > 0) return StartFull(info, start_k);
   return absl::OkStatus();
+}
+
+void EngineImpl::NoteWindowChoice(const WindowChoice& c) {
+  const bool automatic = opt_.window == 0;
+  if (automatic && c.measured && !c.fits && !unfit_said_) {
+    unfit_said_ = true;
+    GS_LOG(WARNING) << absl::StrFormat(
+        "gockpt: no window K <= %d fits the copy engine: the busiest window step asks %.1f MB "
+        "(state %.1f MB / K + gradient %.1f MB%s) of %.1f MB a step can copy (%.1f MB/s x "
+        "%.0f ms x fill %.2f); using K = %d, the least stall (counted as window_unfit)",
+        c.in.max_window, c.busiest_step_bytes * 1e-6, c.in.state_bytes * 1e-6,
+        c.in.grad_bytes * 1e-6, c.in.grad_log ? ", the gradient log's" : " x (K - 1) / K",
+        c.step_capacity_bytes * 1e-6, c.in.bandwidth * 1e-6, c.in.step_seconds * 1e3, c.in.fill,
+        c.k);
+  }
+  if (opt_.trace != nullptr) {
+    opt_.trace->Instant(
+        "train", absl::StrCat("window K=", c.k, c.fits ? "" : " (no K fits)"),
+        absl::StrFormat("{\"k\":%d,\"automatic\":%d,\"measured\":%d,\"fits\":%d,"
+                        "\"state_bytes\":%d,\"grad_bytes\":%d,\"grad_log\":%d,"
+                        "\"copy_mb_per_s\":%.1f,\"step_ms\":%.1f,\"fill\":%.2f,"
+                        "\"max_window\":%d,\"busiest_step_mb\":%.3f,\"step_capacity_mb\":%.3f}",
+                        c.k, automatic ? 1 : 0, c.measured ? 1 : 0, c.fits ? 1 : 0,
+                        c.in.state_bytes, c.in.grad_bytes, c.in.grad_log ? 1 : 0,
+                        c.in.bandwidth * 1e-6, c.in.step_seconds * 1e3, c.in.fill,
+                        c.in.max_window, c.busiest_step_bytes * 1e-6,
+                        c.step_capacity_bytes * 1e-6));
+  }
+  absl::MutexLock lock(&mu_);
+  counters_.last_window = c;
+  if (automatic && c.measured && !c.fits) ++counters_.window_unfit;
 }
 
 void EngineImpl::RegisterFull(int64_t target) {
@@ -379,6 +516,7 @@ absl::Status EngineImpl::CloseWindowEarly() {
       absl::MutexLock lock(&mu_);
       full_targets_.erase(win_->s + win_->k - 1);
       full_targets_.insert(last_step_);
+      ++counters_.closed_early;
     }
     ASSIGN_OR_RETURN(t, SubmitStateRange(win_->bounds[win_->submitted], dev_.numel,
                                          "rest (blocking)", close));

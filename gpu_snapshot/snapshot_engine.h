@@ -62,8 +62,10 @@ struct SnapshotEngineOptions {
   int window = 0;
   // Upper bound for an automatic K (keep it <= the checkpoint interval). Default: 8
   int max_window = 8;
-  // Fraction of a step's time a block copy may use when K is automatic. Default: 0.5
-  double window_fill = 0.5;
+  // Fraction of a step's time (measured on steps without state copies) that the copies a
+  // window asks of the copy engine in one step (a block, the gradients of the blocks already
+  // copied, the gradient log's copy) may use when K is automatic (ChooseWindow). Default: 0.8
+  double window_fill = 0.8;
   // The -O variant: gradient copies overlap the update and the next forward instead of
   // blocking in AfterUpdate; needs the caller to keep gradients alive until
   // BeforeGradOverwrite (a caller that does not call it must set false). Default: true
@@ -93,6 +95,9 @@ struct SnapshotEngineOptions {
   int replay_threads = 2;
   // Optional trace (not owned). Default: nullptr
   TraceWriter* trace = nullptr;
+  // Test hook: leave out one kind of wait (above); breaks the checkpoints on purpose.
+  // Default: kNone
+  DroppedWait test_drop_wait = DroppedWait::kNone;
 };
 
 // The rank's slice in device memory.
@@ -153,12 +158,38 @@ struct UpdateRecord {
   std::string small_state;   // the trainer's replicated small state after this update
 };
 
+// What an automatic K is chosen from (ChooseWindow; docs/gockpt.md, "Choosing K").
+struct WindowInputs {
+  size_t state_bytes = 0;     // one copy of the state
+  size_t grad_bytes = 0;      // one update's gradient slice
+  bool grad_log = false;      // the gradient log copies every update's whole gradient
+  double bandwidth = 0;       // measured copy bandwidth, bytes/s (0: not measured yet)
+  double step_seconds = 0;    // measured step time, of steps without state copies (0: not yet)
+  double fill = 0.8;          // fraction of a step the copies may use
+  int max_window = 8;
+};
+
+// The K chosen and why.
+struct WindowChoice {
+  int k = 1;
+  bool measured = false;  // bandwidth and step time were known (else K = min(4, max_window))
+  bool fits = true;       // the window's busiest step asks at most fill * a step of copying
+  double busiest_step_bytes = 0;   // the copy bytes of the window's busiest step at this K
+  double step_capacity_bytes = 0;  // bandwidth * step_seconds * fill
+  WindowInputs in;
+};
+
 struct StepStats {
   double stall_ms = 0;       // blocking time in the hooks since the last TakeStepStats
   bool started = false;      // a FULL checkpoint started at this step
   bool deferred = false;     // a wanted FULL was deferred (one already in flight)
   int64_t completed = -1;    // step of a FULL whose persist finished since the last call
   int window = 0;            // K of the checkpoint started here
+  WindowChoice choice;       // how that K was chosen (started only)
+  // Copy time asked of the copy engine in this step (at the measured bandwidth) / the step time
+  // of steps without state copies (WindowInputs::step_seconds); 0 when nothing was asked or
+  // nothing is measured yet. Above 1: the copy engine was asked for more than a step's worth.
+  double copy_utilization = 0;
 };
 
 struct EngineCounters {
@@ -167,8 +198,20 @@ struct EngineCounters {
   int64_t deltas_skipped_cut = 0;  // the sink skipped them (done(CANCELLED))
   int64_t persist_failures = 0;    // FULL and DELTA persists that reported a failure
   int64_t abandoned = 0;  // windows open at Finish with the gradient log on (docs/gockpt.md)
+  int64_t closed_early = 0;  // windows open at Finish closed there (the rest copied blocking)
   double stall_ms_total = 0, replay_ms_total = 0;
   uint64_t copied_bytes = 0;
+  // Gradient bytes copied off the device (the log's copy, which the replay reads too, or the
+  // replay's own) and the updates they came from: with the log on, exactly one gradient per
+  // update.
+  uint64_t grad_bytes_copied = 0;
+  int64_t grad_updates = 0;
+  // StepStats::copy_utilization: the largest, and the sum and count of steps that asked for
+  // copies.
+  double copy_util_max = 0, copy_util_sum = 0;
+  int64_t copy_util_steps = 0;
+  int64_t window_unfit = 0;  // automatic windows for which no K fitted (the largest was used)
+  WindowChoice last_window;  // the choice of the latest FULL started
   absl::Status first_error;
 };
 
@@ -198,14 +241,23 @@ class SnapshotEngine {
   virtual size_t host_bytes_peak() const = 0;
   virtual size_t state_bytes() const = 0;
   virtual EngineCounters counters() const = 0;
-  // K the next checkpoint would use.
+  // K the next checkpoint would use, and how it is chosen.
   virtual int NextWindow() const = 0;
+  virtual WindowChoice NextWindowChoice() const = 0;
+  // One update's gradient slice in bytes.
+  virtual size_t grad_bytes() const = 0;
 };
 
-// K for a state of `state_bytes`: enough blocks that one block's copy takes at most
-// fill * step_seconds at `bandwidth` bytes/s; in [1, max_window].
-int ChooseWindow(size_t state_bytes, double bandwidth, double step_seconds, double fill,
-                 int max_window);
+// The copy bytes of the busiest step of a window of K blocks: in the window's step j (1..K-1)
+// the engine copies block j and the gradients of blocks 0..j-1, so the last step asks for
+// state / K + (K - 1) / K * grad; with the gradient log, which copies the whole gradient every
+// step (and the replay reads it), state / K + grad.
+double BusiestWindowStepBytes(size_t state_bytes, size_t grad_bytes, bool grad_log, int k);
+
+// The smallest K in [1, max_window] whose busiest step fits in fill * step_seconds of copying
+// at `bandwidth`; when none does, fits = false and K = max_window (the least per-step load, so
+// the least stall). Before anything is measured, K = min(4, max_window).
+WindowChoice ChooseWindow(const WindowInputs& in);
 
 }  // namespace gpu_snapshot
 }  // namespace gradsnap

@@ -9,28 +9,24 @@ namespace gradsnap {
 namespace gpu_snapshot {
 
 namespace {
-constexpr SnapshotMode kModes[] = {SnapshotMode::kNone, SnapshotMode::kSync,
-                                   SnapshotMode::kAsync, SnapshotMode::kGoCkpt};
+constexpr EnumName<SnapshotMode> kModes[] = {{SnapshotMode::kNone, "none"},
+                                             {SnapshotMode::kSync, "sync"},
+                                             {SnapshotMode::kAsync, "async"},
+                                             {SnapshotMode::kGoCkpt, "gockpt"}};
+constexpr EnumName<DroppedWait> kWaits[] = {{DroppedWait::kNone, "none"},
+                                            {DroppedWait::kBlock, "block"},
+                                            {DroppedWait::kGrad, "grad"},
+                                            {DroppedWait::kReplay, "replay"}};
 }  // namespace
 
-const char* SnapshotModeName(SnapshotMode m) {
-  switch (m) {
-    case SnapshotMode::kNone: return "none";
-    case SnapshotMode::kSync: return "sync";
-    case SnapshotMode::kAsync: return "async";
-    case SnapshotMode::kGoCkpt: return "gockpt";
-  }
-  return "?";
-}
+const char* SnapshotModeName(SnapshotMode m) { return NameOf(m, kModes); }
 
 absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name) {
-  std::string known;
-  for (SnapshotMode m : kModes) {
-    if (name == SnapshotModeName(m)) return m;
-    absl::StrAppend(&known, known.empty() ? "" : ", ", SnapshotModeName(m));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown --ckpt_mode '", name, "' (known: ", known, ")"));
+  return ParseName(name, kModes, "--ckpt_mode");
+}
+
+absl::StatusOr<DroppedWait> ParseDroppedWait(absl::string_view name) {
+  return ParseName(name, kWaits, "--test_drop_wait");
 }
 
 }  // namespace gpu_snapshot

@@ -60,6 +60,16 @@ void TraceWriter::Instant(const std::string& track, const std::string& name,
   events_.push_back({'i', TrackId(track), name, now, 0, args_json});
 }
 
+void TraceWriter::Counter(const std::string& name, const std::string& args_json,
+                          int64_t ts_us) {
+  absl::MutexLock lock(&mu_);
+  if (events_.size() >= max_events_) {
+    ++dropped_;
+    return;
+  }
+  events_.push_back({'C', 0, name, ts_us, 0, args_json});
+}
+
 size_t TraceWriter::events() const {
   absl::MutexLock lock(&mu_);
   return events_.size();

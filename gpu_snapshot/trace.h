@@ -35,6 +35,9 @@ class TraceWriter {
   // An instant ("i") event.
   void Instant(const std::string& track, const std::string& name,
                const std::string& args_json = "");
+  // A counter ("C") event at `ts_us`: each numeric member of `args_json` is one series of the
+  // counter track `name` (Perfetto draws them stacked).
+  void Counter(const std::string& name, const std::string& args_json, int64_t ts_us);
   // Writes the JSON file (rewrites it whole; may be called more than once).
   absl::Status Flush();
   size_t events() const;

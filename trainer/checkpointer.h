@@ -105,6 +105,9 @@ struct CheckpointerOptions {
   // false (--ckpt_on_failure continue): a failed persist is counted and training goes on; true
   // (stop): it stops the rank like any error. Default: false
   bool stop_on_failure = false;
+  // (testing) --test_drop_wait: the snapshot engine leaves out one kind of wait
+  // (gpu_snapshot::SnapshotEngineOptions::test_drop_wait). Default: kNone
+  gpu_snapshot::DroppedWait test_drop_wait = gpu_snapshot::DroppedWait::kNone;
 };
 
 // How checkpointing is doing, for the step lines (docs/trainer.md).

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/deadline_wait.h"
 #include "common/status.h"
+#include "gpu_snapshot/adamw.h"
 #include "trainer/cpu_gpt.h"
 
 namespace gradsnap {
@@ -39,15 +40,18 @@ class SimBackend : public Backend {
       (void)WaitStream("the device's remaining work");
       stream_.reset();
     }
-    for (float* p : {params_, grads_, gslice_, m_, v_}) gpu_->Free(p);
+    for (float* p : {params_, compute_, grads_, m_, v_}) gpu_->Free(p);
+    for (uint16_t* p : {params_bf16_, gslice_bf16_}) gpu_->Free(p);
   }
 
   absl::Status Init() {
     gpu_snapshot::SetCurrentSimGpu(gpu_);  // like cudaSetDevice on the training thread
     stream_ = gpu_->NewStream();
     ASSIGN_OR_RETURN(params_, Alloc(total_));
+    ASSIGN_OR_RETURN(compute_, Alloc(total_));
+    ASSIGN_OR_RETURN(params_bf16_, AllocBf16(total_));
     ASSIGN_OR_RETURN(grads_, Alloc(total_));
-    ASSIGN_OR_RETURN(gslice_, Alloc(slice_.size()));
+    ASSIGN_OR_RETURN(gslice_bf16_, AllocBf16(slice_.size()));
     ASSIGN_OR_RETURN(m_, Alloc(slice_.size()));
     ASSIGN_OR_RETURN(v_, Alloc(slice_.size()));
     return absl::OkStatus();
@@ -65,6 +69,7 @@ class SimBackend : public Backend {
   absl::Status SetParams(const float* host) override {
     RETURN_IF_ERROR(WaitStream("the device's work"));
     std::memcpy(params_, host, total_ * sizeof(float));
+    ToBf16(params_, params_bf16_, total_);
     std::memset(m_, 0, slice_.size() * sizeof(float));
     std::memset(v_, 0, slice_.size() * sizeof(float));
     return absl::OkStatus();
@@ -85,7 +90,8 @@ class SimBackend : public Backend {
     std::memcpy(params_ + slice_.lo, master, bytes);
     std::memcpy(m_, m, bytes);
     std::memcpy(v_, v, bytes);
-    RETURN_IF_ERROR(GatherParams());
+    ToBf16(params_ + slice_.lo, params_bf16_ + slice_.lo, slice_.size());
+    RETURN_IF_ERROR(GatherParams());  // the other ranks' slices and their compute copy
     return WaitStream("the parameter all-gather");
   }
 
@@ -95,26 +101,33 @@ class SimBackend : public Backend {
     auto tg = std::make_shared<std::vector<int32_t>>(targets, targets + bt_);
     return stream_->Launch(
         [this, in, tg, dloss] {
+          // The CPU kernels compute in fp32 from the bf16 compute copy's values.
+          for (size_t i = 0; i < total_; ++i) {
+            compute_[i] = Bf16ToFloat(params_bf16_[i]);
+          }
           std::memset(grads_, 0, total_ * sizeof(float));
-          loss_sum_ = model_.ForwardBackward(params_, grads_, in->data(), tg->data(), dloss);
+          loss_sum_ = model_.ForwardBackward(compute_, grads_, in->data(), tg->data(), dloss);
           return absl::OkStatus();
         },
-        {Range{grads_, total_ * sizeof(float)}});
+        {Range{grads_, total_ * sizeof(float)}, Range{compute_, total_ * sizeof(float)}});
   }
 
   absl::StatusOr<Sums> ReduceGrads() override {
     RETURN_IF_ERROR(stream_->Launch(
         [this]() -> absl::Status {
           RETURN_IF_ERROR(comm_->ReduceScatter(grads_, total_));
-          std::memcpy(gslice_, grads_ + slice_.lo, slice_.size() * sizeof(float));
+          // The bf16 gradient slice the optimizer, the norm and the snapshot engine read.
+          ToBf16(grads_ + slice_.lo, gslice_bf16_, slice_.size());
           double sq = 0.0;
           for (size_t i = 0; i < slice_.size(); ++i) {
-            sq += static_cast<double>(gslice_[i]) * gslice_[i];
+            const double g = Bf16ToFloat(gslice_bf16_[i]);
+            sq += g * g;
           }
           grad_sq_ = sq;
           return absl::OkStatus();
         },
-        {Range{grads_, total_ * sizeof(float)}, Range{gslice_, slice_.size() * sizeof(float)}}));
+        {Range{grads_, total_ * sizeof(float)},
+         Range{gslice_bf16_, slice_.size() * sizeof(uint16_t)}}));
     // The step's one wait for the device: the sums feed the loss print and the clip.
     RETURN_IF_ERROR(WaitStream("the gradient reduce-scatter"));
     return Sums{loss_sum_, grad_sq_};
@@ -127,7 +140,7 @@ class SimBackend : public Backend {
   }
 
   GradSliceView Grads() override {
-    GradSliceView g = SliceGradView(slice_, gslice_, DType::kF32);
+    GradSliceView g = SliceGradView(slice_, gslice_bf16_, DType::kBF16);
     g.on_device = true;
     return g;
   }
@@ -136,22 +149,36 @@ class SimBackend : public Backend {
     const size_t bytes = slice_.size() * sizeof(float);
     return stream_->Launch(
         [this, p] {
-          AdamWUpdateHost(params_ + slice_.lo, m_, v_, gslice_, slice_.size(), p);
+          AdamWUpdateHostBf16(params_ + slice_.lo, m_, v_, gslice_bf16_,
+                                            slice_.size(), p);
+          ToBf16(params_ + slice_.lo, params_bf16_ + slice_.lo, slice_.size());
           return absl::OkStatus();
         },
-        {Range{params_ + slice_.lo, bytes}, Range{m_, bytes}, Range{v_, bytes}});
+        {Range{params_ + slice_.lo, bytes}, Range{m_, bytes}, Range{v_, bytes},
+         Range{params_bf16_ + slice_.lo, slice_.size() * sizeof(uint16_t)}});
   }
 
   absl::Status GatherParams() override {
     if (comm_->world_size() == 1) return absl::OkStatus();
-    // Writes the other ranks' slices; this rank's slice keeps its bytes.
+    // Writes the other ranks' slices (and their compute copy); this rank's slice keeps its
+    // bytes.
     std::vector<Range> writes;
-    if (slice_.lo > 0) writes.push_back(Range{params_, slice_.lo * sizeof(float)});
+    if (slice_.lo > 0) {
+      writes.push_back(Range{params_, slice_.lo * sizeof(float)});
+      writes.push_back(Range{params_bf16_, slice_.lo * sizeof(uint16_t)});
+    }
     if (slice_.hi < total_) {
       writes.push_back(Range{params_ + slice_.hi, (total_ - slice_.hi) * sizeof(float)});
+      writes.push_back(Range{params_bf16_ + slice_.hi, (total_ - slice_.hi) * sizeof(uint16_t)});
     }
-    return stream_->Launch([this] { return comm_->AllGather(params_, total_); },
-                           std::move(writes));
+    return stream_->Launch(
+        [this]() -> absl::Status {
+          RETURN_IF_ERROR(comm_->AllGather(params_, total_));
+          ToBf16(params_, params_bf16_, slice_.lo);
+          ToBf16(params_ + slice_.hi, params_bf16_ + slice_.hi, total_ - slice_.hi);
+          return absl::OkStatus();
+        },
+        std::move(writes));
   }
 
   absl::Status FullMasterParams(std::vector<float>* out) override {
@@ -179,6 +206,13 @@ class SimBackend : public Backend {
     ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(float)));
     return static_cast<float*>(p);
   }
+  absl::StatusOr<uint16_t*> AllocBf16(size_t n) {
+    ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(uint16_t)));
+    return static_cast<uint16_t*>(p);
+  }
+  static void ToBf16(const float* in, uint16_t* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+  }
 
   CpuGpt model_;  // used on the stream's thread only
   const size_t bt_;  // tokens per ForwardBackward
@@ -188,7 +222,12 @@ class SimBackend : public Backend {
   size_t total_ = 0;
   RankSlice slice_;
   std::unique_ptr<SimStream> stream_;
-  float *params_ = nullptr, *grads_ = nullptr, *gslice_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  // As on CUDA: the fp32 master weights (this rank's slice of params_; params_ holds every
+  // rank's, gathered), the bf16 compute copy of all parameters, fp32 gradients accumulated by
+  // backward and the bf16 reduced gradient slice that the norm, the optimizer and the snapshot
+  // engine read; compute_ holds the compute copy's values in fp32 for the CPU kernels.
+  float *params_ = nullptr, *compute_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  uint16_t *params_bf16_ = nullptr, *gslice_bf16_ = nullptr;
   double loss_sum_ = 0, grad_sq_ = 0;  // written by kernels, read after a Synchronize
 };
 

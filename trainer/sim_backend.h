@@ -1,8 +1,13 @@
 // The simulated-device back end of the trainer (`--device sim`, docs/trainer.md): the CPU back
-// end's kernels (fp32, bit-identical results) run asynchronously on a compute stream of a
-// simulated GPU (gpu_snapshot/sim_device.h), with the rank's state in that device's memory and a
-// separate reduced-gradient slice written by ReduceGrads, as on CUDA. So the snapshot engine
-// meets a GPU's schedule: launches that return at once, events, copies racing kernels.
+// end's kernels run asynchronously on a compute stream of a simulated GPU
+// (gpu_snapshot/sim_device.h), with the rank's state in that device's memory in the CUDA back
+// end's precision layout: fp32 master weights and AdamW moments, a bf16 compute copy of the
+// parameters that forward and backward read (the CPU kernels compute in fp32 from its values),
+// and a separate bf16 reduced-gradient slice written by ReduceGrads that the norm, the
+// optimizer and the snapshot engine read. So the snapshot engine meets a GPU's schedule
+// (launches that return at once, events, copies racing kernels) and a GPU's copy sizes. The
+// results are bit-identical run to run, differ from the CPU back end's (fp32 throughout), and
+// with 2 ranks differ from 1 rank's (the fp32 reduction's order, as on the CPU).
 //
 // Thread safety: one thread at a time (the training thread); kernels run on the stream's thread.
 #ifndef GRADSNAP_TRAINER_SIM_BACKEND_H_

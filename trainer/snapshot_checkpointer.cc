@@ -141,10 +141,15 @@ class SnapshotCheckpointer : public Checkpointer {
     guard_ = std::make_unique<PersistGuard>(store_, o_, view_.rank,
                                             state.step > 0 ? state.step : -1);
     const uint64_t full_bytes = 3 * view_.count() * sizeof(float);
+    // Each record also carries the replicated small state (StoreSink reserves it): the auto
+    // budget holds one FULL and 8 DELTAs with it (room for it to grow), or no FULL of a state
+    // over the 64 MiB minimum would ever fit.
+    const uint64_t small = state.Serialize().size() + 4096;
     const uint64_t budget =
         o_.backlog_bytes > 0
             ? o_.backlog_bytes
-            : AutoBacklogBytes(full_bytes, view_.count() * DTypeSize(GradDType()), o_.grad_log);
+            : AutoBacklogBytes(full_bytes + small,
+                               view_.count() * DTypeSize(GradDType()) + small, o_.grad_log);
     if (o_.mode != gpu_snapshot::SnapshotMode::kNone && o_.every > 0 && budget < full_bytes &&
         view_.rank == 0) {
       GS_LOG(WARNING) << "--ckpt_backlog_bytes " << budget << " holds no FULL shard of a rank ("
@@ -157,9 +162,11 @@ class SnapshotCheckpointer : public Checkpointer {
     eo.overlap_grads = o_.overlap_grads;
     eo.grad_dtype = GradDType();
     eo.trace = trace_;
+    eo.test_drop_wait = o_.test_drop_wait;
     // K must be the same on every rank (the saves are collective): automatic K only alone.
     eo.window = o_.gockpt_window;
-    eo.max_window = static_cast<int>(std::max<int64_t>(1, o_.every > 1 ? o_.every / 2 : 1));
+    // A window closes before the next FULL is due (K <= every - 1).
+    eo.max_window = static_cast<int>(std::max<int64_t>(1, o_.every - 1));
     if (eo.window == 0 && view_.world_size > 1) eo.window = std::min(4, eo.max_window);
     // Every rank must start its FULLs at the same steps (the saves are collective): defer only
     // for a window still copying (a function of the step numbers), wait for a slow persist.
@@ -212,7 +219,16 @@ class SnapshotCheckpointer : public Checkpointer {
     RETURN_IF_ERROR(guard_->fatal());
     gpu_snapshot::StepStats st = engine_->TakeStepStats();
     if (view_.rank == 0 && (st.started || st.deferred)) {
-      if (st.started) {
+      if (st.started && o_.mode == gpu_snapshot::SnapshotMode::kGoCkpt) {
+        // The window and what it was chosen from (docs/gockpt.md, "Choosing K").
+        const gpu_snapshot::WindowChoice& c = st.choice;
+        std::printf(
+            "ckpt step %lld %s start window=%d fits=%d busiest_step_mb=%.1f "
+            "step_capacity_mb=%.1f copy_mb_per_s=%.1f step_ms=%.1f\n",
+            static_cast<long long>(step), gpu_snapshot::SnapshotModeName(o_.mode), st.window,
+            c.fits ? 1 : 0, c.busiest_step_bytes * 1e-6, c.step_capacity_bytes * 1e-6,
+            c.in.bandwidth * 1e-6, c.in.step_seconds * 1e3);
+      } else if (st.started) {
         std::printf("ckpt step %lld %s start window=%d\n", static_cast<long long>(step),
                     gpu_snapshot::SnapshotModeName(o_.mode), st.window);
       } else {
@@ -233,13 +249,21 @@ class SnapshotCheckpointer : public Checkpointer {
     sink_->Drain();  // the engine handed every record over; the backlog's persists finish
     if (s.ok()) s = guard_->fatal();
     gpu_snapshot::EngineCounters c = engine_->counters();
+    // Gradient bytes copied off the device per update (1 gradient with the log on).
+    const double per_step =
+        c.grad_updates > 0
+            ? static_cast<double>(c.grad_bytes_copied) / static_cast<double>(c.grad_updates)
+            : 0.0;
     if (view_.rank == 0) {
       const CheckpointHealth h = guard_->health();
       std::printf(
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
           "failures=%lld deltas_skipped=%lld untried=%lld backlog_bytes=%llu "
           "backlog_peak_bytes=%llu finish_ms=%.1f "
-          "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f\n",
+          "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f "
+          "grad_bytes=%zu grad_bytes_copied_per_step=%.0f grad_copy_ratio=%.4f "
+          "copy_engine_utilization=%.3f copy_engine_utilization_mean=%.3f window_k=%d "
+          "window_fits=%d window_unfit=%lld cut_short=%lld\n",
           gpu_snapshot::SnapshotModeName(o_.mode), o_.grad_log ? 1 : 0,
           static_cast<long long>(h.fulls), static_cast<long long>(c.deferred),
           static_cast<long long>(h.deltas), static_cast<long long>(h.failures),
@@ -249,7 +273,11 @@ class SnapshotCheckpointer : public Checkpointer {
           c.replay_ms_total,
           engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /
-              static_cast<double>(engine_->state_bytes()));
+              static_cast<double>(engine_->state_bytes()),
+          engine_->grad_bytes(), per_step, per_step / static_cast<double>(engine_->grad_bytes()),
+          c.copy_util_max, c.copy_util_steps > 0 ? c.copy_util_sum / c.copy_util_steps : 0.0,
+          c.last_window.k, c.last_window.fits ? 1 : 0, static_cast<long long>(c.window_unfit),
+          static_cast<long long>(c.closed_early + c.abandoned));
       std::fflush(stdout);
     }
     return s;
@@ -260,9 +288,9 @@ class SnapshotCheckpointer : public Checkpointer {
   }
 
  private:
-  // The gradient the optimizer reads: bf16 on CUDA (mixed precision), fp32 on cpu and sim.
+  // The gradient the optimizer reads: bf16 on CUDA and sim (mixed precision), fp32 on cpu.
   DType GradDType() const {
-    return view_.device == DeviceKind::kCuda ? DType::kBF16 : DType::kF32;
+    return view_.device == DeviceKind::kCpu ? DType::kF32 : DType::kBF16;
   }
 
   const CheckpointerOptions o_;

@@ -54,6 +54,8 @@ ABSL_FLAG(int, blas_threads, 0, "Threads per rank: OpenBLAS's and the CPU back e
 // --device, --device_id and --sim_copy_gbps: gpu_snapshot/device_flags.h.
 ABSL_FLAG(bool, sim_poison, false, "(testing) sim: kernels poison the device memory they write while they run, so a misordered copy corrupts the checkpoint. Default: false");
 ABSL_FLAG(bool, sim_unordered_copies, false, "(testing) sim: copies ignore compute-stream events (deliberately broken ordering). Default: false");
+ABSL_FLAG(std::string, sim_late_copies, "none", "(testing) sim: none, state or grad: the copies of the state (or gradient) copy stream start as late as a GPU may start them, when the host waits for them or once a kernel overwrote their source, so a missing wait always corrupts the checkpoint (docs/gockpt.md). Default: none");
+ABSL_FLAG(std::string, test_drop_wait, "none", "(testing) gockpt: none, block, grad or replay: the snapshot engine leaves out that kind of wait (breaks the checkpoints on purpose; docs/gockpt.md). Default: none");
 ABSL_FLAG(int, nproc, 1, "Ranks on this node. Default: 1");
 ABSL_FLAG(int, nnodes, 1, "Nodes in the job. Default: 1");
 ABSL_FLAG(int, node_rank, 0, "This node's index in [0, nnodes). Default: 0");
@@ -126,6 +128,10 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_g
   o.sim.copy_gbps = absl::GetFlag(FLAGS_sim_copy_gbps);
   o.sim.poison = absl::GetFlag(FLAGS_sim_poison);
   o.sim.unordered_copies = absl::GetFlag(FLAGS_sim_unordered_copies);
+  ASSIGN_OR_RETURN(o.sim.late_copies,
+                   gs::ParseSimLateCopies(absl::GetFlag(FLAGS_sim_late_copies)));
+  ASSIGN_OR_RETURN(o.ckpt.test_drop_wait,
+                   gs::ParseDroppedWait(absl::GetFlag(FLAGS_test_drop_wait)));
   o.steps = absl::GetFlag(FLAGS_steps);
   o.global_batch = absl::GetFlag(FLAGS_batch);
   o.seq_len = absl::GetFlag(FLAGS_seq);

@@ -7,7 +7,8 @@
 //                                    so the best round is the least disturbed; medians are
 //                                    printed too)
 //   throughput_ratio_gockpt_gradlog  tokens/s of gockpt + --grad_log / none
-//   stall_ratio_gockpt_vs_sync       checkpoint stall per FULL, gockpt / sync
+//   stall_ratio_gockpt_vs_sync       checkpoint stall per FULL, gockpt / sync (FULLs completed
+//                                    during training; see below)
 //   stall_ratio_async_vs_sync        the same for async
 //   stall_ratio_gockpt_vs_async      checkpoint stall per FULL, gockpt / async
 //   window_k                         the K gockpt chose (automatic unless --window)
@@ -16,14 +17,24 @@
 //   delta_bytes_ratio                stored bytes per DELTA / per FULL (gradient log run)
 //   host_mem_ratio                   pinned host bytes of checkpointing / one copy of the state
 //                                    (gockpt; host_mem_ratio_gradlog for gockpt + log)
+//   grad_copy_ratio[_gradlog]        gradient bytes copied off the device per update / one
+//                                    gradient (gockpt; gockpt + log, where it is 1: the log's
+//                                    copy is the replay's too)
+//   copy_engine_utilization[_gradlog] the largest per-step copy time asked of the copy engine /
+//                                    the step time (gockpt; gockpt + log; median over rounds);
+//                                    above 1 the engine was asked for more than a step's worth
+//   window_fits[_gradlog]            1 when the automatic K fitted the copy traffic (ChooseWindow)
 //   cpu_ratio_gockpt[_gradlog]       CPU seconds of the none run / of the mode's run (medians):
 //                                    the throughput ratio a machine with no spare core would
 //                                    see, and a figure outside load does not disturb much
 // Stall is the time the training loop spends inside the checkpointing hooks during steps
-// (the per-step stall_ms) plus the engine's Finish at the run's end (the summary's finish_ms:
-// where gockpt copies the rest of a window the end cut short, so that FULL's stall is counted
-// whole), excluding the backlog's final drain; stall per FULL divides it by the FULL
-// checkpoints the run started. A run without step lines or a tokens_per_s summary, or a sync or
+// (the per-step stall_ms). Stall per FULL divides it by the FULL checkpoints completed during
+// training: the FULLs started less the windows the run's end cut short (the summary's
+// cut_short; their rest is copied, or with the log abandoned, in the engine's Finish after the
+// last step). The *_with_finish ratios count every FULL started instead, the cut-short ones
+// with the stall of the engine's Finish at the run's end (the summary's finish_ms; the
+// backlog's final drain excluded): a window cut short by the end copies its rest blocking,
+// which costs what a sync FULL costs. A run without step lines or a tokens_per_s summary, or a sync or
 // async stall of zero (nothing to compare with), fails the bench (exit 1): a ratio is never
 // printed from a run that was not measured. Usage: snapshot_bench [--model small --steps 30 --every 10 ...]
 #include <sys/resource.h>
@@ -76,12 +87,17 @@ struct Mode {
 struct RunStats {
   bool ok = false;
   double tokens_per_s = 0;
-  double stall_ms = 0;   // sum of per-step stall_ms, plus the engine's finish_ms
+  double stall_ms = 0;   // sum of per-step stall_ms
+  double finish_ms = 0;  // the engine's Finish (summary)
+  int cut_short = 0;     // windows the run's end cut short (summary)
   int steps = 0;         // step lines parsed
   int fulls = 0;         // FULL checkpoints started
   double host_mem_ratio = 0;
   double cpu_s = 0;      // user + system CPU seconds of the whole run (all threads)
   int window = 0;        // K of the first FULL checkpoint (gockpt)
+  double grad_copy_ratio = 0;   // summary: gradient bytes copied per update / one gradient
+  double copy_util = 0;         // summary: copy_engine_utilization
+  int window_fits = 1;          // summary: window_fits
   std::string err;
 };
 
@@ -99,6 +115,10 @@ RunStats Parse(const std::string& out, SnapshotMode mode) {
   std::regex start_re(R"(^ckpt step \d+ \S+ start window=(\d+))");
   std::regex mem_re(R"(host_mem_ratio=(\S+))");
   std::regex finish_re(R"(^ckpt summary .* finish_ms=(\S+))");
+  std::regex gcr_re(R"(^ckpt summary .* grad_copy_ratio=(\S+))");
+  std::regex util_re(R"(^ckpt summary .* copy_engine_utilization=(\S+))");
+  std::regex fits_re(R"(^ckpt summary .* window_fits=(\d+))");
+  std::regex cut_re(R"(^ckpt summary .* cut_short=(\d+))");
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
@@ -106,7 +126,11 @@ RunStats Parse(const std::string& out, SnapshotMode mode) {
       r.stall_ms += std::stod(m[1]);
       ++r.steps;
     }
-    if (std::regex_search(line, m, finish_re)) r.stall_ms += std::stod(m[1]);
+    if (std::regex_search(line, m, finish_re)) r.finish_ms = std::stod(m[1]);
+    if (std::regex_search(line, m, cut_re)) r.cut_short = std::stoi(m[1]);
+    if (std::regex_search(line, m, gcr_re)) r.grad_copy_ratio = std::stod(m[1]);
+    if (std::regex_search(line, m, util_re)) r.copy_util = std::stod(m[1]);
+    if (std::regex_search(line, m, fits_re)) r.window_fits = std::stoi(m[1]);
     if (std::regex_search(line, m, tps_re)) {
       r.tokens_per_s = std::stod(m[1]);
       r.ok = true;
@@ -241,9 +265,10 @@ int main(int argc, char** argv) {
         return 1;
       }
       std::printf(
-          "round %d %-15s tokens_per_s %8.1f stall_ms %8.1f fulls %d host_mem_ratio %.3f "
-          "cpu_s %.1f\n",
-          round, m.name.c_str(), r.tokens_per_s, r.stall_ms, r.fulls, r.host_mem_ratio, r.cpu_s);
+          "round %d %-15s tokens_per_s %8.1f stall_ms %8.1f finish_ms %7.1f fulls %d "
+          "cut_short %d host_mem_ratio %.3f cpu_s %.1f\n",
+          round, m.name.c_str(), r.tokens_per_s, r.stall_ms, r.finish_ms, r.fulls, r.cut_short,
+          r.host_mem_ratio, r.cpu_s);
       std::fflush(stdout);
       runs[m.name].push_back(r);
     }
@@ -258,9 +283,20 @@ int main(int argc, char** argv) {
     for (auto& r : runs[m]) best = std::max(best, r.tokens_per_s);
     return best;
   };
-  auto stall_per_full = [&](const std::string& m) {
+  // FULLs completed during training (see the top); with_finish: every FULL started, with the
+  // engine's Finish.
+  auto stall_per_full = [&](const std::string& m, bool with_finish = false) {
     std::vector<double> v;
-    for (auto& r : runs[m]) v.push_back(r.fulls > 0 ? r.stall_ms / r.fulls : 0);
+    for (auto& r : runs[m]) {
+      const int fulls = with_finish ? r.fulls : r.fulls - r.cut_short;
+      const double stall = with_finish ? r.stall_ms + r.finish_ms : r.stall_ms;
+      v.push_back(fulls > 0 ? stall / fulls : 0);
+    }
+    return Median(v);
+  };
+  auto median_of = [&](const std::string& m, double RunStats::*field) {
+    std::vector<double> v;
+    for (auto& r : runs[m]) v.push_back(r.*field);
     return Median(v);
   };
   auto cpu = [&](const std::string& m) {
@@ -274,9 +310,10 @@ int main(int argc, char** argv) {
               absl::GetFlag(FLAGS_steps), every, absl::GetFlag(FLAGS_rounds));
   for (const Mode& m : modes) {
     std::printf(
-        "%-15s tokens_per_s median %8.1f best %8.1f  stall_ms per FULL (median) %8.1f  "
-        "cpu_s (median) %6.1f\n",
-        m.name.c_str(), tps(m.name), best_tps(m.name), stall_per_full(m.name), cpu(m.name));
+        "%-15s tokens_per_s median %8.1f best %8.1f  stall_ms per FULL (median) %8.1f "
+        "(with Finish %8.1f)  cpu_s (median) %6.1f\n",
+        m.name.c_str(), tps(m.name), best_tps(m.name), stall_per_full(m.name),
+        stall_per_full(m.name, true), cpu(m.name));
   }
   if (have_bytes) {
     std::printf("stored bytes per DELTA %.0f per FULL %.0f\n", per_delta, per_full);
@@ -297,7 +334,10 @@ int main(int argc, char** argv) {
       "stall_ratio_gockpt_vs_sync=%.4f stall_ratio_gockpt_vs_async=%.4f "
       "stall_ratio_async_vs_sync=%.4f window_k=%d overlap_o_gain=%.2f delta_bytes_ratio=%.4f "
       "host_mem_ratio=%.4f host_mem_ratio_gradlog=%.4f cpu_ratio_gockpt=%.4f "
-      "cpu_ratio_gockpt_gradlog=%.4f\n",
+      "cpu_ratio_gockpt_gradlog=%.4f grad_copy_ratio=%.4f grad_copy_ratio_gradlog=%.4f "
+      "copy_engine_utilization=%.3f copy_engine_utilization_gradlog=%.3f window_fits=%d "
+      "window_fits_gradlog=%d stall_ratio_gockpt_vs_sync_with_finish=%.4f "
+      "stall_ratio_gockpt_vs_async_with_finish=%.4f\n",
       absl::GetFlag(FLAGS_device).c_str(), best_tps("gockpt") / best_tps("none"),
       best_tps("gockpt_gradlog") / best_tps("none"),
       stall_per_full("gockpt") / sync_stall, stall_per_full("gockpt") / async_stall,
@@ -305,7 +345,13 @@ int main(int argc, char** argv) {
       std::max(0.1, stall_per_full("gockpt_noO")) / o_stall,
       have_bytes ? per_delta / per_full : 0, runs["gockpt"][0].host_mem_ratio,
       runs["gockpt_gradlog"][0].host_mem_ratio, cpu("none") / cpu("gockpt"),
-      cpu("none") / cpu("gockpt_gradlog"));
+      cpu("none") / cpu("gockpt_gradlog"), median_of("gockpt", &RunStats::grad_copy_ratio),
+      median_of("gockpt_gradlog", &RunStats::grad_copy_ratio),
+      median_of("gockpt", &RunStats::copy_util),
+      median_of("gockpt_gradlog", &RunStats::copy_util), runs["gockpt"][0].window_fits,
+      runs["gockpt_gradlog"][0].window_fits,
+      stall_per_full("gockpt", true) / stall_per_full("sync", true),
+      stall_per_full("gockpt", true) / stall_per_full("async", true));
   fs::remove_all(dir);
   return 0;
 }

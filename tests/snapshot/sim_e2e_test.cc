@@ -4,12 +4,14 @@
 // (--sim_poison) corrupts every byte a kernel writes while it runs, so a copy that is not ordered
 // after the update that produced its data makes the checkpoint differ from the stop-the-world
 // reference. Checked here:
-//  - sim results equal the CPU back end's bit for bit;
+//  - sim results (bf16 compute copy and gradients, as on CUDA) are the same bits run to run;
 //  - gockpt with K = 2..6, with and without -O, with and without the gradient log, 1 rank and 2
 //    ranks (two simulated devices): every FULL (and every FULL + DELTA replay) is byte-identical
 //    to the sync run's snapshot of the same step, and the final params_sha256 is the same;
 //  - the poison is really detected: with copies deliberately unordered (test hook), checkpoints
 //    differ;
+//  - with late copies (--sim_late_copies), leaving out any one kind of wait (--test_drop_wait
+//    block, grad, replay) always makes a FULL differ, and leaving out none never does;
 //  - bad device flags (also --device cuda without a GPU) are one clear line and exit status 2.
 #include <sstream>
 
@@ -81,27 +83,65 @@ class SimE2E : public e2e::ScratchSuite {
     }
   }
 
+  // The sim's late_copies mode starts a copy only when the host waits for it or once a kernel
+  // overwrote its source (sim_device.h), so leaving out one kind of wait (the engine's
+  // test_drop_wait hook) always corrupts a checkpoint, whatever the timing; with every wait in
+  // place the same mode gives exact checkpoints. `drop`: the wait left out; `late`: the copy
+  // stream whose copies start late.
+  void CheckDroppedWaitIsCaught(const std::string& drop, const std::string& late) {
+    const TrainRun& ref = Reference(1);
+    ASSERT_EQ(ref.rc, 0) << ref.out;
+    Store ref_store(Ref(1));
+    for (bool dropped : {false, true}) {
+      const std::string name =
+          absl::StrCat("late_", late, "_", drop, dropped ? "_dropped" : "_kept");
+      const std::string dir = scratch() + "/" + name;
+      std::vector<std::string> a = Base(dir, 1);
+      a.insert(a.end(), {"--ckpt_mode=gockpt", "--ckpt_every=4", "--gockpt_window=3",
+                         "--sim_late_copies=" + late, "--job=d"});
+      if (dropped) a.push_back("--test_drop_wait=" + drop);
+      TrainRun r = RunTrain(scratch(), name, a);
+      ASSERT_EQ(r.rc, 0) << name << "\n" << r.out;
+      EXPECT_EQ(r.sha, ref.sha) << name << ": training itself must be unaffected";
+      Store got(dir);
+      ASSERT_FALSE(got.List("d").empty()) << name << "\n" << r.out;
+      if (dropped) {
+        EXPECT_GT(e2e::CountDifferingFulls(got, "d", ref_store, "ref", 1), 0)
+            << name << ": the missing " << drop << " wait went unnoticed\n" << r.out;
+      } else {
+        const e2e::Checked c = e2e::ExpectEqualsReference(got, "d", ref_store, "ref", 1, name);
+        EXPECT_GE(c.fulls, 2) << name << "\n" << r.out;
+      }
+    }
+  }
+
   static std::map<int, TrainRun> refs_;
 };
 std::map<int, TrainRun> SimE2E::refs_;
 
-TEST_F(SimE2E, SimEqualsCpuBitForBit) {
-  ASSERT_EQ(Reference(1).rc, 0) << refs_[1].out;
-  ASSERT_NE(refs_[1].out.find(" skipped"), std::string::npos) << "step 6 was not skipped";
-  std::vector<std::string> a = {"--model=tiny",    "--steps=12",
-                                "--batch=4",       "--warmup=3",
-                                "--grad_clip=0.5", "--test_skip_step=6",
-                                "--device=cpu",    absl::StrCat("--ckpt_dir=", scratch(), "/cpu")};
-  TrainRun cpu = RunTrain(scratch(), "cpu", a);
-  ASSERT_EQ(cpu.rc, 0) << cpu.out;
-  EXPECT_EQ(cpu.sha, refs_[1].sha);
-  EXPECT_EQ(cpu.losses, refs_[1].losses);
-  // Two ranks on two simulated devices match one rank too.
-  ASSERT_EQ(Reference(2).rc, 0) << refs_[2].out;
-  a.push_back("--nproc=2");
-  TrainRun cpu2 = RunTrain(scratch(), "cpu2", a);
-  ASSERT_EQ(cpu2.rc, 0) << cpu2.out;
-  EXPECT_EQ(cpu2.sha, refs_[2].sha);
+// sim keeps the CUDA back end's precision layout (bf16 compute copy and gradients): its results
+// are the same bits run to run (1 and 2 ranks, with and without checkpointing), and differ from
+// the CPU back end's fp32 ones (which the CPU tests keep as they are).
+TEST_F(SimE2E, SimIsBitIdenticalRunToRunInMixedPrecision) {
+  for (int nproc : {1, 2}) {
+    const TrainRun& ref = Reference(nproc);
+    ASSERT_EQ(ref.rc, 0) << ref.out;
+    ASSERT_NE(ref.out.find(" skipped"), std::string::npos) << "step 6 was not skipped";
+    std::vector<std::string> a = Base(absl::StrCat(scratch(), "/again", nproc), nproc);
+    a.push_back("--job=again");
+    TrainRun again = RunTrain(scratch(), absl::StrCat("again", nproc), a);
+    ASSERT_EQ(again.rc, 0) << again.out;
+    EXPECT_EQ(again.sha, ref.sha);
+    EXPECT_EQ(again.losses, ref.losses);
+    std::vector<std::string> c = {"--model=tiny",    "--steps=12",
+                                  "--batch=4",       "--warmup=3",
+                                  "--grad_clip=0.5", "--test_skip_step=6",
+                                  "--device=cpu",    absl::StrCat("--nproc=", nproc),
+                                  absl::StrCat("--ckpt_dir=", scratch(), "/cpu", nproc)};
+    TrainRun cpu = RunTrain(scratch(), absl::StrCat("cpu", nproc), c);
+    ASSERT_EQ(cpu.rc, 0) << cpu.out;
+    EXPECT_NE(cpu.sha, ref.sha) << "sim trained in fp32 like the CPU back end, not in bf16";
+  }
 }
 
 TEST_F(SimE2E, GockptK2EqualsSync) { CheckGockpt(2, 1); }
@@ -132,6 +172,12 @@ TEST_F(SimE2E, PoisonDetectsCopiesNotOrderedAfterTheUpdate) {
         << name << ": unordered copies went unnoticed\n" << r.out;
   }
 }
+
+TEST_F(SimE2E, DroppedBlockCopyWaitIsCaught) { CheckDroppedWaitIsCaught("block", "state"); }
+TEST_F(SimE2E, DroppedGradientCopyWaitIsCaught) {
+  CheckDroppedWaitIsCaught("grad", "grad");
+}
+TEST_F(SimE2E, DroppedReplayWaitIsCaught) { CheckDroppedWaitIsCaught("replay", "grad"); }
 
 // A kill while a gockpt window is in flight, on sim with -O and the gradient log: the restart
 // restores a checkpoint (resumed_from is a real step) and continues exactly.
@@ -164,6 +210,7 @@ TEST_F(SimE2E, BadDeviceFlagsAreOneClearLine) {
       {"--device=sim --device_id=7 --nproc=2", "needs sim devices 7..8"},
       {"--device=sim --device_id=-1", "--device_id -1"},
       {"--device=tpu", "--device must be cpu, cuda or sim"},
+      {"--device=sim --sim_late_copies=all", "unknown --sim_late_copies 'all'"},
   };
   absl::StatusOr<int> gpus = gpu_snapshot::CudaDeviceCount();
   if (gpus.ok() && *gpus == 0) {
