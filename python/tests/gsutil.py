@@ -23,6 +23,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def metric(port, name):
+    """The value of Prometheus metric `name` (summed over its labels) at 127.0.0.1:port."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 class Server:
     """gradsnap-server --data-dir DIR --listen LISTEN (default 127.0.0.1:0) [extra...], ready once it printed
     its "listening on HOST:PORT" line (30 s at most); stopped with SIGTERM, then SIGKILL."""

@@ -266,6 +266,35 @@ class ServerTest(TempDirCase):
         finally:
             srv.stop()
 
+    def test_restoring_many_small_tensors_reads_the_shard_once(self):
+        # Small tensors share chunks: restored one by one, each tensor was a Read stream of its
+        # own that read and checked its chunk again (2,000 tensors of 4 KiB: 31.8 s against
+        # 0.05 s). restore() of many tensors takes one stream of the whole shard.
+        port = gsutil.free_port()
+        srv = gsutil.Server(os.path.join(self.tmp, "data"),
+                            ["--metrics-listen", f"127.0.0.1:{port}"])
+        try:
+            rng = np.random.default_rng(11)
+            arrays = {f"t{i:03d}": rng.standard_normal(1024).astype(np.float32)
+                      for i in range(300)}
+            payload = sum(a.nbytes for a in arrays.values())
+            with gradsnap.connect(servers=srv.address) as c:
+                c.save("small", 1, arrays)
+                reads = gsutil.metric(port, "gradsnap_read_seconds_count")
+                sent = gsutil.metric(port, "gradsnap_bytes_out_total")
+                back = c.restore("small", 1)
+                reads = gsutil.metric(port, "gradsnap_read_seconds_count") - reads
+                sent = gsutil.metric(port, "gradsnap_bytes_out_total") - sent
+                for name, a in arrays.items():
+                    self.assertEqual(back[name].tobytes(), a.tobytes(), name)
+                self.assertEqual(reads, 1)
+                self.assertEqual(sent, payload)
+                # A few tensors of the shard are still read alone (their digests checked).
+                few = c.restore("small", 1, names=["t007", "t123"])
+                self.assertEqual(few["t123"].tobytes(), arrays["t123"].tobytes())
+        finally:
+            srv.stop()
+
     def test_tls(self):
         gsutil.make_tls(self.tmp)
         p = lambda n: os.path.join(self.tmp, n)
