@@ -27,13 +27,20 @@ class EtcdCluster {
   // Not copyable (owns its member processes, which ChildProcess kills when it is destroyed).
   explicit EtcdCluster(std::string dir);
 
-  // Starts `members` members (1 or 3, say) on free loopback ports and waits until each is
-  // healthy (a quorum has elected a leader).
-  absl::Status Start(int members);
-  // "127.0.0.1:P1,127.0.0.1:P2,..." (the --etcd value of every member).
-  std::string Endpoints() const;
-  // "127.0.0.1:P" of member i.
-  std::string Endpoint(int i) const;
+  // Where a member runs: the addresses its client port listens on (the first one also takes
+  // its peer port and is the one it advertises) and a command prefix it runs under (a network
+  // namespace's NetNamespace::Wrap; empty: none).
+  struct Place {
+    std::vector<std::string> hosts = {"127.0.0.1"};
+    std::vector<std::string> wrap;
+  };
+  // Starts `members` members (1 or 3, say) on free ports, member i at places[i] (default: on
+  // loopback), and waits until each is healthy (a quorum has elected a leader).
+  absl::Status Start(int members, const std::vector<Place>& places = {});
+  // "H:P1,H:P2,..." (the --etcd value of every member), H each member's host `host_index`.
+  std::string Endpoints(int host_index = 0) const;
+  // "H:P" of member i (its host `host_index`).
+  std::string Endpoint(int i, int host_index = 0) const;
   int size() const { return static_cast<int>(members_.size()); }
 
   // SIGKILLs member i.
@@ -47,6 +54,7 @@ class EtcdCluster {
  private:
   struct Member {
     std::string name;
+    Place place;
     int client_port = 0;
     int peer_port = 0;
     std::unique_ptr<ChildProcess> process;
