@@ -27,33 +27,8 @@ namespace gradsnap {
 namespace testing {
 namespace {
 
-std::unique_ptr<client::Client> ConnectCluster(const std::string& etcd) {
-  client::ClientOptions o;
-  o.etcd = etcd;
-  o.cluster_replicas = 3;
-  o.min_replicas = 2;
-  o.max_attempts = 3;
-  o.rpc_timeout_ms = 10000;
-  auto c = client::Client::ConnectRemote(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
-}
-
 std::string NodeIdIn(const std::string& data_dir) {
   return std::string(absl::StripSuffix(*ReadFile(data_dir + "/node_id"), "\n"));
-}
-
-// Saves (job, step), one rank of one 1 MiB tensor made from `seed`, through the cluster.
-TestShard SaveStep(client::Client* c, const std::string& job, int64_t step, uint64_t epoch,
-                   uint64_t seed) {
-  client::CheckpointSpec spec = FullSpec(job, step, 1);
-  spec.epoch = epoch;
-  EXPECT_TRUE(c->BeginCheckpoint(spec).ok());
-  TestShard shard = MakeShard(job, step, 0, {1 << 20}, seed);
-  shard.spec.epoch = epoch;
-  absl::Status saved = c->SaveShard(shard.spec, shard.Refs());
-  EXPECT_TRUE(saved.ok()) << saved;
-  return shard;
 }
 
 // Three nodes on loopback and node P in its namespace; a 1-member etcd listening on loopback
@@ -123,11 +98,12 @@ TEST(ClusterPartition, PartitionedNodeRefusesWritesAndServesNothingStale) {
   eo.endpoints = *cluster::ParseEtcdEndpoints(etcd.Endpoints(0));
   auto etcd_client = *cluster::EtcdClient::Create(eo);
   cluster::ClusterCatalog catalog(etcd_client.get());
-  auto c = ConnectCluster(etcd.Endpoints(0));
-  ASSERT_NE(c, nullptr);
+  auto connected = ConnectCluster(etcd.Endpoints(0));
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  std::unique_ptr<client::Client> c = *std::move(connected);
   auto epoch = c->AcquireEpoch(job);
   ASSERT_TRUE(epoch.ok()) << epoch.status();
-  SaveStep(c.get(), job, 1, *epoch, 1);
+  ASSERT_TRUE(SaveOneRank(c.get(), job, 1, *epoch, 1).ok());
   auto record = catalog.Get(job, 1);
   ASSERT_TRUE(record.ok()) << record.status();
   const auto& first_nodes = record->ranks.at(0).nodes;
@@ -156,7 +132,8 @@ TEST(ClusterPartition, PartitionedNodeRefusesWritesAndServesNothingStale) {
   // Without P: the step deleted (P keeps its copy: it cannot be reached for the delete) and
   // saved again with other bytes on the three others.
   ASSERT_TRUE(WaitFor([&] { return c->Delete(job, 1, *epoch).ok(); }, 30));
-  const TestShard second = SaveStep(c.get(), job, 1, *epoch, 2);
+  const auto second = SaveOneRank(c.get(), job, 1, *epoch, 2);
+  ASSERT_TRUE(second.ok()) << second.status();
   record = catalog.Get(job, 1);
   ASSERT_TRUE(record.ok()) << record.status();
   for (const std::string& id : record->ranks.at(0).nodes) EXPECT_NE(id, p_id);
@@ -171,25 +148,27 @@ TEST(ClusterPartition, PartitionedNodeRefusesWritesAndServesNothingStale) {
 
   auto back = RestoreToString(c.get(), job, 1, 0);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_TRUE(*back == second.Payload()) << "the copy P kept from before was served";
+  EXPECT_TRUE(*back == second->Payload()) << "the copy P kept from before was served";
 
   // A client that knows P live again (it reads the node records when it connects): the step
   // deleted and saved a third time lands on P too, over P's leftover copy of the first.
-  auto fresh = ConnectCluster(etcd.Endpoints(0));
-  ASSERT_NE(fresh, nullptr);
+  auto fresh_or = ConnectCluster(etcd.Endpoints(0));
+  ASSERT_TRUE(fresh_or.ok()) << fresh_or.status();
+  std::unique_ptr<client::Client> fresh = *std::move(fresh_or);
   ASSERT_TRUE(fresh->Delete(job, 1, *epoch).ok());
-  const TestShard third = SaveStep(fresh.get(), job, 1, *epoch, 3);
+  const auto third = SaveOneRank(fresh.get(), job, 1, *epoch, 3);
+  ASSERT_TRUE(third.ok()) << third.status();
   record = catalog.Get(job, 1);
   ASSERT_TRUE(record.ok()) << record.status();
   const auto& nodes = record->ranks.at(0).nodes;
   EXPECT_NE(std::find(nodes.begin(), nodes.end(), p_id), nodes.end());
   auto via_cluster = RestoreToString(fresh.get(), job, 1, 0);
   ASSERT_TRUE(via_cluster.ok()) << via_cluster.status();
-  EXPECT_TRUE(*via_cluster == third.Payload());
+  EXPECT_TRUE(*via_cluster == third->Payload());
   // P's own copy (the node-local job "<job>.r0") holds the newest bytes.
   auto on_p = RestoreToString(direct.get(), job + ".r0", 1, 0);
   ASSERT_TRUE(on_p.ok()) << on_p.status();
-  EXPECT_TRUE(*on_p == third.Payload()) << "P serves the bytes it kept from before the partition";
+  EXPECT_TRUE(*on_p == third->Payload()) << "P serves the bytes it kept from before the partition";
   EXPECT_EQ(c->List(job)->size(), 1u);
 
   p.Stop();  // out of the namespace before it is removed

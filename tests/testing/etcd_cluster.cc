@@ -60,8 +60,9 @@ std::string EtcdCluster::Endpoints(int host_index) const {
 absl::Status EtcdCluster::StartMember(int i) {
   Member& m = members_[i];
   std::vector<std::string> listen;
+  const char* scheme = tls_.cert.empty() ? "http://" : "https://";
   for (const std::string& h : m.place.hosts) {
-    listen.push_back(absl::StrCat("http://", h, ":", m.client_port));
+    listen.push_back(absl::StrCat(scheme, h, ":", m.client_port));
   }
   const std::string peer_url = absl::StrCat("http://", m.place.hosts[0], ":", m.peer_port);
   m.process = std::make_unique<ChildProcess>();
@@ -73,6 +74,12 @@ absl::Status EtcdCluster::StartMember(int i) {
        "--initial-cluster", initial_cluster_, "--initial-cluster-state", "new",
        "--initial-cluster-token", "gradsnap-test", "--logger", "zap", "--log-outputs", "stderr"};
   argv.insert(argv.end(), etcd.begin(), etcd.end());
+  if (!tls_.cert.empty()) {
+    argv.insert(argv.end(), {"--cert-file", tls_.cert, "--key-file", tls_.key});
+  }
+  if (!tls_.client_ca.empty()) {
+    argv.insert(argv.end(), {"--trusted-ca-file", tls_.client_ca, "--client-cert-auth"});
+  }
   return m.process->Start(argv, absl::StrCat(dir_, "/", m.name, ".log"));
 }
 
@@ -82,15 +89,31 @@ absl::Status EtcdCluster::WaitHealthy(int i) {
     if (!members_[i].process->running()) {
       return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited: ", Log(i)));
     }
-    RunResult r = RunProgram("etcdctl", {"--endpoints", Endpoint(i), "--command-timeout=2s",
-                                         "endpoint", "health"},
-                             /*timeout_s=*/10);
+    RunResult r = Ctl(i, {"--command-timeout=2s", "endpoint", "health"});
     if (r.exit_code == 0) return absl::OkStatus();
     last = r.out + r.err;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return absl::DeadlineExceededError(
       absl::StrCat("etcd member ", i, " not healthy within a minute: ", last));
+}
+
+std::vector<std::string> EtcdCluster::CtlFlags(int i) const {
+  std::vector<std::string> f = {"--endpoints", Endpoint(i)};
+  if (!tls_.cert.empty()) {
+    f = {"--endpoints", "https://" + Endpoint(i), "--cacert", tls_.ca};
+    if (!tls_.client_cert.empty()) {
+      f.insert(f.end(), {"--cert", tls_.client_cert, "--key", tls_.client_key});
+    }
+  }
+  if (!ctl_user_.empty()) f.insert(f.end(), {"--user", ctl_user_});
+  return f;
+}
+
+RunResult EtcdCluster::Ctl(int i, const std::vector<std::string>& args) const {
+  std::vector<std::string> all = CtlFlags(i);
+  all.insert(all.end(), args.begin(), args.end());
+  return RunProgram("etcdctl", all, /*timeout_s=*/30);
 }
 
 void EtcdCluster::Kill(int i) {

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,19 @@ class EtcdCluster {
     std::vector<std::string> hosts = {"127.0.0.1"};
     std::vector<std::string> wrap;
   };
+  // Client TLS of every member (set before Start): etcd's --cert-file, --key-file, and with
+  // client_ca --trusted-ca-file and --client-cert-auth (client certificates required). The
+  // client URLs are then https:// (Endpoints() stays "H:P"); the health checks present
+  // `client_cert`/`client_key` and trust `ca`.
+  struct Tls {
+    std::string ca, cert, key;           // the server side
+    std::string client_ca;               // empty: no client certificates asked
+    std::string client_cert, client_key;  // what the health checks present
+  };
+  void set_tls(Tls tls) { tls_ = std::move(tls); }
+  // "USER:PASSWORD" the health checks and Ctl() use once etcd's authentication is on.
+  void set_ctl_user(std::string user) { ctl_user_ = std::move(user); }
+
   // Starts `members` members (1 or 3, say) on free ports, member i at places[i] (default: on
   // loopback), and waits until each is healthy (a quorum has elected a leader).
   absl::Status Start(int members, const std::vector<Place>& places = {});
@@ -48,6 +62,8 @@ class EtcdCluster {
   // Starts member i again on its ports and data directory; waits until it is healthy when a
   // quorum is up (`wait_healthy`).
   absl::Status Restart(int i, bool wait_healthy = true);
+  // Runs `etcdctl args...` against member i (TLS as set), 30 s at most.
+  RunResult Ctl(int i, const std::vector<std::string>& args) const;
   // The log of member i so far.
   std::string Log(int i) const;
 
@@ -62,7 +78,12 @@ class EtcdCluster {
   absl::Status StartMember(int i);
   absl::Status WaitHealthy(int i);
 
+  // etcdctl's flags to reach member i (TLS files included).
+  std::vector<std::string> CtlFlags(int i) const;
+
   const std::string dir_;
+  Tls tls_;
+  std::string ctl_user_;
   std::string initial_cluster_;
   std::vector<Member> members_;
 };
