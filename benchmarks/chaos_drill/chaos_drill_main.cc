@@ -49,8 +49,9 @@
 #include "tests/testing/trainer.h"
 #include "tests/testing/util.h"
 
-ABSL_FLAG(bool, quick, false, "CI-sized: 500 steps and 4 faults. Default: false (2000 steps, 16 faults)");
-ABSL_FLAG(int, nodes, 4, "Storage nodes (>= 4). Default: 4");
+ABSL_FLAG(bool, quick, false,
+          "CI-sized: 500 steps and 4 faults. Default: false (2000 steps, 16 faults)");
+ABSL_FLAG(int, nodes, 4, "Storage nodes, 4..64. Default: 4");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the fault schedule. Default: 1");
 ABSL_FLAG(std::string, work_dir, "/tmp", "Parent of the drill's directory. Default: /tmp");
 ABSL_FLAG(bool, keep, false, "Keep the drill's directory (logs) at the end. Default: false");

@@ -42,7 +42,7 @@ TEST(ClusterServer, BadClusterFlagsExitTwoWithOneLine) {
   const std::vector<std::vector<std::string>> bad = {
       {"--etcd", "127.0.0.1:0", "--advertise", "127.0.0.1:7070"},
       {"--etcd", "nohost", "--advertise", "127.0.0.1:7070"},
-      {"--etcd", "https://127.0.0.1:2379", "--advertise", "127.0.0.1:7070"},
+      {"--etcd", "https://127.0.0.1:2379,127.0.0.1:2380", "--advertise", "127.0.0.1:7070"},
       {"--etcd", "127.0.0.1:2379,,127.0.0.1:2380", "--advertise", "127.0.0.1:7070"},
       {"--etcd", "127.0.0.1:2379"},                             // no --advertise
       {"--advertise", "127.0.0.1:7070"},                        // no --etcd
