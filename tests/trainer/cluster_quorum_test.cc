@@ -86,10 +86,13 @@ TEST(ClusterQuorum, TrainingOutlivesEtcdQuorumLoss) {
   })) << job.Output();
   etcd.Kill(1);
   etcd.Kill(2);
-  const int64_t lost_at = LastLine(job).step;
-  // 150 steps without quorum (30 checkpoints due), longer than a node's lease.
-  ASSERT_TRUE(WaitForLine(job, [&](const StepLine& l) { return l.step >= lost_at + 150; }))
-      << job.Output();
+  const StepLine at_loss = LastLine(job);
+  const int64_t lost_at = at_loss.step;
+  // At least 150 steps without quorum (30 checkpoints due, longer than a node's lease), and
+  // until a failed checkpoint was counted (a persist gives up only after etcd's deadlines).
+  ASSERT_TRUE(WaitForLine(job, [&](const StepLine& l) {
+    return l.step >= lost_at + 150 && l.ckpt_failures > at_loss.ckpt_failures;
+  })) << job.Output();
   const int64_t restore_at = LastLine(job).step;  // the last step surely without quorum
   ASSERT_TRUE(etcd.Restart(1, /*wait_healthy=*/false).ok());
   ASSERT_TRUE(etcd.Restart(2).ok()) << etcd.Log(2);
