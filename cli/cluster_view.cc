@@ -16,9 +16,12 @@ namespace cli {
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> Etcd(const std::string& etcd) {
+absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> Etcd(const client::ClientOptions& options) {
   cluster::EtcdOptions o;
-  ASSIGN_OR_RETURN(o.endpoints, cluster::ParseEtcdEndpoints(etcd));
+  ASSIGN_OR_RETURN(o.endpoints, cluster::ParseEtcdEndpoints(options.etcd, &o.tls));
+  o.tls_files = options.etcd_tls;
+  o.user = options.etcd_user;
+  o.password = options.etcd_password;
   return cluster::EtcdClient::Create(o);
 }
 
@@ -34,8 +37,8 @@ absl::StatusOr<std::map<std::string, cluster::NodeRecord>> LiveNodes(cluster::Et
 
 }  // namespace
 
-absl::StatusOr<ClusterView> ReadClusterView(const std::string& etcd_endpoints) {
-  ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Etcd(etcd_endpoints));
+absl::StatusOr<ClusterView> ReadClusterView(const client::ClientOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Etcd(options));
   ASSIGN_OR_RETURN(auto live, LiveNodes(etcd.get()));
   ASSIGN_OR_RETURN(std::vector<cluster::EtcdKv> records,
                    etcd->GetPrefix(cluster::kCheckpointsPrefix));
@@ -71,8 +74,8 @@ absl::StatusOr<ClusterView> ReadClusterView(const std::string& etcd_endpoints) {
 }
 
 absl::StatusOr<std::map<int32_t, std::vector<std::string>>> ReadReplicas(
-    const std::string& etcd_endpoints, const std::string& job, int64_t step) {
-  ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Etcd(etcd_endpoints));
+    const client::ClientOptions& options, const std::string& job, int64_t step) {
+  ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, Etcd(options));
   ASSIGN_OR_RETURN(auto live, LiveNodes(etcd.get()));
   cluster::ClusterCatalog catalog(etcd.get());
   ASSIGN_OR_RETURN(cluster::ClusterCheckpoint c, catalog.Get(job, step));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/client.h"
 
 namespace gradsnap {
 namespace cli {
@@ -29,13 +30,12 @@ struct ClusterView {
   uint64_t under_replicated = 0;       // committed ranks with fewer live copies than wanted
 };
 
-// `etcd`: the --etcd endpoints.
-absl::StatusOr<ClusterView> ReadClusterView(const std::string& etcd);
+// `options`: the CLI's client options (etcd, and etcd_tls, etcd_user, etcd_password).
+absl::StatusOr<ClusterView> ReadClusterView(const client::ClientOptions& options);
 
 // Rank -> its replicas as "ID (ADDRESS)" or "ID (gone)", of (job, step)'s record.
-absl::StatusOr<std::map<int32_t, std::vector<std::string>>> ReadReplicas(const std::string& etcd,
-                                                                        const std::string& job,
-                                                                        int64_t step);
+absl::StatusOr<std::map<int32_t, std::vector<std::string>>> ReadReplicas(
+    const client::ClientOptions& options, const std::string& job, int64_t step);
 
 }  // namespace cli
 }  // namespace gradsnap

@@ -142,7 +142,7 @@ absl::Status RunShow(Context& ctx) {
   }
   std::map<int32_t, std::vector<std::string>> replicas;  // cluster mode: each rank's nodes
   if (!ctx.options.etcd.empty()) {
-    ASSIGN_OR_RETURN(replicas, ReadReplicas(ctx.options.etcd, job, step));
+    ASSIGN_OR_RETURN(replicas, ReadReplicas(ctx.options, job, step));
   }
   if (ctx.json) {
     std::string json = ManifestJson(m);
@@ -210,7 +210,7 @@ absl::Status RunHealth(Context& ctx) {
                                : ctx.options.local_dir;
   ClusterView view;  // cluster mode: the nodes, the repairer, the repair backlog
   if (cluster) {
-    ASSIGN_OR_RETURN(view, ReadClusterView(ctx.options.etcd));
+    ASSIGN_OR_RETURN(view, ReadClusterView(ctx.options));
   }
   if (ctx.json) {
     std::vector<std::string> quoted;

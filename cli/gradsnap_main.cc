@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "cli/commands.h"
+#include "cluster/etcd_client.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/small_file.h"
@@ -105,8 +106,23 @@ absl::Status BuildOptions(Context& ctx) {
     }
     o.etcd = a.Get("etcd");
     if (o.etcd.empty()) return absl::InvalidArgumentError("--etcd needs H:P[,H:P...]");
-  } else if (a.Has("min-replicas")) {
-    return absl::InvalidArgumentError("--min-replicas applies to --etcd (cluster mode) only");
+    ASSIGN_OR_RETURN(const cluster::EtcdOptions eo,
+                     cluster::EtcdOptionsFromFlags(
+                         o.etcd,
+                         {.cert_file = a.Get("etcd-cert"), .key_file = a.Get("etcd-key"),
+                          .ca_file = a.Get("etcd-ca")},
+                         a.Get("etcd-user"), a.Get("etcd-password-file")));
+    o.etcd_tls = eo.tls_files;
+    o.etcd_user = eo.user;
+    o.etcd_password = eo.password;
+  } else {
+    for (const char* cluster_only :
+         {"min-replicas", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password-file"}) {
+      if (a.Has(cluster_only)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", cluster_only, " applies to --etcd (cluster mode) only"));
+      }
+    }
   }
   if (o.etcd.empty()) o.local_dir = a.Get("ckpt-dir", "./checkpoints");
   if (o.endpoints.empty() && o.etcd.empty()) {  // server-only flags: never silently ignored

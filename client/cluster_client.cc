@@ -533,9 +533,11 @@ class ClusterClient final : public Client {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options) {
-  ASSIGN_OR_RETURN(std::vector<std::string> endpoints, cluster::ParseEtcdEndpoints(options.etcd));
   cluster::EtcdOptions eo;
-  eo.endpoints = std::move(endpoints);
+  ASSIGN_OR_RETURN(eo.endpoints, cluster::ParseEtcdEndpoints(options.etcd, &eo.tls));
+  eo.tls_files = options.etcd_tls;
+  eo.user = options.etcd_user;
+  eo.password = options.etcd_password;
   eo.rpc_timeout_ms = std::clamp(options.rpc_timeout_ms, 1000, 5000);
   ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, cluster::EtcdClient::Create(eo));
   auto c = std::make_unique<ClusterClient>(options, std::move(etcd));

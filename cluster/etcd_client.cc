@@ -2,6 +2,8 @@
 #include "cluster/etcd_client.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -9,28 +11,35 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/small_file.h"
 #include "common/status.h"
+#include "grpc/support/log.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/convert.h"
+#include "proto/tls.h"
 
 namespace gradsnap {
 namespace cluster {
 
 namespace pb = ::etcdserverpb;
 
-absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& text) {
+absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& text,
+                                                            bool* tls) {
   std::vector<std::string> out;
   if (text.empty()) return absl::InvalidArgumentError("--etcd: no endpoints (HOST:PORT[,...])");
+  int https = 0, http = 0;
   for (absl::string_view part : absl::StrSplit(text, ',')) {
     std::string e(part);
     const std::string bad = absl::StrCat("--etcd: \"", e, "\" ");
     if (absl::StartsWith(e, "https://")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(bad, "uses https, which gradsnap's etcd client does not speak yet "
-                            "(plaintext http:// on a private network)"));
+      e = e.substr(8);
+      ++https;
+    } else {
+      if (absl::StartsWith(e, "http://")) e = e.substr(7);
+      ++http;
     }
-    if (absl::StartsWith(e, "http://")) e = e.substr(7);
     if (!e.empty() && e.back() == '/') e.pop_back();
     const size_t colon = e.rfind(':');
     int port = 0;
@@ -38,14 +47,68 @@ absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& t
         !absl::SimpleAtoi(absl::string_view(e).substr(colon + 1), &port) || port < 1 ||
         port > 65535 || e.find_first_of("/ ") != std::string::npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat(bad, "is not [http://]HOST:PORT (PORT 1..65535)"));
+          absl::StrCat(bad, "is not [http[s]://]HOST:PORT (PORT 1..65535)"));
     }
     for (const std::string& o : out) {
       if (o == e) return absl::InvalidArgumentError(absl::StrCat(bad, "is named twice"));
     }
     out.push_back(std::move(e));
   }
+  if (https > 0 && http > 0) {
+    return absl::InvalidArgumentError(
+        "--etcd: https:// and plaintext endpoints mixed (give every member as https://)");
+  }
+  if (tls != nullptr) *tls = https > 0;
   return out;
+}
+
+absl::Status CheckEtcdSecurity(const EtcdOptions& o) {
+  const TlsFiles& t = o.tls_files;
+  if (!o.tls && (!t.ca_file.empty() || !t.cert_file.empty() || !t.key_file.empty())) {
+    return absl::InvalidArgumentError(
+        "--etcd-ca, --etcd-cert and --etcd-key need https:// etcd endpoints");
+  }
+  if (t.cert_file.empty() != t.key_file.empty()) {
+    return absl::InvalidArgumentError("--etcd-cert and --etcd-key go together");
+  }
+  if (o.user.empty() && !o.password.empty()) {
+    return absl::InvalidArgumentError("an etcd password without --etcd-user");
+  }
+  if (!o.user.empty() && o.password.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd-user ", o.user, " needs a password: --etcd-password-file FILE or $",
+        kEtcdPasswordEnv));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadEtcdPassword(const std::string& password_file) {
+  std::string text;
+  if (!password_file.empty()) {
+    ASSIGN_OR_RETURN(text, ReadSmallFile(password_file, "--etcd-password-file", 4096));
+  } else if (const char* env = std::getenv(kEtcdPasswordEnv); env != nullptr) {
+    text = env;
+  }
+  text = text.substr(0, text.find('\n'));
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  if (!password_file.empty() && text.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--etcd-password-file ", password_file, ": no password on its first line"));
+  }
+  return text;
+}
+
+absl::StatusOr<EtcdOptions> EtcdOptionsFromFlags(const std::string& endpoints, const TlsFiles& tls,
+                                                 const std::string& user,
+                                                 const std::string& password_file) {
+  EtcdOptions o;
+  ASSIGN_OR_RETURN(o.endpoints, ParseEtcdEndpoints(endpoints, &o.tls));
+  o.tls_files = tls;
+  o.user = user;
+  ASSIGN_OR_RETURN(std::string password, ReadEtcdPassword(password_file));
+  if (!user.empty()) o.password = std::move(password);
+  RETURN_IF_ERROR(CheckEtcdSecurity(o));
+  return o;
 }
 
 std::string PrefixEnd(const std::string& prefix) {
@@ -77,13 +140,21 @@ bool TryNextMember(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
+// gRPC's own log lines (a refused TLS handshake logs several at ERROR) into gradsnap's log at
+// DEBUG: the failure reaches the caller as one status line, not as extra lines on stderr.
+void GrpcLogToDebug(gpr_log_func_args* args) {
+  GS_LOG(DEBUG) << "grpc " << args->file << ":" << args->line << ": " << args->message;
+}
+
 void SetDeadline(grpc::ClientContext* ctx, int ms) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
 }
 
 }  // namespace
 
-EtcdClient::EtcdClient(const EtcdOptions& options) : options_(options) {
+EtcdClient::EtcdClient(const EtcdOptions& options,
+                       const std::shared_ptr<grpc::ChannelCredentials>& creds)
+    : options_(options) {
   endpoints_text_ = absl::StrJoin(options_.endpoints, ",");
   for (const std::string& e : options_.endpoints) {
     auto m = std::make_unique<Member>();
@@ -94,10 +165,11 @@ EtcdClient::EtcdClient(const EtcdOptions& options) : options_(options) {
     // default (20 s): lowered, a handshake on a busy host times out again and again.
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    m->channel = grpc::CreateCustomChannel(e, grpc::InsecureChannelCredentials(), args);
+    m->channel = grpc::CreateCustomChannel(e, creds, args);
     m->kv = pb::KV::NewStub(m->channel);
     m->lease = pb::Lease::NewStub(m->channel);
     m->watch = pb::Watch::NewStub(m->channel);
+    m->auth = pb::Auth::NewStub(m->channel);
     members_.push_back(std::move(m));
   }
 }
@@ -109,7 +181,47 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions
   if (options.rpc_timeout_ms < 1) {
     return absl::InvalidArgumentError("etcd: rpc_timeout_ms must be >= 1");
   }
-  return std::unique_ptr<EtcdClient>(new EtcdClient(options));
+  RETURN_IF_ERROR(CheckEtcdSecurity(options));
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    static std::once_flag quiet;
+    std::call_once(quiet, [] { gpr_set_log_function(GrpcLogToDebug); });
+    ASSIGN_OR_RETURN(proto::TlsPem pem, proto::ReadTlsPem(options.tls_files));
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = std::move(pem.ca);  // empty: gRPC's default roots
+    ssl.pem_cert_chain = std::move(pem.cert);
+    ssl.pem_private_key = std::move(pem.key);
+    creds = grpc::SslCredentials(ssl);
+  }
+  return std::unique_ptr<EtcdClient>(new EtcdClient(options, creds));
+}
+
+absl::StatusOr<std::string> EtcdClient::Token(Member& m, const std::string& stale) {
+  if (options_.user.empty()) return std::string();
+  absl::MutexLock lock(&token_mu_);
+  if (!token_.empty() && token_ != stale) return token_;
+  pb::AuthenticateRequest req;
+  req.set_name(options_.user);
+  req.set_password(options_.password);
+  pb::AuthenticateResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, options_.rpc_timeout_ms);
+  grpc::Status s = m.auth->Authenticate(&ctx, req, &resp);
+  if (!s.ok()) {
+    absl::Status a = proto::FromGrpc(s);
+    return absl::Status(a.code(), absl::StrCat("etcd ", m.endpoint, ": authenticate as user ",
+                                               options_.user, ": ", a.message()));
+  }
+  token_ = resp.token();
+  return token_;
+}
+
+absl::StatusOr<std::string> EtcdClient::Prepare(Member& m, grpc::ClientContext* ctx,
+                                                const std::string& stale) {
+  SetDeadline(ctx, options_.rpc_timeout_ms);
+  ASSIGN_OR_RETURN(std::string token, Token(m, stale));
+  if (!token.empty()) ctx->AddMetadata("token", token);
+  return token;
 }
 
 absl::Status EtcdClient::OnAnyMember(
@@ -119,22 +231,38 @@ absl::Status EtcdClient::OnAnyMember(
   for (size_t k = 0; k < members_.size(); ++k) {
     const size_t i = (first + k) % members_.size();
     Member& m = *members_[i];
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, options_.rpc_timeout_ms);
-    // Fail fast on a member that is down rather than wait out the deadline on it.
-    ctx.set_wait_for_ready(false);
-    grpc::Status s = call(m, &ctx);
+    grpc::Status s;
+    std::string sent;  // the token the call carried
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      grpc::ClientContext ctx;
+      absl::StatusOr<std::string> token = Prepare(m, &ctx, sent);
+      if (!token.ok()) {
+        s = grpc::Status(static_cast<grpc::StatusCode>(token.status().code()),
+                         std::string(token.status().message()));
+        break;
+      }
+      sent = *token;
+      // Fail fast on a member that is down rather than wait out the deadline on it.
+      ctx.set_wait_for_ready(false);
+      s = call(m, &ctx);
+      // A token etcd no longer knows: authenticate again, once.
+      if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || options_.user.empty()) break;
+    }
     if (!TryNextMember(s)) {
       preferred_.store(i);
       if (s.ok()) return absl::OkStatus();
       absl::Status a = proto::FromGrpc(s);
+      if (absl::StartsWith(a.message(), "etcd ")) return a;  // Token's, naming the member
       return absl::Status(a.code(), absl::StrCat("etcd ", m.endpoint, ": ", what, ": ",
                                                  a.message()));
     }
     errors.push_back(absl::StrCat(m.endpoint, ": ", s.error_message()));
   }
-  return absl::UnavailableError(absl::StrCat("etcd unreachable (", what, "): ",
-                                             absl::StrJoin(errors, "; ")));
+  return absl::UnavailableError(absl::StrCat(
+      "etcd unreachable (", what, "): ", absl::StrJoin(errors, "; "),
+      options_.tls ? " (over TLS: a certificate either side refuses fails like this too; "
+                     "see --etcd-ca, --etcd-cert, --etcd-key)"
+                   : ""));
 }
 
 absl::StatusOr<pb::RangeResponse> EtcdClient::Range(const pb::RangeRequest& req) {
@@ -300,6 +428,12 @@ void EtcdWatch::Run() {
 
 void EtcdWatch::RunStream(EtcdClient::Member& member) {
   grpc::ClientContext ctx;
+  absl::StatusOr<std::string> token = client_->Token(member, refused_token_);
+  if (!token.ok()) {
+    GS_LOG(DEBUG) << "etcd watch: " << token.status();
+    return;  // the next member, after a pause
+  }
+  if (!token->empty()) ctx.AddMetadata("token", *token);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
@@ -326,7 +460,12 @@ void EtcdWatch::RunStream(EtcdClient::Member& member) {
         on_events_({}, resp.header().revision(), /*compacted=*/true);
         break;
       }
-      if (resp.canceled()) break;
+      if (resp.canceled()) {
+        // etcd cancels a watch whose token it does not know ("permission denied"): the next
+        // stream authenticates again.
+        if (!token->empty()) refused_token_ = *token;
+        break;
+      }
       if (resp.events_size() == 0) continue;
       std::vector<EtcdEvent> events;
       int64_t last = 0;
@@ -346,7 +485,8 @@ void EtcdWatch::RunStream(EtcdClient::Member& member) {
     live_ = nullptr;
   }
   ctx.TryCancel();
-  (void)stream->Finish();
+  // A token etcd refused is replaced before the next stream.
+  if (stream->Finish().error_code() == grpc::StatusCode::UNAUTHENTICATED) refused_token_ = *token;
 }
 
 }  // namespace cluster

@@ -9,6 +9,16 @@
 //   transactions whose compares fail the second time; callers re-read). Watches run on a thread
 //   of their own and reconnect (to any member) from the revision after the last one delivered.
 //
+// SECURITY
+//   https:// endpoints: TLS towards every member (EtcdOptions::tls_files: etcd's CA, and a
+//   client certificate where etcd runs with --client-cert-auth). A user and password
+//   (EtcdOptions::user, password): the client authenticates (Auth.Authenticate) before its
+//   first call and sends the token etcd gave as the gRPC metadata "token" with every call and
+//   watch; a token etcd no longer knows (UNAUTHENTICATED: expired, or etcd restarted) is
+//   replaced by authenticating again, once per call. With TLS, gRPC's own log lines (a refused
+//   handshake logs several) go to gradsnap's log at DEBUG, process-wide: the failure reaches the
+//   caller as one status line.
+//
 // ERROR HANDLING
 //   Every failure is an absl::Status naming etcd and the endpoint: UNAVAILABLE when no member
 //   answered in time (etcd down, quorum lost: etcd itself answers "no leader" or times out);
@@ -32,24 +42,56 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cluster/etcd/rpc.grpc.pb.h"
+#include "gradsnap/tls.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
 
 namespace gradsnap {
 namespace cluster {
 
-// "host:port,host:port" with an optional "http://" before each (etcd's own spelling of client
-// URLs): the endpoints as "host:port". INVALID_ARGUMENT with one line naming the bad entry for
-// anything else (empty, no port, port out of 1..65535, https:// which this client does not
-// speak, duplicates).
-absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& text);
+// "host:port,host:port" with an optional "http://" or "https://" before each (etcd's own
+// spelling of client URLs): the endpoints as "host:port"; *tls (when not null) says whether
+// they are https://. INVALID_ARGUMENT with one line naming the bad entry for anything else
+// (empty, no port, port out of 1..65535, duplicates, http:// and https:// mixed).
+absl::StatusOr<std::vector<std::string>> ParseEtcdEndpoints(const std::string& text,
+                                                            bool* tls = nullptr);
 
 struct EtcdOptions {
   // "host:port" of each etcd member (ParseEtcdEndpoints). Required.
   std::vector<std::string> endpoints;
   // Deadline of each attempt of a call on one member. Default: 3000.
   int rpc_timeout_ms = 3000;
+  // TLS towards etcd (https:// endpoints). Default: false (plaintext).
+  bool tls = false;
+  // With tls (the flags --etcd-ca, --etcd-cert, --etcd-key): ca_file, the CA etcd's
+  // certificates chain to (empty: the system's roots); cert_file and key_file, this client's
+  // certificate and key, set together (for etcd's --client-cert-auth). Without tls they must
+  // be empty. Default: all empty.
+  TlsFiles tls_files;
+  // etcd's user authentication (--etcd-user): the user and its password, set together.
+  // Default: empty (no authentication).
+  std::string user;
+  std::string password;
 };
+
+// INVALID_ARGUMENT, one line naming the flags, when `o`'s security settings do not fit
+// together (TLS files without https://, a certificate without its key, a user without a
+// password or the other way round). EtcdClient::Create checks this too.
+absl::Status CheckEtcdSecurity(const EtcdOptions& o);
+
+// The password of --etcd-user: the first line of `password_file` when it is set (the file must
+// exist and hold one), else the environment variable GRADSNAP_ETCD_PASSWORD, else "". Never
+// from the command line, where other users of the host could read it. Errors name the file.
+absl::StatusOr<std::string> ReadEtcdPassword(const std::string& password_file);
+// EtcdOptions from the values of the --etcd* flags (gradsnap-server, gradsnap-train, the CLI):
+// the endpoints parsed, the password read (ReadEtcdPassword) when there is a user, and
+// CheckEtcdSecurity. INVALID_ARGUMENT, one line.
+absl::StatusOr<EtcdOptions> EtcdOptionsFromFlags(const std::string& endpoints, const TlsFiles& tls,
+                                                 const std::string& user,
+                                                 const std::string& password_file);
+// The environment variable ReadEtcdPassword reads.
+inline constexpr char kEtcdPasswordEnv[] = "GRADSNAP_ETCD_PASSWORD";
 
 struct EtcdKv {
   std::string key;
@@ -122,8 +164,17 @@ class EtcdClient {
     std::unique_ptr<etcdserverpb::KV::Stub> kv;
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+    std::unique_ptr<etcdserverpb::Auth::Stub> auth;
   };
-  explicit EtcdClient(const EtcdOptions& options);
+  EtcdClient(const EtcdOptions& options, const std::shared_ptr<grpc::ChannelCredentials>& creds);
+
+  // With a user: the token to send on `m` ("" without authentication). `stale`: a token etcd
+  // refused; unless another call replaced it already, the client authenticates again (on `m`).
+  absl::StatusOr<std::string> Token(Member& m, const std::string& stale = "");
+  // Sets the call's deadline and, with a user, its token (authenticating first when needed);
+  // returns the token ("" without a user).
+  absl::StatusOr<std::string> Prepare(Member& m, grpc::ClientContext* ctx,
+                                      const std::string& stale = "");
 
   // Runs `call` on the members in turn, from the last one that answered, until one answers
   // (any status but UNAVAILABLE or DEADLINE_EXCEEDED). `what` names the call in errors.
@@ -140,6 +191,8 @@ class EtcdClient {
   std::string endpoints_text_;
   std::vector<std::unique_ptr<Member>> members_;
   std::atomic<size_t> preferred_{0};
+  absl::Mutex token_mu_;
+  std::string token_ ABSL_GUARDED_BY(token_mu_);
 };
 
 // A running watch (EtcdClient::WatchPrefix). Destroying it cancels the stream and joins its
@@ -165,6 +218,7 @@ class EtcdWatch {
   const std::string prefix_;
   const EtcdClient::WatchCallback on_events_;
   int64_t next_revision_;  // the revision the next stream starts at (0: now); Run's thread only
+  std::string refused_token_;  // the token etcd refused last; Run's thread only
   absl::Notification created_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -35,11 +35,18 @@ std::unique_ptr<EtcdClient> Connect(const std::string& endpoints, int timeout_ms
 }
 
 TEST(EtcdEndpoints, ParsesAndRejects) {
-  auto ok = ParseEtcdEndpoints("http://127.0.0.1:2379,etcd-b:2379/,[::1]:23790");
+  bool tls = true;
+  auto ok = ParseEtcdEndpoints("http://127.0.0.1:2379,etcd-b:2379/,[::1]:23790", &tls);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*ok, (std::vector<std::string>{"127.0.0.1:2379", "etcd-b:2379", "[::1]:23790"}));
+  EXPECT_FALSE(tls);
+  auto secure = ParseEtcdEndpoints("https://127.0.0.1:2379,https://etcd-b:2379/", &tls);
+  ASSERT_TRUE(secure.ok()) << secure.status();
+  EXPECT_EQ(*secure, (std::vector<std::string>{"127.0.0.1:2379", "etcd-b:2379"}));
+  EXPECT_TRUE(tls);
   for (const char* bad : {"", "localhost", "h:0", "h:70000", "h:x", ":2379", "a:1,,b:2",
-                          "https://h:2379", "h:1,h:1", "http://h:1/v3"}) {
+                          "https://h:2379,h:2380", "https://h:1,https://h:1", "h:1,h:1",
+                          "http://h:1/v3"}) {
     auto r = ParseEtcdEndpoints(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_EQ(std::string(r.status().message()).find('\n'), std::string::npos) << bad;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cluster_repair.h"
 #include "cluster/etcd_client.h"
+#include "cluster/etcd_flags.h"
 #include "cluster/membership.h"
 #include "cluster/node_id.h"
 #include "common/digest.h"
@@ -101,7 +103,7 @@ int Fail(const std::string& msg) {
 
 // The cluster-mode flags, checked before anything starts.
 struct ClusterFlags {
-  std::vector<std::string> etcd;  // empty: single node
+  gradsnap::cluster::EtcdOptions etcd;  // endpoints empty: single node
   std::string advertise;
   int lease_ttl_s = 10;
   absl::Duration repair_after;
@@ -113,13 +115,11 @@ std::string ParseClusterFlags(ClusterFlags* out) {
   const std::string etcd = absl::GetFlag(FLAGS_etcd);
   out->advertise = absl::GetFlag(FLAGS_advertise);
   out->lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
-  if (etcd.empty()) {
-    if (!out->advertise.empty()) return "--advertise needs --etcd (cluster mode)";
-    return "";
-  }
-  auto endpoints = gradsnap::cluster::ParseEtcdEndpoints(etcd);
-  if (!endpoints.ok()) return std::string(endpoints.status().message());
-  out->etcd = *std::move(endpoints);
+  if (etcd.empty() && !out->advertise.empty()) return "--advertise needs --etcd (cluster mode)";
+  auto options = gradsnap::cluster::EtcdOptionsFromCommandLine(etcd);
+  if (!options.ok()) return std::string(options.status().message());
+  out->etcd = *std::move(options);
+  if (etcd.empty()) return "";
   if (out->advertise.empty()) return "--etcd needs --advertise HOST:PORT (how clients reach this node)";
   const size_t colon = out->advertise.rfind(':');
   int port = 0;
@@ -155,9 +155,7 @@ void DirSpace(const std::string& dir, uint64_t* capacity, uint64_t* free) {
 
 absl::StatusOr<std::unique_ptr<gradsnap::cluster::EtcdClient>> ConnectEtcd(
     const ClusterFlags& cluster) {
-  gradsnap::cluster::EtcdOptions eo;
-  eo.endpoints = cluster.etcd;
-  ASSIGN_OR_RETURN(auto etcd, gradsnap::cluster::EtcdClient::Create(eo));
+  ASSIGN_OR_RETURN(auto etcd, gradsnap::cluster::EtcdClient::Create(cluster.etcd));
   absl::Status probe = etcd->Get(gradsnap::cluster::kNodesPrefix).status();
   if (!probe.ok() && !absl::IsNotFound(probe)) return probe;
   return etcd;
@@ -192,9 +190,11 @@ int main(int argc, char** argv) {
       argc, argv,
       "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
-      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N] [--repair-after D]] "
+      "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N] "
+      "[--repair-after D] [--etcd-ca F] [--etcd-cert F --etcd-key F] "
+      "[--etcd-user U [--etcd-password-file F]]] "
       "[--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
-      {"server_main"});
+      {"server_main", "etcd_flags"});
   // gRPC's receive buffers stay warm, large buffers are mapped apart, few arenas for the many
   // gRPC threads (common/malloc_tuning.h).
   gradsnap::TuneMallocForStreaming(/*few_arenas=*/true);
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
   // Cluster mode: writes wait for the node's registration and stop whenever its lease lapses.
   std::atomic<const gradsnap::cluster::Membership*> member{nullptr};
   std::unique_ptr<gradsnap::cluster::EtcdClient> etcd;
-  if (!cluster.etcd.empty()) {
+  if (!cluster.etcd.endpoints.empty()) {
     auto connected = ConnectEtcd(cluster);
     if (!connected.ok()) return Fail(std::string(connected.status().message()));
     etcd = *std::move(connected);

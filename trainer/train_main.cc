@@ -19,6 +19,7 @@
 
 #include "absl/flags/flag.h"
 #include "cluster/etcd_client.h"
+#include "cluster/etcd_flags.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/status/statusor.h"
@@ -182,8 +183,12 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_g
   if (!o.etcd.empty() && !o.storage.empty()) {
     return absl::InvalidArgumentError("give --etcd or --storage, not both");
   }
+  ASSIGN_OR_RETURN(const gradsnap::cluster::EtcdOptions eo,
+                   gradsnap::cluster::EtcdOptionsFromCommandLine(o.etcd));
+  o.etcd_tls = eo.tls_files;
+  o.etcd_user = eo.user;
+  o.etcd_password = eo.password;
   if (!o.etcd.empty()) {
-    RETURN_IF_ERROR(gradsnap::cluster::ParseEtcdEndpoints(o.etcd).status());
     // --replicas places that many copies on the cluster (default 3 there, not 1).
     if (replicas_given) o.cluster_replicas = o.replicas;
     o.replicas = 1;
@@ -343,11 +348,12 @@ int main(int argc, char** argv) {
       "[--device cpu|cuda|sim] [--device_id I] [--sim_copy_gbps X] "
       "[--ckpt_mode none|sync|async|gockpt] [--ckpt_every N] [--grad_log] [--gockpt_window K] "
       "[--ckpt_dir DIR | --storage H:P[,H:P...] [--replicas R] | --etcd H:P[,H:P...] "
-      "[--replicas R] [--min-replicas W]] "
+      "[--replicas R] [--min-replicas W] [--etcd-ca F] [--etcd-cert F --etcd-key F] "
+      "[--etcd-user U [--etcd-password-file F]]] "
       "[--resume none|latest|STEP | --init_from DIR] "
       "[--fail_at_step S --fail_rank R] [--max_restarts N] [--trace FILE]\n"
       "See docs/trainer.md and docs/gockpt.md.",
-      {"train_main", "device_flags"});
+      {"train_main", "device_flags", "etcd_flags"});
   // One line and exit 2 for a bad flag (docs/trainer.md), before anything starts.
   std::vector<char*> positional = command_line.Parse(kExitNoRestart);
   if (positional.size() > 1) return Fail(std::string("unexpected argument: ") + positional[1]);

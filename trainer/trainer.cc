@@ -75,6 +75,9 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   client::ClientOptions co;
   co.endpoints = o.storage;
   co.etcd = o.etcd;
+  co.etcd_tls = o.etcd_tls;
+  co.etcd_user = o.etcd_user;
+  co.etcd_password = o.etcd_password;
   co.min_replicas = o.min_replicas;
   co.local_dir = o.RemoteStore() ? "" : o.ckpt_dir;
   co.token = o.token;

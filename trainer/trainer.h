@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "gpu_snapshot/sim_device.h"
+#include "gradsnap/tls.h"
 #include "trainer/checkpointer.h"
 
 namespace gradsnap {
@@ -71,6 +72,12 @@ struct TrainOptions {
   // --etcd: cluster mode (docs/protocol.md "Cluster mode"): nodes, catalog and epochs from
   // etcd; excludes --storage. Default: empty.
   std::string etcd;
+  // --etcd-ca/--etcd-cert/--etcd-key (https:// etcd endpoints), --etcd-user and its password
+  // (--etcd-password-file or $GRADSNAP_ETCD_PASSWORD): client::ClientOptions' etcd_tls,
+  // etcd_user, etcd_password. Default: empty.
+  TlsFiles etcd_tls;
+  std::string etcd_user;
+  std::string etcd_password;
   // --replicas with --etcd: copies of each shard on the cluster's live nodes. Default: 3.
   int cluster_replicas = 3;
   // --min-replicas: with --etcd, copies that must be durable for a save. Default: 2.

@@ -87,6 +87,16 @@ struct ClientOptions {
   // checkpoint catalog and the job epochs then come from etcd; endpoints and local_dir must be
   // empty. Default: empty (off).
   std::string etcd;
+  // Cluster mode, https:// etcd endpoints (gradsnap's --etcd-ca/--etcd-cert/--etcd-key):
+  // etcd_tls.ca_file, the CA etcd's certificates chain to (empty: the system's roots);
+  // etcd_tls.cert_file and key_file, a client certificate for etcd's --client-cert-auth.
+  // Must be empty with plaintext endpoints. Default: all empty.
+  TlsFiles etcd_tls;
+  // Cluster mode, etcd's user authentication (--etcd-user; the password from
+  // --etcd-password-file or $GRADSNAP_ETCD_PASSWORD, never a flag): set together.
+  // Default: empty (none).
+  std::string etcd_user;
+  std::string etcd_password;
   // Cluster mode: copies of every shard, on the first live nodes of its rendezvous order (node
   // ids); clamped, with a warning, to the live nodes. Default: 3.
   int cluster_replicas = 3;

@@ -42,7 +42,7 @@ TEST(ClusterServer, BadClusterFlagsExitTwoWithOneLine) {
   const std::vector<std::vector<std::string>> bad = {
       {"--etcd", "127.0.0.1:0", "--advertise", "127.0.0.1:7070"},
       {"--etcd", "nohost", "--advertise", "127.0.0.1:7070"},
-      {"--etcd", "https://127.0.0.1:2379", "--advertise", "127.0.0.1:7070"},
+      {"--etcd", "https://127.0.0.1:2379,127.0.0.1:2380", "--advertise", "127.0.0.1:7070"},
       {"--etcd", "127.0.0.1:2379,,127.0.0.1:2380", "--advertise", "127.0.0.1:7070"},
       {"--etcd", "127.0.0.1:2379"},                             // no --advertise
       {"--advertise", "127.0.0.1:7070"},                        // no --etcd
@@ -183,13 +183,7 @@ class ClusterE2E : public ::testing::Test {
   }
 
   std::unique_ptr<client::Client> Connect() {
-    client::ClientOptions o;
-    o.etcd = etcd_.Endpoints();
-    o.cluster_replicas = 3;
-    o.min_replicas = 2;
-    o.max_attempts = 3;
-    o.rpc_timeout_ms = 10000;
-    auto c = client::Client::ConnectRemote(o);
+    auto c = ConnectCluster(etcd_.Endpoints());
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
@@ -197,14 +191,9 @@ class ClusterE2E : public ::testing::Test {
   // Begins (job, step) with one rank and saves a 1 MiB shard for it, which it returns.
   static TestShard SaveOneRank(client::Client* c, const std::string& job, int64_t step,
                                uint64_t epoch, uint64_t seed) {
-    client::CheckpointSpec spec = FullSpec(job, step, 1);
-    spec.epoch = epoch;
-    EXPECT_TRUE(c->BeginCheckpoint(spec).ok());
-    TestShard shard = MakeShard(job, step, 0, {1 << 20}, seed);
-    shard.spec.epoch = epoch;
-    absl::Status saved = c->SaveShard(shard.spec, shard.Refs());
-    EXPECT_TRUE(saved.ok()) << saved;
-    return shard;
+    auto shard = testing::SaveOneRank(c, job, step, epoch, seed);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    return shard.ok() ? *std::move(shard) : TestShard{};
   }
 
   // Node indices in the rendezvous order of (job, rank) over all nodes.

@@ -169,6 +169,27 @@ client::CheckpointSpec FullSpec(const std::string& job, int64_t step, int32_t wo
   return c;
 }
 
+absl::StatusOr<std::unique_ptr<client::Client>> ConnectCluster(const std::string& etcd_endpoints) {
+  client::ClientOptions o;
+  o.etcd = etcd_endpoints;
+  o.cluster_replicas = 3;
+  o.min_replicas = 2;
+  o.max_attempts = 3;
+  o.rpc_timeout_ms = 10000;
+  return client::Client::ConnectRemote(o);
+}
+
+absl::StatusOr<TestShard> SaveOneRank(client::Client* c, const std::string& job, int64_t step,
+                                      uint64_t epoch, uint64_t seed) {
+  client::CheckpointSpec spec = FullSpec(job, step, 1);
+  spec.epoch = epoch;
+  RETURN_IF_ERROR(c->BeginCheckpoint(spec));
+  TestShard shard = MakeShard(job, step, 0, {1 << 20}, seed);
+  shard.spec.epoch = epoch;
+  RETURN_IF_ERROR(c->SaveShard(shard.spec, shard.Refs()));
+  return shard;
+}
+
 std::unique_ptr<v1::Storage::Stub> RawStub(const std::string& address) {
   return v1::Storage::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }

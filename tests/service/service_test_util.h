@@ -67,6 +67,14 @@ TestShard MakeShard(const std::string& job, int64_t step, int32_t rank,
 
 client::CheckpointSpec FullSpec(const std::string& job, int64_t step, int32_t world_size);
 
+// Cluster mode: a client of the etcd `etcd_endpoints` placing R = 3 copies, W = 2 needed, 3
+// attempts per call, 10 s calls.
+absl::StatusOr<std::unique_ptr<client::Client>> ConnectCluster(const std::string& etcd_endpoints);
+// Begins (job, step) with one rank at `epoch` through `c` and saves for it a shard of one 1 MiB
+// tensor made from `seed`: the shard saved, or the first error.
+absl::StatusOr<TestShard> SaveOneRank(client::Client* c, const std::string& job, int64_t step,
+                                      uint64_t epoch, uint64_t seed);
+
 // Sends the first `bytes` of single-tensor shard `shard` on a raw Write `stream` (the spec in
 // the first message, then 1 MiB messages), without finish_write: a client that stops or
 // vanishes part-way. False if a write failed.

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,13 +28,33 @@ class EtcdCluster {
   // Not copyable (owns its member processes, which ChildProcess kills when it is destroyed).
   explicit EtcdCluster(std::string dir);
 
-  // Starts `members` members (1 or 3, say) on free loopback ports and waits until each is
-  // healthy (a quorum has elected a leader).
-  absl::Status Start(int members);
-  // "127.0.0.1:P1,127.0.0.1:P2,..." (the --etcd value of every member).
-  std::string Endpoints() const;
-  // "127.0.0.1:P" of member i.
-  std::string Endpoint(int i) const;
+  // Where a member runs: the addresses its client port listens on (the first one also takes
+  // its peer port and is the one it advertises) and a command prefix it runs under (a network
+  // namespace's NetNamespace::Wrap; empty: none).
+  struct Place {
+    std::vector<std::string> hosts = {"127.0.0.1"};
+    std::vector<std::string> wrap;
+  };
+  // Client TLS of every member (set before Start): etcd's --cert-file, --key-file, and with
+  // client_ca --trusted-ca-file and --client-cert-auth (client certificates required). The
+  // client URLs are then https:// (Endpoints() stays "H:P"); the health checks present
+  // `client_cert`/`client_key` and trust `ca`.
+  struct Tls {
+    std::string ca, cert, key;           // the server side
+    std::string client_ca;               // empty: no client certificates asked
+    std::string client_cert, client_key;  // what the health checks present
+  };
+  void set_tls(Tls tls) { tls_ = std::move(tls); }
+  // "USER:PASSWORD" the health checks and Ctl() use once etcd's authentication is on.
+  void set_ctl_user(std::string user) { ctl_user_ = std::move(user); }
+
+  // Starts `members` members (1 or 3, say) on free ports, member i at places[i] (default: on
+  // loopback), and waits until each is healthy (a quorum has elected a leader).
+  absl::Status Start(int members, const std::vector<Place>& places = {});
+  // "H:P1,H:P2,..." (the --etcd value of every member), H each member's host `host_index`.
+  std::string Endpoints(int host_index = 0) const;
+  // "H:P" of member i (its host `host_index`).
+  std::string Endpoint(int i, int host_index = 0) const;
   int size() const { return static_cast<int>(members_.size()); }
 
   // SIGKILLs member i.
@@ -41,12 +62,15 @@ class EtcdCluster {
   // Starts member i again on its ports and data directory; waits until it is healthy when a
   // quorum is up (`wait_healthy`).
   absl::Status Restart(int i, bool wait_healthy = true);
+  // Runs `etcdctl args...` against member i (TLS as set), 30 s at most.
+  RunResult Ctl(int i, const std::vector<std::string>& args) const;
   // The log of member i so far.
   std::string Log(int i) const;
 
  private:
   struct Member {
     std::string name;
+    Place place;
     int client_port = 0;
     int peer_port = 0;
     std::unique_ptr<ChildProcess> process;
@@ -54,7 +78,12 @@ class EtcdCluster {
   absl::Status StartMember(int i);
   absl::Status WaitHealthy(int i);
 
+  // etcdctl's flags to reach member i (TLS files included).
+  std::vector<std::string> CtlFlags(int i) const;
+
   const std::string dir_;
+  Tls tls_;
+  std::string ctl_user_;
   std::string initial_cluster_;
   std::vector<Member> members_;
 };

@@ -111,7 +111,8 @@ absl::Status ServerProcess::StartOnce(const std::vector<std::string>& args) {
   }
   const int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
   if (log_fd < 0) return PosixError("open " + log_path_, errno);
-  std::vector<std::string> all = {binary_};
+  std::vector<std::string> all = wrap_;
+  all.push_back(binary_);
   all.insert(all.end(), args.begin(), args.end());
   const pid_t pid = SpawnChild(all, out[1], log_fd);
   const int spawn_errno = errno;

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,6 +37,10 @@ class ServerProcess {
   // After Kill()/Wait(): the same flags again, listening on the address it had (a fixed port
   // when it was 127.0.0.1:0). Retries for up to `attempts` x 100 ms while the port is held.
   absl::Status Restart(int attempts = 50);
+
+  // A command prefix the server runs under from its next start on (a network namespace's
+  // NetNamespace::Wrap: ip netns exec execs it, so pid() stays the server's). Default: none.
+  void set_wrap(std::vector<std::string> wrap) { wrap_ = std::move(wrap); }
 
   void Signal(int sig);
   // Reaps the child: its exit status, 128 + the signal that ended it; -1 when not running.
@@ -66,6 +71,7 @@ class ServerProcess {
 
   const std::string binary_;
   std::vector<std::string> args_;  // of the last Start
+  std::vector<std::string> wrap_;
   pid_t pid_ = -1;
   std::string address_;
   std::string ready_line_;

@@ -56,6 +56,7 @@ std::vector<StepLine> ParseStepLines(const std::string& output) {
       if (word == "stall_ms") l.stall_ms = std::atof(value.c_str());
       if (word == "ckpt_failures") l.ckpt_failures = std::atoll(value.c_str());
       if (word == "recovery_point") l.recovery_point = std::atoll(value.c_str());
+      if (word == "recovery_age_s") l.recovery_age_s = std::atof(value.c_str());
     }
     out.push_back(l);
   }

@@ -30,6 +30,7 @@ struct StepLine {
   double stall_ms = 0;
   int64_t ckpt_failures = -1;
   int64_t recovery_point = -1;
+  double recovery_age_s = -1;
 };
 std::vector<StepLine> ParseStepLines(const std::string& output);
 
