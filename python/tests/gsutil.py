@@ -108,6 +108,40 @@ class Etcd:
         self.log.close()
 
 
+class Cluster:
+    """A real etcd member (Etcd) and `nodes` gradsnap-servers registered in it (--etcd,
+    --advertise), all under directory `tmp`; a context manager that stops them all."""
+
+    def __init__(self, tmp, nodes=2):
+        self.etcd = Etcd(os.path.join(tmp, "etcd"))
+        self.servers = []
+        try:
+            for i in range(nodes):
+                self.servers.append(self._start(os.path.join(tmp, f"node{i}"),
+                                                f"127.0.0.1:{free_port()}"))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, data_dir, addr):
+        return Server(data_dir, ["--etcd", self.etcd.endpoint, "--advertise", addr], listen=addr)
+
+    def restart(self, i):
+        """Starts node i again (after servers[i].stop()) on its data and address."""
+        self.servers[i] = self._start(self.servers[i].data_dir, self.servers[i].address)
+
+    def stop(self):
+        for srv in self.servers:
+            srv.stop()
+        self.etcd.stop()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 def make_tls(d):
     """ca.pem, server.pem/.key (for localhost and 127.0.0.1), client.pem/.key under d."""
     script = (

@@ -320,14 +320,8 @@ class ClusterTest(TempDirCase):
     """connect(etcd=...): a real etcd member and two gradsnap-servers registered in it."""
 
     def test_save_restore_through_etcd(self):
-        etcd = gsutil.Etcd(os.path.join(self.tmp, "etcd"))
-        servers = []
-        try:
-            for i in range(2):
-                addr = f"127.0.0.1:{gsutil.free_port()}"
-                servers.append(gsutil.Server(os.path.join(self.tmp, f"node{i}"),
-                                             ["--etcd", etcd.endpoint, "--advertise", addr],
-                                             listen=addr))
+        with gsutil.Cluster(self.tmp, nodes=2) as cl:
+            etcd, servers = cl.etcd, cl.servers
             arrays = every_dtype()
             with gradsnap.connect(etcd=etcd.endpoint, replicas=2, min_replicas=2) as c:
                 c.save("job", 1, arrays, dtypes={"bf16": "bf16"})
@@ -344,14 +338,7 @@ class ClusterTest(TempDirCase):
                 with gradsnap.connect(etcd=etcd.endpoint, replicas=2) as c:
                     self.assertEqual(c.restore("job", 2)["w"].tobytes(),
                                      arrays["f32"].tobytes())
-                addr = servers[i].address
-                servers[i] = gsutil.Server(servers[i].data_dir,
-                                           ["--etcd", etcd.endpoint, "--advertise", addr],
-                                           listen=addr)
-        finally:
-            for srv in servers:
-                srv.stop()
-            etcd.stop()
+                cl.restart(i)
 
 if __name__ == "__main__":
     unittest.main()

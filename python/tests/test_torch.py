@@ -115,20 +115,9 @@ class DcpTest(unittest.TestCase):
     def test_cluster_mode_through_etcd(self):
         # connect(etcd=...): a real etcd member, two servers registered in it, every shard on
         # both; "latest" is resolved although cluster listings carry no checkpoint metadata.
-        etcd = gsutil.Etcd(os.path.join(self.tmp, "etcd"))
-        nodes = []
-        try:
-            for i in range(2):
-                addr = f"127.0.0.1:{gsutil.free_port()}"
-                nodes.append(gsutil.Server(os.path.join(self.tmp, f"node{i}"),
-                                           ["--etcd", etcd.endpoint, "--advertise", addr],
-                                           listen=addr))
+        with gsutil.Cluster(self.tmp, nodes=2) as cl:
             self.ok(2, ["save", "cl", 3], ["save", "cl", 4], ["load", "cl", "latest", 4],
-                    server=f"etcd={etcd.endpoint}")
-        finally:
-            for n in nodes:
-                n.stop()
-            etcd.stop()
+                    server=f"etcd={cl.etcd.endpoint}")
 
     def test_flipped_byte_is_an_error(self):
         self.ok(1, ["save", "flip", 5])
