@@ -222,7 +222,9 @@ def connect(servers: Union[str, Sequence[str], None] = None, token: Optional[str
             tls_ca: Optional[str] = None, etcd: Optional[str] = None, *,
             tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
             replicas: Optional[int] = None, min_replicas: int = 2, timeout_ms: int = 30000,
-            max_attempts: int = 8, read_streams: int = 1) -> Client:
+            max_attempts: int = 8, read_streams: int = 1, etcd_ca: Optional[str] = None,
+            etcd_cert: Optional[str] = None, etcd_key: Optional[str] = None,
+            etcd_user: Optional[str] = None, etcd_password: Optional[str] = None) -> Client:
     """A client of gradsnap-server nodes: those listed in ``servers``, or, in cluster mode,
     the live nodes registered in the etcd at ``etcd`` (exactly one of the two).
 
@@ -239,6 +241,12 @@ def connect(servers: Union[str, Sequence[str], None] = None, token: Optional[str
     ``servers`` no RPC is made yet (:meth:`Client.health` checks the servers); with ``etcd``
     the client reads the live nodes from etcd before it returns (Unavailable when etcd does
     not answer).
+
+    Towards etcd itself (cluster mode only; docs/deploy.md, "Cluster"): with https://
+    ``etcd`` endpoints, ``etcd_ca`` is the PEM file of the CA etcd's certificates chain to
+    (default: the system's roots) and ``etcd_cert`` / ``etcd_key`` a client certificate for
+    etcd's --client-cert-auth; ``etcd_user`` logs in to an etcd with authentication on, with
+    ``etcd_password`` (default: $GRADSNAP_ETCD_PASSWORD). Default: none of them.
     """
     if (servers is None) == (etcd is None):
         raise ValueError("pass exactly one of servers= (gradsnap-server addresses) and etcd= "
@@ -254,6 +262,14 @@ def connect(servers: Union[str, Sequence[str], None] = None, token: Optional[str
         if not isinstance(servers, Sequence) or not servers:
             raise TypeError("servers must be \"host:port\" or a non-empty list of them")
         servers = [_str_arg("servers[]", s, allow_none=False) for s in servers]
+    etcd_args = {"etcd_ca": etcd_ca, "etcd_cert": etcd_cert, "etcd_key": etcd_key,
+                 "etcd_user": etcd_user, "etcd_password": etcd_password}
+    for name, value in etcd_args.items():
+        etcd_args[name] = _str_arg(name, value)
+        if value is not None and etcd is None:
+            raise ValueError(f"{name} applies to cluster mode only (etcd=)")
+    if etcd_args["etcd_user"] and etcd_password is None:
+        etcd_args["etcd_password"] = os.environ.get("GRADSNAP_ETCD_PASSWORD", "")
     if replicas is None:
         replicas = 3 if etcd else 1
     return Client(_gradsnap.open(
@@ -261,7 +277,7 @@ def connect(servers: Union[str, Sequence[str], None] = None, token: Optional[str
         _str_arg("tls_cert", tls_cert), _str_arg("tls_key", tls_key),
         _int_arg("replicas", replicas), _int_arg("timeout_ms", timeout_ms),
         _int_arg("max_attempts", max_attempts), _int_arg("read_streams", read_streams),
-        etcd or "", _int_arg("min_replicas", min_replicas)))
+        etcd or "", _int_arg("min_replicas", min_replicas), **etcd_args))
 
 
 def open_dir(path: Union[str, os.PathLike], read_only: bool = False) -> Client:

@@ -589,8 +589,14 @@ PYBIND11_MODULE(_gradsnap, m) {
       [](std::vector<std::string> endpoints, std::string local_dir, bool read_only,
          std::string token, std::string tls_ca, std::string tls_cert, std::string tls_key,
          int replicas, int timeout_ms, int max_attempts, int read_streams, std::string etcd,
-         int min_replicas) {
+         int min_replicas, std::string etcd_ca, std::string etcd_cert, std::string etcd_key,
+         std::string etcd_user, std::string etcd_password) {
         gc::ClientOptions o;
+        o.etcd_tls.ca_file = std::move(etcd_ca);
+        o.etcd_tls.cert_file = std::move(etcd_cert);
+        o.etcd_tls.key_file = std::move(etcd_key);
+        o.etcd_user = std::move(etcd_user);
+        o.etcd_password = std::move(etcd_password);
         // Cluster mode (etcd set): `replicas` is ClientOptions::cluster_replicas.
         o.etcd = std::move(etcd);
         if (!o.etcd.empty()) o.cluster_replicas = replicas;
@@ -611,7 +617,8 @@ PYBIND11_MODULE(_gradsnap, m) {
       py::arg("endpoints"), py::arg("local_dir"), py::arg("read_only"), py::arg("token"),
       py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"), py::arg("replicas"),
       py::arg("timeout_ms"), py::arg("max_attempts"), py::arg("read_streams"), py::arg("etcd"),
-      py::arg("min_replicas"));
+      py::arg("min_replicas"), py::arg("etcd_ca"), py::arg("etcd_cert"), py::arg("etcd_key"),
+      py::arg("etcd_user"), py::arg("etcd_password"));
 
   py::class_<PyClient>(m, "Client")
       .def("close", &PyClient::Close)

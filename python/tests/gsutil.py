@@ -75,24 +75,36 @@ class Etcd:
     Raises unittest.SkipTest where etcd or etcdctl is not installed
     (scripts/install-deps.sh installs them)."""
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, tls_dir=None):
+        """tls_dir: a make_tls() directory; etcd then serves https:// and asks every client
+        for a certificate of its CA (client.pem), and `endpoint` is https://HOST:PORT."""
         import unittest
         for b in ("etcd", "etcdctl"):
             if shutil.which(b) is None:
                 raise unittest.SkipTest(f"{b} is not installed (scripts/install-deps.sh)")
-        client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
-        self.endpoint = client[len("http://"):]
+        scheme = "https" if tls_dir else "http"
+        client = f"{scheme}://127.0.0.1:{free_port()}"
+        peer = f"http://127.0.0.1:{free_port()}"
+        self.endpoint = client if tls_dir else client[len("http://"):]
+        tls, ctl_tls = [], []
+        if tls_dir:
+            t = lambda n: os.path.join(tls_dir, n)
+            tls = ["--cert-file", t("server.pem"), "--key-file", t("server.key"),
+                   "--client-cert-auth", "--trusted-ca-file", t("ca.pem")]
+            ctl_tls = ["--cacert", t("ca.pem"), "--cert", t("client.pem"),
+                       "--key", t("client.key")]
         self.log = open(data_dir.rstrip("/") + ".log", "wb")
         self.proc = subprocess.Popen(
             ["etcd", "--name", "m0", "--data-dir", data_dir, "--listen-client-urls", client,
              "--advertise-client-urls", client, "--listen-peer-urls", peer,
              "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m0={peer}",
-             "--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr"],
+             "--initial-cluster-state", "new", "--logger", "zap", "--log-outputs", "stderr",
+             *tls],
             stdout=self.log, stderr=self.log)
         for _ in range(120):  # 120 x (check + 0.5 s)
             if self.proc.poll() is not None:
                 break
-            r = subprocess.run(["etcdctl", "--endpoints", self.endpoint,
+            r = subprocess.run(["etcdctl", "--endpoints", self.endpoint, *ctl_tls,
                                 "--command-timeout=2s", "endpoint", "health"],
                                capture_output=True, timeout=10)
             if r.returncode == 0:
