@@ -617,8 +617,8 @@ PYBIND11_MODULE(_gradsnap, m) {
       py::arg("endpoints"), py::arg("local_dir"), py::arg("read_only"), py::arg("token"),
       py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"), py::arg("replicas"),
       py::arg("timeout_ms"), py::arg("max_attempts"), py::arg("read_streams"), py::arg("etcd"),
-      py::arg("min_replicas"), py::arg("etcd_ca"), py::arg("etcd_cert"), py::arg("etcd_key"),
-      py::arg("etcd_user"), py::arg("etcd_password"));
+      py::arg("min_replicas"), py::arg("etcd_ca") = "", py::arg("etcd_cert") = "",
+      py::arg("etcd_key") = "", py::arg("etcd_user") = "", py::arg("etcd_password") = "");
 
   py::class_<PyClient>(m, "Client")
       .def("close", &PyClient::Close)
