@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "client/backends.h"
 #include "client/cluster_repair.h"
 #include "cluster/catalog.h"
 #include "cluster/etcd_client.h"
@@ -17,11 +18,7 @@ namespace cli {
 namespace {
 
 absl::StatusOr<std::unique_ptr<cluster::EtcdClient>> Etcd(const client::ClientOptions& options) {
-  cluster::EtcdOptions o;
-  ASSIGN_OR_RETURN(o.endpoints, cluster::ParseEtcdEndpoints(options.etcd, &o.tls));
-  o.tls_files = options.etcd_tls;
-  o.user = options.etcd_user;
-  o.password = options.etcd_password;
+  ASSIGN_OR_RETURN(cluster::EtcdOptions o, client::EtcdOptionsFor(options));
   return cluster::EtcdClient::Create(o);
 }
 

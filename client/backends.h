@@ -8,6 +8,10 @@
 #include "client/client.h"
 
 namespace gradsnap {
+namespace cluster {
+struct EtcdOptions;  // cluster/etcd_client.h
+}  // namespace cluster
+
 namespace client {
 
 class ByteBudget;
@@ -25,6 +29,11 @@ absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& opt
 
 // Cluster mode (options.etcd set; cluster_client.cc): nodes, catalog and epochs from etcd.
 absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options);
+
+// The etcd connection of cluster mode: options.etcd's endpoints with options.etcd_tls,
+// etcd_user and etcd_password (the cluster client's and the CLI's cluster views'), the other
+// EtcdOptions at their defaults. INVALID_ARGUMENT for bad endpoints (ParseEtcdEndpoints).
+absl::StatusOr<cluster::EtcdOptions> EtcdOptionsFor(const ClientOptions& options);
 
 // The checks of options every back end shares: INVALID_ARGUMENT when max_attempts or replicas
 // is below 1 (client/connect_remote.cc).

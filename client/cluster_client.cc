@@ -532,12 +532,17 @@ class ClusterClient final : public Client {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options) {
+absl::StatusOr<cluster::EtcdOptions> EtcdOptionsFor(const ClientOptions& options) {
   cluster::EtcdOptions eo;
   ASSIGN_OR_RETURN(eo.endpoints, cluster::ParseEtcdEndpoints(options.etcd, &eo.tls));
   eo.tls_files = options.etcd_tls;
   eo.user = options.etcd_user;
   eo.password = options.etcd_password;
+  return eo;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options) {
+  ASSIGN_OR_RETURN(cluster::EtcdOptions eo, EtcdOptionsFor(options));
   eo.rpc_timeout_ms = std::clamp(options.rpc_timeout_ms, 1000, 5000);
   ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, cluster::EtcdClient::Create(eo));
   auto c = std::make_unique<ClusterClient>(options, std::move(etcd));

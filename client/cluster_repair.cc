@@ -12,6 +12,7 @@
 #include "client/backends.h"
 #include "cluster/membership.h"
 #include "cluster/placement.h"
+#include "common/clock.h"
 #include "common/digest.h"
 #include "common/logging.h"
 #include "common/stats.h"
@@ -26,12 +27,6 @@ using cluster::LocalJob;
 using cluster::RankReplicas;
 
 namespace {
-
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 struct RepairMetrics {
   Counter* leader;
@@ -83,10 +78,7 @@ RepairWorker::RepairWorker(cluster::EtcdClient* etcd, RepairOptions options)
 }
 
 RepairWorker::~RepairWorker() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
+  stop_.Notify();
   if (thread_.joinable()) thread_.join();
   if (leader_revision_ != 0) {  // hands the leadership over at once rather than at lease expiry
     pb::TxnRequest txn;
@@ -101,10 +93,7 @@ RepairWorker::~RepairWorker() {
   }
 }
 
-bool RepairWorker::stopping() {
-  absl::MutexLock lock(&mu_);
-  return stop_;
-}
+bool RepairWorker::stopping() { return stop_.HasBeenNotified(); }
 
 void RepairWorker::Loop() {
   // The leadership is checked (and campaigned for) every second, a pass made every quarter of
@@ -121,9 +110,7 @@ void RepairWorker::Loop() {
         since_pass_ms = 0;
       }
     }
-    absl::MutexLock lock(&mu_);
-    auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; };
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(tick_ms))) return;
+    if (stop_.WaitForNotificationWithTimeout(absl::Milliseconds(tick_ms))) return;
     since_pass_ms += tick_ms;
   }
 }
@@ -179,7 +166,7 @@ int64_t RepairWorker::Pass() {
     auto rec = cluster::DecodeNodeRecord(kv);
     if (rec.ok()) live_[rec->id] = rec->address;
   }
-  const int64_t now = NowMs();
+  const int64_t now = UnixMillis();
   for (auto it = absent_since_.begin(); it != absent_since_.end();) {
     it = live_.count(it->first) ? absent_since_.erase(it) : std::next(it);
   }

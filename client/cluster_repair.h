@@ -34,7 +34,7 @@
 #include <string>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "cluster/catalog.h"
 #include "cluster/etcd_client.h"
@@ -96,8 +96,7 @@ class RepairWorker {
   std::map<std::string, int64_t> absent_since_;
   std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_;
 
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stop_;  // the destructor's: the worker's thread ends
   std::thread thread_;
 };
 

@@ -2,7 +2,6 @@
 #include "cluster/catalog.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -10,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/clock.h"
 #include "common/key_value_text.h"
 #include "common/names.h"
 #include "common/status.h"
@@ -36,17 +36,11 @@ std::string StagedPrefix(const std::string& job, int64_t step) {
   return absl::StrCat("/gradsnap/staged/", job, "/", absl::StrFormat("%020d", step), "/");
 }
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string RandomId() {
   unsigned char b[8] = {};
   if (RAND_bytes(b, sizeof(b)) != 1) {
     // Falls back to the clock: ids only tell two writers apart.
-    const int64_t t = NowMs();
+    const int64_t t = UnixMillis();
     for (size_t i = 0; i < sizeof(b); ++i) b[i] = static_cast<unsigned char>(t >> (8 * i));
   }
   std::string id;
@@ -196,7 +190,7 @@ absl::StatusOr<uint64_t> ClusterCatalog::AcquireEpoch(const std::string& job) {
     if (kv.ok() && !absl::SimpleAtoi(kv->value, &current)) {
       return absl::DataLossError(absl::StrCat("job ", job, ": malformed epoch in etcd"));
     }
-    const uint64_t next = std::max<uint64_t>(current + 1, static_cast<uint64_t>(NowMs()));
+    const uint64_t next = std::max<uint64_t>(current + 1, static_cast<uint64_t>(UnixMillis()));
     pb::TxnRequest txn;
     pb::Compare* c = txn.add_compare();
     c->set_key(EpochKey(job));
@@ -268,7 +262,7 @@ absl::Status ClusterCatalog::Begin(const storage::CheckpointSpec& spec, int32_t 
   c.world_size = spec.world_size;
   c.epoch = spec.epoch;
   c.replicas = std::max(replicas, 0);
-  c.created_unix_ms = NowMs();
+  c.created_unix_ms = UnixMillis();
   pb::TxnRequest txn;
   AddEpochCompare(&txn, spec.job, spec.epoch);
   pb::Compare* absent = txn.add_compare();
@@ -395,7 +389,7 @@ absl::Status ClusterCatalog::Commit(const std::string& job, int64_t step, uint64
       AddModCompare(&txn, RecordKey(job, c.base_step), base->mod_revision);
     }
     c.state = CheckpointState::kCommitted;
-    c.committed_unix_ms = NowMs();
+    c.committed_unix_ms = UnixMillis();
     c.committed_by = writer_id_;
     AddPut(&txn, RecordKey(job, step), EncodeCheckpointRecord(c));
     AddDeletePrefix(&txn, StagedPrefix(job, step));

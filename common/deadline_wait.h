@@ -34,12 +34,12 @@ struct DeadlineWait {
   absl::string_view aborted;
 };
 
-// `done`: true once the work completed, false while it runs, an error if it failed (returned as
-// is). See the file comment.
 // Whether `s` is the error of an expired WaitWithDeadline (UNAVAILABLE "collective deadline:
 // ..."), so a failing rank can abort its other groups rather than wait for them too.
 bool IsCollectiveDeadline(const absl::Status& s);
 
+// `done`: true once the work completed, false while it runs, an error if it failed (returned as
+// is). See the file comment.
 absl::Status WaitWithDeadline(const DeadlineWait& wait,
                               absl::FunctionRef<absl::StatusOr<bool>()> done,
                               absl::FunctionRef<void()> abort);

@@ -23,24 +23,19 @@ WindowChoice ChooseWindow(const WindowInputs& in) {
   WindowChoice c;
   c.in = in;
   const int max_window = std::max(1, in.max_window);
-  if (!(in.bandwidth > 0) || !(in.step_seconds > 0) || !(in.fill > 0)) {
+  auto busiest = [&](int k) {
+    return BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, k);
+  };
+  c.measured = in.bandwidth > 0 && in.step_seconds > 0 && in.fill > 0;  // NaN: not measured
+  if (!c.measured) {
     c.k = std::min(4, max_window);
-    c.busiest_step_bytes = BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, c.k);
-    return c;
+  } else {
+    c.step_capacity_bytes = in.bandwidth * in.step_seconds * in.fill;
+    c.k = 1;
+    while (c.k < max_window && busiest(c.k) > c.step_capacity_bytes) ++c.k;
+    c.fits = busiest(c.k) <= c.step_capacity_bytes;
   }
-  c.measured = true;
-  c.step_capacity_bytes = in.bandwidth * in.step_seconds * in.fill;
-  c.fits = false;
-  c.k = max_window;
-  for (int k = 1; k <= max_window; ++k) {
-    if (BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, k) <=
-        c.step_capacity_bytes) {
-      c.k = k;
-      c.fits = true;
-      break;
-    }
-  }
-  c.busiest_step_bytes = BusiestWindowStepBytes(in.state_bytes, in.grad_bytes, in.grad_log, c.k);
+  c.busiest_step_bytes = busiest(c.k);
   return c;
 }
 

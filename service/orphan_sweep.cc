@@ -2,24 +2,18 @@
 #include "service/orphan_sweep.h"
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace gradsnap {
 namespace service {
 
 namespace {
-
-int64_t SteadyMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // "<job>.r<rank>" -> (job, rank); false for a local job of another shape.
 bool SplitLocalJob(const std::string& local, std::string* job, int32_t* rank) {
@@ -45,29 +39,19 @@ OrphanSweeper::OrphanSweeper(cluster::EtcdClient* etcd, storage::Engine* engine,
     : catalog_(etcd), engine_(engine), node_id_(std::move(node_id)), grace_ms_(grace_ms) {}
 
 OrphanSweeper::~OrphanSweeper() {
-  {
-    absl::MutexLock lock(&mu_);
-    stop_ = true;
-  }
+  stop_.Notify();
   if (thread_.joinable()) thread_.join();
 }
 
 void OrphanSweeper::Loop() {
   const int64_t interval_ms = std::clamp<int64_t>(grace_ms_ / 4, 1000, 60000);
-  for (;;) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto stop = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; };
-      if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(interval_ms))) return;
-    }
-    Sweep();
-  }
+  while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(interval_ms))) Sweep();
 }
 
 void OrphanSweeper::Sweep() {
   auto jobs = engine_->ListJobs();
   if (!jobs.ok()) return;
-  const int64_t now = SteadyMs();
+  const int64_t now = MonotonicNanos() / 1000000;
   std::set<std::pair<std::string, int64_t>> seen;
   for (const std::string& local : *jobs) {
     std::string job;

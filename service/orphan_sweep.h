@@ -23,7 +23,7 @@
 #include <thread>
 #include <utility>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "cluster/catalog.h"
 #include "cluster/etcd_client.h"
 #include "storage/engine.h"
@@ -52,8 +52,7 @@ class OrphanSweeper {
   const int64_t grace_ms_;
   // (local job, step) -> steady ms when first seen unnamed (the sweeper's thread only).
   std::map<std::pair<std::string, int64_t>, int64_t> unnamed_since_;
-  absl::Mutex mu_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Notification stop_;  // the destructor's: the sweeper's thread ends
   std::thread thread_;
 };
 

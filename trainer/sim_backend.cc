@@ -49,9 +49,9 @@ class SimBackend : public Backend {
     stream_ = gpu_->NewStream();
     ASSIGN_OR_RETURN(params_, Alloc(total_));
     ASSIGN_OR_RETURN(compute_, Alloc(total_));
-    ASSIGN_OR_RETURN(params_bf16_, AllocBf16(total_));
+    ASSIGN_OR_RETURN(params_bf16_, Alloc<uint16_t>(total_));
     ASSIGN_OR_RETURN(grads_, Alloc(total_));
-    ASSIGN_OR_RETURN(gslice_bf16_, AllocBf16(slice_.size()));
+    ASSIGN_OR_RETURN(gslice_bf16_, Alloc<uint16_t>(slice_.size()));
     ASSIGN_OR_RETURN(m_, Alloc(slice_.size()));
     ASSIGN_OR_RETURN(v_, Alloc(slice_.size()));
     return absl::OkStatus();
@@ -202,13 +202,11 @@ class SimBackend : public Backend {
     return stream_->Wait(seq);
   }
 
-  absl::StatusOr<float*> Alloc(size_t n) {
-    ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(float)));
-    return static_cast<float*>(p);
-  }
-  absl::StatusOr<uint16_t*> AllocBf16(size_t n) {
-    ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(uint16_t)));
-    return static_cast<uint16_t*>(p);
+  // Device memory for n elements of T (float, or uint16_t holding bf16).
+  template <typename T = float>
+  absl::StatusOr<T*> Alloc(size_t n) {
+    ASSIGN_OR_RETURN(void* p, gpu_->Malloc(n * sizeof(T)));
+    return static_cast<T*>(p);
   }
   static void ToBf16(const float* in, uint16_t* out, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
