@@ -32,6 +32,10 @@ struct DrillOptions {
   bool quick = false;      // CI-sized: shorter outages and runs
   // Stall scenarios (stall_scenario.h): steps the fault lasts; 0: the scenario's default.
   int64_t fault_steps = 0;
+  // Stall scenarios: the server runs under SCHED_IDLE (`chrt --idle 0`), so on this one host it
+  // takes only the cycles the ranks leave, as a storage node on its own machine would take none
+  // of theirs; false: normal priority, its restarts and work compete with the ranks' cores.
+  bool stall_server_idle = true;
 };
 
 // A drill run as a test: the build's gradsnap-server and gradsnap-train in `bin_dir`, the

@@ -41,6 +41,7 @@ ABSL_FLAG(std::string, server_bin, GRADSNAP_SERVER_BIN, "gradsnap-server binary.
 ABSL_FLAG(std::string, train_bin, GRADSNAP_TRAIN_BIN, "gradsnap-train binary. Default: the build's.");
 ABSL_FLAG(int, kills, 20, "Training: server SIGKILLs while the job trains. Default: 20.");
 ABSL_FLAG(bool, quick, false, "Training: CI-sized, shortest outages (0.5-0.8 s) and a shorter job; stall_full_disk and stall_outage: 120 steps of fault. Default: false.");
+ABSL_FLAG(std::string, stall_server_sched, "idle", "stall_full_disk and stall_outage: the server's CPU scheduling: idle (SCHED_IDLE, so on this one host it takes only the cycles the ranks leave, as a storage node on its own machine takes none of theirs) or normal (co-located: its restarts and work compete with the ranks). Default: idle.");
 ABSL_FLAG(int64_t, fault_steps, 0, "stall_full_disk and stall_outage: steps the fault lasts; 0 = 200 (120 with --quick). Default: 0.");
 
 namespace {
@@ -108,13 +109,19 @@ int main(int argc, char** argv) {
       .keep = absl::GetFlag(FLAGS_keep),
       .kills = absl::GetFlag(FLAGS_kills),
       .quick = absl::GetFlag(FLAGS_quick),
-      .fault_steps = absl::GetFlag(FLAGS_fault_steps)};
+      .fault_steps = absl::GetFlag(FLAGS_fault_steps),
+      .stall_server_idle = absl::GetFlag(FLAGS_stall_server_sched) == "idle"};
   const std::string scenario = absl::GetFlag(FLAGS_scenario);
   if (scenario != "storage" && scenario != "training" && scenario != "stall_full_disk" &&
       scenario != "stall_outage" && scenario != "all") {
     std::fprintf(stderr,
                  "fault_drill: --scenario must be storage, training, stall_full_disk, "
                  "stall_outage or all\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_stall_server_sched) != "idle" &&
+      absl::GetFlag(FLAGS_stall_server_sched) != "normal") {
+    std::fprintf(stderr, "fault_drill: --stall_server_sched must be idle or normal\n");
     return 2;
   }
   if (o.fault_steps < 0) {

@@ -25,7 +25,10 @@ namespace {
 
 std::map<std::string, std::string> RunAndCheck(StallFault fault) {
   const testing::TempDir dir("drill-stall");
-  const DrillOptions o = TestDrillOptions(GRADSNAP_BIN_DIR, dir.path(), 20261203, true);
+  DrillOptions o = TestDrillOptions(GRADSNAP_BIN_DIR, dir.path(), 20261203, true);
+  // Normal priority: under ctest -j2 another test keeps the cores busy, and a SCHED_IDLE
+  // server would be starved (its start-up alone could outlast the fault).
+  o.stall_server_idle = false;
   std::map<std::string, std::string> kv;
   const StallDrillConfig c = StallDrillFor(o, fault);
   const absl::Status st = RunStallDrill(c, &kv);

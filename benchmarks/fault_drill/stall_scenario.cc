@@ -43,15 +43,14 @@ std::vector<std::string> JobArgs(const StallDrillConfig& c, const std::string& s
 }
 
 int64_t LastStep(const testing::ChildProcess& job) {
-  const std::vector<testing::StepLine> lines = ParseStepLines(job.Output());
-  return lines.empty() ? 0 : lines.back().step;
+  return testing::LastStepLine(job.Output()).step;
 }
 
 // Polls until the job printed `step` or ended; false when it ended first.
 bool WaitForStep(testing::ChildProcess& job, int64_t step) {
   while (LastStep(job) < step) {
     if (job.Poll() >= 0) return false;
-    SleepMs(5);
+    SleepMs(10);
   }
   return true;
 }
@@ -78,6 +77,7 @@ StallDrillConfig StallDrillFor(const DrillOptions& opts, StallFault fault) {
   // and a FULL's persist, which the CPU trainer's own speed no longer guarantees (150 tiny
   // steps ran in under 1 s and no checkpoint committed after the fault: recovered=0).
   c.step_delay_ms = fault == StallFault::kOutage ? 50 : 20;
+  c.server_idle = opts.stall_server_idle;
   return c;
 }
 
@@ -107,6 +107,9 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
   }
   const std::string ballast = dir + "/fs/ballast";
   testing::ServerProcess server(c.server_bin);
+  // chrt execs the server, so pid() (killed, CPU-sampled) stays the server's; each restart runs
+  // under it too.
+  if (c.server_idle) server.set_wrap({"chrt", "--idle", "0"});
   ASSIGN_OR_RETURN(const int port, testing::FreePort());
   RETURN_IF_ERROR(server.StartOn(data, absl::StrCat("127.0.0.1:", port)));
   testing::ChildProcess job;
@@ -163,6 +166,7 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
   (*kv)[p + "server_cpu_share"] =
       absl::StrFormat("%.3f", fault_s > 0 ? std::max(0.0, server_cpu_s) / fault_s : 0.0);
   (*kv)[p + "server_cpu_share_before"] = absl::StrFormat("%.3f", server_cpu_share_before);
+  (*kv)[p + "server_sched"] = c.server_idle ? "idle" : "normal";
   (*kv)[p + "train_exit"] = absl::StrCat(train_exit);
   (*kv)[p + "params_match"] = absl::StrCat(SummaryField(out, "params_sha256") == want_sha ? 1 : 0);
   (*kv)[p + "ckpt_failures"] = SummaryField(out, "ckpt_failures");

@@ -20,7 +20,9 @@
 // fault committed: the job's final recovery point is past fault_to_step), server_kills
 // (stall_outage), server_cpu_share (CPU seconds of the server processes during the fault / its
 // wall seconds: on one host the server shares the ranks' cores, as a storage node would not),
-// server_cpu_share_before (the same from the job's start to the fault, start-up included).
+// server_cpu_share_before (the same from the job's start to the fault, start-up included),
+// server_sched ("idle": the server ran under SCHED_IDLE, modelling a storage node on another
+// machine; "normal": co-located at the ranks' priority, its restarts cost the ranks compute).
 #ifndef GRADSNAP_BENCHMARKS_FAULT_DRILL_STALL_SCENARIO_H_
 #define GRADSNAP_BENCHMARKS_FAULT_DRILL_STALL_SCENARIO_H_
 
@@ -49,6 +51,8 @@ struct StallDrillConfig {
   int64_t persist_timeout_ms = 5000;  // --ckpt_persist_timeout_ms (the default)
   int up_ms_min = 200, up_ms_max = 900;  // outage: the server's uptime between kills
   int tmpfs_mib = 256;                // full_disk: the server's file system
+  // The server (every restart too) under SCHED_IDLE: DrillOptions::stall_server_idle.
+  bool server_idle = true;
 };
 // The scenario's defaults: the jobs (a FULL every 2 steps on the full disk, every 5 in
 // the outage), --ckpt_persist_timeout_ms 1000, 200 steps of fault (opts.quick: 120;

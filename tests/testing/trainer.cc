@@ -38,29 +38,52 @@ std::string SummaryField(const std::string& output, const std::string& key) {
   return summary.substr(begin, summary.find(' ', begin) - begin);
 }
 
+namespace {
+
+// One "step N loss L key value ..." line; false for any other line.
+bool ParseStepLine(const std::string& line, StepLine* l) {
+  std::istringstream ls(line);
+  std::string word, loss;
+  if (!(ls >> word >> l->step) || word != "step" || !(ls >> word >> loss) || word != "loss") {
+    return false;
+  }
+  while (ls >> word) {
+    if (word == "skipped") continue;
+    std::string value;
+    if (!(ls >> value)) break;
+    if (word == "step_ms") l->step_ms = std::atof(value.c_str());
+    if (word == "stall_ms") l->stall_ms = std::atof(value.c_str());
+    if (word == "ckpt_failures") l->ckpt_failures = std::atoll(value.c_str());
+    if (word == "recovery_point") l->recovery_point = std::atoll(value.c_str());
+    if (word == "recovery_age_s") l->recovery_age_s = std::atof(value.c_str());
+  }
+  return true;
+}
+
+}  // namespace
+
 std::vector<StepLine> ParseStepLines(const std::string& output) {
   std::vector<StepLine> out;
   std::istringstream in(output);
   for (std::string line; std::getline(in, line);) {
-    std::istringstream ls(line);
-    std::string word, loss;
     StepLine l;
-    if (!(ls >> word >> l.step) || word != "step" || !(ls >> word >> loss) || word != "loss") {
-      continue;
-    }
-    while (ls >> word) {
-      if (word == "skipped") continue;
-      std::string value;
-      if (!(ls >> value)) break;
-      if (word == "step_ms") l.step_ms = std::atof(value.c_str());
-      if (word == "stall_ms") l.stall_ms = std::atof(value.c_str());
-      if (word == "ckpt_failures") l.ckpt_failures = std::atoll(value.c_str());
-      if (word == "recovery_point") l.recovery_point = std::atoll(value.c_str());
-      if (word == "recovery_age_s") l.recovery_age_s = std::atof(value.c_str());
-    }
-    out.push_back(l);
+    if (ParseStepLine(line, &l)) out.push_back(l);
   }
   return out;
+}
+
+StepLine LastStepLine(const std::string& output) {
+  size_t end = output.size();
+  while (end > 0) {
+    const size_t nl = end >= 2 ? output.rfind('\n', end - 2) : std::string::npos;
+    const size_t begin = nl == std::string::npos ? 0 : nl + 1;
+    if (output.compare(begin, 5, "step ") == 0) {
+      StepLine l;
+      if (ParseStepLine(output.substr(begin, end - begin), &l)) return l;
+    }
+    end = begin;
+  }
+  return StepLine{};
 }
 
 StepWindow StepsBetween(const std::vector<StepLine>& lines, int64_t first, int64_t last) {

@@ -33,6 +33,9 @@ struct StepLine {
   double recovery_age_s = -1;
 };
 std::vector<StepLine> ParseStepLines(const std::string& output);
+// The last step line of `output` (StepLine{}, step 0, when none), parsing only that line: for
+// loops that poll a running job's output.
+StepLine LastStepLine(const std::string& output);
 
 // The steps of `lines` in [first, last]: how many, their mean step_ms and their largest
 // stall_ms (0 when none).
