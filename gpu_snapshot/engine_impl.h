@@ -76,6 +76,8 @@ class EngineImpl : public SnapshotEngine {
   void SetBaseStep(int64_t step) override;
   absl::Status BeforeGradOverwrite(int64_t step) override;
   absl::Status AfterBackward(int64_t step, const void* grad) override;
+  ElemRange BlockInFlight() const override { return held_; }
+  absl::Status BeforeBlockUpdate(int64_t step) override;
   absl::Status AfterUpdate(const UpdateRecord& info, bool checkpoint_due) override;
   StepStats TakeStepStats() override;
   absl::Status Finish() override;
@@ -139,6 +141,11 @@ class EngineImpl : public SnapshotEngine {
   bool finished_ = false;
   CopyTicket grad_ticket_ = 0;
   CopyTicket block_ticket_ = 0;
+  // per_block_update_wait: the block whose copy the next BeforeBlockUpdate waits for, and the
+  // gradient copy that AfterBackward prepared (its compute event recorded) and that is
+  // submitted after that wait, so it does not overtake the block the update is waiting for.
+  ElemRange held_;
+  std::optional<CopyRequest> held_grad_;
   int64_t stall_ns_ = 0;
   int64_t last_step_ = -1;
   int64_t last_update_ns_ = 0;

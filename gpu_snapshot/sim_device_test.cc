@@ -12,6 +12,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "gpu_snapshot/copy_queue.h"
+#include "gpu_snapshot/engine_test_util.h"
 #include "gpu_snapshot/snapshot_engine.h"
 #include "gtest/gtest.h"
 
@@ -309,6 +310,106 @@ TEST_F(SimDeviceTest, LateCopyReadsAfterTheOverwriteUnlessDemanded) {
   EXPECT_TRUE(absl::IsInvalidArgument(ParseSimLateCopies("all").status()));
   dev->FreeDevice(d);
   dev->FreePinned(h, 3 * 4096);
+}
+
+// per_block_update_wait: the update of the slice but the block in flight runs while that
+// block's copy is still to land; only the update of that block waits for it (its own copy, not
+// the step's), and the FULL still equals the stop-the-world state. With late state copies a
+// block copy lands only when the host demands it or a kernel overwrites it, so "not landed yet"
+// is deterministic: an engine that waited for the block in AfterBackward (before the whole
+// update) would have landed it there.
+TEST_F(SimDeviceTest, UpdateWaitsOnlyForTheBlockInFlight) {
+  SimOptions o = Fast();
+  o.late_copies = SimLateCopies::kState;  // as LateCopyReadsAfterTheOverwriteUnlessDemanded
+  ASSERT_NO_FATAL_FAILURE(Open(7, o));
+  const size_t n = 6000;
+  float* p = static_cast<float*>(*dev_->AllocDevice(n * 4));
+  float* m = static_cast<float*>(*dev_->AllocDevice(n * 4));
+  float* v = static_cast<float*>(*dev_->AllocDevice(n * 4));
+  uint16_t* g = static_cast<uint16_t*>(*dev_->AllocDevice(n * 2));
+  enginetest::State ref{std::vector<float>(n), std::vector<float>(n, 0.0f),
+                        std::vector<float>(n, 0.0f)};
+  for (size_t i = 0; i < n; ++i) ref.p[i] = p[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  enginetest::MemorySink sink;
+  SnapshotEngineOptions eo;
+  eo.mode = SnapshotMode::kGoCkpt;
+  eo.window = 3;
+  eo.grad_dtype = DType::kBF16;
+  eo.per_block_update_wait = true;
+  eo.chunk_bytes = 4096;
+  DeviceState st{p, m, v, n, 0, stream_.get()};
+  auto engine = SnapshotEngine::Create(dev_.get(), st, eo, &sink);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  SnapshotEngine& e = **engine;
+  const uint64_t probe = e.counters().copied_bytes;
+  auto update = [&](size_t b, size_t end, const AdamWStepParams& sp) {
+    if (b >= end) return absl::OkStatus();
+    return stream_->Launch(
+        [=] {
+          AdamWUpdateHostBf16(p + b, m + b, v + b, g + b, end - b, sp);
+          return absl::OkStatus();
+        },
+        {SimStream::Range{p + b, (end - b) * 4}, SimStream::Range{m + b, (end - b) * 4},
+         SimStream::Range{v + b, (end - b) * 4}});
+  };
+  std::map<int64_t, enginetest::State> reference;
+  std::vector<uint16_t> host_g(n);
+  for (int64_t u = 1; u <= 5; ++u) {
+    ASSERT_TRUE(e.BeforeGradOverwrite(u).ok());
+    for (size_t i = 0; i < n; ++i) {
+      host_g[i] = FloatToBf16(0.001f * static_cast<float>((i * 7 + u * 13) % 101) - 0.05f);
+    }
+    ASSERT_TRUE(stream_->Launch(
+                    [&, u] {
+                      std::memcpy(g, host_g.data(), n * 2);
+                      return absl::OkStatus();
+                    },
+                    {SimStream::Range{g, n * 2}})
+                    .ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());  // the step's wait for the reduction
+    ASSERT_TRUE(e.AfterBackward(u, g).ok());
+    const ElemRange held = e.BlockInFlight();
+    UpdateRecord info;
+    info.step = u;
+    info.params.adamw = MakeAdamWStepParams(AdamWConfig(), 1e-3f, 1.0f, u);
+    const AdamWStepParams& sp = info.params.adamw;
+    if (u >= 2 && u <= 4) {  // block u-2, copied after update u-1, is in flight
+      ASSERT_FALSE(held.empty()) << "step " << u;
+      EXPECT_EQ(held.begin, n * (u - 2) / 3 / 16 * 16);
+      EXPECT_EQ(held.end, u == 4 ? n : n * (u - 1) / 3 / 16 * 16);
+    } else {
+      EXPECT_TRUE(held.empty()) << "step " << u;
+    }
+    if (!held.empty()) {
+      ASSERT_TRUE(update(0, held.begin, sp).ok());
+      ASSERT_TRUE(update(held.end, n, sp).ok());
+    }
+    if (u == 2) {
+      // The rest of the update ran; the block's copy has not landed (nothing demanded it and
+      // no kernel wrote it).
+      ASSERT_TRUE(stream_->Synchronize().ok());
+      EXPECT_EQ(e.counters().copied_bytes, probe)
+          << "the block copy landed before the update of the other blocks";
+    }
+    ASSERT_TRUE(e.BeforeBlockUpdate(u).ok());
+    if (u == 2) {
+      EXPECT_GE(e.counters().copied_bytes, probe + 3 * (held.end - held.begin) * 4);
+    }
+    ASSERT_TRUE(held.empty() ? update(0, n, sp).ok() : update(held.begin, held.end, sp).ok());
+    AdamWUpdateHostBf16(ref.p.data(), ref.m.data(), ref.v.data(), host_g.data(), n, sp);
+    reference[u] = ref;
+    ASSERT_TRUE(e.AfterUpdate(info, /*checkpoint_due=*/u == 1).ok());
+    e.TakeStepStats();
+  }
+  ASSERT_TRUE(e.Finish().ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  ASSERT_EQ(sink.fulls.count(3), 1u) << "window K=3 started after update 1";
+  EXPECT_TRUE(sink.fulls.at(3) == reference.at(3));
+  engine->reset();
+  for (void* q : {static_cast<void*>(p), static_cast<void*>(m), static_cast<void*>(v),
+                  static_cast<void*>(g)}) {
+    dev_->FreeDevice(q);
+  }
 }
 
 TEST_F(SimDeviceTest, BadOrdinalsAndBandwidth) {

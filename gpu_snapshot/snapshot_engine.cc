@@ -246,11 +246,15 @@ int EngineImpl::AcquireLogBuffer() {
 
 absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   if (finished_) return absl::FailedPreconditionError("snapshot engine finished");
-  // A block copied after the previous update must land before this update changes it.
+  // A block copied after the previous update must land before this update changes it: waited
+  // for here, or with per_block_update_wait in BeforeBlockUpdate, after the caller launched the
+  // update of the rest of the slice.
   size_t replay_end = 0;
   if (win_.has_value()) {
     CopyTicket t = block_ticket_;
-    if (opt_.test_drop_wait != DroppedWait::kBlock) {
+    if (opt_.per_block_update_wait) {
+      held_ = {win_->bounds[win_->submitted - 1], win_->bounds[win_->submitted]};
+    } else if (opt_.test_drop_wait != DroppedWait::kBlock) {
       RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
     }
     if (win_->submitted >= win_->k) {
@@ -302,7 +306,27 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
   }
   // Recorded now, on the training thread: the gradients are final at this point of the stream.
   ASSIGN_OR_RETURN(req.after, device_->RecordComputeEvent(dev_.compute_stream));
-  grad_ticket_ = queue_->Submit(std::move(req));
+  if (!held_.empty()) {
+    held_grad_ = std::move(req);  // submitted once the held block landed (BeforeBlockUpdate)
+  } else {
+    grad_ticket_ = queue_->Submit(std::move(req));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::BeforeBlockUpdate(int64_t) {
+  if (held_.empty()) return absl::OkStatus();
+  held_ = ElemRange();
+  // The one block copy this update's optimizer must not overtake; the rest of the update is
+  // already running on the device.
+  CopyTicket t = block_ticket_;
+  if (opt_.test_drop_wait != DroppedWait::kBlock) {
+    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+  }
+  if (held_grad_.has_value()) {
+    grad_ticket_ = queue_->Submit(std::move(*held_grad_));
+    held_grad_.reset();
+  }
   return absl::OkStatus();
 }
 
@@ -378,6 +402,7 @@ absl::Status EngineImpl::StartFull(const UpdateRecord& info, int k) {
 
 absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_due) {
   if (finished_) return absl::FailedPreconditionError("snapshot engine finished");
+  RETURN_IF_ERROR(BeforeBlockUpdate(info.step));  // a caller that did not call it
   const int64_t u = info.step;
   int64_t now = MonotonicNanos();
   if (last_update_ns_ != 0) {
@@ -523,7 +548,9 @@ absl::Status EngineImpl::CloseWindowEarly() {
 
 absl::Status EngineImpl::Finish() {
   if (finished_) return absl::OkStatus();
+  absl::Status held = BeforeBlockUpdate(last_step_);
   finished_ = true;
+  RETURN_IF_ERROR(held);
   if (grad_ticket_ != 0) {
     CopyTicket t = grad_ticket_;
     grad_ticket_ = 0;

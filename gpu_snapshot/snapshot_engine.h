@@ -27,6 +27,14 @@
 //                            gradients, which so overlaps the update, all-gather, forward and
 //                            backward in between
 //   AfterBackward(u, grad)   gradients of u are final; the update has not run yet
+//   BlockInFlight()          with per_block_update_wait: the element range of the slice whose
+//                            block copy may still be running (a GoCkpt block copied after
+//                            update u-1), empty when none. The caller launches the update of
+//                            the rest of the slice first, then
+//   BeforeBlockUpdate(u)     waits for that one block's copy (its own copy event, not the
+//                            step's), then the caller launches the update of that range. Without
+//                            per_block_update_wait the wait is in AfterBackward and this is a
+//                            no-op (callers may call it always)
 //   AfterUpdate(info, due)   update u applied (or skipped); due: a FULL is wanted after it
 //   TakeStepStats()          stall attributable to checkpointing in this step
 //   Finish()                 at the end: closes an open window early at the last update
@@ -71,6 +79,11 @@ struct SnapshotEngineOptions {
   // BeforeGradOverwrite (a caller that does not call it must set false). Default: true
   // (as the trainer's CheckpointerOptions::overlap_grads, --gockpt_overlap).
   bool overlap_grads = true;
+  // The caller splits each update around the block in flight (BlockInFlight /
+  // BeforeBlockUpdate above): the update of block b waits only for block b's copy, so the rest
+  // of the update runs while that copy finishes. False: AfterBackward waits for the block
+  // before the whole update. Default: false (the trainer sets it on cuda and sim)
+  bool per_block_update_wait = false;
   // Log every update's gradient as a DELTA record. Default: false
   bool grad_log = false;
   // Gradient-log host buffers (each one gradient slice); 2 lets a DELTA persist while the
@@ -98,6 +111,12 @@ struct SnapshotEngineOptions {
   // Test hook: leave out one kind of wait (above); breaks the checkpoints on purpose.
   // Default: kNone
   DroppedWait test_drop_wait = DroppedWait::kNone;
+};
+
+// Elements [begin, end) of the rank's slice; begin == end: none.
+struct ElemRange {
+  size_t begin = 0, end = 0;
+  bool empty() const { return begin >= end; }
 };
 
 // The rank's slice in device memory.
@@ -229,6 +248,8 @@ class SnapshotEngine {
   virtual absl::Status BeforeGradOverwrite(int64_t step) = 0;
   // `grad`: device memory, numel elements of options.grad_dtype.
   virtual absl::Status AfterBackward(int64_t step, const void* grad) = 0;
+  virtual ElemRange BlockInFlight() const = 0;
+  virtual absl::Status BeforeBlockUpdate(int64_t step) = 0;
   virtual absl::Status AfterUpdate(const UpdateRecord& info, bool checkpoint_due) = 0;
   virtual StepStats TakeStepStats() = 0;
   // Closes an open window at the last update (abandons it with the gradient log), waits for

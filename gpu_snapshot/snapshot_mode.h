@@ -52,7 +52,8 @@ absl::StatusOr<SnapshotMode> ParseSnapshotMode(absl::string_view name);
 
 // Test hook SnapshotEngineOptions::test_drop_wait: one kind of wait the engine leaves out, so a
 // test shows that the simulated device's late_copies mode (sim_device.h) catches it:
-//   kBlock   the host's wait for a block copy before the next update overwrites the block;
+//   kBlock   the host's wait for a block copy before the next update overwrites the block (with
+//            per_block_update_wait: before the update of that block, BeforeBlockUpdate);
 //   kGrad    the host's wait for a gradient copy before the next reduction overwrites it;
 //   kReplay  the replay's wait for a gradient chunk to land before it reads it (the chunk is
 //            replayed as soon as its copy is enqueued; AfterUpdate then waits until the worker

@@ -51,7 +51,13 @@ class Backend {
   // the checkpointer's BeforeGradOverwrite hook right before that call.
   virtual bool ReduceOverwritesGrads() const = 0;
   virtual GradSliceView Grads() = 0;
-  virtual absl::Status Update(const AdamWStepParams& params) = 0;
+  // AdamW over this rank's slice: all of it, or elements [begin, end) of it (the result is the
+  // same whichever way the slice is cut: the update is element by element). The trainer cuts it
+  // around the block a checkpoint copy still reads (Checkpointer::BlockInFlight).
+  absl::Status Update(const AdamWStepParams& params) {
+    return UpdateRange(params, 0, View().count());
+  }
+  virtual absl::Status UpdateRange(const AdamWStepParams& params, size_t begin, size_t end) = 0;
   virtual absl::Status GatherParams() = 0;
   // Stall accounting of a checkpointing hook that just returned after `elapsed_ms` on the host:
   // the part of it during which the device had no queued work left, i.e. training waited for

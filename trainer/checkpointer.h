@@ -11,7 +11,11 @@
 //     reduce-scatter of the gradients (ZeRO-1)
 //     AfterBackward(s, grads)       grads: this rank's reduced slice, as the optimizer reads it
 //     global-norm clip, LR schedule -> AdamWStepParams (computed once, on the host)
-//     AdamW update of the slice (skipped when the gradient norm is not finite)
+//     AdamW update of the slice but BlockInFlight() (skipped when the gradient norm is not
+//                                   finite; everything when BlockInFlight() is empty)
+//     BeforeBlockUpdate(s)          waits for the copy of the one block in flight (a GoCkpt
+//                                   block copied after update s-1; CUDA and sim only)
+//     AdamW update of BlockInFlight() (skipped likewise)
 //     AfterUpdate(s, info)          the exact scalars the update consumed
 //     all-gather of the parameters
 //     EndStep(s, state)             state: the replicated state after step s
@@ -50,6 +54,7 @@
 #include "absl/status/status.h"
 #include "common/dtype.h"
 #include "gpu_snapshot/adamw.h"
+#include "gpu_snapshot/snapshot_engine.h"
 #include "gpu_snapshot/snapshot_mode.h"
 #include "trainer/train_state.h"
 
@@ -134,6 +139,11 @@ class Checkpointer {
   // (see the order above): the last moment a copy of those gradients may still be running.
   virtual absl::Status BeforeGradOverwrite(int64_t) { return absl::OkStatus(); }
   virtual absl::Status AfterBackward(int64_t step, const GradSliceView& grads) = 0;
+  // After AfterBackward(step): the part of the slice whose copy may still be running (the
+  // update launches the rest first); empty: none, BeforeBlockUpdate(step) waits for nothing.
+  virtual gpu_snapshot::ElemRange BlockInFlight() const { return {}; }
+  // Before update `step` writes BlockInFlight(): waits for that block's copy only.
+  virtual absl::Status BeforeBlockUpdate(int64_t) { return absl::OkStatus(); }
   virtual absl::Status AfterUpdate(int64_t step, const UpdateInfo& info) = 0;
   virtual absl::Status EndStep(int64_t step, const ReplicatedState& state) = 0;
   // After the last step: drain in-flight checkpoints (their time counts in the summary).

@@ -94,12 +94,14 @@ class CpuBackend : public Backend {
     return SliceGradView(slice_, grads_.data() + slice_.lo, DType::kF32);
   }
 
-  absl::Status Update(const AdamWStepParams& p) override {
+  absl::Status UpdateRange(const AdamWStepParams& p, size_t begin, size_t end) override {
     // One pass over params, m, v and the gradient (AdamWElement), split by element.
-    float* param = params_.data() + slice_.lo;
-    const float* grad = grads_.data() + slice_.lo;
-    pool_.ParallelFor(slice_.size(), [&](size_t lo, size_t hi) {
-      AdamWUpdateHost(param + lo, m_.data() + lo, v_.data() + lo, grad + lo, hi - lo, p);
+    float* param = params_.data() + slice_.lo + begin;
+    const float* grad = grads_.data() + slice_.lo + begin;
+    float* m = m_.data() + begin;
+    float* v = v_.data() + begin;
+    pool_.ParallelFor(end - begin, [&](size_t lo, size_t hi) {
+      AdamWUpdateHost(param + lo, m + lo, v + lo, grad + lo, hi - lo, p);
     }, /*min_n=*/64 * 1024);
     return absl::OkStatus();
   }

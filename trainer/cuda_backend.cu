@@ -260,11 +260,12 @@ class CudaBackend : public Backend {
     return g;
   }
 
-  absl::Status Update(const AdamWStepParams& p) override {
-    cuda::AdamWUpdate(stream_, master_.get(), m_.get(), v_.get(),
-                      reinterpret_cast<const uint16_t*>(grads_bf16_.get() + slice_.lo),
-                      reinterpret_cast<uint16_t*>(params_bf16_.get() + slice_.lo),
-                      slice_.size(), p);
+  absl::Status UpdateRange(const AdamWStepParams& p, size_t begin, size_t end) override {
+    if (begin >= end) return absl::OkStatus();
+    cuda::AdamWUpdate(stream_, master_.get() + begin, m_.get() + begin, v_.get() + begin,
+                      reinterpret_cast<const uint16_t*>(grads_bf16_.get() + slice_.lo + begin),
+                      reinterpret_cast<uint16_t*>(params_bf16_.get() + slice_.lo + begin),
+                      end - begin, p);
     CUDA_RETURN_IF_ERROR(cudaGetLastError());
     CUDA_RETURN_IF_ERROR(cudaEventRecord(work_done_, stream_));
     return absl::OkStatus();

@@ -145,17 +145,24 @@ class SimBackend : public Backend {
     return g;
   }
 
-  absl::Status Update(const AdamWStepParams& p) override {
-    const size_t bytes = slice_.size() * sizeof(float);
+  absl::Status UpdateRange(const AdamWStepParams& p, size_t begin, size_t end) override {
+    if (begin >= end) return absl::OkStatus();
+    const size_t n = end - begin, bytes = n * sizeof(float);
+    float* param = params_ + slice_.lo + begin;
+    uint16_t* param_bf16 = params_bf16_ + slice_.lo + begin;
+    float* m = m_ + begin;
+    float* v = v_ + begin;
+    const uint16_t* g = gslice_bf16_ + begin;
+    // Declares exactly the range it writes: a block copy still reading the rest of the slice
+    // is not disturbed (poison, late copies).
     return stream_->Launch(
-        [this, p] {
-          AdamWUpdateHostBf16(params_ + slice_.lo, m_, v_, gslice_bf16_,
-                                            slice_.size(), p);
-          ToBf16(params_ + slice_.lo, params_bf16_ + slice_.lo, slice_.size());
+        [=] {
+          AdamWUpdateHostBf16(param, m, v, g, n, p);
+          ToBf16(param, param_bf16, n);
           return absl::OkStatus();
         },
-        {Range{params_ + slice_.lo, bytes}, Range{m_, bytes}, Range{v_, bytes},
-         Range{params_bf16_ + slice_.lo, slice_.size() * sizeof(uint16_t)}});
+        {Range{param, bytes}, Range{m, bytes}, Range{v, bytes},
+         Range{param_bf16, n * sizeof(uint16_t)}});
   }
 
   absl::Status GatherParams() override {

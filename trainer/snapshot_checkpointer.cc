@@ -160,6 +160,9 @@ class SnapshotCheckpointer : public Checkpointer {
     eo.mode = o_.mode;
     eo.grad_log = o_.grad_log;
     eo.overlap_grads = o_.overlap_grads;
+    // On a device the update is split around the block in flight (trainer.cc): its other
+    // blocks run while that one's copy finishes. On cpu the update waits for it whole.
+    eo.per_block_update_wait = view_.device != DeviceKind::kCpu;
     eo.grad_dtype = GradDType();
     eo.trace = trace_;
     eo.test_drop_wait = o_.test_drop_wait;
@@ -198,6 +201,11 @@ class SnapshotCheckpointer : public Checkpointer {
                        DTypeName(want)));
     }
     return engine_->AfterBackward(step, g.data);
+  }
+
+  gpu_snapshot::ElemRange BlockInFlight() const override { return engine_->BlockInFlight(); }
+  absl::Status BeforeBlockUpdate(int64_t step) override {
+    return engine_->BeforeBlockUpdate(step);
   }
 
   absl::Status AfterUpdate(int64_t, const UpdateInfo& info) override {
@@ -324,22 +332,28 @@ class TracingCheckpointer : public Checkpointer {
   absl::Status BeforeStep(int64_t s) override {
     return Hook("ckpt before_step", "", [&] { return inner_->BeforeStep(s); });
   }
+  // Each step hook is traced with the compute phase that ended when it began (named after the
+  // phase and the step).
   absl::Status BeforeGradOverwrite(int64_t s) override {
     // cpu: after loading the batch; cuda, sim: after launching the forward and backward.
-    return Hook("ckpt before_grad_overwrite", absl::StrCat("batch ", s),
-                [&] { return inner_->BeforeGradOverwrite(s); });
+    return StepHook("ckpt before_grad_overwrite", "batch", s,
+                    [&] { return inner_->BeforeGradOverwrite(s); });
   }
   absl::Status AfterBackward(int64_t s, const GradSliceView& g) override {
-    return Hook("ckpt after_backward", absl::StrCat("forward+backward ", s),
-                [&] { return inner_->AfterBackward(s, g); });
+    return StepHook("ckpt after_backward", "forward+backward", s,
+                    [&] { return inner_->AfterBackward(s, g); });
+  }
+  gpu_snapshot::ElemRange BlockInFlight() const override { return inner_->BlockInFlight(); }
+  absl::Status BeforeBlockUpdate(int64_t s) override {
+    // cuda, sim: after launching the update of the slice but the block in flight.
+    return StepHook("ckpt before_block_update", "update (other blocks)", s,
+                    [&] { return inner_->BeforeBlockUpdate(s); });
   }
   absl::Status AfterUpdate(int64_t s, const UpdateInfo& i) override {
-    return Hook("ckpt after_update", absl::StrCat("update ", s),
-                [&] { return inner_->AfterUpdate(s, i); });
+    return StepHook("ckpt after_update", "update", s, [&] { return inner_->AfterUpdate(s, i); });
   }
   absl::Status EndStep(int64_t s, const ReplicatedState& st) override {
-    return Hook("ckpt end_step", absl::StrCat("allgather ", s),
-                [&] { return inner_->EndStep(s, st); });
+    return StepHook("ckpt end_step", "allgather", s, [&] { return inner_->EndStep(s, st); });
   }
   CheckpointHealth Health() const override { return inner_->Health(); }
   absl::Status Finish() override {
@@ -349,6 +363,10 @@ class TracingCheckpointer : public Checkpointer {
   }
 
  private:
+  absl::Status StepHook(const char* name, const char* phase, int64_t s,
+                        const std::function<absl::Status()>& fn) {
+    return Hook(name, absl::StrCat(phase, " ", s), fn);
+  }
   absl::Status Hook(const char* name, const std::string& phase,
                     const std::function<absl::Status()>& fn) {
     int64_t t0 = trace_->NowMicros();

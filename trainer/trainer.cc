@@ -468,7 +468,22 @@ absl::Status RankRunner::Step(int64_t s) {
                           : 1.0f;
   info.opt_t = state_.opt_t + (info.skipped ? 0 : 1);
   info.params = MakeAdamWStepParams(state_.adamw, lr, scale, info.opt_t);
-  if (!info.skipped) RETURN_IF_ERROR(backend_->Update(info.params));
+  {
+    // The update of the block whose checkpoint copy may still be running waits for that copy
+    // alone; the rest of the slice is updated meanwhile (checkpointer.h).
+    const gpu_snapshot::ElemRange held = ckpt_->BlockInFlight();
+    const size_t n = backend_->View().count();
+    if (!info.skipped && !held.empty()) {
+      RETURN_IF_ERROR(backend_->UpdateRange(info.params, 0, held.begin));
+      RETURN_IF_ERROR(backend_->UpdateRange(info.params, held.end, n));
+    }
+    Stopwatch sw;
+    RETURN_IF_ERROR(Timed(&stall, ckpt_->BeforeBlockUpdate(s), sw));
+    if (!info.skipped) {
+      RETURN_IF_ERROR(held.empty() ? backend_->UpdateRange(info.params, 0, n)
+                                   : backend_->UpdateRange(info.params, held.begin, held.end));
+    }
+  }
   state_.step = s;
   state_.opt_t = info.opt_t;
   state_.skipped_steps += info.skipped ? 1 : 0;
