@@ -3,6 +3,7 @@
 #include "client/client.h"
 
 #include "client/backends.h"
+#include "common/populate.h"
 #include "common/status.h"
 
 namespace gradsnap {
@@ -15,6 +16,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   return absl::InvalidArgumentError(
       "ClientOptions needs endpoints (remote servers) or local_dir (embedded engine)");
 }
+
+FreshDestination::FreshDestination(const std::vector<std::pair<void*, size_t>>& ranges,
+                                   bool fresh) {
+  if (fresh) {
+    for (const auto& [p, n] : ranges) AdviseBasePages(p, n);
+  }
+  populate_ = std::make_unique<PopulateAhead>(ranges);
+}
+
+FreshDestination::~FreshDestination() = default;
 
 }  // namespace client
 }  // namespace gradsnap

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -85,6 +86,66 @@ TEST(PopulateAheadTest, FaultsInWholePagesInsideOnlyAndKeepsTheBytes) {
   ASSERT_EQ(::mincore(ro_map, pages * page, resident.data()), 0);
   for (size_t i = 0; i < pages; ++i) EXPECT_FALSE(resident[i] & 1) << "page " << i;
   ::munmap(ro_map, pages * page);
+}
+
+// The VmFlags line of /proc/self/smaps for the mapping that holds `p`.
+std::string VmFlagsOf(const void* p) {
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return "";
+  char line[4096];
+  bool in = false;
+  std::string out;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+      in = at >= lo && at < hi;
+    } else if (in && std::strncmp(line, "VmFlags:", 8) == 0) {
+      out = line;
+      break;
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
+// Several ranges: each one's whole pages are populated, one helper walks them in order, and a
+// range already faulted in is skipped (counted as nothing populated).
+TEST(PopulateAheadTest, WalksSeveralRangesAndSkipsResidentOnes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t each = PopulateAhead::kMinBytes / 2 + 3 * page;  // together over kMinBytes
+  char* map = static_cast<char*>(::mmap(nullptr, 3 * each, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  std::memset(map + each, 1, each);  // the middle range is faulted in already
+  std::vector<unsigned char> resident(3 * each / page);
+  {
+    PopulateAhead p({{map, each}, {map + each, each}, {map + 2 * each, each}});
+    EXPECT_EQ(WaitPopulated(p, 2 * each), 2 * each);  // the first and the last
+    ASSERT_EQ(::mincore(map, 3 * each, resident.data()), 0);
+  }
+  for (size_t i = 0; i < resident.size(); ++i) ASSERT_TRUE(resident[i] & 1) << "page " << i;
+  EXPECT_EQ(map[0], 0);
+  EXPECT_EQ(map[each], 1);
+  ::munmap(map, 3 * each);
+}
+
+// AdviseBasePages marks the destination's mapping no-huge-pages ("nh"), over NumPy's advice of
+// huge pages ("hg"), and leaves destinations under 4 MiB alone.
+TEST(PopulateAheadTest, AdviseBasePagesTurnsHugePagesOff) {
+  const size_t n = 8u << 20;
+  char* map = static_cast<char*>(
+      ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(map, MAP_FAILED);
+  if (::madvise(map, n, MADV_HUGEPAGE) != 0) GTEST_SKIP() << "no transparent huge pages here";
+  ASSERT_NE(VmFlagsOf(map).find(" hg"), std::string::npos) << VmFlagsOf(map);
+  AdviseBasePages(map, (4u << 20) - 1);
+  EXPECT_NE(VmFlagsOf(map).find(" hg"), std::string::npos) << "a small destination was advised";
+  AdviseBasePages(map, n);
+  const std::string flags = VmFlagsOf(map);
+  EXPECT_NE(flags.find(" nh"), std::string::npos) << flags;
+  EXPECT_EQ(flags.find(" hg"), std::string::npos) << flags;
+  ::munmap(map, n);
 }
 
 TEST(Crc32c, KnownVectors) {

@@ -9,7 +9,9 @@
 //   system call instead of 512 faults), from its start onwards, while the caller copies: the
 //   copy mostly finds its pages present, and where it catches up it faults them itself, as
 //   before. A destination that looks faulted in already (8 pages spread over it resident,
-//   mincore) gets no helper: a reused buffer costs nothing.
+//   mincore) gets no helper: a reused buffer costs nothing. A destination of several ranges
+//   (a restore's tensors, in the order the copy fills them) is walked range by range by one
+//   helper; ranges that look faulted in are skipped.
 //
 //   Only whole pages inside the destination are populated (never a byte outside it), and the
 //   contents never change: MADV_POPULATE_WRITE faults pages in as a write would, without
@@ -24,16 +26,21 @@
 #include <atomic>
 #include <cstddef>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace gradsnap {
 
 class PopulateAhead {
  public:
-  // Destinations smaller than this are copied without a helper (a thread costs more).
+  // Destinations smaller than this (all ranges together) are copied without a helper (a
+  // thread costs more).
   static constexpr size_t kMinBytes = 16u << 20;
   static constexpr size_t kStep = 2u << 20;
 
   PopulateAhead(void* dst, size_t n);
+  // Ranges {start, bytes}, populated in the order given.
+  explicit PopulateAhead(const std::vector<std::pair<void*, size_t>>& ranges);
   ~PopulateAhead();
   PopulateAhead(const PopulateAhead&) = delete;
   PopulateAhead& operator=(const PopulateAhead&) = delete;
@@ -46,6 +53,12 @@ class PopulateAhead {
   std::atomic<size_t> populated_{0};
   std::thread helper_;
 };
+
+// Advises the kernel to back the whole pages inside [p, p + n) with base pages, not
+// transparent huge pages (madvise MADV_NOHUGEPAGE), for a fresh destination about to be filled
+// by a restore; a no-op below 4 MiB (where NumPy advises none either) and where the kernel
+// refuses. Why: docs/performance.md, "Restore into fresh memory".
+void AdviseBasePages(void* p, size_t n);
 
 }  // namespace gradsnap
 

@@ -548,6 +548,7 @@ absl::Status EngineImpl::CloseWindowEarly() {
 
 absl::Status EngineImpl::Finish() {
   if (finished_) return absl::OkStatus();
+  const int64_t t0 = MonotonicNanos();
   absl::Status held = BeforeBlockUpdate(last_step_);
   finished_ = true;
   RETURN_IF_ERROR(held);
@@ -558,6 +559,17 @@ absl::Status EngineImpl::Finish() {
   }
   if (win_.has_value()) RETURN_IF_ERROR(CloseWindowEarly());
   RETURN_IF_ERROR(Stall([&] { return queue_->WaitAll(); }));
+  const int64_t t1 = MonotonicNanos();
+  // Whatever happens below, the two parts are counted (EngineCounters::finish_copy_ms).
+  struct Count {
+    EngineImpl* e;
+    int64_t t0, t1;
+    ~Count() {
+      absl::MutexLock lock(&e->mu_);
+      e->counters_.finish_copy_ms = static_cast<double>(t1 - t0) * 1e-6;
+      e->counters_.finish_handover_ms = static_cast<double>(MonotonicNanos() - t1) * 1e-6;
+    }
+  } count{this, t0, t1};
   return Stall([&] {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(

@@ -219,6 +219,10 @@ struct EngineCounters {
   int64_t abandoned = 0;  // windows open at Finish with the gradient log on (docs/gockpt.md)
   int64_t closed_early = 0;  // windows open at Finish closed there (the rest copied blocking)
   double stall_ms_total = 0, replay_ms_total = 0;
+  // Finish's two parts: the copies it waits for (the last gradient, what is left of a window
+  // the run's end cut short), then the worker handing its last records to the sink (replays,
+  // the sink's copies; the persists themselves are the sink's drain, not counted here).
+  double finish_copy_ms = 0, finish_handover_ms = 0;
   uint64_t copied_bytes = 0;
   // Gradient bytes copied off the device (the log's copy, which the replay reads too, or the
   // replay's own) and the updates they came from: with the log on, exactly one gradient per

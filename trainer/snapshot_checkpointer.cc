@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -48,7 +51,7 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
       : store_(store), job_(std::move(job)), view_(view), guard_(guard), backlog_(budget),
         jobs_([this](Job& j) {
           guard_->Persist(j.kind, j.step, j.base, j.work, j.bytes > 0).IgnoreError();
-          j.work = nullptr;  // frees the kept copy
+          j.work = nullptr;  // the kept copy's buffer goes back to spare_ (~KeptBuffer)
           backlog_.Release(j.bytes);
           return absl::OkStatus();  // a failed save is counted by the guard, not kept
         }) {}
@@ -58,14 +61,14 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     Job j{client::CheckpointKind::kFull, s.step, -1, nullptr, 0};
     const uint64_t bytes = 3 * n * sizeof(float) + s.small_state.size();
     if (backlog_.TryReserve(bytes)) {
-      auto kept = std::make_shared<std::vector<float>>(3 * n);
-      std::copy_n(s.state.params, n, kept->data());
-      std::copy_n(s.state.m, n, kept->data() + n);
-      std::copy_n(s.state.v, n, kept->data() + 2 * n);
+      std::shared_ptr<KeptBuffer> kept = Take(3 * n * sizeof(float));
+      float* const p = reinterpret_cast<float*>(kept->data.get());
+      std::copy_n(s.state.params, n, p);
+      std::copy_n(s.state.m, n, p + n);
+      std::copy_n(s.state.v, n, p + 2 * n);
       j.bytes = bytes;
-      j.work = [this, kept, n, step = s.step, small = s.small_state] {
+      j.work = [this, kept, p, n, step = s.step, small = s.small_state] {
         ASSIGN_OR_RETURN(ReplicatedState st, ReplicatedState::Parse(small));
-        const float* p = kept->data();
         return SaveFullShard(*store_, job_, step, view_, p, p + n, p + 2 * n, st);
       };
     }
@@ -78,16 +81,12 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     Job j{client::CheckpointKind::kDelta, r.step, r.base_step, nullptr, 0};
     const uint64_t bytes = grad_bytes + r.small_state.size();
     if (backlog_.TryReserve(bytes)) {
-      auto grad = std::make_shared<std::vector<char>>(static_cast<const char*>(r.grad),
-                                                      static_cast<const char*>(r.grad) +
-                                                          grad_bytes);
+      std::shared_ptr<KeptBuffer> grad = Take(grad_bytes);
+      std::memcpy(grad->data.get(), r.grad, grad_bytes);
       gpu_snapshot::DeltaRecord kept = r;
-      kept.grad = nullptr;
+      kept.grad = grad->data.get();
       j.bytes = bytes;
-      j.work = [this, grad, kept]() mutable {
-        kept.grad = grad->data();
-        return SaveDeltaShard(*store_, job_, view_, kept);
-      };
+      j.work = [this, grad, kept] { return SaveDeltaShard(*store_, job_, view_, kept); };
     }
     done(absl::OkStatus());  // the engine's log buffer is free again
     Enqueue(std::move(j));
@@ -108,12 +107,61 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   void Enqueue(Job j) {
     jobs_.Enqueue(std::move(j)).IgnoreError();  // never fails (above)
   }
+  // A kept copy's memory. When its record is persisted it goes back to the sink's spare
+  // buffers, so the next record of its size is copied into pages already faulted in: a fresh
+  // buffer costs a page fault and the zeroing of every page on the engine's worker, which runs
+  // on the training cores (on the project's VM about as much as the copy itself).
+  struct KeptBuffer {
+    KeptBuffer(StoreSink* sink, size_t n, std::unique_ptr<char[]> spare)
+        : sink(sink), size(n),
+          data(spare != nullptr ? std::move(spare) : std::make_unique_for_overwrite<char[]>(n)) {}
+    ~KeptBuffer() { sink->Return(std::move(data), size); }
+    StoreSink* const sink;
+    const size_t size;
+    std::unique_ptr<char[]> data;
+  };
+  // A buffer of n bytes, a spare one when there is one of that size. Spare buffers are kept
+  // only while they and the records held fit in the backlog's budget (Return), so the memory
+  // stays within --ckpt-backlog-bytes; a new buffer drops spares of other sizes to make room.
+  std::shared_ptr<KeptBuffer> Take(size_t n) {
+    std::unique_ptr<char[]> reuse;
+    {
+      absl::MutexLock lock(&spare_mu_);
+      for (size_t i = 0; i < spare_.size(); ++i) {
+        if (spare_[i].second == n) {
+          reuse = std::move(spare_[i].first);
+          spare_bytes_ -= n;
+          spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+          break;
+        }
+      }
+      // The caller reserved n in the backlog already: its used bytes include this buffer.
+      while (reuse == nullptr && !spare_.empty() &&
+             backlog_.usage().used + spare_bytes_ > backlog_.budget()) {
+        spare_bytes_ -= spare_.front().second;
+        spare_.erase(spare_.begin());
+      }
+    }
+    return std::make_shared<KeptBuffer>(this, n, std::move(reuse));
+  }
+  void Return(std::unique_ptr<char[]> data, size_t n) {
+    if (data == nullptr) return;
+    absl::MutexLock lock(&spare_mu_);
+    // Called before backlog_.Release of its record: the record's bytes still count as used.
+    if (backlog_.usage().used + spare_bytes_ <= backlog_.budget()) {
+      spare_bytes_ += n;
+      spare_.emplace_back(std::move(data), n);
+    }
+  }
 
   ShardStore* const store_;
   const std::string job_;
   const TrainStateView view_;
   PersistGuard* const guard_;
   PersistBacklog backlog_;
+  absl::Mutex spare_mu_;
+  std::vector<std::pair<std::unique_ptr<char[]>, size_t>> spare_ ABSL_GUARDED_BY(spare_mu_);
+  uint64_t spare_bytes_ ABSL_GUARDED_BY(spare_mu_) = 0;
   OrderedWorker<Job> jobs_;  // last: its destructor runs the queued saves, which use the above
 };
 
@@ -267,7 +315,7 @@ class SnapshotCheckpointer : public Checkpointer {
       std::printf(
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
           "failures=%lld deltas_skipped=%lld untried=%lld backlog_bytes=%llu "
-          "backlog_peak_bytes=%llu finish_ms=%.1f "
+          "backlog_peak_bytes=%llu finish_ms=%.1f finish_copy_ms=%.1f finish_handover_ms=%.1f "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f "
           "grad_bytes=%zu grad_bytes_copied_per_step=%.0f grad_copy_ratio=%.4f "
           "copy_engine_utilization=%.3f copy_engine_utilization_mean=%.3f window_k=%d "
@@ -278,6 +326,7 @@ class SnapshotCheckpointer : public Checkpointer {
           static_cast<long long>(h.skipped), static_cast<long long>(h.untried),
           static_cast<unsigned long long>(sink_->backlog().budget()),
           static_cast<unsigned long long>(sink_->backlog().usage().peak), finish_ms,
+          c.finish_copy_ms, c.finish_handover_ms,
           c.replay_ms_total,
           engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /

@@ -42,6 +42,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -51,6 +52,7 @@
 #include "gradsnap/types.h"
 
 namespace gradsnap {
+class PopulateAhead;  // common/populate.h
 namespace client {
 
 using storage::CheckpointInfo;
@@ -275,6 +277,24 @@ class Client {
     (void)notes;
     return Health();
   }
+};
+
+// Readies the destination of a restore, [ranges[i].first, + ranges[i].second), in the order
+// the restore fills it, for as long as the object lives (create it before the restore, destroy
+// it after). fresh: the memory was just allocated by the caller and nothing has written it
+// (Python's restore and read_range arrays): its whole pages are advised to base pages
+// (MADV_NOHUGEPAGE) before any is touched. Either way a helper thread faults in the pages
+// ahead of the copy (MADV_POPULATE_WRITE) when they total 16 MiB or more and are not faulted
+// in already; contents never change. Why: docs/performance.md, "Restore into fresh memory".
+class FreshDestination {
+ public:
+  FreshDestination(const std::vector<std::pair<void*, size_t>>& ranges, bool fresh);
+  ~FreshDestination();
+  FreshDestination(const FreshDestination&) = delete;
+  FreshDestination& operator=(const FreshDestination&) = delete;
+
+ private:
+  std::unique_ptr<PopulateAhead> populate_;
 };
 
 }  // namespace client

@@ -416,10 +416,19 @@ class PyClient {
     // read alone reads every chunk it touches, and small tensors share chunks: restoring 2,000
     // tensors of 4 KiB one by one through a server read their shared chunk 2,000 times). A few
     // tensors of a large shard: each on its own (RestoreTensor, its digest checked).
-    if (want.size() > kRestoreTensorsAlone || 2 * wanted >= payload) {
+    const bool stream = want.size() > kRestoreTensorsAlone || 2 * wanted >= payload;
+    if (stream) {
       std::sort(rs.begin(), rs.end(), [](const PayloadRegion& a, const PayloadRegion& b) {
         return a.begin < b.begin;
       });
+    }
+    // Arrays made here are fresh: base pages, faulted in by a helper while the restore reads
+    // (docs/performance.md, "Restore into fresh memory"); `out` buffers are only faulted in
+    // when they are not yet.
+    std::vector<std::pair<void*, size_t>> ranges;
+    for (const PayloadRegion& r : rs) ranges.emplace_back(r.dst, r.end - r.begin);
+    gc::FreshDestination fresh(ranges, outs.empty());
+    if (stream) {
       CallStatus([&] { return StreamIntoRegions(*c, job, st, rank, rs); });
     } else {
       for (size_t i = 0; i < want.size(); ++i) {

@@ -53,6 +53,20 @@ def check_read_ranges(test, c):
         c.read_ranges("rr", 1, 0, [(-1, bytearray(4))])
 
 
+def vm_flags(addr):
+    """The VmFlags of the mapping holding address `addr` (/proc/self/smaps), as a list."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line.split()[1:]
+    return []
+
+
 class TempDirCase(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="gradsnap-py-")
@@ -109,6 +123,19 @@ class EmbeddedTest(TempDirCase):
                 c.restore("job", 3, out={"u8": bytes(1000)})
             with self.assertRaises(gradsnap.NotFound):
                 c.restore("job", 3, out={"nosuch": np.zeros(1)})
+
+    def test_restore_arrays_are_advised_base_pages(self):
+        """The arrays restore makes are fresh memory the restore fills: advised to base pages
+        (smaps VmFlags "nh"), not the huge pages NumPy advises for arrays of 4 MiB and more
+        (docs/performance.md, "Restore into fresh memory"); contents exact."""
+        if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+            self.skipTest("no transparent huge pages on this kernel")
+        a = np.random.default_rng(5).standard_normal(3 << 20).astype(np.float32)  # 12 MiB
+        with self.open() as c:
+            c.save("job", 1, {"a": a, "b": np.arange(10)})
+            back = c.restore("job", 1)
+        self.assertEqual(back["a"].tobytes(), a.tobytes())
+        self.assertIn("nh", vm_flags(back["a"].ctypes.data + (8 << 20)))
 
     def test_latest_is_the_newest_committed_step(self):
         with self.open() as c:
