@@ -93,17 +93,12 @@ ABSL_FLAG(absl::Duration, orphan_grace, absl::Hours(1),
 ABSL_FLAG(uint64_t, repair_bandwidth_mib_s, 0,
           "Cluster mode: cap on the MiB per second this node reads from source copies while it "
           "is the repairer; 0: no cap. Default: 0.");
-ABSL_FLAG(std::string, peer_tls_ca, "",
-          "Cluster mode: PEM CA the other nodes' server certificates chain to; the repairer then "
-          "reaches them over TLS (needed when the nodes serve TLS, i.e. with --tls-cert). "
-          "Default: none (plaintext between nodes).");
-ABSL_FLAG(std::string, peer_tls_cert, "",
-          "Cluster mode: PEM client certificate the repairer presents to other nodes (mutual "
-          "TLS, for nodes started with --tls-client-ca); with --peer-tls-key. Default: "
-          "--tls-cert when --peer-tls-ca is set.");
-ABSL_FLAG(std::string, peer_tls_key, "",
-          "Cluster mode: the private key of --peer-tls-cert. Default: --tls-key when "
-          "--peer-tls-ca is set.");
+// The node's credentials towards the other nodes (docs/deploy.md, "Node credentials").
+ABSL_FLAG(std::string, peer_tls_ca, "", "Cluster mode: PEM CA of the other nodes' certificates "
+          "(TLS between nodes; required with --tls-cert). Default: none, plaintext.");
+ABSL_FLAG(std::string, peer_tls_cert, "", "Cluster mode: PEM client certificate for nodes with "
+          "--tls-client-ca. Default: --tls-cert.");
+ABSL_FLAG(std::string, peer_tls_key, "", "Cluster mode: the key of --peer-tls-cert. Default: --tls-key.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 

@@ -174,6 +174,28 @@ class ClusterRepair : public ::testing::Test {
         << repairer->Log();
   }
 
+  // Kills the nodes of `first` but `victim` (killed already) and waits for their records to go;
+  // then every rank of (job, step) for each step of `saved` must restore exactly from the
+  // copies left (those repair made).
+  void KillTheOtherHoldersAndRestore(const cluster::RankReplicas& first, int victim,
+                                     const std::string& job,
+                                     const std::vector<std::vector<TestShard>>& saved) {
+    for (const std::string& id : first.nodes) {
+      const int i = Index(id);
+      if (i == victim) continue;
+      servers_[i]->Kill();
+      ASSERT_TRUE(Gone(i));
+    }
+    for (size_t step = 0; step < saved.size(); ++step) {
+      for (size_t rank = 0; rank < saved[step].size(); ++rank) {
+        auto back = RestoreToString(client_.get(), job, static_cast<int64_t>(step),
+                                    static_cast<int32_t>(rank));
+        ASSERT_TRUE(back.ok()) << "step " << step << " rank " << rank << ": " << back.status();
+        EXPECT_TRUE(*back == saved[step][rank].Payload()) << "step " << step << " rank " << rank;
+      }
+    }
+  }
+
   // Waits until node `i`'s record is gone from etcd (its lease expired).
   bool Gone(int i) {
     return WaitFor([&] { return !etcd_client_->Get(cluster::kNodesPrefix + ids_[i]).ok(); }, 30);
@@ -234,19 +256,7 @@ TEST_F(ClusterRepair, KilledNodeIsReReplicatedAndRepairedCopiesRestoreAlone) {
     if (std::find(first.nodes.begin(), first.nodes.end(), ids_[i]) == first.nodes.end()) fresh = i;
   }
   ASSERT_GE(fresh, 0);
-  for (const std::string& id : first.nodes) {
-    const int i = Index(id);
-    if (i == victim) continue;
-    servers_[i]->Kill();
-    ASSERT_TRUE(Gone(i));
-  }
-  for (int64_t step = 0; step < 2; ++step) {
-    for (int32_t rank = 0; rank < 2; ++rank) {
-      auto back = RestoreToString(client_.get(), "rj", step, rank);
-      ASSERT_TRUE(back.ok()) << "step " << step << " rank " << rank << ": " << back.status();
-      EXPECT_TRUE(*back == saved[step][rank].Payload()) << "step " << step << " rank " << rank;
-    }
-  }
+  KillTheOtherHoldersAndRestore(first, victim, "rj", saved);
 }
 
 // Secured nodes: mutual TLS (--tls-cert, --tls-key, --tls-client-ca) and a token secret
@@ -280,17 +290,7 @@ TEST_F(ClusterRepair, SecuredNodesRepairOverMutualTlsWithTheClusterSecret) {
     if (i != victim) failures += Metric(i, "gradsnap_repair_failures_total");
   }
   EXPECT_EQ(failures, 0);
-  for (const std::string& id : first.nodes) {
-    const int i = Index(id);
-    if (i == victim) continue;
-    servers_[i]->Kill();
-    ASSERT_TRUE(Gone(i));
-  }
-  for (int32_t rank = 0; rank < 2; ++rank) {
-    auto back = RestoreToString(client_.get(), "sj", 0, rank);
-    ASSERT_TRUE(back.ok()) << "rank " << rank << ": " << back.status();
-    EXPECT_TRUE(*back == saved[rank].Payload()) << "rank " << rank;
-  }
+  KillTheOtherHoldersAndRestore(first, victim, "sj", {saved});
 }
 
 // The first live holder's copy is damaged on disk and another holder is killed: the repairer
