@@ -27,6 +27,11 @@ const ByteBudget* EmbeddedSaveBudget(const Client& client);
 // gRPC to gradsnap-server nodes in options.endpoints (client/remote_client.cc).
 absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& options);
 
+// The keys the remote client over options.endpoints ranks its nodes by (remote_placement.h's
+// RankEndpoints), in endpoint order: NodePlacementKey(id) for each node that answers Health
+// with its id, else the endpoint. For tests and drills that predict placement.
+absl::StatusOr<std::vector<std::string>> StaticPlacementKeys(const ClientOptions& options);
+
 // Cluster mode (options.etcd set; cluster_client.cc): nodes, catalog and epochs from etcd.
 absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options);
 

@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/stats.h"
 #include "common/status.h"
+#include "common/token.h"
 
 namespace gradsnap {
 namespace client {
@@ -162,6 +163,7 @@ int64_t RepairWorker::Pass() {
     return 0;
   }
   live_.clear();
+  clients_.clear();  // one per (node, job) copied: made again by the passes that copy
   for (const cluster::EtcdKv& kv : *nodes) {
     auto rec = cluster::DecodeNodeRecord(kv);
     if (rec.ok()) live_[rec->id] = rec->address;
@@ -209,14 +211,20 @@ int64_t RepairWorker::Pass() {
   return under;
 }
 
-absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id) {
+absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id,
+                                                           const std::string& local) {
   auto live = live_.find(id);
   if (live == live_.end()) return absl::UnavailableError(absl::StrCat("node ", id, " is not live"));
-  auto& [address, client] = clients_[id];
+  std::string token;
+  if (!options_.auth_secret.empty()) {
+    ASSIGN_OR_RETURN(token, MintJobToken(options_.auth_secret, local));
+  }
+  auto& [address, client] = clients_[{id, token}];
   if (client == nullptr || address != live->second) {
     ClientOptions o = options_.node_options;
     o.etcd.clear();
     o.local_dir.clear();
+    o.token = token;
     o.endpoints = {live->second};
     o.replicas = 1;
     o.max_attempts = std::min(o.max_attempts, 3);
@@ -230,8 +238,8 @@ absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id
 absl::Status RepairWorker::ReadCopy(const std::string& id, const ClusterCheckpoint& c,
                                     int32_t rank, Source* out) {
   const RankReplicas& r = c.ranks.at(rank);
-  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(id));
   const std::string local = LocalJob(c.job, rank);
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(id, local));
   ASSIGN_OR_RETURN(storage::Manifest m, node->Show(local, c.step));
   if (m.shards.size() != 1 || !m.shards[0].committed || m.shards[0].raw_bytes != r.raw_bytes) {
     return absl::DataLossError(absl::StrCat("node ", id, " holds another copy (",
@@ -266,8 +274,8 @@ absl::Status RepairWorker::ReadCopy(const std::string& id, const ClusterCheckpoi
 
 absl::Status RepairWorker::WriteCopy(const std::string& id, const ClusterCheckpoint& c,
                                      int32_t rank, const Source& src) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(id));
   const std::string local = LocalJob(c.job, rank);
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(id, local));
   CheckpointSpec spec;
   spec.job = local;
   spec.step = c.step;
@@ -379,7 +387,7 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
     auto now = catalog_.Get(job, step);
     if (absl::IsNotFound(now.status())) {
       for (const std::string& id : made) {
-        auto node = Node(id);
+        auto node = Node(id, LocalJob(job, rank));
         if (node.ok()) (*node)->Delete(LocalJob(job, rank), step, 0).IgnoreError();
       }
     }

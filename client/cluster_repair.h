@@ -54,8 +54,12 @@ struct RepairOptions {
   // Cap on the bytes per second the repairer reads from sources (--repair-bandwidth-mib-s);
   // 0: none. Default: 0.
   uint64_t bandwidth_bytes_per_s = 0;
-  // How the repairer reaches the nodes (TLS files, token, timeouts); endpoints are set per node.
+  // How the repairer reaches the nodes (tls: the peers' CA and this node's client certificate;
+  // timeouts); endpoints and the token are set per node and job. Default: plaintext.
   ClientOptions node_options;
+  // The cluster's token secret (the nodes' shared --auth-secret-file): the repairer sends each
+  // node the token of the local job it copies. Default: empty (no token sent).
+  std::string auth_secret;
 };
 
 class RepairWorker {
@@ -82,8 +86,9 @@ class RepairWorker {
   // Writes `src` to node `id` and checks the digest of what it then serves.
   absl::Status WriteCopy(const std::string& id, const cluster::ClusterCheckpoint& c,
                          int32_t rank, const Source& src);
-  // A client of node `id` (UNAVAILABLE when it is not live).
-  absl::StatusOr<std::shared_ptr<Client>> Node(const std::string& id);
+  // A client of node `id` for the node-local job `local` (UNAVAILABLE when the node is not
+  // live), carrying that job's token when the cluster has a secret.
+  absl::StatusOr<std::shared_ptr<Client>> Node(const std::string& id, const std::string& local);
   bool stopping();
 
   cluster::EtcdClient* const etcd_;
@@ -94,7 +99,10 @@ class RepairWorker {
   std::map<std::string, std::string> live_;
   // Node id -> wall-clock ms when this worker first saw it gone (the worker's thread only).
   std::map<std::string, int64_t> absent_since_;
-  std::map<std::string, std::pair<std::string, std::shared_ptr<Client>>> clients_;
+  // (node id, token) -> (address, client): the clients made this pass (the worker's thread
+  // only).
+  std::map<std::pair<std::string, std::string>, std::pair<std::string, std::shared_ptr<Client>>>
+      clients_;
 
   absl::Notification stop_;  // the destructor's: the worker's thread ends
   std::thread thread_;

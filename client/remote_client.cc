@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -14,6 +15,7 @@
 #include "client/backends.h"
 #include "client/remote_placement.h"
 #include "client/save_util.h"
+#include "common/clock.h"
 #include "proto/convert.h"
 #include "proto/raw_message.h"
 #include "grpcpp/impl/codegen/rpc_method.h"
@@ -31,6 +33,9 @@ RemoteClient::RemoteClient(ClientOptions options, std::vector<std::unique_ptr<No
       nodes_(std::move(nodes)),
       upload_buffers_(proto::BufferPool::Create(proto::kMaxDataBytes, /*keep=*/16)) {
   for (const auto& n : nodes_) endpoints_.push_back(n->endpoint);
+  keys_ = endpoints_;
+  key_known_.assign(nodes_.size(), nodes_.size() == 1);  // one node: nothing to rank
+  asked_ms_.assign(nodes_.size(), 0);
   replicas_ = std::min<size_t>(std::max(1, options_.replicas), nodes_.size());
   uint64_t per_save = kPerStreamBytes * replicas_;
   size_t workers = std::clamp<uint64_t>(options_.max_inflight_bytes / per_save, 1, 8);
@@ -138,9 +143,65 @@ std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
   return saves_->Push(spec, std::move(tensors));
 }
 
+absl::StatusOr<std::vector<size_t>> RemoteClient::Placement(const std::string& job,
+                                                            int32_t rank, bool write) {
+  absl::MutexLock lock(&keys_mu_);
+  RETURN_IF_ERROR(keys_status_);
+  const int64_t now = MonotonicNanos() / 1000000;
+  std::vector<size_t> ask;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (!key_known_[i] && (write || asked_ms_[i] == 0 || now - asked_ms_[i] >= kReprobeMs)) {
+      ask.push_back(i);
+    }
+  }
+  if (!ask.empty()) {
+    // One Health call per node, in parallel, one attempt each: a node down now is asked again
+    // later and meanwhile ranked by its endpoint.
+    const int deadline_ms = options_.rpc_timeout_ms > 0 ? std::min(options_.rpc_timeout_ms, 5000)
+                                                        : 5000;
+    std::vector<std::future<absl::StatusOr<std::string>>> answers;
+    for (size_t i : ask) {
+      Node* node = nodes_[i].get();
+      answers.push_back(std::async(std::launch::async, [this, node, deadline_ms]()
+                                                           -> absl::StatusOr<std::string> {
+        grpc::ClientContext ctx;
+        remote::PrepareContext(&ctx, options_, deadline_ms);
+        v1::HealthResponse resp;
+        RETURN_IF_ERROR(proto::FromGrpc(node->stub()->Health(&ctx, v1::HealthRequest(), &resp)));
+        return resp.node_id();
+      }));
+    }
+    for (size_t k = 0; k < ask.size(); ++k) {
+      const size_t i = ask[k];
+      absl::StatusOr<std::string> id = answers[k].get();
+      asked_ms_[i] = now;
+      if (!id.ok()) continue;
+      key_known_[i] = true;
+      if (!id->empty()) keys_[i] = NodePlacementKey(*id);
+    }
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      for (size_t j = i + 1; j < keys_.size(); ++j) {
+        if (key_known_[i] && key_known_[j] && keys_[i] == keys_[j] && keys_[i] != endpoints_[i]) {
+          keys_status_ = absl::InvalidArgumentError(absl::StrCat(
+              "endpoints ", endpoints_[i], " and ", endpoints_[j], " are one node (id ",
+              keys_[i].substr(NodePlacementKey("").size()), "): list each node once"));
+          return keys_status_;
+        }
+      }
+    }
+  }
+  return RankEndpoints(keys_, job, rank);
+}
+
+absl::StatusOr<std::vector<std::string>> RemoteClient::PlacementKeys() {
+  RETURN_IF_ERROR(Placement("", 0, /*write=*/true).status());
+  absl::MutexLock lock(&keys_mu_);
+  return keys_;
+}
+
 absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
                                         const std::vector<TensorRef>& tensors) {
-  std::vector<size_t> order = RankEndpoints(endpoints_, spec.job, spec.rank);
+  ASSIGN_OR_RETURN(std::vector<size_t> order, Placement(spec.job, spec.rank, /*write=*/true));
   std::vector<size_t> holders(order.begin(), order.begin() + replicas_);
   std::vector<std::future<absl::Status>> uploads;
   for (size_t i : holders) {
@@ -358,6 +419,11 @@ absl::StatusOr<std::unique_ptr<Client>> NewRemoteClient(const ClientOptions& opt
     nodes.push_back(remote::MakeNode(e, creds, options.connections_per_node));
   }
   return std::unique_ptr<Client>(new remote::RemoteClient(options, std::move(nodes)));
+}
+
+absl::StatusOr<std::vector<std::string>> StaticPlacementKeys(const ClientOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> c, NewRemoteClient(options));
+  return static_cast<remote::RemoteClient*>(c.get())->PlacementKeys();
 }
 
 }  // namespace client

@@ -4,7 +4,10 @@
 //
 // OVERVIEW
 //   Every (job, rank) shard lives on `replicas` nodes chosen by rendezvous hashing
-//   (remote_placement.h). Uploads stream 1 MiB messages and resume from the node's committed
+//   (remote_placement.h) on each node's stable id, learned from its Health answer
+//   (HealthResponse.node_id) before the first placement, so two spellings of one node's
+//   address place alike; a node whose id is not known yet (down; a server without the field)
+//   is ranked by its endpoint string. Uploads stream 1 MiB messages and resume from the node's committed
 //   offset (QueryWriteStatus) after a broken stream; downloads try the replicas in preference
 //   order and continue from the last byte received on the next live one. Checkpoint-wide calls
 //   (begin, abort, delete, gc, verify) go to every node. The storage engine commits a checkpoint
@@ -83,6 +86,8 @@ class RemoteClient final : public Client {
                               uint64_t epoch) override;
   absl::Status Health() override { return HealthNotes(nullptr); }
   absl::Status HealthNotes(std::vector<std::string>* notes) override;
+  // The placement keys (StaticPlacementKeys, backends.h), asking every node not known yet.
+  absl::StatusOr<std::vector<std::string>> PlacementKeys();
 
  private:
   // One unary call with retries: call(ctx, resp) issues it.
@@ -184,10 +189,25 @@ class RemoteClient final : public Client {
   // Forgets that manifest (this client changed the job's checkpoints).
   void ForgetRestoreManifest();
 
+  // The nodes in placement order for (job, rank) (remote_placement.h over placement keys):
+  // first learns the ids not known yet (every unknown node for a write; for a read, those not
+  // asked within kReprobeMs). INVALID_ARGUMENT when two endpoints answer one node id.
+  absl::StatusOr<std::vector<size_t>> Placement(const std::string& job, int32_t rank,
+                                                bool write);
+  static constexpr int64_t kReprobeMs = 5000;
+
   const ClientOptions options_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::string> endpoints_;
   size_t replicas_;
+
+  // Placement keys: per node its id once a Health answer named one, else its endpoint. Held
+  // while asking, so concurrent placements wait for the answer rather than rank differently.
+  absl::Mutex keys_mu_;
+  std::vector<std::string> keys_ ABSL_GUARDED_BY(keys_mu_);
+  std::vector<bool> key_known_ ABSL_GUARDED_BY(keys_mu_);  // answered (with or without an id)
+  std::vector<int64_t> asked_ms_ ABSL_GUARDED_BY(keys_mu_);  // monotonic ms of the last ask
+  absl::Status keys_status_ ABSL_GUARDED_BY(keys_mu_);  // a duplicate id, once seen
 
   // Message buffers of uploads, reused across streams.
   const std::shared_ptr<proto::BufferPool> upload_buffers_;

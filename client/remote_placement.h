@@ -1,7 +1,9 @@
 // Placement of shards over storage nodes for the remote client back end (DESIGN.md section 6):
-// rendezvous (highest-random-weight) hashing. Each (job, rank) ranks every endpoint by a hash
-// of (endpoint, job, rank); the first R are the shard's replicas and the rest are fallbacks, so
-// adding or removing a node moves only the shards it wins or loses.
+// rendezvous (highest-random-weight) hashing. Each (job, rank) ranks every node by a hash of
+// (key, job, rank); the first R are the shard's replicas and the rest are fallbacks, so
+// adding or removing a node moves only the shards it wins or loses. A node's key is
+// NodePlacementKey(its id) (Health's node_id), or its endpoint string while the id is unknown
+// (docs/protocol.md, "Placement over a static list").
 //
 // Header-only, pure functions: thread-safe.
 #ifndef GRADSNAP_CLIENT_REMOTE_PLACEMENT_H_
@@ -18,10 +20,13 @@
 namespace gradsnap {
 namespace client {
 
+// The placement key of the node with stable id `node_id`; never equal to a HOST:PORT.
+inline std::string NodePlacementKey(const std::string& node_id) { return "node:" + node_id; }
+
 // 64-bit FNV-1a followed by a splitmix64 finalizer (common/hash64.h): stable across runs and
 // platforms.
-inline uint64_t PlacementHash(const std::string& endpoint, const std::string& job, int32_t rank) {
-  uint64_t h = Fnv1a64(endpoint.data(), endpoint.size());
+inline uint64_t PlacementHash(const std::string& key, const std::string& job, int32_t rank) {
+  uint64_t h = Fnv1a64(key.data(), key.size());
   h = Fnv1a64("\0", 1, h);
   h = Fnv1a64(job.data(), job.size(), h);
   h = Fnv1a64("\0", 1, h);
@@ -29,7 +34,8 @@ inline uint64_t PlacementHash(const std::string& endpoint, const std::string& jo
   return Mix64(h);
 }
 
-// Indices of `endpoints` in preference order for (job, rank); the first `replicas` hold it.
+// Indices of `endpoints` (placement keys) in preference order for (job, rank); the first
+// `replicas` hold it.
 inline std::vector<size_t> RankEndpoints(const std::vector<std::string>& endpoints,
                                          const std::string& job, int32_t rank) {
   std::vector<size_t> order(endpoints.size());

@@ -392,7 +392,7 @@ absl::Status RemoteClient::ReadRange(const std::string& job, int64_t step, int32
     sink_failed = !s.ok();
     return s;
   };
-  std::vector<size_t> order = RankEndpoints(endpoints_, job, rank);
+  ASSIGN_OR_RETURN(std::vector<size_t> order, Placement(job, rank, /*write=*/false));
   const uint64_t start = offset;  // the range's own start
   absl::Status last = absl::NotFoundError("no node holds the shard");
   uint64_t local_total = 0;

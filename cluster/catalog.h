@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cluster/etcd_client.h"
+#include "common/local_job.h"
 #include "gradsnap/types.h"
 
 namespace gradsnap {
@@ -64,12 +65,6 @@ struct ClusterCheckpoint {
   std::map<int32_t, RankReplicas> ranks;    // COMMITTED: every rank
   int64_t mod_revision = 0;                 // of the record in etcd
 };
-
-// The node-local job holding rank `rank` of `job` on a storage node (docs/protocol.md,
-// "Cluster mode"): each copy is a one-rank checkpoint of it.
-inline std::string LocalJob(const std::string& job, int32_t rank) {
-  return job + ".r" + std::to_string(rank);
-}
 
 // The key of (job, step)'s record, and the prefix of every record.
 inline constexpr char kCheckpointsPrefix[] = "/gradsnap/ckpt/";

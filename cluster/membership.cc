@@ -8,13 +8,32 @@
 #include "absl/strings/str_cat.h"
 #include "common/key_value_text.h"
 #include "common/logging.h"
+#include "common/stats.h"
 #include "common/status.h"
 
 namespace gradsnap {
 namespace cluster {
 
 namespace {
+
 constexpr char kNodeRecordVersion[] = "gradsnap-node 1";
+
+struct MembershipMetrics {
+  Counter* losses;
+  Counter* live;
+  static MembershipMetrics* Get() {
+    static MembershipMetrics* m = [] {
+      Registry* r = Registry::Global();
+      return new MembershipMetrics{
+          r->GetCounter("gradsnap_cluster_lease_losses_total",
+                        "Times this node lost its etcd lease (writes refused until renewed)"),
+          r->GetCounter("gradsnap_cluster_lease_live",
+                        "1 while this node holds a live etcd lease (takes writes)", true)};
+    }();
+    return m;
+  }
+};
+
 }  // namespace
 
 std::string EncodeNodeRecord(const NodeRecord& r) {
@@ -41,7 +60,9 @@ absl::StatusOr<NodeRecord> DecodeNodeRecord(const EtcdKv& kv) {
 }
 
 Membership::Membership(EtcdClient* etcd, const MembershipOptions& options)
-    : etcd_(etcd), options_(options) {}
+    : etcd_(etcd), options_(options) {
+  MembershipMetrics::Get();  // listed from the start, at 0
+}
 
 absl::StatusOr<std::unique_ptr<Membership>> Membership::Join(EtcdClient* etcd,
                                                              const MembershipOptions& options) {
@@ -76,6 +97,8 @@ absl::Status Membership::Register() {
     etcd_->RevokeLease(lease.id).IgnoreError();
     return put;
   }
+  put_free_ = r.free_bytes;
+  MembershipMetrics::Get()->live->Set(1);
   absl::MutexLock lock(&mu_);
   lease_ = lease.id;
   ttl_s_ = lease.ttl_s;
@@ -92,6 +115,8 @@ absl::Status Membership::Register() {
 void Membership::LoseLease(const std::string& why) {
   if (live_) {
     ++losses_;
+    MembershipMetrics::Get()->losses->Add();
+    MembershipMetrics::Get()->live->Set(0);
     GS_LOG(WARNING) << "cluster: node " << options_.node_id << " lost its lease (" << why
                     << "): writes refused until it holds one again";
   }
@@ -121,25 +146,49 @@ void Membership::KeepAliveLoop() {
     }
     const Clock::time_point sent = Clock::now();
     absl::StatusOr<int64_t> ttl = etcd_->KeepAliveOnce(lease);
-    absl::MutexLock lock(&mu_);
     if (!ttl.ok()) {
       GS_LOG(DEBUG) << "cluster: lease keep-alive: " << ttl.status();
       continue;  // valid_until_ runs out by itself
     }
-    if (*ttl <= 0) {  // etcd let it expire (or it was revoked): its record is gone
-      LoseLease("expired in etcd");
-      lease_ = 0;
-      continue;
-    }
-    const Clock::time_point until = sent + std::chrono::seconds(*ttl);
-    if (Clock::now() < until) {
-      if (!live_) {
-        GS_LOG(INFO) << "cluster: node " << options_.node_id << " renewed lease " << lease
-                     << ": writes accepted again";
+    {
+      absl::MutexLock lock(&mu_);
+      if (*ttl <= 0) {  // etcd let it expire (or it was revoked): its record is gone
+        LoseLease("expired in etcd");
+        lease_ = 0;
+        continue;
       }
-      valid_until_ = std::max(valid_until_, until);
-      live_ = true;
+      const Clock::time_point until = sent + std::chrono::seconds(*ttl);
+      if (Clock::now() < until) {
+        if (!live_) {
+          GS_LOG(INFO) << "cluster: node " << options_.node_id << " renewed lease " << lease
+                       << ": writes accepted again";
+          MembershipMetrics::Get()->live->Set(1);
+        }
+        valid_until_ = std::max(valid_until_, until);
+        live_ = true;
+      }
     }
+    RefreshSpace(lease);
+  }
+}
+
+void Membership::RefreshSpace(int64_t lease) {
+  if (!options_.space) return;
+  NodeRecord r;
+  r.address = options_.address;
+  options_.space(&r.capacity_bytes, &r.free_bytes);
+  const uint64_t moved = r.free_bytes > put_free_ ? r.free_bytes - put_free_
+                                                  : put_free_ - r.free_bytes;
+  const double threshold = std::max(
+      1048576.0, kSpaceRefreshFraction * static_cast<double>(r.capacity_bytes));
+  if (static_cast<double>(moved) < threshold) return;
+  absl::Status put =
+      etcd_->Put(absl::StrCat(kNodesPrefix, options_.node_id), EncodeNodeRecord(r), lease)
+          .status();
+  if (put.ok()) {
+    put_free_ = r.free_bytes;
+  } else {  // the lease may have gone meanwhile: the next registration puts the record anew
+    GS_LOG(DEBUG) << "cluster: refreshing the node record's free bytes: " << put;
   }
 }
 

@@ -50,10 +50,21 @@ struct MembershipOptions {
   std::string address;  // --advertise HOST:PORT. Required.
   // The lease's TTL in seconds (--lease-ttl-s); etcd may raise it to its minimum. Default: 10.
   int ttl_s = 10;
-  // Called at each registration for the record's capacity and free bytes. Default: none (0).
+  // Called at each registration for the record's capacity and free bytes, and after each
+  // renewal: when the free bytes moved by at least kSpaceRefreshFraction of the capacity (and
+  // 1 MiB) since the record was last put, it is put again under the lease, so `gradsnap health`
+  // shows current free space. Default: none (0).
   std::function<void(uint64_t* capacity, uint64_t* free)> space;
 };
 
+// The change of free bytes, as a fraction of the capacity, that makes a node put its record
+// again (MembershipOptions::space): 0.1 %.
+inline constexpr double kSpaceRefreshFraction = 0.001;
+
+// Metrics (the process's Registry, common/stats.h): gradsnap_cluster_lease_losses_total (the
+// count lease_losses() returns, over every Membership of the process) and
+// gradsnap_cluster_lease_live (1 while writes are allowed by the lease, as last seen by the
+// keep-alive thread).
 class Membership {
  public:
   // Grants a lease and registers the node under it. UNAVAILABLE when etcd does not answer.
@@ -79,6 +90,8 @@ class Membership {
   void KeepAliveLoop();
   // Marks the lease lost (once per loss) with `why` in the log.
   void LoseLease(const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts the record again under `lease` when its free bytes are stale (MembershipOptions::space).
+  void RefreshSpace(int64_t lease);
 
   EtcdClient* const etcd_;
   const MembershipOptions options_;
@@ -90,6 +103,8 @@ class Membership {
   bool live_ ABSL_GUARDED_BY(mu_) = false;  // as last logged
   uint64_t losses_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The free bytes of the record last put (Join, then the keep-alive thread only).
+  uint64_t put_free_ = 0;
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "service/auth.h"
 
 #include "absl/strings/match.h"
+#include "common/local_job.h"
 #include "common/status.h"
 #include "common/token.h"
 
@@ -27,10 +28,18 @@ absl::StatusOr<std::string> Authorizer::BearerToken(const grpc::ServerContext& c
   return std::string(value);
 }
 
+bool Authorizer::Grants(const std::string& token, const std::string& job) const {
+  if (CheckJobToken(secret_, job, token)) return true;
+  std::string cluster_job;
+  int32_t rank = 0;
+  return cluster_mode_ && cluster::SplitLocalJob(job, &cluster_job, &rank) &&
+         CheckJobToken(secret_, cluster_job, token);
+}
+
 absl::Status Authorizer::CheckJob(const grpc::ServerContext& ctx, const std::string& job) const {
   if (!enabled()) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::string token, BearerToken(ctx));
-  if (!CheckJobToken(secret_, job, token)) {
+  if (!Grants(token, job)) {
     return absl::PermissionDeniedError("token does not grant access to this job");
   }
   return absl::OkStatus();
@@ -42,7 +51,7 @@ absl::StatusOr<std::vector<std::string>> Authorizer::FilterJobs(
   ASSIGN_OR_RETURN(std::string token, BearerToken(ctx));
   std::vector<std::string> visible;
   for (auto& job : jobs) {
-    if (CheckJobToken(secret_, job, token)) visible.push_back(std::move(job));
+    if (Grants(token, job)) visible.push_back(std::move(job));
   }
   return visible;
 }

@@ -4,6 +4,9 @@
 // job must carry metadata `authorization: Bearer gs1.<hex>` holding that job's token:
 // missing or malformed -> UNAUTHENTICATED, a valid-looking token of another job ->
 // PERMISSION_DENIED. Tokens never leave this class (not logged, not echoed in errors).
+// In cluster mode a node holds the node-local jobs "<job>.r<rank>" (cluster/local_job.h): the
+// token of <job> grants them too, so the cluster client reaches every node with its job's one
+// token (the repairer, holding the secret, mints the local job's own token).
 //
 // Thread-safe (immutable after construction).
 #ifndef GRADSNAP_SERVICE_AUTH_H_
@@ -21,8 +24,9 @@ namespace service {
 
 class Authorizer {
  public:
-  // Empty secret: open server.
-  explicit Authorizer(std::string secret) : secret_(std::move(secret)) {}
+  // Empty secret: open server. cluster_mode: tokens of a cluster job also grant its local jobs.
+  explicit Authorizer(std::string secret, bool cluster_mode = false)
+      : secret_(std::move(secret)), cluster_mode_(cluster_mode) {}
 
   bool enabled() const { return !secret_.empty(); }
   // OK when the call may act on `job`.
@@ -41,8 +45,11 @@ class Authorizer {
  private:
   // The token from the metadata, or UNAUTHENTICATED.
   absl::StatusOr<std::string> BearerToken(const grpc::ServerContext& ctx) const;
+  // Whether `token` grants `job`: its own token, or in cluster mode its cluster job's.
+  bool Grants(const std::string& token, const std::string& job) const;
 
   const std::string secret_;
+  const bool cluster_mode_;
 };
 
 }  // namespace service

@@ -5,26 +5,12 @@
 #include <set>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
 
 namespace gradsnap {
 namespace service {
-
-namespace {
-
-// "<job>.r<rank>" -> (job, rank); false for a local job of another shape.
-bool SplitLocalJob(const std::string& local, std::string* job, int32_t* rank) {
-  const size_t dot = local.rfind(".r");
-  if (dot == std::string::npos || dot == 0) return false;
-  *job = local.substr(0, dot);
-  return absl::SimpleAtoi(local.substr(dot + 2), rank) && *rank >= 0 &&
-         cluster::LocalJob(*job, *rank) == local;
-}
-
-}  // namespace
 
 std::unique_ptr<OrphanSweeper> OrphanSweeper::Start(cluster::EtcdClient* etcd,
                                                     storage::Engine* engine, std::string node_id,
@@ -56,7 +42,7 @@ void OrphanSweeper::Sweep() {
   for (const std::string& local : *jobs) {
     std::string job;
     int32_t rank = -1;
-    if (!SplitLocalJob(local, &job, &rank)) continue;
+    if (!cluster::SplitLocalJob(local, &job, &rank)) continue;
     auto copies = engine_->ListCheckpoints(local, /*include_pending=*/false);
     if (!copies.ok() || copies->empty()) continue;
     auto records = catalog_.List(job, /*include_pending=*/true);  // after the local listing

@@ -52,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   RETURN_IF_ERROR(SplitHostPort(options.listen, &host, &want_port));
   ASSIGN_OR_RETURN(auto creds, MakeCredentials(options.tls));
   ASSIGN_OR_RETURN(s->engine_, storage::Engine::Open(options.engine));
-  s->auth_ = std::make_unique<Authorizer>(options.auth_secret);
+  s->auth_ = std::make_unique<Authorizer>(options.auth_secret, options.cluster_mode);
   if (!s->auth_->enabled()) {
     GS_LOG(WARNING) << "no --auth-secret-file: the server runs OPEN, every client may read and "
                        "write every job";

@@ -48,6 +48,9 @@ struct ServerOptions {
   TlsFiles tls;
   // Token secret (the bytes, not the file). Default: empty (open server, logged at start).
   std::string auth_secret;
+  // Cluster mode (--etcd): a job's token also grants its node-local jobs "<job>.r<rank>"
+  // (Authorizer). Default: false.
+  bool cluster_mode = false;
   // RAM tier budget in bytes. Default: 0 (off).
   uint64_t cache_bytes = 0;
   // Budget for upload bytes held in memory; disk reads get a budget of the same size.

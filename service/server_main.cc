@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -31,6 +32,7 @@
 #include "common/status.h"
 #include "common/malloc_tuning.h"
 #include "common/token.h"
+#include "proto/tls.h"
 #include "service/orphan_sweep.h"
 #include "service/server.h"
 #include "storage/rebuild.h"
@@ -91,6 +93,12 @@ ABSL_FLAG(absl::Duration, orphan_grace, absl::Hours(1),
 ABSL_FLAG(uint64_t, repair_bandwidth_mib_s, 0,
           "Cluster mode: cap on the MiB per second this node reads from source copies while it "
           "is the repairer; 0: no cap. Default: 0.");
+// The node's credentials towards the other nodes (docs/deploy.md, "Node credentials").
+ABSL_FLAG(std::string, peer_tls_ca, "", "Cluster mode: PEM CA of the other nodes' certificates "
+          "(TLS between nodes; required with --tls-cert). Default: none, plaintext.");
+ABSL_FLAG(std::string, peer_tls_cert, "", "Cluster mode: PEM client certificate for nodes with "
+          "--tls-client-ca. Default: --tls-cert.");
+ABSL_FLAG(std::string, peer_tls_key, "", "Cluster mode: the key of --peer-tls-cert. Default: --tls-key.");
 ABSL_FLAG(int64_t, quarantine_grace_seconds, 7 * 24 * 3600,
           "GC removes quarantine/ entries older than this. Default: 604800 (7 days).");
 
@@ -108,7 +116,32 @@ struct ClusterFlags {
   int lease_ttl_s = 10;
   absl::Duration repair_after;
   absl::Duration orphan_grace;
+  // How the repairer reaches the other nodes (--peer-tls-*; docs/deploy.md, "Node credentials").
+  gradsnap::TlsFiles peer_tls;
 };
+
+// The --peer-tls-* flags: "" when usable (with the defaults from --tls-cert/--tls-key filled
+// in), else the one line saying what is wrong.
+std::string ParsePeerTlsFlags(bool cluster, gradsnap::TlsFiles* out) {
+  out->ca_file = absl::GetFlag(FLAGS_peer_tls_ca);
+  out->cert_file = absl::GetFlag(FLAGS_peer_tls_cert);
+  out->key_file = absl::GetFlag(FLAGS_peer_tls_key);
+  const bool any = !out->ca_file.empty() || !out->cert_file.empty() || !out->key_file.empty();
+  if (any && !cluster) return "--peer-tls-ca, --peer-tls-cert and --peer-tls-key need --etcd (cluster mode)";
+  if (out->cert_file.empty() != out->key_file.empty()) {
+    return "--peer-tls-cert and --peer-tls-key go together";
+  }
+  if (!out->cert_file.empty() && out->ca_file.empty()) return "--peer-tls-cert needs --peer-tls-ca";
+  if (cluster && !absl::GetFlag(FLAGS_tls_cert).empty() && out->ca_file.empty()) {
+    return "--tls-cert in cluster mode needs --peer-tls-ca F (the CA of the other nodes' "
+           "certificates: the repairer copies between nodes over TLS)";
+  }
+  if (!out->ca_file.empty() && out->cert_file.empty()) {
+    out->cert_file = absl::GetFlag(FLAGS_tls_cert);
+    out->key_file = absl::GetFlag(FLAGS_tls_key);
+  }
+  return "";
+}
 
 // "" when the flags are usable, else the one line saying what is wrong.
 std::string ParseClusterFlags(ClusterFlags* out) {
@@ -119,6 +152,9 @@ std::string ParseClusterFlags(ClusterFlags* out) {
   auto options = gradsnap::cluster::EtcdOptionsFromCommandLine(etcd);
   if (!options.ok()) return std::string(options.status().message());
   out->etcd = *std::move(options);
+  if (std::string bad = ParsePeerTlsFlags(!etcd.empty(), &out->peer_tls); !bad.empty()) {
+    return bad;
+  }
   if (etcd.empty()) return "";
   if (out->advertise.empty()) return "--etcd needs --advertise HOST:PORT (how clients reach this node)";
   const size_t colon = out->advertise.rfind(':');
@@ -140,9 +176,9 @@ std::string ParseClusterFlags(ClusterFlags* out) {
 // when no member did.
 absl::StatusOr<std::unique_ptr<gradsnap::cluster::EtcdClient>> ConnectEtcd(
     const ClusterFlags& cluster);
-// Registers the node (its id made at first start, cluster/node_id.h) in etcd under a lease.
+// Registers the node (its id `id`, cluster/node_id.h) in etcd under a lease.
 absl::Status JoinCluster(const ClusterFlags& cluster, const std::string& data_dir,
-                         gradsnap::cluster::EtcdClient* etcd,
+                         const std::string& id, gradsnap::cluster::EtcdClient* etcd,
                          std::unique_ptr<gradsnap::cluster::Membership>* membership);
 
 // Capacity and free bytes of the file system holding `dir` (0 when unknown).
@@ -162,9 +198,8 @@ absl::StatusOr<std::unique_ptr<gradsnap::cluster::EtcdClient>> ConnectEtcd(
 }
 
 absl::Status JoinCluster(const ClusterFlags& cluster, const std::string& data_dir,
-                         gradsnap::cluster::EtcdClient* etcd,
+                         const std::string& id, gradsnap::cluster::EtcdClient* etcd,
                          std::unique_ptr<gradsnap::cluster::Membership>* membership) {
-  ASSIGN_OR_RETURN(std::string id, gradsnap::cluster::LoadOrCreateNodeId(data_dir));
   gradsnap::cluster::MembershipOptions mo;
   mo.node_id = id;
   mo.address = cluster.advertise;
@@ -191,7 +226,7 @@ int main(int argc, char** argv) {
       "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
       "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N] "
-      "[--repair-after D] [--etcd-ca F] [--etcd-cert F --etcd-key F] "
+      "[--repair-after D] [--peer-tls-ca F [--peer-tls-cert F --peer-tls-key F]] [--etcd-ca F] [--etcd-cert F --etcd-key F] "
       "[--etcd-user U [--etcd-password-file F]]] "
       "[--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main", "etcd_flags"});
@@ -267,6 +302,21 @@ int main(int argc, char** argv) {
     if (!secret.ok()) return Fail(std::string(secret.status().message()));
     o.auth_secret = *std::move(secret);
   }
+  o.cluster_mode = !cluster.etcd.endpoints.empty();
+  if (!cluster.peer_tls.ca_file.empty()) {  // unreadable files: now, not at the first repair
+    if (auto pem = gradsnap::proto::ReadTlsPem(cluster.peer_tls); !pem.ok()) {
+      return Fail(std::string(pem.status().message()));
+    }
+  }
+  // The node's stable id, made at its first start (cluster/node_id.h): registered in cluster
+  // mode, and answered by Health in both modes (static endpoint lists place by it).
+  {
+    std::error_code ec;  // a missing data directory is made here; the engine checks the rest
+    std::filesystem::create_directories(o.engine.data_dir, ec);
+    auto id = gradsnap::cluster::LoadOrCreateNodeId(o.engine.data_dir);
+    if (!id.ok()) return Fail(std::string(id.status().message()));
+    o.service.node_id = *std::move(id);
+  }
   // Cluster mode: writes wait for the node's registration and stop whenever its lease lapses.
   std::atomic<const gradsnap::cluster::Membership*> member{nullptr};
   std::unique_ptr<gradsnap::cluster::EtcdClient> etcd;
@@ -284,7 +334,8 @@ int main(int argc, char** argv) {
   if (!server.ok()) return Fail(std::string(server.status().message()));
   std::unique_ptr<gradsnap::cluster::Membership> membership;
   if (etcd != nullptr) {
-    absl::Status joined = JoinCluster(cluster, o.engine.data_dir, etcd.get(), &membership);
+    absl::Status joined =
+        JoinCluster(cluster, o.engine.data_dir, o.service.node_id, etcd.get(), &membership);
     if (joined.ok()) member.store(membership.get());
     if (!joined.ok()) {
       (*server)->Shutdown(absl::ZeroDuration());
@@ -297,7 +348,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<gradsnap::client::RepairWorker> repair;
   std::unique_ptr<gradsnap::service::OrphanSweeper> sweeper;
   if (membership != nullptr) {
-    const std::string node_id = *gradsnap::cluster::LoadOrCreateNodeId(o.engine.data_dir);
+    const std::string& node_id = o.service.node_id;
     sweeper = gradsnap::service::OrphanSweeper::Start(
         etcd.get(), (*server)->engine(), node_id, absl::ToInt64Milliseconds(cluster.orphan_grace));
     gradsnap::client::RepairOptions ro;
@@ -305,6 +356,8 @@ int main(int argc, char** argv) {
     ro.lease = [m = membership.get()] { return m->WritesAllowed().ok() ? m->lease_id() : 0; };
     ro.repair_after_ms = absl::ToInt64Milliseconds(cluster.repair_after);
     ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
+    ro.node_options.tls = cluster.peer_tls;  // the node's credentials towards its peers
+    ro.auth_secret = o.auth_secret;
     repair = gradsnap::client::RepairWorker::Start(etcd.get(), std::move(ro));
   }
   if ((*server)->metrics_port() != 0) {

@@ -45,6 +45,7 @@ grpc::Status StorageService::Health(grpc::ServerContext*, const v1::HealthReques
   resp->set_free_bytes(space.free_bytes);
   resp->set_reserve_bytes(space.reserve_bytes);
   resp->set_restart_needed(space.restart_needed);
+  resp->set_node_id(options_.node_id);
   return grpc::Status::OK;
 }
 

@@ -86,6 +86,10 @@ struct StorageServiceOptions {
   // while the node holds no live lease, cluster/membership.h). Default: none (single node:
   // writes are never refused for this).
   std::function<absl::Status()> write_gate;
+  // The node's stable id (<data-dir>/node_id, cluster/node_id.h), answered by Health so that
+  // clients of a static endpoint list place shards by node, not by how an endpoint is spelled.
+  // Default: empty (not answered).
+  std::string node_id;
 };
 
 class StorageService final : public gradsnap::v1::Storage::Service {

@@ -125,7 +125,7 @@ absl::Status GcOverTwoNodes(const DrillOptions& o, int* lost) {
   WrittenShards written;
   ASSIGN_OR_RETURN(auto c, ConnectDrill(endpoints));
   RETURN_IF_ERROR(SaveFulls(c.get(), job, {20, 30}, &rng, &written));
-  const size_t holder = client::RankEndpoints(endpoints, job, 1)[0];
+  const size_t holder = testing::PlacementOrder(endpoints, job, 1)[0];
   if (testing::FlipSegmentBytes(data[holder], job, 30, 1) == 0) {
     return absl::InternalError("no segment file of step 30 rank 1 to damage");
   }

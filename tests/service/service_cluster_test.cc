@@ -2,6 +2,9 @@
 // (Debian's etcd-server) started by the test on loopback ports (docs/protocol.md, "Cluster
 // mode"). Flag checks, etcd unreachable at start, registration under a lease, writes refused
 // while the lease is gone and taken again once it is back.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -93,9 +96,15 @@ TEST(ClusterServer, RegistersUnderLeaseAndRefusesWritesWithoutIt) {
   ASSERT_TRUE(server
                   .StartOn(dir.File("data"), address,
                            {"--etcd", "http://" + etcd.Endpoints(), "--advertise", address,
-                            "--lease-ttl-s", "2"})
+                            "--lease-ttl-s", "2", "--metrics-listen", "127.0.0.1:0"})
                   .ok())
       << server.Log();
+  auto metric = [&](const char* name) {
+    auto body = HttpGet(server.metrics_port());
+    return body.ok() ? MetricValue(*body, name) : -2;
+  };
+  EXPECT_EQ(metric("gradsnap_cluster_lease_losses_total"), 0);
+  EXPECT_EQ(metric("gradsnap_cluster_lease_live"), 1);
   auto id_text = ReadFile(dir.File("data/node_id"));
   ASSERT_TRUE(id_text.ok()) << id_text.status();
   const std::string id(absl::StripSuffix(*id_text, "\n"));
@@ -126,6 +135,10 @@ TEST(ClusterServer, RegistersUnderLeaseAndRefusesWritesWithoutIt) {
       << server.Log();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
   EXPECT_NE(refused.message().find("lease"), absl::string_view::npos) << refused;
+  // The loss is counted (by the keep-alive thread, at its next round after the TTL).
+  EXPECT_TRUE(WaitFor([&] { return metric("gradsnap_cluster_lease_losses_total") == 1; }, 30))
+      << server.Log();
+  EXPECT_EQ(metric("gradsnap_cluster_lease_live"), 0);
   TestShard late = MakeShard("lease-job", 2, 0, {1 << 20}, 8);
   absl::Status upload = c->SaveShard(late.spec, late.Refs());
   EXPECT_EQ(upload.code(), absl::StatusCode::kUnavailable) << upload;
@@ -145,6 +158,8 @@ TEST(ClusterServer, RegistersUnderLeaseAndRefusesWritesWithoutIt) {
       << again << "\n" << server.Log();
   ASSERT_TRUE(WaitFor([&] { return EtcdOf(etcd)->Get(cluster::kNodesPrefix + id).ok(); }, 30));
   ASSERT_TRUE(c->SaveShard(late.spec, late.Refs()).ok());  // the refused upload goes through now
+  EXPECT_EQ(metric("gradsnap_cluster_lease_losses_total"), 1);
+  EXPECT_EQ(metric("gradsnap_cluster_lease_live"), 1);
   auto restored = RestoreToString(c.get(), "lease-job", 2, 0);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, late.Payload());
@@ -158,6 +173,47 @@ TEST(ClusterServer, RegistersUnderLeaseAndRefusesWritesWithoutIt) {
   auto again_kv = EtcdOf(etcd)->Get(cluster::kNodesPrefix + id);
   ASSERT_TRUE(again_kv.ok()) << again_kv.status();
   EXPECT_EQ(cluster::DecodeNodeRecord(*again_kv)->address, address);
+}
+
+// A node's record in etcd follows its free space: space taken on its file system (fallocate, no
+// data written) shows in the record's free_bytes within a few lease renewals, not only at the
+// next registration.
+TEST(ClusterServer, FreeBytesInEtcdFollowTheDisk) {
+  TempDir dir("cluster-space");
+  EtcdCluster etcd(dir.Sub("etcd"));
+  ASSERT_TRUE(etcd.Start(1).ok()) << etcd.Log(0);
+  ServerProcess server(GRADSNAP_SERVER_BIN);
+  auto address = StartClusterNode(&server, dir.File("data"), etcd.Endpoints(),
+                                  {"--lease-ttl-s", "2"});
+  ASSERT_TRUE(address.ok()) << address.status();
+  const std::string id(absl::StripSuffix(*ReadFile(dir.File("data/node_id")), "\n"));
+  auto record = [&]() -> absl::StatusOr<cluster::NodeRecord> {
+    auto kv = EtcdOf(etcd)->Get(cluster::kNodesPrefix + id);
+    if (!kv.ok()) return kv.status();
+    return cluster::DecodeNodeRecord(*kv);
+  };
+  auto first = record();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_GT(first->free_bytes, 0u);
+  // Four times the refresh threshold (0.1 % of the capacity, at least 64 MiB here), capped by
+  // what is free.
+  const uint64_t take = std::min<uint64_t>(
+      std::max<uint64_t>(64u << 20, first->capacity_bytes / 250), first->free_bytes / 4);
+  const int fd = ::open(dir.File("data/ballast").c_str(), O_WRONLY | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::posix_fallocate(fd, 0, static_cast<off_t>(take)), 0);
+  ::close(fd);
+  uint64_t seen = first->free_bytes;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto r = record();
+        if (r.ok()) seen = r->free_bytes;
+        return r.ok() && r->free_bytes + take / 2 <= first->free_bytes;
+      },
+      60))
+      << "registered with " << first->free_bytes << " free, " << take << " taken, record says "
+      << seen << "\n" << server.Log();
+  ::unlink(dir.File("data/ballast").c_str());
 }
 
 // A 3-member etcd and 4 storage nodes, R = 3, W = 2, all made by the test.

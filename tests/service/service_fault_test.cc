@@ -10,6 +10,7 @@
 #include <future>
 #include <map>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -181,7 +182,7 @@ FailoverRun RestoreAcrossAFailover(uint64_t first_seed, uint64_t second_seed) {
   EXPECT_TRUE(n.status.ok()) << n.status;
   if (!n.status.ok()) return run;
   const std::vector<std::string>& endpoints = n.endpoints;
-  const std::vector<size_t> order = client::RankEndpoints(endpoints, "rep", 0);
+  const std::vector<size_t> order = PlacementOrder(endpoints, "rep", 0);
   ServerProcess* first = &n.node[order[0]];
   ServerProcess* second = &n.node[order[1]];
   const uint64_t seeds[2] = {order[0] == 0 ? first_seed : second_seed,
@@ -239,6 +240,66 @@ TEST(ServiceFault, DivergedReplicasAreNotMixedOnFailover) {
   }
 }
 
+// Static lists place by node id, not by how an endpoint is spelled: a client of three real
+// nodes as 127.0.0.1:P and one of the same nodes as localhost:P (in another order) put each
+// rank's one copy on the same node; two spellings of one node in one list are refused.
+TEST(ServiceFault, StaticPlacementFollowsNodeIdsNotEndpointSpelling) {
+  TempDir dir[3];
+  ServerProcess node[3] = {ServerProcess(GRADSNAP_SERVER_BIN), ServerProcess(GRADSNAP_SERVER_BIN),
+                           ServerProcess(GRADSNAP_SERVER_BIN)};
+  std::vector<std::string> numeric, named;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(node[i].Start(ServerArgs(dir[i], 0)).ok()) << node[i].Log();
+    const std::string port = node[i].address().substr(node[i].address().rfind(':') + 1);
+    numeric.push_back("127.0.0.1:" + port);
+    named.insert(named.begin(), "localhost:" + port);  // reversed: order plays no part either
+  }
+  constexpr int32_t kRanks = 8;
+  auto save = [&](const std::vector<std::string>& endpoints, int64_t step) {
+    client::ClientOptions o;
+    o.endpoints = endpoints;
+    o.replicas = 1;
+    o.max_attempts = 2;
+    auto c = client::Client::ConnectRemote(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->BeginCheckpoint(FullSpec("spell", step, kRanks)).ok());
+    for (int32_t r = 0; r < kRanks; ++r) {
+      TestShard shard = MakeShard("spell", step, r, {64 << 10}, step * 100 + r);
+      absl::Status s = (*c)->SaveShard(shard.spec, shard.Refs());
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  };
+  save(numeric, 1);
+  save(named, 2);
+  // The node of each rank's real copy (the others hold placeholders, which do not restore),
+  // asked node by node.
+  std::map<int64_t, std::map<int32_t, int>> holder;
+  for (int i = 0; i < 3; ++i) {
+    auto c = ConnectTo(numeric[i], 1);
+    for (int64_t step : {1, 2}) {
+      for (int32_t r = 0; r < kRanks; ++r) {
+        auto back = RestoreToString(c.get(), "spell", step, r);
+        if (!back.ok() || back->empty()) continue;
+        EXPECT_EQ(holder[step].count(r), 0u) << "step " << step << " rank " << r;
+        holder[step][r] = i;
+      }
+    }
+  }
+  std::set<int> used;
+  for (int32_t r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(holder[1].count(r), 1u) << r;
+    EXPECT_EQ(holder[2][r], holder[1][r]) << "rank " << r;
+    used.insert(holder[1][r]);
+  }
+  EXPECT_GE(used.size(), 2u);  // a real spread, not one node for everything
+  client::ClientOptions twice;
+  twice.endpoints = {numeric[0], "localhost:" + numeric[0].substr(numeric[0].rfind(':') + 1)};
+  twice.max_attempts = 1;
+  auto keys = client::StaticPlacementKeys(twice);
+  EXPECT_EQ(keys.status().code(), absl::StatusCode::kInvalidArgument) << keys.status();
+  EXPECT_NE(keys.status().message().find("one node"), absl::string_view::npos) << keys.status();
+}
+
 // A node comes back with an older copy of its data (a restore from backup, a swapped disk): the
 // ranks it held of the newer checkpoint are gone, and the other node holds only placeholders of
 // them. That checkpoint reads as DATA_LOSS (Show, Verify), never as a committed checkpoint of
@@ -247,7 +308,7 @@ TEST(ServiceFault, CheckpointWhoseRankNoNodeHoldsIsDataLoss) {
   TwoNodes n;
   ASSERT_TRUE(n.status.ok()) << n.status;
   // The node holding rank 0 (one replica) loses its newer data.
-  const size_t holder = client::RankEndpoints(n.endpoints, "lost", 0)[0];
+  const size_t holder = PlacementOrder(n.endpoints, "lost", 0)[0];
   ServerProcess& loser = n.node[holder];
   const TempDir& loser_dir = n.dir[holder];
   client::ClientOptions o;
@@ -296,7 +357,7 @@ TEST(ServiceFault, RestoreSkipsANodeWhereTheStepIsNotCommittedYet) {
   TwoNodes n;
   ASSERT_TRUE(n.status.ok()) << n.status;
   const std::vector<std::string>& endpoints = n.endpoints;
-  const std::vector<size_t> order = client::RankEndpoints(endpoints, "pend", 0);
+  const std::vector<size_t> order = PlacementOrder(endpoints, "pend", 0);
   auto pending = ConnectTo(endpoints[order[0]], kRideOutRestart);
   ASSERT_TRUE(pending->BeginCheckpoint(FullSpec("pend", 1, 1)).ok());  // nothing saved there
   auto holder = ConnectTo(endpoints[order[1]], kRideOutRestart);
@@ -402,7 +463,7 @@ TEST(ServiceFault, GcOverTwoNodesKeepsWhatLatestFallsBackTo) {
   };
   save(20);
   save(30);
-  const size_t rank1_node = client::RankEndpoints(n.endpoints, job, 1)[0];
+  const size_t rank1_node = PlacementOrder(n.endpoints, job, 1)[0];
   ASSERT_EQ(FlipSegmentBytes(n.dir[rank1_node].File("data"), job, 30, 1), 1);
   ASSERT_EQ((*c)->Verify(job, 30).code(), absl::StatusCode::kDataLoss);
   client::GcPolicy keep_one;
@@ -434,7 +495,7 @@ TEST(ServiceFault, GcOverTwoNodesKeepsWhatLatestFallsBackTo) {
 TEST(ServiceFault, PlaceholderOfASupersededWriterIsRefused) {
   TwoNodes n;
   ASSERT_TRUE(n.status.ok()) << n.status;
-  const std::vector<size_t> order = client::RankEndpoints(n.endpoints, "zomb", 0);
+  const std::vector<size_t> order = PlacementOrder(n.endpoints, "zomb", 0);
   client::ClientOptions o;
   o.endpoints = n.endpoints;
   o.max_attempts = 2;

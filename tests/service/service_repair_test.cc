@@ -5,6 +5,7 @@
 // propagated; the repairer SIGKILLed mid-copy and another node finishing.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
 #include "cluster/placement.h"
+#include "common/token.h"
 #include "gtest/gtest.h"
 #include "service_test_util.h"
 #include "tests/testing/etcd_cluster.h"
@@ -54,7 +56,7 @@ class ClusterRepair : public ::testing::Test {
       addresses_.push_back(*address);
       ids_.push_back(std::string(absl::StripSuffix(*ReadFile(data_.back() + "/node_id"), "\n")));
     }
-    client::ClientOptions o;
+    client::ClientOptions o = client_options_;
     o.etcd = etcd_.Endpoints();
     o.cluster_replicas = replicas;
     o.min_replicas = 2;
@@ -172,6 +174,28 @@ class ClusterRepair : public ::testing::Test {
         << repairer->Log();
   }
 
+  // Kills the nodes of `first` but `victim` (killed already) and waits for their records to go;
+  // then every rank of (job, step) for each step of `saved` must restore exactly from the
+  // copies left (those repair made).
+  void KillTheOtherHoldersAndRestore(const cluster::RankReplicas& first, int victim,
+                                     const std::string& job,
+                                     const std::vector<std::vector<TestShard>>& saved) {
+    for (const std::string& id : first.nodes) {
+      const int i = Index(id);
+      if (i == victim) continue;
+      servers_[i]->Kill();
+      ASSERT_TRUE(Gone(i));
+    }
+    for (size_t step = 0; step < saved.size(); ++step) {
+      for (size_t rank = 0; rank < saved[step].size(); ++rank) {
+        auto back = RestoreToString(client_.get(), job, static_cast<int64_t>(step),
+                                    static_cast<int32_t>(rank));
+        ASSERT_TRUE(back.ok()) << "step " << step << " rank " << rank << ": " << back.status();
+        EXPECT_TRUE(*back == saved[step][rank].Payload()) << "step " << step << " rank " << rank;
+      }
+    }
+  }
+
   // Waits until node `i`'s record is gone from etcd (its lease expired).
   bool Gone(int i) {
     return WaitFor([&] { return !etcd_client_->Get(cluster::kNodesPrefix + ids_[i]).ok(); }, 30);
@@ -183,6 +207,7 @@ class ClusterRepair : public ::testing::Test {
   std::unique_ptr<cluster::ClusterCatalog> catalog_;
   std::vector<std::string> data_, ids_, addresses_;
   std::vector<std::unique_ptr<ServerProcess>> servers_;
+  client::ClientOptions client_options_;  // StartAll's client: these, with the cluster's
   std::unique_ptr<client::Client> client_;
   int replicas_ = 3;
 };
@@ -231,19 +256,41 @@ TEST_F(ClusterRepair, KilledNodeIsReReplicatedAndRepairedCopiesRestoreAlone) {
     if (std::find(first.nodes.begin(), first.nodes.end(), ids_[i]) == first.nodes.end()) fresh = i;
   }
   ASSERT_GE(fresh, 0);
-  for (const std::string& id : first.nodes) {
-    const int i = Index(id);
-    if (i == victim) continue;
-    servers_[i]->Kill();
-    ASSERT_TRUE(Gone(i));
+  KillTheOtherHoldersAndRestore(first, victim, "rj", saved);
+}
+
+// Secured nodes: mutual TLS (--tls-cert, --tls-key, --tls-client-ca) and a token secret
+// (--auth-secret-file), each node with --peer-tls-ca. The client saves with its job's one token
+// (granting the nodes' local jobs). The repairer reaches its peers with the cluster's CA, its own
+// certificate and the token of the job it copies: a killed node's copies are restored to 3, and
+// with the other original holders killed too every shard restores exactly from the repaired
+// copies alone.
+TEST_F(ClusterRepair, SecuredNodesRepairOverMutualTlsWithTheClusterSecret) {
+  constexpr char kSecret[] = "0123456789abcdef-cluster-secret";
+  ASSERT_TRUE(MakeTlsMaterial(dir_.path()).ok());
+  std::ofstream(dir_.File("secret")) << kSecret << "\n";
+  client_options_.tls.ca_file = dir_.File("ca.pem");
+  client_options_.tls.cert_file = dir_.File("client.pem");
+  client_options_.tls.key_file = dir_.File("client.key");
+  client_options_.token = *MintJobToken(kSecret, "sj");
+  StartAll(3, {"--tls-cert", dir_.File("server.pem"), "--tls-key", dir_.File("server.key"),
+               "--tls-client-ca", dir_.File("ca.pem"), "--auth-secret-file",
+               dir_.File("secret"), "--peer-tls-ca", dir_.File("ca.pem")});
+  const std::vector<TestShard> saved = Save("sj", 0, 2, 4u << 20, 21);
+  const cluster::RankReplicas first = Replicas("sj", 0, 0);
+  ASSERT_EQ(first.nodes.size(), 3u);
+  const int victim = Index(first.nodes[0]);
+  servers_[victim]->Kill();
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(WaitFor([&] { return Repaired("sj", 0, rank, 3, {victim}); }, 90))
+        << "rank " << rank << "\n" << servers_[(victim + 1) % kNodes]->Log();
   }
-  for (int64_t step = 0; step < 2; ++step) {
-    for (int32_t rank = 0; rank < 2; ++rank) {
-      auto back = RestoreToString(client_.get(), "rj", step, rank);
-      ASSERT_TRUE(back.ok()) << "step " << step << " rank " << rank << ": " << back.status();
-      EXPECT_TRUE(*back == saved[step][rank].Payload()) << "step " << step << " rank " << rank;
-    }
+  double failures = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    if (i != victim) failures += Metric(i, "gradsnap_repair_failures_total");
   }
+  EXPECT_EQ(failures, 0);
+  KillTheOtherHoldersAndRestore(first, victim, "sj", {saved});
 }
 
 // The first live holder's copy is damaged on disk and another holder is killed: the repairer
@@ -474,7 +521,11 @@ TEST(ClusterRepairFlags, BadValuesExitTwoWithOneLine) {
            {"--repair-after", "0s"},
            {"--repair-after", "soon"},
            {"--orphan-grace", "500ms"},
-           {"--repair-bandwidth-mib-s", "-1"}}) {
+           {"--repair-bandwidth-mib-s", "-1"},
+           // TLS between nodes: a node serving TLS needs its peers' CA; a certificate its key.
+           {"--tls-cert", dir.File("c.pem"), "--tls-key", dir.File("c.key")},
+           {"--peer-tls-ca", dir.File("ca.pem"), "--peer-tls-cert", dir.File("c.pem")},
+           {"--peer-tls-cert", dir.File("c.pem"), "--peer-tls-key", dir.File("c.key")}}) {
     std::vector<std::string> args = {"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0",
                                      "--etcd", "127.0.0.1:2379", "--advertise", "127.0.0.1:7070"};
     args.insert(args.end(), flags.begin(), flags.end());

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -14,6 +15,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
+#include "client/backends.h"
 #include "client/remote_placement.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
@@ -231,12 +234,28 @@ bool SendRawPrefix(grpc::ClientWriter<v1::WriteRequest>* stream, const TestShard
   return true;
 }
 
+std::vector<size_t> PlacementOrder(const std::vector<std::string>& endpoints,
+                                   const std::string& job, int32_t rank) {
+  client::ClientOptions o;
+  o.endpoints = endpoints;
+  auto keys = client::StaticPlacementKeys(o);
+  if (!keys.ok()) {  // said here; the caller's checks of what the nodes hold then fail
+    std::fprintf(stderr, "placement keys of %s: %s\n", absl::StrJoin(endpoints, ",").c_str(),
+                 keys.status().ToString().c_str());
+    return client::RankEndpoints(endpoints, job, rank);
+  }
+  return client::RankEndpoints(*keys, job, rank);
+}
+
 std::string JobWithRanksApart(const std::vector<std::string>& endpoints,
                               const std::string& prefix) {
+  client::ClientOptions o;
+  o.endpoints = endpoints;
+  auto keys = client::StaticPlacementKeys(o);
+  if (!keys.ok()) return "";
   for (int i = 0; i < 64; ++i) {
     const std::string job = prefix + std::to_string(i);
-    if (client::RankEndpoints(endpoints, job, 0)[0] !=
-        client::RankEndpoints(endpoints, job, 1)[0]) {
+    if (client::RankEndpoints(*keys, job, 0)[0] != client::RankEndpoints(*keys, job, 1)[0]) {
       return job;
     }
   }

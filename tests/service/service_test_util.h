@@ -93,6 +93,12 @@ absl::StatusOr<uint64_t> QueryCommittedSize(v1::Storage::Stub* stub, const std::
 absl::StatusOr<std::string> RestoreToString(client::Client* c, const std::string& job,
                                             int64_t step, int32_t rank);
 
+// The nodes of the static list `endpoints` in the remote client's placement order for
+// (job, rank): RankEndpoints over the nodes' placement keys (their ids, asked by Health; when
+// that fails, said on stderr, over the endpoints).
+std::vector<size_t> PlacementOrder(const std::vector<std::string>& endpoints,
+                                   const std::string& job, int32_t rank);
+
 // A job name `prefix`N (N = 0..63) whose ranks 0 and 1 land on different nodes of `endpoints`
 // under the static list's placement (one replica each), or "" when none does.
 std::string JobWithRanksApart(const std::vector<std::string>& endpoints,

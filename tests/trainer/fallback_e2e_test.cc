@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/backends.h"
 #include "client/remote_placement.h"
 #include "gtest/gtest.h"
 #include "tests/testing/gtest_util.h"
@@ -228,7 +229,11 @@ TEST(FallbackTest, FullWithARankNoNodeHoldsFallsBackInTheCli) {
   ServerProcess a(GRADSNAP_SERVER_BIN), b(GRADSNAP_SERVER_BIN);
   ASSERT_TRUE(a.StartOn(dir + "/a").ok()) << a.Log();
   ASSERT_TRUE(b.StartOn(dir + "/b").ok()) << b.Log();
-  const bool a_holds_rank0 = client::RankEndpoints({a.address(), b.address()}, "j", 0)[0] == 0;
+  client::ClientOptions both;
+  both.endpoints = {a.address(), b.address()};
+  auto keys = client::StaticPlacementKeys(both);  // the nodes' ids, as the trainer ranks them
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  const bool a_holds_rank0 = client::RankEndpoints(*keys, "j", 0)[0] == 0;
   ServerProcess& loser = a_holds_rank0 ? a : b;
   const std::string loser_dir = dir + (a_holds_rank0 ? "/a" : "/b");
   const std::string store = " --storage " + a.address() + "," + b.address();
