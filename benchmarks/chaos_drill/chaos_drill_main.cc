@@ -18,7 +18,9 @@
 //
 // The last line is key=value (docs/build.md, "Chaos drill", lists every key); --check exits 1
 // unless train_exit=0, params_match=1, restore_exact=1, listed_unrestorable=0,
-// under_replicated_end=0, ckpt_committed > 0 and steps_lost_mean <= 1.
+// under_replicated_end=0, ckpt_committed > 0 and ckpt_blocked_s <= 2 x the lease TTL x the
+// machines lost during that time (at least 1).
+// steps_lost_mean and recovery_ratio_max are reported, not checked (docs/build.md says why).
 //
 // Without the rights to make namespaces it prints why on stderr and exits 77 (ctest: skipped).
 #include <signal.h>
@@ -65,19 +67,15 @@ ABSL_FLAG(bool, quick, false,
           "CI-sized: 300 steps and 5 faults (one of each kind), shorter holds. Default: false "
           "(2000 steps, 16 faults)");
 ABSL_FLAG(int64_t, steps, 0, "Steps of the job; 0: 300 with --quick, else 2000. Default: 0");
-ABSL_FLAG(int, faults, -1,
-          "Faults during training (the final node replacement not counted); -1: 5 with "
-          "--quick, else 16. Default: -1");
-ABSL_FLAG(int, step_delay_ms, 20,
-          "The job's --test_step_delay_ms: a pause before every step, so that the job lasts "
-          "and the store keeps up with a DELTA per step. Default: 20");
-ABSL_FLAG(int, fault_steps, 0,
-          "Each storage or etcd fault holds for N..2N steps, and N..2N quiet steps follow every "
-          "fault; 0: 15 with --quick, else 40. Default: 0");
+ABSL_FLAG(int, faults, -1, "Faults during training (the node replacement not counted); -1: 5 "
+          "with --quick, else 16. Default: -1");
+ABSL_FLAG(int, step_delay_ms, 20, "The job's --test_step_delay_ms (a pause before every step), "
+          "0..60000. Default: 20");
 ABSL_FLAG(int, nodes, 4, "Storage nodes, 4..64. Default: 4");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the fault schedule. Default: 1");
-ABSL_FLAG(std::string, repair_after, "2s",
-          "The storage nodes' --repair-after. Default: 2s");
+ABSL_FLAG(int, fault_steps, 0, "A storage or etcd fault holds N..2N steps, N..2N quiet steps "
+          "follow each fault; 0: 15 with --quick, else 40. Default: 0");
+ABSL_FLAG(std::string, repair_after, "2s", "The storage nodes' --repair-after. Default: 2s");
 ABSL_FLAG(int, repair_wait_s, 300,
           "At the end, how long to wait for every committed shard to have R live copies "
           "again. Default: 300");
@@ -122,13 +120,30 @@ int64_t LastStep(const t::ChildProcess& job) {
   return lines.empty() ? 0 : lines.back().step;
 }
 
-// Waits until the job printed step `step` or ended (false).
-bool WaitForStep(t::ChildProcess& job, int64_t step) {
-  while (LastStep(job) < step) {
+// How long the job may print no step line before the drill gives up on it (a rank that never
+// exits holds its launcher, and so the job, for good): above the collective timeout (60 s)
+// plus the ranks' persist agreement (81 s) and a restart.
+constexpr int kStallSeconds = 240;
+
+// Waits until the job printed step `step` or ended (false). A job that printed no step line
+// for kStallSeconds sets *stalled and returns false.
+bool WaitForStep(t::ChildProcess& job, int64_t step, bool* stalled) {
+  size_t lines = 0;
+  Stopwatch quiet;
+  while (true) {
+    const std::vector<t::StepLine> now = t::ParseStepLines(job.Output());
+    if (!now.empty() && now.back().step >= step) return true;
     if (job.Poll() >= 0) return false;
+    if (now.size() != lines) {
+      lines = now.size();
+      quiet.Restart();
+    }
+    if (quiet.ElapsedSeconds() > kStallSeconds) {
+      *stalled = true;
+      return false;
+    }
     t::SleepMs(50);
   }
-  return true;
 }
 
 // The lines of `text` that start with `prefix`, in order.
@@ -176,24 +191,37 @@ std::vector<int64_t> StepsLost(const std::string& out) {
 // The longest time during which the job's recovery point did not move, i.e. no checkpoint
 // committed: within one attempt, over each run of step lines with the same recovery_point,
 // the growth of recovery_age_s from its first line to its last (both ages count from the same
-// step's end, so their difference is the wall time between the two lines).
-double LongestWithoutCommit(const std::string& out) {
-  double longest = 0;
+// step's end, so their difference is the wall time between the two lines). `first`, `last`:
+// the indexes of those two lines among all the step lines of `out`.
+struct Blocked {
+  double seconds = 0;
+  size_t first = 0, last = 0;
+};
+Blocked LongestWithoutCommit(const std::string& out) {
+  Blocked longest;
   std::istringstream in(out);
   t::StepLine first;
+  size_t first_index = 0, index = 0;
   bool open = false;
   for (std::string line; std::getline(in, line);) {
     if (absl::StartsWith(line, "restart ")) open = false;
     const std::vector<t::StepLine> step = t::ParseStepLines(line);
-    if (step.empty() || step[0].recovery_point < 0) continue;
+    if (step.empty()) continue;
+    ++index;
+    if (step[0].recovery_point < 0) continue;
     if (!open || step[0].recovery_point != first.recovery_point) {
       first = step[0];
+      first_index = index;
       open = true;
     }
-    longest = std::max(longest, step[0].recovery_age_s - first.recovery_age_s);
+    if (step[0].recovery_age_s - first.recovery_age_s > longest.seconds) {
+      longest = {step[0].recovery_age_s - first.recovery_age_s, first_index, index};
+    }
   }
   return longest;
 }
+
+size_t StepLineCount(const t::ChildProcess& job) { return t::ParseStepLines(job.Output()).size(); }
 
 // One trainer kill's recovery as the drill timed it.
 struct Recovery {
@@ -247,10 +275,14 @@ class Drill {
   std::vector<std::unique_ptr<t::ServerProcess>> nodes_;
   std::vector<std::unique_ptr<t::ChildProcess>> trainers_;
   std::vector<std::pair<int64_t, int64_t>> windows_;  // the steps inside each storage fault
+  // Each machine of the cluster lost (storage node killed, replaced or cut off, etcd member
+  // killed): the number of step lines the job had printed when it went and when it was back.
+  std::vector<std::pair<size_t, size_t>> losses_;
   std::vector<Recovery> recoveries_;
   int node_kills_ = 0, partitions_ = 0, etcd_kills_ = 0, restarts_ = 0;
   int rank_kills_ = 0, trainer_node_kills_ = 0, replacements_ = 0;
   int64_t repairs_ = 0;
+  bool stalled_ = false;  // the job printed no step for kStallSeconds
 };
 
 absl::Status Drill::StartNode(int k, const std::string& data_dir) {
@@ -362,7 +394,7 @@ absl::StatusOr<bool> Drill::TrainerFault(bool whole_node) {
                whole_node ? "every rank" : "one rank", n);
   (whole_node ? trainer_node_kills_ : rank_kills_)++;
   // The job's first resumed step (bounded: the collective timeout and a restart).
-  for (int i = 0; i < 3600; ++i) {
+  for (int i = 0; i < kStallSeconds * 100; ++i) {
     if (LinesStarting(Job().Output(), "recovery failure_to_first_step_ms").size() > seen) {
       r.seconds = static_cast<double>(UnixMillis() - r.kill_ms) / 1000.0;
       break;
@@ -376,12 +408,13 @@ absl::StatusOr<bool> Drill::TrainerFault(bool whole_node) {
 
 absl::StatusOr<bool> Drill::StorageFault(Fault kind, int64_t hold_steps) {
   const int64_t from = LastStep(Job()) + 1;
+  const size_t from_line = StepLineCount(Job());
   if (kind == kEtcdKill) {
     const int i = Draw(0, 2);
     etcd_->Kill(i);
     ++etcd_kills_;
     std::fprintf(stderr, "step %lld: etcd member %d killed\n", static_cast<long long>(from), i);
-    WaitForStep(Job(), from + hold_steps);
+    WaitForStep(Job(), from + hold_steps, &stalled_);
     RETURN_IF_ERROR(etcd_->Restart(i));
     ++restarts_;
   } else {
@@ -397,7 +430,7 @@ absl::StatusOr<bool> Drill::StorageFault(Fault kind, int64_t hold_steps) {
     }
     std::fprintf(stderr, "step %lld: node %d %s\n", static_cast<long long>(from), k,
                  kind == kNodeKill ? "SIGKILLed" : "cut off");
-    WaitForStep(Job(), from + hold_steps);
+    WaitForStep(Job(), from + hold_steps, &stalled_);
     if (kind == kNodeKill) {
       RETURN_IF_ERROR(nodes_[k]->Restart());
       ++restarts_;
@@ -406,6 +439,7 @@ absl::StatusOr<bool> Drill::StorageFault(Fault kind, int64_t hold_steps) {
     }
   }
   windows_.push_back({from, LastStep(Job())});
+  losses_.push_back({from_line, StepLineCount(Job())});
   return Job().Poll() < 0;
 }
 
@@ -417,13 +451,16 @@ absl::StatusOr<bool> Drill::OneFault(Fault kind) {
 }
 
 absl::Status Drill::ReplaceNode(int k) {
+  const size_t from_line = StepLineCount(Job());
   HarvestRepairs(k);
   nodes_[k]->Kill();
   ++replacements_;
   std::fprintf(stderr, "step %lld: node %d lost for good; an empty node replaces it\n",
                static_cast<long long>(LastStep(Job())), k);
   t::SleepMs((kLeaseTtlS + 1) * 1000);  // its lease gone: the records name a dead node
-  return StartNode(k, absl::StrCat(o_.dir, "/node", k, "-replacement"));
+  RETURN_IF_ERROR(StartNode(k, absl::StrCat(o_.dir, "/node", k, "-replacement")));
+  losses_.push_back({from_line, StepLineCount(Job())});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> Drill::UnderReplicatedRecords(
@@ -559,15 +596,36 @@ absl::Status Drill::Run(std::map<std::string, std::string>* kv) {
   // Halfway through the schedule one storage node is lost for good and replaced (after the
   // job's end when it ended first): repair restores the copies it held while the job goes on.
   const int64_t first_fault = o_.quick ? 30 : 60;
-  bool running = WaitForStep(Job(), first_fault);
+  bool running = WaitForStep(Job(), first_fault, &stalled_);
   for (size_t f = 0; running && f < kinds.size(); ++f) {
     if (f == kinds.size() / 2) RETURN_IF_ERROR(ReplaceNode(Draw(0, o_.nodes - 1)));
     ASSIGN_OR_RETURN(running, OneFault(kinds[f]));
     if (running) {
-      running = WaitForStep(Job(), LastStep(Job()) + Draw(o_.fault_steps, 2 * o_.fault_steps));
+      const int64_t quiet = Draw(o_.fault_steps, 2 * o_.fault_steps);
+      running = WaitForStep(Job(), LastStep(Job()) + quiet, &stalled_);
     }
   }
   if (replacements_ == 0) RETURN_IF_ERROR(ReplaceNode(Draw(0, o_.nodes - 1)));
+  if (!stalled_) WaitForStep(Job(), o_.steps, &stalled_);
+  // Then the launchers exit once their ranks persisted what is left (bounded too).
+  for (const Stopwatch ending; !stalled_;) {
+    bool all_ended = true;
+    for (auto& job : trainers_) all_ended = all_ended && job->Poll() >= 0;
+    if (all_ended) break;
+    stalled_ = ending.ElapsedSeconds() > kStallSeconds;
+    t::SleepMs(50);
+  }
+  if (stalled_) {
+    std::string ranks;
+    for (int n = 0; n < kTrainerNodes; ++n) {
+      for (pid_t pid : Children(trainers_[n]->pid())) {
+        absl::StrAppend(&ranks, " ", pid, " (trainer node ", n, ")");
+      }
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the job made no progress for ", kStallSeconds, " s; ranks still running:", ranks,
+        "; logs in ", o_.dir, " (with --keep)"));
+  }
   int train_exit = 0;
   for (auto& job : trainers_) train_exit = std::max(train_exit, job->Wait());
   const std::string out = Job().Output();
@@ -578,7 +636,7 @@ absl::Status Drill::Run(std::map<std::string, std::string>* kv) {
 
   const std::vector<t::StepLine> lines = t::ParseStepLines(out);
   const t::StepWindow before = t::StepsBetween(lines, kWarmupSteps, first_fault);
-  double during_ms = 0, max_stall_ms = 0, blocked_s = 0;
+  double during_ms = 0, max_stall_ms = 0;
   int during_steps = 0;
   for (const auto& [a, b] : windows_) {
     const t::StepWindow w = t::StepsBetween(lines, a, b);
@@ -586,7 +644,13 @@ absl::Status Drill::Run(std::map<std::string, std::string>* kv) {
     during_steps += w.steps;
     max_stall_ms = std::max(max_stall_ms, w.max_stall_ms);
   }
-  blocked_s = LongestWithoutCommit(out);
+  // The longest time without a commit, and the machines lost while it lasted (the target is
+  // 2 x the lease TTL per lost node).
+  const Blocked blocked = LongestWithoutCommit(out);
+  int64_t blocked_losses = 0;
+  for (const auto& [from_line, to_line] : losses_) {
+    blocked_losses += from_line <= blocked.last && to_line + 1 >= blocked.first ? 1 : 0;
+  }
   const double during_mean = during_steps > 0 ? during_ms / during_steps : 0;
   const std::vector<int64_t> lost = StepsLost(out);
   double lost_sum = 0;
@@ -644,7 +708,8 @@ absl::Status Drill::Run(std::map<std::string, std::string>* kv) {
   (*kv)["throughput_ratio"] = absl::StrFormat(
       "%.3f", during_mean > 0 ? before.mean_step_ms / during_mean : 0.0);
   (*kv)["max_step_stall_s"] = absl::StrFormat("%.3f", max_stall_ms / 1000);
-  (*kv)["ckpt_blocked_s"] = absl::StrFormat("%.1f", blocked_s);
+  (*kv)["ckpt_blocked_s"] = absl::StrFormat("%.1f", blocked.seconds);
+  (*kv)["ckpt_blocked_losses"] = absl::StrCat(blocked_losses);
   (*kv)["steps_lost_mean"] =
       absl::StrFormat("%.2f", lost.empty() ? 0.0 : lost_sum / static_cast<double>(lost.size()));
   (*kv)["steps_lost_max"] =
@@ -668,8 +733,8 @@ absl::Status Drill::Run(std::map<std::string, std::string>* kv) {
 
 int main(int argc, char** argv) {
   gradsnap::bench::InitBenchmark(argc, argv, "chaos_drill",
-                                 "[--quick] [--steps N] [--faults N] [--fault_steps N] [--step_delay_ms MS] "
-                                 "[--nodes N] [--seed S] "
+                                 "[--quick] [--steps N] [--faults N] [--fault_steps N] "
+                                 "[--step_delay_ms MS] [--nodes N] [--seed S] "
                                  "[--repair_after D] [--repair_wait_s S] [--work_dir DIR] "
                                  "[--keep] [--check]");
   gradsnap::Options o;
@@ -730,7 +795,8 @@ int main(int argc, char** argv) {
     want("listed_unrestorable", num("listed_unrestorable") == 0);
     want("ckpt_committed", num("ckpt_committed") > 0);
     want("under_replicated_end", num("under_replicated_end") == 0);
-    want("ckpt_blocked_s", num("ckpt_blocked_s") <= 2 * gradsnap::kLeaseTtlS);
+    want("ckpt_blocked_s", num("ckpt_blocked_s") <= 2 * gradsnap::kLeaseTtlS *
+                                                         std::max(1.0, num("ckpt_blocked_losses")));
     if (!missed.empty()) {
       std::fprintf(stderr, "chaos_drill: targets not met: %s\n",
                    absl::StrJoin(missed, " ").c_str());
