@@ -115,10 +115,7 @@ std::vector<std::string> Words(const std::string& text) {
   return absl::StrSplit(text, ' ', absl::SkipEmpty());
 }
 
-int64_t LastStep(const t::ChildProcess& job) {
-  const std::vector<t::StepLine> lines = t::ParseStepLines(job.Output());
-  return lines.empty() ? 0 : lines.back().step;
-}
+int64_t LastStep(const t::ChildProcess& job) { return t::LastStepLine(job.Output()).step; }
 
 // How long the job may print no step line before the drill gives up on it (a rank that never
 // exits holds its launcher, and so the job, for good): above the collective timeout (60 s)
@@ -128,14 +125,15 @@ constexpr int kStallSeconds = 240;
 // Waits until the job printed step `step` or ended (false). A job that printed no step line
 // for kStallSeconds sets *stalled and returns false.
 bool WaitForStep(t::ChildProcess& job, int64_t step, bool* stalled) {
-  size_t lines = 0;
+  t::StepLine seen;
   Stopwatch quiet;
   while (true) {
-    const std::vector<t::StepLine> now = t::ParseStepLines(job.Output());
-    if (!now.empty() && now.back().step >= step) return true;
+    const t::StepLine now = t::LastStepLine(job.Output());
+    if (now.step >= step) return true;
     if (job.Poll() >= 0) return false;
-    if (now.size() != lines) {
-      lines = now.size();
+    if (now.step != seen.step || now.step_ms != seen.step_ms ||
+        now.recovery_age_s != seen.recovery_age_s) {
+      seen = now;
       quiet.Restart();
     }
     if (quiet.ElapsedSeconds() > kStallSeconds) {
