@@ -740,7 +740,8 @@ int main(int argc, char** argv) {
   o.steps = absl::GetFlag(FLAGS_steps);
   if (o.steps == 0) o.steps = o.quick ? 300 : 2000;
   o.faults = absl::GetFlag(FLAGS_faults);
-  if (o.faults < 0) o.faults = o.quick ? 5 : 16;
+  if (o.faults < -1 || o.faults > 10000) gradsnap::bench::BadFlag("--faults must be -1..10000");
+  if (o.faults == -1) o.faults = o.quick ? 5 : 16;
   o.nodes = absl::GetFlag(FLAGS_nodes);
   o.step_delay_ms = absl::GetFlag(FLAGS_step_delay_ms);
   o.fault_steps = absl::GetFlag(FLAGS_fault_steps);
@@ -756,7 +757,6 @@ int main(int argc, char** argv) {
   o.repair_wait_s = absl::GetFlag(FLAGS_repair_wait_s);
   if (o.nodes < 4 || o.nodes > 64) gradsnap::bench::BadFlag("--nodes must be 4..64");
   if (o.steps < 100 || o.steps > 1000000) gradsnap::bench::BadFlag("--steps must be 100..1000000");
-  if (o.faults > 10000) gradsnap::bench::BadFlag("--faults must be -1..10000");
   if (o.repair_wait_s < 1 || o.repair_wait_s > 86400) {
     gradsnap::bench::BadFlag("--repair_wait_s must be 1..86400");
   }
