@@ -23,7 +23,10 @@ namespace gpu_snapshot {
 
 // Work for the worker thread, in the order it must happen.
 struct EngineEvent {
-  enum Kind { kChunk, kRecord, kGradDone, kClose, kStop } kind = kChunk;
+  // kDropParked (Finish): no record comes any more, so the events parked for one are dropped,
+  // their pool chunks and log buffers released (a step that failed between its gradient copy
+  // and its update left them waiting).
+  enum Kind { kChunk, kRecord, kGradDone, kClose, kDropParked, kStop } kind = kChunk;
   int64_t step = 0;
   // kChunk: gradient elements [elem_begin, elem_begin + elem_count) of update `step` at
   // `grad`; elements below replay_end are replayed onto the staged state.

@@ -49,6 +49,20 @@ void EngineImpl::Handle(EngineEvent& e) {
     case EngineEvent::kClose:
       EmitFull(e);
       return;
+    case EngineEvent::kDropParked:
+      for (EngineEvent& p : parked_) {
+        if (p.pool_chunk != nullptr) pool_->Release(p.pool_chunk);
+        if (p.kind == EngineEvent::kGradDone) {
+          absl::MutexLock lock(&mu_);
+          log_free_[p.log_buf] = true;
+        }
+      }
+      if (!parked_.empty()) {
+        GS_LOG(WARNING) << "snapshot engine: " << parked_.size()
+                        << " gradient copies of updates that never ran dropped at finish";
+      }
+      parked_.clear();
+      return;
     case EngineEvent::kStop:
       return;
   }

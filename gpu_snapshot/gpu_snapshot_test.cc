@@ -1,5 +1,10 @@
 // Tests of the snapshot engine on the host device: every checkpoint the engine produces is
 // compared byte for byte with a stop-the-world copy of the same step (engine_test_util.h).
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
 #include "gpu_snapshot/engine_test_util.h"
 #include "gtest/gtest.h"
 
@@ -123,6 +128,43 @@ TEST(GoCkptTest, FinishClosesAnOpenWindowAtTheLastUpdate) {
   RunResult r = RunSim(rc, &sink);
   ASSERT_EQ(sink.fulls.count(9), 1u);
   EXPECT_TRUE(sink.fulls[9] == r.reference[9]);
+}
+
+// A rank whose step fails between its gradient copy and its update (a peer gone mid-step) tears
+// its engine down: the copy of that update's gradient into the log waits for a record that never
+// comes, and Finish must still return (it waited for that log buffer for ever, so the rank never
+// exited and its launcher never restarted the job: found by the chaos drill).
+TEST(GoCkptTest, FinishReturnsAfterAStepThatFailedBeforeItsUpdate) {
+  RunConfig rc;
+  SimTrainer sim(rc.n, rc.gdt, rc.skip);
+  auto dev = NewHostDevice();
+  SnapshotEngineOptions o;
+  o.window = 2;
+  o.chunk_bytes = 16 << 10;
+  o.overlap_grads = false;
+  o.grad_log = true;
+  o.grad_log_buffers = 1;
+  MemorySink sink;
+  auto engine = SnapshotEngine::Create(dev.get(), sim.Device(), o, &sink);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (int64_t u = 1; u <= 4; ++u) {
+    sim.Backward(u);
+    ASSERT_TRUE((*engine)->AfterBackward(u, sim.grad()).ok());
+    ASSERT_TRUE((*engine)->AfterUpdate(sim.Update(u), u == 1).ok());
+  }
+  sim.Backward(5);
+  ASSERT_TRUE((*engine)->AfterBackward(5, sim.grad()).ok());  // then the step fails
+  std::promise<absl::Status> finished;
+  std::thread t([&] { finished.set_value((*engine)->Finish()); });
+  std::future<absl::Status> f = finished.get_future();
+  if (f.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    std::fprintf(stderr, "Finish did not return within 60 s: a log buffer held for ever\n");
+    std::_Exit(1);  // the engine's threads are stuck: no clean way out
+  }
+  t.join();
+  EXPECT_TRUE(f.get().ok());
+  EXPECT_EQ(sink.fulls.count(2), 1u);  // the FULL of the window before the failure
+  EXPECT_EQ(sink.deltas.count(4), 1u);  // and the DELTAs of the updates that ran
 }
 
 }  // namespace

@@ -570,6 +570,9 @@ absl::Status EngineImpl::Finish() {
       e->counters_.finish_handover_ms = static_cast<double>(MonotonicNanos() - t1) * 1e-6;
     }
   } count{this, t0, t1};
+  // Every update that ran pushed its record before Finish: what is still parked belongs to a
+  // step that failed after its gradient copy, and would hold its log buffer for ever.
+  Push(SimpleEvent(EngineEvent::kDropParked, 0));
   return Stall([&] {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
