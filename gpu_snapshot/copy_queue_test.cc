@@ -82,7 +82,20 @@ TEST(GoCkptTest, ChooseWindowFromTheWholeCopyTraffic) {
   in.max_window = 5;  // 240 + 200 > 375 MB: no K fits; the largest K is the least stall
   c = ChooseWindow(in);
   EXPECT_FALSE(c.fits);
-  EXPECT_EQ(c.k, 5);
+  EXPECT_EQ(c.k, 5);  // overflow 5 x 65 = 325 MB, against 4 x 125 = 500 MB at K = 4
+  EXPECT_LT(WindowOverflowBytes(in.state_bytes, in.grad_bytes, true, 5, 375e6),
+            WindowOverflowBytes(in.state_bytes, in.grad_bytes, true, 4, 375e6));
+  // A gradient alone longer than a step (800 MB against 375) and no log: every block's
+  // gradient is copied for the rest of the window, so the longest window stalls most and the
+  // shortest least (K = 1 overflows 825 MB, K = 2 225 + 625 = 850 MB, K = 9 about 1.5 GB).
+  in.grad_log = false;
+  in.grad_bytes = 800000000;
+  in.max_window = 9;
+  c = ChooseWindow(in);
+  EXPECT_FALSE(c.fits);
+  EXPECT_EQ(c.k, 1);
+  in.grad_bytes = 200000000;
+  in.grad_log = true;
   in.step_seconds = 0;  // nothing measured yet
   c = ChooseWindow(in);
   EXPECT_FALSE(c.measured);

@@ -19,6 +19,19 @@ double BusiestWindowStepBytes(size_t state_bytes, size_t grad_bytes, bool grad_l
   return state / k + (grad_log ? grad : grad * (k - 1) / k);
 }
 
+double WindowOverflowBytes(size_t state_bytes, size_t grad_bytes, bool grad_log, int k,
+                           double capacity) {
+  const double state = static_cast<double>(state_bytes), grad = static_cast<double>(grad_bytes);
+  k = std::max(1, k);
+  double over = 0;
+  for (int t = 1; t <= k; ++t) {  // step t copies block t-1 and the gradients before it
+    const double asked = state / k + (grad_log ? grad : grad * (t - 1) / k);
+    over += std::max(0.0, asked - capacity);
+  }
+  if (grad_log) over -= k * std::max(0.0, grad - capacity);  // the log's own, window or not
+  return over;
+}
+
 WindowChoice ChooseWindow(const WindowInputs& in) {
   WindowChoice c;
   c.in = in;
@@ -34,6 +47,14 @@ WindowChoice ChooseWindow(const WindowInputs& in) {
     c.k = 1;
     while (c.k < max_window && busiest(c.k) > c.step_capacity_bytes) ++c.k;
     c.fits = busiest(c.k) <= c.step_capacity_bytes;
+    if (!c.fits) {
+      double least = -1;
+      for (int k = 1; k <= max_window; ++k) {
+        const double over = WindowOverflowBytes(in.state_bytes, in.grad_bytes, in.grad_log, k,
+                                                c.step_capacity_bytes);
+        if (least < 0 || over <= least) least = over, c.k = k;  // ties: the longer window
+      }
+    }
   }
   c.busiest_step_bytes = busiest(c.k);
   return c;
@@ -488,7 +509,7 @@ void EngineImpl::NoteWindowChoice(const WindowChoice& c) {
     GS_LOG(WARNING) << absl::StrFormat(
         "gockpt: no window K <= %d fits the copy engine: the busiest window step asks %.1f MB "
         "(state %.1f MB / K + gradient %.1f MB%s) of %.1f MB a step can copy (%.1f MB/s x "
-        "%.0f ms x fill %.2f); using K = %d, the least stall (counted as window_unfit)",
+        "%.0f ms x fill %.2f); using K = %d, the least overflow (counted as window_unfit)",
         c.in.max_window, c.busiest_step_bytes * 1e-6, c.in.state_bytes * 1e-6,
         c.in.grad_bytes * 1e-6, c.in.grad_log ? ", the gradient log's" : " x (K - 1) / K",
         c.step_capacity_bytes * 1e-6, c.in.bandwidth * 1e-6, c.in.step_seconds * 1e3, c.in.fill,

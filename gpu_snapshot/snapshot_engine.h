@@ -279,9 +279,17 @@ class SnapshotEngine {
 // step (and the replay reads it), state / K + grad.
 double BusiestWindowStepBytes(size_t state_bytes, size_t grad_bytes, bool grad_log, int k);
 
+// The copy bytes of a window of K blocks that do not fit in `capacity` bytes a step: the sum
+// over its steps of what each asks beyond the capacity, less what the gradient log's own copy
+// would overflow in those steps without a window. An estimate of the stall the window adds.
+double WindowOverflowBytes(size_t state_bytes, size_t grad_bytes, bool grad_log, int k,
+                           double capacity);
+
 // The smallest K in [1, max_window] whose busiest step fits in fill * step_seconds of copying
-// at `bandwidth`; when none does, fits = false and K = max_window (the least per-step load, so
-// the least stall). Before anything is measured, K = min(4, max_window).
+// at `bandwidth`; when none does, fits = false and K is the one with the least overflow
+// (WindowOverflowBytes: each block's gradient is copied for the rest of the window, so when a
+// gradient alone outlasts a step a shorter window stalls less; with the log a longer one does).
+// Before anything is measured, K = min(4, max_window).
 WindowChoice ChooseWindow(const WindowInputs& in);
 
 }  // namespace gpu_snapshot
