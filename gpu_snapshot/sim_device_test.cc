@@ -360,7 +360,7 @@ TEST_F(SimDeviceTest, UpdateWaitsOnlyForTheBlockInFlight) {
       host_g[i] = FloatToBf16(0.001f * static_cast<float>((i * 7 + u * 13) % 101) - 0.05f);
     }
     ASSERT_TRUE(stream_->Launch(
-                    [&, u] {
+                    [&] {
                       std::memcpy(g, host_g.data(), n * 2);
                       return absl::OkStatus();
                     },
