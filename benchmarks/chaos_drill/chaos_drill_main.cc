@@ -115,7 +115,7 @@ std::vector<std::string> Words(const std::string& text) {
   return absl::StrSplit(text, ' ', absl::SkipEmpty());
 }
 
-int64_t LastStep(const t::ChildProcess& job) { return t::LastStepLine(job.Output()).step; }
+int64_t LastStep(const t::ChildProcess& job) { return t::LastStepLine(job).step; }
 
 // How long the job may print no step line before the drill gives up on it (a rank that never
 // exits holds its launcher, and so the job, for good): above the collective timeout (60 s)
@@ -128,7 +128,7 @@ bool WaitForStep(t::ChildProcess& job, int64_t step, bool* stalled) {
   t::StepLine seen;
   Stopwatch quiet;
   while (true) {
-    const t::StepLine now = t::LastStepLine(job.Output());
+    const t::StepLine now = t::LastStepLine(job);
     if (now.step >= step) return true;
     if (job.Poll() >= 0) return false;
     if (now.step != seen.step || now.step_ms != seen.step_ms ||

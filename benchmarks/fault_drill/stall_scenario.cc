@@ -42,9 +42,7 @@ std::vector<std::string> JobArgs(const StallDrillConfig& c, const std::string& s
   return a;
 }
 
-int64_t LastStep(const testing::ChildProcess& job) {
-  return testing::LastStepLine(job.Output()).step;
-}
+int64_t LastStep(const testing::ChildProcess& job) { return testing::LastStepLine(job).step; }
 
 // Polls until the job printed `step` or ended; false when it ended first.
 bool WaitForStep(testing::ChildProcess& job, int64_t step) {

@@ -86,6 +86,8 @@ StepLine LastStepLine(const std::string& output) {
   return StepLine{};
 }
 
+StepLine LastStepLine(const ChildProcess& job) { return LastStepLine(job.Output()); }
+
 StepWindow StepsBetween(const std::vector<StepLine>& lines, int64_t first, int64_t last) {
   StepWindow w;
   double total = 0;

@@ -36,6 +36,8 @@ std::vector<StepLine> ParseStepLines(const std::string& output);
 // The last step line of `output` (StepLine{}, step 0, when none), parsing only that line: for
 // loops that poll a running job's output.
 StepLine LastStepLine(const std::string& output);
+// LastStepLine of a running job's output so far.
+StepLine LastStepLine(const ChildProcess& job);
 
 // The steps of `lines` in [first, last]: how many, their mean step_ms and their largest
 // stall_ms (0 when none).

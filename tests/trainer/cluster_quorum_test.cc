@@ -27,7 +27,7 @@ const std::string kModel = absl::StrCat(" --model tiny --batch 8 --seed 5 --npro
                                         kSteps, " --blas-threads 1");
 
 // The last step line the job printed so far (step 0 when none).
-StepLine LastLine(const ChildProcess& job) { return LastStepLine(job.Output()); }
+StepLine LastLine(const ChildProcess& job) { return LastStepLine(job); }
 
 // Polls until the job printed a step line for which `cond` holds, or ended (false).
 bool WaitForLine(ChildProcess& job, const std::function<bool(const StepLine&)>& cond) {
