@@ -36,6 +36,8 @@ struct DrillOptions {
   // takes only the cycles the ranks leave, as a storage node on its own machine would take none
   // of theirs; false: normal priority, its restarts and work compete with the ranks' cores.
   bool stall_server_idle = true;
+  // Stall scenarios: extra gradsnap-server flags for every start (--stall_server_flags).
+  std::vector<std::string> stall_server_flags = {};
 };
 
 // A drill run as a test: the build's gradsnap-server and gradsnap-train in `bin_dir`, the

@@ -7,13 +7,13 @@
 // SIGKILL mid-upload, orphan DELTAs, a second server on the port), training
 // (training_scenario.h: a 2-rank gockpt + gradient-log job of gradsnap-train while its
 // gradsnap-server is SIGKILLed --kills times at random moments), stall_full_disk and
-// stall_outage (stall_scenario.h: the job's steps while its server's disk is full, or while the server is
-// killed and restarted over and over). Keys both scenarios report (orphan_deltas_listed) are
-// summed; the stall scenarios' worst figures are also reported as
-// train_throughput_during_fault_ratio (the lowest) and max_step_stall_s_during_fault (the
-// highest). The last line of the output
-// is the name=value pairs of every scenario that ran, merged. With --check the exit status is 1
-// when a result misses its target (the ctest `fault_drill_storage` runs a short drill so).
+// stall_outage (stall_scenario.h: the job's steps while its server's disk is full, or while
+// the server is killed and restarted over and over; --stall_runs runs of each, the median
+// ratio). Keys both scenarios report (orphan_deltas_listed) are summed; the stall scenarios'
+// worst figures are also reported as train_throughput_during_fault_ratio (the lowest) and
+// max_step_stall_s_during_fault (the highest). The last line of the output is the name=value
+// pairs of every scenario that ran, merged. With --check the exit status is 1 when a result
+// misses its target (the ctest `fault_drill_storage` runs a short drill so).
 #include <cstdio>
 #include <algorithm>
 #include <cstdlib>
@@ -22,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "benchmarks/common/bench_util.h"
 #include "benchmarks/fault_drill/drill_util.h"
 #include "benchmarks/fault_drill/stall_scenario.h"
@@ -42,6 +43,8 @@ ABSL_FLAG(std::string, train_bin, GRADSNAP_TRAIN_BIN, "gradsnap-train binary. De
 ABSL_FLAG(int, kills, 20, "Training: server SIGKILLs while the job trains. Default: 20.");
 ABSL_FLAG(bool, quick, false, "Training: CI-sized, shortest outages (0.5-0.8 s) and a shorter job; stall_full_disk and stall_outage: 120 steps of fault. Default: false.");
 ABSL_FLAG(std::string, stall_server_sched, "idle", "stall_full_disk and stall_outage: the server's CPU scheduling: idle (SCHED_IDLE, so on this one host it takes only the cycles the ranks leave, as a storage node on its own machine takes none of theirs) or normal (co-located: its restarts and work compete with the ranks). Default: idle.");
+ABSL_FLAG(std::string, stall_server_flags, "", "stall_full_disk and stall_outage: extra gradsnap-server flags, space-separated (e.g. \"--prefault-uploads=0\"), for every start and restart. Default: none.");
+ABSL_FLAG(int, stall_runs, 3, "stall_full_disk and stall_outage: runs of each scenario; its throughput ratios are their median (each run's listed in <key>_runs), its stalls the worst run's. Default: 3.");
 ABSL_FLAG(int64_t, fault_steps, 0, "stall_full_disk and stall_outage: steps the fault lasts; 0 = 200 (120 with --quick). Default: 0.");
 
 namespace {
@@ -110,7 +113,9 @@ int main(int argc, char** argv) {
       .kills = absl::GetFlag(FLAGS_kills),
       .quick = absl::GetFlag(FLAGS_quick),
       .fault_steps = absl::GetFlag(FLAGS_fault_steps),
-      .stall_server_idle = absl::GetFlag(FLAGS_stall_server_sched) == "idle"};
+      .stall_server_idle = absl::GetFlag(FLAGS_stall_server_sched) == "idle",
+      .stall_server_flags = absl::StrSplit(absl::GetFlag(FLAGS_stall_server_flags), ' ',
+                                           absl::SkipEmpty())};
   const std::string scenario = absl::GetFlag(FLAGS_scenario);
   if (scenario != "storage" && scenario != "training" && scenario != "stall_full_disk" &&
       scenario != "stall_outage" && scenario != "all") {
@@ -122,6 +127,10 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_stall_server_sched) != "idle" &&
       absl::GetFlag(FLAGS_stall_server_sched) != "normal") {
     std::fprintf(stderr, "fault_drill: --stall_server_sched must be idle or normal\n");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_stall_runs) < 1 || absl::GetFlag(FLAGS_stall_runs) > 50) {
+    std::fprintf(stderr, "fault_drill: --stall_runs must be 1..50\n");
     return 2;
   }
   if (o.fault_steps < 0) {
@@ -161,8 +170,8 @@ int main(int argc, char** argv) {
     gradsnap::drill::DrillOptions t = o;
     t.work_dir = tree.path();
     std::map<std::string, std::string> skv;
-    absl::Status s =
-        gradsnap::drill::RunStallDrill(gradsnap::drill::StallDrillFor(t, f), &skv);
+    absl::Status s = gradsnap::drill::RunStallDrillRepeated(
+        gradsnap::drill::StallDrillFor(t, f), absl::GetFlag(FLAGS_stall_runs), &skv);
     if (!s.ok()) {
       std::fprintf(stderr, "fault_drill: %s scenario: %s\n", name.c_str(), s.ToString().c_str());
       return 1;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -27,7 +28,9 @@ using ::gradsnap::testing::StepWindow;
 using ::gradsnap::testing::SleepMs;
 using ::gradsnap::testing::SummaryField;
 
-constexpr int64_t kWarmupSteps = 10;       // the start-up's slow steps stay out of "before"
+constexpr int64_t kWarmupSteps = 20;  // the start-up's slow steps stay out of "before"
+// The steps right after the fault (the backlog drains) stay out of the "after" control window.
+constexpr int64_t kSettleSteps = 20;
 constexpr uint64_t kLeaveFreeBytes = 4 << 20;  // below the server's 16 MiB catalog reserve
 
 std::vector<std::string> JobArgs(const StallDrillConfig& c, const std::string& storage) {
@@ -65,6 +68,9 @@ StallDrillConfig StallDrillFor(const DrillOptions& opts, StallFault fault) {
   // Long enough after the fault for the back-off (at most persist_timeout_ms) to let a FULL
   // through again.
   c.persist_timeout_ms = 1000;
+  // 150 steps before the fault: these few-ms steps vary by 10-40 % between blocks of 10 with no
+  // fault at all, so 50 (the old window) left the ratio to chance (0.82-1.18 run to run).
+  c.fault_from_step = opts.quick ? 60 : 170;
   c.fault_to_step = c.fault_from_step + (opts.fault_steps > 0 ? opts.fault_steps
                                          : opts.quick          ? 120
                                                                : 200);
@@ -76,6 +82,7 @@ StallDrillConfig StallDrillFor(const DrillOptions& opts, StallFault fault) {
   // steps ran in under 1 s and no checkpoint committed after the fault: recovered=0).
   c.step_delay_ms = fault == StallFault::kOutage ? 50 : 20;
   c.server_idle = opts.stall_server_idle;
+  c.server_flags = opts.stall_server_flags;
   return c;
 }
 
@@ -109,7 +116,7 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
   // under it too.
   if (c.server_idle) server.set_wrap({"chrt", "--idle", "0"});
   ASSIGN_OR_RETURN(const int port, testing::FreePort());
-  RETURN_IF_ERROR(server.StartOn(data, absl::StrCat("127.0.0.1:", port)));
+  RETURN_IF_ERROR(server.StartOn(data, absl::StrCat("127.0.0.1:", port), c.server_flags));
   testing::ChildProcess job;
   RETURN_IF_ERROR(job.Start(JobArgs(c, server.address()), dir + "/job.log"));
   const auto job_start = std::chrono::steady_clock::now();
@@ -117,17 +124,20 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
 
   int kills = 0;
   int64_t first = -1, last = -1;  // the steps during the fault
+  int64_t before_last = -1;       // the last step before it
   // CPU seconds the server processes used while the fault lasted, over its wall time: on this
   // one host the server shares the cores with the ranks (a storage node would not).
   double server_cpu_s = 0, fault_s = 0;
   if (WaitForStep(job, c.fault_from_step)) {
-    first = LastStep(job) + 1;
+    before_last = LastStep(job);
+    first = before_last + 1;
     const double cpu_at_start = std::max(0.0, bench::CpuSecondsOf(server.pid()));
     const auto fault_start = std::chrono::steady_clock::now();
     const double before_s = std::chrono::duration<double>(fault_start - job_start).count();
     server_cpu_share_before = before_s > 0 ? cpu_at_start / before_s : 0;
     if (c.fault == StallFault::kFullDisk) {
       testing::FillUpLeaving(ballast, kLeaveFreeBytes);
+      first = LastStep(job) + 1;  // the disk is full from here (the steps of the fill: neither)
       WaitForStep(job, c.fault_to_step);
       server_cpu_s = std::max(0.0, bench::CpuSecondsOf(server.pid()) - cpu_at_start);
       std::filesystem::remove(ballast, ec);
@@ -151,13 +161,17 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
   if (first < 0) return absl::InternalError("the job ended before the fault: " + out);
 
   const std::vector<testing::StepLine> lines = ParseStepLines(out);
-  const StepWindow before = StepsBetween(lines, kWarmupSteps, first - 1);
+  const StepWindow before = StepsBetween(lines, kWarmupSteps, before_last);
   const StepWindow during = StepsBetween(lines, first, last);
+  const StepWindow after = StepsBetween(lines, last + kSettleSteps, c.steps);
   const std::string rp = SummaryField(out, "recovery_point");
   const std::string p = name + "_";
   (*kv)[p + "throughput_ratio"] =
       absl::StrFormat("%.3f", during.mean_step_ms > 0 ? before.mean_step_ms / during.mean_step_ms
                                                       : 0.0);
+  (*kv)[p + "after_ratio"] =
+      absl::StrFormat("%.3f", after.mean_step_ms > 0 ? before.mean_step_ms / after.mean_step_ms
+                                                     : 0.0);
   (*kv)[p + "max_stall_s"] = absl::StrFormat("%.3f", during.max_stall_ms / 1000);
   (*kv)[p + "stall_s_before"] = absl::StrFormat("%.3f", before.max_stall_ms / 1000);
   (*kv)[p + "fault_steps"] = absl::StrCat(during.steps);
@@ -165,12 +179,76 @@ absl::Status RunStallDrill(const StallDrillConfig& c, std::map<std::string, std:
       absl::StrFormat("%.3f", fault_s > 0 ? std::max(0.0, server_cpu_s) / fault_s : 0.0);
   (*kv)[p + "server_cpu_share_before"] = absl::StrFormat("%.3f", server_cpu_share_before);
   (*kv)[p + "server_sched"] = c.server_idle ? "idle" : "normal";
+  if (!c.server_flags.empty()) (*kv)[p + "server_flags"] = absl::StrJoin(c.server_flags, " ");
   (*kv)[p + "train_exit"] = absl::StrCat(train_exit);
   (*kv)[p + "params_match"] = absl::StrCat(SummaryField(out, "params_sha256") == want_sha ? 1 : 0);
   (*kv)[p + "ckpt_failures"] = SummaryField(out, "ckpt_failures");
   (*kv)[p + "ckpt_skipped"] = SummaryField(out, "ckpt_skipped");
   (*kv)[p + "recovered"] = absl::StrCat(!rp.empty() && std::stoll(rp) > last ? 1 : 0);
   if (c.fault == StallFault::kOutage) (*kv)[p + "server_kills"] = absl::StrCat(kills);
+  return absl::OkStatus();
+}
+
+absl::Status RunStallDrillRepeated(StallDrillConfig c, int runs,
+                                   std::map<std::string, std::string>* kv) {
+  if (runs < 1) return absl::InvalidArgumentError("runs must be >= 1");
+  const std::string p = std::string(StallFaultName(c.fault)) + "_";
+  const std::string root = c.work_dir;
+  std::vector<std::map<std::string, std::string>> all;
+  for (int i = 0; i < runs; ++i) {
+    c.seed += i == 0 ? 0 : 1;
+    c.work_dir = absl::StrCat(root, "/run", i);
+    std::error_code ec;
+    std::filesystem::create_directories(c.work_dir, ec);
+    std::map<std::string, std::string> one;
+    const absl::Status s = RunStallDrill(c, &one);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("run ", i + 1, ": ", s.message()));
+    all.push_back(std::move(one));
+  }
+  auto nums = [&](const std::string& key) {
+    std::vector<double> v;
+    for (const auto& one : all) {
+      auto it = one.find(p + key);
+      v.push_back(it == one.end() || it->second.empty() ? -1.0 : std::stod(it->second));
+    }
+    return v;
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  *kv = all.front();  // server_sched, server_flags: the same in every run
+  for (const std::string key : {"throughput_ratio", "after_ratio"}) {
+    const std::vector<double> v = nums(key);
+    (*kv)[p + key] = absl::StrFormat("%.3f", median(v));
+    (*kv)[p + key + "_runs"] = absl::StrJoin(v, ",", [](std::string* out, double x) {
+      absl::StrAppendFormat(out, "%.3f", x);
+    });
+  }
+  for (const std::string key : {"max_stall_s", "stall_s_before"}) {
+    const std::vector<double> v = nums(key);
+    (*kv)[p + key] = absl::StrFormat("%.3f", *std::max_element(v.begin(), v.end()));
+  }
+  for (const std::string key : {"server_cpu_share", "server_cpu_share_before"}) {
+    const std::vector<double> v = nums(key);
+    (*kv)[p + key] =
+        absl::StrFormat("%.3f", std::accumulate(v.begin(), v.end(), 0.0) / v.size());
+  }
+  // What each run must show holds for all of them: the worst run's value.
+  for (const std::string key : {"params_match", "recovered", "ckpt_failures", "fault_steps"}) {
+    const std::vector<double> v = nums(key);
+    (*kv)[p + key] = absl::StrCat(static_cast<int64_t>(*std::min_element(v.begin(), v.end())));
+  }
+  for (const auto& one : all) {
+    if (one.at(p + "train_exit") != "0") (*kv)[p + "train_exit"] = one.at(p + "train_exit");
+  }
+  for (const std::string key : {"ckpt_skipped", "server_kills"}) {
+    if (kv->count(p + key) == 0) continue;
+    const std::vector<double> v = nums(key);
+    (*kv)[p + key] = absl::StrCat(static_cast<int64_t>(std::accumulate(v.begin(), v.end(), 0.0)));
+  }
+  (*kv)[p + "runs"] = absl::StrCat(runs);
   return absl::OkStatus();
 }
 

@@ -68,10 +68,11 @@ class Tmpfs {
   bool mounted_ = false;
 };
 
-// Writes zeros to `path` until the file system holding it is full.
+// Makes `path` a file of zeros that fills the file system holding it.
 void FillUp(const std::string& path);
-// Writes zeros to `path` (a ballast file) until the file system holding it has at most
-// `leave_bytes` free (page-granular: tmpfs frees and takes whole pages).
+// Makes `path` (a ballast file, truncated first) take space until the file system holding it
+// has at most `leave_bytes` free (page-granular: tmpfs frees and takes whole pages): by
+// fallocate where the file system has it (no data copied, little CPU), the rest by writes.
 void FillUpLeaving(const std::string& path, uint64_t leave_bytes);
 
 // Sleeps `ms` milliseconds (drills and tests that pace a fault).
