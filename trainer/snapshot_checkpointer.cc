@@ -302,7 +302,9 @@ class SnapshotCheckpointer : public Checkpointer {
     Stopwatch finish;
     absl::Status s = engine_->Finish();
     const double finish_ms = finish.ElapsedMillis();
+    Stopwatch drain;
     sink_->Drain();  // the engine handed every record over; the backlog's persists finish
+    const double drain_ms = drain.ElapsedMillis();
     if (s.ok()) s = guard_->fatal();
     gpu_snapshot::EngineCounters c = engine_->counters();
     // Gradient bytes copied off the device per update (1 gradient with the log on).
@@ -316,6 +318,7 @@ class SnapshotCheckpointer : public Checkpointer {
           "ckpt summary mode=%s grad_log=%d fulls=%lld deferred=%lld deltas=%lld "
           "failures=%lld deltas_skipped=%lld untried=%lld backlog_bytes=%llu "
           "backlog_peak_bytes=%llu finish_ms=%.1f finish_copy_ms=%.1f finish_handover_ms=%.1f "
+          "drain_ms=%.1f "
           "replay_ms=%.1f host_bytes=%zu state_bytes=%zu host_mem_ratio=%.3f "
           "grad_bytes=%zu grad_bytes_copied_per_step=%.0f grad_copy_ratio=%.4f "
           "copy_engine_utilization=%.3f copy_engine_utilization_mean=%.3f window_k=%d "
@@ -326,7 +329,7 @@ class SnapshotCheckpointer : public Checkpointer {
           static_cast<long long>(h.skipped), static_cast<long long>(h.untried),
           static_cast<unsigned long long>(sink_->backlog().budget()),
           static_cast<unsigned long long>(sink_->backlog().usage().peak), finish_ms,
-          c.finish_copy_ms, c.finish_handover_ms,
+          c.finish_copy_ms, c.finish_handover_ms, drain_ms,
           c.replay_ms_total,
           engine_->host_bytes_peak(), engine_->state_bytes(),
           static_cast<double>(engine_->host_bytes_peak()) /

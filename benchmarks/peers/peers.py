@@ -33,7 +33,11 @@ Sections:
          --every steps, and by gradsnap-train in each --ckpt-mode; per step its time and the
          stall (time inside the checkpointer; for async checkpointers the blocking call plus
          any wait for the previous one); the stall per checkpoint is, as snapshot_bench
-         counts it, every step's stall plus gradsnap-train's final Finish, per FULL. Also
+         counts it, the steps' stall over the checkpoints completed during training (a gockpt
+         window the run's end cut short is left out: it is finished after the last step);
+         stall_ms_per_ckpt_with_end adds the end's wait, over every checkpoint started
+         (gradsnap-train: its Finish and the drain that stores its last checkpoints;
+         async_save and torchsnapshot's async_take: the wait on their last future). Also
          with --model tiny, for the stall against the state size.
   speed  tokens/s of both trainers without checkpoints at each --speed-threads count,
          --reps rounds, alternating which goes first.
@@ -502,13 +506,16 @@ def train_worker(mode, model_name, steps, every, threads, batch, seq, where):
             stall = time.perf_counter() - c0
         step_ms.append(1000 * (time.perf_counter() - t0))
         stall_ms.append(1000 * stall)
+    e0 = time.perf_counter()  # the end's wait: the last async checkpoint stored
     if pending is not None:
         pending.result() if hasattr(pending, "result") else pending.wait()
     if client:
         client.close()
+    end_ms = 1000 * (time.perf_counter() - e0)
     total = sum(step_ms) / 1000
     print(json.dumps({"step_ms": step_ms, "stall_ms": stall_ms, "state_bytes": state_bytes,
-                      "tokens_per_s": steps * batch * seq / total}), flush=True)
+                      "end_ms": end_ms, "tokens_per_s": steps * batch * seq / total}),
+          flush=True)
 
 
 def seq_for(a, model):
@@ -545,7 +552,7 @@ def run_gradsnap_train(a, mode, model, steps, every, threads):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if p.returncode != 0:
             sys.exit(f"peers: {' '.join(cmd)} failed: {(p.stdout + p.stderr).strip()[-800:]}")
-        step_ms, stall_ms, summ, finish_ms = [], [], {}, 0.0
+        step_ms, stall_ms, summ, ck = [], [], {}, {}
         for line in p.stdout.splitlines():
             w = line.split()
             if w and w[0] == "step" and "step_ms" in w:
@@ -554,8 +561,12 @@ def run_gradsnap_train(a, mode, model, steps, every, threads):
             elif w and w[0] == "summary":
                 summ = dict(x.split("=", 1) for x in w[1:] if "=" in x)
             elif w[:2] == ["ckpt", "summary"]:
-                finish_ms = float(dict(x.split("=", 1) for x in w[2:] if "=" in x)["finish_ms"])
+                ck = dict(x.split("=", 1) for x in w[2:] if "=" in x)
+        finish_ms = float(ck.get("finish_ms", 0))
         return {"step_ms": step_ms, "stall_ms": stall_ms, "finish_ms": finish_ms,
+                # the end's wait: Finish, then the last checkpoints stored (the sink's drain)
+                "end_ms": finish_ms + float(ck.get("drain_ms", 0)),
+                "cut_short": int(ck.get("cut_short", 0)),
                 "state_bytes": 12 * int(summ.get("params", 0)),
                 "tokens_per_s": float(summ["tokens_per_s"])}
     finally:
@@ -579,16 +590,25 @@ def train_section(a):
             for trainer, mode in order:
                 f = run_torch_train if trainer == "pytorch" else run_gradsnap_train
                 r = f(a, mode, model, a.steps, a.every, a.train_threads)
-                # snapshot_bench's measure: every step's stall plus the engine's Finish (the
-                # rest of a window the run's end cut short), per FULL checkpoint started.
+                # As snapshot_bench counts it: the steps' stall over the checkpoints completed
+                # during training (a gockpt window the run's end cut short is finished after
+                # the last step, so it is left out); with_end: also the end's wait (gradsnap:
+                # Finish and the last checkpoints stored; an async PyTorch checkpointer: its
+                # last future), over every checkpoint started.
                 fulls = a.steps // a.every
+                done = max(1, fulls - r.get("cut_short", 0))
                 rec = {"section": "train", "trainer": trainer, "mode": mode, "model": model,
                        "rep": rep, "threads": a.train_threads, "steps": a.steps,
                        "every": a.every, "state_bytes": r["state_bytes"],
                        "tokens_per_s": round(r["tokens_per_s"], 1),
-                       "stall_ms_per_ckpt": (round((sum(r["stall_ms"]) + r.get("finish_ms", 0))
-                                                   / fulls, 2) if mode != "none" else 0.0),
+                       "stall_ms_per_ckpt": (round(sum(r["stall_ms"]) / done, 2)
+                                             if mode != "none" else 0.0),
+                       "stall_ms_per_ckpt_with_end": (
+                           round((sum(r["stall_ms"]) + r.get("end_ms", 0)) / fulls, 2)
+                           if mode != "none" else 0.0),
                        "finish_ms": r.get("finish_ms", 0.0),
+                       "end_ms": round(r.get("end_ms", 0.0), 1),
+                       "cut_short": r.get("cut_short", 0),
                        "step_ms": [round(x, 1) for x in r["step_ms"]],
                        "stall_ms": [round(x, 1) for x in r["stall_ms"]]}
                 emit(rec)
@@ -659,6 +679,12 @@ def figures(records, a):
         fig["stall_ms_gockpt_gradlog"] = med(ours)
         fig["stall_ms_dcp_async_save"] = med(dcpa)
         fig["stall_ratio_vs_dcp_async"] = round(statistics.median(ours) / statistics.median(dcpa), 4)
+        ours_e = [r["stall_ms_per_ckpt_with_end"] for r in tr if r["mode"] == "gockpt+gradlog"]
+        dcpa_e = [r["stall_ms_per_ckpt_with_end"] for r in tr if r["mode"] == "dcp_async_save"]
+        fig["stall_ms_gockpt_gradlog_with_end"] = med(ours_e)
+        fig["stall_ms_dcp_async_save_with_end"] = med(dcpa_e)
+        fig["stall_ratio_vs_dcp_async_with_end"] = round(
+            statistics.median(ours_e) / max(statistics.median(dcpa_e), 1e-9), 4)
     for t in a.speed_threads:
         rs = [r["ratio"] for r in records if r["section"] == "speed" and r["threads"] == t]
         if rs:
