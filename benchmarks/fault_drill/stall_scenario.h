@@ -71,9 +71,9 @@ absl::Status RunStallDrill(const StallDrillConfig& config, std::map<std::string,
 // RunStallDrill `runs` times (seeds config.seed, +1, ...; each in its own directory under
 // config.work_dir) and merges the runs' keys: throughput_ratio and after_ratio are the median,
 // each run's value listed in <key>_runs; max_stall_s and stall_s_before the largest;
-// server_cpu_share(_before) the mean; params_match, recovered, ckpt_failures and fault_steps
-// the smallest (what every run must show); train_exit the first non-zero; ckpt_skipped and
-// server_kills summed; <scenario>_runs = runs. A median, as one run's ratio is noise-bound on a
+// server_cpu_share(_before) the mean; params_match, recovered, fault_steps and (full disk)
+// ckpt_failures the smallest (what every run must show); train_exit the first non-zero;
+// ckpt_skipped, server_kills and (outage) ckpt_failures summed; <scenario>_runs = runs. A median, as one run's ratio is noise-bound on a
 // shared host: the same job with no fault at all measured 0.90-1.14 in place of 1.
 absl::Status RunStallDrillRepeated(StallDrillConfig config, int runs,
                                    std::map<std::string, std::string>* kv);
