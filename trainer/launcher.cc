@@ -157,7 +157,12 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
 
 }  // namespace
 
+void SetRankEnvironmentDefaults() {
+  ::setenv("OPENBLAS_THREAD_TIMEOUT", kOpenBlasThreadTimeout, /*overwrite=*/0);
+}
+
 int Launch(const LaunchOptions& o) {
+  SetRankEnvironmentDefaults();
   InstallHandlers();
   std::string rdzv = o.rdzv;
   bool own_rdzv = false;

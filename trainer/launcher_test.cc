@@ -63,12 +63,46 @@ TEST(Launcher, PermanentErrorOfALaterRankStopsTheRestarts) {
   std::remove(ready.c_str());
 }
 
+// The ranks run with OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS's idle threads sleep at once) unless
+// the user's environment sets it, in which case they get the user's value. Each rank exits 0
+// only when it sees the value GRADSNAP_LAUNCHER_EXPECT names.
+TEST(Launcher, RanksGetOpenBlasThreadTimeoutUnlessTheUserSetsIt) {
+  ::setenv("GRADSNAP_LAUNCHER_TEST", "env", 1);
+  const char* before = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  const std::string saved = before != nullptr ? before : "";
+  LaunchOptions o;
+  o.nproc = 2;
+  ::unsetenv("OPENBLAS_THREAD_TIMEOUT");
+  ::setenv("GRADSNAP_LAUNCHER_EXPECT", kOpenBlasThreadTimeout, 1);
+  EXPECT_EQ(Launch(o), 0);
+  ::setenv("OPENBLAS_THREAD_TIMEOUT", "12", 1);
+  ::setenv("GRADSNAP_LAUNCHER_EXPECT", "12", 1);
+  EXPECT_EQ(Launch(o), 0);
+  ::setenv("GRADSNAP_LAUNCHER_EXPECT", "4", 1);  // planted: the ranks see 12, so they fail
+  EXPECT_NE(Launch(o), 0);
+  if (before != nullptr) {
+    ::setenv("OPENBLAS_THREAD_TIMEOUT", saved.c_str(), 1);
+  } else {
+    ::unsetenv("OPENBLAS_THREAD_TIMEOUT");
+  }
+  ::unsetenv("GRADSNAP_LAUNCHER_EXPECT");
+  ::unsetenv("GRADSNAP_LAUNCHER_TEST");
+}
+
 }  // namespace
 }  // namespace trainer
 }  // namespace gradsnap
 
 int main(int argc, char** argv) {
   const char* mode = std::getenv("GRADSNAP_LAUNCHER_TEST");
+  if (mode != nullptr && std::strcmp(mode, "env") == 0) {
+    for (int i = 1; i < argc; ++i) {
+      if (std::strncmp(argv[i], "--rank=", 7) != 0) continue;
+      const char* want = std::getenv("GRADSNAP_LAUNCHER_EXPECT");
+      const char* got = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+      return want != nullptr && got != nullptr && std::strcmp(want, got) == 0 ? 0 : 1;
+    }
+  }
   const bool late = mode != nullptr && std::strcmp(mode, "late-no-restart") == 0;
   const char* ready = std::getenv("GRADSNAP_LAUNCHER_READY");
   for (int i = 1; i < argc; ++i) {
