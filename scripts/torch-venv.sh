@@ -5,10 +5,10 @@
 # (PyPI's torch where that host cannot be reached) and numpy from PyPI. Exit 0: the venv is
 # ready; else one line on stderr saying why not (no network, no space, ...), exit 1.
 # scripts/test.sh runs it before ctest; where it fails, the torch tests are skipped with that
-# reason (python/tests/run_torch_tests.sh). The venv is made
-# by /usr/bin/python3 where it exists (the interpreter python/CMakeLists.txt builds the module
-# for, so the venv loads it), else by python3 on PATH. Several sessions may run this at once:
-# they take turns on the lock file $VENV.lock, and the ones after the first find it ready.
+# reason (python/tests/run_torch_tests.sh). The venv is made by /usr/bin/python3 where it
+# exists (the interpreter python/CMakeLists.txt builds the module for, so the venv loads it),
+# else by python3 on PATH. Several sessions may run this at once: they take turns on the lock
+# file $VENV.lock, and the ones after the first find it ready.
 set -euo pipefail
 VENV=${GRADSNAP_VENV:-/opt/gradsnap-venv}
 ready() { "$VENV/bin/python" -c "import torch, numpy" >/dev/null 2>&1; }

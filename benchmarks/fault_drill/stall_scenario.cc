@@ -194,9 +194,10 @@ absl::Status RunStallDrillRepeated(StallDrillConfig c, int runs,
   if (runs < 1) return absl::InvalidArgumentError("runs must be >= 1");
   const std::string p = std::string(StallFaultName(c.fault)) + "_";
   const std::string root = c.work_dir;
+  const uint64_t seed = c.seed;
   std::vector<std::map<std::string, std::string>> all;
   for (int i = 0; i < runs; ++i) {
-    c.seed += i == 0 ? 0 : 1;
+    c.seed = seed + static_cast<uint64_t>(i);
     c.work_dir = absl::StrCat(root, "/run", i);
     std::error_code ec;
     std::filesystem::create_directories(c.work_dir, ec);
@@ -213,15 +214,10 @@ absl::Status RunStallDrillRepeated(StallDrillConfig c, int runs,
     }
     return v;
   };
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  };
   *kv = all.front();  // server_sched, server_flags: the same in every run
   for (const std::string key : {"throughput_ratio", "after_ratio"}) {
     const std::vector<double> v = nums(key);
-    (*kv)[p + key] = absl::StrFormat("%.3f", median(v));
+    (*kv)[p + key] = absl::StrFormat("%.3f", bench::Median(v));
     (*kv)[p + key + "_runs"] = absl::StrJoin(v, ",", [](std::string* out, double x) {
       absl::StrAppendFormat(out, "%.3f", x);
     });
