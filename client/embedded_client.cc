@@ -314,6 +314,7 @@ absl::StatusOr<std::unique_ptr<Client>> NewEmbeddedClient(const ClientOptions& o
   storage::EngineOptions eo;
   eo.data_dir = options.local_dir;
   eo.read_only = options.read_only;
+  eo.prefault_writers = options.prefault_writers;
   eo.clock = options.clock;
   ASSIGN_OR_RETURN(std::unique_ptr<storage::Engine> engine, storage::Engine::Open(eo));
   return std::unique_ptr<Client>(

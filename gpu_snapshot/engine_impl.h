@@ -35,8 +35,10 @@ struct EngineEvent {
   void* pool_chunk = nullptr;  // released to the pool after use
   // kRecord
   std::shared_ptr<const UpdateRecord> info;
-  // kGradDone: the whole gradient of `step` is in log buffer `log_buf`.
+  // kGradDone: the whole gradient of `step` is in log buffer `log_buf`, or (log_buf < 0) in
+  // `lent`, memory the sink lent (SnapshotSink::LendDeltaBuffer).
   int log_buf = -1;
+  void* lent = nullptr;
   // kClose: the staged state is complete for update `step` (window K started after start).
   int window = 1;
   int64_t start_step = 0;
@@ -120,7 +122,9 @@ class EngineImpl : public SnapshotEngine {
   void Handle(EngineEvent& e);
   void HandleRecord(EngineEvent& e);
   void ReplayChunk(const EngineEvent& e);
-  void EmitDelta(int64_t step, int log_buf);
+  void EmitDelta(const EngineEvent& e);
+  // Gives back a kGradDone event's buffer that no record took: the engine's, or the sink's.
+  void FreeLogBuffer(const EngineEvent& e);
   void EmitFull(const EngineEvent& e);
 
   // Constant after Init.

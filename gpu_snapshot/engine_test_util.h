@@ -125,9 +125,32 @@ class MemorySink : public SnapshotSink {
     {
       absl::MutexLock lock(&mu_);
       deltas[r.step] = std::move(d);
+      if (r.grad_in_lent_buffer) {
+        ++lent_records;
+        EXPECT_EQ(lent_.erase(r.grad), 1u) << "step " << r.step << ": a buffer never lent";
+      }
     }
     // Complete from another thread, as a real persist would.
     std::thread([done] { done(absl::OkStatus()); }).detach();
+  }
+  // With lend_every > 0, every lend_every-th LendDeltaBuffer gets memory (the others null).
+  void* LendDeltaBuffer(size_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    if (lend_every <= 0 || asked_++ % lend_every != 0) return nullptr;
+    auto buf = std::make_unique<char[]>(bytes);
+    void* p = buf.get();
+    lent_[p] = std::move(buf);
+    ++lent;
+    return p;
+  }
+  void ReturnDeltaBuffer(void* buffer) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(lent_.erase(buffer), 1u) << "a buffer returned that was never lent";
+    ++returned;
+  }
+  size_t outstanding() {
+    absl::MutexLock lock(&mu_);
+    return lent_.size();
   }
   bool Holding() {
     absl::MutexLock lock(&mu_);
@@ -152,8 +175,12 @@ class MemorySink : public SnapshotSink {
   std::map<int64_t, int> windows;
   std::map<int64_t, std::string> small;
   std::map<int64_t, SavedDelta> deltas;
+  int lend_every = 0;
+  int lent = 0, returned = 0, lent_records = 0;
 
  private:
+  int asked_ = 0;
+  std::map<const void*, std::unique_ptr<char[]>> lent_;
   bool hold_ = false;
   DoneFn held_;
 };

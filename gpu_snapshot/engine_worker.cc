@@ -43,7 +43,7 @@ void EngineImpl::Handle(EngineEvent& e) {
       } else if (e.kind == EngineEvent::kChunk) {
         ReplayChunk(e);
       } else {
-        EmitDelta(e.step, e.log_buf);
+        EmitDelta(e);
       }
       return;
     case EngineEvent::kClose:
@@ -52,10 +52,7 @@ void EngineImpl::Handle(EngineEvent& e) {
     case EngineEvent::kDropParked:
       for (EngineEvent& p : parked_) {
         if (p.pool_chunk != nullptr) pool_->Release(p.pool_chunk);
-        if (p.kind == EngineEvent::kGradDone) {
-          absl::MutexLock lock(&mu_);
-          log_free_[p.log_buf] = true;
-        }
+        if (p.kind == EngineEvent::kGradDone) FreeLogBuffer(p);
       }
       if (!parked_.empty()) {
         GS_LOG(WARNING) << "snapshot engine: " << parked_.size()
@@ -84,7 +81,7 @@ void EngineImpl::HandleRecord(EngineEvent& e) {
     } else if (p.kind == EngineEvent::kChunk) {
       ReplayChunk(p);
     } else {
-      EmitDelta(p.step, p.log_buf);
+      EmitDelta(p);
     }
   }
   parked_.swap(still);
@@ -107,20 +104,33 @@ void EngineImpl::ReplayChunk(const EngineEvent& e) {
   if (e.pool_chunk != nullptr) pool_->Release(e.pool_chunk);
 }
 
-void EngineImpl::EmitDelta(int64_t step, int log_buf) {
+void EngineImpl::FreeLogBuffer(const EngineEvent& e) {
+  if (e.log_buf < 0) {
+    sink_->ReturnDeltaBuffer(e.lent);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  log_free_[e.log_buf] = true;
+}
+
+void EngineImpl::EmitDelta(const EngineEvent& e) {
+  const int64_t step = e.step;
+  const int log_buf = e.log_buf;
   int64_t base = -1;
+  bool skip = false;
   {
     absl::MutexLock lock(&mu_);
     base = initial_base_ < step ? initial_base_ : -1;
     auto it = full_targets_.lower_bound(step);  // first target >= step
     if (it != full_targets_.begin()) base = std::max(base, *std::prev(it));
-    if (base < 0 || full_targets_.count(step) != 0) {
-      // No FULL to extend yet; or a FULL of this very step is on its way, which is the step's
-      // recovery point (and a checkpoint is one per step).
-      if (base < 0) ++counters_.deltas_skipped_no_base;
-      log_free_[log_buf] = true;
-      return;
-    }
+    // No FULL to extend yet; or a FULL of this very step is on its way, which is the step's
+    // recovery point (and a checkpoint is one per step).
+    skip = base < 0 || full_targets_.count(step) != 0;
+    if (base < 0) ++counters_.deltas_skipped_no_base;
+  }
+  if (skip) {
+    FreeLogBuffer(e);
+    return;
   }
   const UpdateRecord& info = *records_[step];
   DeltaRecord rec;
@@ -129,7 +139,8 @@ void EngineImpl::EmitDelta(int64_t step, int log_buf) {
   rec.update = info.params;
   rec.loader_position = info.loader_position;
   rec.small_state = info.small_state;
-  rec.grad = log_bufs_[log_buf]->data();
+  rec.grad = log_buf >= 0 ? log_bufs_[log_buf]->data() : e.lent;
+  rec.grad_in_lent_buffer = log_buf < 0;
   rec.grad_dtype = opt_.grad_dtype;
   rec.numel = dev_.numel;
   rec.elem_offset = dev_.elem_offset;
@@ -146,7 +157,7 @@ void EngineImpl::EmitDelta(int64_t step, int log_buf) {
     } else {
       ++counters_.persist_failures;
     }
-    log_free_[log_buf] = true;
+    if (log_buf >= 0) log_free_[log_buf] = true;  // a lent buffer is the sink's
   });
 }
 

@@ -45,6 +45,32 @@ TEST(GradLogTest, ReplayOfDeltasGivesEveryLoggedStep) {
   }
 }
 
+// On the host device the engine copies each logged gradient straight into memory the sink
+// lends (SnapshotSink::LendDeltaBuffer) and hands it over in the record: the chain replays
+// exactly as with the engine's own log buffer, lent memory that becomes no record (the FULL
+// steps) comes back, none is left out; a sink that lends only now and then mixes both paths.
+TEST(GradLogTest, LentBuffersCarryTheRecordsAndComeBack) {
+  for (int every : {1, 3}) {
+    RunConfig rc;
+    rc.grad_log = true;
+    MemorySink sink;
+    sink.lend_every = every;
+    RunResult r = RunSim(rc, &sink);
+    ReplayPool pool(2);
+    ASSERT_EQ(sink.deltas.size(), static_cast<size_t>(rc.steps - 2));
+    EXPECT_EQ(sink.lent, (rc.steps + every - 1) / every) << every;
+    EXPECT_EQ(sink.lent, sink.lent_records + sink.returned) << every;
+    EXPECT_EQ(sink.outstanding(), 0u);
+    if (every == 1) {
+      EXPECT_EQ(sink.returned, 2);  // steps 4 and 11: a FULL, no DELTA
+    }
+    EXPECT_GT(sink.lent_records, 0);
+    for (int64_t u = 1; u <= rc.steps; ++u) {
+      if (u == 4 || u == 11) continue;
+      EXPECT_TRUE(Restore(sink, u, &pool) == r.reference[u]) << "every " << every << " step " << u;
+    }
+  }
+}
 
 TEST(GradLogTest, FinishAbandonsAnOpenWindowWhoseStepsAreLogged) {
   RunConfig rc;

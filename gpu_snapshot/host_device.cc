@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/huge_map.h"
 #include "common/status.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/worker_stream.h"
@@ -43,16 +44,30 @@ void* AlignedTouched(size_t bytes) {
   return p;
 }
 
+// Staging buffers: the big ones (a snapshot of the state, the gradient log's buffers, many
+// MiB that live for the whole job) on huge pages, faulted in at once (common/huge_map.h).
+void* PinnedTouched(size_t bytes) {
+  return bytes >= kHugePageSize ? MapHuge(bytes, /*populate=*/true) : AlignedTouched(bytes);
+}
+
+void FreeTouched(void* p, size_t bytes) {
+  if (bytes >= kHugePageSize) {
+    UnmapHuge(p, bytes);
+  } else {
+    std::free(p);
+  }
+}
+
 class HostDevice : public Device {
  public:
   std::string Name() const override { return "host"; }
   bool IsHost() const override { return true; }
   absl::StatusOr<void*> AllocPinned(size_t bytes) override {
-    void* p = AlignedTouched(bytes);
+    void* p = PinnedTouched(bytes);
     if (p == nullptr) return absl::ResourceExhaustedError("host staging allocation failed");
     return p;
   }
-  void FreePinned(void* p, size_t) override { std::free(p); }
+  void FreePinned(void* p, size_t bytes) override { FreeTouched(p, bytes); }
   absl::StatusOr<std::unique_ptr<CopyStream>> NewStream(bool) override {
     return std::unique_ptr<CopyStream>(new HostStream());
   }

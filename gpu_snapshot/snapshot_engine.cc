@@ -295,19 +295,23 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
     ++counters_.grad_updates;
   }
   if (opt_.grad_log) {
-    int buf = AcquireLogBuffer();
-    char* dst = static_cast<char*>(log_bufs_[buf]->data());
     req.bytes = dev_.numel * esz;
+    // On the host device the record goes straight into memory the sink keeps (one copy of
+    // the gradient, not two); else, or when the sink has none now, into a log buffer.
+    void* lent = device_->IsHost() ? sink_->LendDeltaBuffer(req.bytes) : nullptr;
+    const int buf = lent != nullptr ? -1 : AcquireLogBuffer();
+    char* dst = static_cast<char*>(lent != nullptr ? lent : log_bufs_[buf]->data());
     step_log_bytes_ += req.bytes;
     req.dst = [dst](size_t off, size_t) { return dst + off; };
-    req.on_chunk = [this, step, replay_end, esz, buf, total = req.bytes](size_t off, size_t n,
-                                                                         void* d) {
+    req.on_chunk = [this, step, replay_end, esz, buf, lent, total = req.bytes](
+                       size_t off, size_t n, void* d) {
       if (replay_end > off / esz) {
         Push(ChunkEvent(step, d, off / esz, n / esz, replay_end, nullptr));
       }
       if (off + n == total) {
         EngineEvent done = SimpleEvent(EngineEvent::kGradDone, step);
         done.log_buf = buf;
+        done.lent = lent;
         Push(done);
       }
     };

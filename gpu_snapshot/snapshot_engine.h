@@ -151,6 +151,9 @@ struct DeltaRecord {
   DType grad_dtype = DType::kF32;
   size_t numel = 0;
   size_t elem_offset = 0;
+  // grad is memory the sink lent for it (SnapshotSink::LendDeltaBuffer): the sink keeps it,
+  // with no copy, and the engine never touches it again.
+  bool grad_in_lent_buffer = false;
 };
 
 // done(OK): durable, or taken over by a sink that persists from memory of its own and counts
@@ -166,6 +169,17 @@ class SnapshotSink {
   // Start persisting; call done exactly once when durable or failed. Must not block long.
   virtual void PersistFull(const HostSnapshot& snapshot, DoneFn done) = 0;
   virtual void PersistDelta(const DeltaRecord& record, DoneFn done) = 0;
+  // Host device only (the CPU back end, where "pinned" memory is plain memory): memory of
+  // `bytes` for the next update's gradient log record, which the engine copies the gradient
+  // into and PersistDelta then takes over (DeltaRecord::grad_in_lent_buffer), so the record's
+  // bytes are copied once, not twice. Null: none now (the engine uses its own log buffer and
+  // PersistDelta copies, or skips, as without lending). A lent buffer that never becomes a
+  // record goes back through ReturnDeltaBuffer.
+  virtual void* LendDeltaBuffer(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
+  virtual void ReturnDeltaBuffer(void* buffer) { (void)buffer; }
 };
 
 // What the engine records of one applied update (the trainer's own trainer::UpdateInfo is

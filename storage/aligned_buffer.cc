@@ -1,43 +1,22 @@
 #include "storage/aligned_buffer.h"
 
-#include <sys/mman.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <utility>
 
+#include "common/huge_map.h"
+
 namespace gradsnap {
 namespace storage {
-namespace {
-
-// A mapping of its own for a buffer of at least kHugePageBytes: `bytes` (a multiple of
-// kIoAlignment) starting on a 2 MiB boundary, its whole 2 MiB pages advised MADV_HUGEPAGE.
-// The trailing partial page is left to 4 KiB pages, so no memory is added.
-uint8_t* MapHuge(size_t bytes) {
-  const size_t span = bytes + kHugePageBytes;  // room to align the start
-  void* m = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) throw std::bad_alloc();  // out of memory is not recoverable here
-  const auto base = reinterpret_cast<uintptr_t>(m);
-  const uintptr_t start = AlignUp(base, kHugePageBytes);
-  if (start > base) ::munmap(m, start - base);
-  const uintptr_t end = start + bytes;
-  if (base + span > end) ::munmap(reinterpret_cast<void*>(end), base + span - end);
-  auto* p = reinterpret_cast<uint8_t*>(start);
-  // Only a hint: without transparent huge pages (or with them off) the buffer works the same
-  // on 4 KiB pages.
-  ::madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
-  return p;
-}
-
-}  // namespace
 
 AlignedBuffer::AlignedBuffer(size_t capacity) : capacity_(AlignUp(capacity == 0 ? 1 : capacity)) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   if (capacity_ >= kHugePageBytes) {
-    data_ = MapHuge(capacity_);
+    data_ = static_cast<uint8_t*>(MapHuge(capacity_));
+    if (data_ == nullptr) throw std::bad_alloc();  // out of memory is not recoverable here
     return;
   }
   data_ = static_cast<uint8_t*>(std::aligned_alloc(kIoAlignment, capacity_));
@@ -54,7 +33,7 @@ void AlignedBuffer::Prefault() {
 void AlignedBuffer::Release() {
   if (data_ == nullptr) return;
   if (capacity_ >= kHugePageBytes) {
-    ::munmap(data_, capacity_);
+    UnmapHuge(data_, capacity_);
   } else {
     std::free(data_);
   }

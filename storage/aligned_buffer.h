@@ -24,13 +24,14 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/huge_map.h"
 
 namespace gradsnap {
 namespace storage {
 
 constexpr size_t kIoAlignment = 4096;
 // A transparent huge page (x86-64, arm64 with 4 KiB base pages).
-constexpr size_t kHugePageBytes = 2 << 20;
+constexpr size_t kHugePageBytes = kHugePageSize;
 
 inline constexpr uint64_t AlignUp(uint64_t v, uint64_t a = kIoAlignment) {
   return (v + a - 1) / a * a;

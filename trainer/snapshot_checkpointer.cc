@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/logging.h"
@@ -26,6 +27,7 @@
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/sim_device.h"
 #include "gpu_snapshot/snapshot_engine.h"
+#include "storage/aligned_buffer.h"
 #include "trainer/full_shard.h"
 #include "trainer/grad_log_store.h"
 #include "trainer/persist_backlog.h"
@@ -62,7 +64,7 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     const uint64_t bytes = 3 * n * sizeof(float) + s.small_state.size();
     if (backlog_.TryReserve(bytes)) {
       std::shared_ptr<KeptBuffer> kept = Take(3 * n * sizeof(float));
-      float* const p = reinterpret_cast<float*>(kept->data.get());
+      float* const p = reinterpret_cast<float*>(kept->data());
       std::copy_n(s.state.params, n, p);
       std::copy_n(s.state.m, n, p + n);
       std::copy_n(s.state.v, n, p + 2 * n);
@@ -79,17 +81,56 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   void PersistDelta(const gpu_snapshot::DeltaRecord& r, DoneFn done) override {
     const size_t grad_bytes = r.numel * DTypeSize(r.grad_dtype);
     Job j{client::CheckpointKind::kDelta, r.step, r.base_step, nullptr, 0};
+    if (r.grad_in_lent_buffer) {
+      // The gradient is in memory lent for it (its bytes reserved then): kept as it is. The
+      // small state is a few KiB; reserved too, or kept beyond the budget when it does not fit.
+      std::shared_ptr<KeptBuffer> grad = Reclaim(r.grad);
+      j.bytes = grad_bytes + (backlog_.TryReserve(r.small_state.size()) ? r.small_state.size() : 0);
+      j.work = [this, grad, kept = r] { return SaveDeltaShard(*store_, job_, view_, kept); };
+      done(absl::OkStatus());
+      Enqueue(std::move(j));
+      return;
+    }
     const uint64_t bytes = grad_bytes + r.small_state.size();
     if (backlog_.TryReserve(bytes)) {
       std::shared_ptr<KeptBuffer> grad = Take(grad_bytes);
-      std::memcpy(grad->data.get(), r.grad, grad_bytes);
+      std::memcpy(grad->data(), r.grad, grad_bytes);
       gpu_snapshot::DeltaRecord kept = r;
-      kept.grad = grad->data.get();
+      kept.grad = grad->data();
       j.bytes = bytes;
       j.work = [this, grad, kept] { return SaveDeltaShard(*store_, job_, view_, kept); };
     }
     done(absl::OkStatus());  // the engine's log buffer is free again
     Enqueue(std::move(j));
+  }
+
+  // Makes a spare buffer of each size in `sizes` (as far as the budget holds them), faulted
+  // in now, before the first step: the first FULL and DELTA are copied at memcpy speed, not
+  // at the speed of page faults on the training cores.
+  void Preallocate(const std::vector<size_t>& sizes) {
+    absl::MutexLock lock(&spare_mu_);
+    for (size_t n : sizes) {
+      if (n == 0 || spare_bytes_ + n > backlog_.budget()) continue;
+      spare_.emplace_back(KeptBuffer::Fresh(n), n);
+      spare_bytes_ += n;
+    }
+  }
+
+  // A buffer for the next DELTA's gradient, its bytes reserved in the backlog (so a record
+  // that does not fit is skipped as without lending: PersistDelta finds no lent buffer).
+  void* LendDeltaBuffer(size_t bytes) override {
+    if (!backlog_.TryReserve(bytes)) return nullptr;
+    std::shared_ptr<KeptBuffer> b = Take(bytes);
+    void* data = b->data();
+    absl::MutexLock lock(&spare_mu_);
+    lent_.emplace(data, std::move(b));
+    return data;
+  }
+  void ReturnDeltaBuffer(void* buffer) override {
+    std::shared_ptr<KeptBuffer> b = Reclaim(buffer);
+    const size_t bytes = b->size;
+    b.reset();  // back to the spares while its bytes still count as used (~KeptBuffer)
+    backlog_.Release(bytes);
   }
 
   // Waits until every queued persist ran.
@@ -110,21 +151,28 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   // A kept copy's memory. When its record is persisted it goes back to the sink's spare
   // buffers, so the next record of its size is copied into pages already faulted in: a fresh
   // buffer costs a page fault and the zeroing of every page on the engine's worker, which runs
-  // on the training cores (on the project's VM about as much as the copy itself).
+  // on the training cores (on the project's VM about as much as the copy itself). Buffers are
+  // on huge pages (common/huge_map.h) and faulted in when made.
   struct KeptBuffer {
-    KeptBuffer(StoreSink* sink, size_t n, std::unique_ptr<char[]> spare)
+    KeptBuffer(StoreSink* sink, size_t n, std::unique_ptr<storage::AlignedBuffer> spare)
         : sink(sink), size(n),
-          data(spare != nullptr ? std::move(spare) : std::make_unique_for_overwrite<char[]>(n)) {}
-    ~KeptBuffer() { sink->Return(std::move(data), size); }
+          buf(spare != nullptr ? std::move(spare) : Fresh(n)) {}
+    ~KeptBuffer() { sink->Return(std::move(buf), size); }
+    char* data() { return reinterpret_cast<char*>(buf->data()); }
+    static std::unique_ptr<storage::AlignedBuffer> Fresh(size_t n) {
+      auto b = std::make_unique<storage::AlignedBuffer>(n);
+      b->Prefault();
+      return b;
+    }
     StoreSink* const sink;
     const size_t size;
-    std::unique_ptr<char[]> data;
+    std::unique_ptr<storage::AlignedBuffer> buf;
   };
   // A buffer of n bytes, a spare one when there is one of that size. Spare buffers are kept
   // only while they and the records held fit in the backlog's budget (Return), so the memory
   // stays within --ckpt-backlog-bytes; a new buffer drops spares of other sizes to make room.
   std::shared_ptr<KeptBuffer> Take(size_t n) {
-    std::unique_ptr<char[]> reuse;
+    std::unique_ptr<storage::AlignedBuffer> reuse;
     {
       absl::MutexLock lock(&spare_mu_);
       for (size_t i = 0; i < spare_.size(); ++i) {
@@ -144,7 +192,16 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     }
     return std::make_shared<KeptBuffer>(this, n, std::move(reuse));
   }
-  void Return(std::unique_ptr<char[]> data, size_t n) {
+  // The lent buffer at `data` (LendDeltaBuffer), no longer lent.
+  std::shared_ptr<KeptBuffer> Reclaim(const void* data) {
+    absl::MutexLock lock(&spare_mu_);
+    auto it = lent_.find(data);
+    GS_CHECK(it != lent_.end()) << "a DELTA buffer that was not lent";
+    std::shared_ptr<KeptBuffer> b = std::move(it->second);
+    lent_.erase(it);
+    return b;
+  }
+  void Return(std::unique_ptr<storage::AlignedBuffer> data, size_t n) {
     if (data == nullptr) return;
     absl::MutexLock lock(&spare_mu_);
     // Called before backlog_.Release of its record: the record's bytes still count as used.
@@ -160,8 +217,11 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   PersistGuard* const guard_;
   PersistBacklog backlog_;
   absl::Mutex spare_mu_;
-  std::vector<std::pair<std::unique_ptr<char[]>, size_t>> spare_ ABSL_GUARDED_BY(spare_mu_);
+  std::vector<std::pair<std::unique_ptr<storage::AlignedBuffer>, size_t>> spare_
+      ABSL_GUARDED_BY(spare_mu_);
   uint64_t spare_bytes_ ABSL_GUARDED_BY(spare_mu_) = 0;
+  // Buffers lent to the engine for a DELTA's gradient, by address, until the record comes.
+  absl::flat_hash_map<const void*, std::shared_ptr<KeptBuffer>> lent_ ABSL_GUARDED_BY(spare_mu_);
   OrderedWorker<Job> jobs_;  // last: its destructor runs the queued saves, which use the above
 };
 
@@ -204,6 +264,9 @@ class SnapshotCheckpointer : public Checkpointer {
                       << full_bytes << " bytes): every FULL checkpoint will be skipped";
     }
     sink_ = std::make_unique<StoreSink>(store_, o_.job, view_, guard_.get(), budget);
+    if (o_.mode != gpu_snapshot::SnapshotMode::kNone && o_.every > 0) {
+      sink_->Preallocate({full_bytes, o_.grad_log ? view_.count() * DTypeSize(GradDType()) : 0});
+    }
     gpu_snapshot::SnapshotEngineOptions eo;
     eo.mode = o_.mode;
     eo.grad_log = o_.grad_log;

@@ -80,6 +80,8 @@ client::ClientOptions StoreClientOptions(const TrainOptions& o) {
   co.etcd_password = o.etcd_password;
   co.min_replicas = o.min_replicas;
   co.local_dir = o.RemoteStore() ? "" : o.ckpt_dir;
+  // The first checkpoint's record buffers are faulted in before the first step, not in it.
+  co.prefault_writers = 1;
   co.token = o.token;
   co.replicas = o.replicas;
   co.cluster_replicas = o.cluster_replicas;

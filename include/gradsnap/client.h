@@ -76,6 +76,11 @@ struct ClientOptions {
   // Embedded mode: open the engine read-only (storage::EngineOptions::read_only); saves,
   // deletes and GC then fail with FAILED_PRECONDITION. Default: false.
   bool read_only = false;
+  // Embedded mode: shard writers whose record buffers the engine allocates and faults in when
+  // it opens (storage::EngineOptions::prefault_writers), so the first saves copy into mapped
+  // pages instead of faulting them in on the cores that train. gradsnap-train sets 1.
+  // Default: 0.
+  int prefault_writers = 0;
   // Bearer token for the job (gradsnap token JOB). Default: empty (server runs open).
   std::string token;
   // Remote mode, PEM files (gradsnap/tls.h): tls.ca_file, the CA of the servers' certificates,
