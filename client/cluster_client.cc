@@ -28,6 +28,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/backends.h"
 #include "client/remote_client.h"
 #include "client/save_util.h"
@@ -136,22 +139,34 @@ class ClusterClient final : public Client {
     return out;
   }
 
+  // The record, then each rank's manifest from one of its replicas, the ranks at once (a
+  // round trip each). A committed record is remembered for the reads that follow (Remember).
   absl::StatusOr<Manifest> Show(const std::string& job, int64_t step) override {
     ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
+    if (c.state == CheckpointState::kCommitted) Remember(c);
     Manifest m;
     m.info = Info(c);
-    for (const auto& [rank, replicas] : c.ranks) {
-      Manifest local;
-      const int32_t r = rank;
-      RETURN_IF_ERROR(OnReplica(replicas, [&](Client* node) -> absl::Status {
-        ASSIGN_OR_RETURN(local, node->Show(LocalJob(job, r), step));
+    std::vector<std::pair<int32_t, const RankReplicas*>> ranks;
+    for (const auto& [rank, replicas] : c.ranks) ranks.emplace_back(rank, &replicas);
+    std::vector<Manifest> local(ranks.size());
+    std::vector<absl::Status> status(ranks.size());
+    auto show = [&](size_t i) {
+      status[i] = OnReplica(*ranks[i].second, [&](Client* node) -> absl::Status {
+        ASSIGN_OR_RETURN(local[i], node->Show(LocalJob(job, ranks[i].first), step));
         return absl::OkStatus();
-      }));
-      for (ShardInfo& s : local.shards) {
-        s.rank = rank;
+      });
+    };
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < ranks.size(); ++i) threads.emplace_back(show, i);
+    if (!ranks.empty()) show(0);
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      RETURN_IF_ERROR(status[i]);
+      for (ShardInfo& s : local[i].shards) {
+        s.rank = ranks[i].first;
         m.shards.push_back(std::move(s));
       }
-      if (rank == 0) m.info.metadata = local.info.metadata;
+      if (ranks[i].first == 0) m.info.metadata = local[i].info.metadata;
     }
     return m;
   }
@@ -304,6 +319,7 @@ class ClusterClient final : public Client {
   absl::StatusOr<uint64_t> DeleteCopies(const std::string& job, int64_t step, uint64_t epoch) {
     ASSIGN_OR_RETURN(ClusterCheckpoint c, catalog_.Get(job, step));
     RETURN_IF_ERROR(catalog_.Delete(job, step, epoch));
+    Forget(job, step);
     uint64_t freed = 0;
     for (const auto& [rank, r] : c.ranks) {
       for (const std::string& id : r.nodes) {
@@ -375,7 +391,34 @@ class ClusterClient final : public Client {
     return c;
   }
 
+  // A committed record this client read within kRememberMs (Show): a restore describes each
+  // checkpoint, then reads its ranges, and each read would otherwise ask etcd for the record
+  // again (a quorum read). A remembered record can only be stale in ways a read survives: its
+  // data never changes once committed; repair may since have added copies (the read uses the
+  // ones it knew) or replaced a lost node (a node no longer live is passed over); a checkpoint
+  // deleted since reads back NOT_FOUND from its nodes, as it would from etcd.
+  static constexpr int64_t kRememberMs = 10000;
+  static constexpr size_t kRememberMax = 4096;
+  void Remember(const ClusterCheckpoint& c) {
+    absl::MutexLock lock(&mu_);
+    if (remembered_.size() >= kRememberMax) remembered_.clear();
+    remembered_[{c.job, c.step}] = {c, absl::Now()};
+  }
+  void Forget(const std::string& job, int64_t step) {
+    absl::MutexLock lock(&mu_);
+    remembered_.erase({job, step});
+  }
+
   absl::StatusOr<RankReplicas> Committed(const std::string& job, int64_t step, int32_t rank) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = remembered_.find({job, step});
+      if (it != remembered_.end() &&
+          absl::Now() - it->second.second < absl::Milliseconds(kRememberMs)) {
+        auto r = it->second.first.ranks.find(rank);
+        if (r != it->second.first.ranks.end()) return r->second;
+      }
+    }
     ASSIGN_OR_RETURN(ClusterCheckpoint c, CommittedRecord(job, step));
     auto it = c.ranks.find(rank);
     if (it == c.ranks.end()) {
@@ -528,6 +571,9 @@ class ClusterClient final : public Client {
   absl::Mutex mu_;
   std::map<std::string, LiveNode> live_ ABSL_GUARDED_BY(mu_);  // by node id
   std::map<std::pair<std::string, int64_t>, std::string> metadata_ ABSL_GUARDED_BY(mu_);
+  // Committed records read lately, and when (Remember).
+  std::map<std::pair<std::string, int64_t>, std::pair<ClusterCheckpoint, absl::Time>> remembered_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

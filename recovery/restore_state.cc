@@ -304,7 +304,11 @@ absl::StatusOr<RestoredRange> RestoreRange(StateSource& source, const RecoveryPo
   // batches of prefetch_deltas, each replayed once it is in.
   size_t chain = rp.delta_steps.size();
   if (o.max_deltas >= 0) chain = std::min<size_t>(chain, static_cast<size_t>(o.max_deltas));
-  const size_t batch = static_cast<size_t>(std::max(1, o.prefetch_deltas));
+  const size_t batch =
+      o.prefetch_deltas > 0
+          ? static_cast<size_t>(o.prefetch_deltas)
+          : std::clamp<size_t>(o.prefetch_bytes / std::max<uint64_t>(1, (hi - lo) * sizeof(float)),
+                               4, 64);
   std::vector<std::unique_ptr<DeltaPlan>> described;
   absl::StatusOr<CheckpointView> full = absl::UnknownError("not described");
   std::vector<absl::Status> described_status =

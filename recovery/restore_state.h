@@ -39,8 +39,11 @@ struct RestoreOptions {
   // 128 MiB in parallel, and the pieces of a slice are read concurrently. Default: 256 MiB
   uint64_t range_bytes = 256u << 20;
   // DELTA gradients fetched together (and with the FULL) before they are replayed; memory:
-  // that many gradient slices. Default: 4
-  int prefetch_deltas = 4;
+  // that many gradient slices. 0: as many as prefetch_bytes holds (f32 slices of [lo, hi)),
+  // at least 4 and at most 64, so a restore of a small state fetches a whole chain in one
+  // round of descriptions and one of reads instead of a round per 4 DELTAs. Default: 0
+  int prefetch_deltas = 0;
+  uint64_t prefetch_bytes = 256u << 20;
   // Replay at most this many DELTAs of the chain; -1 = all. Default: -1
   int max_deltas = -1;
 };

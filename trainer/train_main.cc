@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -381,14 +382,29 @@ int main(int argc, char** argv) {
     if (o.world_size > 1) {
       if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
     }
-    const absl::Status s = gradsnap::trainer::RunRank(o);
+    auto permanent = [](const absl::Status& s) {
+      return absl::IsInvalidArgument(s) || absl::IsNotFound(s) || absl::IsFailedPrecondition(s) ||
+             absl::IsUnimplemented(s) || absl::IsAlreadyExists(s) ||
+             absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s);
+    };
+    auto report = [&o](const absl::Status& s) {
+      std::fprintf(stderr, "gradsnap-train: rank %d: %s\n", o.rank, s.ToString().c_str());
+    };
+    // A failed attempt (a peer gone, a collective broken) is restarted whole by the launcher,
+    // which learns of it when the first rank exits: this rank exits at once, without tearing
+    // down its store client, checkpointer and collectives (tens to hundreds of milliseconds,
+    // more with a peer gone). Nothing is lost by it: what the attempt had not committed is
+    // rolled back by the next, as after a SIGKILL (docs/trainer.md, "Restarts").
+    const absl::Status s = gradsnap::trainer::RunRank(o, [&](const absl::Status& failed) {
+      if (permanent(failed)) return;
+      report(failed);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(1);
+    });
     if (s.ok()) return 0;
-    std::fprintf(stderr, "gradsnap-train: rank %d: %s\n", o.rank, s.ToString().c_str());
-    const bool permanent = absl::IsInvalidArgument(s) || absl::IsNotFound(s) ||
-                           absl::IsFailedPrecondition(s) || absl::IsUnimplemented(s) ||
-                           absl::IsAlreadyExists(s) || absl::IsUnauthenticated(s) ||
-                           absl::IsPermissionDenied(s);
-    return permanent ? kExitNoRestart : 1;
+    report(s);
+    return permanent(s) ? kExitNoRestart : 1;
   }
 
   gradsnap::trainer::LaunchOptions lo;

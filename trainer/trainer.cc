@@ -569,9 +569,12 @@ absl::Status RankRunner::RunSteps() {
 
 }  // namespace
 
-absl::Status RunRank(const TrainOptions& options) {
+absl::Status RunRank(const TrainOptions& options,
+                     const std::function<void(const absl::Status&)>& before_teardown) {
   RankRunner runner(options);
-  return runner.Run();
+  absl::Status s = runner.Run();
+  if (!s.ok() && before_teardown) before_teardown(s);
+  return s;
 }
 
 }  // namespace trainer

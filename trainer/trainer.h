@@ -13,6 +13,7 @@
 #define GRADSNAP_TRAINER_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -112,7 +113,11 @@ struct TrainOptions {
 
 // Runs this rank to completion. Errors: INVALID_ARGUMENT / NOT_FOUND / FAILED_PRECONDITION for
 // bad input or a mismatched checkpoint (not worth a restart), anything else for failures.
-absl::Status RunRank(const TrainOptions& options);
+// `before_teardown`, when given, is called with a failure while the rank's parts (store
+// client, checkpointer, collectives) still stand, before their orderly teardown; the rank's
+// main uses it to end a failed attempt at once (train_main.cc).
+absl::Status RunRank(const TrainOptions& options,
+                     const std::function<void(const absl::Status&)>& before_teardown = nullptr);
 
 // Rolls back the PENDING checkpoints of the job that a failed attempt left behind (a FULL or a
 // DELTA some ranks had saved when another died). The launcher calls it between attempts, while

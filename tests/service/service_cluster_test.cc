@@ -424,6 +424,29 @@ TEST(ClusterCli, ClusterFlagsAreCheckedAsUsage) {
 
 // A zombie of an older attempt, which began its checkpoint before the new attempt took its
 // epoch, uploads its shard to the nodes but can never commit it: nothing of it is listed.
+// A restore describes a checkpoint (Show), then reads its ranges: the reads go to the replicas
+// the record named without asking etcd for it again (one quorum read per range before), so
+// they go on while etcd has lost its quorum.
+TEST_F(ClusterE2E, ReadsAfterShowNeedNoEtcdRoundTrip) {
+  auto epoch = client_->AcquireEpoch("rj");
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  const TestShard a = SaveOneRank(client_.get(), "rj", 0, *epoch, 11);
+  auto shown = client_->Show("rj", 0);
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  etcd_.Kill(1);
+  etcd_.Kill(2);  // one member of three left: no quorum
+  std::string range(4096, '\0');
+  absl::Status read = client_->ReadShardRange("rj", 0, 0, 1000, range.size(), range.data());
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_EQ(range, a.Payload().substr(1000, range.size()));
+  auto whole = RestoreToString(client_.get(), "rj", 0, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(*whole == a.Payload());
+  // Quorum back, so the nodes' shutdown can revoke their leases.
+  ASSERT_TRUE(etcd_.Restart(1).ok());
+  ASSERT_TRUE(etcd_.Restart(2).ok());
+}
+
 TEST_F(ClusterE2E, ZombieAttemptIsFencedAcrossNodes) {
   auto old_epoch = client_->AcquireEpoch("zj");
   ASSERT_TRUE(old_epoch.ok());
