@@ -493,32 +493,58 @@ class ClusterClient final : public Client {
       GS_LOG(WARNING) << "cluster: " << order.size() << " live nodes: shards get " << want
                       << " copies, not " << options_.cluster_replicas;
     }
-    // `want` uploads at once; each one that fails takes the next node in order.
-    std::mutex mu;
+    // `want` uploads at once; each one that fails takes the next node in order. Once `need`
+    // copies are durable, the others get as long again as those took (at least
+    // kStragglerGraceMs) and are then cancelled (remote::Canceller): a node frozen or cut off
+    // holds no save until its RPC deadline, and the rank is staged with the copies it has
+    // (repair makes the others, docs/protocol.md "Repair").
+    absl::Mutex mu;
     size_t next = want;
+    size_t running = want;
     std::vector<std::pair<size_t, std::string>> held;  // (position in order, id)
     std::vector<std::string> errors;
+    remote::Canceller stragglers;
     auto worker = [&](size_t pos) {
+      const remote::CancelScope scope(&stragglers);
       for (;;) {
         absl::Status s = UploadTo(order[pos], spec, tensors);
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         if (s.ok()) {
           held.emplace_back(pos, order[pos]);
+          --running;
           return;
         }
         errors.push_back(absl::StrCat(order[pos], ": ", s.message()));
         // A fenced attempt stops at once: no other node would take it either.
-        if (absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) || next >= order.size()) {
+        if (absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) ||
+            next >= order.size() || stragglers.cancelled()) {
+          --running;
           return;
         }
         pos = next++;
       }
     };
+    const absl::Time start = absl::Now();
     std::vector<std::future<void>> uploads;
     for (size_t i = 0; i < want; ++i) {
       uploads.push_back(std::async(std::launch::async, worker, i));
     }
-    for (auto& u : uploads) u.get();
+    {
+      absl::MutexLock lock(&mu);
+      auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        return running == 0 || held.size() >= need;
+      };
+      mu.Await(absl::Condition(&enough));
+      if (running > 0) {
+        const absl::Duration grace =
+            std::max(absl::Now() - start, absl::Milliseconds(kStragglerGraceMs));
+        auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return running == 0; };
+        if (!mu.AwaitWithTimeout(absl::Condition(&all_done), grace)) {
+          stragglers.Cancel();
+        }
+      }
+    }
+    for (auto& u : uploads) u.get();  // a cancelled upload returns at once
     if (held.size() < need) {
       return absl::UnavailableError(absl::StrCat(
           "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": ", held.size(),
@@ -560,6 +586,9 @@ class ClusterClient final : public Client {
     }
     return absl::OkStatus();
   }
+
+  // The least time a save waits for its other copies once `need` are durable.
+  static constexpr int64_t kStragglerGraceMs = 100;
 
   const ClientOptions options_;
   std::unique_ptr<cluster::EtcdClient> etcd_;

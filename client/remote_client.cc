@@ -303,6 +303,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
   v1::QueryWriteStatusResponse status;
   {
     grpc::ClientContext ctx;
+    CallGuard guard(&ctx);
     PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
     RETURN_IF_ERROR(Annotate(proto::FromGrpc(node.stub()->QueryWriteStatus(&ctx, query, &status)),
                              node.endpoint));
@@ -325,6 +326,7 @@ absl::Status RemoteClient::UploadAttempt(Node& node, const ShardSpec& spec,
         node.endpoint, ": server holds ", offset, " bytes of a ", total, "-byte shard"));
   }
   grpc::ClientContext ctx;
+  CallGuard guard(&ctx);  // a straggling copy the cluster client gave up on (remote_rpc.h)
   // A server that hangs (stopped, wedged) must not hold an upload forever: the stream gets the
   // unary deadline plus the time the remaining bytes take at a floor of 8 MiB/s.
   const uint64_t stream_ms = (total - offset) / ((8u << 20) / 1000);

@@ -95,6 +95,7 @@ class RemoteClient final : public Client {
   absl::Status Unary(Node& node, Resp* resp, Call&& call) {
     return remote::WithRetry(options_, &node, [&]() -> absl::Status {
       grpc::ClientContext ctx;
+      remote::CallGuard guard(&ctx);
       remote::PrepareContext(&ctx, options_, options_.rpc_timeout_ms);
       resp->Clear();
       return Annotate(proto::FromGrpc(call(&ctx, resp)), node.endpoint);

@@ -17,11 +17,13 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client.h"
 #include "grpcpp/create_channel.h"
@@ -130,6 +132,70 @@ inline std::unique_ptr<Node> MakeNode(const std::string& endpoint,
   return std::make_unique<Node>(endpoint, creds, connections);
 }
 
+// Cancellation of the calls one thread makes (the cluster client's straggling upload of a
+// copy it no longer waits for): while a CancelScope naming a Canceller is active on a thread,
+// each call it starts (CallGuard) is registered there; Cancel() cancels those in flight
+// (grpc::ClientContext::TryCancel: the call ends with CANCELLED, which is never retried) and
+// makes the thread's later calls fail the same way at once, and its backoffs return at once.
+class Canceller {
+ public:
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* ctx : calls_) ctx->TryCancel();
+  }
+  bool cancelled() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  // The canceller of this thread's calls (null: none).
+  static Canceller*& Current() {
+    thread_local Canceller* current = nullptr;
+    return current;
+  }
+
+ private:
+  friend class CallGuard;
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+class CancelScope {
+ public:
+  explicit CancelScope(Canceller* c) : previous_(Canceller::Current()) { Canceller::Current() = c; }
+  ~CancelScope() { Canceller::Current() = previous_; }
+  CancelScope(const CancelScope&) = delete;
+  CancelScope& operator=(const CancelScope&) = delete;
+
+ private:
+  Canceller* const previous_;
+};
+
+// Registers a call's context with this thread's canceller, if any, for the call's lifetime
+// (declared after the context, so it goes first); a canceller that fired already cancels the
+// call before it starts.
+class CallGuard {
+ public:
+  explicit CallGuard(grpc::ClientContext* ctx) : c_(Canceller::Current()), ctx_(ctx) {
+    if (c_ == nullptr) return;
+    absl::MutexLock lock(&c_->mu_);
+    if (c_->cancelled_) ctx_->TryCancel();
+    c_->calls_.push_back(ctx_);
+  }
+  ~CallGuard() {
+    if (c_ == nullptr) return;
+    absl::MutexLock lock(&c_->mu_);
+    c_->calls_.erase(std::find(c_->calls_.begin(), c_->calls_.end(), ctx_));
+  }
+  CallGuard(const CallGuard&) = delete;
+  CallGuard& operator=(const CallGuard&) = delete;
+
+ private:
+  Canceller* const c_;
+  grpc::ClientContext* const ctx_;
+};
+
 // Fills a context: token metadata and, when deadline_ms > 0, a deadline.
 inline void PrepareContext(grpc::ClientContext* ctx, const ClientOptions& o, int deadline_ms) {
   if (!o.token.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", o.token));
@@ -161,6 +227,7 @@ inline bool IsRetryable(const absl::Status& s) {
 // Waits on o.clock (the real clock when null) before retry number `attempt` (1-based): 50 ms
 // doubling to 2 s, with +-25% jitter.
 inline void Backoff(const ClientOptions& o, int attempt) {
+  if (Canceller::Current() != nullptr && Canceller::Current()->cancelled()) return;
   double ms = std::min(2000.0, 50.0 * static_cast<double>(1 << std::min(attempt - 1, 10)));
   thread_local std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<double> jitter(0.75, 1.25);

@@ -3,6 +3,7 @@
 // mode"). Flag checks, etcd unreachable at start, registration under a lease, writes refused
 // while the lease is gone and taken again once it is back.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/client.h"
 #include "cluster/catalog.h"
 #include "cluster/etcd_client.h"
@@ -424,6 +427,42 @@ TEST(ClusterCli, ClusterFlagsAreCheckedAsUsage) {
 
 // A zombie of an older attempt, which began its checkpoint before the new attempt took its
 // epoch, uploads its shard to the nodes but can never commit it: nothing of it is listed.
+// A node frozen (SIGSTOP: its connections stay open, its lease still valid) while a save
+// places a copy on it: the save does not wait for that copy's RPC deadline (a minute here) once
+// W = 2 copies are durable; it cancels the straggler and stages the rank with the two it has,
+// and the checkpoint restores exactly.
+TEST_F(ClusterE2E, FrozenReplicaDoesNotHoldASaveOnceWCopiesAreDurable) {
+  client::ClientOptions o;
+  o.etcd = etcd_.Endpoints();
+  o.cluster_replicas = 3;
+  o.min_replicas = 2;
+  o.max_attempts = 3;
+  constexpr int kDeadlineMs = 60000;
+  o.rpc_timeout_ms = kDeadlineMs;
+  auto c = client::Client::ConnectRemote(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto epoch = (*c)->AcquireEpoch("fz");
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  const std::vector<int> order = Order("fz", 0);
+  const int frozen = order[2];  // the third copy's node
+  ASSERT_EQ(::kill(servers_[frozen]->pid(), SIGSTOP), 0);
+  const absl::Time start = absl::Now();
+  const TestShard shard = SaveOneRank(c->get(), "fz", 0, *epoch, 21);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(::kill(servers_[frozen]->pid(), SIGCONT), 0);
+  EXPECT_LT(took, absl::Milliseconds(kDeadlineMs)) << "the save waited for the frozen node";
+  auto etcd = EtcdOf(etcd_);
+  cluster::ClusterCatalog catalog(etcd.get());
+  auto record = catalog.Get("fz", 0);
+  ASSERT_TRUE(record.ok()) << record.status();
+  ASSERT_EQ(record->state, client::CheckpointState::kCommitted);
+  const std::vector<std::string>& nodes = record->ranks.at(0).nodes;
+  EXPECT_EQ(nodes, (std::vector<std::string>{ids_[order[0]], ids_[order[1]]}));
+  auto back = RestoreToString(c->get(), "fz", 0, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == shard.Payload());
+}
+
 // A restore describes a checkpoint (Show), then reads its ranges: the reads go to the replicas
 // the record named without asking etcd for it again (one quorum read per range before), so
 // they go on while etcd has lost its quorum.
