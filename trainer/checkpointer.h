@@ -150,6 +150,9 @@ class Checkpointer {
   virtual absl::Status Finish() = 0;
   // Any thread. Default: nothing to report.
   virtual CheckpointHealth Health() const { return CheckpointHealth(); }
+  // Writes what the run has to show so far (the --trace file) while the rest still stands: a
+  // failed attempt's rank calls it before it exits without tearing down (train_main.cc).
+  virtual absl::Status FlushDiagnostics() { return absl::OkStatus(); }
 };
 
 }  // namespace trainer

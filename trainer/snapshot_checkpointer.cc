@@ -118,9 +118,17 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
 
   // A buffer for the next DELTA's gradient, its bytes reserved in the backlog (so a record
   // that does not fit is skipped as without lending: PersistDelta finds no lent buffer).
+  // Called on the training thread, so only a spare buffer is lent (faulted in already): when
+  // none is free (the store behind), the record goes the copying way, whose fresh buffer is
+  // made on the engine's worker.
   void* LendDeltaBuffer(size_t bytes) override {
     if (!backlog_.TryReserve(bytes)) return nullptr;
-    std::shared_ptr<KeptBuffer> b = Take(bytes);
+    std::unique_ptr<storage::AlignedBuffer> spare = TakeSpare(bytes);
+    if (spare == nullptr) {
+      backlog_.Release(bytes);
+      return nullptr;
+    }
+    auto b = std::make_shared<KeptBuffer>(this, bytes, std::move(spare));
     void* data = b->data();
     absl::MutexLock lock(&spare_mu_);
     lent_.emplace(data, std::move(b));
@@ -171,18 +179,28 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
   // A buffer of n bytes, a spare one when there is one of that size. Spare buffers are kept
   // only while they and the records held fit in the backlog's budget (Return), so the memory
   // stays within --ckpt-backlog-bytes; a new buffer drops spares of other sizes to make room.
+  // A spare buffer of n bytes, or null.
+  std::unique_ptr<storage::AlignedBuffer> TakeSpare(size_t n) {
+    absl::MutexLock lock(&spare_mu_);
+    return TakeSpareLocked(n);
+  }
+  std::unique_ptr<storage::AlignedBuffer> TakeSpareLocked(size_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(spare_mu_) {
+    for (size_t i = 0; i < spare_.size(); ++i) {
+      if (spare_[i].second == n) {
+        std::unique_ptr<storage::AlignedBuffer> b = std::move(spare_[i].first);
+        spare_bytes_ -= n;
+        spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+        return b;
+      }
+    }
+    return nullptr;
+  }
   std::shared_ptr<KeptBuffer> Take(size_t n) {
     std::unique_ptr<storage::AlignedBuffer> reuse;
     {
       absl::MutexLock lock(&spare_mu_);
-      for (size_t i = 0; i < spare_.size(); ++i) {
-        if (spare_[i].second == n) {
-          reuse = std::move(spare_[i].first);
-          spare_bytes_ -= n;
-          spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
-          break;
-        }
-      }
+      reuse = TakeSpareLocked(n);
       // The caller reserved n in the backlog already: its used bytes include this buffer.
       while (reuse == nullptr && !spare_.empty() &&
              backlog_.usage().used + spare_bytes_ > backlog_.budget()) {
@@ -471,6 +489,7 @@ class TracingCheckpointer : public Checkpointer {
     return StepHook("ckpt end_step", "allgather", s, [&] { return inner_->EndStep(s, st); });
   }
   CheckpointHealth Health() const override { return inner_->Health(); }
+  absl::Status FlushDiagnostics() override { return trace_->Flush(); }
   absl::Status Finish() override {
     absl::Status s = Hook("ckpt finish", "", [&] { return inner_->Finish(); });
     absl::Status f = trace_->Flush();

@@ -162,6 +162,12 @@ class RankRunner {
  public:
   explicit RankRunner(const TrainOptions& o) : o_(o) {}
   absl::Status Run();
+  // The trace of a failed attempt, written before its rank exits without tearing down.
+  void FlushDiagnostics() {
+    if (ckpt_ == nullptr) return;
+    absl::Status s = ckpt_->FlushDiagnostics();
+    if (!s.ok()) GS_LOG(WARNING) << "trace: " << s;
+  }
 
  private:
   absl::Status RunSteps();
@@ -573,7 +579,10 @@ absl::Status RunRank(const TrainOptions& options,
                      const std::function<void(const absl::Status&)>& before_teardown) {
   RankRunner runner(options);
   absl::Status s = runner.Run();
-  if (!s.ok() && before_teardown) before_teardown(s);
+  if (!s.ok() && before_teardown) {
+    runner.FlushDiagnostics();
+    before_teardown(s);
+  }
   return s;
 }
 

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
@@ -461,6 +462,39 @@ TEST_F(TrainerFaultTest, FrozenRankOnTheSimDeviceMeetsTheCollectiveDeadline) {
   EXPECT_EQ(SummaryField(out, "params_sha256"), SummaryField(uninterrupted.out, "params_sha256"))
       << out;
   for (pid_t p : ranks) EXPECT_FALSE(Alive(p)) << p;
+}
+
+// A rank that fails with an error a restart can fix exits at once, without tearing down
+// (train_main.cc), but writes its --trace first: here the frozen peer's partner meets the
+// collective deadline with no restart left, and its trace is complete JSON with the steps it ran.
+TEST_F(TrainerFaultTest, FailedAttemptStillWritesItsTrace) {
+  const std::string store = StartServer();
+  const std::string trace = dir_ + "/failed.json";
+  ChildProcess job;
+  StartLauncher(&job,
+                kJob + store +
+                    " --device sim --max-restarts 0 --collective-timeout-s 2"
+                    " --test-freeze-at-step 6 --fail-rank 1 --trace " + trace,
+                dir_ + "/job.log");
+  const std::vector<pid_t> ranks = [&] {
+    WaitFor(60, [&] { return job.Output().find("stops itself at step 6") != std::string::npos; });
+    return Children(job.pid());
+  }();
+  const bool ended = WaitFor(120, [&] { return !job.running(); });
+  if (!ended) {
+    for (pid_t p : ranks) kill(p, SIGKILL);
+    job.Kill();
+  }
+  ASSERT_TRUE(ended) << job.Output();
+  const std::string out = job.Output();
+  EXPECT_NE(job.Wait(), 0) << out;
+  EXPECT_NE(out.find("gradsnap-train: rank 0: UNAVAILABLE: collective deadline"),
+            std::string::npos) << out;
+  const std::string json = ReadFileOrEmpty(trace);
+  EXPECT_TRUE(absl::StartsWith(json, "{\"displayTimeUnit\"")) << json.substr(0, 200);
+  EXPECT_TRUE(absl::EndsWith(json, "}}\n")) << json.substr(json.size() > 200 ? json.size() - 200 : 0);
+  EXPECT_NE(json.find("ckpt after_backward"), std::string::npos);
+  EXPECT_NE(json.find("forward+backward 5"), std::string::npos);
 }
 
 // A launch after one whose launcher was SIGKILLed (so nothing rolled its PENDING checkpoints
