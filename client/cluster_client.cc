@@ -156,9 +156,14 @@ class ClusterClient final : public Client {
         return absl::OkStatus();
       });
     };
+    // At most kShowThreads at once (a checkpoint of many ranks), this thread one of them.
+    std::atomic<size_t> next{0};
+    auto drain = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < ranks.size();) show(i);
+    };
     std::vector<std::thread> threads;
-    for (size_t i = 1; i < ranks.size(); ++i) threads.emplace_back(show, i);
-    if (!ranks.empty()) show(0);
+    for (size_t t = 1; t < std::min(ranks.size(), kShowThreads); ++t) threads.emplace_back(drain);
+    drain();
     for (std::thread& t : threads) t.join();
     for (size_t i = 0; i < ranks.size(); ++i) {
       RETURN_IF_ERROR(status[i]);
@@ -398,6 +403,7 @@ class ClusterClient final : public Client {
   // ones it knew) or replaced a lost node (a node no longer live is passed over); a checkpoint
   // deleted since reads back NOT_FOUND from its nodes, as it would from etcd.
   static constexpr int64_t kRememberMs = 10000;
+  static constexpr size_t kShowThreads = 16;
   static constexpr size_t kRememberMax = 4096;
   void Remember(const ClusterCheckpoint& c) {
     absl::MutexLock lock(&mu_);

@@ -254,23 +254,27 @@ absl::Status CheckDeltaHeaders(StateSource& source, int64_t full_step, DeltaPlan
   return absl::OkStatus();
 }
 
-// Describes DELTAs rp.delta_steps[next, next + count) at once, each on its own thread (each a
-// round trip to the store), while the caller's thread runs `meanwhile` (if any). Fills *plans
-// and returns each one's DescribeDelta status.
+constexpr size_t kDescribeThreads = 16;
+
+// Describes DELTAs rp.delta_steps[next, next + count) at once, on up to kDescribeThreads
+// threads (each a round trip to the store), while the caller's thread runs `meanwhile` (if
+// any). Fills *plans and returns each one's DescribeDelta status.
 std::vector<absl::Status> DescribeDeltas(StateSource& source, const RecoveryPoint& rp, size_t next,
                                          size_t count,
                                          std::vector<std::unique_ptr<DeltaPlan>>* plans,
                                          const std::function<void()>& meanwhile) {
   plans->clear();
   std::vector<absl::Status> status(count);
+  for (size_t k = 0; k < count; ++k) plans->push_back(std::make_unique<DeltaPlan>());
+  // At most kDescribeThreads descriptions at once (a batch may hold 64 DELTAs).
+  std::atomic<size_t> taken{0};
+  auto drain = [&] {
+    for (size_t k; (k = taken.fetch_add(1)) < count;) {
+      status[k] = DescribeDelta(source, rp.full_step, rp.delta_steps[next + k], (*plans)[k].get());
+    }
+  };
   std::vector<std::thread> threads;
-  for (size_t k = 0; k < count; ++k) {
-    plans->push_back(std::make_unique<DeltaPlan>());
-    DeltaPlan* d = plans->back().get();
-    threads.emplace_back([&source, &rp, &status, d, k, next] {
-      status[k] = DescribeDelta(source, rp.full_step, rp.delta_steps[next + k], d);
-    });
-  }
+  for (size_t t = 0; t < std::min(count, kDescribeThreads); ++t) threads.emplace_back(drain);
   if (meanwhile) meanwhile();
   for (std::thread& t : threads) t.join();
   return status;
