@@ -478,7 +478,7 @@ class ClusterClient final : public Client {
     ShardSpec s = spec;
     s.job = local_job;
     s.rank = 0;
-    absl::Status saved = node->SaveShard(s, tensors);
+    absl::Status saved = node->SaveShardOnThisThread(s, tensors);  // cancellable (SaveShardNow)
     if (!absl::IsAlreadyExists(saved)) return saved;
     // The node holds other content for this step: a copy of an older (fenced) attempt or of an
     // aborted one. While etcd's record is PENDING no committed checkpoint names it, so it is
@@ -487,7 +487,7 @@ class ClusterClient final : public Client {
     if (c.state != CheckpointState::kPending) return saved;
     RETURN_IF_ERROR(node->Delete(local_job, spec.step, spec.epoch));
     RETURN_IF_ERROR(node->BeginCheckpoint(local));
-    return node->SaveShard(s, tensors);
+    return node->SaveShardOnThisThread(s, tensors);
   }
 
   absl::Status SaveShardNow(const ShardSpec& spec, const std::vector<TensorRef>& tensors) {

@@ -199,14 +199,22 @@ absl::StatusOr<std::vector<std::string>> RemoteClient::PlacementKeys() {
   return keys_;
 }
 
+absl::Status RemoteClient::SaveShardOnThisThread(const ShardSpec& spec,
+                                                 const std::vector<TensorRef>& tensors) {
+  ASSIGN_OR_RETURN(ShardSpec resolved, ResolveShardSpec(spec, tensors));
+  return SaveShardNow(resolved, tensors);
+}
+
 absl::Status RemoteClient::SaveShardNow(const ShardSpec& spec,
                                         const std::vector<TensorRef>& tensors) {
   ASSIGN_OR_RETURN(std::vector<size_t> order, Placement(spec.job, spec.rank, /*write=*/true));
   std::vector<size_t> holders(order.begin(), order.begin() + replicas_);
   std::vector<std::future<absl::Status>> uploads;
+  Canceller* const canceller = Canceller::Current();  // the caller's, carried to the uploads
   for (size_t i : holders) {
     Node* node = nodes_[i].get();
-    uploads.push_back(std::async(std::launch::async, [this, node, &spec, &tensors] {
+    uploads.push_back(std::async(std::launch::async, [this, node, &spec, &tensors, canceller] {
+      const CancelScope scope(canceller);
       return UploadShard(*node, spec, tensors);
     }));
   }

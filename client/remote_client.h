@@ -88,6 +88,9 @@ class RemoteClient final : public Client {
   absl::Status HealthNotes(std::vector<std::string>* notes) override;
   // The placement keys (StaticPlacementKeys, backends.h), asking every node not known yet.
   absl::StatusOr<std::vector<std::string>> PlacementKeys();
+  // SaveShard on the calling thread, not on the save queue's: the cluster client's uploads,
+  // so that a CancelScope on that thread (remote_rpc.h) reaches every call of the upload.
+  absl::Status SaveShardOnThisThread(const ShardSpec& spec, const std::vector<TensorRef>& tensors);
 
  private:
   // One unary call with retries: call(ctx, resp) issues it.
