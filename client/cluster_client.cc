@@ -28,7 +28,6 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -49,6 +48,7 @@
 #include "common/gc_plan.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 
 namespace gradsnap {
 namespace client {
@@ -156,15 +156,7 @@ class ClusterClient final : public Client {
         return absl::OkStatus();
       });
     };
-    // At most kShowThreads at once (a checkpoint of many ranks), this thread one of them.
-    std::atomic<size_t> next{0};
-    auto drain = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < ranks.size();) show(i);
-    };
-    std::vector<std::thread> threads;
-    for (size_t t = 1; t < std::min(ranks.size(), kShowThreads); ++t) threads.emplace_back(drain);
-    drain();
-    for (std::thread& t : threads) t.join();
+    ForEachConcurrently(ranks.size(), kShowThreads, show);  // a checkpoint of many ranks
     for (size_t i = 0; i < ranks.size(); ++i) {
       RETURN_IF_ERROR(status[i]);
       for (ShardInfo& s : local[i].shards) {

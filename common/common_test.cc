@@ -503,3 +503,52 @@ TEST(ConfigFile, KeyValueLinesCommentsAndErrors) {
             "line 2: key 'a_b' given twice");
   EXPECT_TRUE(gradsnap::ParseConfigText("").ok());
 }
+
+#include <atomic>
+#include <mutex>
+#include <set>
+
+#include "common/thread_pool.h"
+
+// ForEachConcurrently runs every index once, never more than `threads` at a time, and the
+// caller's `meanwhile` while they run: here every call waits until `threads` are inside at
+// once (or the last ones are), so a helper that ran them one by one would never get there, and
+// one that ran more at once would count too many.
+TEST(ForEachConcurrently, EveryIndexOnceAtMostThreadsAtATime) {
+  constexpr size_t kN = 37, kThreads = 4;
+  std::mutex mu;
+  std::multiset<size_t> ran;
+  std::atomic<int> inside{0}, most{0}, entered{0};
+  bool meanwhile_ran = false;
+  gradsnap::ForEachConcurrently(
+      kN, kThreads,
+      [&](size_t i) {
+        const int now = ++inside;
+        for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+        }
+        const int mine = ++entered;
+        const int k = static_cast<int>(kThreads);
+        if (mine <= k) {
+          // The first kThreads calls meet: none leaves before all of them came in (a helper
+          // that ran them one by one gives up after 30 s and fails the count below). Then they
+          // stay 200 ms more, for a helper with a thread too many to start one more call.
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (entered.load() < k && std::chrono::steady_clock::now() < give_up) {
+            std::this_thread::yield();
+          }
+          const auto held = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+          while (entered.load() == k && std::chrono::steady_clock::now() < held) {
+            std::this_thread::yield();
+          }
+        }
+        --inside;
+        std::lock_guard<std::mutex> lock(mu);
+        ran.insert(i);
+      },
+      [&] { meanwhile_ran = true; });
+  EXPECT_TRUE(meanwhile_ran);
+  EXPECT_EQ(ran.size(), kN);
+  for (size_t i = 0; i < kN; ++i) EXPECT_EQ(ran.count(i), 1u) << i;
+  EXPECT_EQ(most.load(), static_cast<int>(kThreads));
+  gradsnap::ForEachConcurrently(0, kThreads, [&](size_t) { ADD_FAILURE(); });
+}

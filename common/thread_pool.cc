@@ -1,7 +1,10 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace gradsnap {
 
@@ -72,6 +75,18 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* p) { return *p == 0; }, &pending_));
+}
+
+void ForEachConcurrently(size_t n, size_t threads, const std::function<void(size_t)>& fn,
+                         const std::function<void()>& meanwhile) {
+  std::atomic<size_t> next{0};
+  auto drain = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> workers;
+  for (size_t t = 0; t < std::min(n, threads); ++t) workers.emplace_back(drain);
+  if (meanwhile) meanwhile();
+  for (std::thread& w : workers) w.join();
 }
 
 }  // namespace gradsnap

@@ -61,6 +61,13 @@ inline void ParallelFor(ThreadPool* pool, size_t n, const std::function<void(siz
   pool->ParallelFor(n, fn, min_n);
 }
 
+// Runs fn(i) for each i in [0, n), at most `threads` at a time: min(n, threads) threads of
+// its own each take the next index when done with one, while the caller runs `meanwhile` (if
+// any); returns when every fn(i) ran. For fan-outs of blocking calls (round trips to a store),
+// where one slow call must not hold a fixed range of others as ParallelFor's would.
+void ForEachConcurrently(size_t n, size_t threads, const std::function<void(size_t)>& fn,
+                         const std::function<void()>& meanwhile = nullptr);
+
 }  // namespace gradsnap
 
 #endif  // GRADSNAP_COMMON_THREAD_POOL_H_

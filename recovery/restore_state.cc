@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "gpu_snapshot/grad_log.h"
 #include "gpu_snapshot/host_replay.h"
 #include "recovery/state_text.h"
@@ -267,16 +268,13 @@ std::vector<absl::Status> DescribeDeltas(StateSource& source, const RecoveryPoin
   std::vector<absl::Status> status(count);
   for (size_t k = 0; k < count; ++k) plans->push_back(std::make_unique<DeltaPlan>());
   // At most kDescribeThreads descriptions at once (a batch may hold 64 DELTAs).
-  std::atomic<size_t> taken{0};
-  auto drain = [&] {
-    for (size_t k; (k = taken.fetch_add(1)) < count;) {
-      status[k] = DescribeDelta(source, rp.full_step, rp.delta_steps[next + k], (*plans)[k].get());
-    }
-  };
-  std::vector<std::thread> threads;
-  for (size_t t = 0; t < std::min(count, kDescribeThreads); ++t) threads.emplace_back(drain);
-  if (meanwhile) meanwhile();
-  for (std::thread& t : threads) t.join();
+  ForEachConcurrently(
+      count, kDescribeThreads,
+      [&](size_t k) {
+        status[k] =
+            DescribeDelta(source, rp.full_step, rp.delta_steps[next + k], (*plans)[k].get());
+      },
+      meanwhile);
   return status;
 }
 
