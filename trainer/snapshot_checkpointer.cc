@@ -80,27 +80,25 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
 
   void PersistDelta(const gpu_snapshot::DeltaRecord& r, DoneFn done) override {
     const size_t grad_bytes = r.numel * DTypeSize(r.grad_dtype);
+    const size_t small = r.small_state.size();
     Job j{client::CheckpointKind::kDelta, r.step, r.base_step, nullptr, 0};
+    std::shared_ptr<KeptBuffer> grad;
     if (r.grad_in_lent_buffer) {
       // The gradient is in memory lent for it (its bytes reserved then): kept as it is. The
       // small state is a few KiB; reserved too, or kept beyond the budget when it does not fit.
-      std::shared_ptr<KeptBuffer> grad = Reclaim(r.grad);
-      j.bytes = grad_bytes + (backlog_.TryReserve(r.small_state.size()) ? r.small_state.size() : 0);
-      j.work = [this, grad, kept = r] { return SaveDeltaShard(*store_, job_, view_, kept); };
-      done(absl::OkStatus());
-      Enqueue(std::move(j));
-      return;
-    }
-    const uint64_t bytes = grad_bytes + r.small_state.size();
-    if (backlog_.TryReserve(bytes)) {
-      std::shared_ptr<KeptBuffer> grad = Take(grad_bytes);
+      grad = Reclaim(r.grad);
+      j.bytes = grad_bytes + (backlog_.TryReserve(small) ? small : 0);
+    } else if (backlog_.TryReserve(grad_bytes + small)) {
+      grad = Take(grad_bytes);
       std::memcpy(grad->data(), r.grad, grad_bytes);
+      j.bytes = grad_bytes + small;
+    }
+    if (grad != nullptr) {
       gpu_snapshot::DeltaRecord kept = r;
       kept.grad = grad->data();
-      j.bytes = bytes;
       j.work = [this, grad, kept] { return SaveDeltaShard(*store_, job_, view_, kept); };
     }
-    done(absl::OkStatus());  // the engine's log buffer is free again
+    done(absl::OkStatus());  // the engine's log buffer is free again (a lent one never was its)
     Enqueue(std::move(j));
   }
 
@@ -176,9 +174,6 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     const size_t size;
     std::unique_ptr<storage::AlignedBuffer> buf;
   };
-  // A buffer of n bytes, a spare one when there is one of that size. Spare buffers are kept
-  // only while they and the records held fit in the backlog's budget (Return), so the memory
-  // stays within --ckpt-backlog-bytes; a new buffer drops spares of other sizes to make room.
   // A spare buffer of n bytes, or null.
   std::unique_ptr<storage::AlignedBuffer> TakeSpare(size_t n) {
     absl::MutexLock lock(&spare_mu_);
@@ -196,6 +191,9 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
     }
     return nullptr;
   }
+  // A buffer of n bytes, a spare one when there is one of that size. Spare buffers are kept
+  // only while they and the records held fit in the backlog's budget (Return), so the memory
+  // stays within --ckpt-backlog-bytes; a new buffer drops spares of other sizes to make room.
   std::shared_ptr<KeptBuffer> Take(size_t n) {
     std::unique_ptr<storage::AlignedBuffer> reuse;
     {

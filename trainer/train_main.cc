@@ -394,7 +394,7 @@ int main(int argc, char** argv) {
     // which learns of it when the first rank exits: this rank exits at once, without tearing
     // down its store client, checkpointer and collectives (tens to hundreds of milliseconds,
     // more with a peer gone). Nothing is lost by it: what the attempt had not committed is
-    // rolled back by the next, as after a SIGKILL (docs/trainer.md, "Restarts").
+    // rolled back by the next, as after a SIGKILL (docs/trainer.md, "Launcher and failures").
     const absl::Status s = gradsnap::trainer::RunRank(o, [&](const absl::Status& failed) {
       if (permanent(failed)) return;
       report(failed);
