@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -92,6 +93,50 @@ struct AttemptResult {
   int64_t failed_at_ms = -1;  // when the failed rank was reaped (Unix ms)
 };
 
+// Several nodes: the launcher that sees one of its ranks fail says so in the attempt's
+// rendezvous directory (kPeerFailedFile: "<node_rank> <failed_at_ms> <reason>"), and the other
+// launchers, which poll for it while their ranks run, stop theirs at once instead of waiting
+// until a collective of their own ranks breaks on the lost peer (up to a whole step later).
+constexpr char kPeerFailedFile[] = "failed";
+constexpr int kPeerPollMs = 5;
+
+// Says this node's failure in `attempt_dir`, once per attempt (the first node to fail wins;
+// link() makes the file appear whole, also on NFS). Best effort: without it the other nodes
+// still learn of the failure from their collectives.
+void SayNodeFailed(const std::string& attempt_dir, int node_rank, int64_t failed_at_ms,
+                   const std::string& reason) {
+  const std::string path = absl::StrCat(attempt_dir, "/", kPeerFailedFile);
+  const std::string tmp = absl::StrCat(path, ".", node_rank, ".", getpid());
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return;
+  std::fprintf(f, "%d %lld %s\n", node_rank, static_cast<long long>(failed_at_ms),
+               reason.c_str());
+  const bool written = std::fclose(f) == 0;
+  if (written) (void)::link(tmp.c_str(), path.c_str());  // EEXIST: another node said it first
+  std::remove(tmp.c_str());
+}
+
+// Whether another node said it failed in this attempt; fills the reason and its failure time.
+bool PeerNodeFailed(const std::string& attempt_dir, int node_rank, AttemptResult* result) {
+  const std::string path = absl::StrCat(attempt_dir, "/", kPeerFailedFile);
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return false;
+  char line[512] = {};
+  const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  int node = -1;
+  long long at_ms = -1;
+  int consumed = 0;
+  if (!read || std::sscanf(line, "%d %lld %n", &node, &at_ms, &consumed) < 2) return false;
+  if (node == node_rank) return false;  // this node's own (it fails by its own ranks)
+  std::string reason = line + consumed;
+  while (!reason.empty() && reason.back() == '\n') reason.pop_back();
+  result->ok = false;
+  result->failed_at_ms = at_ms > 0 ? std::min<int64_t>(at_ms, UnixMillis()) : UnixMillis();
+  result->reason = absl::StrCat("node ", node, " failed (", reason, ")");
+  return true;
+}
+
 // failed_at_ms: when the previous attempt's failure was seen (-1 for the first attempt).
 AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string& rdzv_dir,
                          int64_t failed_at_ms) {
@@ -128,7 +173,16 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
       return AttemptResult{false, true, true, "interrupted"};
     }
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
+    // One node: block until a rank exits. Several: also poll for another node's failure.
+    const pid_t pid = waitpid(-1, &status, o.nnodes > 1 ? WNOHANG : 0);
+    if (pid == 0) {
+      if (PeerNodeFailed(rdzv_dir, o.node_rank, &result)) {
+        if (StopAll(pids, SIGTERM)) result.no_restart = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPeerPollMs));
+      continue;
+    }
     if (pid < 0) {
       if (errno == EINTR && g_stop_signal != 0) {
         StopAll(pids, g_stop_signal);
@@ -149,6 +203,7 @@ AttemptResult RunAttempt(const LaunchOptions& o, int attempt, const std::string&
     result.no_restart = WIFEXITED(status) && WEXITSTATUS(status) == kExitNoRestart;
     result.reason =
         absl::StrCat("rank ", o.node_rank * o.nproc + rank, " ", Describe(status));
+    if (o.nnodes > 1) SayNodeFailed(rdzv_dir, o.node_rank, result.failed_at_ms, result.reason);
     if (StopAll(pids, SIGTERM)) result.no_restart = true;
     break;
   }

@@ -6,7 +6,9 @@
 //   --rank G --world_size W --attempt k --rdzv_dir RDZV/attempt-k (G = node_rank * nproc + i),
 //   and from attempt 1 on --resume latest (when checkpointing is on). When a child exits
 //   non-zero or by a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace
-//   period) and starts attempt k+1, up to max_restarts times. A child that exits with
+//   period) and starts attempt k+1, up to max_restarts times. With several nodes it also says
+//   so in RDZV/attempt-k/failed, and a launcher that finds another node's such file while its
+//   own ranks run stops them and starts attempt k+1 too (docs/trainer.md). A child that exits with
 //   kExitNoRestart (bad input, a mismatched checkpoint) ends the job at once: restarting cannot
 //   help.
 //

@@ -4,12 +4,15 @@
 // waitpid) ends the job with 128 + the signal: no new attempt is started.
 #include "trainer/launcher.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -89,6 +92,52 @@ TEST(Launcher, RanksGetOpenBlasThreadTimeoutUnlessTheUserSetsIt) {
   ::unsetenv("GRADSNAP_LAUNCHER_TEST");
 }
 
+// Two nodes of one rank each: two launchers, each in a child process of the test (a launcher
+// reaps any child, so neither may be the other's parent). Node 1's rank fails at once; node 0's
+// rank would run 60 s more in attempt 0 and then exit 0, ending the job with no restart. Node 0's
+// launcher must learn of node 1's failure from the rendezvous directory, stop its rank and
+// restart with node 1 (attempt 1: both ranks exit 0).
+TEST(Launcher, AnotherNodesFailureRestartsThisNodeAtOnce) {
+  ::setenv("GRADSNAP_LAUNCHER_TEST", "two-nodes", 1);
+  const std::string rdzv = ::testing::TempDir() + "/launcher-rdzv-" + std::to_string(getpid());
+  std::filesystem::remove_all(rdzv);
+  auto launch_node = [&](int node_rank) {
+    const pid_t pid = fork();
+    if (pid != 0) return pid;
+    LaunchOptions o;
+    o.nproc = 1;
+    o.nnodes = 2;
+    o.node_rank = node_rank;
+    o.rdzv = rdzv;
+    o.max_restarts = 1;
+    int restarts = 0;
+    o.before_restart = [&] { ++restarts; };
+    const int code = Launch(o);
+    // 0: finished after exactly one restart; else 1 + 10 * restarts + the exit status.
+    std::_Exit(code == 0 && restarts == 1 ? 0 : 1 + 10 * restarts + std::min(code, 9));
+  };
+  const pid_t node0 = launch_node(0);
+  const pid_t node1 = launch_node(1);
+  ASSERT_GT(node0, 0);
+  ASSERT_GT(node1, 0);
+  int status0 = 0, status1 = 0;
+  ASSERT_EQ(waitpid(node0, &status0, 0), node0);
+  ASSERT_EQ(waitpid(node1, &status1, 0), node1);
+  ASSERT_TRUE(WIFEXITED(status0) && WIFEXITED(status1));
+  EXPECT_EQ(WEXITSTATUS(status0), 0) << "node 0 (1 + 10 x restarts + exit status)";
+  EXPECT_EQ(WEXITSTATUS(status1), 0) << "node 1 (1 + 10 x restarts + exit status)";
+  std::string said;
+  if (FILE* f = std::fopen((rdzv + "/attempt-0/failed").c_str(), "r")) {
+    char line[256] = {};
+    if (std::fgets(line, sizeof(line), f) != nullptr) said = line;
+    std::fclose(f);
+  }
+  EXPECT_EQ(said.rfind("1 ", 0), 0u) << said;  // node 1 said it, with the failed rank
+  EXPECT_NE(said.find("rank 1 exited with status 1"), std::string::npos) << said;
+  std::filesystem::remove_all(rdzv);
+  ::unsetenv("GRADSNAP_LAUNCHER_TEST");
+}
+
 }  // namespace
 }  // namespace trainer
 }  // namespace gradsnap
@@ -102,6 +151,17 @@ int main(int argc, char** argv) {
       const char* got = std::getenv("OPENBLAS_THREAD_TIMEOUT");
       return want != nullptr && got != nullptr && std::strcmp(want, got) == 0 ? 0 : 1;
     }
+  }
+  if (mode != nullptr && std::strcmp(mode, "two-nodes") == 0) {
+    bool first_attempt = false, rank0 = false;
+    for (int i = 1; i < argc; ++i) {
+      first_attempt = first_attempt || std::strcmp(argv[i], "--attempt=0") == 0;
+      rank0 = rank0 || std::strcmp(argv[i], "--rank=0") == 0;
+    }
+    if (!first_attempt) return 0;
+    if (!rank0) return 1;  // node 1's rank fails at once
+    ::sleep(60);           // node 0's rank: stopped by its launcher, or ends attempt 0 cleanly
+    return 0;
   }
   const bool late = mode != nullptr && std::strcmp(mode, "late-no-restart") == 0;
   const char* ready = std::getenv("GRADSNAP_LAUNCHER_READY");
