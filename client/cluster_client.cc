@@ -103,7 +103,11 @@ class ClusterClient final : public Client {
   absl::Status BeginCheckpoint(const CheckpointSpec& spec) override {
     RETURN_IF_ERROR(catalog_.Begin(spec, options_.cluster_replicas));
     absl::MutexLock lock(&mu_);
-    metadata_[{spec.job, spec.step}] = spec.metadata;
+    // What this client's saves of the checkpoint need: rank 0's copies carry the metadata,
+    // and only a FULL's commit looks for DELTAs that wait for it (TryCommit). Bounded: the
+    // oldest steps go first.
+    if (begun_.size() >= kBegunMax) begun_.erase(begun_.begin());
+    begun_[{spec.job, spec.step}] = {spec.metadata, spec.kind};
     return absl::OkStatus();
   }
 
@@ -308,6 +312,7 @@ class ClusterClient final : public Client {
   struct LiveNode {
     std::string address;
     std::shared_ptr<remote::RemoteClient> client;  // made on first use
+    int64_t lease = 0;                              // its record's etcd lease
   };
 
   // Delete: the record, then each replica's copy; returns the payload bytes of the copies
@@ -336,6 +341,7 @@ class ClusterClient final : public Client {
     const std::string id = kv.key.substr(sizeof(cluster::kNodesPrefix) - 1);
     if (deleted) {
       live_.erase(id);
+      suspect_.erase(id);
       return;
     }
     auto rec = cluster::DecodeNodeRecord(kv);
@@ -343,6 +349,45 @@ class ClusterClient final : public Client {
     LiveNode& n = live_[id];
     if (n.address != rec->address) n.client.reset();  // moved: a new connection
     n.address = rec->address;
+    // Registered anew (a restart, a lease regained; not a refresh of its free space under the
+    // same lease): tried again at once.
+    if (n.lease != kv.lease) suspect_.erase(id);
+    n.lease = kv.lease;
+  }
+
+  // Suspicion (docs/protocol.md, "Placement"): a node whose copy failed or was cancelled as a
+  // straggler goes to the end of every placement order and replica list for a while (kSuspectMs,
+  // doubled on each failure in a row up to kSuspectMaxMs), so the saves that follow place on the
+  // next nodes instead of each waiting out the same dead or cut-off node (its retries, or the
+  // straggler grace) until etcd drops it when its lease expires. A copy it takes again, or its
+  // registering anew, ends the suspicion. Only the order changes: a suspected node is still
+  // used when too few others are live.
+  static constexpr int64_t kSuspectMs = 1000;
+  static constexpr int64_t kSuspectMaxMs = 16000;
+  struct Suspicion {
+    absl::Time until;
+    int failures = 0;
+  };
+  void Suspect(const std::string& id, const absl::Status& why) {
+    absl::MutexLock lock(&mu_);
+    Suspicion& sus = suspect_[id];
+    const int64_t ms = std::min(kSuspectMaxMs, kSuspectMs << std::min(sus.failures, 4));
+    sus.until = absl::Now() + absl::Milliseconds(ms);
+    ++sus.failures;
+    GS_LOG(INFO) << "cluster: node " << id << " suspected for " << ms << " ms: " << why.message();
+  }
+  void Trusted(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    suspect_.erase(id);
+  }
+  // `ids` with the nodes suspected now moved to the end, each part in its order.
+  void SuspectsLast(std::vector<std::string>* ids) {
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&mu_);
+    std::stable_partition(ids->begin(), ids->end(), [&](const std::string& id) {
+      auto it = suspect_.find(id);
+      return it == suspect_.end() || it->second.until <= now;
+    });
   }
 
   // The client of live node `id` (UNAVAILABLE when it is not live).
@@ -369,7 +414,9 @@ class ClusterClient final : public Client {
                          const std::function<bool()>& may_retry = nullptr) {
     absl::Status last = absl::UnavailableError(
         absl::StrCat("no live replica among nodes ", absl::StrJoin(r.nodes, ",")));
-    for (const std::string& id : r.nodes) {
+    std::vector<std::string> ids = r.nodes;
+    SuspectsLast(&ids);
+    for (const std::string& id : ids) {
       auto node = NodeClient(id);
       if (!node.ok()) continue;
       last = fn(node->get());
@@ -446,7 +493,9 @@ class ClusterClient final : public Client {
       absl::MutexLock lock(&mu_);
       for (const auto& [id, n] : live_) ids.push_back(id);
     }
-    return cluster::OrderNodeIds(ids, job, rank);
+    ids = cluster::OrderNodeIds(ids, job, rank);
+    SuspectsLast(&ids);
+    return ids;
   }
 
   // One copy on node `id`: the node's epoch raised to the attempt's, the one-rank local
@@ -463,8 +512,8 @@ class ClusterClient final : public Client {
     local.epoch = spec.epoch;
     if (spec.rank == 0) {
       absl::MutexLock lock(&mu_);
-      auto it = metadata_.find({spec.job, spec.step});
-      if (it != metadata_.end()) local.metadata = it->second;
+      auto it = begun_.find({spec.job, spec.step});
+      if (it != begun_.end()) local.metadata = it->second.metadata;
     }
     RETURN_IF_ERROR(node->BeginCheckpoint(local));
     ShardSpec s = spec;
@@ -506,6 +555,11 @@ class ClusterClient final : public Client {
       const remote::CancelScope scope(&stragglers);
       for (;;) {
         absl::Status s = UploadTo(order[pos], spec, tensors);
+        if (s.ok()) {
+          Trusted(order[pos]);
+        } else if (!absl::IsFailedPrecondition(s) && !absl::IsInvalidArgument(s)) {
+          Suspect(order[pos], s);  // not the attempt's own refusal (fenced, bad input)
+        }
         absl::MutexLock lock(&mu);
         if (s.ok()) {
           held.emplace_back(pos, order[pos]);
@@ -573,6 +627,16 @@ class ClusterClient final : public Client {
       return absl::OkStatus();
     }
     RETURN_IF_ERROR(s);
+    {
+      // A DELTA's commit has no DELTAs waiting for it, and listing the job's records (all of
+      // them, a long job's thousands) after every commit cost each checkpoint a read that grew
+      // with the job. A checkpoint this client did not begin is treated as a FULL.
+      absl::MutexLock lock(&mu_);
+      auto it = begun_.find({job, step});
+      if (it != begun_.end() && it->second.kind == storage::CheckpointKind::kDelta) {
+        return absl::OkStatus();
+      }
+    }
     auto pending = catalog_.List(job, /*include_pending=*/true);
     if (!pending.ok()) return absl::OkStatus();  // committed; DELTAs commit on their next save
     for (const ClusterCheckpoint& c : *pending) {
@@ -597,7 +661,13 @@ class ClusterClient final : public Client {
 
   absl::Mutex mu_;
   std::map<std::string, LiveNode> live_ ABSL_GUARDED_BY(mu_);  // by node id
-  std::map<std::pair<std::string, int64_t>, std::string> metadata_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Suspicion> suspect_ ABSL_GUARDED_BY(mu_);  // by node id (Suspect)
+  struct Begun {
+    std::string metadata;
+    storage::CheckpointKind kind;
+  };
+  static constexpr size_t kBegunMax = 4096;
+  std::map<std::pair<std::string, int64_t>, Begun> begun_ ABSL_GUARDED_BY(mu_);  // BeginCheckpoint
   // Committed records read lately, and when (Remember).
   std::map<std::pair<std::string, int64_t>, std::pair<ClusterCheckpoint, absl::Time>> remembered_
       ABSL_GUARDED_BY(mu_);
@@ -616,7 +686,11 @@ absl::StatusOr<cluster::EtcdOptions> EtcdOptionsFor(const ClientOptions& options
 
 absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options) {
   ASSIGN_OR_RETURN(cluster::EtcdOptions eo, EtcdOptionsFor(options));
-  eo.rpc_timeout_ms = std::clamp(options.rpc_timeout_ms, 1000, 5000);
+  // Per member. A follower that forwarded a request to a leader killed meanwhile holds it
+  // unanswered until etcd's own request timeout (5 s + 2 election timeouts) while a new leader
+  // is elected in about one (1 s by default): after 2 s the next member is asked, which is safe
+  // for every catalog transaction (docs/protocol.md, "Catalog and epochs").
+  eo.rpc_timeout_ms = std::clamp(options.rpc_timeout_ms, 1000, 2000);
   ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, cluster::EtcdClient::Create(eo));
   auto c = std::make_unique<ClusterClient>(options, std::move(etcd));
   RETURN_IF_ERROR(c->Start());

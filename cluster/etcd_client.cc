@@ -350,11 +350,12 @@ absl::StatusOr<EtcdClient::Lease> EtcdClient::GrantLease(int64_t ttl_s) {
   return Lease{resp.id(), resp.ttl()};
 }
 
-absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease) {
+absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease, int member_timeout_ms) {
   pb::LeaseKeepAliveRequest req;
   req.set_id(lease);
   pb::LeaseKeepAliveResponse resp;
   RETURN_IF_ERROR(OnAnyMember("lease keep-alive", [&](Member& m, grpc::ClientContext* ctx) {
+    if (member_timeout_ms > 0) SetDeadline(ctx, member_timeout_ms);
     // One request and its answer on a stream of their own (what `etcdctl lease keep-alive
     // --once` does).
     auto stream = m.lease->LeaseKeepAlive(ctx);

@@ -138,8 +138,9 @@ class EtcdClient {
   };
   absl::StatusOr<Lease> GrantLease(int64_t ttl_s);
   // One keep-alive: the lease's TTL from now as etcd answers it; <= 0 when the lease has
-  // expired or was revoked (its keys are gone).
-  absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease);
+  // expired or was revoked (its keys are gone). `member_timeout_ms` > 0: the deadline on each
+  // member instead of rpc_timeout_ms (a member waiting for a new leader is left sooner).
+  absl::StatusOr<int64_t> KeepAliveOnce(int64_t lease, int member_timeout_ms = 0);
   absl::Status RevokeLease(int64_t lease);
 
   // Watches every key starting with `prefix` from `start_revision` (0: from now). `on_events`

@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -430,7 +431,7 @@ TEST(ClusterCli, ClusterFlagsAreCheckedAsUsage) {
 // A node frozen (SIGSTOP: its connections stay open, its lease still valid) while a save
 // places a copy on it: the save does not wait for that copy's RPC deadline (a minute here) once
 // W = 2 copies are durable; it cancels the straggler and stages the rank with the two it has,
-// and the checkpoint restores exactly.
+// and the checkpoint restores exactly. The next save places on the other nodes (suspicion).
 TEST_F(ClusterE2E, FrozenReplicaDoesNotHoldASaveOnceWCopiesAreDurable) {
   client::ClientOptions o;
   o.etcd = etcd_.Endpoints();
@@ -449,6 +450,9 @@ TEST_F(ClusterE2E, FrozenReplicaDoesNotHoldASaveOnceWCopiesAreDurable) {
   const absl::Time start = absl::Now();
   const TestShard shard = SaveOneRank(c->get(), "fz", 0, *epoch, 21);
   const absl::Duration took = absl::Now() - start;
+  // The next save, the node still frozen: the client suspects it (its copy was cancelled), so
+  // the copies go to the next node in order instead, all three made.
+  const TestShard next = SaveOneRank(c->get(), "fz", 1, *epoch, 22);
   ASSERT_EQ(::kill(servers_[frozen]->pid(), SIGCONT), 0);
   EXPECT_LT(took, absl::Milliseconds(kDeadlineMs)) << "the save waited for the frozen node";
   auto etcd = EtcdOf(etcd_);
@@ -461,6 +465,17 @@ TEST_F(ClusterE2E, FrozenReplicaDoesNotHoldASaveOnceWCopiesAreDurable) {
   auto back = RestoreToString(c->get(), "fz", 0, 0);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == shard.Payload());
+  auto second = catalog.Get("fz", 1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->state, client::CheckpointState::kCommitted);
+  const std::vector<std::string>& placed = second->ranks.at(0).nodes;
+  EXPECT_EQ(std::count(placed.begin(), placed.end(), ids_[frozen]), 0)
+      << "the suspected node was placed on again: " << absl::StrJoin(placed, ",");
+  EXPECT_EQ(std::count(placed.begin(), placed.end(), ids_[order[3]]), 1)
+      << "the next node in order took no copy: " << absl::StrJoin(placed, ",");
+  back = RestoreToString(c->get(), "fz", 1, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == next.Payload());
 }
 
 // A restore describes a checkpoint (Show), then reads its ranges: the reads go to the replicas
