@@ -38,8 +38,8 @@ struct LaunchOptions {
   // Restarted attempts get --resume latest (false: they start over, e.g. --ckpt_mode none).
   // Default: true
   bool resume_on_restart = true;
-  // Called between a failed attempt and the next one, while no rank runs (e.g. to roll back
-  // the failed attempt's PENDING checkpoints). Default: none.
+  // Called between a failed attempt and the next one, while no rank runs. gradsnap-train sets
+  // none: the next attempt's rank 0 rolls back what the failed one left PENDING. Default: none.
   std::function<void()> before_restart;
   // The flags passed through to every rank.
   std::vector<std::string> rank_args;

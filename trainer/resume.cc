@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "recovery/recovery_point.h"
 #include "recovery/restore_state.h"
@@ -308,7 +309,9 @@ absl::StatusOr<ResumeOutcome> RestoreRankState(const TrainOptions& o, ShardStore
   std::vector<storage::CheckpointInfo> list;
   const bool funnel = store != nullptr && !o.RemoteStore() && o.world_size > 1;
   if (store != nullptr && o.resume.kind != ResumeKind::kNone) {
+    const Stopwatch listing;
     ASSIGN_OR_RETURN(list, store->ListCommitted(o.ckpt.job));  // collective
+    out.list_ms = listing.ElapsedMillis();
     source = NewRestoreSource(*store, o.ckpt.job);
   }
   const int64_t step = o.resume.kind == ResumeKind::kStep ? o.resume.step : -1;  // -1: latest

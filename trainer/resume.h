@@ -38,6 +38,7 @@ struct ResumeOutcome {
   int32_t saved_world_size = 0;     // ranks of the run that wrote it
   int64_t newest_step = -1;         // the newest recovery point before any fallback
   std::vector<std::string> damage;  // damaged records this rank saw (job, step, rank, tensor)
+  double list_ms = 0;  // this rank's listing of the job's checkpoints (rank 0's goes in the line)
   double fetch_ms = 0;
   double replay_ms = 0;
   std::string source;  // "job J" or "directory D"

@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
+#include "common/clock.h"
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
@@ -415,18 +416,11 @@ int main(int argc, char** argv) {
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   lo.resume_on_restart =
       o.ckpt.mode != gradsnap::gpu_snapshot::SnapshotMode::kNone || o.ckpt.grad_log;
-  if (lo.resume_on_restart && lo.node_rank == 0) {
-    lo.before_restart = [o] {
-      absl::StatusOr<int> n = gradsnap::trainer::AbandonPendingCheckpoints(o);
-      if (!n.ok()) {
-        std::fprintf(stderr, "gradsnap-train: rolling back pending checkpoints: %s\n",
-                     n.status().ToString().c_str());
-      } else if (*n > 0) {
-        std::printf("rolled back %d pending checkpoint(s) of the failed attempt\n", *n);
-        std::fflush(stdout);
-      }
-    };
-  }
+  // What a failed attempt left PENDING is rolled back by the next attempt's rank 0 once it has
+  // fenced the failed one off (RankRunner::TakeEpoch), not here: a rollback by the launcher
+  // came before that fence, so it was the weaker of the two, and it cost every restart a
+  // connection and a listing of the job's checkpoints (about 30 ms in chaos_drill) before the
+  // new attempt could start.
   if (int rc = Validate(o, lo.nproc, lo.nnodes, lo.node_rank); rc != 0) return rc;
   // A store that refuses this job for good (no or a wrong token, a bad directory) stops it here,
   // once, instead of in every rank of every attempt.

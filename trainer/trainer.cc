@@ -317,11 +317,6 @@ absl::Status CheckStoreAccess(const TrainOptions& o) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& o) {
-  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, ConnectStore(StoreClientOptions(o)));
-  return AbortPending(*c, o.ckpt.job, 0);
-}
-
 namespace {
 
 // A resumed run continues the checkpoint's optimization exactly: its schedule, clipping, AdamW
@@ -408,9 +403,10 @@ void RankRunner::PrintRecoveryTime() {
   const double total = static_cast<double>(now - o_.recovery_failed_at_ms);
   std::printf(
       "recovery failure_to_first_step_ms=%.0f detection_ms=%.0f process_start_ms=%.0f "
-      "fetch_ms=%.1f replay_ms=%.1f other_ms=%.1f\n",
-      total, detection, start, resume_.fetch_ms, resume_.replay_ms,
-      std::max(0.0, total - detection - start - resume_.fetch_ms - resume_.replay_ms));
+      "list_ms=%.1f fetch_ms=%.1f replay_ms=%.1f other_ms=%.1f\n",
+      total, detection, start, resume_.list_ms, resume_.fetch_ms, resume_.replay_ms,
+      std::max(0.0, total - detection - start - resume_.list_ms - resume_.fetch_ms -
+                        resume_.replay_ms));
   std::fflush(stdout);
 }
 

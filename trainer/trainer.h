@@ -119,11 +119,6 @@ struct TrainOptions {
 absl::Status RunRank(const TrainOptions& options,
                      const std::function<void(const absl::Status&)>& before_teardown = nullptr);
 
-// Rolls back the PENDING checkpoints of the job that a failed attempt left behind (a FULL or a
-// DELTA some ranks had saved when another died). The launcher calls it between attempts, while
-// no rank runs, so the restarted ranks can write those steps anew. Returns how many it removed.
-absl::StatusOr<int> AbandonPendingCheckpoints(const TrainOptions& options);
-
 // The launcher's check before it starts any rank: with checkpointing or resume on, opens the
 // store and lists the job. A permanent refusal (UNAUTHENTICATED, PERMISSION_DENIED,
 // INVALID_ARGUMENT) is returned; anything else (e.g. a server still starting) is left to the
