@@ -374,7 +374,9 @@ class ClusterClient final : public Client {
     const int64_t ms = std::min(kSuspectMaxMs, kSuspectMs << std::min(sus.failures, 4));
     sus.until = absl::Now() + absl::Milliseconds(ms);
     ++sus.failures;
-    GS_LOG(INFO) << "cluster: node " << id << " suspected for " << ms << " ms: " << why.message();
+    GS_LOG(INFO) << "cluster: node " << id << " suspected for " << ms << " ms: "
+                 << (absl::IsCancelled(why) ? "its copy was cancelled as a straggler"
+                                            : std::string(why.message()));
   }
   void Trusted(const std::string& id) {
     absl::MutexLock lock(&mu_);
@@ -383,11 +385,16 @@ class ClusterClient final : public Client {
   // `ids` with the nodes suspected now moved to the end, each part in its order.
   void SuspectsLast(std::vector<std::string>* ids) {
     const absl::Time now = absl::Now();
-    absl::MutexLock lock(&mu_);
-    std::stable_partition(ids->begin(), ids->end(), [&](const std::string& id) {
-      auto it = suspect_.find(id);
-      return it == suspect_.end() || it->second.until <= now;
-    });
+    std::set<std::string> suspected;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, sus] : suspect_) {
+        if (sus.until > now) suspected.insert(id);
+      }
+    }
+    if (suspected.empty()) return;
+    std::stable_partition(ids->begin(), ids->end(),
+                          [&](const std::string& id) { return suspected.count(id) == 0; });
   }
 
   // The client of live node `id` (UNAVAILABLE when it is not live).

@@ -265,7 +265,8 @@ absl::Status RankRunner::TakeEpoch() {
   // "Epochs"). Taking it fences out the job's running attempt, so it is taken only by a launch
   // that will write (checkpointing on) and only once rank 0's checks have not refused it
   // (CheckBeforeFencing): a refused launch, or one that only reads, leaves the running one be.
-  if (store_ == nullptr || o_.ckpt.mode == SnapshotMode::kNone) return absl::OkStatus();
+  const bool writes = o_.ckpt.mode != SnapshotMode::kNone || o_.ckpt.grad_log;
+  if (store_ == nullptr || !writes) return absl::OkStatus();
   double epoch = 0;
   absl::Status refused;
   if (o_.rank == 0) {
