@@ -27,14 +27,16 @@ void* MapHuge(size_t bytes, bool populate) {
   // Only a hint: the trailing partial 2 MiB page stays on 4 KiB pages (no memory is added).
   const size_t whole = len / kHugePageSize * kHugePageSize;
   if (whole > 0) (void)::madvise(p, whole, MADV_HUGEPAGE);
-  if (populate) {
-#ifdef MADV_POPULATE_WRITE
-    if (::madvise(p, len, MADV_POPULATE_WRITE) == 0) return p;
-#endif
-    volatile char* v = p;  // the stores must happen; their values are unused
-    for (size_t i = 0; i < len; i += kPage) v[i] = 0;
-  }
+  if (populate) FaultIn(p, len);
   return p;
+}
+
+void FaultIn(void* p, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  volatile char* v = static_cast<char*>(p);  // the stores must happen; their values are unused
+  for (size_t i = 0; i < bytes; i += kPage) v[i] = 0;
 }
 
 void UnmapHuge(void* p, size_t bytes) {

@@ -9,9 +9,8 @@
 //   record buffers (storage/aligned_buffer.h), the host device's staging buffers and the
 //   trainer's checkpoint backlog: buffers of many MiB that live for the whole job.
 //
-//   MapHuge(bytes, /*populate=*/true) also faults every page in now (MADV_POPULATE_WRITE, or a
-//   write per page where the kernel lacks it), so the first copy into the buffer runs at memcpy
-//   speed instead of paying its faults.
+//   MapHuge(bytes, /*populate=*/true) also faults every page in now (FaultIn), so the first
+//   copy into the buffer runs at memcpy speed instead of paying its faults.
 //
 // THREAD SAFETY
 //   Plain functions.
@@ -28,6 +27,10 @@ constexpr size_t kHugePageSize = 2u << 20;
 // the one given here.
 void* MapHuge(size_t bytes, bool populate = false);
 void UnmapHuge(void* p, size_t bytes);
+
+// Faults in every page of [p, p + bytes) (p page-aligned) now: MADV_POPULATE_WRITE, or where
+// the kernel lacks it a write per page (of 0, at the page's first byte).
+void FaultIn(void* p, size_t bytes);
 
 }  // namespace gradsnap
 

@@ -25,10 +25,7 @@ AlignedBuffer::AlignedBuffer(size_t capacity) : capacity_(AlignUp(capacity == 0 
 
 AlignedBuffer::~AlignedBuffer() { Release(); }
 
-void AlignedBuffer::Prefault() {
-  volatile uint8_t* p = data_;  // volatile: the stores must happen, their values are unused
-  for (size_t i = 0; i < capacity_; i += kIoAlignment) p[i] = 0;
-}
+void AlignedBuffer::Prefault() { FaultIn(data_, capacity_); }
 
 void AlignedBuffer::Release() {
   if (data_ == nullptr) return;

@@ -54,9 +54,9 @@ class AlignedBuffer {
   // Unique to this allocation in the process, never reused (0: no memory): what an io_uring
   // fixed-buffer table is keyed by, since a freed buffer's address may come back for another.
   uint64_t id() const { return id_; }
-  // Writes a zero into every page, so the kernel maps (and zeroes) them now instead of in the
-  // first copy into the buffer (copies into freshly faulted pages run at a fraction of memcpy
-  // speed). Cheap on a buffer whose pages are already mapped.
+  // Faults every page in (common/huge_map.h, FaultIn), so the kernel maps (and zeroes) them
+  // now instead of in the first copy into the buffer (copies into freshly faulted pages run at
+  // a fraction of memcpy speed). Cheap on a buffer whose pages are already mapped.
   void Prefault();
 
  private:
