@@ -90,6 +90,8 @@ struct CheckpointerOptions {
   int64_t every = 0;          // FULL checkpoint when step % every == 0; 0 = never. Default: 0
   bool grad_log = false;      // also stream per-step DELTA records (docs/gockpt.md). Default: false
   std::string job = "job";    // job name in the store. Default: "job"
+  // Whether the run writes checkpoints at all (FULLs, or the gradient log's DELTAs).
+  bool writes() const { return mode != gpu_snapshot::SnapshotMode::kNone || grad_log; }
   // gockpt (docs/gockpt.md): the window K in steps; 0 = from measured copy bandwidth and step
   // time (single rank) or min(4, every / 2) (several ranks, which must agree). Default: 0
   int gockpt_window = 0;

@@ -20,7 +20,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> MakeUntraced(const CheckpointerOpt
                                                            ShardStore* store,
                                                            gpu_snapshot::TraceWriter* trace) {
   const SnapshotMode mode = options.mode;
-  if (mode == SnapshotMode::kNone && !options.grad_log) return NewNoneCheckpointer();
+  if (!options.writes()) return NewNoneCheckpointer();
   if (store == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--ckpt_mode ", SnapshotModeName(mode), options.grad_log ? " --grad_log" : "",

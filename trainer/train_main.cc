@@ -414,8 +414,7 @@ int main(int argc, char** argv) {
   lo.node_rank = absl::GetFlag(FLAGS_node_rank);
   lo.rdzv = absl::GetFlag(FLAGS_rdzv);
   lo.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  lo.resume_on_restart =
-      o.ckpt.mode != gradsnap::gpu_snapshot::SnapshotMode::kNone || o.ckpt.grad_log;
+  lo.resume_on_restart = o.ckpt.writes();
   // What a failed attempt left PENDING is rolled back by the next attempt's rank 0 once it has
   // fenced the failed one off (RankRunner::TakeEpoch), not here: a rollback by the launcher
   // came before that fence, so it was the weaker of the two, and it cost every restart a

@@ -265,8 +265,7 @@ absl::Status RankRunner::TakeEpoch() {
   // "Epochs"). Taking it fences out the job's running attempt, so it is taken only by a launch
   // that will write (checkpointing on) and only once rank 0's checks have not refused it
   // (CheckBeforeFencing): a refused launch, or one that only reads, leaves the running one be.
-  const bool writes = o_.ckpt.mode != SnapshotMode::kNone || o_.ckpt.grad_log;
-  if (store_ == nullptr || !writes) return absl::OkStatus();
+  if (store_ == nullptr || !o_.ckpt.writes()) return absl::OkStatus();
   double epoch = 0;
   absl::Status refused;
   if (o_.rank == 0) {
@@ -307,8 +306,7 @@ absl::Status RankRunner::TakeEpoch() {
 }  // namespace
 
 absl::Status CheckStoreAccess(const TrainOptions& o) {
-  if (o.ckpt.mode == SnapshotMode::kNone && !o.ckpt.grad_log &&
-      o.resume.kind == ResumeKind::kNone) {
+  if (!o.ckpt.writes() && o.resume.kind == ResumeKind::kNone) {
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<client::Client>> c = ConnectStore(StoreClientOptions(o));
