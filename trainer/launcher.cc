@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 
@@ -116,8 +117,14 @@ void SayNodeFailed(const std::string& attempt_dir, int node_rank, int64_t failed
   std::remove(tmp.c_str());
 }
 
-// Whether another node said it failed in this attempt; fills the reason and its failure time.
-bool PeerNodeFailed(const std::string& attempt_dir, int node_rank, AttemptResult* result) {
+// The failure said in `attempt_dir` (kPeerFailedFile), if any: the node that said it, when (Unix
+// ms, at most now) and why.
+struct SaidFailure {
+  int node = -1;
+  int64_t at_ms = -1;
+  std::string reason;
+};
+bool ReadNodeFailed(const std::string& attempt_dir, SaidFailure* said) {
   const std::string path = absl::StrCat(attempt_dir, "/", kPeerFailedFile);
   FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) return false;
@@ -128,13 +135,89 @@ bool PeerNodeFailed(const std::string& attempt_dir, int node_rank, AttemptResult
   long long at_ms = -1;
   int consumed = 0;
   if (!read || std::sscanf(line, "%d %lld %n", &node, &at_ms, &consumed) < 2) return false;
-  if (node == node_rank) return false;  // this node's own (it fails by its own ranks)
-  std::string reason = line + consumed;
-  while (!reason.empty() && reason.back() == '\n') reason.pop_back();
-  result->ok = false;
-  result->failed_at_ms = at_ms > 0 ? std::min<int64_t>(at_ms, UnixMillis()) : UnixMillis();
-  result->reason = absl::StrCat("node ", node, " failed (", reason, ")");
+  said->node = node;
+  said->at_ms = at_ms > 0 ? std::min<int64_t>(at_ms, UnixMillis()) : UnixMillis();
+  said->reason = line + consumed;
+  while (!said->reason.empty() && said->reason.back() == '\n') said->reason.pop_back();
   return true;
+}
+
+// Whether another node said it failed in this attempt; fills the reason and its failure time.
+bool PeerNodeFailed(const std::string& attempt_dir, int node_rank, AttemptResult* result) {
+  SaidFailure said;
+  if (!ReadNodeFailed(attempt_dir, &said)) return false;
+  if (said.node == node_rank) return false;  // this node's own (it fails by its own ranks)
+  result->ok = false;
+  result->failed_at_ms = said.at_ms;
+  result->reason = absl::StrCat("node ", said.node, " failed (", said.reason, ")");
+  return true;
+}
+
+// Several nodes: each launcher marks the attempts it runs ranks in with RDZV/attempt-K/node-I
+// (its pid), before it starts them.
+std::string NodeMark(const std::string& attempt_dir, int node_rank) {
+  return absl::StrCat(attempt_dir, "/node-", node_rank);
+}
+
+void MarkNode(const std::string& attempt_dir, int node_rank) {
+  if (FILE* f = std::fopen(NodeMark(attempt_dir, node_rank).c_str(), "w")) {
+    std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+    std::fclose(f);
+  }
+}
+
+// The newest attempt-N directory of `rdzv`, or -1 when there is none.
+int NewestAttempt(const std::string& rdzv) {
+  int newest = -1;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(rdzv, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int n = -1;
+    if (name.rfind("attempt-", 0) == 0 && absl::SimpleAtoi(name.substr(8), &n) && n >= 0) {
+      newest = std::max(newest, n);
+    }
+  }
+  return newest;
+}
+
+// Where a launcher of several nodes starts: the job's newest attempt, unless this node ran
+// ranks in it already. A launcher that is itself restarted (SIGKILLed with its machine, then
+// started again by the machine's supervisor) finds its own mark in the attempt its killed
+// ranks were part of: that attempt has failed. It says so there (the other launchers, which
+// may still wait on their ranks' collectives, stop them at once) and starts the next attempt,
+// which the others start too. Without its mark the newest attempt is one the others started
+// without this node (or the job's first): it joins it.
+struct FirstAttempt {
+  int attempt = 0;
+  int64_t failed_at_ms = -1;  // the failure that ended the previous attempt (Unix ms)
+  std::string reason;         // and what it was
+};
+FirstAttempt JoinJob(const std::string& rdzv, int node_rank) {
+  FirstAttempt first;
+  const int newest = NewestAttempt(rdzv);
+  if (newest < 0) return first;
+  const std::string dir = absl::StrCat(rdzv, "/attempt-", newest);
+  std::error_code ec;
+  const bool ran_here = std::filesystem::exists(NodeMark(dir, node_rank), ec);
+  first.attempt = ran_here ? newest + 1 : newest;
+  if (ran_here) {
+    SayNodeFailed(dir, node_rank, UnixMillis(),
+                  absl::StrCat("the launcher of node ", node_rank, " restarted"));
+  }
+  if (first.attempt == 0) return first;  // the job's first attempt, another node started it
+  SaidFailure said;
+  const std::string failed_dir = absl::StrCat(rdzv, "/attempt-", first.attempt - 1);
+  if (ReadNodeFailed(failed_dir, &said)) {
+    first.failed_at_ms = said.at_ms;
+    first.reason = said.node == node_rank ? said.reason
+                                          : absl::StrCat("node ", said.node, " failed (",
+                                                         said.reason, ")");
+  } else {  // the others found the failure in their collectives, and said nothing
+    first.failed_at_ms = UnixMillis();
+    first.reason = absl::StrCat("attempt ", first.attempt - 1, " failed");
+  }
+  return first;
 }
 
 // failed_at_ms: when the previous attempt's failure was seen (-1 for the first attempt).
@@ -232,7 +315,26 @@ int Launch(const LaunchOptions& o) {
   }
   int exit_code = 1;
   int64_t failed_at_ms = -1;
-  for (int attempt = 0; attempt <= o.max_restarts; ++attempt) {
+  int first = 0;
+  if (o.nnodes > 1) {  // a launcher restarted while the job runs joins it
+    const FirstAttempt joined = JoinJob(rdzv, o.node_rank);
+    first = joined.attempt;
+    failed_at_ms = joined.failed_at_ms;
+    if (first > o.max_restarts) {
+      std::fprintf(stderr,
+                   "gradsnap-train: the job in %s already ran %d attempt(s) (--max-restarts "
+                   "%d): giving up\n",
+                   rdzv.c_str(), first, o.max_restarts);
+      return 1;
+    }
+    if (first > 0) {
+      std::printf("restart %d of %d: %s; this node joins attempt %d, resuming all ranks from the "
+                  "latest checkpoint\n",
+                  first, o.max_restarts, joined.reason.c_str(), first);
+      std::fflush(stdout);
+    }
+  }
+  for (int attempt = first; attempt <= o.max_restarts; ++attempt) {
     const std::string dir = absl::StrCat(rdzv, "/attempt-", attempt);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
@@ -248,6 +350,7 @@ int Launch(const LaunchOptions& o) {
       }
       break;
     }
+    if (o.nnodes > 1) MarkNode(dir, o.node_rank);
     const AttemptResult r = RunAttempt(o, attempt, dir, failed_at_ms);
     failed_at_ms = r.failed_at_ms;
     if (r.ok) {

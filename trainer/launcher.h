@@ -8,9 +8,12 @@
 //   non-zero or by a signal, the launcher stops the others (SIGTERM, then SIGKILL after a grace
 //   period) and starts attempt k+1, up to max_restarts times. With several nodes it also says
 //   so in RDZV/attempt-k/failed, and a launcher that finds another node's such file while its
-//   own ranks run stops them and starts attempt k+1 too (docs/trainer.md). A child that exits with
-//   kExitNoRestart (bad input, a mismatched checkpoint) ends the job at once: restarting cannot
-//   help.
+//   own ranks run stops them and starts attempt k+1 too (docs/trainer.md). Each launcher marks
+//   the attempts it runs ranks in (RDZV/attempt-k/node-I); a launcher of several nodes that is
+//   started again while the job runs joins it: at the newest attempt, or, when that holds its
+//   own mark (its killed ranks were in it), at the next one, after saying the newest failed.
+//   A child that exits with kExitNoRestart (bad input, a mismatched checkpoint) ends the job
+//   at once: restarting cannot help.
 //
 // THREAD SAFETY
 //   Launch runs on the main thread and installs SIGINT/SIGTERM handlers (forwarded to children).

@@ -138,6 +138,94 @@ TEST(Launcher, AnotherNodesFailureRestartsThisNodeAtOnce) {
   ::unsetenv("GRADSNAP_LAUNCHER_TEST");
 }
 
+
+// The launcher of node 1 is SIGKILLed with its rank (the machine died) and started again, as
+// the machine's supervisor would. The restarted launcher must join the running job, not start
+// it over in attempt 0:
+// - before node 0 noticed anything (its rank would run on in attempt 0 for 30 s): the new
+//   launcher finds its own mark in attempt 0, says that attempt failed, and starts attempt 1;
+//   node 0's launcher reads that and restarts into attempt 1 too;
+// - after node 0 noticed (its rank fails as a collective would when its peer dies) and moved
+//   on to attempt 1 alone: the new launcher joins attempt 1.
+// In attempts after the first the two ranks rendezvous (each waits up to 20 s for the other's
+// file in the attempt's directory) and exit 0.
+void KillAndRestartALauncher(bool peer_notices) {
+  ::setenv("GRADSNAP_LAUNCHER_TEST", "rejoin", 1);
+  if (peer_notices) ::setenv("GRADSNAP_LAUNCHER_WATCH", "1", 1);
+  const std::string rdzv =
+      ::testing::TempDir() + "/launcher-rejoin-" + std::to_string(getpid());
+  std::filesystem::remove_all(rdzv);
+  auto launch_node = [&](int node_rank) {
+    const pid_t pid = fork();
+    if (pid != 0) return pid;
+    LaunchOptions o;
+    o.nproc = 1;
+    o.nnodes = 2;
+    o.node_rank = node_rank;
+    o.rdzv = rdzv;
+    o.max_restarts = 2;
+    int restarts = 0;
+    o.before_restart = [&] { ++restarts; };
+    const int code = Launch(o);
+    std::_Exit(code == 0 ? restarts : 10 + std::min(code, 9));  // restarts, or 10 + status
+  };
+  const pid_t node0 = launch_node(0);
+  pid_t node1 = launch_node(1);
+  ASSERT_GT(node0, 0);
+  ASSERT_GT(node1, 0);
+  // Node 1's rank is up in attempt 0 (it wrote its pid): kill it and its launcher.
+  const std::string up1 = rdzv + "/attempt-0/up-1";
+  for (int i = 0; i < 2000 && ::access(up1.c_str(), F_OK) != 0; ++i) ::usleep(5000);
+  ASSERT_EQ(::access(up1.c_str(), F_OK), 0) << "node 1's rank never started";
+  ::usleep(20 * 1000);  // its pid is written (the file appears first)
+  int rank1 = 0;
+  if (FILE* f = std::fopen(up1.c_str(), "r")) {
+    if (std::fscanf(f, "%d", &rank1) != 1) rank1 = 0;
+    std::fclose(f);
+  }
+  ASSERT_GT(rank1, 0);
+  ::kill(node1, SIGKILL);
+  ::kill(rank1, SIGKILL);
+  int status1 = 0;
+  ASSERT_EQ(waitpid(node1, &status1, 0), node1);
+  if (peer_notices) {  // node 0 has moved on to attempt 1 without node 1
+    const std::string mark = rdzv + "/attempt-1/node-0";
+    for (int i = 0; i < 2000 && ::access(mark.c_str(), F_OK) != 0; ++i) ::usleep(5000);
+    ASSERT_EQ(::access(mark.c_str(), F_OK), 0) << "node 0 did not restart by itself";
+  }
+  node1 = launch_node(1);  // the supervisor starts node 1's launcher again
+  ASSERT_GT(node1, 0);
+  int status0 = 0;
+  ASSERT_EQ(waitpid(node0, &status0, 0), node0);
+  ASSERT_EQ(waitpid(node1, &status1, 0), node1);
+  ASSERT_TRUE(WIFEXITED(status0) && WIFEXITED(status1));
+  EXPECT_EQ(WEXITSTATUS(status0), 1) << "node 0: restarts, or 10 + its exit status";
+  EXPECT_EQ(WEXITSTATUS(status1), 0) << "node 1 joined: no restart of its own, or 10 + status";
+  EXPECT_EQ(::access((rdzv + "/attempt-1/node-1").c_str(), F_OK), 0) << "node 1 not in attempt 1";
+  EXPECT_NE(::access((rdzv + "/attempt-2").c_str(), F_OK), 0) << "an attempt was wasted";
+  std::string said;
+  if (FILE* f = std::fopen((rdzv + "/attempt-0/failed").c_str(), "r")) {
+    char line[256] = {};
+    if (std::fgets(line, sizeof(line), f) != nullptr) said = line;
+    std::fclose(f);
+  }
+  if (!peer_notices) {
+    EXPECT_NE(said.find("1 "), std::string::npos) << said;
+    EXPECT_NE(said.find("the launcher of node 1 restarted"), std::string::npos) << said;
+  } else {
+    EXPECT_EQ(said.rfind("0 ", 0), 0u) << said;  // node 0 found its rank failed
+  }
+  std::filesystem::remove_all(rdzv);
+  ::unsetenv("GRADSNAP_LAUNCHER_TEST");
+  ::unsetenv("GRADSNAP_LAUNCHER_WATCH");
+}
+
+TEST(Launcher, RestartedLauncherEndsTheAttemptItsRanksDiedIn) { KillAndRestartALauncher(false); }
+
+TEST(Launcher, RestartedLauncherJoinsTheAttemptTheOthersStarted) {
+  KillAndRestartALauncher(true);
+}
+
 }  // namespace
 }  // namespace trainer
 }  // namespace gradsnap
@@ -162,6 +250,41 @@ int main(int argc, char** argv) {
     if (!rank0) return 1;  // node 1's rank fails at once
     ::sleep(60);           // node 0's rank: stopped by its launcher, or ends attempt 0 cleanly
     return 0;
+  }
+  if (mode != nullptr && std::strcmp(mode, "rejoin") == 0) {
+    std::string dir;
+    int rank = -1;
+    bool first_attempt = false;
+    for (int i = 1; i < argc; ++i) {
+      if (std::strncmp(argv[i], "--rdzv_dir=", 11) == 0) dir = argv[i] + 11;
+      if (std::strncmp(argv[i], "--rank=", 7) == 0) rank = std::atoi(argv[i] + 7);
+      first_attempt = first_attempt || std::strcmp(argv[i], "--attempt=0") == 0;
+    }
+    if (dir.empty() || rank < 0) return 1;
+    if (FILE* f = std::fopen((dir + "/up-" + std::to_string(rank)).c_str(), "w")) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+    }
+    const std::string peer = dir + "/up-" + std::to_string(1 - rank);
+    if (first_attempt) {
+      if (rank == 1 || std::getenv("GRADSNAP_LAUNCHER_WATCH") == nullptr) {
+        ::sleep(30);  // killed, or stopped by the launcher (else the test fails)
+        return 0;
+      }
+      // Rank 0 watches its peer as a collective would: it fails once the peer is gone.
+      for (int i = 0; i < 6000; ++i) {
+        int pid = 0;
+        if (FILE* f = std::fopen(peer.c_str(), "r")) {
+          if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
+          std::fclose(f);
+        }
+        if (pid > 0 && ::kill(pid, 0) != 0) return 1;
+        ::usleep(5000);
+      }
+      return 0;
+    }
+    for (int i = 0; i < 4000 && ::access(peer.c_str(), F_OK) != 0; ++i) ::usleep(5000);
+    return ::access(peer.c_str(), F_OK) == 0 ? 0 : 1;
   }
   const bool late = mode != nullptr && std::strcmp(mode, "late-no-restart") == 0;
   const char* ready = std::getenv("GRADSNAP_LAUNCHER_READY");

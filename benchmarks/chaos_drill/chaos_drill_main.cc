@@ -9,9 +9,12 @@
 // gockpt FULLs every 10 steps and the gradient log's DELTA every step, --max_restarts). A
 // bounded, seeded schedule of faults, one at a time (the first five are the five kinds in a
 // seeded order, the rest drawn): SIGKILL a storage node (restarted later), cut a storage node's
-// link (restored later), SIGKILL an etcd member (restarted later), SIGKILL one random rank, and
-// SIGKILL every rank of one trainer node (the node's launcher restarts them, the other node's
-// ranks fail in their collectives and restart too; the job resumes from its recovery point).
+// link (restored later), SIGKILL an etcd member (restarted later), SIGKILL one random rank
+// (its launcher restarts the job), and SIGKILL one whole trainer node: its launcher and every
+// rank, as a machine that loses power (the drill then starts the launcher again, as the
+// machine's supervisor would, and it joins the running job: trainer/launcher.h; the other
+// node's ranks fail in their collectives and restart too; the job resumes from its recovery
+// point).
 // Between faults the cluster is whole for a while. Last, one storage node is lost for good
 // and replaced by an empty one (a new node id at its address), so that repair has work: the
 // drill then waits (at most --repair_wait_s) until every committed shard has R live copies.
@@ -246,8 +249,8 @@ class Drill {
   // One fault and its repair, the job stepping on meanwhile; false once the job ended.
   absl::StatusOr<bool> OneFault(Fault kind);
   absl::StatusOr<bool> StorageFault(Fault kind, int64_t hold_steps);
-  // SIGKILLs one rank (whole_node: every rank of one trainer node) and waits until the job
-  // printed its recovery line; false once the job ended.
+  // SIGKILLs one rank (whole_node: one trainer node's launcher and every rank, then starts the
+  // launcher again) and waits until the job printed its recovery line; false once it ended.
   absl::StatusOr<bool> TrainerFault(bool whole_node);
   // Storage node k lost for good (SIGKILL) and replaced by an empty node at its address.
   absl::Status ReplaceNode(int k);
@@ -272,6 +275,7 @@ class Drill {
   std::unique_ptr<t::EtcdCluster> etcd_;
   std::vector<std::unique_ptr<t::ServerProcess>> nodes_;
   std::vector<std::unique_ptr<t::ChildProcess>> trainers_;
+  std::vector<std::vector<std::string>> trainer_argv_;  // each trainer node's launcher command
   std::vector<std::pair<int64_t, int64_t>> windows_;  // the steps inside each storage fault
   // Each machine of the cluster lost (storage node killed, replaced or cut off, etcd member
   // killed): the number of step lines the job had printed when it went and when it was back.
@@ -340,8 +344,9 @@ absl::Status Drill::StartJob() {
     argv.push_back(absl::StrCat("--node-rank=", n));
     argv.push_back(absl::StrCat("--hostname=", Ip(90 + n)));
     auto job = std::make_unique<t::ChildProcess>();
+    trainer_argv_.push_back(trainer_ns_[n]->Wrap(argv));
     RETURN_IF_ERROR(
-        job->Start(trainer_ns_[n]->Wrap(argv), absl::StrCat(o_.dir, "/trainer", n, ".log")));
+        job->Start(trainer_argv_.back(), absl::StrCat(o_.dir, "/trainer", n, ".log")));
     trainers_.push_back(std::move(job));
   }
   return absl::OkStatus();
@@ -387,9 +392,14 @@ absl::StatusOr<bool> Drill::TrainerFault(bool whole_node) {
   r.line = seen;
   r.kill_ms = UnixMillis();
   for (pid_t pid : ranks) ::kill(pid, SIGKILL);
+  if (whole_node) {  // the machine: its launcher too, then its supervisor starts that again
+    const std::string log = trainers_[n]->log();
+    trainers_[n]->Kill();
+    RETURN_IF_ERROR(trainers_[n]->Start(trainer_argv_[n], log, /*append=*/true));
+  }
   std::fprintf(stderr, "step %lld: %s of trainer node %d SIGKILLed\n",
                static_cast<long long>(LastStep(Job())),
-               whole_node ? "every rank" : "one rank", n);
+               whole_node ? "the launcher and every rank" : "one rank", n);
   (whole_node ? trainer_node_kills_ : rank_kills_)++;
   // The job's first resumed step (bounded: the collective timeout and a restart).
   for (int i = 0; i < kStallSeconds * 100; ++i) {

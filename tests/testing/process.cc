@@ -96,9 +96,11 @@ ChildProcess::~ChildProcess() {
   if (pid_ > 0 && exit_code_ < 0) Kill();
 }
 
-absl::Status ChildProcess::Start(const std::vector<std::string>& argv, const std::string& log) {
+absl::Status ChildProcess::Start(const std::vector<std::string>& argv, const std::string& log,
+                                 bool append) {
   if (argv.empty()) return absl::InvalidArgumentError("ChildProcess::Start: empty argv");
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(log.c_str(),
+                        O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (fd < 0) return PosixError("open " + log, errno);
   pid_ = SpawnChild(argv, fd, fd);
   const int fork_errno = errno;

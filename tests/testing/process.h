@@ -48,8 +48,10 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
-  // Starts argv[0] (a path, or a name looked up in $PATH) with argv; `log` is truncated first.
-  absl::Status Start(const std::vector<std::string>& argv, const std::string& log);
+  // Starts argv[0] (a path, or a name looked up in $PATH) with argv; `log` is truncated first,
+  // or, with `append`, written on after what it holds (O_APPEND: a restarted process's log).
+  absl::Status Start(const std::vector<std::string>& argv, const std::string& log,
+                     bool append = false);
   // The exit code, or -1 while it still runs (reaps it once ended).
   int Poll();
   // Waits for the exit and returns its code.
