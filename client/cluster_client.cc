@@ -342,6 +342,7 @@ class ClusterClient final : public Client {
     if (deleted) {
       live_.erase(id);
       suspect_.erase(id);
+      ForgetRaised(id);
       return;
     }
     auto rec = cluster::DecodeNodeRecord(kv);
@@ -351,8 +352,18 @@ class ClusterClient final : public Client {
     n.address = rec->address;
     // Registered anew (a restart, a lease regained; not a refresh of its free space under the
     // same lease): tried again at once.
-    if (n.lease != kv.lease) suspect_.erase(id);
+    if (n.lease != kv.lease) {
+      suspect_.erase(id);
+      ForgetRaised(id);  // a restarted node may have lost its data: raise its epochs again
+    }
     n.lease = kv.lease;
+  }
+
+  void ForgetRaised(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = raised_.lower_bound({id, std::string()});
+         it != raised_.end() && it->first.first == id;) {
+      it = raised_.erase(it);
+    }
   }
 
   // Suspicion (docs/protocol.md, "Placement"): a node whose copy failed or was cancelled as a
@@ -505,13 +516,28 @@ class ClusterClient final : public Client {
     return ids;
   }
 
-  // One copy on node `id`: the node's epoch raised to the attempt's, the one-rank local
-  // checkpoint begun, the shard uploaded (resumed and idempotent as in remote mode).
+  // Whether this client raised node `id`'s epoch of `local_job` to `epoch` already (under the
+  // node's current lease): once per attempt and node is enough, since a node's epoch never
+  // goes down, and it saves every copy a round trip.
+  bool Raised(const std::string& id, const std::string& local_job, uint64_t epoch) {
+    absl::MutexLock lock(&mu_);
+    auto it = raised_.find({id, local_job});
+    return it != raised_.end() && it->second == epoch;
+  }
+
+  // One copy on node `id`: the node's epoch raised to the attempt's (once: Raised), the
+  // one-rank local checkpoint begun, the shard uploaded (resumed and idempotent as in remote
+  // mode).
   absl::Status UploadTo(const std::string& id, const ShardSpec& spec,
                         const std::vector<TensorRef>& tensors) {
     ASSIGN_OR_RETURN(std::shared_ptr<remote::RemoteClient> node, NodeClient(id));
     const std::string local_job = LocalJob(spec.job, spec.rank);
-    if (spec.epoch != 0) RETURN_IF_ERROR(node->RaiseEpoch(local_job, spec.epoch));
+    if (spec.epoch != 0 && !Raised(id, local_job, spec.epoch)) {
+      RETURN_IF_ERROR(node->RaiseEpoch(local_job, spec.epoch));
+      absl::MutexLock lock(&mu_);
+      if (raised_.size() >= kRaisedMax) raised_.clear();
+      raised_[{id, local_job}] = spec.epoch;
+    }
     CheckpointSpec local;
     local.job = local_job;
     local.step = spec.step;
@@ -675,6 +701,9 @@ class ClusterClient final : public Client {
   };
   static constexpr size_t kBegunMax = 4096;
   std::map<std::pair<std::string, int64_t>, Begun> begun_ ABSL_GUARDED_BY(mu_);  // BeginCheckpoint
+  // The epochs this client raised, by (node id, local job) (Raised); bounded.
+  static constexpr size_t kRaisedMax = 4096;
+  std::map<std::pair<std::string, std::string>, uint64_t> raised_ ABSL_GUARDED_BY(mu_);
   // Committed records read lately, and when (Remember).
   std::map<std::pair<std::string, int64_t>, std::pair<ClusterCheckpoint, absl::Time>> remembered_
       ABSL_GUARDED_BY(mu_);
