@@ -84,6 +84,10 @@ ABSL_FLAG(int, repair_wait_s, 300,
           "again. Default: 300");
 ABSL_FLAG(std::string, work_dir, "/tmp", "Parent of the drill's directory. Default: /tmp");
 ABSL_FLAG(bool, keep, false, "Keep the drill's directory (logs) at the end. Default: false");
+ABSL_FLAG(bool, fault_at_step_line, false,
+          "Start each fault as soon as the drill sees the step line it waited for, instead of "
+          "after a random pause of 0..--step_delay_ms (a random moment of the step's cycle, as a "
+          "real failure has). Default: false");
 ABSL_FLAG(bool, check, false, "Exit 1 unless the targets are met. Default: false");
 
 namespace gradsnap {
@@ -106,6 +110,7 @@ struct Options {
   int faults = 0;
   int nodes = 4;
   int step_delay_ms = 20;
+  bool fault_at_step_line = false;
   int fault_steps = 40;
   uint64_t seed = 1;
   std::string repair_after;
@@ -452,6 +457,11 @@ absl::StatusOr<bool> Drill::StorageFault(Fault kind, int64_t hold_steps) {
 }
 
 absl::StatusOr<bool> Drill::OneFault(Fault kind) {
+  // The drill sees a step line within 50 ms of its printing (WaitForStep polls) and would start
+  // the fault then: always in the first part of the step's cycle, which is when that step's
+  // DELTA commits. A machine fails at any moment of it, so the fault waits a random part of the
+  // cycle first (--fault_at_step_line: no pause, the old timing).
+  if (!o_.fault_at_step_line) t::SleepMs(Draw(0, o_.step_delay_ms));
   if (kind == kRankKill || kind == kTrainerNodeKill) {
     return TrainerFault(kind == kTrainerNodeKill);
   }
@@ -754,6 +764,7 @@ int main(int argc, char** argv) {
   if (o.faults == -1) o.faults = o.quick ? 5 : 16;
   o.nodes = absl::GetFlag(FLAGS_nodes);
   o.step_delay_ms = absl::GetFlag(FLAGS_step_delay_ms);
+  o.fault_at_step_line = absl::GetFlag(FLAGS_fault_at_step_line);
   o.fault_steps = absl::GetFlag(FLAGS_fault_steps);
   if (o.fault_steps == 0) o.fault_steps = o.quick ? 15 : 40;
   if (o.fault_steps < 1 || o.fault_steps > 100000) {
