@@ -102,6 +102,18 @@ std::string Name(const std::string& job, int64_t step) {
   return absl::StrCat("checkpoint job ", job, " step ", step);
 }
 
+// FAILED_PRECONDITION unless the job's epoch `current` is the caller's `epoch`.
+absl::Status EpochMismatch(const std::string& job, uint64_t epoch, uint64_t current) {
+  if (current != epoch) {
+    return absl::FailedPreconditionError(
+        current > epoch ? absl::StrCat("job ", job, ": epoch ", epoch, " superseded by attempt ",
+                                       current)
+                        : absl::StrCat("job ", job, ": epoch ", epoch,
+                                       " was never acquired (newest ", current, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string CheckpointRecordKey(const std::string& job, int64_t step) { return RecordKey(job, step); }
@@ -212,14 +224,7 @@ absl::StatusOr<uint64_t> ClusterCatalog::AcquireEpoch(const std::string& job) {
 absl::Status ClusterCatalog::CheckEpoch(const std::string& job, uint64_t epoch) {
   if (epoch == 0) return absl::OkStatus();
   ASSIGN_OR_RETURN(uint64_t current, CurrentEpoch(job));
-  if (current != epoch) {
-    return absl::FailedPreconditionError(
-        current > epoch ? absl::StrCat("job ", job, ": epoch ", epoch, " superseded by attempt ",
-                                       current)
-                        : absl::StrCat("job ", job, ": epoch ", epoch,
-                                       " was never acquired (newest ", current, ")"));
-  }
-  return absl::OkStatus();
+  return EpochMismatch(job, epoch, current);
 }
 
 absl::StatusOr<ClusterCheckpoint> ClusterCatalog::Get(const std::string& job, int64_t step) {
@@ -263,38 +268,73 @@ absl::Status ClusterCatalog::Begin(const storage::CheckpointSpec& spec, int32_t 
   c.epoch = spec.epoch;
   c.replicas = std::max(replicas, 0);
   c.created_unix_ms = UnixMillis();
-  pb::TxnRequest txn;
-  AddEpochCompare(&txn, spec.job, spec.epoch);
-  pb::Compare* absent = txn.add_compare();
-  absent->set_key(RecordKey(spec.job, spec.step));
-  absent->set_target(pb::Compare::VERSION);
-  absent->set_result(pb::Compare::EQUAL);
-  absent->set_version(0);
-  if (spec.kind == CheckpointKind::kDelta) {
-    auto base = Get(spec.job, spec.base_step);
-    if (!base.ok() && !absl::IsNotFound(base.status())) return base.status();
-    if (!base.ok() || base->kind != CheckpointKind::kFull) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "DELTA step ", spec.step, " of job ", spec.job, " needs a FULL checkpoint at step ",
-          spec.base_step));
+  const std::pair<std::string, int64_t> base_key{spec.job, spec.base_step};
+  // One transaction, with what a failure needs to tell why read in its failure branch: every
+  // rank of a checkpoint begins it, and all but the first find it begun. A DELTA's FULL is
+  // compared at the revision this catalog saw it at (bases_), read first only when unknown.
+  for (int tries = 0; tries < 2; ++tries) {
+    pb::TxnRequest txn;
+    AddEpochCompare(&txn, spec.job, spec.epoch);
+    pb::Compare* absent = txn.add_compare();
+    absent->set_key(RecordKey(spec.job, spec.step));
+    absent->set_target(pb::Compare::VERSION);
+    absent->set_result(pb::Compare::EQUAL);
+    absent->set_version(0);
+    bool remembered = false;
+    if (spec.kind == CheckpointKind::kDelta) {
+      int64_t base_revision = 0;
+      {
+        absl::MutexLock lock(&bases_mu_);
+        auto it = bases_.find(base_key);
+        if (it != bases_.end()) base_revision = it->second, remembered = true;
+      }
+      if (!remembered) {
+        auto base = Get(spec.job, spec.base_step);
+        if (!base.ok() && !absl::IsNotFound(base.status())) return base.status();
+        if (!base.ok() || base->kind != CheckpointKind::kFull) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "DELTA step ", spec.step, " of job ", spec.job,
+              " needs a FULL checkpoint at step ", spec.base_step));
+        }
+        base_revision = base->mod_revision;
+        absl::MutexLock lock(&bases_mu_);
+        if (bases_.size() >= kBasesMax) bases_.erase(bases_.begin());
+        bases_[base_key] = base_revision;
+      }
+      AddModCompare(&txn, RecordKey(spec.job, spec.base_step), base_revision);
     }
-    AddModCompare(&txn, RecordKey(spec.job, spec.base_step), base->mod_revision);
-  }
-  AddPut(&txn, RecordKey(spec.job, spec.step), EncodeCheckpointRecord(c));
-  ASSIGN_OR_RETURN(pb::TxnResponse resp, etcd_->Txn(txn));
-  if (resp.succeeded()) return absl::OkStatus();
-  // Why not: fenced, begun already (the same spec is fine), or the base changed meanwhile.
-  RETURN_IF_ERROR(CheckEpoch(spec.job, spec.epoch));
-  auto existing = Get(spec.job, spec.step);
-  if (existing.ok()) {
-    if (existing->kind != c.kind || existing->base_step != c.base_step ||
-        existing->world_size != c.world_size) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(Name(spec.job, spec.step), " exists with another spec"));
+    AddPut(&txn, RecordKey(spec.job, spec.step), EncodeCheckpointRecord(c));
+    txn.add_failure()->mutable_request_range()->set_key(EpochKey(spec.job));
+    txn.add_failure()->mutable_request_range()->set_key(RecordKey(spec.job, spec.step));
+    ASSIGN_OR_RETURN(pb::TxnResponse resp, etcd_->Txn(txn));
+    if (resp.succeeded()) return absl::OkStatus();
+    // Why not: fenced, begun already (the same spec is fine), or the base changed meanwhile.
+    if (resp.responses_size() != 2) return absl::InternalError("etcd: short begin transaction");
+    if (spec.epoch != 0) {
+      const pb::RangeResponse& e = resp.responses(0).response_range();
+      uint64_t current = 0;
+      if (e.kvs_size() > 0 && !absl::SimpleAtoi(e.kvs(0).value(), &current)) {
+        return absl::DataLossError(absl::StrCat("job ", spec.job, ": malformed epoch in etcd"));
+      }
+      RETURN_IF_ERROR(EpochMismatch(spec.job, spec.epoch, current));
     }
-    return absl::OkStatus();
+    const pb::RangeResponse& r = resp.responses(1).response_range();
+    if (r.kvs_size() > 0) {
+      ASSIGN_OR_RETURN(ClusterCheckpoint existing,
+                       DecodeCheckpointRecord(spec.job, spec.step, r.kvs(0).value()));
+      if (existing.kind != c.kind || existing.base_step != c.base_step ||
+          existing.world_size != c.world_size) {
+        return absl::AlreadyExistsError(
+            absl::StrCat(Name(spec.job, spec.step), " exists with another spec"));
+      }
+      return absl::OkStatus();
+    }
+    {  // the FULL changed since it was read (repaired, deleted): read it again, once
+      absl::MutexLock lock(&bases_mu_);
+      bases_.erase(base_key);
+    }
+    if (!remembered) break;
   }
-  if (!absl::IsNotFound(existing.status())) return existing.status();
   return absl::AbortedError(absl::StrCat(Name(spec.job, spec.step),
                                          ": its FULL changed while it began; try again"));
 }

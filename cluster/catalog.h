@@ -30,8 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "cluster/etcd_client.h"
 #include "common/local_job.h"
 #include "gradsnap/types.h"
@@ -139,6 +141,13 @@ class ClusterCatalog {
 
   EtcdClient* const etcd_;
   const std::string writer_id_;
+  // Begin's memory of the FULL records that DELTAs were begun on: (job, step) -> the record's
+  // mod revision when it was read and found a FULL. A DELTA's Begin compares it in its
+  // transaction instead of reading the FULL first; a record changed since (repaired, deleted)
+  // fails that compare, and Begin reads it again. Bounded (kBasesMax, oldest steps dropped).
+  static constexpr size_t kBasesMax = 1024;
+  absl::Mutex bases_mu_;
+  std::map<std::pair<std::string, int64_t>, int64_t> bases_ ABSL_GUARDED_BY(bases_mu_);
 };
 
 }  // namespace cluster

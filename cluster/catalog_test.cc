@@ -165,6 +165,41 @@ TEST_F(CatalogTest, DeltaCommitsOnlyWithItsFullCommitted) {
   EXPECT_EQ(catalog_->Delete("d", 10, *e).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Begin is one transaction that compares a DELTA's FULL at the revision this catalog last saw
+// it at: a FULL rewritten since (repair sets its replicas) is read again and the DELTA begins;
+// a FULL deleted since fails the DELTA as before. A rank that finds the checkpoint begun by
+// another rank (another catalog) succeeds, one with another spec or a fenced epoch does not.
+TEST_F(CatalogTest, DeltaBeginFollowsItsFullAsItIsNow) {
+  auto e = catalog_->AcquireEpoch("b");
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(catalog_->Begin(Spec("b", 10, 1, *e)).ok());
+  ASSERT_TRUE(catalog_->StageRank("b", 10, 0, *e, Copies(9, "full")).ok());
+  ASSERT_TRUE(catalog_->Commit("b", 10, *e).ok());
+  ASSERT_TRUE(catalog_->Begin(Spec("b", 11, 1, *e, 10)).ok());  // reads FULL 10, remembers it
+  auto full = catalog_->Get("b", 10);
+  ASSERT_TRUE(full.ok());
+  ASSERT_TRUE(catalog_->SetReplicas(*full, 0, {"00000000000000c3"}, nullptr).ok());
+  absl::Status s = catalog_->Begin(Spec("b", 12, 1, *e, 10));
+  EXPECT_TRUE(s.ok()) << s;  // the remembered revision is stale: read again
+  ClusterCatalog other(client_.get());
+  ASSERT_TRUE(other.Begin(Spec("b", 13, 1, *e, 10)).ok());
+  s = catalog_->Begin(Spec("b", 13, 1, *e, 10));
+  EXPECT_TRUE(s.ok()) << s;  // begun by another rank: the same spec
+  EXPECT_EQ(catalog_->Begin(Spec("b", 13, 2, *e, 10)).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(client_->Delete(CheckpointRecordKey("b", 10)).ok());
+  s = catalog_->Begin(Spec("b", 14, 1, *e, 10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("needs a FULL checkpoint at step 10"), std::string::npos) << s;
+  auto newer = catalog_->AcquireEpoch("b");
+  ASSERT_TRUE(newer.ok());
+  s = catalog_->Begin(Spec("b", 20, 1, *e));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("superseded by attempt"), std::string::npos) << s;
+  auto pending = catalog_->List("b", /*include_pending=*/true);
+  ASSERT_TRUE(pending.ok());
+  for (const ClusterCheckpoint& c : *pending) EXPECT_NE(c.step, 14) << "a DELTA without its FULL";
+}
+
 // A 3-member etcd: one member killed changes nothing; with the quorum lost every write fails
 // UNAVAILABLE and nothing incomplete is ever listed; with the quorum back the commit goes
 // through.
