@@ -720,13 +720,22 @@ absl::StatusOr<cluster::EtcdOptions> EtcdOptionsFor(const ClientOptions& options
   return eo;
 }
 
+// The first deadline of an etcd call on one member (NewClusterClient).
+constexpr int kEtcdAttemptMs = 300;
+
 absl::StatusOr<std::unique_ptr<Client>> NewClusterClient(const ClientOptions& options) {
   ASSIGN_OR_RETURN(cluster::EtcdOptions eo, EtcdOptionsFor(options));
-  // Per member. A follower that forwarded a request to a leader killed meanwhile holds it
-  // unanswered until etcd's own request timeout (5 s + 2 election timeouts) while a new leader
-  // is elected in about one (1 s by default): after 2 s the next member is asked, which is safe
-  // for every catalog transaction (docs/protocol.md, "Catalog and epochs").
-  eo.rpc_timeout_ms = std::clamp(options.rpc_timeout_ms, 1000, 2000);
+  // A follower that forwarded a request to a leader killed meanwhile holds it unanswered until
+  // etcd's own request timeout (5 s + 2 election timeouts), while a new leader is elected in one
+  // to two election timeouts (1-2 s by default) and then answers new requests at once. So each
+  // member gets 300 ms, pass after pass (the first 3 passes; then the deadline doubles per pass,
+  // for a slow answer such as a large listing), until 3 x the client's rpc_timeout_ms clamped to
+  // 1..2 s: a call made across a leader's death goes through within about 300 ms of the new
+  // leader's election (it waited 2 s with one 2 s attempt per member), and one made without a
+  // quorum fails UNAVAILABLE after 3..6 s. Sending a catalog transaction again to another member
+  // is safe (docs/protocol.md, "Catalog and epochs").
+  eo.rpc_timeout_ms = kEtcdAttemptMs;
+  eo.call_timeout_ms = 3 * std::clamp(options.rpc_timeout_ms, 1000, 2000);
   ASSIGN_OR_RETURN(std::unique_ptr<cluster::EtcdClient> etcd, cluster::EtcdClient::Create(eo));
   auto c = std::make_unique<ClusterClient>(options, std::move(etcd));
   RETURN_IF_ERROR(c->Start());

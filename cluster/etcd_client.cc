@@ -1,7 +1,9 @@
 // EtcdClient (etcd_client.h).
 #include "cluster/etcd_client.h"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
@@ -135,6 +137,11 @@ EtcdKv FromPb(const pb::KeyValue& kv) {
           .lease = kv.lease()};
 }
 
+// Passes over the members (EtcdOptions::call_timeout_ms): the least time between two, and
+// how many give each attempt rpc_timeout_ms before the deadline doubles with every pass.
+constexpr int kPassPauseMs = 50;
+constexpr int kPassesAtFirstDeadline = 3;
+
 bool TryNextMember(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
@@ -217,8 +224,8 @@ absl::StatusOr<std::string> EtcdClient::Token(Member& m, const std::string& stal
 }
 
 absl::StatusOr<std::string> EtcdClient::Prepare(Member& m, grpc::ClientContext* ctx,
-                                                const std::string& stale) {
-  SetDeadline(ctx, options_.rpc_timeout_ms);
+                                                int deadline_ms, const std::string& stale) {
+  SetDeadline(ctx, deadline_ms);
   ASSIGN_OR_RETURN(std::string token, Token(m, stale));
   if (!token.empty()) ctx->AddMetadata("token", token);
   return token;
@@ -226,37 +233,57 @@ absl::StatusOr<std::string> EtcdClient::Prepare(Member& m, grpc::ClientContext* 
 
 absl::Status EtcdClient::OnAnyMember(
     const char* what, const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point end = start + std::chrono::milliseconds(options_.call_timeout_ms);
   const size_t first = Preferred();
   std::vector<std::string> errors;
-  for (size_t k = 0; k < members_.size(); ++k) {
-    const size_t i = (first + k) % members_.size();
-    Member& m = *members_[i];
-    grpc::Status s;
-    std::string sent;  // the token the call carried
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      grpc::ClientContext ctx;
-      absl::StatusOr<std::string> token = Prepare(m, &ctx, sent);
-      if (!token.ok()) {
-        s = grpc::Status(static_cast<grpc::StatusCode>(token.status().code()),
-                         std::string(token.status().message()));
-        break;
+  for (int pass = 0;; ++pass) {
+    errors.clear();
+    const Clock::time_point pass_start = Clock::now();
+    for (size_t k = 0; k < members_.size(); ++k) {
+      int64_t deadline_ms = static_cast<int64_t>(options_.rpc_timeout_ms)
+                            << std::clamp(pass - kPassesAtFirstDeadline, 0, 16);
+      if (options_.call_timeout_ms > 0) {
+        const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 end - Clock::now()).count();
+        if (left <= 0) break;
+        deadline_ms = std::min(deadline_ms, left);
       }
-      sent = *token;
-      // Fail fast on a member that is down rather than wait out the deadline on it.
-      ctx.set_wait_for_ready(false);
-      s = call(m, &ctx);
-      // A token etcd no longer knows: authenticate again, once.
-      if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || options_.user.empty()) break;
+      const size_t i = (first + k) % members_.size();
+      Member& m = *members_[i];
+      grpc::Status s;
+      std::string sent;  // the token the call carried
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        grpc::ClientContext ctx;
+        absl::StatusOr<std::string> token =
+            Prepare(m, &ctx, static_cast<int>(deadline_ms), sent);
+        if (!token.ok()) {
+          s = grpc::Status(static_cast<grpc::StatusCode>(token.status().code()),
+                           std::string(token.status().message()));
+          break;
+        }
+        sent = *token;
+        // Fail fast on a member that is down rather than wait out the deadline on it.
+        ctx.set_wait_for_ready(false);
+        s = call(m, &ctx);
+        // A token etcd no longer knows: authenticate again, once.
+        if (s.error_code() != grpc::StatusCode::UNAUTHENTICATED || options_.user.empty()) break;
+      }
+      if (!TryNextMember(s)) {
+        preferred_.store(i);
+        if (s.ok()) return absl::OkStatus();
+        absl::Status a = proto::FromGrpc(s);
+        if (absl::StartsWith(a.message(), "etcd ")) return a;  // Token's, naming the member
+        return absl::Status(a.code(), absl::StrCat("etcd ", m.endpoint, ": ", what, ": ",
+                                                   a.message()));
+      }
+      errors.push_back(absl::StrCat(m.endpoint, ": ", s.error_message()));
     }
-    if (!TryNextMember(s)) {
-      preferred_.store(i);
-      if (s.ok()) return absl::OkStatus();
-      absl::Status a = proto::FromGrpc(s);
-      if (absl::StartsWith(a.message(), "etcd ")) return a;  // Token's, naming the member
-      return absl::Status(a.code(), absl::StrCat("etcd ", m.endpoint, ": ", what, ": ",
-                                                 a.message()));
-    }
-    errors.push_back(absl::StrCat(m.endpoint, ": ", s.error_message()));
+    if (options_.call_timeout_ms <= 0 || Clock::now() >= end) break;
+    // Every member refused at once (all down, or no leader): a short pause, not a busy loop.
+    const Clock::time_point pause = pass_start + std::chrono::milliseconds(kPassPauseMs);
+    std::this_thread::sleep_until(std::min(pause, end));
   }
   return absl::UnavailableError(absl::StrCat(
       "etcd unreachable (", what, "): ", absl::StrJoin(errors, "; "),

@@ -62,6 +62,14 @@ struct EtcdOptions {
   std::vector<std::string> endpoints;
   // Deadline of each attempt of a call on one member. Default: 3000.
   int rpc_timeout_ms = 3000;
+  // 0: a call tries each member once (one pass), each for rpc_timeout_ms. > 0: a call goes on
+  // trying the members, pass after pass (at most one pass per 50 ms), until this many ms have
+  // passed; the first 3 passes give each attempt rpc_timeout_ms, every later one twice the
+  // pass before (never past the call's end). Short first deadlines get a request past members
+  // that will never answer it (followers whose forwarded proposals died with the leader) soon
+  // after a new leader is elected; the longer later ones still let a slow answer (a large
+  // listing) through. Default: 0.
+  int call_timeout_ms = 0;
   // TLS towards etcd (https:// endpoints). Default: false (plaintext).
   bool tls = false;
   // With tls (the flags --etcd-ca, --etcd-cert, --etcd-key): ca_file, the CA etcd's
@@ -172,13 +180,14 @@ class EtcdClient {
   // With a user: the token to send on `m` ("" without authentication). `stale`: a token etcd
   // refused; unless another call replaced it already, the client authenticates again (on `m`).
   absl::StatusOr<std::string> Token(Member& m, const std::string& stale = "");
-  // Sets the call's deadline and, with a user, its token (authenticating first when needed);
-  // returns the token ("" without a user).
-  absl::StatusOr<std::string> Prepare(Member& m, grpc::ClientContext* ctx,
+  // Sets the call's deadline (`deadline_ms` from now) and, with a user, its token
+  // (authenticating first when needed); returns the token ("" without a user).
+  absl::StatusOr<std::string> Prepare(Member& m, grpc::ClientContext* ctx, int deadline_ms,
                                       const std::string& stale = "");
 
   // Runs `call` on the members in turn, from the last one that answered, until one answers
-  // (any status but UNAVAILABLE or DEADLINE_EXCEEDED). `what` names the call in errors.
+  // (any status but UNAVAILABLE or DEADLINE_EXCEEDED): one pass, or passes until
+  // call_timeout_ms (EtcdOptions). `what` names the call in errors.
   absl::Status OnAnyMember(const char* what,
                            const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call);
   // Range and DeleteRange on any member; DeleteRange returns how many keys were deleted

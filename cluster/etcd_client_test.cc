@@ -173,6 +173,36 @@ TEST(EtcdClient, MemberKilledCallsAndWatchGoOn) {
   EXPECT_EQ(seen, (std::vector<std::string>{"+/w/a=1", "-/w/a", "+/w/b=2"}));
 }
 
+// With call_timeout_ms a call goes on trying the members, pass after pass, until its end: a
+// write made while etcd has no quorum goes through once the quorum is back within that time,
+// where a single pass fails UNAVAILABLE. (Restart waits until the member is healthy.)
+TEST(EtcdClient, CallTimeoutOutlastsAShortQuorumLoss) {
+  TempDir dir("etcd-passes");
+  EtcdCluster etcd(dir.path());
+  ASSERT_TRUE(etcd.Start(3).ok()) << etcd.Log(0);
+  auto one_pass = Connect(etcd.Endpoints(), 300);
+  EtcdOptions o;
+  o.endpoints = *ParseEtcdEndpoints(etcd.Endpoints());
+  o.rpc_timeout_ms = 300;
+  o.call_timeout_ms = 60000;
+  auto passes = EtcdClient::Create(o);
+  ASSERT_TRUE(passes.ok()) << passes.status();
+  ASSERT_TRUE((*passes)->Put("/passes/k", "before").ok());
+  etcd.Kill(1);
+  etcd.Kill(2);
+  absl::StatusOr<int64_t> single = one_pass->Put("/passes/k", "single");
+  EXPECT_EQ(single.status().code(), absl::StatusCode::kUnavailable) << single.status();
+  absl::StatusOr<int64_t> during = absl::UnknownError("not run");
+  std::thread writer([&] { during = (*passes)->Put("/passes/k", "during"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // several passes fail meanwhile
+  ASSERT_TRUE(etcd.Restart(1).ok()) << etcd.Log(1);
+  writer.join();
+  EXPECT_TRUE(during.ok()) << during.status();
+  auto kv = (*passes)->Get("/passes/k");
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  EXPECT_EQ(kv->value, "during");
+}
+
 TEST(NodeId, MadeOnceAndKept) {
   TempDir dir("node-id");
   auto first = LoadOrCreateNodeId(dir.path());
