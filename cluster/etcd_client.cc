@@ -143,8 +143,13 @@ constexpr int kPassPauseMs = 50;
 constexpr int kPassesAtFirstDeadline = 3;
 
 bool TryNextMember(const grpc::Status& s) {
+  // etcd answers a request whose deadline passed on the server side (the deadline travels with
+  // the call: a linearizable read waiting for its leader, a proposal not applied in time) with
+  // UNKNOWN "context deadline exceeded", not DEADLINE_EXCEEDED: the same thing.
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         (s.error_code() == grpc::StatusCode::UNKNOWN &&
+          s.error_message().find("context deadline exceeded") != std::string::npos);
 }
 
 // gRPC's own log lines (a refused TLS handshake logs several at ERROR) into gradsnap's log at
