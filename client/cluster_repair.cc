@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/backends.h"
+#include "client/remote_client.h"
 #include "cluster/membership.h"
 #include "cluster/placement.h"
 #include "common/clock.h"
@@ -35,6 +36,8 @@ struct RepairMetrics {
   Counter* shards;
   Counter* bytes;
   Counter* failures;
+  Counter* pulled;
+  Counter* relayed;
   static RepairMetrics* Get() {
     static RepairMetrics* m = [] {
       Registry* r = Registry::Global();
@@ -48,6 +51,12 @@ struct RepairMetrics {
       m->failures = r->GetCounter("gradsnap_repair_failures_total",
                                   "Repair copies that failed (source damaged or unreachable, "
                                   "target refused, digest mismatch, record changed)");
+      m->pulled = r->GetCounter("gradsnap_repair_pulled_bytes_total",
+                                "Payload bytes this node copied in from another node for the "
+                                "repairer (PullCopy)");
+      m->relayed = r->GetCounter("gradsnap_repair_relayed_bytes_total",
+                                 "Payload bytes the repairer carried itself, for targets that "
+                                 "cannot pull (servers from before PullCopy)");
       return m;
     }();
     return m;
@@ -211,6 +220,20 @@ int64_t RepairWorker::Pass() {
   return under;
 }
 
+absl::StatusOr<std::unique_ptr<Client>> RepairWorker::Connect(const std::string& address,
+                                                              const std::string& local) const {
+  ClientOptions o = options_.node_options;
+  o.etcd.clear();
+  o.local_dir.clear();
+  if (!options_.auth_secret.empty()) {
+    ASSIGN_OR_RETURN(o.token, MintJobToken(options_.auth_secret, local));
+  }
+  o.endpoints = {address};
+  o.replicas = 1;
+  o.max_attempts = std::min(o.max_attempts, 3);
+  return NewRemoteClient(o);
+}
+
 absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id,
                                                            const std::string& local) {
   auto live = live_.find(id);
@@ -221,38 +244,32 @@ absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id
   }
   auto& [address, client] = clients_[{id, token}];
   if (client == nullptr || address != live->second) {
-    ClientOptions o = options_.node_options;
-    o.etcd.clear();
-    o.local_dir.clear();
-    o.token = token;
-    o.endpoints = {live->second};
-    o.replicas = 1;
-    o.max_attempts = std::min(o.max_attempts, 3);
-    ASSIGN_OR_RETURN(std::unique_ptr<Client> c, NewRemoteClient(o));
+    ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Connect(live->second, local));
     client = std::move(c);
     address = live->second;
   }
   return client;
 }
 
-absl::Status RepairWorker::ReadCopy(const std::string& id, const ClusterCheckpoint& c,
-                                    int32_t rank, Source* out) {
-  const RankReplicas& r = c.ranks.at(rank);
-  const std::string local = LocalJob(c.job, rank);
-  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(id, local));
-  ASSIGN_OR_RETURN(storage::Manifest m, node->Show(local, c.step));
-  if (m.shards.size() != 1 || !m.shards[0].committed || m.shards[0].raw_bytes != r.raw_bytes) {
+absl::Status RepairWorker::ReadCopy(Client& node, const std::string& id,
+                                    const std::string& local, int64_t step, uint64_t raw_bytes,
+                                    const std::string& digest,
+                                    const std::function<bool()>& cancelled, Source* out) {
+  ASSIGN_OR_RETURN(storage::Manifest m, node.Show(local, step));
+  if (m.shards.size() != 1 || !m.shards[0].committed || m.shards[0].raw_bytes != raw_bytes) {
     return absl::DataLossError(absl::StrCat("node ", id, " holds another copy (",
                                             m.shards.empty() ? 0 : m.shards[0].raw_bytes,
-                                            " bytes; the record says ", r.raw_bytes, ")"));
+                                            " bytes; the record says ", raw_bytes, ")"));
   }
   out->shard = m.shards[0];
   out->checkpoint_metadata = m.info.metadata;
   out->payload.clear();
-  out->payload.reserve(r.raw_bytes);
+  out->payload.reserve(raw_bytes);
   const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(node->RestoreShard(local, c.step, 0, [&](const void* p, size_t n) {
-    if (stopping()) return absl::CancelledError("repair worker stopping");
+  RETURN_IF_ERROR(node.RestoreShard(local, step, 0, [&](const void* p, size_t n) {
+    if (stopping() || (cancelled && cancelled())) {
+      return absl::CancelledError("repair copy stopped");
+    }
     out->payload.append(static_cast<const char*>(p), n);
     if (options_.bandwidth_bytes_per_s > 0) {  // paced: the copy takes at least size / rate
       const auto due = start + std::chrono::microseconds(static_cast<int64_t>(
@@ -262,28 +279,27 @@ absl::Status RepairWorker::ReadCopy(const std::string& id, const ClusterCheckpoi
     }
     return absl::OkStatus();
   }));
-  Digester digest(DigestAlgo::kXxh3_128);
-  digest.Update(out->payload.data(), out->payload.size());
-  const std::string got = digest.FinishHex();
-  if (r.digest.empty() || got != r.digest) {
+  Digester d(DigestAlgo::kXxh3_128);
+  d.Update(out->payload.data(), out->payload.size());
+  const std::string got = d.FinishHex();
+  if (digest.empty() || got != digest) {
     return absl::DataLossError(absl::StrCat("the copy on node ", id, " has digest ", got,
-                                            ", the record ", r.digest.empty() ? "none" : r.digest));
+                                            ", the record ", digest.empty() ? "none" : digest));
   }
   return absl::OkStatus();
 }
 
-absl::Status RepairWorker::WriteCopy(const std::string& id, const ClusterCheckpoint& c,
-                                     int32_t rank, const Source& src) {
-  const std::string local = LocalJob(c.job, rank);
-  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(id, local));
+absl::Status RepairWorker::WriteCopy(Client& node, const std::string& id,
+                                     const std::string& local, int64_t step,
+                                     const std::string& digest, const Source& src) {
   CheckpointSpec spec;
   spec.job = local;
-  spec.step = c.step;
+  spec.step = step;
   spec.world_size = 1;
   spec.metadata = src.checkpoint_metadata;
   ShardSpec shard;
   shard.job = local;
-  shard.step = c.step;
+  shard.step = step;
   shard.metadata = src.shard.metadata;
   std::vector<TensorRef> refs;
   uint64_t offset = 0;
@@ -300,26 +316,84 @@ absl::Status RepairWorker::WriteCopy(const std::string& id, const ClusterCheckpo
   // Epoch 0: unfenced on the node (the record's revision fences the repair in etcd).
   absl::Status s;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    s = node->BeginCheckpoint(spec);
-    if (s.ok()) s = node->SaveShard(shard, refs);
+    s = node.BeginCheckpoint(spec);
+    if (s.ok()) s = node.SaveShard(shard, refs);
     if (s.ok()) {
-      Digester digest(DigestAlgo::kXxh3_128);  // what the target serves now, read back
-      s = node->RestoreShard(local, c.step, 0, [&](const void* p, size_t n) {
-        digest.Update(p, n);
+      Digester d(DigestAlgo::kXxh3_128);  // what the target serves now, read back
+      s = node.RestoreShard(local, step, 0, [&](const void* p, size_t n) {
+        d.Update(p, n);
         return absl::OkStatus();
       });
-      const std::string got = s.ok() ? digest.FinishHex() : "";
-      if (s.ok() && got == c.ranks.at(rank).digest) return absl::OkStatus();
+      const std::string got = s.ok() ? d.FinishHex() : "";
+      if (s.ok() && got == digest) return absl::OkStatus();
       if (s.ok()) {
-        s = absl::DataLossError(absl::StrCat("node ", id, " serves digest ", got,
-                                             " after the copy, not ", c.ranks.at(rank).digest));
+        s = absl::DataLossError(
+            absl::StrCat("node ", id, " serves digest ", got, " after the copy, not ", digest));
       }
     }
     if (!absl::IsAlreadyExists(s) && !absl::IsDataLoss(s)) return s;
-    absl::Status dropped = node->Delete(local, c.step, 0);
+    absl::Status dropped = node.Delete(local, step, 0);
     if (!dropped.ok() && !absl::IsNotFound(dropped)) return dropped;
   }
   return s;
+}
+
+absl::Status RepairWorker::PullTo(const std::string& target, const std::string& source,
+                                  const ClusterCheckpoint& c, int32_t rank) {
+  const RankReplicas& r = c.ranks.at(rank);
+  const std::string local = LocalJob(c.job, rank);
+  ASSIGN_OR_RETURN(std::shared_ptr<Client> node, Node(target, local));
+  // The copy's deadline: its bytes at half the pace cap (or at 10 MiB/s without one), plus 30 s.
+  const uint64_t rate = options_.bandwidth_bytes_per_s > 0
+                            ? std::max<uint64_t>(1, options_.bandwidth_bytes_per_s / 2)
+                            : (10ull << 20);
+  const int64_t deadline_ms =
+      30000 + static_cast<int64_t>(std::min<uint64_t>(r.raw_bytes / rate * 1000, 1ull << 40));
+  // Node() makes remote clients only (NewRemoteClient).
+  auto* remote = static_cast<remote::RemoteClient*>(node.get());
+  return remote->PullCopy(local, c.step, source, r.digest, r.raw_bytes, deadline_ms).status();
+}
+
+absl::StatusOr<uint64_t> RepairWorker::Pull(const std::string& local, int64_t step,
+                                            const std::string& source_id,
+                                            const std::string& digest, uint64_t raw_bytes,
+                                            const std::function<bool()>& cancelled) {
+  if (options_.self_address.empty()) {
+    return absl::FailedPreconditionError("this node has no advertised address to copy to");
+  }
+  {
+    absl::MutexLock lock(&pulls_mu_);
+    if (pulls_ >= kMaxPulls) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("server busy: ", kMaxPulls, " repair copies under way on this node"));
+    }
+    ++pulls_;
+  }
+  struct Done {
+    RepairWorker* w;
+    ~Done() {
+      absl::MutexLock lock(&w->pulls_mu_);
+      --w->pulls_;
+    }
+  } done{this};
+  // The source's address comes from etcd's membership, not from the caller.
+  auto kv = etcd_->Get(cluster::kNodesPrefix + source_id);
+  if (absl::IsNotFound(kv.status())) {
+    return absl::UnavailableError(absl::StrCat("source node ", source_id, " is not live"));
+  }
+  RETURN_IF_ERROR(kv.status());
+  ASSIGN_OR_RETURN(cluster::NodeRecord rec, cluster::DecodeNodeRecord(*kv));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> source, Connect(rec.address, local));
+  Source src;
+  absl::Status read =
+      ReadCopy(*source, source_id, local, step, raw_bytes, digest, cancelled, &src);
+  if (!read.ok()) {
+    return absl::Status(read.code(), absl::StrCat("source node ", source_id, ": ", read.message()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> self, Connect(options_.self_address, local));
+  RETURN_IF_ERROR(WriteCopy(*self, options_.node_id, local, step, digest, src));
+  RepairMetrics::Get()->pulled->Add(static_cast<int64_t>(src.payload.size()));
+  return src.payload.size();
 }
 
 absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int32_t rank) {
@@ -338,39 +412,84 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
   GS_LOG(INFO) << "repair: repairing " << Shard(job, step, rank) << " (" << r.raw_bytes
                << " bytes): live copies on " << absl::StrJoin(holders, ",") << ", " << wanted
                << " wanted";
-  Source src;
-  std::string from;
-  std::vector<std::string> errors;
-  for (const std::string& id : holders) {
-    absl::Status s = ReadCopy(id, c, rank, &src);
-    if (s.ok()) {
-      from = id;
-      break;
-    }
-    if (absl::IsCancelled(s)) return s;
-    metrics->failures->Add();
-    errors.push_back(absl::StrCat("source ", id, ": ", s.message()));
-    GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": source " << id << ": " << s;
-  }
-  if (from.empty()) {
-    return absl::UnavailableError(absl::StrCat("no source copy verified: ",
-                                               absl::StrJoin(errors, "; ")));
-  }
+  // Node to node: each target pulls the copy from a holder itself (PullCopy), checking the
+  // source's digest before it writes and its own after; the first holder whose copy a target
+  // refuses ("source node ID: ...") is passed over for the other targets too. A target from
+  // before PullCopy (UNIMPLEMENTED) gets the copy relayed through this node, read once.
   std::vector<std::string> ids;
   for (const auto& [id, address] : live_) ids.push_back(id);
   std::vector<std::string> nodes = holders;
   std::vector<std::string> made;
+  std::string from;
+  std::set<std::string> bad_sources;
+  Source relayed;
+  std::string relayed_from;
+  bool relay_read = false;
   for (const std::string& id : cluster::OrderNodeIds(ids, job, rank)) {
     if (nodes.size() >= wanted || stopping()) break;
     if (std::find(nodes.begin(), nodes.end(), id) != nodes.end()) continue;
-    GS_LOG(INFO) << "repair: copying " << Shard(job, step, rank) << " (" << r.raw_bytes
-                 << " bytes) from node " << from << " to node " << id;
-    absl::Status s = WriteCopy(id, c, rank, src);
-    if (!s.ok()) {
+    absl::Status s = absl::UnavailableError("no source copy verified");
+    std::string source;
+    for (const std::string& h : holders) {
+      if (bad_sources.count(h)) continue;
+      GS_LOG(INFO) << "repair: copying " << Shard(job, step, rank) << " (" << r.raw_bytes
+                   << " bytes) from node " << h << " to node " << id;
+      s = PullTo(id, h, c, rank);
+      if (s.ok()) {
+        source = h;
+        break;
+      }
+      if (absl::IsUnimplemented(s) || absl::IsCancelled(s)) break;
       metrics->failures->Add();
-      GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": target " << id << ": " << s;
+      if (absl::StrContains(s.message(), absl::StrCat("source node ", h, ": "))) {
+        bad_sources.insert(h);
+        GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": source " << h << ": " << s;
+        continue;
+      }
+      break;  // the target's own failure: the next target
+    }
+    if (absl::IsCancelled(s)) return s;
+    if (absl::IsUnimplemented(s)) {
+      if (!relay_read) {
+        relay_read = true;
+        for (const std::string& h : holders) {
+          auto node = Node(h, LocalJob(job, rank));
+          absl::Status read = node.status();
+          if (read.ok()) {
+            read = ReadCopy(**node, h, LocalJob(job, rank), step, r.raw_bytes, r.digest, nullptr,
+                            &relayed);
+          }
+          if (read.ok()) {
+            relayed_from = h;
+            break;
+          }
+          if (absl::IsCancelled(read)) return read;
+          metrics->failures->Add();
+          GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": source " << h << ": "
+                          << read;
+        }
+      }
+      if (relayed_from.empty()) {
+        s = absl::UnavailableError("no source copy verified");
+      } else {
+        GS_LOG(INFO) << "repair: node " << id << " cannot pull (a server from before PullCopy): "
+                     << "relaying the copy from node " << relayed_from;
+        auto node = Node(id, LocalJob(job, rank));
+        s = node.ok() ? WriteCopy(**node, id, LocalJob(job, rank), step, r.digest, relayed)
+                      : node.status();
+        if (s.ok()) {
+          source = relayed_from;
+          metrics->relayed->Add(static_cast<int64_t>(r.raw_bytes));
+        }
+      }
+    }
+    if (!s.ok()) {
+      if (!absl::IsUnavailable(s) || s.message() != "no source copy verified") {
+        GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": target " << id << ": " << s;
+      }
       continue;
     }
+    if (from.empty()) from = source;
     nodes.push_back(id);
     made.push_back(id);
   }

@@ -4,18 +4,21 @@
 // dies or loses its lease), repairs at a time.
 //
 // OVERVIEW
-//   Every node checks (and campaigns for) the leadership each second. Each pass (every quarter
-//   of repair_after, 0.2..10 s) the repairer reads the live nodes and every checkpoint record. A COMMITTED rank is under-replicated when fewer of its replica nodes
-//   are live than the record's `replicas` (clamped to the live nodes). It is repaired once a
-//   copy has been missing for repair_after: since the repairer first saw the node gone (a new
-//   repairer counts from when it took over), or since the commit for a rank committed with
-//   fewer copies. A repair reads the shard whole from a live replica (DATA_LOSS or a digest other
-//   than the record's: the next replica, counted as a failure), writes it to the next live node
-//   of the shard's rendezvous order that holds no copy, reads it back there and checks the
-//   digest again, then sets the rank's replicas (the live holders, then the new copies; nodes
-//   gone are dropped, so their copies are never served again) in one etcd transaction that
-//   compares the record's revision and the leader key's creation: a delete or rewrite that came
-//   first wins and the new copies are dropped; a repairer that lost its lease writes nothing.
+//   Every node checks (and campaigns for) the leadership each second. Each pass (every
+//   quarter of repair_after, 0.2..10 s) the repairer reads the live nodes and every checkpoint
+//   record. A COMMITTED rank is under-replicated when fewer of its replica nodes are live than
+//   the record's `replicas` (clamped to the live nodes). It is repaired once a copy has been
+//   missing for repair_after: since the repairer first saw the node gone (a new repairer counts
+//   from when it took over), or since the commit for a rank committed with fewer copies. A
+//   repair asks the next live node of the shard's rendezvous order that holds no copy to copy
+//   it itself from a live replica (PullCopy, node to node: the target checks the source's size
+//   and digest before it writes, else DATA_LOSS "source node ..." and the next replica, counted
+//   as a failure; it reads back what it wrote), or, for a target from before PullCopy, relays
+//   the copy through this node. Then it sets the rank's replicas (the live holders, then the
+//   new copies; nodes gone are dropped, so their copies are never served again) in one etcd
+//   transaction that compares the record's revision and the leader key's creation: a delete or
+//   rewrite that came first wins and the new copies are dropped; a repairer that lost its lease
+//   writes nothing.
 //
 // ERROR HANDLING
 //   Nothing is returned: failures are logged (WARNING) and counted in
@@ -34,6 +37,9 @@
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/client.h"
 #include "cluster/catalog.h"
@@ -60,6 +66,9 @@ struct RepairOptions {
   // The cluster's token secret (the nodes' shared --auth-secret-file): the repairer sends each
   // node the token of the local job it copies. Default: empty (no token sent).
   std::string auth_secret;
+  // This node's advertised address (--advertise): where Pull writes the copy it fetched.
+  // Default: empty (Pull refuses).
+  std::string self_address;
 };
 
 class RepairWorker {
@@ -67,6 +76,17 @@ class RepairWorker {
   // Starts the worker's thread; it campaigns for the leadership at once.
   static std::unique_ptr<RepairWorker> Start(cluster::EtcdClient* etcd, RepairOptions options);
   ~RepairWorker();
+
+  // The PullCopy RPC's work, on the node that is to hold a new copy (any thread; at most
+  // kMaxPulls at once, else RESOURCE_EXHAUSTED): reads the node-local checkpoint (`local`,
+  // `step`) whole from node `source_id` (its address read from etcd now), checks its size and
+  // XXH3-128 against `raw_bytes` and `digest` (DATA_LOSS "source node ...: ..." otherwise), writes
+  // it to this node through its own address and checks the digest of what it serves then.
+  // `cancelled`: the caller went away (the copy stops). Returns the payload bytes copied.
+  absl::StatusOr<uint64_t> Pull(const std::string& local, int64_t step,
+                                const std::string& source_id, const std::string& digest,
+                                uint64_t raw_bytes, const std::function<bool()>& cancelled);
+  static constexpr int kMaxPulls = 2;
   RepairWorker(const RepairWorker&) = delete;
   RepairWorker& operator=(const RepairWorker&) = delete;
 
@@ -80,14 +100,23 @@ class RepairWorker {
   int64_t Pass();
   // Restores rank `rank` of the record (re-read) to its wanted copies.
   absl::Status RepairRank(const std::string& job, int64_t step, int32_t rank);
-  // The shard of (job, step, rank) read whole from node `id`, its digest checked.
-  absl::Status ReadCopy(const std::string& id, const cluster::ClusterCheckpoint& c, int32_t rank,
-                        Source* out);
-  // Writes `src` to node `id` and checks the digest of what it then serves.
-  absl::Status WriteCopy(const std::string& id, const cluster::ClusterCheckpoint& c,
-                         int32_t rank, const Source& src);
+  // Asks node `target` to pull rank `rank` of `c` from node `source` (PullCopy).
+  absl::Status PullTo(const std::string& target, const std::string& source,
+                      const cluster::ClusterCheckpoint& c, int32_t rank);
+  // The copy of node-local checkpoint (local, step) read whole from `node` (node `id`), its
+  // size and digest checked against the record's.
+  absl::Status ReadCopy(Client& node, const std::string& id, const std::string& local,
+                        int64_t step, uint64_t raw_bytes, const std::string& digest,
+                        const std::function<bool()>& cancelled, Source* out);
+  // Writes `src` to `node` (node `id`) and checks the digest of what it then serves.
+  absl::Status WriteCopy(Client& node, const std::string& id, const std::string& local,
+                         int64_t step, const std::string& digest, const Source& src);
+  // A client of the node at `address` for the node-local job `local` with this node's
+  // credentials (the job's token when the cluster has a secret). Any thread.
+  absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                  const std::string& local) const;
   // A client of node `id` for the node-local job `local` (UNAVAILABLE when the node is not
-  // live), carrying that job's token when the cluster has a secret.
+  // live), kept for the pass (the worker's thread only).
   absl::StatusOr<std::shared_ptr<Client>> Node(const std::string& id, const std::string& local);
   bool stopping();
 
@@ -103,6 +132,9 @@ class RepairWorker {
   // only).
   std::map<std::pair<std::string, std::string>, std::pair<std::string, std::shared_ptr<Client>>>
       clients_;
+
+  absl::Mutex pulls_mu_;
+  int pulls_ ABSL_GUARDED_BY(pulls_mu_) = 0;  // Pull calls under way
 
   absl::Notification stop_;  // the destructor's: the worker's thread ends
   std::thread thread_;

@@ -138,6 +138,28 @@ absl::Status RemoteClient::RaiseEpoch(const std::string& job, uint64_t epoch) {
   });
 }
 
+absl::StatusOr<uint64_t> RemoteClient::PullCopy(const std::string& job, int64_t step,
+                                                const std::string& source_node_id,
+                                                const std::string& digest, uint64_t raw_bytes,
+                                                int64_t deadline_ms) {
+  if (nodes_.empty()) return absl::FailedPreconditionError("no node to ask");
+  Node& node = *nodes_[0];
+  v1::PullCopyRequest req;
+  req.set_job(job);
+  req.set_step(step);
+  req.set_source_node_id(source_node_id);
+  req.set_digest(digest);
+  req.set_raw_bytes(raw_bytes);
+  v1::PullCopyResponse resp;
+  grpc::ClientContext ctx;
+  remote::CallGuard guard(&ctx);
+  remote::PrepareContext(&ctx, options_,
+                         static_cast<int>(std::clamp<int64_t>(deadline_ms, 1, 1 << 30)));
+  RETURN_IF_ERROR(Annotate(proto::FromGrpc(node.stub()->PullCopy(&ctx, req, &resp)),
+                           node.endpoint));
+  return resp.bytes();
+}
+
 std::future<absl::Status> RemoteClient::SaveShardAsync(const ShardSpec& spec,
                                                        std::vector<TensorRef> tensors) {
   return saves_->Push(spec, std::move(tensors));

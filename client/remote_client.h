@@ -69,6 +69,12 @@ class RemoteClient final : public Client {
   // taken from etcd, so the nodes refuse the writes of older attempts too.
   // FAILED_PRECONDITION "superseded" when a node already holds a newer one.
   absl::Status RaiseEpoch(const std::string& job, uint64_t epoch);
+  // Cluster repair (docs/protocol.md, "Repair"): asks the first node to copy the node-local
+  // checkpoint (job, step) from node `source_node_id` itself (PullCopy), one attempt with a
+  // deadline of `deadline_ms`; the bytes it copied.
+  absl::StatusOr<uint64_t> PullCopy(const std::string& job, int64_t step,
+                                    const std::string& source_node_id, const std::string& digest,
+                                    uint64_t raw_bytes, int64_t deadline_ms);
   absl::StatusOr<std::vector<std::string>> ListJobs() override;
   absl::StatusOr<std::vector<CheckpointInfo>> List(const std::string& job,
                                                    bool include_pending) override;

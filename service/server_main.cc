@@ -21,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cluster_repair.h"
 #include "cluster/etcd_client.h"
 #include "cluster/etcd_flags.h"
@@ -64,6 +65,9 @@ ABSL_FLAG(bool, prefault_read_ahead, true,
 ABSL_FLAG(int, zstd_level, 1, "zstd level of stored chunks; 0 stores raw. Default: 1.");
 ABSL_FLAG(int, durable_every_mib, 64, "An upload is made durable every N MiB received (a crash resends at most that). Default: 64.");
 ABSL_FLAG(std::string, digest, "xxh3", "Per-tensor digest of new shards: xxh3 (XXH3-128) or sha256. Default: xxh3.");
+ABSL_FLAG(bool, test_no_pull_copy, false,
+          "Testing: answer PullCopy UNIMPLEMENTED, as a server from before it does (the "
+          "repairer then relays its copies to this node). Default: false.");
 ABSL_FLAG(bool, rebuild_catalog, false,
           "Rebuild the catalog (meta/) of --data-dir from the shard footers in its segments, "
           "print what was restored and skipped, and exit (0 on success). Default: false.");
@@ -330,6 +334,24 @@ int main(int argc, char** argv) {
       return m->WritesAllowed();
     };
   }
+  // Cluster mode: PullCopy (a repair's copy made node to node) runs on this node's repair
+  // worker, shared so that a copy under way keeps it until it ends.
+  absl::Mutex puller_mu;
+  std::shared_ptr<gradsnap::client::RepairWorker> puller;  // guarded by puller_mu
+  if (etcd != nullptr && !absl::GetFlag(FLAGS_test_no_pull_copy)) {
+    o.service.pull_copy = [&puller_mu, &puller](const gradsnap::v1::PullCopyRequest& req,
+                                               const std::function<bool()>& cancelled)
+        -> absl::StatusOr<uint64_t> {
+      std::shared_ptr<gradsnap::client::RepairWorker> w;
+      {
+        absl::MutexLock lock(&puller_mu);
+        w = puller;
+      }
+      if (w == nullptr) return absl::UnavailableError("node not registered in the cluster yet");
+      return w->Pull(req.job(), req.step(), req.source_node_id(), req.digest(), req.raw_bytes(),
+                     cancelled);
+    };
+  }
   auto server = gradsnap::service::Server::Start(o);
   if (!server.ok()) return Fail(std::string(server.status().message()));
   std::unique_ptr<gradsnap::cluster::Membership> membership;
@@ -345,7 +367,7 @@ int main(int argc, char** argv) {
   }
   // Cluster mode: this node's candidate for the cluster's one repairer (client/cluster_repair.h).
   // And its sweeper of copies no record names (service/orphan_sweep.h).
-  std::unique_ptr<gradsnap::client::RepairWorker> repair;
+  std::shared_ptr<gradsnap::client::RepairWorker> repair;
   std::unique_ptr<gradsnap::service::OrphanSweeper> sweeper;
   if (membership != nullptr) {
     const std::string& node_id = o.service.node_id;
@@ -358,7 +380,10 @@ int main(int argc, char** argv) {
     ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
     ro.node_options.tls = cluster.peer_tls;  // the node's credentials towards its peers
     ro.auth_secret = o.auth_secret;
+    ro.self_address = cluster.advertise;
     repair = gradsnap::client::RepairWorker::Start(etcd.get(), std::move(ro));
+    absl::MutexLock lock(&puller_mu);
+    puller = repair;
   }
   if ((*server)->metrics_port() != 0) {
     GS_LOG(INFO) << "metrics on port " << (*server)->metrics_port();
@@ -372,7 +397,11 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&stop, &sig);
   GS_LOG(INFO) << "signal " << sig << ": shutting down";
-  repair.reset();   // the leader key is handed over at once, not at the lease's expiry
+  {
+    absl::MutexLock lock(&puller_mu);
+    puller.reset();
+  }
+  repair.reset();   // the leader key is handed over at once (after a copy under way ends)
   sweeper.reset();  // before the engine closes
   (*server)->Shutdown(absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->reset();

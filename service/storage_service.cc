@@ -85,6 +85,22 @@ grpc::Status StorageService::AbortCheckpoint(grpc::ServerContext* ctx,
   });
 }
 
+grpc::Status StorageService::PullCopy(grpc::ServerContext* ctx, const v1::PullCopyRequest* req,
+                                      v1::PullCopyResponse* resp) {
+  return Unary([&]() -> absl::Status {
+    if (!serving_) return absl::UnavailableError("server is shutting down");
+    RETURN_IF_ERROR(WriteGate());
+    RETURN_IF_ERROR(Admit(*ctx, req->job(), req->step()));  // the job's token, as for a write
+    if (!options_.pull_copy) {
+      return absl::UnimplementedError("PullCopy needs cluster mode (--etcd) on this node");
+    }
+    ASSIGN_OR_RETURN(uint64_t bytes,
+                     options_.pull_copy(*req, [ctx] { return ctx->IsCancelled(); }));
+    resp->set_bytes(bytes);
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status StorageService::AcquireEpoch(grpc::ServerContext* ctx,
                                           const v1::AcquireEpochRequest* req,
                                           v1::AcquireEpochResponse* resp) {

@@ -86,6 +86,12 @@ struct StorageServiceOptions {
   // while the node holds no live lease, cluster/membership.h). Default: none (single node:
   // writes are never refused for this).
   std::function<absl::Status()> write_gate;
+  // Cluster mode: PullCopy's work (client::RepairWorker::Pull): copy the node-local checkpoint
+  // (job, step) from another node here; `cancelled` says the caller went away. Default: none
+  // (PullCopy answers UNIMPLEMENTED).
+  std::function<absl::StatusOr<uint64_t>(const v1::PullCopyRequest& req,
+                                         const std::function<bool()>& cancelled)>
+      pull_copy;
   // The node's stable id (<data-dir>/node_id, cluster/node_id.h), answered by Health so that
   // clients of a static endpoint list place shards by node, not by how an endpoint is spelled.
   // Default: empty (not answered).
@@ -118,6 +124,7 @@ class StorageService final : public gradsnap::v1::Storage::Service {
   GRADSNAP_UNARY_HANDLER(Verify);
   GRADSNAP_UNARY_HANDLER(Delete);
   GRADSNAP_UNARY_HANDLER(Gc);
+  GRADSNAP_UNARY_HANDLER(PullCopy);
 #undef GRADSNAP_UNARY_HANDLER
 
   // One page of a manifest (docs/protocol.md, "Large manifests").

@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "client/client.h"
 #include "client/cluster_repair.h"
+#include "client/remote_client.h"
 #include "cluster/catalog.h"
 #include "cluster/etcd_client.h"
 #include "cluster/membership.h"
@@ -249,6 +250,16 @@ TEST_F(ClusterRepair, KilledNodeIsReReplicatedAndRepairedCopiesRestoreAlone) {
   }
   EXPECT_GE(shards, 1);
   EXPECT_GE(bytes, 4u << 20);
+  // Node to node: the new copies were pulled by their targets (PullCopy), none carried by the
+  // repairer.
+  double pulled = 0, relayed = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    if (i == victim) continue;
+    pulled += Metric(i, "gradsnap_repair_pulled_bytes_total");
+    relayed += Metric(i, "gradsnap_repair_relayed_bytes_total");
+  }
+  EXPECT_EQ(pulled, bytes);
+  EXPECT_EQ(relayed, 0);
   // The node that held no copy of rank 0 of step 0 got the repaired one; the other two
   // original holders go too, and everything restores from what repair made.
   int fresh = -1;
@@ -257,6 +268,82 @@ TEST_F(ClusterRepair, KilledNodeIsReReplicatedAndRepairedCopiesRestoreAlone) {
   }
   ASSERT_GE(fresh, 0);
   KillTheOtherHoldersAndRestore(first, victim, "rj", saved);
+}
+
+// Nodes that cannot pull (servers from before PullCopy, --test-no-pull-copy): the repairer
+// reads the copy itself and writes it to the target, as before; the shards are back at 3.
+TEST_F(ClusterRepair, TargetsThatCannotPullGetTheCopyRelayed) {
+  StartAll(3, {"--test-no-pull-copy"});
+  const std::vector<TestShard> saved = Save("oj", 0, 1, 4u << 20, 31);
+  const cluster::RankReplicas first = Replicas("oj", 0, 0);
+  ASSERT_EQ(first.nodes.size(), 3u);
+  const int victim = Index(first.nodes[0]);
+  servers_[victim]->Kill();
+  ASSERT_TRUE(WaitFor([&] { return Repaired("oj", 0, 0, 3, {victim}); }, 90))
+      << servers_[(victim + 1) % kNodes]->Log();
+  double pulled = 0, relayed = 0;
+  for (int i = 0; i < kNodes; ++i) {
+    if (i == victim) continue;
+    pulled += Metric(i, "gradsnap_repair_pulled_bytes_total");
+    relayed += Metric(i, "gradsnap_repair_relayed_bytes_total");
+  }
+  EXPECT_EQ(pulled, 0);
+  EXPECT_EQ(relayed, 4u << 20);
+  for (const std::string& id : Replicas("oj", 0, 0).nodes) {
+    EXPECT_TRUE(CopyOn(Index(id), "oj", 0, 0) == saved[0].Payload()) << "node " << Index(id);
+  }
+}
+
+// PullCopy asked directly of the one node that holds no copy: a source that is not a live node,
+// or whose copy does not have the record's digest, is refused (UNAVAILABLE, DATA_LOSS naming
+// the source) and nothing is left on the target; the record's digest from a live holder copies
+// exactly; a caller without the job's token is refused like a writer.
+TEST_F(ClusterRepair, PullCopyChecksItsSourceAndItsCaller) {
+  constexpr char kSecret[] = "0123456789abcdef-pull-secret";
+  std::ofstream(dir_.File("secret")) << kSecret << "\n";
+  client_options_.token = *MintJobToken(kSecret, "pj");
+  StartAll(3, {"--auth-secret-file", dir_.File("secret")});
+  const std::vector<TestShard> saved = Save("pj", 0, 1, 1u << 20, 41);
+  const cluster::RankReplicas r = Replicas("pj", 0, 0);
+  ASSERT_EQ(r.nodes.size(), 3u);
+  int target = -1;
+  for (int i = 0; i < kNodes; ++i) {
+    if (std::find(r.nodes.begin(), r.nodes.end(), ids_[i]) == r.nodes.end()) target = i;
+  }
+  ASSERT_GE(target, 0);
+  const std::string local = cluster::LocalJob("pj", 0);
+  auto connect = [&](const std::string& token) {
+    client::ClientOptions o;
+    o.endpoints = {addresses_[target]};
+    o.token = token;
+    o.max_attempts = 1;
+    auto c = client::Client::ConnectRemote(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::unique_ptr<client::remote::RemoteClient>(
+        static_cast<client::remote::RemoteClient*>(c->release()));
+  };
+  auto node = connect(*MintJobToken(kSecret, local));
+  auto other = connect(*MintJobToken(kSecret, "someone-else"));
+  absl::StatusOr<uint64_t> got =
+      other->PullCopy(local, 0, r.nodes[0], r.digest, r.raw_bytes, 30000);
+  EXPECT_TRUE(absl::IsPermissionDenied(got.status()) || absl::IsUnauthenticated(got.status()))
+      << got.status();
+  got = node->PullCopy(local, 0, "00000000deadbeef", r.digest, r.raw_bytes, 30000);
+  EXPECT_TRUE(absl::IsUnavailable(got.status())) << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "not live")) << got.status();
+  const std::string wrong(r.digest.size(), '0');
+  got = node->PullCopy(local, 0, r.nodes[0], wrong, r.raw_bytes, 30000);
+  EXPECT_TRUE(absl::IsDataLoss(got.status())) << got.status();
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "source node " + r.nodes[0]))
+      << got.status();
+  EXPECT_FALSE(node->Show(local, 0).ok()) << "a refused copy was written";
+  got = node->PullCopy(local, 0, r.nodes[1], r.digest, r.raw_bytes, 30000);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, r.raw_bytes);
+  auto back = RestoreToString(node.get(), local, 0, 0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == saved[0].Payload());
+  EXPECT_EQ(Metric(target, "gradsnap_repair_pulled_bytes_total"), r.raw_bytes);
 }
 
 // Secured nodes: mutual TLS (--tls-cert, --tls-key, --tls-client-ca) and a token secret
