@@ -23,12 +23,14 @@ using testing::EtcdCluster;
 using testing::TempDir;
 using testing::WaitFor;
 
-std::unique_ptr<EtcdClient> Connect(const std::string& endpoints, int timeout_ms = 3000) {
+std::unique_ptr<EtcdClient> Connect(const std::string& endpoints, int timeout_ms = 3000,
+                                    int call_timeout_ms = 0) {
   auto parsed = ParseEtcdEndpoints(endpoints);
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   EtcdOptions o;
   o.endpoints = *parsed;
   o.rpc_timeout_ms = timeout_ms;
+  o.call_timeout_ms = call_timeout_ms;
   auto c = EtcdClient::Create(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return *std::move(c);
@@ -181,24 +183,19 @@ TEST(EtcdClient, CallTimeoutOutlastsAShortQuorumLoss) {
   EtcdCluster etcd(dir.path());
   ASSERT_TRUE(etcd.Start(3).ok()) << etcd.Log(0);
   auto one_pass = Connect(etcd.Endpoints(), 300);
-  EtcdOptions o;
-  o.endpoints = *ParseEtcdEndpoints(etcd.Endpoints());
-  o.rpc_timeout_ms = 300;
-  o.call_timeout_ms = 60000;
-  auto passes = EtcdClient::Create(o);
-  ASSERT_TRUE(passes.ok()) << passes.status();
-  ASSERT_TRUE((*passes)->Put("/passes/k", "before").ok());
+  auto passes = Connect(etcd.Endpoints(), 300, /*call_timeout_ms=*/60000);
+  ASSERT_TRUE(passes->Put("/passes/k", "before").ok());
   etcd.Kill(1);
   etcd.Kill(2);
   absl::StatusOr<int64_t> single = one_pass->Put("/passes/k", "single");
   EXPECT_EQ(single.status().code(), absl::StatusCode::kUnavailable) << single.status();
   absl::StatusOr<int64_t> during = absl::UnknownError("not run");
-  std::thread writer([&] { during = (*passes)->Put("/passes/k", "during"); });
+  std::thread writer([&] { during = passes->Put("/passes/k", "during"); });
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // several passes fail meanwhile
   ASSERT_TRUE(etcd.Restart(1).ok()) << etcd.Log(1);
   writer.join();
   EXPECT_TRUE(during.ok()) << during.status();
-  auto kv = (*passes)->Get("/passes/k");
+  auto kv = passes->Get("/passes/k");
   ASSERT_TRUE(kv.ok()) << kv.status();
   EXPECT_EQ(kv->value, "during");
 }

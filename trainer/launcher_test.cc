@@ -92,40 +92,42 @@ TEST(Launcher, RanksGetOpenBlasThreadTimeoutUnlessTheUserSetsIt) {
   ::unsetenv("GRADSNAP_LAUNCHER_TEST");
 }
 
-// Two nodes of one rank each: two launchers, each in a child process of the test (a launcher
-// reaps any child, so neither may be the other's parent). Node 1's rank fails at once; node 0's
-// rank would run 60 s more in attempt 0 and then exit 0, ending the job with no restart. Node 0's
-// launcher must learn of node 1's failure from the rendezvous directory, stop its rank and
-// restart with node 1 (attempt 1: both ranks exit 0).
+// A launcher of node `node_rank` of two (one rank each) in a child process of the test (a
+// launcher reaps any child, so no launcher may be another's parent). The child exits with the
+// number of restarts it made when the job finished (status 0), else 10 + the status (at most 9).
+pid_t LaunchNodeInChild(const std::string& rdzv, int node_rank, int max_restarts) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  LaunchOptions o;
+  o.nproc = 1;
+  o.nnodes = 2;
+  o.node_rank = node_rank;
+  o.rdzv = rdzv;
+  o.max_restarts = max_restarts;
+  int restarts = 0;
+  o.before_restart = [&] { ++restarts; };
+  const int code = Launch(o);
+  std::_Exit(code == 0 ? restarts : 10 + std::min(code, 9));
+}
+
+// Two nodes of one rank each, two launchers (LaunchNodeInChild). Node 1's rank fails at once;
+// node 0's rank would run 60 s more in attempt 0 and then exit 0, ending the job with no
+// restart. Node 0's launcher must learn of node 1's failure from the rendezvous directory, stop
+// its rank and restart with node 1 (attempt 1: both ranks exit 0).
 TEST(Launcher, AnotherNodesFailureRestartsThisNodeAtOnce) {
   ::setenv("GRADSNAP_LAUNCHER_TEST", "two-nodes", 1);
   const std::string rdzv = ::testing::TempDir() + "/launcher-rdzv-" + std::to_string(getpid());
   std::filesystem::remove_all(rdzv);
-  auto launch_node = [&](int node_rank) {
-    const pid_t pid = fork();
-    if (pid != 0) return pid;
-    LaunchOptions o;
-    o.nproc = 1;
-    o.nnodes = 2;
-    o.node_rank = node_rank;
-    o.rdzv = rdzv;
-    o.max_restarts = 1;
-    int restarts = 0;
-    o.before_restart = [&] { ++restarts; };
-    const int code = Launch(o);
-    // 0: finished after exactly one restart; else 1 + 10 * restarts + the exit status.
-    std::_Exit(code == 0 && restarts == 1 ? 0 : 1 + 10 * restarts + std::min(code, 9));
-  };
-  const pid_t node0 = launch_node(0);
-  const pid_t node1 = launch_node(1);
+  const pid_t node0 = LaunchNodeInChild(rdzv, 0, /*max_restarts=*/1);
+  const pid_t node1 = LaunchNodeInChild(rdzv, 1, /*max_restarts=*/1);
   ASSERT_GT(node0, 0);
   ASSERT_GT(node1, 0);
   int status0 = 0, status1 = 0;
   ASSERT_EQ(waitpid(node0, &status0, 0), node0);
   ASSERT_EQ(waitpid(node1, &status1, 0), node1);
   ASSERT_TRUE(WIFEXITED(status0) && WIFEXITED(status1));
-  EXPECT_EQ(WEXITSTATUS(status0), 0) << "node 0 (1 + 10 x restarts + exit status)";
-  EXPECT_EQ(WEXITSTATUS(status1), 0) << "node 1 (1 + 10 x restarts + exit status)";
+  EXPECT_EQ(WEXITSTATUS(status0), 1) << "node 0: restarts, or 10 + its exit status";
+  EXPECT_EQ(WEXITSTATUS(status1), 1) << "node 1: restarts, or 10 + its exit status";
   std::string said;
   if (FILE* f = std::fopen((rdzv + "/attempt-0/failed").c_str(), "r")) {
     char line[256] = {};
@@ -155,22 +157,8 @@ void KillAndRestartALauncher(bool peer_notices) {
   const std::string rdzv =
       ::testing::TempDir() + "/launcher-rejoin-" + std::to_string(getpid());
   std::filesystem::remove_all(rdzv);
-  auto launch_node = [&](int node_rank) {
-    const pid_t pid = fork();
-    if (pid != 0) return pid;
-    LaunchOptions o;
-    o.nproc = 1;
-    o.nnodes = 2;
-    o.node_rank = node_rank;
-    o.rdzv = rdzv;
-    o.max_restarts = 2;
-    int restarts = 0;
-    o.before_restart = [&] { ++restarts; };
-    const int code = Launch(o);
-    std::_Exit(code == 0 ? restarts : 10 + std::min(code, 9));  // restarts, or 10 + status
-  };
-  const pid_t node0 = launch_node(0);
-  pid_t node1 = launch_node(1);
+  const pid_t node0 = LaunchNodeInChild(rdzv, 0, /*max_restarts=*/2);
+  pid_t node1 = LaunchNodeInChild(rdzv, 1, /*max_restarts=*/2);
   ASSERT_GT(node0, 0);
   ASSERT_GT(node1, 0);
   // Node 1's rank is up in attempt 0 (it wrote its pid): kill it and its launcher.
@@ -193,7 +181,7 @@ void KillAndRestartALauncher(bool peer_notices) {
     for (int i = 0; i < 2000 && ::access(mark.c_str(), F_OK) != 0; ++i) ::usleep(5000);
     ASSERT_EQ(::access(mark.c_str(), F_OK), 0) << "node 0 did not restart by itself";
   }
-  node1 = launch_node(1);  // the supervisor starts node 1's launcher again
+  node1 = LaunchNodeInChild(rdzv, 1, 2);  // the supervisor starts node 1's launcher again
   ASSERT_GT(node1, 0);
   int status0 = 0;
   ASSERT_EQ(waitpid(node0, &status0, 0), node0);

@@ -120,6 +120,15 @@ class ClusterRepair : public ::testing::Test {
     return body.ok() ? std::max(0.0, MetricValue(*body, name)) : -1;
   }
 
+  // The sum of metric `name` over the nodes but `skip` (a node killed: its metrics are gone).
+  double MetricSum(const char* name, int skip) {
+    double sum = 0;
+    for (int i = 0; i < kNodes; ++i) {
+      if (i != skip) sum += Metric(i, name);
+    }
+    return sum;
+  }
+
   // The node index of the repairer (-1: none within 30 s).
   int Leader() {
     std::string id;
@@ -242,24 +251,13 @@ TEST_F(ClusterRepair, KilledNodeIsReReplicatedAndRepairedCopiesRestoreAlone) {
       }
     }
   }
-  double shards = 0, bytes = 0;
-  for (int i = 0; i < kNodes; ++i) {
-    if (i == victim) continue;
-    shards += Metric(i, "gradsnap_repair_shards_total");
-    bytes += Metric(i, "gradsnap_repair_bytes_total");
-  }
-  EXPECT_GE(shards, 1);
+  const double bytes = MetricSum("gradsnap_repair_bytes_total", victim);
+  EXPECT_GE(MetricSum("gradsnap_repair_shards_total", victim), 1);
   EXPECT_GE(bytes, 4u << 20);
   // Node to node: the new copies were pulled by their targets (PullCopy), none carried by the
   // repairer.
-  double pulled = 0, relayed = 0;
-  for (int i = 0; i < kNodes; ++i) {
-    if (i == victim) continue;
-    pulled += Metric(i, "gradsnap_repair_pulled_bytes_total");
-    relayed += Metric(i, "gradsnap_repair_relayed_bytes_total");
-  }
-  EXPECT_EQ(pulled, bytes);
-  EXPECT_EQ(relayed, 0);
+  EXPECT_EQ(MetricSum("gradsnap_repair_pulled_bytes_total", victim), bytes);
+  EXPECT_EQ(MetricSum("gradsnap_repair_relayed_bytes_total", victim), 0);
   // The node that held no copy of rank 0 of step 0 got the repaired one; the other two
   // original holders go too, and everything restores from what repair made.
   int fresh = -1;
@@ -281,14 +279,8 @@ TEST_F(ClusterRepair, TargetsThatCannotPullGetTheCopyRelayed) {
   servers_[victim]->Kill();
   ASSERT_TRUE(WaitFor([&] { return Repaired("oj", 0, 0, 3, {victim}); }, 90))
       << servers_[(victim + 1) % kNodes]->Log();
-  double pulled = 0, relayed = 0;
-  for (int i = 0; i < kNodes; ++i) {
-    if (i == victim) continue;
-    pulled += Metric(i, "gradsnap_repair_pulled_bytes_total");
-    relayed += Metric(i, "gradsnap_repair_relayed_bytes_total");
-  }
-  EXPECT_EQ(pulled, 0);
-  EXPECT_EQ(relayed, 4u << 20);
+  EXPECT_EQ(MetricSum("gradsnap_repair_pulled_bytes_total", victim), 0);
+  EXPECT_EQ(MetricSum("gradsnap_repair_relayed_bytes_total", victim), 4u << 20);
   for (const std::string& id : Replicas("oj", 0, 0).nodes) {
     EXPECT_TRUE(CopyOn(Index(id), "oj", 0, 0) == saved[0].Payload()) << "node " << Index(id);
   }
@@ -372,11 +364,7 @@ TEST_F(ClusterRepair, SecuredNodesRepairOverMutualTlsWithTheClusterSecret) {
     ASSERT_TRUE(WaitFor([&] { return Repaired("sj", 0, rank, 3, {victim}); }, 90))
         << "rank " << rank << "\n" << servers_[(victim + 1) % kNodes]->Log();
   }
-  double failures = 0;
-  for (int i = 0; i < kNodes; ++i) {
-    if (i != victim) failures += Metric(i, "gradsnap_repair_failures_total");
-  }
-  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(MetricSum("gradsnap_repair_failures_total", victim), 0);
   KillTheOtherHoldersAndRestore(first, victim, "sj", {saved});
 }
 
