@@ -17,6 +17,7 @@
 #include "common/digest.h"
 #include "common/logging.h"
 #include "common/stats.h"
+#include "common/thread_pool.h"
 #include "common/status.h"
 #include "common/token.h"
 
@@ -62,6 +63,9 @@ struct RepairMetrics {
     return m;
   }
 };
+
+// How often a rank's new replicas are set again on a record another rank's repair changed.
+constexpr int kSetReplicasTries = 8;
 
 std::string Shard(const std::string& job, int64_t step, int32_t rank) {
   return absl::StrCat("job ", job, " step ", step, " rank ", rank);
@@ -172,7 +176,10 @@ int64_t RepairWorker::Pass() {
     return 0;
   }
   live_.clear();
-  clients_.clear();  // one per (node, job) copied: made again by the passes that copy
+  {
+    absl::MutexLock lock(&clients_mu_);
+    clients_.clear();  // one per (node, job) copied: made again by the passes that copy
+  }
   for (const cluster::EtcdKv& kv : *nodes) {
     auto rec = cluster::DecodeNodeRecord(kv);
     if (rec.ok()) live_[rec->id] = rec->address;
@@ -208,14 +215,31 @@ int64_t RepairWorker::Pass() {
       if (live > 0 && now - since >= options_.repair_after_ms) due.push_back({c->job, c->step, rank});
     }
   }
-  for (const Due& d : due) {
-    if (stopping()) break;
-    absl::Status s = RepairRank(d.job, d.step, d.rank);
-    if (s.ok()) {
-      --under;
-    } else {
-      GS_LOG(WARNING) << "repair: " << Shard(d.job, d.step, d.rank) << ": " << s;
-    }
+  // Up to `parallel` ranks at once; each copy waits for a place on its target (Acquire).
+  {
+    absl::MutexLock lock(&targets_mu_);
+    copies_max_ = 0;
+  }
+  int64_t repaired = 0;
+  absl::Mutex under_mu;
+  ForEachConcurrently(due.size(), static_cast<size_t>(std::max(1, options_.parallel)),
+                      [&](size_t i) {
+                        const Due& d = due[i];
+                        if (stopping()) return;
+                        absl::Status s = RepairRank(d.job, d.step, d.rank);
+                        if (s.ok()) {
+                          absl::MutexLock lock(&under_mu);
+                          --under;
+                          ++repaired;
+                        } else {
+                          GS_LOG(WARNING) << "repair: " << Shard(d.job, d.step, d.rank) << ": "
+                                          << s;
+                        }
+                      });
+  if (!due.empty()) {
+    absl::MutexLock lock(&targets_mu_);
+    GS_LOG(INFO) << "repair: pass done: " << repaired << " of " << due.size()
+                 << " due rank(s) repaired, at most " << copies_max_ << " copies at once";
   }
   return under;
 }
@@ -242,6 +266,7 @@ absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id
   if (!options_.auth_secret.empty()) {
     ASSIGN_OR_RETURN(token, MintJobToken(options_.auth_secret, local));
   }
+  absl::MutexLock lock(&clients_mu_);
   auto& [address, client] = clients_[{id, token}];
   if (client == nullptr || address != live->second) {
     ASSIGN_OR_RETURN(std::unique_ptr<Client> c, Connect(live->second, local));
@@ -249,6 +274,25 @@ absl::StatusOr<std::shared_ptr<Client>> RepairWorker::Node(const std::string& id
     address = live->second;
   }
   return client;
+}
+
+bool RepairWorker::Acquire(const std::string& id) {
+  absl::MutexLock lock(&targets_mu_);
+  while (targets_[id] >= kMaxPulls) {
+    if (stopping()) return false;
+    targets_mu_.AwaitWithTimeout(absl::Condition(
+                                     +[](int* n) { return *n < kMaxPulls; }, &targets_[id]),
+                                 absl::Milliseconds(200));
+  }
+  ++targets_[id];
+  copies_max_ = std::max(copies_max_, ++copies_);
+  return true;
+}
+
+void RepairWorker::Release(const std::string& id) {
+  absl::MutexLock lock(&targets_mu_);
+  --targets_[id];  // kept at 0 (a waiter's condition points at it; one entry per node)
+  --copies_;
 }
 
 absl::Status RepairWorker::ReadCopy(Client& node, const std::string& id,
@@ -428,6 +472,12 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
   for (const std::string& id : cluster::OrderNodeIds(ids, job, rank)) {
     if (nodes.size() >= wanted || stopping()) break;
     if (std::find(nodes.begin(), nodes.end(), id) != nodes.end()) continue;
+    if (!Acquire(id)) return absl::CancelledError("repair worker stopping");
+    struct Place {
+      RepairWorker* w;
+      const std::string& id;
+      ~Place() { w->Release(id); }
+    } place{this, id};
     absl::Status s = absl::UnavailableError("no source copy verified");
     std::string source;
     for (const std::string& h : holders) {
@@ -500,6 +550,20 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
   guard.set_result(pb::Compare::EQUAL);
   guard.set_create_revision(leader_revision_);
   absl::Status set = catalog_.SetReplicas(c, rank, nodes, &guard);
+  // Another rank of the same checkpoint, repaired at the same time, may have updated the record
+  // first: while this rank's own entry is as it was read, its replicas are set on the record as
+  // it is now (a delete, a rewrite of this rank or a lost leadership still win).
+  const RankReplicas read = c.ranks.at(rank);
+  for (int tries = 0; absl::IsAborted(set) && tries < kSetReplicasTries; ++tries) {
+    auto now = catalog_.Get(job, step);
+    if (!now.ok() || now->state != storage::CheckpointState::kCommitted ||
+        now->ranks.count(rank) == 0) {
+      break;
+    }
+    const RankReplicas& current = now->ranks.at(rank);
+    if (current.nodes != read.nodes || current.digest != read.digest) break;
+    set = catalog_.SetReplicas(*now, rank, nodes, &guard);
+  }
   if (!set.ok()) {
     metrics->failures->Add();
     // A delete that came first wins: the new copies are named by nothing, so they go now.

@@ -57,9 +57,12 @@ struct RepairOptions {
   std::function<int64_t()> lease;
   // How long a copy must be missing before it is restored (--repair-after). Default: 10 min.
   int64_t repair_after_ms = 600000;
-  // Cap on the bytes per second the repairer reads from sources (--repair-bandwidth-mib-s);
-  // 0: none. Default: 0.
+  // Cap on the bytes per second each copy reads from its source (--repair-bandwidth-mib-s):
+  // a copy's target paces its own reads; 0: none. Default: 0.
   uint64_t bandwidth_bytes_per_s = 0;
+  // Ranks the repairer repairs at once (--repair-parallel), each copy going to a node that
+  // takes at most kMaxPulls of them at a time. Default: 4.
+  int parallel = 4;
   // How the repairer reaches the nodes (tls: the peers' CA and this node's client certificate;
   // timeouts); endpoints and the token are set per node and job. Default: plaintext.
   ClientOptions node_options;
@@ -116,22 +119,33 @@ class RepairWorker {
   absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
                                                   const std::string& local) const;
   // A client of node `id` for the node-local job `local` (UNAVAILABLE when the node is not
-  // live), kept for the pass (the worker's thread only).
+  // live), kept for the pass.
   absl::StatusOr<std::shared_ptr<Client>> Node(const std::string& id, const std::string& local);
+  // Waits until node `id` takes another copy from this repairer (fewer than kMaxPulls under
+  // way there); false when the worker stops meanwhile. Release gives the place back.
+  bool Acquire(const std::string& id);
+  void Release(const std::string& id);
   bool stopping();
 
   cluster::EtcdClient* const etcd_;
   const RepairOptions options_;
   cluster::ClusterCatalog catalog_;
   int64_t leader_revision_ = 0;  // create_revision of our leader key; 0: not the leader
-  // Node id -> address of the live nodes, as of the pass (the worker's thread only).
+  // Node id -> address of the live nodes, as of the pass (written by the worker's thread
+  // between passes; only read while the pass's repairs run).
   std::map<std::string, std::string> live_;
   // Node id -> wall-clock ms when this worker first saw it gone (the worker's thread only).
   std::map<std::string, int64_t> absent_since_;
-  // (node id, token) -> (address, client): the clients made this pass (the worker's thread
-  // only).
+  // (node id, token) -> (address, client): the clients made this pass.
+  absl::Mutex clients_mu_;
   std::map<std::pair<std::string, std::string>, std::pair<std::string, std::shared_ptr<Client>>>
-      clients_;
+      clients_ ABSL_GUARDED_BY(clients_mu_);
+  // Node id -> copies this repairer has under way to it (Acquire); and in all, and the most
+  // at once during the pass (logged at its end).
+  absl::Mutex targets_mu_;
+  std::map<std::string, int> targets_ ABSL_GUARDED_BY(targets_mu_);
+  int copies_ ABSL_GUARDED_BY(targets_mu_) = 0;
+  int copies_max_ ABSL_GUARDED_BY(targets_mu_) = 0;
 
   absl::Mutex pulls_mu_;
   int pulls_ ABSL_GUARDED_BY(pulls_mu_) = 0;  // Pull calls under way

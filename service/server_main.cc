@@ -95,8 +95,11 @@ ABSL_FLAG(absl::Duration, orphan_grace, absl::Hours(1),
           "or repaired elsewhere while the node was away) is moved to quarantine/ after being "
           "seen unnamed this long, e.g. 30m; >= 1s. Default: 1h.");
 ABSL_FLAG(uint64_t, repair_bandwidth_mib_s, 0,
-          "Cluster mode: cap on the MiB per second this node reads from source copies while it "
-          "is the repairer; 0: no cap. Default: 0.");
+          "Cluster mode: cap on the MiB per second each repair copy made by this node (the "
+          "copy's target) reads from its source; 0: no cap. Default: 0.");
+ABSL_FLAG(int, repair_parallel, 4,
+          "Cluster mode: ranks the repairer (while this node is it) repairs at once, 1..64; a "
+          "node takes at most 2 copies at a time. Default: 4.");
 // The node's credentials towards the other nodes (docs/deploy.md, "Node credentials").
 ABSL_FLAG(std::string, peer_tls_ca, "", "Cluster mode: PEM CA of the other nodes' certificates "
           "(TLS between nodes; required with --tls-cert). Default: none, plaintext.");
@@ -171,6 +174,8 @@ std::string ParseClusterFlags(ClusterFlags* out) {
   if (out->lease_ttl_s < 2 || out->lease_ttl_s > 3600) return "--lease-ttl-s must be 2..3600";
   out->repair_after = absl::GetFlag(FLAGS_repair_after);
   if (out->repair_after < absl::Seconds(1)) return "--repair-after must be at least 1s";
+  const int parallel = absl::GetFlag(FLAGS_repair_parallel);
+  if (parallel < 1 || parallel > 64) return "--repair-parallel must be 1..64";
   out->orphan_grace = absl::GetFlag(FLAGS_orphan_grace);
   if (out->orphan_grace < absl::Seconds(1)) return "--orphan-grace must be at least 1s";
   return "";
@@ -230,7 +235,7 @@ int main(int argc, char** argv) {
       "gradsnap-server [--config FILE] --data-dir DIR --listen HOST:PORT [--tls-cert F --tls-key F "
       "[--tls-client-ca F]] [--auth-secret-file F] [--cache-bytes N] [--max-inflight-bytes N] "
       "[--metrics-listen HOST:PORT] [--etcd ENDPOINTS --advertise HOST:PORT [--lease-ttl-s N] "
-      "[--repair-after D] [--peer-tls-ca F [--peer-tls-cert F --peer-tls-key F]] [--etcd-ca F] [--etcd-cert F --etcd-key F] "
+      "[--repair-after D] [--repair-parallel N] [--peer-tls-ca F [--peer-tls-cert F --peer-tls-key F]] [--etcd-ca F] [--etcd-cert F --etcd-key F] "
       "[--etcd-user U [--etcd-password-file F]]] "
       "[--rebuild-catalog]\nFlags may be spelled with dashes or underscores.",
       {"server_main", "etcd_flags"});
@@ -378,6 +383,7 @@ int main(int argc, char** argv) {
     ro.lease = [m = membership.get()] { return m->WritesAllowed().ok() ? m->lease_id() : 0; };
     ro.repair_after_ms = absl::ToInt64Milliseconds(cluster.repair_after);
     ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
+    ro.parallel = absl::GetFlag(FLAGS_repair_parallel);
     ro.node_options.tls = cluster.peer_tls;  // the node's credentials towards its peers
     ro.auth_secret = o.auth_secret;
     ro.self_address = cluster.advertise;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -338,6 +339,47 @@ TEST_F(ClusterRepair, PullCopyChecksItsSourceAndItsCaller) {
   EXPECT_EQ(Metric(target, "gradsnap_repair_pulled_bytes_total"), r.raw_bytes);
 }
 
+// Repairs run --repair-parallel ranks at once: with every copy paced to 8 MiB/s (a 4 MiB rank
+// takes half a second), the ranks a killed node held are repaired with copies under way
+// together (the repairer's pass line says how many at most), each rank back at 3 copies that
+// serve its bytes.
+TEST_F(ClusterRepair, RanksAreRepairedInParallel) {
+  StartAll(3, {"--repair-bandwidth-mib-s", "8", "--repair-parallel", "4"});
+  const std::vector<TestShard> saved = Save("mj", 0, 6, 4u << 20, 51);
+  const int victim = Index(Replicas("mj", 0, 0).nodes[0]);
+  int held = 0;
+  for (int32_t rank = 0; rank < 6; ++rank) {
+    const cluster::RankReplicas r = Replicas("mj", 0, rank);
+    held += std::find(r.nodes.begin(), r.nodes.end(), ids_[victim]) != r.nodes.end() ? 1 : 0;
+  }
+  ASSERT_GE(held, 2) << "the victim holds too few ranks to repair in parallel";
+  servers_[victim]->Kill();
+  for (int32_t rank = 0; rank < 6; ++rank) {
+    ASSERT_TRUE(WaitFor([&] { return Repaired("mj", 0, rank, 3, {victim}); }, 120))
+        << "rank " << rank;
+  }
+  const int leader = Leader();
+  ASSERT_GE(leader, 0);
+  int most = 0;
+  for (absl::string_view line : absl::StrSplit(servers_[leader]->Log(), '\n')) {
+    const size_t at = line.find("copies at once");
+    const size_t from = line.find("at most ");
+    if (at == std::string::npos || from == std::string::npos) continue;
+    int n = 0;
+    if (absl::SimpleAtoi(line.substr(from + 8, at - from - 9), &n)) most = std::max(most, n);
+  }
+  EXPECT_GE(most, 2) << servers_[leader]->Log();
+  // Ranks of one checkpoint repaired together each set their replicas (one record): none
+  // failed for the other's update.
+  EXPECT_EQ(MetricSum("gradsnap_repair_failures_total", victim), 0) << servers_[leader]->Log();
+  for (int32_t rank = 0; rank < 6; ++rank) {
+    for (const std::string& id : Replicas("mj", 0, rank).nodes) {
+      EXPECT_TRUE(CopyOn(Index(id), "mj", 0, rank) == saved[rank].Payload())
+          << "rank " << rank << " node " << Index(id);
+    }
+  }
+}
+
 // Secured nodes: mutual TLS (--tls-cert, --tls-key, --tls-client-ca) and a token secret
 // (--auth-secret-file), each node with --peer-tls-ca. The client saves with its job's one token
 // (granting the nodes' local jobs). The repairer reaches its peers with the cluster's CA, its own
@@ -364,7 +406,13 @@ TEST_F(ClusterRepair, SecuredNodesRepairOverMutualTlsWithTheClusterSecret) {
     ASSERT_TRUE(WaitFor([&] { return Repaired("sj", 0, rank, 3, {victim}); }, 90))
         << "rank " << rank << "\n" << servers_[(victim + 1) % kNodes]->Log();
   }
-  EXPECT_EQ(MetricSum("gradsnap_repair_failures_total", victim), 0);
+  EXPECT_EQ(MetricSum("gradsnap_repair_failures_total", victim), 0) << [&] {
+    std::string all;
+    for (int i = 0; i < kNodes; ++i) {
+      if (i != victim) absl::StrAppend(&all, "node ", i, ":\n", servers_[i]->Log());
+    }
+    return all;
+  }();
   KillTheOtherHoldersAndRestore(first, victim, "sj", {saved});
 }
 
@@ -597,6 +645,8 @@ TEST(ClusterRepairFlags, BadValuesExitTwoWithOneLine) {
            {"--repair-after", "soon"},
            {"--orphan-grace", "500ms"},
            {"--repair-bandwidth-mib-s", "-1"},
+           {"--repair-parallel", "0"},
+           {"--repair-parallel", "65"},
            // TLS between nodes: a node serving TLS needs its peers' CA; a certificate its key.
            {"--tls-cert", dir.File("c.pem"), "--tls-key", dir.File("c.key")},
            {"--peer-tls-ca", dir.File("ca.pem"), "--peer-tls-cert", dir.File("c.pem")},
@@ -617,7 +667,8 @@ TEST(ClusterRepairFlags, BadValuesExitTwoWithOneLine) {
       GRADSNAP_SERVER_BIN,
       {"--data-dir", dir.File("data"), "--listen", "127.0.0.1:0", "--etcd",
        absl::StrCat("127.0.0.1:", *port), "--advertise", "127.0.0.1:7070", "--repair-after",
-       "90s", "--orphan-grace", "2h", "--repair-bandwidth-mib-s", "100"},
+       "90s", "--orphan-grace", "2h", "--repair-bandwidth-mib-s", "100", "--repair-parallel",
+       "8"},
       /*timeout_s=*/60);
   EXPECT_EQ(good.exit_code, 1) << good.err;
   EXPECT_TRUE(absl::StartsWith(good.err, "gradsnap-server: etcd unreachable")) << good.err;
