@@ -405,6 +405,9 @@ absl::StatusOr<uint64_t> RepairWorker::Pull(const std::string& local, int64_t st
   if (options_.self_address.empty()) {
     return absl::FailedPreconditionError("this node has no advertised address to copy to");
   }
+  if (source_id == options_.node_id) {
+    return absl::InvalidArgumentError("a node does not copy from itself");
+  }
   {
     absl::MutexLock lock(&pulls_mu_);
     if (pulls_ >= kMaxPulls) {
@@ -427,6 +430,13 @@ absl::StatusOr<uint64_t> RepairWorker::Pull(const std::string& local, int64_t st
   }
   RETURN_IF_ERROR(kv.status());
   ASSIGN_OR_RETURN(cluster::NodeRecord rec, cluster::DecodeNodeRecord(*kv));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> self, Connect(options_.self_address, local));
+  // This node serves the very copy already (a request repeated, or one sent to a holder): done,
+  // and its copy is never dropped to be written again.
+  Source here;
+  if (ReadCopy(*self, options_.node_id, local, step, raw_bytes, digest, cancelled, &here).ok()) {
+    return here.payload.size();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Client> source, Connect(rec.address, local));
   Source src;
   absl::Status read =
@@ -434,7 +444,6 @@ absl::StatusOr<uint64_t> RepairWorker::Pull(const std::string& local, int64_t st
   if (!read.ok()) {
     return absl::Status(read.code(), absl::StrCat("source node ", source_id, ": ", read.message()));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> self, Connect(options_.self_address, local));
   RETURN_IF_ERROR(WriteCopy(*self, options_.node_id, local, step, digest, src));
   RepairMetrics::Get()->pulled->Add(static_cast<int64_t>(src.payload.size()));
   return src.payload.size();

@@ -337,6 +337,13 @@ TEST_F(ClusterRepair, PullCopyChecksItsSourceAndItsCaller) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == saved[0].Payload());
   EXPECT_EQ(Metric(target, "gradsnap_repair_pulled_bytes_total"), r.raw_bytes);
+  // Asked again, or asked of a holder: the copy it serves is the record's, nothing is written
+  // (a holder never drops its copy to fetch it anew); and no node copies from itself.
+  got = node->PullCopy(local, 0, r.nodes[1], r.digest, r.raw_bytes, 30000);
+  EXPECT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Metric(target, "gradsnap_repair_pulled_bytes_total"), r.raw_bytes);
+  got = node->PullCopy(local, 0, ids_[target], r.digest, r.raw_bytes, 30000);
+  EXPECT_TRUE(absl::IsInvalidArgument(got.status())) << got.status();
 }
 
 // Repairs run --repair-parallel ranks at once: with every copy paced to 8 MiB/s (a 4 MiB rank
