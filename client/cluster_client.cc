@@ -22,12 +22,14 @@
 //   updated by the watch's thread.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -564,7 +566,29 @@ class ClusterClient final : public Client {
     return node->SaveShardOnThisThread(s, tensors);
   }
 
+  // A save that got too few copies while nodes refused writes for want of a live lease (every
+  // node refuses writes while it cannot reach etcd: an etcd leader's election can outlast a
+  // short --lease-ttl-s; the other refusals may come from a node that died meanwhile, whose
+  // record etcd cannot expire without a leader either) is tried again after kLeaseWaitMs, up
+  // to kLeaseWaits times: the nodes renew their leases as soon as etcd has a leader again.
+  static constexpr int kLeaseWaits = 8;
+  static constexpr int kLeaseWaitMs = 250;
   absl::Status SaveShardNow(const ShardSpec& spec, const std::vector<TensorRef>& tensors) {
+    for (int wait = 0;; ++wait) {
+      bool lease_refused = false;
+      absl::Status s = SaveShardOnce(spec, tensors, &lease_refused);
+      if (s.ok() || !lease_refused || wait >= kLeaseWaits) return s;
+      GS_LOG(INFO) << "cluster: job " << spec.job << " step " << spec.step << " rank "
+                   << spec.rank << ": the nodes hold no live lease; trying again in "
+                   << kLeaseWaitMs << " ms";
+      std::this_thread::sleep_for(std::chrono::milliseconds(kLeaseWaitMs));
+    }
+  }
+
+  // One try of SaveShardNow; *lease_refused: it failed while some node refused writes for want
+  // of a live lease.
+  absl::Status SaveShardOnce(const ShardSpec& spec, const std::vector<TensorRef>& tensors,
+                             bool* lease_refused) {
     const std::vector<std::string> order = Order(spec.job, spec.rank);
     if (order.empty()) return absl::UnavailableError("cluster: no live storage nodes in etcd");
     const size_t want = std::min<size_t>(options_.cluster_replicas, order.size());
@@ -631,6 +655,9 @@ class ClusterClient final : public Client {
     }
     for (auto& u : uploads) u.get();  // a cancelled upload returns at once
     if (held.size() < need) {
+      *lease_refused = std::any_of(errors.begin(), errors.end(), [](const std::string& e) {
+        return absl::StrContains(e, "holds no live cluster lease");
+      });
       return absl::UnavailableError(absl::StrCat(
           "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": ", held.size(),
           " of the ", need, " copies needed are durable: ", absl::StrJoin(errors, "; ")));

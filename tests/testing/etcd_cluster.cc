@@ -116,6 +116,25 @@ RunResult EtcdCluster::Ctl(int i, const std::vector<std::string>& args) const {
   return RunProgram("etcdctl", all, /*timeout_s=*/30);
 }
 
+int EtcdCluster::Leader() const {
+  // `endpoint status -w json`: [{"Endpoint":..,"Status":{"header":{"member_id":M,..},
+  // "leader":L,..}}]; the leader is the member whose own id is the leader id it reports.
+  auto field = [](const std::string& text, const std::string& key) -> std::string {
+    const size_t at = text.find("\"" + key + "\":");
+    if (at == std::string::npos) return "";
+    const size_t from = at + key.size() + 3;
+    return text.substr(from, text.find_first_of(",}", from) - from);
+  };
+  for (int i = 0; i < size(); ++i) {
+    if (members_[i].process == nullptr || !members_[i].process->running()) continue;
+    const RunResult r = Ctl(i, {"endpoint", "status", "-w", "json"});
+    if (r.exit_code != 0) continue;
+    const std::string member = field(r.out, "member_id");
+    if (!member.empty() && member == field(r.out, "leader")) return i;
+  }
+  return -1;
+}
+
 void EtcdCluster::Kill(int i) {
   if (members_[i].process) members_[i].process->Kill();
 }

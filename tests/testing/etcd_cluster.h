@@ -57,6 +57,9 @@ class EtcdCluster {
   std::string Endpoint(int i, int host_index = 0) const;
   int size() const { return static_cast<int>(members_.size()); }
 
+  // The index of the member that is the leader now (etcdctl endpoint status), -1 if none
+  // answers that it is.
+  int Leader() const;
   // SIGKILLs member i.
   void Kill(int i);
   // Starts member i again on its ports and data directory; waits until it is healthy when a
