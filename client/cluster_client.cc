@@ -656,7 +656,7 @@ class ClusterClient final : public Client {
     for (auto& u : uploads) u.get();  // a cancelled upload returns at once
     if (held.size() < need) {
       *lease_refused = std::any_of(errors.begin(), errors.end(), [](const std::string& e) {
-        return absl::StrContains(e, "holds no live cluster lease");
+        return absl::StrContains(e, cluster::kNoLiveLease);
       });
       return absl::UnavailableError(absl::StrCat(
           "job ", spec.job, " step ", spec.step, " rank ", spec.rank, ": ", held.size(),

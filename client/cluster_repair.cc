@@ -67,6 +67,10 @@ struct RepairMetrics {
 // How often a rank's new replicas are set again on a record another rank's repair changed.
 constexpr int kSetReplicasTries = 8;
 
+// How a PullCopy names its source when the source is what failed ("source node ID: ..."):
+// the repairer passes that source over for the rank's other targets (RepairRank).
+std::string SourceFailed(const std::string& id) { return absl::StrCat("source node ", id, ": "); }
+
 std::string Shard(const std::string& job, int64_t step, int32_t rank) {
   return absl::StrCat("job ", job, " step ", step, " rank ", rank);
 }
@@ -442,7 +446,7 @@ absl::StatusOr<uint64_t> RepairWorker::Pull(const std::string& local, int64_t st
   absl::Status read =
       ReadCopy(*source, source_id, local, step, raw_bytes, digest, cancelled, &src);
   if (!read.ok()) {
-    return absl::Status(read.code(), absl::StrCat("source node ", source_id, ": ", read.message()));
+    return absl::Status(read.code(), absl::StrCat(SourceFailed(source_id), read.message()));
   }
   RETURN_IF_ERROR(WriteCopy(*self, options_.node_id, local, step, digest, src));
   RepairMetrics::Get()->pulled->Add(static_cast<int64_t>(src.payload.size()));
@@ -488,19 +492,21 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
       ~Place() { w->Release(id); }
     } place{this, id};
     absl::Status s = absl::UnavailableError("no source copy verified");
+    bool no_source = true;  // every holder was passed over (each one logged already)
     std::string source;
     for (const std::string& h : holders) {
       if (bad_sources.count(h)) continue;
       GS_LOG(INFO) << "repair: copying " << Shard(job, step, rank) << " (" << r.raw_bytes
                    << " bytes) from node " << h << " to node " << id;
       s = PullTo(id, h, c, rank);
+      no_source = false;
       if (s.ok()) {
         source = h;
         break;
       }
       if (absl::IsUnimplemented(s) || absl::IsCancelled(s)) break;
       metrics->failures->Add();
-      if (absl::StrContains(s.message(), absl::StrCat("source node ", h, ": "))) {
+      if (absl::StrContains(s.message(), SourceFailed(h))) {
         bad_sources.insert(h);
         GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": source " << h << ": " << s;
         continue;
@@ -528,7 +534,8 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
                           << read;
         }
       }
-      if (relayed_from.empty()) {
+      no_source = relayed_from.empty();
+      if (no_source) {
         s = absl::UnavailableError("no source copy verified");
       } else {
         GS_LOG(INFO) << "repair: node " << id << " cannot pull (a server from before PullCopy): "
@@ -543,7 +550,7 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
       }
     }
     if (!s.ok()) {
-      if (!absl::IsUnavailable(s) || s.message() != "no source copy verified") {
+      if (!no_source) {
         GS_LOG(WARNING) << "repair: " << Shard(job, step, rank) << ": target " << id << ": " << s;
       }
       continue;

@@ -237,7 +237,9 @@ absl::StatusOr<std::string> EtcdClient::Prepare(Member& m, grpc::ClientContext* 
 }
 
 absl::Status EtcdClient::OnAnyMember(
-    const char* what, const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call) {
+    const char* what, const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call,
+    int attempt_ms) {
+  const int64_t first_deadline_ms = attempt_ms > 0 ? attempt_ms : options_.rpc_timeout_ms;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   const Clock::time_point end = start + std::chrono::milliseconds(options_.call_timeout_ms);
@@ -247,8 +249,7 @@ absl::Status EtcdClient::OnAnyMember(
     errors.clear();
     const Clock::time_point pass_start = Clock::now();
     for (size_t k = 0; k < members_.size(); ++k) {
-      int64_t deadline_ms = static_cast<int64_t>(options_.rpc_timeout_ms)
-                            << std::clamp(pass - kPassesAtFirstDeadline, 0, 16);
+      int64_t deadline_ms = first_deadline_ms << std::clamp(pass - kPassesAtFirstDeadline, 0, 16);
       if (options_.call_timeout_ms > 0) {
         const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  end - Clock::now()).count();
@@ -387,7 +388,6 @@ absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease, int member_time
   req.set_id(lease);
   pb::LeaseKeepAliveResponse resp;
   RETURN_IF_ERROR(OnAnyMember("lease keep-alive", [&](Member& m, grpc::ClientContext* ctx) {
-    if (member_timeout_ms > 0) SetDeadline(ctx, member_timeout_ms);
     // One request and its answer on a stream of their own (what `etcdctl lease keep-alive
     // --once` does).
     auto stream = m.lease->LeaseKeepAlive(ctx);
@@ -401,7 +401,7 @@ absl::StatusOr<int64_t> EtcdClient::KeepAliveOnce(int64_t lease, int member_time
     ctx->TryCancel();  // the answer is in; the stream is not needed to its end
     (void)stream->Finish();
     return grpc::Status::OK;
-  }));
+  }, member_timeout_ms));
   return resp.ttl();
 }
 

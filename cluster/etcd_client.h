@@ -187,9 +187,11 @@ class EtcdClient {
 
   // Runs `call` on the members in turn, from the last one that answered, until one answers
   // (any status but UNAVAILABLE or DEADLINE_EXCEEDED): one pass, or passes until
-  // call_timeout_ms (EtcdOptions). `what` names the call in errors.
+  // call_timeout_ms (EtcdOptions). Each attempt's first deadline is `attempt_ms` (0:
+  // rpc_timeout_ms). `what` names the call in errors.
   absl::Status OnAnyMember(const char* what,
-                           const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call);
+                           const std::function<grpc::Status(Member&, grpc::ClientContext*)>& call,
+                           int attempt_ms = 0);
   // Range and DeleteRange on any member; DeleteRange returns how many keys were deleted
   // (`range_end` empty: `key` alone).
   absl::StatusOr<etcdserverpb::RangeResponse> Range(const etcdserverpb::RangeRequest& req);

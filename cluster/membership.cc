@@ -205,7 +205,7 @@ absl::Status Membership::WritesAllowed() const {
   absl::MutexLock lock(&mu_);
   if (lease_ != 0 && Clock::now() < valid_until_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat(
-      "node ", options_.node_id, " holds no live cluster lease (etcd ", etcd_->endpoints_text(),
+      "node ", options_.node_id, " ", kNoLiveLease, " (etcd ", etcd_->endpoints_text(),
       " not reached in time): writes refused until it is renewed"));
 }
 

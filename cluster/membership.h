@@ -34,6 +34,9 @@ namespace cluster {
 inline constexpr char kNodesPrefix[] = "/gradsnap/nodes/";
 
 // A node record's value (docs/format.md, "Node records"): key=value lines.
+// In the message of a write a node refuses for want of a live lease (Membership::WritesAllowed).
+inline constexpr char kNoLiveLease[] = "holds no live cluster lease";
+
 struct NodeRecord {
   std::string id;  // from the key
   std::string address;
@@ -75,7 +78,8 @@ class Membership {
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
-  // OK while the lease is known live; UNAVAILABLE naming the reason otherwise.
+  // OK while the lease is known live; UNAVAILABLE naming the reason otherwise (its message
+  // holds kNoLiveLease, which clients look for: client/cluster_client.cc).
   absl::Status WritesAllowed() const;
   int64_t lease_id() const;
   int64_t granted_ttl_s() const;

@@ -25,7 +25,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
-#include "common/clock.h"
 #include "common/command_line.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
