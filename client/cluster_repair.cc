@@ -442,6 +442,8 @@ absl::StatusOr<uint64_t> RepairWorker::Pull(const std::string& local, int64_t st
     return here.payload.size();
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Client> source, Connect(rec.address, local));
+  GS_LOG(INFO) << "repair: pulling " << local << " step " << step << " (" << raw_bytes
+               << " bytes) from node " << source_id;
   Source src;
   absl::Status read =
       ReadCopy(*source, source_id, local, step, raw_bytes, digest, cancelled, &src);

@@ -488,7 +488,17 @@ TEST_F(ClusterRepair, DeleteDuringRepairWinsAndTheNewCopyIsDropped) {
   ASSERT_NO_FATAL_FAILURE(StartPacedRepair("xj", 60, &run));
   const int leader = run.leader, victim = run.victim;
   const std::string& job = run.job;
-  ASSERT_TRUE(client_->Delete(job, 0).ok());  // while the repairer reads its source (4 s)
+  // The target has started reading the source (paced: 4 s) when the checkpoint is deleted.
+  const std::string pulling = "repair: pulling " + cluster::LocalJob(job, 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int i = 0; i < kNodes; ++i) {
+          if (i != victim && absl::StrContains(servers_[i]->Log(), pulling)) return true;
+        }
+        return false;
+      },
+      60));
+  ASSERT_TRUE(client_->Delete(job, 0).ok());  // while the target reads its source
   ASSERT_TRUE(WaitFor(
       [&] { return absl::StrContains(servers_[leader]->Log(), "while its replicas were set"); },
       60))
