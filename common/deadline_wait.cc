@@ -34,6 +34,10 @@ absl::Status WaitWithDeadline(const DeadlineWait& wait,
     }
   }
   abort();
+  return CollectiveDeadlineError(wait);
+}
+
+absl::Status CollectiveDeadlineError(const DeadlineWait& wait) {
   return absl::UnavailableError(absl::StrFormat(
       "%s%s did not complete in %.3g s (--collective-timeout-s): a peer rank "
       "is frozen or gone; %s aborted",

@@ -38,6 +38,10 @@ struct DeadlineWait {
 // ..."), so a failing rank can abort its other groups rather than wait for them too.
 bool IsCollectiveDeadline(const absl::Status& s);
 
+// The error of an expired wait: UNAVAILABLE "collective deadline: <what> did not complete in S s
+// (--collective-timeout-s): a peer rank is frozen or gone; <aborted> aborted".
+absl::Status CollectiveDeadlineError(const DeadlineWait& wait);
+
 // `done`: true once the work completed, false while it runs, an error if it failed (returned as
 // is). See the file comment.
 absl::Status WaitWithDeadline(const DeadlineWait& wait,

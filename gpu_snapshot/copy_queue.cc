@@ -106,6 +106,26 @@ absl::Status CopyQueue::WaitAll() {
   return status_;
 }
 
+bool CopyQueue::WaitUnlessStalled(CopyTicket t, absl::Duration stall_limit,
+                                  absl::Status* status) {
+  Demand(t);
+  std::pair<CopyQueue*, CopyTicket> arg{this, t};
+  const absl::Condition done(
+      +[](std::pair<CopyQueue*, CopyTicket>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return a->second == 0 ? a->first->open_.empty() : a->first->open_.count(a->second) == 0;
+      },
+      &arg);
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    const absl::Time limit = std::max(start, last_land_) + stall_limit;
+    if (mu_.AwaitWithDeadline(done, limit)) break;
+    if (std::max(start, last_land_) + stall_limit <= absl::Now()) return false;  // no landing
+  }
+  *status = status_;
+  return true;
+}
+
 double CopyQueue::bandwidth() const {
   absl::MutexLock lock(&mu_);
   return busy_ns_ > 0 ? static_cast<double>(bytes_) * 1e9 / static_cast<double>(busy_ns_) : 0.0;
@@ -194,6 +214,7 @@ void CopyQueue::Run() {
     absl::MutexLock lock(&mu_);
     bytes_ += f.n;
     busy_ns_ += (now_us - start_us) * 1000;
+    last_land_ = absl::Now();
     if (--f.req->chunks_left == 0) open_.erase(f.req->ticket);
     inflight.pop_front();
   }

@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gpu_snapshot/device.h"
 #include "gpu_snapshot/trace.h"
 
@@ -76,6 +77,11 @@ class CopyQueue {
   // Blocks until the first chunk of `t` was enqueued on its stream (or `t` is done).
   void WaitStarted(CopyTicket t);
   absl::Status WaitAll();
+  // As Wait(t) (t == 0: WaitAll) but gives up once no chunk of this queue has landed for
+  // `stall_limit` (counted from the call or the last landing, whichever is later): a copy
+  // ordered after device work that never ends (a collective a frozen peer never joins). Returns
+  // false then, the copies left queued; true once done, with the queue's status in *status.
+  bool WaitUnlessStalled(CopyTicket t, absl::Duration stall_limit, absl::Status* status);
 
   // Copy bandwidth measured over busy periods, bytes per second (0 before the first chunk).
   double bandwidth() const;
@@ -126,6 +132,7 @@ class CopyQueue {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t busy_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_land_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 }  // namespace gpu_snapshot

@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gpu_snapshot/copy_queue.h"
 #include "gpu_snapshot/snapshot_engine.h"
 #include "gtest/gtest.h"
@@ -50,6 +52,44 @@ TEST(CopyQueueTest, GradientsOvertakeStateBlocks) {
   want.append(8, 'g');
   want.append(63, 's');
   EXPECT_EQ(got, want);
+  EXPECT_EQ(dst, src);
+}
+
+
+// The deadline a hook's wait has on sim and CUDA with several ranks (a copy queued behind a
+// collective that a frozen peer never joins): a wait that sees no chunk land for its limit gives
+// up, leaving the copy queued; one that sees chunks keep landing waits on, however long the copy
+// takes in all (here 8 chunks of 300 ms each against a limit of 1.5 s).
+TEST(CopyQueueTest, WaitUnlessStalledGivesUpOnlyWhenNothingLands) {
+  auto dev = NewHostDevice();
+  auto q = CopyQueue::Create(dev.get(), 1024, 1, nullptr);
+  ASSERT_TRUE(q.ok());
+  std::vector<char> src(8 * 1024, 'x'), dst(src.size());
+  absl::Notification release;
+  CopyRequest stuck{CopyPriority::kState, src.data(), 1024, [&](size_t, size_t) {
+                      release.WaitForNotification();
+                      return dst.data();
+                    },
+                    nullptr};
+  CopyTicket t = (*q)->Submit(stuck);
+  absl::Status s = absl::UnknownError("unset");
+  EXPECT_FALSE((*q)->WaitUnlessStalled(t, absl::Milliseconds(200), &s));
+  EXPECT_FALSE((*q)->Done(t));
+  EXPECT_FALSE((*q)->WaitUnlessStalled(0, absl::Milliseconds(100), &s));  // 0: all
+  release.Notify();
+  ASSERT_TRUE((*q)->WaitUnlessStalled(t, absl::Seconds(60), &s));
+  EXPECT_TRUE(s.ok()) << s;
+
+  CopyRequest slow{CopyPriority::kState, src.data(), src.size(), [&](size_t off, size_t) {
+                     absl::SleepFor(absl::Milliseconds(300));
+                     return dst.data() + off;
+                   },
+                   nullptr};
+  t = (*q)->Submit(slow);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*q)->WaitUnlessStalled(t, absl::Milliseconds(1500), &s));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(2400));
   EXPECT_EQ(dst, src);
 }
 

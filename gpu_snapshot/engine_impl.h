@@ -105,6 +105,10 @@ class EngineImpl : public SnapshotEngine {
 
   // Training thread.
   absl::Status Stall(const std::function<absl::Status()>& wait);
+  // Waits for the copies of ticket t (0: all), with the copy-stall deadline
+  // (SnapshotEngineOptions::copy_stall_timeout); WaitCopies counts the wait as stall.
+  absl::Status AwaitCopies(CopyTicket t);
+  absl::Status WaitCopies(CopyTicket t);
   // Registers a FULL of step `target` before the update's record reaches the worker.
   void RegisterFull(int64_t target);
   // Says an unfit automatic window once, traces the choice and counts it.

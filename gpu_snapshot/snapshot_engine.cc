@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/deadline_wait.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "gpu_snapshot/engine_impl.h"
@@ -125,7 +126,7 @@ absl::Status EngineImpl::Init() {
                                      return static_cast<char*>(staging_->data()) + off;
                                    },
                                    nullptr, "probe", std::move(after)});
-    RETURN_IF_ERROR(queue_->Wait(t));
+    RETURN_IF_ERROR(AwaitCopies(t));
   }
   worker_ = std::thread([this] { WorkerLoop(); });
   return absl::OkStatus();
@@ -188,6 +189,23 @@ WindowChoice EngineImpl::NextWindowChoice() const {
   return c;
 }
 
+absl::Status EngineImpl::AwaitCopies(CopyTicket t) {
+  if (opt_.copy_stall_timeout.count() <= 0) return t == 0 ? queue_->WaitAll() : queue_->Wait(t);
+  absl::Status s;
+  if (queue_->WaitUnlessStalled(t, absl::FromChrono(opt_.copy_stall_timeout), &s)) return s;
+  // No copy landed for the whole deadline: they wait behind device work that never ends.
+  const std::string aborted =
+      opt_.abort_collectives ? opt_.abort_collectives() : std::string("nothing");
+  return CollectiveDeadlineError(
+      {absl::StrCat("the snapshot copies on ", device_->Name(),
+                    " (queued after the device's collectives)"),
+       opt_.copy_stall_timeout, aborted});
+}
+
+absl::Status EngineImpl::WaitCopies(CopyTicket t) {
+  return Stall([&] { return AwaitCopies(t); });
+}
+
 absl::Status EngineImpl::Stall(const std::function<absl::Status()>& wait) {
   int64_t t0 = MonotonicNanos();
   int64_t start_us = opt_.trace ? opt_.trace->NowMicros() : 0;
@@ -247,7 +265,7 @@ absl::Status EngineImpl::BeforeGradOverwrite(int64_t) {
   if (opt_.test_drop_wait == DroppedWait::kGrad) return absl::OkStatus();  // test hook
   CopyTicket t = grad_ticket_;
   grad_ticket_ = 0;
-  return Stall([&] { return queue_->Wait(t); });
+  return WaitCopies(t);
 }
 
 int EngineImpl::AcquireLogBuffer() {
@@ -276,7 +294,7 @@ absl::Status EngineImpl::AfterBackward(int64_t step, const void* grad) {
     if (opt_.per_block_update_wait) {
       held_ = {win_->bounds[win_->submitted - 1], win_->bounds[win_->submitted]};
     } else if (opt_.test_drop_wait != DroppedWait::kBlock) {
-      RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+      RETURN_IF_ERROR(WaitCopies(t));
     }
     if (win_->submitted >= win_->k) {
       win_.reset();  // every block landed; the worker finishes the replay and persists
@@ -346,7 +364,7 @@ absl::Status EngineImpl::BeforeBlockUpdate(int64_t) {
   // already running on the device.
   CopyTicket t = block_ticket_;
   if (opt_.test_drop_wait != DroppedWait::kBlock) {
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    RETURN_IF_ERROR(WaitCopies(t));
   }
   if (held_grad_.has_value()) {
     grad_ticket_ = queue_->Submit(std::move(*held_grad_));
@@ -397,7 +415,7 @@ absl::Status EngineImpl::StartFull(const UpdateRecord& info, int k) {
     // Stop-the-world copy; the worker hands the snapshot to the sink.
     ASSIGN_OR_RETURN(CopyTicket t, SubmitStateRange(0, dev_.numel, "state (blocking)",
                                                     CloseEvent(u, 1, u)));
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    RETURN_IF_ERROR(WaitCopies(t));
     if (opt_.mode == SnapshotMode::kSync) {
       RETURN_IF_ERROR(Stall([&] {
         absl::MutexLock lock(&mu_);
@@ -490,7 +508,7 @@ absl::Status EngineImpl::AfterUpdate(const UpdateRecord& info, bool checkpoint_d
   if (!opt_.overlap_grads && grad_ticket_ != 0 && opt_.test_drop_wait != DroppedWait::kGrad) {
     CopyTicket t = grad_ticket_;
     grad_ticket_ = 0;
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    RETURN_IF_ERROR(WaitCopies(t));
   }
   if (win_.has_value() && win_->submitted < win_->k) {
     int j = win_->submitted;
@@ -547,7 +565,7 @@ void EngineImpl::RegisterFull(int64_t target) {
 absl::Status EngineImpl::CloseWindowEarly() {
   // Everything not yet copied is copied now, blocking, as of the last update.
   CopyTicket t = block_ticket_;
-  RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+  RETURN_IF_ERROR(WaitCopies(t));
   if (win_->submitted < win_->k && opt_.grad_log) {
     // Every update of the window is in the gradient log already, and the log may hold a
     // DELTA of the last step: abandon the window instead of writing a FULL of that step.
@@ -565,7 +583,7 @@ absl::Status EngineImpl::CloseWindowEarly() {
     }
     ASSIGN_OR_RETURN(t, SubmitStateRange(win_->bounds[win_->submitted], dev_.numel,
                                          "rest (blocking)", close));
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    RETURN_IF_ERROR(WaitCopies(t));
   }
   win_.reset();
   return absl::OkStatus();
@@ -580,10 +598,10 @@ absl::Status EngineImpl::Finish() {
   if (grad_ticket_ != 0) {
     CopyTicket t = grad_ticket_;
     grad_ticket_ = 0;
-    RETURN_IF_ERROR(Stall([&] { return queue_->Wait(t); }));
+    RETURN_IF_ERROR(WaitCopies(t));
   }
   if (win_.has_value()) RETURN_IF_ERROR(CloseWindowEarly());
-  RETURN_IF_ERROR(Stall([&] { return queue_->WaitAll(); }));
+  RETURN_IF_ERROR(WaitCopies(0));
   const int64_t t1 = MonotonicNanos();
   // Whatever happens below, the two parts are counted (EngineCounters::finish_copy_ms).
   struct Count {

@@ -47,6 +47,7 @@
 #ifndef GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_ENGINE_H_
 #define GRADSNAP_GPU_SNAPSHOT_SNAPSHOT_ENGINE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -108,6 +109,16 @@ struct SnapshotEngineOptions {
   int replay_threads = 2;
   // Optional trace (not owned). Default: nullptr
   TraceWriter* trace = nullptr;
+  // A frozen peer (several ranks on a device): a hook's wait for snapshot copies gives up once
+  // no copy has landed for this long, for the copies then wait behind device work that never
+  // ends (a collective the peer never joins, which NCCL never times out). It calls
+  // abort_collectives once (which returns what it aborted, for the message) and fails with
+  // UNAVAILABLE "collective deadline: ..." (common/deadline_wait.h): the rank exits and the
+  // launcher restarts the job. A slow copy that keeps landing chunks never trips it. Zero: wait
+  // for ever. Default: 0 (the trainer passes --collective-timeout-s on cuda and sim with
+  // several ranks)
+  std::chrono::milliseconds copy_stall_timeout{0};
+  std::function<std::string()> abort_collectives;  // Default: none
   // Test hook: leave out one kind of wait (above); breaks the checkpoints on purpose.
   // Default: kNone
   DroppedWait test_drop_wait = DroppedWait::kNone;

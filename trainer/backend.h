@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -64,6 +65,13 @@ class Backend {
   // the hook. CPU: all of it. sim: exact (the compute stream knows when it went idle). CUDA: 0
   // when the work enqueued before the hook is still running, else all of it (an upper bound).
   virtual double StalledMillis(double elapsed_ms) { return elapsed_ms; }
+  // Aborts the device's collectives (CUDA: the NCCL communicator, sim: the device's group) so
+  // that device work stuck in one behind a frozen peer fails and the streams drain; returns what
+  // it aborted, for the one line. The checkpointer calls it when a hook's wait for snapshot
+  // copies queued after such work passes --collective-timeout-s
+  // (CheckpointerOptions::abort_collectives). Training thread. CPU (Gloo's own timeout bounds
+  // its collectives): nothing.
+  virtual std::string AbortCollectives() { return "nothing"; }
   // The full fp32 master parameters (every rank's slice) on the host. Collective.
   virtual absl::Status FullMasterParams(std::vector<float>* out) = 0;
 };

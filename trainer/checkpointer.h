@@ -48,7 +48,9 @@
 #ifndef GRADSNAP_TRAINER_CHECKPOINTER_H_
 #define GRADSNAP_TRAINER_CHECKPOINTER_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -115,6 +117,13 @@ struct CheckpointerOptions {
   // (testing) --test_drop_wait: the snapshot engine leaves out one kind of wait
   // (gpu_snapshot::SnapshotEngineOptions::test_drop_wait). Default: kNone
   gpu_snapshot::DroppedWait test_drop_wait = gpu_snapshot::DroppedWait::kNone;
+  // Several ranks on a device (set by the trainer from --collective-timeout-s, not a flag of its
+  // own): a hook's wait for snapshot copies that lands nothing for this long aborts the device's
+  // collectives (abort_collectives: Backend::AbortCollectives) and fails with UNAVAILABLE
+  // "collective deadline: ..." (gpu_snapshot::SnapshotEngineOptions::copy_stall_timeout).
+  // Zero: no deadline. Default: 0
+  std::chrono::milliseconds copy_stall_timeout{0};
+  std::function<std::string()> abort_collectives;  // Default: none
 };
 
 // How checkpointing is doing, for the step lines (docs/trainer.md).

@@ -285,6 +285,11 @@ class CudaBackend : public Backend {
     return absl::OkStatus();
   }
 
+  std::string AbortCollectives() override {
+    AbortNccl();
+    return "the NCCL communicator";
+  }
+
   absl::Status FullMasterParams(std::vector<float>* out) override {
     out->assign(layout_.total(), 0.0f);
     RETURN_IF_ERROR(WaitStream("the parameter broadcast"));

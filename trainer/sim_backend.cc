@@ -188,6 +188,11 @@ class SimBackend : public Backend {
         std::move(writes));
   }
 
+  std::string AbortCollectives() override {
+    comm_->Abort();
+    return "the device's collective group";
+  }
+
   absl::Status FullMasterParams(std::vector<float>* out) override {
     RETURN_IF_ERROR(WaitStream("the parameter all-gather"));
     out->assign(params_, params_ + total_);

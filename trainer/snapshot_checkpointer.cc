@@ -293,6 +293,8 @@ class SnapshotCheckpointer : public Checkpointer {
     eo.grad_dtype = GradDType();
     eo.trace = trace_;
     eo.test_drop_wait = o_.test_drop_wait;
+    eo.copy_stall_timeout = o_.copy_stall_timeout;
+    eo.abort_collectives = o_.abort_collectives;
     // K must be the same on every rank (the saves are collective): automatic K only alone.
     eo.window = o_.gockpt_window;
     // A window closes before the next FULL is due (K <= every - 1).

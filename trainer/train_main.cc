@@ -88,6 +88,7 @@ ABSL_FLAG(std::string, ckpt_on_failure, "continue", "What a checkpoint persist t
 ABSL_FLAG(int64_t, ckpt_persist_timeout_ms, 5000, "The longest back-off after failed checkpoint persists: a failed persist is not retried, the checkpoints after it are tried again no sooner than 100 ms later, doubling per further failure up to this (a full disk: this at once). Default: 5000");
 ABSL_FLAG(std::string, ckpt_backlog_bytes, "auto", "async/gockpt: host memory per rank for checkpoints waiting for the store (bytes, or with a K/M/G suffix); a new checkpoint that does not fit is skipped and counted. auto: one FULL shard plus 8 DELTA records of the rank, at least 64 MiB. Default: auto");
 ABSL_FLAG(bool, test_ignore_parent_death, false, "(testing) ranks survive their launcher, to drill zombie fencing. Default: false");
+ABSL_FLAG(std::string, test_freeze_before, "reduction", "(testing) where --test_freeze_at_step freezes: reduction (after enqueuing the forward and backward) or allgather (after the update, before the parameter all-gather). Default: reduction");
 ABSL_FLAG(int64_t, test_freeze_at_step, -1, "(testing) freeze drill: --fail_rank SIGSTOPs itself in this step, after enqueuing its forward and backward (first attempt only), so the others meet the collective deadline. Default: -1 (off)");
 ABSL_FLAG(int64_t, test_step_delay_ms, 0, "(testing) sleep this long before every step, so fault drills have a job that lasts. Default: 0 (off)");
 ABSL_FLAG(int64_t, test_skip_step, -1, "(testing) skip the optimizer update of this step as if its gradient were not finite. Default: -1 (off)");
@@ -208,6 +209,7 @@ absl::StatusOr<gradsnap::trainer::TrainOptions> OptionsFromFlags(bool replicas_g
   o.fail_rank = absl::GetFlag(FLAGS_fail_rank);
   o.test_fail_after_commit = absl::GetFlag(FLAGS_test_fail_after_commit);
   o.test_freeze_at_step = absl::GetFlag(FLAGS_test_freeze_at_step);
+  o.test_freeze_before = absl::GetFlag(FLAGS_test_freeze_before);
   return o;
 }
 
@@ -279,6 +281,9 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (o.fail_at_step < -1) return Fail("--fail_at_step must be a step >= 0, or -1 (off)");
   if (o.test_freeze_at_step < -1) {
     return Fail("--test_freeze_at_step must be a step >= 0, or -1 (off)");
+  }
+  if (o.test_freeze_before != "reduction" && o.test_freeze_before != "allgather") {
+    return Fail("--test_freeze_before must be reduction or allgather");
   }
   if (o.seq_len < 0) return Fail("--seq must be >= 0 (0 = the model's context)");
   if (o.ckpt.every < 0) return Fail("--ckpt_every must be >= 0");

@@ -175,6 +175,10 @@ class RankRunner {
   absl::Status TakeEpoch();  // end of Setup
   absl::Status Resume();
   absl::Status Step(int64_t s);
+  // The freeze drill (--test_freeze_at_step): whether it stops this rank in step s before
+  // `before`; Freeze SIGSTOPs it.
+  bool FreezeDrillAt(int64_t s, absl::string_view before) const;
+  absl::Status Freeze(int64_t s);
   absl::Status Timed(double* stall_ms, const absl::Status& s, const Stopwatch& sw);
   // The failure drill's --test_fail_after_commit: waits until the job lists a committed
   // checkpoint, so the restart must restore one.
@@ -416,6 +420,25 @@ absl::Status RankRunner::Timed(double* stall_ms, const absl::Status& s, const St
   return s;
 }
 
+bool RankRunner::FreezeDrillAt(int64_t s, absl::string_view before) const {
+  return o_.attempt == 0 && s == o_.test_freeze_at_step && o_.rank == o_.fail_rank &&
+         o_.test_freeze_before == before;
+}
+
+absl::Status RankRunner::Freeze(int64_t s) {
+  // Frozen mid-step, its sockets open, once its device ran the work queued so far: the others
+  // wait for its share of the next collective (the reduction, or the all-gather) until their
+  // collective deadline.
+  const TrainStateView v = backend_->View();
+  std::vector<float> master(v.count()), m(v.count()), var(v.count());
+  RETURN_IF_ERROR(backend_->SliceToHost(master.data(), m.data(), var.data()));
+  std::fflush(stdout);
+  GS_LOG(WARNING) << "freeze drill: rank " << o_.rank << " stops itself at step " << s
+                  << " before its " << o_.test_freeze_before;
+  raise(SIGSTOP);
+  return absl::OkStatus();
+}
+
 absl::Status RankRunner::Step(int64_t s) {
   if (o_.attempt == 0 && s == o_.fail_at_step && o_.rank == o_.fail_rank) {
     if (o_.test_fail_after_commit) RETURN_IF_ERROR(WaitForCommittedCheckpoint());
@@ -442,17 +465,7 @@ absl::Status RankRunner::Step(int64_t s) {
   if (!reduce_overwrites) RETURN_IF_ERROR(before_grad_overwrite());
   RETURN_IF_ERROR(backend_->ForwardBackward(inputs_.data(), targets_.data(),
                                             static_cast<float>(1.0 / tokens)));
-  if (o_.attempt == 0 && s == o_.test_freeze_at_step && o_.rank == o_.fail_rank) {
-    // Frozen mid-step, its sockets open, once its device ran the work queued so far (its share
-    // of the last all-gather included): the others wait for its share of this step's reduction
-    // until their collective deadline.
-    const TrainStateView v = backend_->View();
-    std::vector<float> master(v.count()), m(v.count()), var(v.count());
-    RETURN_IF_ERROR(backend_->SliceToHost(master.data(), m.data(), var.data()));
-    std::fflush(stdout);
-    GS_LOG(WARNING) << "freeze drill: rank " << o_.rank << " stops itself at step " << s;
-    raise(SIGSTOP);
-  }
+  if (FreezeDrillAt(s, "reduction")) RETURN_IF_ERROR(Freeze(s));
   if (reduce_overwrites) RETURN_IF_ERROR(before_grad_overwrite());
   ASSIGN_OR_RETURN(Backend::Sums reduced, backend_->ReduceGrads());
   double sums[2] = {reduced.loss_sum, reduced.grad_sq};
@@ -496,6 +509,7 @@ absl::Status RankRunner::Step(int64_t s) {
     Stopwatch sw;
     RETURN_IF_ERROR(Timed(&stall, ckpt_->AfterUpdate(s, info), sw));
   }
+  if (FreezeDrillAt(s, "allgather")) RETURN_IF_ERROR(Freeze(s));
   RETURN_IF_ERROR(backend_->GatherParams());
   {
     Stopwatch sw;
@@ -554,7 +568,14 @@ absl::Status RankRunner::RunSteps() {
   RETURN_IF_ERROR(Setup());
   setup_done_ms_ = UnixMillis();
   RETURN_IF_ERROR(Resume());
-  ASSIGN_OR_RETURN(ckpt_, MakeCheckpointer(o_.ckpt, backend_->View(), store_.get()));
+  CheckpointerOptions ckpt = o_.ckpt;
+  if (o_.device != DeviceKind::kCpu && o_.world_size > 1) {
+    // A snapshot copy queued after a collective that a frozen peer never joins waits for ever
+    // unless its wait has the collectives' deadline too (snapshot_engine.h).
+    ckpt.copy_stall_timeout = std::chrono::milliseconds(o_.collective_timeout_ms);
+    ckpt.abort_collectives = [b = backend_.get()] { return b->AbortCollectives(); };
+  }
+  ASSIGN_OR_RETURN(ckpt_, MakeCheckpointer(ckpt, backend_->View(), store_.get()));
   RETURN_IF_ERROR(ckpt_->Start(state_));
   const int64_t first = state_.step + 1;  // state_.step advances with every step
   for (int64_t s = first; s <= o_.steps; ++s) {

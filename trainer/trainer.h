@@ -102,6 +102,11 @@ struct TrainOptions {
   // Freeze drill (testing): rank fail_rank SIGSTOPs itself in step test_freeze_at_step, after
   // enqueuing its forward and backward, attempt 0. -1: off.
   int64_t test_freeze_at_step = -1;
+  // Where in that step (--test_freeze_before): "reduction" (after enqueuing the forward and
+  // backward: the others wait in the gradient reduction) or "allgather" (after the update,
+  // before its share of the parameter all-gather: the others' next wait for the device is a
+  // checkpoint hook's, at a FULL step). Default: "reduction"
+  std::string test_freeze_before = "reduction";
   // Test hook: before the drill's kill, wait until the job has a committed checkpoint (one rank
   // or --storage), so a test can require that the restart restores one.
   bool test_fail_after_commit = false;

@@ -158,9 +158,14 @@ class TrainerFaultTest : public ::testing::Test {
     return store;
   }
 
+  void ExpectFreezeMeetsTheDeadline(const std::string& job_args, const std::string& freeze_args,
+                                    const std::string& line);
+
   const TempDir tmp_{"trainer_fault"};
   const std::string dir_ = tmp_.path();
   ServerProcess server_{GRADSNAP_SERVER_BIN};
+  std::string store_;  // ExpectFreezeMeetsTheDeadline's server, started once
+  int jobs_ = 0;       // ExpectFreezeMeetsTheDeadline's jobs so far
 };
 
 TEST_F(TrainerFaultTest, RePersistOfCommittedStepsIsIdempotentEmbedded) {
@@ -421,25 +426,27 @@ TEST_F(TrainerFaultTest, HungRankEndsTheAttemptAfterTheCollectiveTimeout) {
   EXPECT_FALSE(Alive(rank1));
 }
 
-// A rank frozen mid-step on the simulated device (--test-freeze-at-step: it SIGSTOPs itself once
-// its forward and backward ran, its sockets open), whose collectives have no limit of their own,
-// as NCCL's have none: the other rank's wait for the reduction polls the stream's event and, at
-// --collective-timeout-s, aborts the device's group and fails with one line; the launcher stops
-// the frozen rank and restarts the job, which resumes from its checkpoint and ends exactly like
-// an uninterrupted run. Every wait is bounded: on a trainer without the deadline the job hangs
-// in the reduction and this test fails after 120 s (ctest's TIMEOUT is larger).
-TEST_F(TrainerFaultTest, FrozenRankOnTheSimDeviceMeetsTheCollectiveDeadline) {
+// The freeze drill on the simulated device (--test-freeze-at-step: rank 1 SIGSTOPs itself mid-
+// step once its device ran the work queued so far, its sockets open), whose collectives have no
+// limit of their own, as NCCL's have none: rank 0's next wait for its device polls with
+// --collective-timeout-s (3 s here), aborts the device's group and fails with `line`; the
+// launcher stops the frozen rank and restarts the job, which resumes from its checkpoint and
+// ends exactly like an uninterrupted run. Every wait is bounded: a trainer that waits for ever
+// fails the test after 120 s (ctest's TIMEOUT is larger).
+void TrainerFaultTest::ExpectFreezeMeetsTheDeadline(const std::string& job_args,
+                                                    const std::string& freeze_args,
+                                                    const std::string& line) {
   const std::string sim = " --model tiny --batch 4 --seq 16 --steps 40 --nproc 2 --device sim";
   const RunResult uninterrupted = RunTrainer(kTrain, sim);
   ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.out;
-  const std::string store = StartServer();
+  if (store_.empty()) store_ = StartServer();
   ChildProcess job;
   StartLauncher(&job,
-                kJob + store +
+                job_args + store_ +
                     " --device sim --max-restarts 1 --ckpt-persist-timeout-ms 200"
-                    " --collective-timeout-s 3 --test-freeze-at-step 10 --fail-rank 1",
-                dir_ + "/job.log");
-  const std::string froze = "freeze drill: rank 1 stops itself at step 10";
+                    " --collective-timeout-s 3 --fail-rank 1" + freeze_args,
+                absl::StrCat(dir_, "/job", ++jobs_, ".log"));
+  const std::string froze = "freeze drill: rank 1 stops itself at step ";
   ASSERT_TRUE(WaitFor(60, [&] { return job.Output().find(froze) != std::string::npos; }))
       << job.Output();
   const std::vector<pid_t> ranks = Children(job.pid());
@@ -451,10 +458,6 @@ TEST_F(TrainerFaultTest, FrozenRankOnTheSimDeviceMeetsTheCollectiveDeadline) {
   ASSERT_TRUE(ended) << "the job did not end 120 s after a rank froze: " << job.Output();
   const std::string out = job.Output();
   EXPECT_EQ(job.Wait(), 0) << out;
-  const std::string line =
-      "gradsnap-train: rank 0: UNAVAILABLE: collective deadline: the gradient reduce-scatter on "
-      "sim:0 did not complete in 3 s (--collective-timeout-s): a peer rank is frozen or gone; "
-      "the device's collective group aborted\n";
   EXPECT_NE(out.find(line), std::string::npos) << out;
   EXPECT_EQ(CountOf(out, "collective deadline"), 1) << out;
   EXPECT_NE(out.find("restart 1 of 1: rank 0 exited with status 1"), std::string::npos) << out;
@@ -462,6 +465,34 @@ TEST_F(TrainerFaultTest, FrozenRankOnTheSimDeviceMeetsTheCollectiveDeadline) {
   EXPECT_EQ(SummaryField(out, "params_sha256"), SummaryField(uninterrupted.out, "params_sha256"))
       << out;
   for (pid_t p : ranks) EXPECT_FALSE(Alive(p)) << p;
+}
+
+// Frozen before its share of step 10's reduction: rank 0 waits for the reduced gradients.
+TEST_F(TrainerFaultTest, FrozenRankOnTheSimDeviceMeetsTheCollectiveDeadline) {
+  ExpectFreezeMeetsTheDeadline(
+      kJob, " --test-freeze-at-step 10",
+      "gradsnap-train: rank 0: UNAVAILABLE: collective deadline: the gradient reduce-scatter on "
+      "sim:0 did not complete in 3 s (--collective-timeout-s): a peer rank is frozen or gone; "
+      "the device's collective group aborted\n");
+}
+
+// Frozen after its update of step 8, a FULL step, before its share of the parameter all-gather:
+// rank 0's next wait for its device is the checkpoint hook's, for the FULL's copy, queued after
+// that all-gather (async and sync copy the state at the end of the step). On a trainer whose
+// hook waits for the copy without the deadline, the job hangs.
+TEST_F(TrainerFaultTest, FrozenRankBeforeTheAllGatherMeetsTheDeadlineInTheCheckpointHook) {
+  for (const char* mode : {"async", "sync"}) {
+    SCOPED_TRACE(mode);
+    ExpectFreezeMeetsTheDeadline(
+        absl::StrCat(" --model tiny --batch 4 --seq 16 --steps 40 --nproc 2 --ckpt-mode ", mode,
+                     " --ckpt-every 4 --job ", mode),
+        " --test-freeze-at-step 8 --test-freeze-before allgather",
+        "gradsnap-train: rank 0: UNAVAILABLE: collective deadline: the snapshot copies on sim:0 "
+        "(queued after the device's collectives) did not complete in 3 s "
+        "(--collective-timeout-s): a peer rank is frozen or gone; the device's collective group "
+        "aborted\n");
+    if (HasFatalFailure()) return;
+  }
 }
 
 // A rank that fails with an error a restart can fix exits at once, without tearing down
