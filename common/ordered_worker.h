@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/clock.h"
+#include "common/thread_priority.h"
 
 namespace gradsnap {
 
@@ -26,7 +27,9 @@ template <typename Job>
 class OrderedWorker {
  public:
   using RunFn = std::function<absl::Status(Job&)>;
-  explicit OrderedWorker(RunFn run) : run_(std::move(run)), thread_([this] { Loop(); }) {}
+  // role: the thread's scheduling role (common/thread_priority.h).
+  explicit OrderedWorker(RunFn run, ThreadRole role = ThreadRole::kForeground)
+      : run_(std::move(run)), role_(role), thread_([this] { Loop(); }) {}
   ~OrderedWorker() {
     {
       absl::MutexLock lock(&mu_);
@@ -84,6 +87,7 @@ class OrderedWorker {
   };
 
   void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    EnterRole(role_);
     const Ready ready{this};
     for (;;) {
       Job job;
@@ -103,6 +107,7 @@ class OrderedWorker {
   }
 
   const RunFn run_;
+  const ThreadRole role_;
   absl::Mutex mu_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;

@@ -15,8 +15,13 @@ void SplitRange(size_t n, int parts, int i, size_t* begin, size_t* end, size_t a
   *end = std::min(n, *begin + per);
 }
 
-ThreadPool::ThreadPool(int threads) {
-  for (int i = 1; i < std::max(1, threads); ++i) workers_.emplace_back([this, i] { Worker(i); });
+ThreadPool::ThreadPool(int threads, ThreadRole role) {
+  for (int i = 1; i < std::max(1, threads); ++i) {
+    workers_.emplace_back([this, i, role] {
+      EnterRole(role);
+      Worker(i);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/thread_priority.h"
 
 namespace gradsnap {
 
@@ -28,8 +29,9 @@ void SplitRange(size_t n, int parts, int i, size_t* begin, size_t* end, size_t a
 
 class ThreadPool {
  public:
-  // threads >= 1 (1: every loop runs on the caller).
-  explicit ThreadPool(int threads);
+  // threads >= 1 (1: every loop runs on the caller). role: the workers' scheduling role
+  // (common/thread_priority.h); the caller, which runs part 0, keeps its own.
+  explicit ThreadPool(int threads, ThreadRole role = ThreadRole::kForeground);
   ~ThreadPool();  // Not copyable (owns its worker threads and mutex).
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
@@ -147,6 +148,7 @@ std::shared_ptr<CopyQueue::Request> CopyQueue::NextChunkSource() {
 }
 
 void CopyQueue::Run() {
+  EnterRole(ThreadRole::kCopy);
   std::deque<InFlight> inflight;
   int64_t last_land_us = 0;
   for (;;) {

@@ -8,12 +8,14 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 #include "gpu_snapshot/engine_impl.h"
 
 namespace gradsnap {
 namespace gpu_snapshot {
 
 void EngineImpl::WorkerLoop() {
+  EnterRole(ThreadRole::kBackground);
   for (;;) {
     EngineEvent e;
     {

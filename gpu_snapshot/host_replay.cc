@@ -7,7 +7,7 @@
 namespace gradsnap {
 namespace gpu_snapshot {
 
-ReplayPool::ReplayPool(int threads) : pool_(threads) {}
+ReplayPool::ReplayPool(int threads) : pool_(threads, ThreadRole::kBackground) {}
 
 void ReplayPool::ParallelFor(size_t n, const std::function<void(size_t, size_t)>& fn) {
   // Small ranges are not worth waking the workers.

@@ -22,7 +22,8 @@ namespace gpu_snapshot {
 template <typename Job>
 class WorkerCopyStream : public CopyStream {
  public:
-  explicit WorkerCopyStream(typename OrderedWorker<Job>::RunFn run) : jobs_(std::move(run)) {}
+  explicit WorkerCopyStream(typename OrderedWorker<Job>::RunFn run)
+      : jobs_(std::move(run), ThreadRole::kCopy) {}
 
   absl::StatusOr<std::unique_ptr<CopyEvent>> RecordEvent() override {
     return std::unique_ptr<CopyEvent>(new Event(&jobs_));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 #include "storage/aligned_buffer.h"
 #include "storage/storage_stats.h"
 
@@ -139,6 +140,7 @@ void SegmentWriter::Finish(Request* r, const absl::Status& s) {
 }
 
 void SegmentWriter::RingLoop() {
+  EnterRole(ThreadRole::kBackground);
   for (;;) {
     std::deque<Request*> ready;
     {

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -56,7 +57,7 @@ class StoreSink : public gpu_snapshot::SnapshotSink {
           j.work = nullptr;  // the kept copy's buffer goes back to spare_ (~KeptBuffer)
           backlog_.Release(j.bytes);
           return absl::OkStatus();  // a failed save is counted by the guard, not kept
-        }) {}
+        }, ThreadRole::kBackground) {}
 
   void PersistFull(const gpu_snapshot::HostSnapshot& s, DoneFn done) override {
     const size_t n = s.state.numel;
@@ -449,6 +450,12 @@ class SnapshotCheckpointer : public Checkpointer {
 // device the launch of the forward and backward), ..AfterBackward forward + backward + gradient
 // reduction (on a device: the wait for them), AfterBackward..AfterUpdate the clip and optimizer update,
 // AfterUpdate..EndStep the parameter all-gather.
+int64_t ThreadCpuMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
 class TracingCheckpointer : public Checkpointer {
  public:
   TracingCheckpointer(std::unique_ptr<Checkpointer> inner,
@@ -507,9 +514,13 @@ class TracingCheckpointer : public Checkpointer {
     if (!phase.empty() && last_exit_us_ >= 0) {
       trace_->Complete("train", phase, last_exit_us_, t0 - last_exit_us_);
     }
+    const int64_t cpu0 = ThreadCpuMicros();
     absl::Status s = fn();
     last_exit_us_ = trace_->NowMicros();
-    trace_->Complete("train", name, t0, last_exit_us_ - t0);
+    // The hook's own CPU time beside its wall time: the rest it waited (for a copy, a lock) or
+    // was preempted by another thread.
+    trace_->Complete("train", name, t0, last_exit_us_ - t0,
+                     absl::StrCat("{\"cpu_us\":", ThreadCpuMicros() - cpu0, "}"));
     return s;
   }
 

@@ -30,6 +30,7 @@
 #include "common/malloc_tuning.h"
 #include "common/names.h"
 #include "common/status.h"
+#include "common/thread_priority.h"
 #include "gpu_snapshot/device_flags.h"
 #include "gpu_snapshot/snapshot_mode.h"
 #include "recovery/state_source.h"
@@ -52,6 +53,7 @@ ABSL_FLAG(int64_t, warmup, -1, "Warmup steps; -1 = steps/10. Default: -1");
 ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 1.0");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay. Default: 0.1");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of parameter init and data order. Default: 1337");
+ABSL_FLAG(int, ckpt_thread_nice, 10, "Nice value (0..19) of the rank's checkpoint threads (copies, persists, replay, the embedded store's writer), so that they do not preempt the training threads on waking; 0 leaves them as they are. Default: 10");
 ABSL_FLAG(int, blas_threads, 0, "Threads per rank: OpenBLAS's and the CPU back end's layers, optimizer and reductions (the results are the same bits with any count); 0 = the cores available to the process divided by the ranks on this node (--nproc), at least 1. Default: 0");
 // --device, --device_id and --sim_copy_gbps: gpu_snapshot/device_flags.h.
 ABSL_FLAG(bool, sim_poison, false, "(testing) sim: kernels poison the device memory they write while they run, so a misordered copy corrupts the checkpoint. Default: false");
@@ -262,6 +264,10 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
   if (absl::GetFlag(FLAGS_blas_threads) < 0 || absl::GetFlag(FLAGS_blas_threads) > 1024) {
     return Fail("--blas_threads must be in [0, 1024] (0 = cores per rank)");
   }
+  const int ckpt_thread_nice = absl::GetFlag(FLAGS_ckpt_thread_nice);
+  if (ckpt_thread_nice < 0 || ckpt_thread_nice > 19) {
+    return Fail("--ckpt_thread_nice must be in [0, 19] (0 = as the training threads)");
+  }
   // The hyper-parameters as given (double), before TrainOptions narrows them to float.
   const double lr = absl::GetFlag(FLAGS_lr);
   if (!(std::isfinite(lr) && lr > 0 && lr <= 1)) return Fail("--lr must be a number in (0, 1]");
@@ -384,6 +390,7 @@ int main(int argc, char** argv) {
       return Fail("--rank must be in [0, --world_size) and --world_size in [1, 65536]");
     }
     if (o.world_size > 1 && o.rdzv_dir.empty()) return Fail("--rdzv_dir is required");
+    gradsnap::SetBackgroundNice(absl::GetFlag(FLAGS_ckpt_thread_nice));  // checked by the launcher
     if (o.world_size > 1) {
       if (std::string p = CheckHostname(o.hostname); !p.empty()) return Fail(p);
     }
