@@ -5,7 +5,7 @@
 //
 //   --device         cpu, cuda or sim (the simulated asynchronous GPU). Default: cpu
 //   --device_id      cuda/sim: the first device of this node's ranks. Default: 0
-//   --sim_copy_gbps  sim: copy bandwidth of the simulated copy engine, GB/s (> 0). Default: 0.1
+//   --sim_copy_gbps  sim: copy bandwidth of the simulated copy engine, GB/s (> 0). Default: 0.4
 //
 // THREAD SAFETY: read after the command line is parsed, like any Abseil flag.
 #ifndef GRADSNAP_GPU_SNAPSHOT_DEVICE_FLAGS_H_

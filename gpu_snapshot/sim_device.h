@@ -79,9 +79,10 @@ absl::StatusOr<SimLateCopies> ParseSimLateCopies(absl::string_view name);
 
 struct SimOptions {
   // Device-to-host copy bandwidth of the copy engine, GB/s (1e9 bytes per second); > 0.
-  // Default: 0.1 (the `small` model's state, 130 MB, takes 1.3 s: about 3 training steps of
-  // snapshot_bench's configuration; docs/gockpt.md).
-  double copy_gbps = 0.1;
+  // Default: 0.4 (the `small` model's state, 130 MB, takes 0.33 s: about 1.7 unloaded training
+  // steps of snapshot_bench's configuration, an H200's proportions at about 9K tokens per GPU per
+  // step; docs/gockpt.md, "The default --sim-copy-gbps").
+  double copy_gbps = 0.4;
   // Test mode: kernels poison the ranges they write while they run (see above). Default: false
   bool poison = false;
   int poison_hold_ms = 20;  // Default: 20
