@@ -202,7 +202,7 @@ class Reader(StorageReader):
     read_metadata: pass a number when another save of the job may commit while ranks start
     loading). Any world size loads any checkpoint (DCP's planner reshards).
 
-    ``stream_fraction`` (default 0.5): a rank's shard whose bytes this load needs at least
+    ``stream_fraction`` (default 0.75): a rank's shard whose bytes this load needs at least
     this fraction of is read as one restore stream of the whole shard, each piece copied
     straight into the target tensors (Client.read_ranges with whole_shard=True; the bytes no
     item wants are dropped); 0 streams every shard the load touches, a value above 1 none.
@@ -211,7 +211,7 @@ class Reader(StorageReader):
     16 MiB. ``read_threads`` (default 4): shard streams and ranged reads in flight at once."""
 
     def __init__(self, client: Client, job: str, step: Union[int, str] = "latest", *,
-                 read_threads: int = 4, stream_fraction: float = 0.5):
+                 read_threads: int = 4, stream_fraction: float = 0.75):
         _check_client(client)
         if isinstance(read_threads, bool) or not isinstance(read_threads, int) or \
                 read_threads < 1:
