@@ -122,6 +122,7 @@ struct ClusterFlags {
   std::string advertise;
   int lease_ttl_s = 10;
   absl::Duration repair_after;
+  int repair_parallel = 4;  // ranks repaired at once (--repair-parallel)
   absl::Duration orphan_grace;
   // How the repairer reaches the other nodes (--peer-tls-*; docs/deploy.md, "Node credentials").
   gradsnap::TlsFiles peer_tls;
@@ -174,8 +175,10 @@ std::string ParseClusterFlags(ClusterFlags* out) {
   if (out->lease_ttl_s < 2 || out->lease_ttl_s > 3600) return "--lease-ttl-s must be 2..3600";
   out->repair_after = absl::GetFlag(FLAGS_repair_after);
   if (out->repair_after < absl::Seconds(1)) return "--repair-after must be at least 1s";
-  const int parallel = absl::GetFlag(FLAGS_repair_parallel);
-  if (parallel < 1 || parallel > 64) return "--repair-parallel must be 1..64";
+  out->repair_parallel = absl::GetFlag(FLAGS_repair_parallel);
+  if (out->repair_parallel < 1 || out->repair_parallel > 64) {
+    return "--repair-parallel must be 1..64";
+  }
   out->orphan_grace = absl::GetFlag(FLAGS_orphan_grace);
   if (out->orphan_grace < absl::Seconds(1)) return "--orphan-grace must be at least 1s";
   return "";
@@ -383,7 +386,7 @@ int main(int argc, char** argv) {
     ro.lease = [m = membership.get()] { return m->WritesAllowed().ok() ? m->lease_id() : 0; };
     ro.repair_after_ms = absl::ToInt64Milliseconds(cluster.repair_after);
     ro.bandwidth_bytes_per_s = absl::GetFlag(FLAGS_repair_bandwidth_mib_s) << 20;
-    ro.parallel = absl::GetFlag(FLAGS_repair_parallel);
+    ro.parallel = cluster.repair_parallel;
     ro.node_options.tls = cluster.peer_tls;  // the node's credentials towards its peers
     ro.auth_secret = o.auth_secret;
     ro.self_address = cluster.advertise;
