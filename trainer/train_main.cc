@@ -341,6 +341,13 @@ int Validate(const gradsnap::trainer::TrainOptions& o, int nproc, int nnodes, in
     return Fail(std::string("--ckpt_mode ") + gradsnap::gpu_snapshot::SnapshotModeName(o.ckpt.mode) +
                 " needs --ckpt_every N > 0");
   }
+  if (o.ckpt.mode == gradsnap::gpu_snapshot::SnapshotMode::kNone && o.ckpt.grad_log &&
+      o.resume.kind == t::ResumeKind::kNone) {
+    // Its DELTAs would have no FULL to extend: the run would write nothing it could resume.
+    return Fail(
+        "--grad_log with --ckpt_mode none needs --resume: its DELTA records extend the FULL "
+        "checkpoint the run resumes from (give a --ckpt_mode to write FULL checkpoints)");
+  }
   if (!o.init_from.empty()) {
     if (o.resume.kind != t::ResumeKind::kNone) return Fail("give --init_from DIR or --resume, not both");
     // Every tensor checked once here, so a damaged directory is refused before any rank starts.

@@ -590,6 +590,7 @@ TEST_F(TrainerFaultTest, BadInputIsOneLineAndExitTwo) {
       "--test-freeze-before update",
       "--ckpt-thread-nice 20",
       "--ckpt-thread-nice -1",
+      "--ckpt-mode none --grad-log --ckpt-dir " + dir_ + "/ck",
       "--nproc 2 --test-freeze-at-step 3 --fail-rank 2",
       "--collective-timeout-s 99999999999999999",
       "--lr nan",
