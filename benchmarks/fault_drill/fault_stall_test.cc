@@ -6,9 +6,11 @@
 // persists, commits a checkpoint again after the fault, and its steps are not held: no step
 // during the fault stalls for as long as half the back-off (the old policy retried each
 // persist for --ckpt-persist-timeout-ms while the step waited for its buffer), and the steps
-// are no slower than half as fast as the same job's own before the fault. (The drill's
+// are no slower than half as fast as the same job's own before or after the fault, whichever
+// were slower. (The drill's
 // targets, >= 0.90 and <= 0.5 s, are checked by `fault_drill --check`; a test on a shared CI
 // machine asserts only margins no scheduler noise crosses.)
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -51,7 +53,12 @@ std::map<std::string, std::string> RunAndCheck(StallFault fault) {
   EXPECT_EQ(kv.at(p + "recovered"), "1");
   EXPECT_GT(std::stoi(kv.at(p + "fault_steps")), 60);
   EXPECT_LT(std::stod(kv.at(p + "max_stall_s")) * 1000, c.persist_timeout_ms / 2.0);
-  EXPECT_GT(std::stod(kv.at(p + "throughput_ratio")), 0.5);
+  // The steps during the fault against the job's own steps without one, before or after it,
+  // whichever ran slower: other tests that load the machine more during the fault's window
+  // slow the steps after it too (CI saw 0.49 during the fault with 0.42 after it, against the
+  // steps before). Held steps are slow against both.
+  const double after = std::stod(kv.at(p + "after_ratio"));
+  EXPECT_GT(std::stod(kv.at(p + "throughput_ratio")), 0.5 * std::min(1.0, after));
   return kv;
 }
 
