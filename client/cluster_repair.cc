@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/backends.h"
@@ -17,8 +18,8 @@
 #include "common/digest.h"
 #include "common/logging.h"
 #include "common/stats.h"
-#include "common/thread_pool.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "common/token.h"
 
 namespace gradsnap {
@@ -488,11 +489,7 @@ absl::Status RepairWorker::RepairRank(const std::string& job, int64_t step, int3
     if (nodes.size() >= wanted || stopping()) break;
     if (std::find(nodes.begin(), nodes.end(), id) != nodes.end()) continue;
     if (!Acquire(id)) return absl::CancelledError("repair worker stopping");
-    struct Place {
-      RepairWorker* w;
-      const std::string& id;
-      ~Place() { w->Release(id); }
-    } place{this, id};
+    absl::Cleanup release = [this, &id] { Release(id); };
     absl::Status s = absl::UnavailableError("no source copy verified");
     bool no_source = true;  // every holder was passed over (each one logged already)
     std::string source;

@@ -33,10 +33,10 @@ namespace cluster {
 // The prefix of the node records: /gradsnap/nodes/<node id>.
 inline constexpr char kNodesPrefix[] = "/gradsnap/nodes/";
 
-// A node record's value (docs/format.md, "Node records"): key=value lines.
 // In the message of a write a node refuses for want of a live lease (Membership::WritesAllowed).
 inline constexpr char kNoLiveLease[] = "holds no live cluster lease";
 
+// A node record's value (docs/format.md, "Node records"): key=value lines.
 struct NodeRecord {
   std::string id;  // from the key
   std::string address;

@@ -88,23 +88,9 @@ void CopyQueue::WaitStarted(CopyTicket t) {
 }
 
 absl::Status CopyQueue::Wait(CopyTicket t) {
-  Demand(t);
-  std::pair<CopyQueue*, CopyTicket> arg{this, t};
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](std::pair<CopyQueue*, CopyTicket>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return a->first->open_.count(a->second) == 0;
-      },
-      &arg));
-  return status_;
-}
-
-absl::Status CopyQueue::WaitAll() {
-  Demand(0);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](CopyQueue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS { return q->open_.empty(); }, this));
-  return status_;
+  absl::Status s;
+  WaitUnlessStalled(t, absl::InfiniteDuration(), &s);  // no limit: returns once done
+  return s;
 }
 
 bool CopyQueue::WaitUnlessStalled(CopyTicket t, absl::Duration stall_limit,

@@ -71,14 +71,13 @@ class CopyQueue {
   // Enqueues a request; a zero-byte request completes at once.
   CopyTicket Submit(CopyRequest request);
   bool Done(CopyTicket t);
-  // Blocks until every chunk of `t` landed and its callback ran. Demands the request's copies
-  // (CopyStream::Demand) first.
+  // Blocks until every chunk of `t` (0: of every request) landed and its callback ran. Demands
+  // the requests' copies (CopyStream::Demand) first.
   absl::Status Wait(CopyTicket t);
   // Blocks until the first chunk of `t` was enqueued on its stream (or `t` is done).
   void WaitStarted(CopyTicket t);
-  absl::Status WaitAll();
-  // As Wait(t) (t == 0: WaitAll) but gives up once no chunk of this queue has landed for
-  // `stall_limit` (counted from the call or the last landing, whichever is later): a copy
+  // As Wait(t) but gives up once no chunk of this queue has landed for `stall_limit` (counted
+  // from the call or the last landing, whichever is later; InfiniteDuration: never): a copy
   // ordered after device work that never ends (a collective a frozen peer never joins). Returns
   // false then, the copies left queued; true once done, with the queue's status in *status.
   bool WaitUnlessStalled(CopyTicket t, absl::Duration stall_limit, absl::Status* status);

@@ -190,9 +190,11 @@ WindowChoice EngineImpl::NextWindowChoice() const {
 }
 
 absl::Status EngineImpl::AwaitCopies(CopyTicket t) {
-  if (opt_.copy_stall_timeout.count() <= 0) return t == 0 ? queue_->WaitAll() : queue_->Wait(t);
+  const absl::Duration limit = opt_.copy_stall_timeout.count() > 0
+                                   ? absl::FromChrono(opt_.copy_stall_timeout)
+                                   : absl::InfiniteDuration();
   absl::Status s;
-  if (queue_->WaitUnlessStalled(t, absl::FromChrono(opt_.copy_stall_timeout), &s)) return s;
+  if (queue_->WaitUnlessStalled(t, limit, &s)) return s;
   // No copy landed for the whole deadline: they wait behind device work that never ends.
   const std::string aborted =
       opt_.abort_collectives ? opt_.abort_collectives() : std::string("nothing");

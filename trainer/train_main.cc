@@ -53,7 +53,7 @@ ABSL_FLAG(int64_t, warmup, -1, "Warmup steps; -1 = steps/10. Default: -1");
 ABSL_FLAG(double, grad_clip, 1.0, "Global gradient-norm clip; 0 = off. Default: 1.0");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW decoupled weight decay. Default: 0.1");
 ABSL_FLAG(uint64_t, seed, 1337, "Seed of parameter init and data order. Default: 1337");
-ABSL_FLAG(int, ckpt_thread_nice, 10, "Nice value (0..19) of the rank's checkpoint threads (copies, persists, replay, the embedded store's writer), so that they do not preempt the training threads on waking; 0 leaves them as they are. Default: 10");
+ABSL_FLAG(int, ckpt_thread_nice, 10, "Nice value (0..19) of the rank's persist-side checkpoint threads (the snapshot engine's worker and replay, the store persists, the embedded store's writer), which run under SCHED_BATCH, as the copy threads do at the training threads' nice value, so that none preempts a training thread on waking; 0 leaves every thread as it is. Default: 10");
 ABSL_FLAG(int, blas_threads, 0, "Threads per rank: OpenBLAS's and the CPU back end's layers, optimizer and reductions (the results are the same bits with any count); 0 = the cores available to the process divided by the ranks on this node (--nproc), at least 1. Default: 0");
 // --device, --device_id and --sim_copy_gbps: gpu_snapshot/device_flags.h.
 ABSL_FLAG(bool, sim_poison, false, "(testing) sim: kernels poison the device memory they write while they run, so a misordered copy corrupts the checkpoint. Default: false");
